@@ -1,0 +1,2 @@
+//! The `userdma` command-line tool.
+fn main() {}

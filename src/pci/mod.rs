@@ -1,0 +1,1 @@
+//! PCI addresses, sysfs discovery, IOMMU groups and driver binding.

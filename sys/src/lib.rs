@@ -1,0 +1,1 @@
+//! Kernel ABI for userdma. Structs, computed ioctl numbers and constants only; no logic.
