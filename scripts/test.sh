@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Runs every test userdma has, on a fresh Debian machine as root, installing what is missing first.
+#
+#   scripts/test.sh            # everything (what CI runs)
+#   FUZZ_SECONDS=5 scripts/test.sh   # shorter fuzz smoke runs while developing
+#
+# Steps: install prerequisites, fmt check, clippy -D warnings, docs -D warnings, unit + integration
+# tests, the kernel ABI check against two uapi header sets, the main job on the loopback device,
+# and a short run of every fuzz target. Any failing step fails the run; nothing is skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+T0=$(date +%s)
+passed=0
+failed=0
+failed_steps=()
+
+log() { printf '\n=== [%4ss] %s\n' "$(($(date +%s) - T0))" "$*"; }
+
+# step NAME CMD...: runs one step, records its result, keeps going so one run reports every failure.
+step() {
+	local name=$1
+	shift
+	log "$name"
+	if "$@"; then
+		passed=$((passed + 1))
+	else
+		failed=$((failed + 1))
+		failed_steps+=("$name")
+		echo "--- step FAILED: $name"
+	fi
+}
+
+# ---- prerequisites --------------------------------------------------------------------------
+APT_UPDATED=0
+apt_install() { # apt_install PKG... : installs the packages that are not installed yet
+	local missing=()
+	for p in "$@"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && return 0
+	if [ "$(id -u)" != 0 ]; then
+		echo "missing packages: ${missing[*]} — install them (apt-get install ${missing[*]}) or run as root" >&2
+		return 1
+	fi
+	if [ $APT_UPDATED = 0 ]; then
+		apt-get update -qq
+		APT_UPDATED=1
+	fi
+	echo "apt-get install ${missing[*]}"
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+		--no-install-recommends "${missing[@]}" >/dev/null
+}
+
+cargo_tool() { # cargo_tool BINARY CRATE : installs a cargo tool if it is not on PATH
+	command -v "$1" >/dev/null 2>&1 && return 0
+	echo "cargo install $2"
+	cargo install --locked --quiet "$2"
+}
+
+prerequisites() {
+	# gcc + linux-libc-dev: the kernel ABI check compiles a C program against the uapi headers;
+	# pci.ids: vendor and device names in `userdma list`.
+	apt_install gcc libc6-dev linux-libc-dev pci.ids dpkg-dev xz-utils
+	rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+	cargo_tool cargo-fuzz cargo-fuzz
+	# The newest uapi headers (with iommufd), fetched without installing them.
+	USERDMA_UAPI_INCLUDE=$(scripts/uapi-headers.sh | tail -n 1)
+	export USERDMA_UAPI_INCLUDE
+	echo "extra uapi headers: $USERDMA_UAPI_INCLUDE"
+}
+log "prerequisites"
+prerequisites
+
+# ---- checks ---------------------------------------------------------------------------------
+step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo fmt --check (fuzz)" cargo fmt --manifest-path fuzz/Cargo.toml -- --check
+step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
+step "cargo doc -D warnings" env RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
+step "cargo test (unit, integration, kernel ABI)" cargo test --workspace --locked
+step "main job (README)" cargo run --release --locked --quiet -- list
+
+fuzz_smoke() {
+	local targets t logf
+	targets=$(cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz list)
+	[ -n "$targets" ] || { echo "no fuzz targets found in fuzz/"; return 1; }
+	(cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build --release) || return 1
+	mkdir -p target/fuzz-logs
+	for t in $targets; do
+		logf=target/fuzz-logs/$t.log
+		echo "fuzz $t for ${FUZZ_SECONDS}s (log: $logf)"
+		if ! (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run --release "$t" -- \
+			-max_total_time="$FUZZ_SECONDS" -print_final_stats=1) >"$logf" 2>&1; then
+			grep -v '^#[0-9]' "$logf" | tail -n 60
+			echo "fuzz target $t FAILED; the crashing input is under fuzz/artifacts/$t/"
+			return 1
+		fi
+		grep -E '^stat::number_of_executed_units|^Done' "$logf" | tr '\n' ' '
+		echo
+	done
+}
+step "fuzz smoke (${FUZZ_SECONDS}s per target)" fuzz_smoke
+
+log "summary"
+[ ${#failed_steps[@]} -eq 0 ] || printf 'failed step: %s\n' "${failed_steps[@]}"
+echo "steps: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
