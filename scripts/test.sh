@@ -5,7 +5,7 @@
 #   FUZZ_SECONDS=5 scripts/test.sh   # shorter fuzz smoke runs while developing
 #
 # Steps: install prerequisites, fmt check, clippy -D warnings, docs -D warnings, unit + integration
-# tests, the kernel ABI check against two uapi header sets, the main job on the loopback device,
+# tests, the kernel ABI check against three uapi header sets (system, Debian 13, Debian 13 backports), the main job on the loopback device,
 # and a short run of every fuzz target. Any failing step fails the run; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
