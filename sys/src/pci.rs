@@ -1,10 +1,12 @@
 //! PCI configuration space (`<linux/pci_regs.h>`) and the flag bits of the sysfs `resource` file.
 //!
-//! Register offsets are `u16` (configuration space is 256 bytes, 4096 for PCI Express). Each bit
-//! mask has the width of the register it belongs to: `u16` for Command, Status and the MSI/MSI-X
-//! Message Control registers, `u8` for capability ids and the header type, `u32` for BARs and the
-//! MSI-X Table/PBA registers. Through VFIO, configuration space is the region
-//! [`crate::vfio::VFIO_PCI_CONFIG_REGION_INDEX`]; through sysfs it is the device's `config` file.
+//! Register offsets and structure sizes are `u16` (configuration space is 256 bytes, 4096 for PCI
+//! Express). Each bit mask has the width of the register it belongs to: `u16` for Command, Status,
+//! the MSI/MSI-X Message Control registers and the PCI Express Capabilities, Device Control and
+//! Link Status registers, `u8` for capability ids and the header type, `u32` for BARs, the MSI-X
+//! Table/PBA registers and the PCI Express Device and Link Capabilities registers. Through VFIO,
+//! configuration space is the region [`crate::vfio::VFIO_PCI_CONFIG_REGION_INDEX`]; through sysfs
+//! it is the device's `config` file.
 //!
 //! Capabilities form a list: if [`PCI_STATUS`] has [`PCI_STATUS_CAP_LIST`], the byte at
 //! [`PCI_CAPABILITY_LIST`] is the offset of the first one; each capability starts with its id
@@ -43,6 +45,10 @@ pub const PCI_STATUS_INTERRUPT: u16 = 0x08;
 pub const PCI_STATUS_CAP_LIST: u16 = 0x10;
 /// Revision ID (8 bits) followed by the 24-bit class code; read 32 bits here for both.
 pub const PCI_CLASS_REVISION: u16 = 0x08;
+/// Revision ID (8 bits).
+pub const PCI_REVISION_ID: u16 = 0x08;
+/// Programming interface (8 bits), the low byte of the 24-bit class code that ends at 0x0b.
+pub const PCI_CLASS_PROG: u16 = 0x09;
 /// Header type (8 bits; bit 7 is the multi-function flag).
 pub const PCI_HEADER_TYPE: u16 = 0x0e;
 /// Header type without the multi-function bit.
@@ -120,9 +126,17 @@ pub const PCI_MSIX_TABLE_OFFSET: u32 = 0xffff_fff8;
 pub const PCI_MSIX_PBA: u16 = 8;
 /// Size of one MSI-X table entry in the BAR.
 pub const PCI_MSIX_ENTRY_SIZE: u16 = 16;
+/// Size of the MSI-X capability structure (up to and including the PBA register).
+pub const PCI_CAP_MSIX_SIZEOF: u16 = 12;
 
 // ---- PCI Express capability ----
 
+/// PCIe: offset of the PCI Express Capabilities register (16 bits) within the capability.
+pub const PCI_EXP_FLAGS: u16 = 0x02;
+/// PCIe Capabilities: capability version (bits 0-3).
+pub const PCI_EXP_FLAGS_VERS: u16 = 0x000f;
+/// PCIe Capabilities: device/port type (bits 4-7, `PCI_EXP_TYPE_*`).
+pub const PCI_EXP_FLAGS_TYPE: u16 = 0x00f0;
 /// PCIe: offset of Device Capabilities (32 bits) within the capability.
 pub const PCI_EXP_DEVCAP: u16 = 0x04;
 /// PCIe Device Capabilities: function level reset supported.
@@ -133,6 +147,18 @@ pub const PCI_EXP_DEVCTL: u16 = 0x08;
 pub const PCI_EXP_DEVCTL_PAYLOAD: u16 = 0x00e0;
 /// PCIe Device Control: Max_Read_Request_Size (bits 12-14).
 pub const PCI_EXP_DEVCTL_READRQ: u16 = 0x7000;
+/// PCIe: offset of Link Capabilities (32 bits) within the capability.
+pub const PCI_EXP_LNKCAP: u16 = 0x0c;
+/// PCIe Link Capabilities: maximum link speed code (bits 0-3).
+pub const PCI_EXP_LNKCAP_SLS: u32 = 0x0000_000f;
+/// PCIe Link Capabilities: maximum link width (bits 4-9).
+pub const PCI_EXP_LNKCAP_MLW: u32 = 0x0000_03f0;
+/// PCIe: offset of Link Status (16 bits) within the capability.
+pub const PCI_EXP_LNKSTA: u16 = 0x12;
+/// PCIe Link Status: current link speed code (bits 0-3).
+pub const PCI_EXP_LNKSTA_CLS: u16 = 0x000f;
+/// PCIe Link Status: negotiated link width (bits 4-9).
+pub const PCI_EXP_LNKSTA_NLW: u16 = 0x03f0;
 
 // ---- sysfs ----
 
@@ -154,5 +180,11 @@ pub const IORESOURCE_IO: u64 = 0x0000_0100;
 pub const IORESOURCE_MEM: u64 = 0x0000_0200;
 /// `resource` flags: prefetchable memory.
 pub const IORESOURCE_PREFETCH: u64 = 0x0000_2000;
+/// `resource` flags: read-only (the expansion ROM).
+pub const IORESOURCE_READONLY: u64 = 0x0000_4000;
 /// `resource` flags: a 64-bit memory BAR.
 pub const IORESOURCE_MEM_64: u64 = 0x0010_0000;
+/// `resource` flags: the resource is disabled (e.g. a bridge window that forwards nothing).
+pub const IORESOURCE_DISABLED: u64 = 0x1000_0000;
+/// `resource` flags: no address is assigned yet.
+pub const IORESOURCE_UNSET: u64 = 0x2000_0000;

@@ -261,7 +261,8 @@ fn rust_table() -> Table {
         pci::PCI_STD_NUM_BARS, pci::PCI_VENDOR_ID, pci::PCI_DEVICE_ID, pci::PCI_COMMAND,
         pci::PCI_COMMAND_IO, pci::PCI_COMMAND_MEMORY, pci::PCI_COMMAND_MASTER,
         pci::PCI_COMMAND_INTX_DISABLE, pci::PCI_STATUS, pci::PCI_STATUS_INTERRUPT,
-        pci::PCI_STATUS_CAP_LIST, pci::PCI_CLASS_REVISION, pci::PCI_HEADER_TYPE,
+        pci::PCI_STATUS_CAP_LIST, pci::PCI_CLASS_REVISION, pci::PCI_REVISION_ID,
+        pci::PCI_CLASS_PROG, pci::PCI_HEADER_TYPE,
         pci::PCI_HEADER_TYPE_MASK, pci::PCI_HEADER_TYPE_NORMAL, pci::PCI_BASE_ADDRESS_0,
         pci::PCI_BASE_ADDRESS_SPACE_IO, pci::PCI_BASE_ADDRESS_MEM_TYPE_MASK,
         pci::PCI_BASE_ADDRESS_MEM_TYPE_64, pci::PCI_BASE_ADDRESS_MEM_PREFETCH,
@@ -274,15 +275,22 @@ fn rust_table() -> Table {
         pci::PCI_MSIX_FLAGS, pci::PCI_MSIX_FLAGS_QSIZE, pci::PCI_MSIX_FLAGS_MASKALL,
         pci::PCI_MSIX_FLAGS_ENABLE, pci::PCI_MSIX_TABLE, pci::PCI_MSIX_TABLE_BIR,
         pci::PCI_MSIX_TABLE_OFFSET, pci::PCI_MSIX_PBA, pci::PCI_MSIX_ENTRY_SIZE,
+        pci::PCI_CAP_MSIX_SIZEOF,
+        pci::PCI_EXP_FLAGS, pci::PCI_EXP_FLAGS_VERS, pci::PCI_EXP_FLAGS_TYPE,
         pci::PCI_EXP_DEVCAP, pci::PCI_EXP_DEVCAP_FLR, pci::PCI_EXP_DEVCTL,
         pci::PCI_EXP_DEVCTL_PAYLOAD, pci::PCI_EXP_DEVCTL_READRQ,
+        pci::PCI_EXP_LNKCAP, pci::PCI_EXP_LNKCAP_SLS, pci::PCI_EXP_LNKCAP_MLW,
+        pci::PCI_EXP_LNKSTA, pci::PCI_EXP_LNKSTA_CLS, pci::PCI_EXP_LNKSTA_NLW,
     );
     // include/linux/ioport.h is not uapi: these are compared only if a header ever defines them.
     for (name, value) in [
         ("IORESOURCE_IO", pci::IORESOURCE_IO),
         ("IORESOURCE_MEM", pci::IORESOURCE_MEM),
         ("IORESOURCE_PREFETCH", pci::IORESOURCE_PREFETCH),
+        ("IORESOURCE_READONLY", pci::IORESOURCE_READONLY),
         ("IORESOURCE_MEM_64", pci::IORESOURCE_MEM_64),
+        ("IORESOURCE_DISABLED", pci::IORESOURCE_DISABLED),
+        ("IORESOURCE_UNSET", pci::IORESOURCE_UNSET),
     ] {
         t.add(name, value, BASELINE, Origin::Internal);
     }

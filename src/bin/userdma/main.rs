@@ -1,2 +1,181 @@
-//! The `userdma` command-line tool.
-fn main() {}
+//! The `userdma` command-line tool: list PCI devices, show one, bind it to a user-space driver
+//! and back.
+//!
+//! ```text
+//! userdma list                                    # every device, one line each
+//! userdma info 0000:01:00.0                       # BARs, capabilities, IOMMU group, driver
+//! userdma bind 0000:01:00.0 --driver vfio-pci     # or uio_pci_generic; [--force-group]
+//! userdma unbind 0000:01:00.0                     # back to the kernel's default driver
+//! ```
+//!
+//! Global options: `--json` prints one JSON document on stdout instead of text; `--sysfs-root
+//! DIR` reads (and, for bind/unbind, writes) another sysfs tree instead of `/sys`.
+//!
+//! # Exit codes
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | success |
+//! | 1 | the system failed (a sysfs read or write, a kernel refusal) |
+//! | 2 | bad usage or input (unknown option, malformed BDF, unknown driver) |
+//! | 3 | no such device |
+//! | 4 | refused, nothing changed (IOMMU group conflict, driver not loaded, no IOMMU group, a bridge, permission denied) |
+//! | 5 | failed after a change and rolled back: the system is as it was |
+//! | 6 | failed, and the rollback failed too: the message names the device left on the wrong driver and how to repair it |
+//!
+//! Errors are one line on stderr, `userdma: error: ` then the message and its causes joined by
+//! `: `. With `--json` the same message is also printed on stdout as
+//! `{"error": {"exit_code": N, "message": "..."}}`.
+//!
+//! # JSON output
+//!
+//! Field names are stable; fields may be added. IDs are lower-case hex strings without `0x`
+//! (`"vendor": "1af4"`, `"class": "020000"`), addresses are `0x`-prefixed hex strings, sizes and
+//! counts are numbers, and unknown values are `null`.
+//!
+//! * `list`: `{"iommu": {"active", "units", "groups", "noiommu_mode"}, "drivers_loaded":
+//!   {"vfio-pci", "uio_pci_generic"}, "devices": [{"bdf", "vendor", "device", "vendor_name",
+//!   "device_name", "class", "class_name", "driver", "driver_override", "iommu_group",
+//!   "numa_node", "dma_paths"}]}` — `dma_paths` holds `"vfio"`, `"vfio-noiommu"`, `"uio"`.
+//! * `info`: the `list` device fields (with `iommu_group` an object `{"number", "domain_type",
+//!   "noiommu", "members": [{"bdf", "driver"}]}`) plus `"subsystem_vendor"`,
+//!   `"subsystem_device"`, `"subsystem_name"`, `"revision"`, `"interrupt_pin"`, `"bars": [{"index",
+//!   "kind" ("bar" | "rom"), "start", "end", "size", "type" ("mem" | "io"), "prefetchable",
+//!   "is_64bit"}]`, and `"capabilities": {"known", "status" ("complete" | "truncated" |
+//!   "unreadable" | "malformed"), "detail", "list": [{"offset", "id", "name"}], "msi", "msix",
+//!   "pcie"}`.
+//! * `bind`: `{"bdf", "driver", "changes": [{"bdf", "from", "to"}]}` (empty `changes`: it was
+//!   already bound).
+//! * `unbind`: `{"bdf", "from", "to", "changed"}`.
+
+mod bind;
+mod exit;
+mod info;
+mod list;
+mod names;
+mod unbind;
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use userdma::pci::{Bdf, Sysfs};
+
+use crate::exit::Failure;
+
+/// Find, inspect and bind PCIe devices for user-space DMA (VFIO / UIO).
+#[derive(Debug, Parser)]
+#[command(name = "userdma", version, after_help = exit::HELP)]
+struct Cli {
+    /// Print one JSON document on stdout instead of text (field names are stable).
+    #[arg(long, global = true)]
+    json: bool,
+
+    /// Root of the sysfs tree to read and write (a copy or fake tree, for tests).
+    #[arg(long, global = true, value_name = "DIR", default_value = "/sys")]
+    sysfs_root: PathBuf,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The subcommands; each lives in its own module with its `Args` and `run`.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List PCI devices: address, IDs and names, class, driver, IOMMU group, NUMA node, and the
+    /// DMA paths (vfio, vfio-noiommu, uio) each can use.
+    List(list::Args),
+    /// Show one device: BARs, capabilities (MSI, MSI-X, PCIe), IOMMU group members, driver.
+    Info(info::Args),
+    /// Bind a device to vfio-pci or uio_pci_generic (rolled back on failure).
+    Bind(bind::Args),
+    /// Return a device from a user-space driver to the kernel's default driver.
+    Unbind(unbind::Args),
+}
+
+/// What every subcommand gets: where sysfs is, and how to print.
+#[derive(Debug)]
+pub(crate) struct Context {
+    /// The sysfs tree.
+    pub(crate) sysfs: Sysfs,
+    /// Print JSON instead of text.
+    pub(crate) json: bool,
+}
+
+impl Context {
+    /// Prints `value` as pretty JSON on stdout.
+    pub(crate) fn print_json<T: serde::Serialize>(&self, value: &T) -> Result<(), Failure> {
+        let text = serde_json::to_string_pretty(value).map_err(Failure::Json)?;
+        print(&format!("{text}\n"))
+    }
+}
+
+/// Writes `text` to stdout.
+pub(crate) fn print(text: &str) -> Result<(), Failure> {
+    let mut out = io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Parses a BDF argument (kept as text in clap so the error has this tool's one-line form).
+pub(crate) fn parse_bdf(text: &str) -> Result<Bdf, Failure> {
+    Ok(text.parse()?)
+}
+
+/// clap's error text on one line: without the `error: ` prefix and the usage block.
+fn usage_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let text = text.strip_prefix("error: ").unwrap_or(&text);
+    let body = text.split("\n\nUsage:").next().unwrap_or(text);
+    let body = body
+        .split("\n\nFor more information")
+        .next()
+        .unwrap_or(body);
+    let words: Vec<&str> = body.split_whitespace().collect();
+    format!("{} (see --help)", words.join(" "))
+}
+
+fn main() -> ExitCode {
+    let wants_json = std::env::args().any(|a| a == "--json");
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version: clap prints them, and they succeed.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => return fail(&Failure::Usage(usage_line(&e)), wants_json),
+    };
+    let ctx = Context {
+        sysfs: Sysfs::new(&cli.sysfs_root),
+        json: cli.json,
+    };
+    let result = match cli.command {
+        Command::List(args) => list::run(&ctx, &args),
+        Command::Info(args) => info::run(&ctx, &args),
+        Command::Bind(args) => bind::run(&ctx, &args),
+        Command::Unbind(args) => unbind::run(&ctx, &args),
+    };
+    match result {
+        Ok(()) => ExitCode::from(exit::OK),
+        // The reader went away (`userdma list | head`): not an error.
+        Err(Failure::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => {
+            ExitCode::from(exit::OK)
+        }
+        Err(e) => fail(&e, ctx.json),
+    }
+}
+
+/// Reports `failure` (stderr, and stdout as JSON when asked) and returns its exit code.
+fn fail(failure: &Failure, json: bool) -> ExitCode {
+    let code = failure.exit_code();
+    let message = failure.chain();
+    eprintln!("userdma: error: {message}");
+    if json {
+        let doc = serde_json::json!({ "error": { "exit_code": code, "message": message } });
+        let _ = print(&format!("{doc}\n"));
+    }
+    ExitCode::from(code)
+}
