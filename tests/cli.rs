@@ -549,3 +549,112 @@ fn unknown_subcommand_and_missing_arguments_are_usage_errors() {
         assert!(r.stdout.is_empty());
     }
 }
+
+/// A fake sysfs tree with 2M and 1G pools, system-wide and on node 0.
+fn hugepage_tree() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pools = [
+        ("kernel/mm/hugepages/hugepages-2048kB", Some(3)),
+        ("kernel/mm/hugepages/hugepages-1048576kB", Some(0)),
+        ("devices/system/node/node0/hugepages/hugepages-2048kB", None),
+        (
+            "devices/system/node/node0/hugepages/hugepages-1048576kB",
+            None,
+        ),
+    ];
+    for (path, resv) in pools {
+        let p = dir.path().join(path);
+        std::fs::create_dir_all(&p).expect("mkdir");
+        std::fs::write(p.join("nr_hugepages"), "8\n").expect("write");
+        std::fs::write(p.join("free_hugepages"), "5\n").expect("write");
+        std::fs::write(p.join("surplus_hugepages"), "0\n").expect("write");
+        if let Some(r) = resv {
+            std::fs::write(p.join("resv_hugepages"), format!("{r}\n")).expect("write");
+        }
+    }
+    dir
+}
+
+#[test]
+fn hugepages_status_text_and_json_on_a_fake_tree() {
+    let t = hugepage_tree();
+    let r = run_with(Some(t.path()), None, &["hugepages"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("2M"))
+        .expect("2M row");
+    assert_eq!(words(line), ["2M", "all", "8", "5", "3", "0"]);
+
+    let r = run_with(Some(t.path()), None, &["--json", "hugepages"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v = r.json();
+    let pools = v["pools"].as_array().expect("pools");
+    assert_eq!(pools.len(), 4);
+    let node0_1g = pools
+        .iter()
+        .find(|p| p["page_size"] == "1G" && p["node"] == 0)
+        .expect("1G pool of node 0");
+    assert_eq!(node0_1g["total"], 8);
+    assert_eq!(node0_1g["reserved"], Value::Null);
+    assert_eq!(v["reservation"], Value::Null);
+}
+
+#[test]
+fn hugepages_reserve_writes_the_pool_and_reports_the_grant() {
+    let t = hugepage_tree();
+    let r = run_with(
+        Some(t.path()),
+        None,
+        &[
+            "--json",
+            "hugepages",
+            "--reserve",
+            "16",
+            "--size",
+            "1G",
+            "--node",
+            "0",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let file = t
+        .path()
+        .join("devices/system/node/node0/hugepages/hugepages-1048576kB/nr_hugepages");
+    assert_eq!(std::fs::read_to_string(file).expect("read").trim(), "16");
+    let v = r.json();
+    assert_eq!(v["reservation"]["previous"], 8);
+    assert_eq!(v["reservation"]["requested"], 16);
+    assert_eq!(v["reservation"]["granted"], 16);
+}
+
+#[test]
+fn hugepages_bad_size_and_missing_node_are_usage_errors() {
+    let t = hugepage_tree();
+    let r = run_with(
+        Some(t.path()),
+        None,
+        &["hugepages", "--reserve", "1", "--size", "3M"],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    r.error_line();
+    let r = run_with(
+        Some(t.path()),
+        None,
+        &["hugepages", "--reserve", "1", "--size", "4K"],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.error_line().contains("2M or 1G"), "{}", r.stderr);
+    let r = run_with(
+        Some(t.path()),
+        None,
+        &["hugepages", "--reserve", "1", "--node", "7"],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.error_line().contains("node7") || r.stderr.contains("node 7"),
+        "{}",
+        r.stderr
+    );
+}

@@ -6,13 +6,15 @@
 //! * `read` on `/dev/uioN` blocks until an interrupt, then returns the total interrupt count as one
 //!   native-endian `i32`. Any other read size fails with `EINVAL`.
 //! * `write` of one native-endian `i32` ([`UIO_IRQ_ENABLE`] or [`UIO_IRQ_DISABLE`]) re-enables or
-//!   masks the interrupt (for `uio_pci_generic`, by toggling
-//!   [`crate::pci::PCI_COMMAND_INTX_DISABLE`]). Any other write size fails with `EINVAL`.
+//!   masks the interrupt, for drivers that implement `irqcontrol`. Any other write size fails with
+//!   `EINVAL`. `uio_pci_generic` does not implement it (the write fails with `ENOSYS`): its
+//!   handler masks INTx with [`crate::pci::PCI_COMMAND_INTX_DISABLE`], and user space unmasks by
+//!   clearing that bit in the config-space command register (the sysfs `config` file).
 //! * `poll`/`epoll` report the fd readable when the count changed since the last read.
 //! * `/sys/class/uio/uioN/maps/mapM/{addr,size,offset,name}` describe memory maps; map `M` is
-//!   mapped with `mmap` at offset `M * page size`. `uio_pci_generic` exports no maps: its BARs are
-//!   mapped through the PCI sysfs `resource<N>` files instead, and config space is the sysfs
-//!   `config` file.
+//!   mapped with `mmap` at offset `M * page size`. `uio_pci_generic` exports its 32-bit
+//!   non-prefetchable memory BARs as maps; every BAR can also be mapped through the PCI sysfs
+//!   `resource<N>` files, and config space is the sysfs `config` file.
 //! * `/sys/class/uio/uioN/device` links to the underlying PCI device.
 
 /// Directory of UIO devices in sysfs: one `uio<N>` entry per device.

@@ -49,6 +49,12 @@ pub(crate) enum Failure {
     /// Binding or unbinding failed.
     #[error(transparent)]
     Bind(#[from] pci::BindError),
+    /// The loopback demo (or the loopback device process) failed.
+    #[error(transparent)]
+    Demo(#[from] crate::demo::DemoError),
+    /// Reading or reserving hugepages failed.
+    #[error(transparent)]
+    Hugepages(#[from] crate::hugepages::Error),
     /// Writing the output failed.
     #[error("cannot write the output")]
     Output(#[source] io::Error),
@@ -70,6 +76,8 @@ impl Failure {
             Self::Usage(_) | Self::Bdf(_) => USAGE,
             Self::Sysfs(e) => sysfs_code(e),
             Self::Bind(e) => bind_code(e),
+            Self::Hugepages(e) => e.exit_code(),
+            Self::Demo(e) => e.exit_code(),
             Self::Output(_) | Self::Json(_) => FAILURE,
         }
     }

@@ -49,7 +49,9 @@
 //! * `unbind`: `{"bdf", "from", "to", "changed"}`.
 
 mod bind;
+mod demo;
 mod exit;
+mod hugepages;
 mod info;
 mod list;
 mod names;
@@ -92,6 +94,15 @@ enum Command {
     Bind(bind::Args),
     /// Return a device from a user-space driver to the kernel's default driver.
     Unbind(unbind::Args),
+    /// Show hugepage pools per size and NUMA node, or reserve pages (`--reserve N`).
+    Hugepages(hugepages::HugepagesArgs),
+    /// Run the main job on the software loopback device: pool buffers host -> device -> compute
+    /// -> host across several queues, every byte verified; prints throughput, latency
+    /// percentiles and the device counters.
+    Demo(demo::DemoArgs),
+    /// The loopback device's engine as a child process (started by the library, not by hand).
+    #[command(name = "loopback-device", hide = true)]
+    LoopbackDevice,
 }
 
 /// What every subcommand gets: where sysfs is, and how to print.
@@ -157,6 +168,11 @@ fn main() -> ExitCode {
         Command::Info(args) => info::run(&ctx, &args),
         Command::Bind(args) => bind::run(&ctx, &args),
         Command::Unbind(args) => unbind::run(&ctx, &args),
+        Command::Demo(args) => demo::run(&args, ctx.json).map_err(Failure::from),
+        Command::LoopbackDevice => demo::serve_device().map_err(Failure::from),
+        Command::Hugepages(args) => {
+            hugepages::run(&args, ctx.json, ctx.sysfs.root()).map_err(Failure::from)
+        }
     };
     match result {
         Ok(()) => ExitCode::from(exit::OK),

@@ -1,0 +1,362 @@
+//! Arbitrary descriptors fed to the loopback device's engine, against a model: every
+//! descriptor completes (no panic, no hang) with the status code and result the model predicts
+//! from the documented checks, and after each one the host memory mapped for the device, the
+//! device memory, and a guard region the device never had mapped hold exactly what the model
+//! says — so a bad descriptor changed nothing, and a good one changed only its destination.
+//!
+//! One device (zero-cost model, engine thread) is kept for the whole run; each input is a
+//! sequence of descriptors, some built from fields aimed at the interesting addresses (inside,
+//! across and past the mapping, an unmapped IOVA, device-memory bounds), some raw bytes.
+
+#![no_main]
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
+use userdma::device::loopback::{Code, Config, Cost, Loopback, Opcode, Wait};
+use userdma::device::Device;
+use userdma::dma::Mapping;
+use userdma::memory::{PageSize, Region};
+use userdma::ring::{self, Command, Queue, Status};
+
+const HOST: usize = 16 << 10;
+const DRAM: usize = 64 << 10;
+const CONTEXT: u32 = 5;
+
+#[derive(Debug, Arbitrary)]
+enum Addr {
+    /// An offset in the mapped host memory (maybe past its end).
+    Host(u16),
+    /// A device-memory offset (maybe past its end).
+    Device(u32),
+    /// Inside an IOVA range that was mapped and is not any more.
+    Gone(u16),
+    /// Anything.
+    Raw(u64),
+}
+
+#[derive(Debug, Arbitrary)]
+enum Len {
+    Small(u8),
+    Medium(u16),
+    Raw(u64),
+}
+
+#[derive(Debug, Arbitrary)]
+enum Desc {
+    Fields {
+        opcode: u8,
+        flags: u8,
+        other_context: bool,
+        src: Addr,
+        dst: Addr,
+        len: Len,
+        args: [u64; 4],
+        /// Which args words to keep (bit i: keep `args[i]`, else 0).
+        keep_args: u8,
+    },
+    Raw([u8; 64]),
+}
+
+struct Fixture {
+    device: Arc<Loopback>,
+    queue: Queue<Command, Status, ()>,
+    host: Mapping,
+    /// Host memory never mapped into the device's space.
+    guard: Region,
+    gone: u64,
+    /// The ring memory's first and last IOVA.
+    ring: (u64, u64),
+    model_host: Vec<u8>,
+    model_dram: Vec<u8>,
+}
+
+fn region(len: usize) -> Region {
+    Region::builder(len)
+        .page_size(PageSize::Base)
+        .memfd()
+        .lock(false)
+        .build()
+        .expect("region")
+}
+
+fn fixture() -> &'static Mutex<Fixture> {
+    static FIXTURE: OnceLock<Mutex<Fixture>> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let config = Config::default()
+            .cost(Cost::zero())
+            .queues(1)
+            .memory_size(DRAM)
+            .idle_spin(Duration::from_micros(200));
+        let device = Arc::new(Loopback::new(config).expect("device"));
+        let queue = device
+            .open_queue(ring::Config::new(64).with_context(CONTEXT), Wait::Poll)
+            .expect("queue");
+        let ring_start = queue.memory().iova();
+        let ring = (ring_start, ring_start + queue.memory().len() as u64 - 1);
+        let space = device.dma_space();
+        let host = space.map(Arc::new(region(HOST))).expect("mapped");
+        let gone = {
+            let mapping = space.map(Arc::new(region(8192))).expect("mapped");
+            mapping.iova(0).expect("iova")
+        };
+        let guard = region(4096);
+        let model_host: Vec<u8> = (0..HOST).map(|i| (i * 31 + 7) as u8).collect();
+        host.slice().write_from(0, &model_host).unwrap();
+        let model_dram: Vec<u8> = (0..DRAM).map(|i| (i * 17 + 3) as u8).collect();
+        device.device_memory().write_from(0, &model_dram).unwrap();
+        userdma::dma::Slice::from_region(&guard).fill(0x5a);
+        Mutex::new(Fixture {
+            device,
+            queue,
+            host,
+            guard,
+            gone,
+            ring,
+            model_host,
+            model_dram,
+        })
+    })
+}
+
+impl Fixture {
+    fn addr(&self, addr: &Addr) -> u64 {
+        let host = self.host.iova(0).unwrap();
+        match *addr {
+            Addr::Host(offset) => host + u64::from(offset),
+            Addr::Device(offset) => u64::from(offset),
+            Addr::Gone(offset) => self.gone + u64::from(offset) % 8192,
+            Addr::Raw(raw) => raw,
+        }
+    }
+
+    /// Never lets a host address aim at the queue's own ring: the model does not describe a
+    /// device that overwrites its ring. The ring is the lowest mapping, so every host address
+    /// up to its end moves to the unmapped range.
+    fn avoid_ring(&self, mut command: Command) -> Command {
+        if command.opcode == Opcode::ToDevice as u8 && command.src <= self.ring.1 {
+            command.src = self.gone;
+        }
+        if command.opcode == Opcode::ToHost as u8 && command.dst <= self.ring.1 {
+            command.dst = self.gone;
+        }
+        command
+    }
+
+    fn command(&self, desc: &Desc) -> Command {
+        let command = match desc {
+            Desc::Fields {
+                opcode,
+                flags,
+                other_context,
+                src,
+                dst,
+                len,
+                args,
+                keep_args,
+            } => {
+                let mut kept = [0u64; 4];
+                for (i, arg) in args.iter().enumerate() {
+                    if keep_args & (1 << i) != 0 {
+                        kept[i] = *arg;
+                    }
+                }
+                Command {
+                    opcode: opcode % 8,
+                    flags: if flags % 8 == 0 { *flags } else { 0 },
+                    command_id: 0,
+                    context: if *other_context { CONTEXT + 1 } else { CONTEXT },
+                    src: self.addr(src),
+                    dst: self.addr(dst),
+                    len: match *len {
+                        Len::Small(n) => u64::from(n),
+                        Len::Medium(n) => u64::from(n),
+                        Len::Raw(n) => n,
+                    },
+                    args: kept,
+                }
+            }
+            Desc::Raw(bytes) => {
+                let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
+                let mut command = Command {
+                    opcode: bytes[0] % 8,
+                    flags: bytes[1],
+                    command_id: 0,
+                    context: u32::from_le_bytes(bytes[4..8].try_into().unwrap()),
+                    src: word(8),
+                    dst: word(16),
+                    len: word(24),
+                    args: [word(32), word(40), word(48), word(56)],
+                };
+                command.context = if command.context % 4 == 0 {
+                    CONTEXT
+                } else {
+                    command.context
+                };
+                command
+            }
+        };
+        self.avoid_ring(command)
+    }
+
+    /// The host offset of `len` bytes at `iova`, if all inside the mapped host memory.
+    fn host_range(&self, iova: u64, len: u64) -> Option<usize> {
+        let start = self.host.iova(0).unwrap();
+        let offset = iova.checked_sub(start)?;
+        let end = offset.checked_add(len)?;
+        (end <= HOST as u64).then_some(offset as usize)
+    }
+
+    /// The model: the documented checks in order, then the effect on the shadow memories.
+    fn predict(&mut self, c: &Command) -> (Code, u64) {
+        let Some(op) = Opcode::from_raw(c.opcode) else {
+            return (Code::BadOpcode, 0);
+        };
+        if c.flags != 0 {
+            return (Code::BadFlags, 0);
+        }
+        if c.context != CONTEXT {
+            return (Code::BadContext, 0);
+        }
+        let a = c.args;
+        let args_ok = match op {
+            Opcode::Fill => a[0] <= 0xff && a[1] == 0 && a[2] == 0 && a[3] == 0,
+            Opcode::Compute => a[0] <= 0xffff_ffff && a[1] <= 0xffff_ffff && a[2] == 0 && a[3] == 0,
+            _ => a == [0; 4],
+        };
+        let unused_ok = match op {
+            Opcode::Nop => c.src == 0 && c.dst == 0,
+            Opcode::Fill => c.src == 0,
+            _ => true,
+        };
+        if !args_ok || !unused_ok {
+            return (Code::BadArgs, 0);
+        }
+        if op == Opcode::Nop {
+            return if c.len == 0 {
+                (Code::Success, 0)
+            } else {
+                (Code::BadLength, 0)
+            };
+        }
+        if c.len == 0 {
+            return (Code::BadLength, 0);
+        }
+        if op != Opcode::Fill && c.src.checked_add(c.len).is_none() {
+            return (Code::AddressOverflow, c.src);
+        }
+        if c.dst.checked_add(c.len).is_none() {
+            return (Code::AddressOverflow, c.dst);
+        }
+        if op == Opcode::Compute && (c.src % 4 != 0 || c.dst % 4 != 0 || c.len % 4 != 0) {
+            return (Code::Misaligned, 0);
+        }
+        let dram = DRAM as u64;
+        let in_dram = |offset: u64| offset + c.len <= dram;
+        let len = c.len as usize;
+        match op {
+            Opcode::ToDevice => {
+                if !in_dram(c.dst) {
+                    return (Code::DeviceOutOfBounds, c.dst);
+                }
+                let Some(h) = self.host_range(c.src, c.len) else {
+                    return (Code::HostUnmapped, c.src);
+                };
+                let d = c.dst as usize;
+                self.model_dram[d..d + len].copy_from_slice(&self.model_host[h..h + len]);
+                (Code::Success, c.len)
+            }
+            Opcode::ToHost => {
+                if !in_dram(c.src) {
+                    return (Code::DeviceOutOfBounds, c.src);
+                }
+                let Some(h) = self.host_range(c.dst, c.len) else {
+                    return (Code::HostUnmapped, c.dst);
+                };
+                let s = c.src as usize;
+                self.model_host[h..h + len].copy_from_slice(&self.model_dram[s..s + len]);
+                (Code::Success, c.len)
+            }
+            Opcode::DeviceCopy => {
+                for offset in [c.src, c.dst] {
+                    if !in_dram(offset) {
+                        return (Code::DeviceOutOfBounds, offset);
+                    }
+                }
+                let s = c.src as usize;
+                self.model_dram.copy_within(s..s + len, c.dst as usize);
+                (Code::Success, c.len)
+            }
+            Opcode::Fill => {
+                if !in_dram(c.dst) {
+                    return (Code::DeviceOutOfBounds, c.dst);
+                }
+                let d = c.dst as usize;
+                self.model_dram[d..d + len].fill(a[0] as u8);
+                (Code::Success, c.len)
+            }
+            Opcode::Compute => {
+                for offset in [c.src, c.dst] {
+                    if !in_dram(offset) {
+                        return (Code::DeviceOutOfBounds, offset);
+                    }
+                }
+                let (s, d) = (c.src as usize, c.dst as usize);
+                let mut sum = 0u64;
+                for i in (0..len).step_by(4) {
+                    let w =
+                        u32::from_le_bytes(self.model_dram[s + i..s + i + 4].try_into().unwrap());
+                    let out = (w ^ a[0] as u32).wrapping_add(a[1] as u32);
+                    self.model_dram[d + i..d + i + 4].copy_from_slice(&out.to_le_bytes());
+                    sum = sum.wrapping_add(u64::from(out));
+                }
+                (Code::Success, sum)
+            }
+            Opcode::Nop => unreachable!("handled above"),
+        }
+    }
+
+    fn check_memory(&self) {
+        let mut host = vec![0u8; HOST];
+        self.host.slice().read_into(0, &mut host).unwrap();
+        assert!(
+            host == self.model_host,
+            "host memory differs from the model"
+        );
+        let mut dram = vec![0u8; DRAM];
+        self.device.device_memory().read_into(0, &mut dram).unwrap();
+        assert!(
+            dram == self.model_dram,
+            "device memory differs from the model"
+        );
+        let mut guard = vec![0u8; 4096];
+        userdma::dma::Slice::from_region(&self.guard)
+            .read_into(0, &mut guard)
+            .unwrap();
+        assert!(
+            guard.iter().all(|&b| b == 0x5a),
+            "unmapped host memory was written"
+        );
+    }
+}
+
+fuzz_target!(|descs: Vec<Desc>| {
+    let mut fixture = fixture().lock().unwrap_or_else(|p| p.into_inner());
+    for desc in descs.iter().take(64) {
+        let command = fixture.command(desc);
+        let (code, result) = fixture.predict(&command);
+        fixture.queue.submit(command, ()).expect("submitted");
+        let done = fixture
+            .queue
+            .wait(Some(Duration::from_secs(10)))
+            .expect("every descriptor completes");
+        assert_eq!(
+            (done.entry.code(), done.entry.result),
+            (code as u16, result),
+            "{command:?}"
+        );
+        fixture.check_memory();
+    }
+});

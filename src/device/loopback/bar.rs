@@ -1,0 +1,494 @@
+//! The loopback device's BARs as memory: the register file (BAR 0) in a small shared memfd that
+//! host and engine (thread or process) both map, with the doorbell wake-up protocol, and the
+//! device memory (BAR 2) in another. Both are reached by the host through [`mmio`] backends,
+//! as real BARs are.
+//!
+//! # The wake-up protocol
+//!
+//! After the register BAR, the register file holds a private page the host cannot reach through
+//! the BAR: `WAKE_SEQ` (a counter), `SLEEPING` (a flag), `SHUTDOWN`, and `CONTROL_SEQ` (bumped,
+//! before the wake-up, by every host write that is not a doorbell, so the engine re-reads its
+//! control registers only when one changed). Every host write to a writable register is
+//! followed by `WAKE_SEQ.fetch_add(1, SeqCst)` and, if `SLEEPING` reads 1,
+//! a `FUTEX_WAKE` on `WAKE_SEQ`. An idle engine stores `SLEEPING = 1` (SeqCst), reads `WAKE_SEQ`
+//! once more (SeqCst) and, if it did not move, sleeps with `FUTEX_WAIT(WAKE_SEQ, seen)`. The two
+//! SeqCst pairs form a Dekker handshake — either the host sees `SLEEPING` and wakes the engine,
+//! or the engine sees the new `WAKE_SEQ` and does not sleep — and `FUTEX_WAIT` itself re-checks
+//! the value in the kernel, so no doorbell is lost, and a host that rings while the engine is
+//! busy makes no system call. The futex is shared (not `_PRIVATE`), so it works across
+//! processes mapping the same memfd.
+
+use std::fmt;
+use std::os::fd::OwnedFd;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use super::regs::{self, host_writable, REGISTER_BAR_SIZE};
+use super::shim;
+use crate::device::Error;
+use crate::memory::{Backing, PageSize, Region};
+use crate::mmio::{self, Direct, Width};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+
+/// Offset of the private page (after the BAR).
+const PRIVATE: usize = REGISTER_BAR_SIZE;
+/// Host writes so far (the futex word).
+const WAKE_SEQ: usize = PRIVATE;
+/// 1 while the engine sleeps or is about to.
+const SLEEPING: usize = PRIVATE + 4;
+/// 1 once the engine must stop.
+const SHUTDOWN: usize = PRIVATE + 8;
+/// Host writes to registers other than the doorbells so far.
+const CONTROL_SEQ: usize = PRIVATE + 12;
+/// Bytes of the register file: the BAR and the private page.
+const FILE_LEN: usize = 2 * REGISTER_BAR_SIZE;
+
+/// Bytes of a region of `len` bytes of base pages (rounded up to the page size).
+pub(super) fn base_pages(len: usize) -> Option<usize> {
+    let page = PageSize::Base.bytes();
+    len.checked_next_multiple_of(page)
+}
+
+/// A shared, memfd-backed region of `len` base pages, unlocked (the device's own memory is not
+/// DMA memory: it needs no pinning, and locking it would count against RLIMIT_MEMLOCK).
+pub(super) fn shared_region(what: &'static str, len: usize) -> Result<Region, Error> {
+    let len = base_pages(len).ok_or(Error::Config {
+        field: what,
+        value: len as u64,
+        expected: "a size that rounds up to whole pages",
+    })?;
+    Region::builder(len)
+        .page_size(PageSize::Base)
+        .memfd()
+        .lock(false)
+        .build()
+        .map_err(|source| Error::Memory { what, len, source })
+}
+
+/// Maps `len` bytes of a memfd a peer passed (`page_size` pages), unlocked.
+pub(super) fn map_fd(
+    what: &'static str,
+    fd: OwnedFd,
+    len: usize,
+    page_size: PageSize,
+) -> Result<Region, Error> {
+    Region::builder(len)
+        .page_size(page_size)
+        .backing(Backing::Fd(fd))
+        .lock(false)
+        .build()
+        .map_err(|source| Error::Memory { what, len, source })
+}
+
+/// The register file: BAR 0 and the private page, in shared memory accessed only atomically.
+#[derive(Debug)]
+pub(super) struct RegisterFile {
+    region: Region,
+}
+
+impl RegisterFile {
+    /// A zeroed register file in a new memfd.
+    pub(super) fn new() -> Result<RegisterFile, Error> {
+        Ok(RegisterFile {
+            region: shared_region("register file", FILE_LEN)?,
+        })
+    }
+
+    /// The register file a parent created, from its memfd (in the device process).
+    pub(super) fn from_fd(fd: OwnedFd) -> Result<RegisterFile, Error> {
+        let len = base_pages(FILE_LEN).unwrap_or(FILE_LEN);
+        Ok(RegisterFile {
+            region: map_fd("register file", fd, len, PageSize::Base)?,
+        })
+    }
+
+    /// The memfd, to pass to the device process.
+    pub(super) fn region(&self) -> &Region {
+        &self.region
+    }
+
+    /// A pointer to byte `offset`, which must be inside the file and aligned to `align`.
+    fn at(&self, offset: usize, align: usize) -> NonNull<u8> {
+        assert!(
+            offset % align == 0 && offset + align <= FILE_LEN,
+            "register file access at {offset:#x}"
+        );
+        // SAFETY: `offset + align <= FILE_LEN <= region.len()`: inside the mapping.
+        unsafe { self.region.as_ptr().add(offset) }
+    }
+
+    /// The 32-bit word at `offset` (4-aligned, inside the file) as an atomic.
+    pub(super) fn u32(&self, offset: usize) -> &AtomicU32 {
+        let ptr = self.at(offset, 4);
+        // SAFETY: the word is inside the mapping (checked by `at`), 4-aligned (the region is
+        // page-aligned, `offset` a multiple of 4), and stays mapped while `self` is borrowed.
+        // Every access to the register file, in this process and the device process, is atomic
+        // (this type is its only accessor), so a shared atomic reference is sound.
+        unsafe { AtomicU32::from_ptr(ptr.as_ptr().cast()) }
+    }
+
+    /// The 64-bit word at `offset` (8-aligned, inside the file) as an atomic.
+    pub(super) fn u64(&self, offset: usize) -> &AtomicU64 {
+        let ptr = self.at(offset, 8);
+        // SAFETY: as in `u32`, for an 8-aligned 64-bit word. Mixed-width atomic accesses to the
+        // same bytes (a 64-bit register written as two 32-bit halves) are what a 32-bit bus
+        // does; x86-64 and aarch64 keep each access single-copy atomic.
+        unsafe { AtomicU64::from_ptr(ptr.as_ptr().cast()) }
+    }
+
+    /// Engine: reads a 32-bit register.
+    pub(super) fn get32(&self, offset: usize) -> u32 {
+        // Acquire: pairs with the host's Release store of the register (MMIO ordering: what the
+        // host wrote before it, e.g. ring memory, is visible after).
+        self.u32(offset).load(Ordering::Acquire)
+    }
+
+    /// Engine: writes a 32-bit register.
+    pub(super) fn set32(&self, offset: usize, value: u32) {
+        // Release: what the engine wrote before (completions, counters) is visible to a host
+        // that reads this register (pairs with the Acquire in `HostBar::read`).
+        self.u32(offset).store(value, Ordering::Release);
+    }
+
+    /// Engine: reads a 64-bit register.
+    pub(super) fn get64(&self, offset: usize) -> u64 {
+        // Acquire: as in `get32`.
+        self.u64(offset).load(Ordering::Acquire)
+    }
+
+    /// Engine: writes a 64-bit register.
+    pub(super) fn set64(&self, offset: usize, value: u64) {
+        // Release: as in `set32`.
+        self.u64(offset).store(value, Ordering::Release);
+    }
+
+    /// The host-write counter.
+    pub(super) fn wake_seq(&self) -> &AtomicU32 {
+        self.u32(WAKE_SEQ)
+    }
+
+    /// Host writes to registers other than the doorbells (the engine re-reads its control
+    /// registers when this moves).
+    pub(super) fn control_seq(&self) -> &AtomicU32 {
+        self.u32(CONTROL_SEQ)
+    }
+
+    /// Host: tells the engine a control register (not a doorbell) changed, and wakes it.
+    pub(super) fn notify_control(&self) {
+        // Release: pairs with the engine's Acquire load of CONTROL_SEQ; the register written
+        // before is visible once the new count is.
+        self.control_seq().fetch_add(1, Ordering::Release);
+        self.notify();
+    }
+
+    /// Host: tells the engine a register changed, waking it if it sleeps (see the module docs).
+    pub(super) fn notify(&self) {
+        // SeqCst: one half of the Dekker handshake with `sleep` (the engine's SeqCst store of
+        // SLEEPING then SeqCst load of WAKE_SEQ): this increment and the load below are in
+        // the single total order with those, so one side sees the other's store.
+        self.wake_seq().fetch_add(1, Ordering::SeqCst);
+        if self.u32(SLEEPING).load(Ordering::SeqCst) != 0 {
+            shim::futex_wake(self.wake_seq());
+        }
+    }
+
+    /// Engine: sleeps until a host write after `seen` (or a shutdown), unless one happened.
+    pub(super) fn sleep(&self, seen: u32) {
+        // SeqCst: the other half of the handshake in `notify`.
+        self.u32(SLEEPING).store(1, Ordering::SeqCst);
+        if self.wake_seq().load(Ordering::SeqCst) == seen && !self.shutting_down() {
+            shim::futex_wait(self.wake_seq(), seen, None);
+        }
+        // Relaxed: only an optimisation hint for the host (it skips the futex wake while 0).
+        self.u32(SLEEPING).store(0, Ordering::Relaxed);
+    }
+
+    /// Asks the engine to stop, waking it.
+    pub(super) fn request_shutdown(&self) {
+        // Release: nothing is published by it, but the engine's Acquire load then sees every
+        // register write made before the shutdown (it stops after them).
+        self.u32(SHUTDOWN).store(1, Ordering::Release);
+        self.notify();
+    }
+
+    /// Whether the engine must stop.
+    pub(super) fn shutting_down(&self) -> bool {
+        // Acquire: pairs with the Release store in `request_shutdown`.
+        self.u32(SHUTDOWN).load(Ordering::Acquire) != 0
+    }
+}
+
+/// Reads a register of `width` at `offset` of the BAR (already bounds- and alignment-checked).
+fn read(file: &RegisterFile, offset: usize, width: Width) -> u64 {
+    match width {
+        Width::U64 => file.get64(offset),
+        Width::U32 => u64::from(file.get32(offset)),
+        Width::U8 | Width::U16 => {
+            let word = file.get32(offset & !3);
+            (u64::from(word) >> shift(offset, width)) & width.max()
+        }
+    }
+}
+
+/// The shift, in its containing word, of the `width`-byte register at byte `offset`.
+fn shift(offset: usize, width: Width) -> u32 {
+    let byte = (offset % 4) as u32;
+    if cfg!(target_endian = "little") {
+        8 * byte
+    } else {
+        8 * (4 - byte - width.bytes() as u32)
+    }
+}
+
+/// Writes a register of `width` at `offset` (already checked), as one atomic access; sub-word
+/// writes merge into their word with a compare-exchange.
+fn write(file: &RegisterFile, offset: usize, width: Width, value: u64) {
+    match width {
+        Width::U64 => file.set64(offset, value),
+        // Truncation to the register width on purpose.
+        Width::U32 => file.set32(offset, value as u32),
+        Width::U8 | Width::U16 => {
+            let shift = shift(offset, width);
+            let mask = (width.max() as u32) << shift;
+            let bits = ((value & width.max()) as u32) << shift;
+            // AcqRel on success: Release as for a store, Acquire as for a load (it is both);
+            // Relaxed on failure: the value is only the next guess.
+            let _ =
+                file.u32(offset & !3)
+                    .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |word| {
+                        Some((word & !mask) | bits)
+                    });
+        }
+    }
+}
+
+/// What must happen before the device can see an SQ doorbell (the out-of-process device brings
+/// its translation table up to date).
+pub(super) trait DoorbellHook: Send + Sync + fmt::Debug {
+    /// Called before an SQ tail doorbell write lands.
+    fn before_doorbell(&self);
+}
+
+/// The host's view of BAR 0: reads are atomic loads; writes to registers the host may write are
+/// atomic stores followed by the engine wake-up, `irq_mask_set` / `irq_mask_clear` set and clear
+/// bits of `irq_mask`, and writes to read-only registers are dropped, as a device drops them.
+#[derive(Clone, Debug)]
+pub(super) struct HostBar {
+    file: Arc<RegisterFile>,
+    hook: Option<Arc<dyn DoorbellHook>>,
+}
+
+impl HostBar {
+    pub(super) fn new(file: Arc<RegisterFile>, hook: Option<Arc<dyn DoorbellHook>>) -> HostBar {
+        HostBar { file, hook }
+    }
+}
+
+/// Whether `offset` is queue register `field` of some queue.
+fn is_queue_register<V, A>(offset: usize, field: mmio::Field<V, A>) -> bool {
+    let start = regs::QUEUE_BASE;
+    let end = start + usize::from(regs::MAX_QUEUES) * regs::QUEUE_STRIDE;
+    (start..end).contains(&offset)
+        && (offset - start) % regs::QUEUE_STRIDE == field.offset() - start
+}
+
+/// Whether `offset` is an SQ tail doorbell.
+fn is_sq_doorbell(offset: usize) -> bool {
+    is_queue_register(offset, regs::Q_SQ_TAIL)
+}
+
+/// Whether `offset` is a doorbell (SQ tail or CQ head).
+fn is_doorbell(offset: usize) -> bool {
+    is_sq_doorbell(offset) || is_queue_register(offset, regs::Q_CQ_HEAD)
+}
+
+impl mmio::Backend for HostBar {
+    fn len(&self) -> usize {
+        REGISTER_BAR_SIZE
+    }
+
+    fn read(&self, offset: usize, width: Width) -> Result<u64, mmio::Error> {
+        mmio::check(offset, width, REGISTER_BAR_SIZE)?;
+        Ok(read(&self.file, offset, width))
+    }
+
+    fn write(&self, offset: usize, width: Width, value: u64) -> Result<(), mmio::Error> {
+        mmio::check(offset, width, REGISTER_BAR_SIZE)?;
+        if !host_writable(offset) {
+            return Ok(());
+        }
+        let mask_set = regs::IRQ_MASK_SET.offset();
+        let mask_clear = regs::IRQ_MASK_CLEAR.offset();
+        let mask = self.file.u32(regs::IRQ_MASK.offset());
+        // Truncation: the mask registers are 32 bits wide.
+        let bits = (value & width.max()) as u32;
+        match offset {
+            // AcqRel: a read-modify-write of a register (Release as for a store, Acquire as
+            // for a load).
+            o if o == mask_set && width == Width::U32 => {
+                mask.fetch_or(bits, Ordering::AcqRel);
+            }
+            o if o == mask_clear && width == Width::U32 => {
+                mask.fetch_and(!bits, Ordering::AcqRel);
+            }
+            o if o == mask_set || o == mask_clear => return Ok(()),
+            o if is_doorbell(o) => {
+                if let Some(hook) = self.hook.as_ref().filter(|_| is_sq_doorbell(o)) {
+                    hook.before_doorbell();
+                }
+                write(&self.file, o, width, value);
+                // A doorbell only wakes the engine; it does not make it re-read its control
+                // registers (nor end a burst).
+                self.file.notify();
+                return Ok(());
+            }
+            o => write(&self.file, o, width, value),
+        }
+        self.file.notify_control();
+        Ok(())
+    }
+}
+
+/// The engine's view of BAR 0 (for the ring's `DeviceQueue`, which reads the doorbells): plain
+/// atomic accesses, no filtering, no wake-up.
+#[derive(Clone, Debug)]
+pub(super) struct DeviceBar {
+    file: Arc<RegisterFile>,
+}
+
+impl DeviceBar {
+    pub(super) fn new(file: Arc<RegisterFile>) -> DeviceBar {
+        DeviceBar { file }
+    }
+}
+
+impl mmio::Backend for DeviceBar {
+    fn len(&self) -> usize {
+        REGISTER_BAR_SIZE
+    }
+
+    fn read(&self, offset: usize, width: Width) -> Result<u64, mmio::Error> {
+        mmio::check(offset, width, REGISTER_BAR_SIZE)?;
+        Ok(read(&self.file, offset, width))
+    }
+
+    fn write(&self, offset: usize, width: Width, value: u64) -> Result<(), mmio::Error> {
+        mmio::check(offset, width, REGISTER_BAR_SIZE)?;
+        write(&self.file, offset, width, value);
+        Ok(())
+    }
+}
+
+/// BAR 2, the device memory, as the host reaches it: volatile accesses of exactly the register
+/// width ([`Direct`]) to the shared memfd the engine reads and writes. Holds the mapping.
+#[derive(Clone, Debug)]
+pub(super) struct MemoryBar {
+    direct: Direct,
+    _region: Arc<Region>,
+}
+
+impl MemoryBar {
+    pub(super) fn new(region: Arc<Region>) -> Result<MemoryBar, Error> {
+        // SAFETY: the region's mapping is readable and writable and stays mapped while this
+        // value (which holds the region) or any clone lives; nothing makes references to device
+        // memory: the engine uses raw-pointer copies, the host this backend and volatile slices.
+        let direct = unsafe { Direct::new(region.as_ptr(), region.len()) }
+            .map_err(|source| Error::Register { offset: 0, source })?;
+        Ok(MemoryBar {
+            direct,
+            _region: region,
+        })
+    }
+}
+
+impl mmio::Backend for MemoryBar {
+    fn len(&self) -> usize {
+        self.direct.len()
+    }
+
+    fn read(&self, offset: usize, width: Width) -> Result<u64, mmio::Error> {
+        self.direct.read(offset, width)
+    }
+
+    fn write(&self, offset: usize, width: Width, value: u64) -> Result<(), mmio::Error> {
+        self.direct.write(offset, width, value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mmio::Backend;
+
+    #[test]
+    fn host_writes_are_filtered_and_mask_bits_set_and_clear() {
+        let file = Arc::new(RegisterFile::new().unwrap());
+        let bar = HostBar::new(Arc::clone(&file), None);
+        let seq = file.wake_seq().load(Ordering::SeqCst);
+        bar.write(regs::ID.offset(), Width::U32, 7).unwrap();
+        assert_eq!(bar.read(regs::ID.offset(), Width::U32).unwrap(), 0);
+        assert_eq!(
+            file.wake_seq().load(Ordering::SeqCst),
+            seq,
+            "dropped writes wake nobody"
+        );
+        bar.write(regs::IRQ_MASK_SET.offset(), Width::U32, 0b101)
+            .unwrap();
+        bar.write(regs::IRQ_MASK_SET.offset(), Width::U32, 0b010)
+            .unwrap();
+        bar.write(regs::IRQ_MASK_CLEAR.offset(), Width::U32, 0b001)
+            .unwrap();
+        assert_eq!(
+            bar.read(regs::IRQ_MASK.offset(), Width::U32).unwrap(),
+            0b110
+        );
+        let doorbell = regs::queue_field(regs::Q_SQ_TAIL, 2).unwrap().offset();
+        bar.write(doorbell, Width::U32, 9).unwrap();
+        assert_eq!(file.get32(doorbell), 9);
+        assert_eq!(file.wake_seq().load(Ordering::SeqCst), seq.wrapping_add(4));
+        assert_eq!(
+            file.control_seq().load(Ordering::SeqCst),
+            3,
+            "the doorbell is not control"
+        );
+        let base = regs::queue_field(regs::Q_RING_BASE, 1).unwrap().offset();
+        bar.write(base, Width::U64, 0x1_2345_6780).unwrap();
+        assert_eq!(file.get64(base), 0x1_2345_6780);
+        assert!(bar.write(base + 2, Width::U32, 0).is_err(), "misaligned");
+        assert!(
+            bar.read(REGISTER_BAR_SIZE, Width::U32).is_err(),
+            "private page unreachable"
+        );
+    }
+
+    #[test]
+    fn sub_word_accesses_merge() {
+        let file = Arc::new(RegisterFile::new().unwrap());
+        let bar = DeviceBar::new(Arc::clone(&file));
+        bar.write(0x40, Width::U32, 0xaabb_ccdd).unwrap();
+        bar.write(0x41, Width::U8, 0x11).unwrap();
+        bar.write(0x42, Width::U16, 0x2233).unwrap();
+        assert_eq!(bar.read(0x40, Width::U32).unwrap(), 0x2233_11dd);
+        assert_eq!(bar.read(0x43, Width::U8).unwrap(), 0x22);
+    }
+
+    #[test]
+    fn doorbell_offsets() {
+        assert!(is_sq_doorbell(
+            regs::queue_field(regs::Q_SQ_TAIL, 0).unwrap().offset()
+        ));
+        assert!(is_sq_doorbell(
+            regs::queue_field(regs::Q_SQ_TAIL, 31).unwrap().offset()
+        ));
+        assert!(!is_sq_doorbell(
+            regs::queue_field(regs::Q_CQ_HEAD, 0).unwrap().offset()
+        ));
+        assert!(!is_sq_doorbell(regs::CONTROL.offset()));
+        assert!(is_doorbell(
+            regs::queue_field(regs::Q_CQ_HEAD, 5).unwrap().offset()
+        ));
+        assert!(!is_doorbell(
+            regs::queue_field(regs::Q_CONTROL, 5).unwrap().offset()
+        ));
+    }
+}

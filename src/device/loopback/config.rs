@@ -1,0 +1,225 @@
+//! The loopback device's configuration ([`Config`], [`Mode`]), how its queues wait ([`Wait`]),
+//! and its counters ([`Counters`]).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::cost::Cost;
+use super::engine::Settings;
+use super::process::Program;
+use super::regs;
+use crate::device::Error;
+use crate::ring;
+
+/// Where the engine runs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// A thread of this process.
+    #[default]
+    Thread,
+    /// A child process running `Program`, which reaches host memory only through shared
+    /// files: every region mapped into the device's DMA space must be a memfd or hugetlbfs file
+    /// ([`Region::fd`](crate::memory::Region::fd)).
+    Process(Program),
+}
+
+/// How a queue learns of completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// The queue's waits sleep on its interrupt vector.
+    Interrupt,
+    /// No interrupt: the queue's waits poll.
+    Poll,
+}
+
+/// The loopback device's configuration, built with chained setters from [`Config::default`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub(super) name: String,
+    pub(super) queues: u16,
+    pub(super) memory_size: usize,
+    max_depth: u32,
+    pub(super) dma_mask_bits: u32,
+    cost: Cost,
+    max_burst: u32,
+    idle_spin: Duration,
+    pub(super) mode: Mode,
+}
+
+impl Default for Config {
+    /// `loopback0`: 4 queues, 64 MiB of device memory, depth up to 4096, a 48-bit DMA mask, the
+    /// [`Cost::npu`] model, bursts of 32, 50 µs of idle spinning, a thread.
+    fn default() -> Config {
+        Config {
+            name: "loopback0".into(),
+            queues: 4,
+            memory_size: 64 << 20,
+            max_depth: 4096,
+            dma_mask_bits: 48,
+            cost: Cost::npu(),
+            max_burst: 32,
+            idle_spin: Duration::from_micros(50),
+            mode: Mode::Thread,
+        }
+    }
+}
+
+impl Config {
+    /// The device's name in messages (and its engine thread's name).
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Config {
+        self.name = name.into();
+        self
+    }
+
+    /// Queues (and interrupt vectors), 1 to [`regs::MAX_QUEUES`].
+    #[must_use]
+    pub fn queues(mut self, queues: u16) -> Config {
+        self.queues = queues;
+        self
+    }
+
+    /// Bytes of device memory (BAR 2), rounded up to whole pages; at least one page.
+    #[must_use]
+    pub fn memory_size(mut self, bytes: usize) -> Config {
+        self.memory_size = bytes;
+        self
+    }
+
+    /// The largest queue depth the device accepts (a power of two up to
+    /// [`ring::MAX_DEPTH`]).
+    #[must_use]
+    pub fn max_depth(mut self, depth: u32) -> Config {
+        self.max_depth = depth;
+        self
+    }
+
+    /// The device's DMA mask width, 12 to 64 bits.
+    #[must_use]
+    pub fn dma_mask_bits(mut self, bits: u32) -> Config {
+        self.dma_mask_bits = bits;
+        self
+    }
+
+    /// The cost model.
+    #[must_use]
+    pub fn cost(mut self, cost: Cost) -> Config {
+        self.cost = cost;
+        self
+    }
+
+    /// Descriptors the engine takes from one queue before looking at the next (at least 1).
+    #[must_use]
+    pub fn max_burst(mut self, descriptors: u32) -> Config {
+        self.max_burst = descriptors;
+        self
+    }
+
+    /// How long an idle engine spins before it sleeps (lower: fewer cycles burnt; higher:
+    /// lower latency after a pause).
+    #[must_use]
+    pub fn idle_spin(mut self, spin: Duration) -> Config {
+        self.idle_spin = spin;
+        self
+    }
+
+    /// Where the engine runs.
+    #[must_use]
+    pub fn mode(mut self, mode: Mode) -> Config {
+        self.mode = mode;
+        self
+    }
+
+    /// The cost model.
+    pub fn cost_model(&self) -> Cost {
+        self.cost
+    }
+
+    /// Queues.
+    pub fn queue_count(&self) -> u16 {
+        self.queues
+    }
+
+    /// Bytes of device memory asked for.
+    pub fn memory_bytes(&self) -> usize {
+        self.memory_size
+    }
+
+    /// Where the engine runs.
+    pub fn engine_mode(&self) -> &Mode {
+        &self.mode
+    }
+
+    pub(super) fn check(&self) -> Result<(), Error> {
+        let bad = |field, value: u64, expected| {
+            Err(Error::Config {
+                field,
+                value,
+                expected,
+            })
+        };
+        if self.queues == 0 || self.queues > regs::MAX_QUEUES {
+            return bad("queues", self.queues.into(), "1 to 32");
+        }
+        if self.memory_size == 0 {
+            return bad("memory_size", 0, "at least one page");
+        }
+        if !self.max_depth.is_power_of_two()
+            || self.max_depth < 2
+            || self.max_depth > ring::MAX_DEPTH
+        {
+            return bad(
+                "max_depth",
+                self.max_depth.into(),
+                "a power of two from 2 to 32768",
+            );
+        }
+        if !(12..=64).contains(&self.dma_mask_bits) {
+            return bad("dma_mask_bits", self.dma_mask_bits.into(), "12 to 64");
+        }
+        if self.max_burst == 0 {
+            return bad("max_burst", 0, "at least 1");
+        }
+        Ok(())
+    }
+
+    pub(super) fn settings(&self) -> Settings {
+        Settings {
+            queues: self.queues,
+            max_depth: self.max_depth,
+            dma_mask_bits: self.dma_mask_bits,
+            cost: self.cost,
+            max_burst: self.max_burst,
+            idle_spin: self.idle_spin,
+        }
+    }
+}
+
+/// One queue's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct QueueCounters {
+    /// Descriptors executed.
+    pub completed: u64,
+    /// Error completions.
+    pub errors: u64,
+}
+
+/// The device's counters, read from its registers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Descriptors executed.
+    pub descriptors: u64,
+    /// Bytes moved or computed by successful descriptors.
+    pub bytes: u64,
+    /// Moves from one context to another.
+    pub context_switches: u64,
+    /// Error completions.
+    pub errors: u64,
+    /// Nanoseconds spent executing (including modelled time).
+    pub busy_ns: u64,
+    /// Interrupts raised.
+    pub interrupts: u64,
+    /// Per queue.
+    pub queues: Vec<QueueCounters>,
+}

@@ -1,0 +1,568 @@
+//! The software loopback device: a device with the hardware contract, so code written against
+//! it runs unchanged on a real one, and tests and SDK CI need no accelerator.
+//!
+//! # What it is
+//!
+//! - **BAR 0, registers** ([`regs`]): identity, device status and reset, interrupt mask and
+//!   pending bits, counters, and per queue the ring's IOVA, depth, context, enable/status, fault
+//!   code and the SQ tail / CQ head doorbells. It is shared memory reached through an
+//!   [`mmio`](crate::mmio) backend, as a mapped BAR is: reads are loads, writes are stores, and
+//!   writes to read-only registers are dropped.
+//! - **BAR 2, device memory** (the "NPU DRAM", [`Config::memory_size`] bytes), reached by the
+//!   host through [`mmio`](crate::mmio) (volatile accesses) or [`Loopback::device_memory`].
+//! - **A DMA engine** (a thread, or a separate process: [`Mode`]) that reads descriptors
+//!   ([`ring::Command`]) from the SQ in host memory by IOVA, translates every host address
+//!   through the device's own table ([`dma::Loopback`]: the device reaches only what was mapped
+//!   into [`Device::dma_space`]), executes the [`Opcode`], and writes a [`ring::Status`]
+//!   completion whose code is a [`Code`]. Every field is checked before anything is touched;
+//!   a malformed descriptor gets an error completion (and is counted), never a stray access.
+//! - **Interrupts**: one eventfd per queue, signalled when the host armed the ring's interrupt
+//!   flag and the vector is not masked (a masked vector is remembered as pending and fires when
+//!   unmasked). Queues opened with [`Wait::Poll`] never arm it: pure polling.
+//! - **A cost model** ([`Cost`]): DMA bandwidth, per-descriptor overhead, compute rate and a
+//!   context-switch penalty, with counters of descriptors, bytes, switches, errors, busy time
+//!   and interrupts ([`Counters`], also readable as registers).
+//!
+//! # Register map (BAR 0, 4 KiB)
+//!
+//! | offset | register | access | meaning |
+//! |---|---|---|---|
+//! | 0x00 | `id` | RO | `0x424c4455` ("UDLB") |
+//! | 0x04 | `version` | RO | 1 |
+//! | 0x08 | `queues` | RO | queues (= interrupt vectors) |
+//! | 0x0c | `status` | RO | bit 0 `READY`: the engine runs |
+//! | 0x10 | `control` | WO | bit 0 `RESET`; self-clearing |
+//! | 0x14 | `reset_count` | RO | resets completed |
+//! | 0x18 | `dma_mask_bits` | RO | the DMA mask width |
+//! | 0x1c | `max_depth` | RO | largest queue depth |
+//! | 0x20 | `memory_size` | RO, 64 | bytes of device memory (BAR 2) |
+//! | 0x28 | `irq_mask` | RO | bit q: vector q masked |
+//! | 0x2c | `irq_mask_set` | WO | write 1s to mask |
+//! | 0x30 | `irq_mask_clear` | WO | write 1s to unmask (a pending vector fires) |
+//! | 0x34 | `irq_pending` | RO | bit q: raised while masked |
+//! | 0x38..0x68 | `descriptors`, `bytes`, `context_switches`, `errors`, `busy_ns`, `interrupts` | RO, 64 | counters |
+//! | 0x100 + 0x40·q | queue q's block: | | |
+//! | +0x00 | `ring_base` | RW, 64 | IOVA of the ring memory ([`ring::Layout`] for `Command`/`Status` at `depth`); 64-byte aligned |
+//! | +0x08 | `depth` | RW | entries per ring |
+//! | +0x0c | `context` | RW | the context every descriptor must name |
+//! | +0x10 | `control` | RW | bit 0 `ENABLE` |
+//! | +0x14 | `status` | RO | bit 0 `ENABLED` (acknowledges enable and stop), bit 1 `FAULT` |
+//! | +0x18 | `sq_tail` | WO | SQ tail doorbell |
+//! | +0x1c | `cq_head` | WO | CQ head doorbell |
+//! | +0x20 | `fault` | RO | a [`Fault`] code |
+//! | +0x28 | `completed` | RO, 64 | descriptors executed |
+//! | +0x30 | `errors` | RO, 64 | error completions |
+//!
+//! Bringing a queue up: write `ring_base`, `depth`, `context`, then `control = ENABLE`; the
+//! device answers `status = ENABLED`, or `FAULT` with a code. Stopping it: `control = 0`; once
+//! `status` reads 0 the device touches none of the queue's memory again (this is the
+//! [`ring::Quiesce`] hook). [`Loopback::open_queue`] does both for a [`ring::Queue`].
+//!
+//! # Opcodes
+//!
+//! See [`Opcode`]: `Nop`, `ToDevice` (host → device memory), `ToHost` (device memory → host),
+//! `DeviceCopy`, `Fill`, and `Compute` (per 32-bit word `(w ^ args[0]) + args[1]`, result the
+//! sum of the words written), the deterministic transform tests use to see data pass through
+//! the device. Status codes and the order in which fields are checked: [`Code`].
+//!
+//! # Waking the engine
+//!
+//! The engine never polls when idle: after `idle_spin` without work it sleeps on a futex in the
+//! register file, and every host register write (the doorbells included) bumps a counter there
+//! and wakes it only if it sleeps (the handshake is in `bar.rs`). A busy engine costs the host
+//! no system call per doorbell.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use userdma::device::loopback::{Config, Cost, Loopback, Opcode, Wait};
+//! use userdma::device::Device;
+//! use userdma::memory::{PageSize, Region};
+//! use userdma::ring::{self, Command};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let device = Arc::new(Loopback::new(Config::default().cost(Cost::zero()))?);
+//! let region = Region::builder(64 << 10).page_size(PageSize::Base).memfd().lock(false).build()?;
+//! let host = device.dma_space().map(Arc::new(region))?;
+//! host.slice().write_from(0, b"hello, device")?;
+//!
+//! let mut queue = device.open_queue::<()>(ring::Config::new(64), Wait::Interrupt)?;
+//! let to_device = Command {
+//!     opcode: Opcode::ToDevice as u8,
+//!     src: host.iova(0).expect("mapped"),
+//!     dst: 0x100,
+//!     len: 13,
+//!     ..Command::default()
+//! };
+//! queue.submit(to_device, ())?;
+//! let done = queue.wait(Some(Duration::from_secs(5)))?;
+//! assert!(done.entry.is_success());
+//! let mut back = [0u8; 13];
+//! device.device_memory().read_into(0x100, &mut back)?;
+//! assert_eq!(&back, b"hello, device");
+//! # Ok(())
+//! # }
+//! ```
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+mod bar;
+mod config;
+mod cost;
+mod engine;
+mod ops;
+mod process;
+pub mod regs;
+mod shim;
+
+pub use self::config::{Config, Counters, Mode, QueueCounters, Wait};
+pub use self::cost::Cost;
+pub use self::process::{serve_process, Program, SOCKET_ENV};
+pub use self::regs::{Code, Fault, Opcode};
+
+use self::bar::{HostBar, MemoryBar, RegisterFile};
+use self::engine::Engine;
+use self::ops::{Dram, Translate};
+use self::process::{Remote, RemoteSpace};
+use self::regs::{queue_field, QueueControl, QueueStatus};
+use super::{Device, Error, Identity, Kind, Quiescer};
+use crate::dma::{self, Slice};
+use crate::irq::EventFd;
+use crate::memory::Region;
+use crate::mmio::{Block, DynBlock, Field, Readable, Value, Writable};
+use crate::ring::{self, Command, Doorbells, Layout, Memory, Queue, Status};
+use crate::sync::Mutex;
+
+/// Where the engine runs, as the host tracks it.
+#[derive(Debug)]
+enum Runner {
+    Thread(Mutex<Option<JoinHandle<()>>>),
+    Process(Remote),
+}
+
+/// The software loopback device (see the module docs). Dropping it stops the engine.
+#[derive(Debug)]
+pub struct Loopback {
+    identity: Identity,
+    config: Config,
+    file: Arc<RegisterFile>,
+    registers: DynBlock,
+    memory_bar: DynBlock,
+    dram: Arc<Region>,
+    space: Arc<dyn dma::Space>,
+    irqs: Vec<EventFd>,
+    runner: Runner,
+}
+
+/// How long the host waits for the device to acknowledge a queue enable or a reset.
+const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Loopback {
+    /// Starts a loopback device.
+    pub fn new(config: Config) -> Result<Loopback, Error> {
+        config.check()?;
+        let file = Arc::new(RegisterFile::new()?);
+        let dram = Arc::new(bar::shared_region("device memory", config.memory_size)?);
+        let table = dma::Loopback::new(config.dma_mask_bits).map_err(|source| Error::Map {
+            what: "translation table",
+            source,
+        })?;
+        let irqs = (0..u32::from(config.queues))
+            .map(|vector| EventFd::new().map_err(|source| Error::Interrupt { vector, source }))
+            .collect::<Result<Vec<_>, _>>()?;
+        let memory_bar = Block::new(MemoryBar::new(Arc::clone(&dram))?).erase();
+        let settings = config.settings();
+        let (runner, space, hook): (Runner, Arc<dyn dma::Space>, _) = match &config.mode {
+            Mode::Thread => {
+                let engine_irqs = irqs
+                    .iter()
+                    .enumerate()
+                    .map(|(vector, irq)| {
+                        irq.try_clone()
+                            .map(OwnedFd::from)
+                            .map_err(|source| Error::Interrupt {
+                                vector: vector as u32,
+                                source,
+                            })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let engine = Engine::new(
+                    settings,
+                    Arc::clone(&file),
+                    Dram {
+                        ptr: dram.as_ptr(),
+                        len: dram.len(),
+                    },
+                    Arc::new(table.clone()) as Arc<dyn Translate>,
+                    engine_irqs,
+                );
+                let keep = Arc::clone(&dram);
+                let handle = std::thread::Builder::new()
+                    .name(config.name.clone())
+                    .spawn(move || {
+                        engine.run();
+                        drop(keep);
+                    })
+                    .map_err(|source| Error::Thread { source })?;
+                let space: Arc<dyn dma::Space> = Arc::new(table);
+                (Runner::Thread(Mutex::new(Some(handle))), space, None)
+            }
+            Mode::Process(program) => {
+                let hello = process::Hello {
+                    settings: &settings,
+                    file: &file,
+                    dram: &dram,
+                    irqs: irqs
+                        .iter()
+                        .map(AsFd::as_fd)
+                        .collect::<Vec<BorrowedFd<'_>>>(),
+                };
+                let remote = process::spawn(program, hello)?;
+                let space = Arc::new(RemoteSpace::new(table, &remote));
+                let hook: Arc<dyn bar::DoorbellHook> = Arc::clone(&space) as _;
+                (
+                    Runner::Process(remote),
+                    space as Arc<dyn dma::Space>,
+                    Some(hook),
+                )
+            }
+        };
+        let registers = Block::new(HostBar::new(Arc::clone(&file), hook)).erase();
+        let device = Loopback {
+            identity: Identity {
+                name: config.name.clone(),
+                kind: Kind::Loopback,
+                bdf: None,
+            },
+            config,
+            file,
+            registers,
+            memory_bar,
+            dram,
+            space,
+            irqs,
+            runner,
+        };
+        device.wait_for("start", ACK_TIMEOUT, |d| {
+            Ok(d.get(regs::STATUS)?.contains(regs::DeviceStatus::READY))
+        })?;
+        Ok(device)
+    }
+
+    /// The configuration it was started with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// BAR 0 (the registers).
+    pub fn registers(&self) -> &DynBlock {
+        &self.registers
+    }
+
+    /// BAR 2 (device memory) as a register block.
+    pub fn memory_bar(&self) -> &DynBlock {
+        &self.memory_bar
+    }
+
+    /// The device memory, for bulk volatile copies in and out (tests, debugging). The engine
+    /// writes it behind the host's back: read it only while no descriptor targets it.
+    pub fn device_memory(&self) -> Slice<'_> {
+        Slice::from_region(&self.dram)
+    }
+
+    /// Whether the engine (thread or process) is running.
+    pub fn is_running(&self) -> bool {
+        match &self.runner {
+            Runner::Thread(handle) => handle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .is_some_and(|h| !h.is_finished()),
+            Runner::Process(remote) => remote.is_running(),
+        }
+    }
+
+    /// The device process's id, in [`Mode::Process`].
+    pub fn process_id(&self) -> Option<u32> {
+        match &self.runner {
+            Runner::Thread(_) => None,
+            Runner::Process(remote) => Some(remote.id()),
+        }
+    }
+
+    /// Reads a register of BAR 0.
+    pub fn get<V: Value, A: Readable>(&self, field: Field<V, A>) -> Result<V, Error> {
+        self.registers.get(field).map_err(|source| Error::Register {
+            offset: field.offset(),
+            source,
+        })
+    }
+
+    /// Writes a register of BAR 0.
+    pub fn set<V: Value, A: Writable>(&self, field: Field<V, A>, value: V) -> Result<(), Error> {
+        self.registers
+            .set(field, value)
+            .map_err(|source| Error::Register {
+                offset: field.offset(),
+                source,
+            })
+    }
+
+    /// Queue `queue`'s copy of a per-queue register (`regs::Q_*`).
+    fn queue_reg<V, A>(&self, field: Field<V, A>, queue: u16) -> Result<Field<V, A>, Error> {
+        let count = self.config.queues;
+        if queue >= count {
+            return Err(Error::NoSuchQueue {
+                index: queue.into(),
+                count: count.into(),
+            });
+        }
+        queue_field(field, queue).ok_or(Error::NoSuchQueue {
+            index: queue.into(),
+            count: count.into(),
+        })
+    }
+
+    /// The device's counters.
+    pub fn counters(&self) -> Result<Counters, Error> {
+        let queues = (0..self.config.queues)
+            .map(|q| {
+                Ok(QueueCounters {
+                    completed: self.get(self.queue_reg(regs::Q_COMPLETED, q)?)?,
+                    errors: self.get(self.queue_reg(regs::Q_ERRORS, q)?)?,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(Counters {
+            descriptors: self.get(regs::DESCRIPTORS)?,
+            bytes: self.get(regs::BYTES)?,
+            context_switches: self.get(regs::CONTEXT_SWITCHES)?,
+            errors: self.get(regs::ERRORS)?,
+            busy_ns: self.get(regs::BUSY_NS)?,
+            interrupts: self.get(regs::INTERRUPTS)?,
+            queues,
+        })
+    }
+
+    /// Polls `done` until it says so, the engine stops, or `timeout` passes.
+    fn wait_for(
+        &self,
+        operation: &'static str,
+        timeout: Duration,
+        mut done: impl FnMut(&Loopback) -> Result<bool, Error>,
+    ) -> Result<(), Error> {
+        let start = Instant::now();
+        let mut step = Duration::from_micros(1);
+        loop {
+            if done(self)? {
+                return Ok(());
+            }
+            if !self.is_running() {
+                let exit = match &self.runner {
+                    Runner::Process(remote) => remote.exit_status(),
+                    Runner::Thread(_) => None,
+                };
+                return Err(Error::Stopped { exit });
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(Error::Timeout { operation, waited });
+            }
+            if step < Duration::from_micros(20) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(step);
+            }
+            step = (step * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// Opens queue `config.id()` on a fresh ring of `config.depth()` entries (memfd-backed,
+    /// mapped into the device's DMA space), programs it into the device and enables it. The
+    /// queue stops its device queue when dropped with work in flight ([`Quiescer`]). With
+    /// [`Wait::Poll`] the queue has no interrupt vector.
+    pub fn open_queue<T: Send>(
+        self: &Arc<Self>,
+        config: ring::Config,
+        wait: Wait,
+    ) -> Result<Queue<Command, Status, T>, Error> {
+        let q = config.id();
+        let status = self.get(self.queue_reg(regs::Q_STATUS, q)?)?;
+        let control = self.registers.get(self.queue_reg(regs::Q_CONTROL, q)?);
+        if !status.is_empty() || control.is_ok_and(|c| !c.is_empty()) {
+            return Err(Error::QueueBusy { queue: q });
+        }
+        let ring_error = |source| Error::Ring { queue: q, source };
+        let layout = Layout::new::<Command, Status>(config.depth()).map_err(ring_error)?;
+        let region = bar::shared_region("ring memory", layout.size())?;
+        let mapping = self
+            .space
+            .map(Arc::new(region))
+            .map_err(|source| Error::Map {
+                what: "ring memory",
+                source,
+            })?;
+        let memory =
+            Memory::from_mapping(Arc::new(mapping), 0, layout.size()).map_err(ring_error)?;
+        let iova = memory.iova();
+        let doorbells = Doorbells::new(
+            self.registers.clone(),
+            self.queue_reg(regs::Q_SQ_TAIL, q)?.offset(),
+            self.queue_reg(regs::Q_CQ_HEAD, q)?.offset(),
+        )
+        .map_err(ring_error)?;
+        let interrupt = match wait {
+            Wait::Interrupt => Some(self.interrupt(u32::from(q))?),
+            Wait::Poll => None,
+        };
+        let mut queue = Queue::new(config, memory, doorbells, interrupt).map_err(ring_error)?;
+        self.set(self.queue_reg(regs::Q_RING_BASE, q)?, iova)?;
+        self.set(self.queue_reg(regs::Q_DEPTH, q)?, config.depth())?;
+        self.set(self.queue_reg(regs::Q_CONTEXT, q)?, config.context())?;
+        let control = self.queue_reg(regs::Q_CONTROL, q)?;
+        self.set(control, QueueControl::ENABLE)?;
+        let status = self.queue_reg(regs::Q_STATUS, q)?;
+        let started = self.wait_for("enable the queue", ACK_TIMEOUT, |d| {
+            Ok(!d.get(status)?.is_empty())
+        });
+        let enabled = started.and_then(|()| self.get(status));
+        match enabled {
+            Ok(s) if s.contains(QueueStatus::ENABLED) => {}
+            Ok(_) => {
+                let fault = self.get(self.queue_reg(regs::Q_FAULT, q)?)?;
+                self.set(control, QueueControl::empty())?;
+                return Err(Error::QueueFault {
+                    queue: q,
+                    fault: Fault::from_raw(fault).unwrap_or(Fault::None),
+                });
+            }
+            Err(err) => {
+                // Best effort: the device is not answering.
+                let _ = self.set(control, QueueControl::empty());
+                return Err(err);
+            }
+        }
+        queue.set_quiesce(QueueStop {
+            device: Arc::clone(self),
+            queue: q,
+        });
+        Ok(queue)
+    }
+}
+
+/// The [`ring::Quiesce`] of a queue from [`Loopback::open_queue`]: stops the device queue when
+/// the ring queue is dropped or shut down with work in flight, and in any case once the ring
+/// queue is gone (it drops with it), so the device stops serving a ring nobody owns and the
+/// queue can be opened again. Holds the device: it outlives its queues.
+#[derive(Debug)]
+struct QueueStop {
+    device: Arc<Loopback>,
+    queue: u16,
+}
+
+impl ring::Quiesce for QueueStop {
+    fn quiesce(&mut self, queue: u16, timeout: Duration) -> io::Result<()> {
+        Quiescer::new(Arc::clone(&self.device) as Arc<dyn Device>).quiesce(queue, timeout)
+    }
+}
+
+impl Drop for QueueStop {
+    fn drop(&mut self) {
+        // The ring queue is gone: nothing of it may be in flight any more (it quiesced or
+        // leaked), so this only turns the device queue off. A device that does not answer
+        // keeps its own mapping of the ring (see `ops::Span`), so nothing is freed under it.
+        let _ = self
+            .device
+            .stop_queue(self.queue, ring::DROP_QUIESCE_TIMEOUT);
+    }
+}
+
+impl Device for Loopback {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    fn bar(&self, index: usize) -> Result<DynBlock, Error> {
+        match index {
+            regs::REGISTER_BAR => Ok(self.registers.clone()),
+            regs::MEMORY_BAR => Ok(self.memory_bar.clone()),
+            _ => Err(Error::NoSuchBar { index }),
+        }
+    }
+
+    fn dma_space(&self) -> Arc<dyn dma::Space> {
+        Arc::clone(&self.space)
+    }
+
+    fn vectors(&self) -> u32 {
+        u32::from(self.config.queues)
+    }
+
+    fn interrupt(&self, vector: u32) -> Result<EventFd, Error> {
+        let irq = usize::try_from(vector)
+            .ok()
+            .and_then(|v| self.irqs.get(v))
+            .ok_or(Error::NoSuchQueue {
+                index: vector,
+                count: self.vectors(),
+            })?;
+        irq.try_clone()
+            .map_err(|source| Error::Interrupt { vector, source })
+    }
+
+    fn set_masked(&self, vector: u32, masked: bool) -> Result<(), Error> {
+        if vector >= self.vectors() {
+            return Err(Error::NoSuchQueue {
+                index: vector,
+                count: self.vectors(),
+            });
+        }
+        let register = if masked {
+            regs::IRQ_MASK_SET
+        } else {
+            regs::IRQ_MASK_CLEAR
+        };
+        self.set(register, 1 << vector)
+    }
+
+    fn reset(&self) -> Result<(), Error> {
+        let before = self.get(regs::RESET_COUNT)?;
+        self.set(regs::CONTROL, regs::Control::RESET)?;
+        self.wait_for("reset", ACK_TIMEOUT, |d| {
+            Ok(d.get(regs::RESET_COUNT)? != before)
+        })
+    }
+
+    fn stop_queue(&self, queue: u16, timeout: Duration) -> Result<(), Error> {
+        let control = self.queue_reg(regs::Q_CONTROL, queue)?;
+        let status = self.queue_reg(regs::Q_STATUS, queue)?;
+        self.set(control, QueueControl::empty())?;
+        match self.wait_for("stop the queue", timeout, |d| {
+            Ok(!d.get(status)?.contains(QueueStatus::ENABLED))
+        }) {
+            // A stopped engine touches nothing any more: the queue is stopped too.
+            Err(Error::Stopped { .. }) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+impl Drop for Loopback {
+    fn drop(&mut self) {
+        self.file.request_shutdown();
+        match &self.runner {
+            Runner::Thread(handle) => {
+                let handle = handle.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(handle) = handle {
+                    // A panic in the engine has been reported on its thread already.
+                    let _ = handle.join();
+                }
+            }
+            Runner::Process(remote) => remote.stop(Duration::from_secs(5)),
+        }
+    }
+}

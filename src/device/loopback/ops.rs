@@ -1,0 +1,458 @@
+//! What a descriptor does: every field checked first ([`check`]), then the memory operation on
+//! device memory and on host memory reached only through the device's translation table
+//! ([`execute`]). A descriptor that fails a check touches nothing.
+
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use super::regs::{Code, Opcode};
+use crate::dma;
+use crate::memory::{u64_of, Region};
+use crate::ring::Command;
+
+/// Host memory the device resolved: `len` bytes at `ptr`, kept mapped while the span lives.
+#[derive(Debug)]
+pub(super) struct Span {
+    ptr: NonNull<u8>,
+    len: usize,
+    _keep: Keep,
+}
+
+/// What keeps a span's memory mapped.
+#[derive(Debug)]
+#[allow(dead_code)] // Held for its Drop only.
+enum Keep {
+    /// A translation of the in-process table (holds the region).
+    Window(dma::Window),
+    /// A region the device process mapped from a memfd.
+    Region(Arc<Region>),
+}
+
+// SAFETY: a Span is a pointer into a mapping that its owner keeps alive, accessed only through
+// raw pointers (never references); the owners are Send and Sync.
+unsafe impl Send for Span {}
+// SAFETY: as for Send.
+unsafe impl Sync for Span {}
+
+impl Span {
+    /// `len` bytes at `offset` of `region` (the caller checked `offset + len <= region.len()`).
+    pub(super) fn in_region(region: Arc<Region>, offset: usize, len: usize) -> Option<Span> {
+        if offset.checked_add(len)? > region.len() || len == 0 {
+            return None;
+        }
+        // SAFETY: `offset + len <= region.len()`: inside the mapping.
+        let ptr = unsafe { region.as_ptr().add(offset) };
+        Some(Span {
+            ptr,
+            len,
+            _keep: Keep::Region(region),
+        })
+    }
+
+    /// The first byte (raw).
+    pub(super) fn as_ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// The length.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// The device's translation table: resolves `len` bytes at `iova` to host memory, or `None`
+/// unless they all lie in one mapping.
+pub(super) trait Translate: Send + Sync + std::fmt::Debug {
+    fn translate(&self, iova: u64, len: usize) -> Option<Span>;
+}
+
+impl Translate for dma::Loopback {
+    fn translate(&self, iova: u64, len: usize) -> Option<Span> {
+        let window = dma::Loopback::translate(self, iova, len)?;
+        Some(Span {
+            ptr: window.as_ptr(),
+            len: window.len(),
+            _keep: Keep::Window(window),
+        })
+    }
+}
+
+/// Device memory: `len` bytes at `ptr`, owned by the engine's region.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Dram {
+    pub(super) ptr: NonNull<u8>,
+    pub(super) len: usize,
+}
+
+/// A checked descriptor: what it will do. Offsets are device-memory offsets, IOVAs host
+/// addresses; every range is inside the device memory, none overflows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Plan {
+    Nop,
+    ToDevice {
+        iova: u64,
+        dst: usize,
+        len: usize,
+    },
+    ToHost {
+        src: usize,
+        iova: u64,
+        len: usize,
+    },
+    DeviceCopy {
+        src: usize,
+        dst: usize,
+        len: usize,
+    },
+    Fill {
+        dst: usize,
+        len: usize,
+        byte: u8,
+    },
+    Compute {
+        src: usize,
+        dst: usize,
+        len: usize,
+        xor: u32,
+        add: u32,
+    },
+}
+
+/// How a descriptor ended: status code, result word, and what the cost model charges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Outcome {
+    pub(super) code: Code,
+    pub(super) result: u64,
+    /// The descriptor's `len` if it succeeded (what the `bytes` counter adds).
+    pub(super) bytes: u64,
+    pub(super) dma_bytes: u64,
+    pub(super) compute_bytes: u64,
+}
+
+impl Outcome {
+    fn failed(code: Code, result: u64) -> Outcome {
+        Outcome {
+            code,
+            result,
+            bytes: 0,
+            dma_bytes: 0,
+            compute_bytes: 0,
+        }
+    }
+}
+
+/// `addr + len` without overflow, or the failure naming `addr`.
+fn end_of(addr: u64, len: u64) -> Result<u64, (Code, u64)> {
+    addr.checked_add(len).ok_or((Code::AddressOverflow, addr))
+}
+
+/// A device range `offset..offset + len` (already overflow-checked) as `usize`s inside
+/// `memory_size`, or the failure naming `offset`.
+fn device_range(offset: u64, len: u64, memory_size: u64) -> Result<usize, (Code, u64)> {
+    let end = end_of(offset, len)?;
+    if end > memory_size {
+        return Err((Code::DeviceOutOfBounds, offset));
+    }
+    usize::try_from(offset).map_err(|_| (Code::DeviceOutOfBounds, offset))
+}
+
+/// Checks every field of `cmd` for a queue of context `context` and a device memory of
+/// `memory_size` bytes, in the order the register map documents; `Err((code, result))` on the
+/// first problem.
+pub(super) fn check(cmd: &Command, context: u32, memory_size: u64) -> Result<Plan, (Code, u64)> {
+    let op = Opcode::from_raw(cmd.opcode).ok_or((Code::BadOpcode, 0))?;
+    if cmd.flags != 0 {
+        return Err((Code::BadFlags, 0));
+    }
+    if cmd.context != context {
+        return Err((Code::BadContext, 0));
+    }
+    let args = cmd.args;
+    let zero_from = |first: usize| args[first..].iter().all(|&a| a == 0);
+    let args_ok = match op {
+        Opcode::Nop | Opcode::ToDevice | Opcode::ToHost | Opcode::DeviceCopy => zero_from(0),
+        Opcode::Fill => args[0] <= 0xff && zero_from(1),
+        Opcode::Compute => {
+            u32::try_from(args[0]).is_ok() && u32::try_from(args[1]).is_ok() && zero_from(2)
+        }
+    };
+    // Address fields an opcode does not use must be zero too.
+    let unused_ok = match op {
+        Opcode::Nop => cmd.src == 0 && cmd.dst == 0,
+        Opcode::Fill => cmd.src == 0,
+        _ => true,
+    };
+    if !args_ok || !unused_ok {
+        return Err((Code::BadArgs, 0));
+    }
+    let len = cmd.len;
+    match (op, len) {
+        (Opcode::Nop, 0) => return Ok(Plan::Nop),
+        (Opcode::Nop, _) | (_, 0) => return Err((Code::BadLength, 0)),
+        _ => {}
+    }
+    let ulen = usize::try_from(len).map_err(|_| (Code::BadLength, 0))?;
+    let uses_src = op != Opcode::Fill;
+    if uses_src {
+        end_of(cmd.src, len)?;
+    }
+    end_of(cmd.dst, len)?;
+    if op == Opcode::Compute && (cmd.src % 4 != 0 || cmd.dst % 4 != 0 || len % 4 != 0) {
+        return Err((Code::Misaligned, 0));
+    }
+    Ok(match op {
+        Opcode::ToDevice => Plan::ToDevice {
+            iova: cmd.src,
+            dst: device_range(cmd.dst, len, memory_size)?,
+            len: ulen,
+        },
+        Opcode::ToHost => Plan::ToHost {
+            src: device_range(cmd.src, len, memory_size)?,
+            iova: cmd.dst,
+            len: ulen,
+        },
+        Opcode::DeviceCopy => Plan::DeviceCopy {
+            src: device_range(cmd.src, len, memory_size)?,
+            dst: device_range(cmd.dst, len, memory_size)?,
+            len: ulen,
+        },
+        Opcode::Fill => Plan::Fill {
+            dst: device_range(cmd.dst, len, memory_size)?,
+            len: ulen,
+            // Checked above: at most 0xff.
+            byte: args[0] as u8,
+        },
+        Opcode::Compute => Plan::Compute {
+            src: device_range(cmd.src, len, memory_size)?,
+            dst: device_range(cmd.dst, len, memory_size)?,
+            len: ulen,
+            // Checked above: both fit in 32 bits.
+            xor: args[0] as u32,
+            add: args[1] as u32,
+        },
+        Opcode::Nop => Plan::Nop,
+    })
+}
+
+/// The compute transform of one word.
+#[inline]
+pub(super) fn transform(word: u32, xor: u32, add: u32) -> u32 {
+    (word ^ xor).wrapping_add(add)
+}
+
+/// Checks and runs `cmd`: the outcome to complete it with.
+pub(super) fn execute(cmd: &Command, context: u32, dram: Dram, table: &dyn Translate) -> Outcome {
+    let plan = match check(cmd, context, u64_of(dram.len)) {
+        Ok(plan) => plan,
+        Err((code, result)) => return Outcome::failed(code, result),
+    };
+    run(plan, dram, table)
+}
+
+/// Runs a checked plan.
+fn run(plan: Plan, dram: Dram, table: &dyn Translate) -> Outcome {
+    let base = dram.ptr.as_ptr();
+    let moved = |len: usize, dma: u64| Outcome {
+        code: Code::Success,
+        result: u64_of(len),
+        bytes: u64_of(len),
+        dma_bytes: dma,
+        compute_bytes: 0,
+    };
+    // Memory safety of every access below: `check` put each device range inside `dram`
+    // (`offset + len <= dram.len`), and each host range is a `Span` the table resolved, which
+    // is `len` bytes of a live mapping. The device memory is a separate memfd that is never
+    // mapped into the DMA space, so a host span never overlaps it. Accesses are raw-pointer
+    // copies: no reference to device-visible memory is made. The bytes of a buffer named by a
+    // descriptor belong to the device until its completion (the ring keeps the buffer in its
+    // in-flight table), so the host does not access them meanwhile.
+    match plan {
+        Plan::Nop => moved(0, 0),
+        Plan::ToDevice { iova, dst, len } => {
+            let Some(span) = table.translate(iova, len) else {
+                return Outcome::failed(Code::HostUnmapped, iova);
+            };
+            debug_assert_eq!(span.len(), len);
+            // SAFETY: see above: `len` readable bytes at the span, `len` writable bytes at
+            // `base + dst`, in two different mappings.
+            unsafe { ptr::copy_nonoverlapping(span.as_ptr().as_ptr(), base.add(dst), len) };
+            moved(len, u64_of(len))
+        }
+        Plan::ToHost { src, iova, len } => {
+            let Some(span) = table.translate(iova, len) else {
+                return Outcome::failed(Code::HostUnmapped, iova);
+            };
+            // SAFETY: as for `ToDevice`, the other way.
+            unsafe { ptr::copy_nonoverlapping(base.add(src), span.as_ptr().as_ptr(), len) };
+            moved(len, u64_of(len))
+        }
+        Plan::DeviceCopy { src, dst, len } => {
+            // SAFETY: both ranges inside device memory; `ptr::copy` allows overlap.
+            unsafe { ptr::copy(base.add(src), base.add(dst), len) };
+            moved(len, u64_of(len).saturating_mul(2))
+        }
+        Plan::Fill { dst, len, byte } => {
+            // SAFETY: the range is inside device memory.
+            unsafe { ptr::write_bytes(base.add(dst), byte, len) };
+            moved(len, u64_of(len))
+        }
+        Plan::Compute {
+            src,
+            dst,
+            len,
+            xor,
+            add,
+        } => {
+            let mut sum = 0u64;
+            for i in (0..len).step_by(4) {
+                // SAFETY: both ranges are inside device memory, and `i + 4 <= len` (`len` is
+                // a multiple of 4); unaligned accesses, so any device-memory base will do.
+                // Word by word in ascending order, which defines overlapping ranges.
+                let word = unsafe { base.add(src + i).cast::<u32>().read_unaligned() };
+                let out = transform(u32::from_le(word), xor, add);
+                // SAFETY: as above.
+                unsafe { base.add(dst + i).cast::<u32>().write_unaligned(out.to_le()) };
+                sum = sum.wrapping_add(u64::from(out));
+            }
+            Outcome {
+                code: Code::Success,
+                result: sum,
+                bytes: u64_of(len),
+                dma_bytes: 0,
+                compute_bytes: u64_of(len),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd(opcode: Opcode, src: u64, dst: u64, len: u64) -> Command {
+        Command {
+            opcode: opcode as u8,
+            src,
+            dst,
+            len,
+            ..Command::default()
+        }
+    }
+
+    #[test]
+    fn fields_are_checked_in_order() {
+        let size = 0x1000;
+        let bad_op = Command {
+            opcode: 99,
+            flags: 1,
+            ..Command::default()
+        };
+        assert_eq!(check(&bad_op, 0, size), Err((Code::BadOpcode, 0)));
+        let mut c = cmd(Opcode::ToDevice, 0, 0, 8);
+        c.flags = 1;
+        c.context = 5;
+        assert_eq!(check(&c, 0, size), Err((Code::BadFlags, 0)));
+        c.flags = 0;
+        assert_eq!(check(&c, 0, size), Err((Code::BadContext, 0)));
+        assert!(check(&c, 5, size).is_ok());
+        c.args[3] = 1;
+        assert_eq!(check(&c, 5, size), Err((Code::BadArgs, 0)));
+        assert_eq!(
+            check(&cmd(Opcode::ToDevice, 0, 0, 0), 0, size),
+            Err((Code::BadLength, 0))
+        );
+        assert_eq!(
+            check(&cmd(Opcode::Nop, 0, 0, 1), 0, size),
+            Err((Code::BadLength, 0))
+        );
+        assert_eq!(
+            check(&cmd(Opcode::Nop, 4, 0, 0), 0, size),
+            Err((Code::BadArgs, 0))
+        );
+        assert_eq!(check(&cmd(Opcode::Nop, 0, 0, 0), 0, size), Ok(Plan::Nop));
+        assert_eq!(
+            check(&cmd(Opcode::ToHost, u64::MAX - 3, 0, 8), 0, size),
+            Err((Code::AddressOverflow, u64::MAX - 3))
+        );
+        assert_eq!(
+            check(&cmd(Opcode::ToHost, 0, u64::MAX, 8), 0, size),
+            Err((Code::AddressOverflow, u64::MAX))
+        );
+        assert_eq!(
+            check(&cmd(Opcode::Compute, 2, 0, 8), 0, size),
+            Err((Code::Misaligned, 0))
+        );
+        assert_eq!(
+            check(&cmd(Opcode::ToDevice, 0, 0xff9, 8), 0, size),
+            Err((Code::DeviceOutOfBounds, 0xff9))
+        );
+        assert_eq!(
+            check(&cmd(Opcode::ToDevice, 0, 0xff8, 8), 0, size),
+            Ok(Plan::ToDevice {
+                iova: 0,
+                dst: 0xff8,
+                len: 8
+            })
+        );
+        assert_eq!(
+            check(&cmd(Opcode::DeviceCopy, 0x1000, 0, 1), 0, size),
+            Err((Code::DeviceOutOfBounds, 0x1000))
+        );
+    }
+
+    #[test]
+    fn fill_and_compute_arguments() {
+        let size = 0x100;
+        let mut fill = cmd(Opcode::Fill, 0, 0x10, 4);
+        fill.args[0] = 0x100;
+        assert_eq!(check(&fill, 0, size), Err((Code::BadArgs, 0)));
+        fill.args[0] = 0xab;
+        assert_eq!(
+            check(&fill, 0, size),
+            Ok(Plan::Fill {
+                dst: 0x10,
+                len: 4,
+                byte: 0xab
+            })
+        );
+        fill.src = 4;
+        assert_eq!(check(&fill, 0, size), Err((Code::BadArgs, 0)));
+        let mut compute = cmd(Opcode::Compute, 0, 0, 8);
+        compute.args[1] = 1 << 32;
+        assert_eq!(check(&compute, 0, size), Err((Code::BadArgs, 0)));
+        compute.args = [u64::from(u32::MAX), 7, 0, 0];
+        assert!(check(&compute, 0, size).is_ok());
+    }
+
+    #[test]
+    fn device_memory_operations() {
+        let mut backing = vec![0u64; 8];
+        let dram = Dram {
+            ptr: NonNull::new(backing.as_mut_ptr().cast::<u8>()).unwrap(),
+            len: 64,
+        };
+        let table = dma::Loopback::new(32).unwrap();
+        let mut fill = cmd(Opcode::Fill, 0, 0, 16);
+        fill.args[0] = 0x01;
+        assert_eq!(execute(&fill, 0, dram, &table).code, Code::Success);
+        let mut compute = cmd(Opcode::Compute, 0, 16, 16);
+        compute.args = [0xff, 2, 0, 0];
+        let out = execute(&compute, 0, dram, &table);
+        let word = transform(0x0101_0101, 0xff, 2);
+        assert_eq!(out.result, 4 * u64::from(word));
+        assert_eq!(out.compute_bytes, 16);
+        let copy = cmd(Opcode::DeviceCopy, 16, 20, 16);
+        assert_eq!(execute(&copy, 0, dram, &table).dma_bytes, 32);
+        let unmapped = cmd(Opcode::ToDevice, 0x10_0000, 0, 8);
+        let out = execute(&unmapped, 0, dram, &table);
+        assert_eq!((out.code, out.result), (Code::HostUnmapped, 0x10_0000));
+        drop(table);
+        let bytes: Vec<u8> = backing.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        assert_eq!(&bytes[..16], &[1u8; 16]);
+        assert_eq!(&bytes[16..20], &word.to_le_bytes());
+        for chunk in bytes[20..36].chunks(4) {
+            assert_eq!(chunk, &word.to_le_bytes());
+        }
+        assert_eq!(&bytes[36..], &[0u8; 28]);
+    }
+}

@@ -1,0 +1,477 @@
+//! The loopback device's register map (BAR 0), opcodes, completion status codes and queue fault
+//! codes: the contract an SDK programs against. Every layout is a `#[repr(C)]` struct whose
+//! offsets are asserted below; the [`Field`] constants are derived from them with `offset_of!`.
+
+use std::mem::{offset_of, size_of};
+
+use crate::mmio::{Field, ReadOnly, ReadWrite, Value, WriteOnly};
+
+/// The value of the [`ID`] register: `"UDLB"` in little-endian ASCII.
+pub const DEVICE_ID: u32 = u32::from_le_bytes(*b"UDLB");
+/// The value of the [`VERSION`] register: the version of this register map.
+pub const VERSION_1: u32 = 1;
+/// BAR index of the register block.
+pub const REGISTER_BAR: usize = 0;
+/// BAR index of the device memory (a 64-bit BAR after the 64-bit register BAR, as on hardware).
+pub const MEMORY_BAR: usize = 2;
+/// Size in bytes of the register BAR.
+pub const REGISTER_BAR_SIZE: usize = 0x1000;
+/// Offset of queue 0's register block; queue `q`'s is `QUEUE_BASE + q * QUEUE_STRIDE`.
+pub const QUEUE_BASE: usize = 0x100;
+/// Bytes between two queues' register blocks.
+pub const QUEUE_STRIDE: usize = size_of::<QueueRegs>();
+/// The most queues the register map has room for (one interrupt bit each in a 32-bit register).
+pub const MAX_QUEUES: u16 = 32;
+
+/// The global registers, at offset 0 of BAR 0. Never instantiated: it gives the offsets.
+#[repr(C)]
+#[derive(Debug)]
+#[allow(dead_code)] // A layout description: the fields are read through `offset_of!` only.
+pub struct GlobalRegs {
+    /// RO: [`DEVICE_ID`].
+    pub id: u32,
+    /// RO: [`VERSION_1`].
+    pub version: u32,
+    /// RO: number of queues (each with an interrupt vector of the same index).
+    pub queues: u32,
+    /// RO: [`DeviceStatus`].
+    pub status: u32,
+    /// WO: [`Control`]; the device clears it once it has acted.
+    pub control: u32,
+    /// RO: resets completed since the device started.
+    pub reset_count: u32,
+    /// RO: width of the device's DMA mask in bits.
+    pub dma_mask_bits: u32,
+    /// RO: the largest queue depth the device accepts.
+    pub max_depth: u32,
+    /// RO: size of the device memory (BAR 2) in bytes.
+    pub memory_size: u64,
+    /// RO: bit `q` set: vector `q` is masked.
+    pub irq_mask: u32,
+    /// WO: write 1s to mask those vectors (NVMe's INTMS).
+    pub irq_mask_set: u32,
+    /// WO: write 1s to unmask those vectors (NVMe's INTMC); a pending vector fires at once.
+    pub irq_mask_clear: u32,
+    /// RO: bit `q` set: vector `q` was raised while masked and fires when unmasked.
+    pub irq_pending: u32,
+    /// RO: descriptors executed (successful or not).
+    pub descriptors: u64,
+    /// RO: bytes moved or computed by successful descriptors.
+    pub bytes: u64,
+    /// RO: times the engine moved from one context to another.
+    pub context_switches: u64,
+    /// RO: descriptors completed with an error status.
+    pub errors: u64,
+    /// RO: nanoseconds the engine spent executing descriptors (including modelled time).
+    pub busy_ns: u64,
+    /// RO: interrupts raised (eventfd signals).
+    pub interrupts: u64,
+    _reserved: [u32; 38],
+}
+
+/// One queue's registers, at `QUEUE_BASE + q * QUEUE_STRIDE`. Never instantiated.
+#[repr(C)]
+#[derive(Debug)]
+#[allow(dead_code)] // A layout description: the fields are read through `offset_of!` only.
+pub struct QueueRegs {
+    /// RW: IOVA of the queue's ring memory, laid out as
+    /// [`ring::Layout`](crate::ring::Layout) for [`Command`](crate::ring::Command) /
+    /// [`Status`](crate::ring::Status) at [`QueueRegs::depth`] entries; 64-byte aligned.
+    pub ring_base: u64,
+    /// RW: entries per ring (a power of two, 2 to [`GlobalRegs::max_depth`]).
+    pub depth: u32,
+    /// RW: the context every descriptor of this queue must name.
+    pub context: u32,
+    /// RW: [`QueueControl`]. Set `ENABLE` after programming the other registers; clear it to
+    /// stop the queue (the device acknowledges by clearing [`QueueStatus::ENABLED`]).
+    pub control: u32,
+    /// RO: [`QueueStatus`].
+    pub status: u32,
+    /// WO: SQ tail doorbell (free-running counter of the next entry the host writes).
+    pub sq_tail: u32,
+    /// WO: CQ head doorbell (free-running counter of the next completion the host reads).
+    pub cq_head: u32,
+    /// RO: [`Fault`] code while [`QueueStatus::FAULT`] is set.
+    pub fault: u32,
+    _reserved0: u32,
+    /// RO: descriptors of this queue executed.
+    pub completed: u64,
+    /// RO: descriptors of this queue completed with an error status.
+    pub errors: u64,
+    _reserved1: u64,
+}
+
+const _: () = {
+    assert!(offset_of!(GlobalRegs, id) == 0x00);
+    assert!(offset_of!(GlobalRegs, version) == 0x04);
+    assert!(offset_of!(GlobalRegs, queues) == 0x08);
+    assert!(offset_of!(GlobalRegs, status) == 0x0c);
+    assert!(offset_of!(GlobalRegs, control) == 0x10);
+    assert!(offset_of!(GlobalRegs, reset_count) == 0x14);
+    assert!(offset_of!(GlobalRegs, dma_mask_bits) == 0x18);
+    assert!(offset_of!(GlobalRegs, max_depth) == 0x1c);
+    assert!(offset_of!(GlobalRegs, memory_size) == 0x20);
+    assert!(offset_of!(GlobalRegs, irq_mask) == 0x28);
+    assert!(offset_of!(GlobalRegs, irq_mask_set) == 0x2c);
+    assert!(offset_of!(GlobalRegs, irq_mask_clear) == 0x30);
+    assert!(offset_of!(GlobalRegs, irq_pending) == 0x34);
+    assert!(offset_of!(GlobalRegs, descriptors) == 0x38);
+    assert!(offset_of!(GlobalRegs, bytes) == 0x40);
+    assert!(offset_of!(GlobalRegs, context_switches) == 0x48);
+    assert!(offset_of!(GlobalRegs, errors) == 0x50);
+    assert!(offset_of!(GlobalRegs, busy_ns) == 0x58);
+    assert!(offset_of!(GlobalRegs, interrupts) == 0x60);
+    assert!(size_of::<GlobalRegs>() == QUEUE_BASE);
+
+    assert!(offset_of!(QueueRegs, ring_base) == 0x00);
+    assert!(offset_of!(QueueRegs, depth) == 0x08);
+    assert!(offset_of!(QueueRegs, context) == 0x0c);
+    assert!(offset_of!(QueueRegs, control) == 0x10);
+    assert!(offset_of!(QueueRegs, status) == 0x14);
+    assert!(offset_of!(QueueRegs, sq_tail) == 0x18);
+    assert!(offset_of!(QueueRegs, cq_head) == 0x1c);
+    assert!(offset_of!(QueueRegs, fault) == 0x20);
+    assert!(offset_of!(QueueRegs, completed) == 0x28);
+    assert!(offset_of!(QueueRegs, errors) == 0x30);
+    assert!(size_of::<QueueRegs>() == 0x40);
+
+    assert!(QUEUE_BASE + MAX_QUEUES as usize * QUEUE_STRIDE <= REGISTER_BAR_SIZE);
+};
+
+/// [`GlobalRegs::id`].
+pub const ID: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, id));
+/// [`GlobalRegs::version`].
+pub const VERSION: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, version));
+/// [`GlobalRegs::queues`].
+pub const QUEUES: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, queues));
+/// [`GlobalRegs::status`].
+pub const STATUS: Field<DeviceStatus, ReadOnly> = Field::new(offset_of!(GlobalRegs, status));
+/// [`GlobalRegs::control`].
+pub const CONTROL: Field<Control, WriteOnly> = Field::new(offset_of!(GlobalRegs, control));
+/// [`GlobalRegs::reset_count`].
+pub const RESET_COUNT: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, reset_count));
+/// [`GlobalRegs::dma_mask_bits`].
+pub const DMA_MASK_BITS: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, dma_mask_bits));
+/// [`GlobalRegs::max_depth`].
+pub const MAX_DEPTH: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, max_depth));
+/// [`GlobalRegs::memory_size`].
+pub const MEMORY_SIZE: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, memory_size));
+/// [`GlobalRegs::irq_mask`].
+pub const IRQ_MASK: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, irq_mask));
+/// [`GlobalRegs::irq_mask_set`].
+pub const IRQ_MASK_SET: Field<u32, WriteOnly> = Field::new(offset_of!(GlobalRegs, irq_mask_set));
+/// [`GlobalRegs::irq_mask_clear`].
+pub const IRQ_MASK_CLEAR: Field<u32, WriteOnly> =
+    Field::new(offset_of!(GlobalRegs, irq_mask_clear));
+/// [`GlobalRegs::irq_pending`].
+pub const IRQ_PENDING: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, irq_pending));
+/// [`GlobalRegs::descriptors`].
+pub const DESCRIPTORS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, descriptors));
+/// [`GlobalRegs::bytes`].
+pub const BYTES: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, bytes));
+/// [`GlobalRegs::context_switches`].
+pub const CONTEXT_SWITCHES: Field<u64, ReadOnly> =
+    Field::new(offset_of!(GlobalRegs, context_switches));
+/// [`GlobalRegs::errors`].
+pub const ERRORS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, errors));
+/// [`GlobalRegs::busy_ns`].
+pub const BUSY_NS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, busy_ns));
+/// [`GlobalRegs::interrupts`].
+pub const INTERRUPTS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, interrupts));
+
+/// Per-queue registers: `Q_*.at(q, QUEUE_STRIDE)` is queue `q`'s (see [`queue_field`]).
+const fn q<V, A>(offset: usize) -> Field<V, A> {
+    Field::new(QUEUE_BASE + offset)
+}
+
+/// Queue 0's [`QueueRegs::ring_base`].
+pub const Q_RING_BASE: Field<u64, ReadWrite> = q(offset_of!(QueueRegs, ring_base));
+/// Queue 0's [`QueueRegs::depth`].
+pub const Q_DEPTH: Field<u32, ReadWrite> = q(offset_of!(QueueRegs, depth));
+/// Queue 0's [`QueueRegs::context`].
+pub const Q_CONTEXT: Field<u32, ReadWrite> = q(offset_of!(QueueRegs, context));
+/// Queue 0's [`QueueRegs::control`].
+pub const Q_CONTROL: Field<QueueControl, ReadWrite> = q(offset_of!(QueueRegs, control));
+/// Queue 0's [`QueueRegs::status`].
+pub const Q_STATUS: Field<QueueStatus, ReadOnly> = q(offset_of!(QueueRegs, status));
+/// Queue 0's [`QueueRegs::sq_tail`].
+pub const Q_SQ_TAIL: Field<u32, WriteOnly> = q(offset_of!(QueueRegs, sq_tail));
+/// Queue 0's [`QueueRegs::cq_head`].
+pub const Q_CQ_HEAD: Field<u32, WriteOnly> = q(offset_of!(QueueRegs, cq_head));
+/// Queue 0's [`QueueRegs::fault`].
+pub const Q_FAULT: Field<u32, ReadOnly> = q(offset_of!(QueueRegs, fault));
+/// Queue 0's [`QueueRegs::completed`].
+pub const Q_COMPLETED: Field<u64, ReadOnly> = q(offset_of!(QueueRegs, completed));
+/// Queue 0's [`QueueRegs::errors`].
+pub const Q_ERRORS: Field<u64, ReadOnly> = q(offset_of!(QueueRegs, errors));
+
+/// Queue `queue`'s copy of the per-queue register `field` (one of the `Q_*` constants).
+/// `None` past [`MAX_QUEUES`].
+pub const fn queue_field<V, A>(field: Field<V, A>, queue: u16) -> Option<Field<V, A>> {
+    if queue >= MAX_QUEUES {
+        return None;
+    }
+    field.at(queue as usize, QUEUE_STRIDE)
+}
+
+/// Implements [`Value`] for a `bitflags` type over `u32`, keeping unknown bits.
+macro_rules! u32_value {
+    ($($ty:ty),*) => {$(
+        impl Value for $ty {
+            type Raw = u32;
+            fn from_raw(raw: u32) -> Self {
+                <$ty>::from_bits_retain(raw)
+            }
+            fn to_raw(self) -> u32 {
+                self.bits()
+            }
+        }
+    )*};
+}
+
+bitflags::bitflags! {
+    /// [`GlobalRegs::status`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct DeviceStatus: u32 {
+        /// The engine is running and accepts work.
+        const READY = 1 << 0;
+    }
+
+    /// [`GlobalRegs::control`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Control: u32 {
+        /// Reset the device: every queue stopped and its registers zeroed, vectors unmasked and
+        /// nothing pending, counters zeroed, device memory zeroed; then `reset_count` increments.
+        const RESET = 1 << 0;
+    }
+
+    /// [`QueueRegs::control`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct QueueControl: u32 {
+        /// Serve the queue.
+        const ENABLE = 1 << 0;
+    }
+
+    /// [`QueueRegs::status`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct QueueStatus: u32 {
+        /// The engine serves the queue (acknowledges `ENABLE`; cleared once it has stopped
+        /// touching the queue's memory after `ENABLE` was cleared).
+        const ENABLED = 1 << 0;
+        /// The queue stopped on an error ([`QueueRegs::fault`] says which); clear `ENABLE` to
+        /// acknowledge.
+        const FAULT = 1 << 1;
+    }
+}
+
+u32_value!(DeviceStatus, Control, QueueControl, QueueStatus);
+
+/// Descriptor opcodes ([`Command::opcode`](crate::ring::Command::opcode)). Unless stated,
+/// `flags` and every `args` word must be zero, `context` must equal the queue's context
+/// register, and "device offset" is a byte offset in device memory (BAR 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    /// Does nothing; `src`, `dst` and `len` must be zero. Result: 0.
+    Nop = 0,
+    /// Copies `len` bytes from host IOVA `src` to device offset `dst`. Result: `len`.
+    ToDevice = 1,
+    /// Copies `len` bytes from device offset `src` to host IOVA `dst`. Result: `len`.
+    ToHost = 2,
+    /// Copies `len` bytes from device offset `src` to device offset `dst`; the ranges may
+    /// overlap (as `memmove`). Result: `len`.
+    DeviceCopy = 3,
+    /// Sets `len` bytes at device offset `dst` to the byte `args[0]` (`args[0] <= 0xff`);
+    /// `src` must be zero. Result: `len`.
+    Fill = 4,
+    /// For each little-endian `u32` word `w` of the `len` bytes at device offset `src`, in
+    /// ascending order, writes `(w ^ args[0]).wrapping_add(args[1])` to the same word of device
+    /// offset `dst` (`args[0]`, `args[1]` are `u32` values; `src`, `dst` and `len` multiples of
+    /// 4; the ranges may be the same). Result: the wrapping `u64` sum of the words written.
+    Compute = 5,
+}
+
+impl Opcode {
+    /// The opcode of a raw value.
+    pub fn from_raw(raw: u8) -> Option<Opcode> {
+        Some(match raw {
+            0 => Opcode::Nop,
+            1 => Opcode::ToDevice,
+            2 => Opcode::ToHost,
+            3 => Opcode::DeviceCopy,
+            4 => Opcode::Fill,
+            5 => Opcode::Compute,
+            _ => return None,
+        })
+    }
+}
+
+/// Completion status codes ([`Status::code`](crate::ring::Status::code)). A descriptor is
+/// checked in this order and fails on the first problem; nothing is read or written unless every
+/// check passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Code {
+    /// Done.
+    Success = 0,
+    /// `opcode` is not an [`Opcode`].
+    BadOpcode = 1,
+    /// `flags` is not zero.
+    BadFlags = 2,
+    /// `context` differs from the queue's context register.
+    BadContext = 3,
+    /// An `args` word is out of range, a reserved one is not zero, or an address field the
+    /// opcode does not use (`src` and `dst` of `Nop`, `src` of `Fill`) is not zero.
+    BadArgs = 4,
+    /// `len` is zero for a data operation, or not zero for `Nop`.
+    BadLength = 5,
+    /// `src + len` or `dst + len` overflows 64 bits. Result: the address.
+    AddressOverflow = 6,
+    /// `Compute` with `src`, `dst` or `len` not a multiple of 4.
+    Misaligned = 7,
+    /// A device-memory range beyond the device memory. Result: the offset.
+    DeviceOutOfBounds = 8,
+    /// A host range not inside one mapping of the device's DMA space. Result: the IOVA.
+    HostUnmapped = 9,
+}
+
+impl Code {
+    /// The code of a raw value.
+    pub fn from_raw(raw: u16) -> Option<Code> {
+        Some(match raw {
+            0 => Code::Success,
+            1 => Code::BadOpcode,
+            2 => Code::BadFlags,
+            3 => Code::BadContext,
+            4 => Code::BadArgs,
+            5 => Code::BadLength,
+            6 => Code::AddressOverflow,
+            7 => Code::Misaligned,
+            8 => Code::DeviceOutOfBounds,
+            9 => Code::HostUnmapped,
+            _ => return None,
+        })
+    }
+}
+
+/// Why a queue stopped ([`QueueRegs::fault`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Fault {
+    /// No fault.
+    None = 0,
+    /// `depth` is not a power of two from 2 to `max_depth`.
+    BadDepth = 1,
+    /// The ring memory (`ring_base`, the layout's size) is not inside one mapping.
+    RingUnmapped = 2,
+    /// `ring_base` is not 64-byte aligned.
+    RingMisaligned = 3,
+    /// The host rang an SQ tail behind the previous one or more than `depth` ahead.
+    BadSqTail = 4,
+    /// The host rang a CQ head behind the previous one or past the device's CQ tail.
+    BadCqHead = 5,
+}
+
+impl Fault {
+    /// The fault of a raw value.
+    pub fn from_raw(raw: u32) -> Option<Fault> {
+        Some(match raw {
+            0 => Fault::None,
+            1 => Fault::BadDepth,
+            2 => Fault::RingUnmapped,
+            3 => Fault::RingMisaligned,
+            4 => Fault::BadSqTail,
+            5 => Fault::BadCqHead,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Fault::None => "no fault",
+            Fault::BadDepth => "the depth register is not a power of two from 2 to max_depth",
+            Fault::RingUnmapped => "the ring memory is not inside one mapping of the DMA space",
+            Fault::RingMisaligned => "the ring base IOVA is not 64-byte aligned",
+            Fault::BadSqTail => "the host rang an impossible SQ tail",
+            Fault::BadCqHead => "the host rang an impossible CQ head",
+        })
+    }
+}
+
+/// Whether the host may write the register at byte `offset` of BAR 0 (writes elsewhere are
+/// dropped, as a device ignores writes to read-only registers).
+pub(super) fn host_writable(offset: usize) -> bool {
+    match offset {
+        o if o == CONTROL.offset() => true,
+        o if o == IRQ_MASK_SET.offset() || o == IRQ_MASK_CLEAR.offset() => true,
+        o if (QUEUE_BASE..QUEUE_BASE + MAX_QUEUES as usize * QUEUE_STRIDE).contains(&o) => {
+            let within = (o - QUEUE_BASE) % QUEUE_STRIDE;
+            // ring_base (either half), depth, context and control precede status.
+            within < offset_of!(QueueRegs, status)
+                || within == offset_of!(QueueRegs, sq_tail)
+                || within == offset_of!(QueueRegs, cq_head)
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_fields_step_by_the_stride() {
+        assert_eq!(queue_field(Q_SQ_TAIL, 0).unwrap().offset(), 0x118);
+        assert_eq!(queue_field(Q_SQ_TAIL, 1).unwrap().offset(), 0x158);
+        assert_eq!(
+            queue_field(Q_RING_BASE, 31).unwrap().offset(),
+            0x100 + 31 * 0x40
+        );
+        assert!(queue_field(Q_SQ_TAIL, MAX_QUEUES).is_none());
+    }
+
+    #[test]
+    fn only_host_registers_are_writable() {
+        for field in [Q_SQ_TAIL, Q_CQ_HEAD] {
+            assert!(host_writable(queue_field(field, 3).unwrap().offset()));
+        }
+        assert!(host_writable(queue_field(Q_RING_BASE, 0).unwrap().offset()));
+        assert!(host_writable(
+            queue_field(Q_RING_BASE, 0).unwrap().offset() + 4
+        ));
+        assert!(host_writable(queue_field(Q_CONTROL, 2).unwrap().offset()));
+        assert!(host_writable(CONTROL.offset()));
+        assert!(host_writable(IRQ_MASK_SET.offset()));
+        for ro in [
+            ID.offset(),
+            STATUS.offset(),
+            IRQ_MASK.offset(),
+            IRQ_PENDING.offset(),
+        ] {
+            assert!(!host_writable(ro), "{ro:#x}");
+        }
+        assert!(!host_writable(queue_field(Q_STATUS, 0).unwrap().offset()));
+        assert!(!host_writable(
+            queue_field(Q_COMPLETED, 0).unwrap().offset()
+        ));
+        assert!(!host_writable(REGISTER_BAR_SIZE - 4));
+    }
+
+    #[test]
+    fn raw_values_round_trip() {
+        for raw in 0..=5 {
+            assert_eq!(Opcode::from_raw(raw).map(|op| op as u8), Some(raw));
+        }
+        assert_eq!(Opcode::from_raw(6), None);
+        for raw in 0..=9 {
+            assert_eq!(Code::from_raw(raw).map(|c| c as u16), Some(raw));
+        }
+        assert_eq!(Code::from_raw(10), None);
+        for raw in 0..=5 {
+            assert_eq!(Fault::from_raw(raw).map(|f| f as u32), Some(raw));
+        }
+        assert_eq!(DEVICE_ID.to_le_bytes(), *b"UDLB");
+    }
+}

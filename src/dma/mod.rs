@@ -1,0 +1,324 @@
+//! DMA address spaces: mapping pinned regions where a device can reach them, and volatile handles
+//! to the memory a device reads and writes.
+//!
+//! A [`Space`] is "a device's DMA address space". Mapping a [`Region`] into it gives a
+//! [`Mapping`]: it holds the region alive, knows the IOVA (the address the device uses) of every
+//! byte in O(1), and is undone on drop. The spaces:
+//!
+//! | space | the device sees | mapping does |
+//! |---|---|---|
+//! | [`Type1`] | IOVAs of a VFIO type1 container | `VFIO_IOMMU_MAP_DMA` at IOVAs from the allocator, within the container's IOVA ranges and mapping-count limit |
+//! | [`Iommufd`] | IOVAs of an iommufd IO address space | `IOMMU_IOAS_MAP` at fixed IOVAs from the allocator |
+//! | [`Physical`] | physical addresses (UIO, no-IOMMU VFIO) | looks up `/proc/self/pagemap`, refuses non-contiguous pages |
+//! | [`Loopback`] | IOVAs of the loopback device's own table | records IOVA -> host ranges; the device translates through it |
+//!
+//! The IOMMU-backed spaces and the loopback table place mappings with one [`IovaAllocator`]
+//! logic: within the device's DMA mask, the kernel's valid IOVA ranges, aligned to the region's
+//! page size. The raw ioctls sit in a private shim behind the [`Type1Ioctl`] and [`IommufdIoctl`]
+//! traits, so tests drive the spaces with a double that simulates the kernel.
+//!
+//! Device-visible memory is never a `&[u8]`: [`Slice`] is a bounds-checked `{ptr, len,
+//! lifetime}` handle with volatile reads and writes of [`Pod`] values and copy-in/copy-out.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use userdma::dma::{Loopback, Space};
+//! use userdma::memory::{PageSize, Region};
+//!
+//! # fn main() -> Result<(), userdma::dma::Error> {
+//! let region = Region::builder(64 << 10).page_size(PageSize::Base).build();
+//! let region = Arc::new(region.expect("64 KiB of locked memory"));
+//! let space = Loopback::new(32)?;
+//! let mapping = space.map(region)?;
+//! let iova = mapping.iova(0x100).expect("in bounds");
+//! mapping.slice().write(0x100, 0xfeed_u32)?;
+//! // What the device sees at that IOVA:
+//! let window = space.translate(iova, 4).expect("mapped");
+//! assert_eq!(window.slice().read::<u32>(0)?, 0xfeed);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+
+mod iommu;
+mod iommufd;
+mod iova;
+mod loopback;
+mod mapping;
+mod physical;
+mod shim;
+mod slice;
+mod type1;
+
+pub use self::iommufd::{Iommufd, IommufdIoctl};
+pub use self::iova::{mask_of, IovaAllocator, IovaRange, RangeList};
+pub use self::loopback::{Loopback, Window};
+pub use self::mapping::{Mapping, Stats};
+pub use self::physical::Physical;
+pub use self::slice::{Pod, Slice};
+pub use self::type1::{InfoDefect, Type1, Type1Info, Type1Ioctl, DEFAULT_DMA_ENTRY_LIMIT};
+
+use crate::memory::{self, PageSize, Region};
+
+/// A device's DMA address space: where a region must be mapped before the device can reach it.
+///
+/// `Arc` here is the standard library's: it is part of the public contract (a mapping owns an
+/// `Arc<Region>` the caller may share), not a synchronisation algorithm loom would check.
+pub trait Space: Send + Sync + fmt::Debug {
+    /// Maps all of `region` once; the mapping is undone when the returned [`Mapping`] is dropped.
+    fn map(&self, region: Arc<Region>) -> Result<Mapping, Error>;
+
+    /// What the space has done so far, including unmap failures on drop.
+    fn stats(&self) -> Stats;
+
+    /// Which kind of space this is.
+    fn kind(&self) -> Kind;
+
+    /// The width of the device's DMA mask, in bits.
+    fn dma_mask_bits(&self) -> u32;
+}
+
+/// The kinds of DMA address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A VFIO container with the type1 IOMMU ([`Type1`]).
+    Type1,
+    /// An iommufd IO address space ([`Iommufd`]).
+    Iommufd,
+    /// Physical addresses, no IOMMU ([`Physical`]).
+    Physical,
+    /// The loopback device's table ([`Loopback`]).
+    Loopback,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Type1 => "VFIO type1",
+            Kind::Iommufd => "iommufd",
+            Kind::Physical => "physical",
+            Kind::Loopback => "loopback",
+        })
+    }
+}
+
+/// What went wrong in this module. Each variant names the operation, the addresses and sizes
+/// involved and, where there is one, what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A DMA mask width outside 1–64 bits.
+    #[error("a DMA mask of {bits} bits is not possible: use 1 to 64 (e.g. 28 for QEMU's edu device, 32, 48, 64)")]
+    InvalidDmaMask {
+        /// The width given.
+        bits: u32,
+    },
+
+    /// An IOVA request of zero bytes or with an alignment that is not a power of two.
+    #[error("cannot allocate {size:#x} bytes of IOVA aligned to {align:#x}: the size must be positive and the alignment a power of two")]
+    InvalidIovaRequest {
+        /// Bytes asked for.
+        size: u64,
+        /// Alignment asked for.
+        align: u64,
+    },
+
+    /// No free IOVA range holds the request.
+    #[error(
+        "no IOVA space for {size:#x} bytes aligned to {align:#x} under a {mask_bits}-bit DMA mask \
+         in ranges {ranges} (free now: {free}); unmap something, map smaller regions, or use a \
+         device with a wider DMA mask"
+    )]
+    IovaExhausted {
+        /// Bytes asked for.
+        size: u64,
+        /// Alignment asked for.
+        align: u64,
+        /// The device's DMA mask width.
+        mask_bits: u32,
+        /// The usable ranges (the kernel's, clipped to the mask).
+        ranges: RangeList,
+        /// What was free when the request failed.
+        free: RangeList,
+    },
+
+    /// A specific IOVA range is not free.
+    #[error("IOVA range {range} is not free under a {mask_bits}-bit DMA mask in ranges {ranges}")]
+    IovaUnavailable {
+        /// The range asked for.
+        range: IovaRange,
+        /// The device's DMA mask width.
+        mask_bits: u32,
+        /// The usable ranges.
+        ranges: RangeList,
+    },
+
+    /// Freeing an IOVA that was not allocated (or was freed already).
+    #[error("IOVA {iova:#x} is not the start of a live allocation")]
+    UnknownIova {
+        /// The IOVA given.
+        iova: u64,
+    },
+
+    /// The container's mapping-count limit would be exceeded.
+    #[error(
+        "the VFIO container allows {limit} DMA mappings and {available} are left, but this region \
+         needs {needed}: map fewer, larger regions (hugepages), or raise the limit with \
+         `modprobe vfio_iommu_type1 dma_entry_limit=N`"
+    )]
+    MappingLimit {
+        /// Kernel mappings the region needs.
+        needed: u64,
+        /// Kernel mappings left.
+        available: u64,
+        /// The container's limit when the space was made.
+        limit: u64,
+    },
+
+    /// The region's pages are smaller than the IOMMU's smallest page.
+    #[error("{kind} IOMMU pages are at least {iommu_page:#x} bytes, larger than the region's {page_size} pages: use hugepages")]
+    IommuPageSize {
+        /// The space.
+        kind: Kind,
+        /// The region's page size.
+        page_size: PageSize,
+        /// The IOMMU's smallest page.
+        iommu_page: u64,
+    },
+
+    /// `VFIO_IOMMU_GET_INFO` failed.
+    #[error("VFIO_IOMMU_GET_INFO on the container failed: is VFIO_SET_IOMMU done (type1v2)?")]
+    GetInfo {
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The `VFIO_IOMMU_GET_INFO` reply is malformed.
+    #[error("malformed VFIO_IOMMU_GET_INFO reply at byte {offset}: {defect}")]
+    MalformedInfo {
+        /// Byte offset of the defect.
+        offset: usize,
+        /// What is wrong.
+        defect: InfoDefect,
+    },
+
+    /// `IOMMU_IOAS_ALLOC` failed.
+    #[error("IOMMU_IOAS_ALLOC failed: is /dev/iommu an iommufd (Linux 6.2+)?")]
+    IoasAlloc {
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// `IOMMU_IOAS_IOVA_RANGES` failed.
+    #[error("IOMMU_IOAS_IOVA_RANGES of IOAS {ioas} failed")]
+    IovaRanges {
+        /// The IOAS.
+        ioas: u32,
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The kernel refused to map.
+    #[error(
+        "{kind} map of {len:#x} bytes at IOVA {iova:#x} failed (ENOMEM usually means \
+         RLIMIT_MEMLOCK is too low for the pinned pages: raise it with `ulimit -l`)"
+    )]
+    Map {
+        /// The space.
+        kind: Kind,
+        /// The IOVA.
+        iova: u64,
+        /// The length.
+        len: u64,
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The kernel refused to unmap; the IOVA range stays reserved.
+    #[error("{kind} unmap of {len:#x} bytes at IOVA {iova:#x} failed; the range stays reserved")]
+    Unmap {
+        /// The space.
+        kind: Kind,
+        /// The IOVA.
+        iova: u64,
+        /// The length.
+        len: u64,
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The kernel unmapped a different number of bytes than asked; the range stays reserved.
+    #[error(
+        "{kind} unmap of {len:#x} bytes at IOVA {iova:#x} removed {unmapped:#x} bytes; the range \
+         stays reserved"
+    )]
+    UnmapIncomplete {
+        /// The space.
+        kind: Kind,
+        /// The IOVA.
+        iova: u64,
+        /// The length asked for.
+        len: u64,
+        /// The length the kernel reported.
+        unmapped: u64,
+    },
+
+    /// An unmap failed; the same error is kept as the space's last unmap error ([`Stats`]).
+    #[error("unmapping failed")]
+    UnmapFailed {
+        /// The failure, shared with [`Stats::last_unmap_error`].
+        #[source]
+        source: Arc<Error>,
+    },
+
+    /// The region's physical addresses cannot be used.
+    #[error("the region cannot be used for physical-address DMA")]
+    Physical {
+        /// Why (not contiguous, hidden addresses, ...).
+        #[source]
+        source: memory::Error,
+    },
+
+    /// A physical page lies above the device's DMA mask.
+    #[error(
+        "the page at offset {offset:#x} is at physical address {addr:#x}, beyond the device's \
+         {mask_bits}-bit DMA mask: reserve hugepages early (at boot, or on a low NUMA node), or \
+         use an IOMMU"
+    )]
+    BeyondMask {
+        /// Byte offset of the page in the region.
+        offset: usize,
+        /// Its physical address.
+        addr: u64,
+        /// The device's DMA mask width.
+        mask_bits: u32,
+    },
+
+    /// An access outside a [`Slice`] or [`Mapping`].
+    #[error("{len} bytes at offset {offset} are outside the {size}-byte buffer")]
+    OutOfBounds {
+        /// Offset of the access.
+        offset: usize,
+        /// Its length.
+        len: usize,
+        /// The buffer's length.
+        size: usize,
+    },
+
+    /// A value access at an offset not aligned for its type.
+    #[error("offset {offset} is not aligned to {align} bytes for this value")]
+    Misaligned {
+        /// Offset of the access.
+        offset: usize,
+        /// The alignment the type needs.
+        align: usize,
+    },
+}

@@ -1,0 +1,142 @@
+//! Interrupts as eventfds, and waiting on many of them at once.
+//!
+//! A device's interrupt vector reaches user space as an [`EventFd`]: VFIO writes the eventfd
+//! given to `VFIO_DEVICE_SET_IRQS` when the device raises MSI/MSI-X, UIO's `read` on the device
+//! node plays the same role, and the loopback device's engine thread writes it directly. A
+//! thread serving several hardware queues waits on all their eventfds with one [`Waiter`]
+//! (io_uring, or epoll where io_uring is not allowed).
+
+use std::io;
+use std::os::fd::RawFd;
+
+mod eventfd;
+#[cfg(not(loom))]
+pub(crate) mod reactor;
+mod shim;
+mod waiter;
+
+pub use self::eventfd::EventFd;
+pub use self::waiter::{Kind, Waiter};
+
+/// What went wrong in this module.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `eventfd(2)` failed.
+    #[error("creating an eventfd failed: too many open files? (raise `ulimit -n`)")]
+    Create {
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Duplicating an eventfd failed.
+    #[error("duplicating eventfd {fd} failed: too many open files? (raise `ulimit -n`)")]
+    Duplicate {
+        /// The fd duplicated.
+        fd: RawFd,
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Writing (signalling) an eventfd failed.
+    #[error("signalling eventfd {fd} failed")]
+    Signal {
+        /// The eventfd.
+        fd: RawFd,
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Reading an eventfd failed.
+    #[error("reading eventfd {fd} failed")]
+    Read {
+        /// The eventfd.
+        fd: RawFd,
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// `poll(2)` on an eventfd failed.
+    #[error("waiting on eventfd {fd} with poll failed")]
+    Poll {
+        /// The eventfd.
+        fd: RawFd,
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// `io_uring_setup` failed.
+    #[error("setting up an io_uring failed (ENOSYS: kernel without io_uring; EPERM: disabled by the `kernel.io_uring_disabled` sysctl or a seccomp filter): use `Waiter::with_epoll`, or `Waiter::new` which falls back to it")]
+    RingSetup {
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// `epoll_create1` failed.
+    #[error("creating an epoll instance failed: too many open files? (raise `ulimit -n`)")]
+    EpollSetup {
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Registering an fd with a waiter failed.
+    #[error("registering fd {fd} under token {token} with the waiter failed")]
+    Register {
+        /// The caller's token.
+        token: u64,
+        /// The fd given.
+        fd: RawFd,
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// A token is already registered with the waiter.
+    #[error("token {token} is already registered with this waiter: remove it first or use another token")]
+    DuplicateToken {
+        /// The token.
+        token: u64,
+    },
+
+    /// A token is not registered with the waiter.
+    #[error("token {token} is not registered with this waiter")]
+    UnknownToken {
+        /// The token.
+        token: u64,
+    },
+
+    /// Removing a registration failed.
+    #[error("removing token {token} from the waiter failed")]
+    Deregister {
+        /// The token.
+        token: u64,
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Waiting failed.
+    #[error("waiting for interrupts with {kind} failed")]
+    Wait {
+        /// The mechanism.
+        kind: Kind,
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The background thread that wakes futures could not be started.
+    #[error("starting the interrupt reactor thread failed")]
+    Reactor {
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}

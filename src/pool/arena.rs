@@ -1,0 +1,526 @@
+//! The pool's core: an offset allocator over an arena `[0, len)`.
+//!
+//! It knows nothing of pointers, IOVAs or mappings — blocks are byte offsets — which is what
+//! lets the same code serve a private pool, a pool whose metadata is in memory shared with
+//! another process, the loom models and the fuzz target. [`super::Pool`] wraps its blocks into
+//! buffers at the edge.
+
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use super::buddy::Buddy;
+use super::cache::{self, Mine, Slot};
+use super::geometry::{class_of, Geometry, BATCH_MAX, MAX_CLASSES};
+use super::meta::Meta;
+use super::shared::Shared;
+use super::stats::{ClassStats, LargeStats, Stats};
+use super::wait;
+use crate::sync::{Arc, AtomicU32, AtomicU64, Ordering};
+
+/// Longest a waiter sleeps before re-checking the shared lists on its own: bounds the delay
+/// when a free went into a thread cache just as the waiter registered (see `Arena::free`).
+const POLL: Duration = Duration::from_millis(1);
+
+/// Tag bit of [`Block::kind`] for a buddy (large) block; the low bits are then its order.
+const LARGE: u32 = 1 << 31;
+
+/// An allocated block: where it is in the arena and what it was allocated as, packed in one
+/// `u64` (unit in the low half, kind in the high half) so that a [`super::Buffer`] stays small
+/// and moves it with single 8-byte loads and stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Block(u64);
+
+impl Block {
+    #[inline(always)]
+    fn new(unit: u32, kind: u32) -> Self {
+        Self(u64::from(unit) | (u64::from(kind) << 32))
+    }
+
+    /// Block `unit` of size class `class`.
+    #[inline(always)]
+    pub(crate) fn small(unit: u32, class: usize) -> Self {
+        // `class < MAX_CLASSES`, so the cast is exact.
+        Self::new(unit, class as u32)
+    }
+
+    /// The large block of `2^order` chunks starting at chunk `chunk`.
+    fn large(chunk: u32, order: u32, g: &Geometry) -> Self {
+        Self::new(
+            Geometry::unit(u64::from(chunk) << g.chunk_shift),
+            LARGE | order,
+        )
+    }
+
+    /// Size class, or `LARGE | order`.
+    #[inline(always)]
+    fn kind(&self) -> u32 {
+        // The high half of our own packed word.
+        (self.0 >> 32) as u32
+    }
+
+    /// Offset in the arena in 256-byte units.
+    #[inline(always)]
+    pub(crate) fn unit(&self) -> u32 {
+        // The low half of our own packed word.
+        self.0 as u32
+    }
+
+    /// Byte offset in the arena (a multiple of 256).
+    #[inline(always)]
+    pub(crate) fn offset(&self) -> u64 {
+        Geometry::offset(self.unit())
+    }
+
+    /// The size class, or `None` for a large block.
+    #[inline(always)]
+    pub(crate) fn class(&self) -> Option<usize> {
+        let kind = self.kind();
+        (kind & LARGE == 0).then_some(kind as usize)
+    }
+
+    /// Capacity of the block in bytes.
+    pub(crate) fn size(&self, g: &Geometry) -> u64 {
+        match self.class() {
+            Some(c) => g.block_size(c),
+            None => g.chunk_size() << (self.kind() & !LARGE),
+        }
+    }
+}
+
+/// Why an allocation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// Nothing free (after waiting, if the pool waits).
+    Exhausted,
+    /// Larger than the largest buddy block the arena can ever hold.
+    TooLarge,
+}
+
+/// Process-wide source of pool ids; 0 is never handed out (it marks an empty cache entry).
+/// A plain std atomic on purpose: a unique-id counter, not part of any modelled algorithm.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// Counters of operations that bypass thread caches, for this process.
+#[derive(Debug, Default)]
+struct Direct {
+    allocs: AtomicU64,
+    frees: AtomicU64,
+}
+
+/// One process's handle on an arena: shared metadata plus process-local caches and counters.
+/// Always boxed: thread caches hold its address (see [`cache`]), so it must not move.
+#[derive(Debug)]
+pub(crate) struct Arena {
+    id: u64,
+    g: Geometry,
+    meta: Meta,
+    slots: Box<[Arc<Slot>]>,
+    direct: [Direct; MAX_CLASSES],
+    timeout: Option<Duration>,
+    shared_futex: bool,
+    /// `meta.wait[0].waiters`, read on every free: a pointer saves the table indirection.
+    waiters: NonNull<AtomicU32>,
+}
+
+// SAFETY: `waiters` points into `meta`, which the arena owns (heap) or borrows from a mapping
+// that outlives it, and is only read atomically; everything else is Send + Sync on its own.
+unsafe impl Send for Arena {}
+// SAFETY: as above.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    /// An arena over `meta`. `fresh`: initialize the metadata (a new pool); otherwise attach to
+    /// metadata another process initialized. `timeout`: how long an allocation waits when
+    /// nothing is free (`None`: fail at once). `shared_futex`: the metadata is in memory shared
+    /// between processes.
+    pub(crate) fn new(
+        g: Geometry,
+        meta: Meta,
+        fresh: bool,
+        timeout: Option<Duration>,
+        shared_futex: bool,
+    ) -> Box<Self> {
+        if fresh {
+            Shared::new(&g, &meta).init();
+            Buddy::new(&g, &meta).init();
+        }
+        let waiters = NonNull::from(&meta.wait[0].waiters);
+        Box::new(Self {
+            waiters,
+            // Relaxed: uniqueness is all that is needed.
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            slots: cache::slots(&g),
+            g,
+            meta,
+            direct: std::array::from_fn(|_| Direct::default()),
+            timeout,
+            shared_futex,
+        })
+    }
+
+    /// The pool id thread caches key on.
+    #[inline(always)]
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The word waiters count themselves in (see `someone_waits`), for the pool's fast path.
+    pub(crate) fn waiters(&self) -> NonNull<AtomicU32> {
+        self.waiters
+    }
+
+    /// The arena's geometry.
+    pub(crate) fn geometry(&self) -> &Geometry {
+        &self.g
+    }
+
+    fn shared(&self) -> Shared<'_> {
+        Shared::new(&self.g, &self.meta)
+    }
+
+    /// Whether a thread (of any process) is waiting for a free block.
+    #[inline(always)]
+    fn someone_waits(&self) -> bool {
+        // SAFETY: `waiters` points into `self.meta` (see the field), alive as long as `self`.
+        let waiters = unsafe { self.waiters.as_ref() };
+        // Relaxed: a free that misses a just-registered waiter goes to its thread cache; the
+        // waiter re-checks every POLL, and later frees see the count.
+        waiters.load(Ordering::Relaxed) != 0
+    }
+
+    /// Claims a free cache slot for the calling thread.
+    pub(crate) fn claim_slot(&self) -> Option<Arc<Slot>> {
+        self.slots.iter().find(|s| s.claim()).cloned()
+    }
+
+    /// Allocates a block for `len` bytes.
+    #[inline]
+    pub(crate) fn alloc(&self, len: usize) -> Result<Block, Failure> {
+        let c = class_of(len);
+        if c < self.g.classes {
+            if let Some(Some(unit)) = cache::with_home(self.id, |mine| mine.pop(c)) {
+                return Ok(Block::small(unit, c));
+            }
+            return self.alloc_small_slow(c);
+        }
+        self.alloc_large(len)
+    }
+
+    /// Frees a block this arena allocated.
+    #[inline]
+    pub(crate) fn free(&self, block: Block) {
+        if let Some(c) = block.class() {
+            let unit = block.unit();
+            if !self.someone_waits() {
+                if let Some(true) = cache::with_home(self.id, |mine| mine.push(c, unit)) {
+                    return;
+                }
+            }
+            self.free_small_slow(c, unit);
+        } else {
+            self.free_large(block);
+        }
+    }
+
+    #[cold]
+    fn alloc_small_slow(&self, c: usize) -> Result<Block, Failure> {
+        if let Some(block) = self.try_alloc_small(c) {
+            return Ok(block);
+        }
+        self.wait_for(|| self.try_alloc_small(c))
+    }
+
+    fn try_alloc_small(&self, c: usize) -> Option<Block> {
+        let mut batch = [0u32; BATCH_MAX];
+        let cached = cache::with_slot(self, |mine| {
+            let mine = mine.filter(|mine| mine.enabled(c))?;
+            if let Some(unit) = mine.pop(c) {
+                return Some(Some(unit));
+            }
+            let n = self.shared().take(c, mine.batch(c), &mut batch);
+            if n == 0 {
+                return Some(None);
+            }
+            mine.refill(c, &batch[..n]);
+            Some(mine.pop(c))
+        });
+        if let Some(result) = cached {
+            return result.map(|unit| Block::small(unit, c));
+        }
+        let n = self.shared().take(c, 1, &mut batch);
+        if n == 0 {
+            return None;
+        }
+        if n > 1 {
+            self.give(c, &batch[1..n]);
+        }
+        // Relaxed: statistics.
+        self.direct[c].allocs.fetch_add(1, Ordering::Relaxed);
+        Some(Block::small(batch[0], c))
+    }
+
+    #[cold]
+    fn free_small_slow(&self, c: usize, unit: u32) {
+        if !self.someone_waits() {
+            let cached = cache::with_slot(self, |mine| {
+                let Some(mine) = mine.filter(|mine| mine.enabled(c)) else {
+                    return false;
+                };
+                if mine.push(c, unit) {
+                    return true;
+                }
+                let mut batch = [0u32; BATCH_MAX];
+                let n = mine.take(c, mine.batch(c) as usize, &mut batch);
+                self.give(c, &batch[..n]);
+                mine.push(c, unit)
+            });
+            if cached {
+                return;
+            }
+        }
+        self.free_direct(c, unit);
+    }
+
+    /// Frees a block straight to the shared level.
+    fn free_direct(&self, c: usize, unit: u32) {
+        self.give(c, &[unit]);
+        // Relaxed: statistics.
+        self.direct[c].frees.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Returns blocks to the shared level and wakes waiters, if any.
+    fn give(&self, c: usize, items: &[u32]) {
+        self.shared().give(c, items);
+        self.wake_waiters();
+    }
+
+    fn wake_waiters(&self) {
+        let words = &self.meta.wait[0];
+        // Relaxed, and no fence: this runs once per batch on the shared path, where a full
+        // fence would cost more than everything else. The price is the store-buffering race
+        // with a thread that starts waiting right now (it may miss these blocks and this
+        // wake-up); it re-checks the lists on its own every POLL, so the race costs it at most
+        // that long, never the buffer.
+        if words.waiters.load(Ordering::Relaxed) != 0 {
+            // Release: a waiter that sees the new sequence number also sees our blocks.
+            words.seq.fetch_add(1, Ordering::Release);
+            wait::wake_all(&words.seq, self.shared_futex);
+        }
+    }
+
+    /// Retries `attempt` until it succeeds or the pool's timeout passes.
+    fn wait_for<T>(&self, mut attempt: impl FnMut() -> Option<T>) -> Result<T, Failure> {
+        let Some(timeout) = self.timeout else {
+            return Err(Failure::Exhausted);
+        };
+        let deadline = Instant::now().checked_add(timeout);
+        let words = &self.meta.wait[0];
+        // Relaxed: freers read it without ordering (see `wake_waiters`); the loop below polls.
+        words.waiters.fetch_add(1, Ordering::Relaxed);
+        let result = loop {
+            // Acquire: pairs with the Release bump in `wake_waiters`.
+            let seq = words.seq.load(Ordering::Acquire);
+            if let Some(found) = attempt() {
+                break Ok(found);
+            }
+            let left = match deadline {
+                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => left,
+                    _ => break Err(Failure::Exhausted),
+                },
+                None => POLL,
+            };
+            wait::wait(&words.seq, seq, left.min(POLL), self.shared_futex);
+        };
+        // Relaxed: nothing is published by leaving.
+        words.waiters.fetch_sub(1, Ordering::Relaxed);
+        result
+    }
+
+    fn alloc_large(&self, len: usize) -> Result<Block, Failure> {
+        let order = u64::try_from(len)
+            .ok()
+            .and_then(|len| self.g.order_of(len))
+            .ok_or(Failure::TooLarge)?;
+        let attempt = || {
+            self.shared()
+                .alloc_large(order)
+                .map(|chunk| Block::large(chunk, order, &self.g))
+        };
+        match attempt() {
+            Some(block) => Ok(block),
+            None => self.wait_for(attempt),
+        }
+    }
+
+    fn free_large(&self, block: Block) {
+        let chunk = u32::try_from(block.offset() >> self.g.chunk_shift).unwrap_or(u32::MAX);
+        self.shared().free_large(chunk, block.kind() & !LARGE);
+        self.wake_waiters();
+    }
+
+    /// Allocates `count` blocks for `len` bytes each, handing each to `sink`; stops at the first
+    /// failure and returns it (blocks already handed over stay with the caller). One cache
+    /// lookup for the whole batch.
+    pub(crate) fn alloc_bulk(
+        &self,
+        len: usize,
+        count: usize,
+        mut sink: impl FnMut(Block),
+    ) -> Result<(), Failure> {
+        let c = class_of(len);
+        let mut done = 0;
+        if c < self.g.classes {
+            cache::with_slot(self, |mine| {
+                let Some(mine) = mine.filter(|mine| mine.enabled(c)) else {
+                    return;
+                };
+                let mut batch = [0u32; BATCH_MAX];
+                while done < count {
+                    if let Some(unit) = mine.pop(c) {
+                        sink(Block::small(unit, c));
+                        done += 1;
+                        continue;
+                    }
+                    let n = self.shared().take(c, mine.batch(c), &mut batch);
+                    if n == 0 {
+                        return;
+                    }
+                    // Counts one miss; the pop that follows is that allocation.
+                    mine.refill(c, &batch[..n]);
+                }
+            });
+        }
+        while done < count {
+            sink(self.alloc(len)?);
+            done += 1;
+        }
+        Ok(())
+    }
+
+    /// Frees every block of `blocks`, with one cache lookup for the whole batch.
+    pub(crate) fn free_bulk(&self, blocks: impl IntoIterator<Item = Block>) {
+        let mut blocks = blocks.into_iter();
+        if !self.someone_waits() {
+            cache::with_slot(self, |mine| {
+                let Some(mine) = mine else {
+                    return;
+                };
+                let mut batch = [0u32; BATCH_MAX];
+                for block in blocks.by_ref() {
+                    let Some(c) = block.class() else {
+                        self.free_large(block);
+                        continue;
+                    };
+                    let unit = block.unit();
+                    if mine.enabled(c) {
+                        if mine.push(c, unit) {
+                            continue;
+                        }
+                        let n = mine.take(c, mine.batch(c) as usize, &mut batch);
+                        self.give(c, &batch[..n]);
+                        if mine.push(c, unit) {
+                            continue;
+                        }
+                    }
+                    self.free_direct(c, unit);
+                }
+            });
+        }
+        for block in blocks {
+            self.free(block);
+        }
+    }
+
+    /// Flushes a slot's magazines into the shared level: its owner releasing it, or `Drop`.
+    pub(crate) fn drain_slot(&self, mine: Mine<'_>) {
+        let mut batch = [0u32; BATCH_MAX];
+        for c in 0..self.g.classes {
+            loop {
+                let n = mine.take(c, mine.batch(c) as usize, &mut batch);
+                if n == 0 {
+                    break;
+                }
+                self.give(c, &batch[..n]);
+            }
+        }
+    }
+
+    /// Flushes and releases the calling thread's cache of this arena.
+    pub(crate) fn flush_current_thread(&self) {
+        cache::release_current(self.id);
+    }
+
+    /// A snapshot of the counters (see [`super::stats`] for how exact it is).
+    pub(crate) fn stats(&self) -> Stats {
+        let shared = self.shared();
+        let classes = (0..self.g.classes)
+            .map(|c| {
+                let (mut allocs, mut frees, mut misses) = (0u64, 0u64, 0u64);
+                for slot in self.slots.iter() {
+                    let cache = slot.class(c);
+                    // Relaxed: statistics.
+                    allocs += cache.allocs.load(Ordering::Relaxed);
+                    frees += cache.frees.load(Ordering::Relaxed);
+                    misses += cache.misses.load(Ordering::Relaxed);
+                }
+                let cache_hits = allocs.saturating_sub(misses);
+                allocs += self.direct[c].allocs.load(Ordering::Relaxed);
+                frees += self.direct[c].frees.load(Ordering::Relaxed);
+                let class = &self.meta.classes[c];
+                let (free, uncarved_bytes) = shared.free_in_class(c);
+                ClassStats {
+                    size: self.g.block_size(c),
+                    allocs,
+                    frees,
+                    cache_hits,
+                    shared_hits: class.shared_hits.load(Ordering::Relaxed),
+                    carved: class.carved.load(Ordering::Relaxed),
+                    in_use: allocs.saturating_sub(frees),
+                    outstanding: class.out.load(Ordering::Relaxed),
+                    high_water: class.high_water.load(Ordering::Relaxed),
+                    free,
+                    slabs: class.slabs.load(Ordering::Relaxed),
+                    uncarved_bytes,
+                }
+            })
+            .collect();
+        let globals = &self.meta.globals[0];
+        let chunk = self.g.chunk_size();
+        let (free_chunks, largest) = Buddy::new(&self.g, &self.meta).free_summary();
+        let large = LargeStats {
+            allocs: globals.large_allocs.load(Ordering::Relaxed),
+            frees: globals.large_frees.load(Ordering::Relaxed),
+            in_use_bytes: globals.large_chunks.load(Ordering::Relaxed) * chunk,
+            high_water_bytes: globals.large_high_water.load(Ordering::Relaxed) * chunk,
+            buddy_allocs: globals.buddy_allocs.load(Ordering::Relaxed),
+            buddy_frees: globals.buddy_frees.load(Ordering::Relaxed),
+            splits: globals.splits.load(Ordering::Relaxed),
+            merges: globals.merges.load(Ordering::Relaxed),
+            free_bytes: free_chunks * chunk,
+            largest_free_bytes: largest.map_or(0, |order| chunk << order),
+        };
+        Stats {
+            arena_bytes: self.g.len,
+            chunk_bytes: chunk,
+            classes,
+            large,
+            cached_threads: self.slots.iter().filter(|s| s.is_claimed()).count() as u64,
+        }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // No `&Arena` borrow is alive (we are in Drop), so no thread is inside an arena call;
+        // `retire` waits out a thread that is flushing its slot right now.
+        for slot in self.slots.iter() {
+            if slot.retire() {
+                // SAFETY: no thread is inside a pool call (no borrow of the arena is alive) and
+                // the slot is GONE, so its former owner will not touch it again: we have
+                // exclusive access.
+                self.drain_slot(unsafe { Mine::new(slot) });
+            }
+        }
+    }
+}

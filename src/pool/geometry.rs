@@ -1,0 +1,300 @@
+//! Size classes and the geometry of one arena: pure arithmetic, no state.
+//!
+//! An arena is `[0, len)` cut into chunks of `2^chunk_shift` bytes (the buddy allocator's unit,
+//! normally one hugepage). Size class `c` holds blocks of `2^(MIN_SHIFT + c)` bytes; a class takes
+//! its blocks from a slab of `max(chunk, block)` bytes, so a block never crosses a chunk boundary
+//! unless it is larger than a chunk, and every block is aligned (relative to the arena) to its
+//! size. Blocks are named by their *unit*: `offset >> MIN_SHIFT`, a `u32` (arenas up to 1 TiB).
+
+use super::{Config, Error};
+
+/// log2 of the smallest block: 256 bytes, the DMA alignment every buffer honours.
+pub(crate) const MIN_SHIFT: u32 = 8;
+/// The smallest block and the alignment of every buffer, in bytes.
+pub(crate) const MIN_BLOCK: usize = 1 << MIN_SHIFT;
+/// log2 of the largest size class a pool may be configured with (1 GiB).
+pub(crate) const MAX_CLASS_SHIFT: u32 = 30;
+/// Number of size classes the fixed per-class tables have room for (256 B ..= 1 GiB).
+pub(crate) const MAX_CLASSES: usize = (MAX_CLASS_SHIFT - MIN_SHIFT + 1) as usize;
+/// Largest magazine a thread cache keeps per class.
+pub(crate) const MAG_MAX: usize = 64;
+const _: () = assert!(
+    MAG_MAX.is_power_of_two(),
+    "magazine indices are masked with MAG_MAX - 1"
+);
+/// Largest batch moved between a thread cache and the shared lists (half a full magazine), and
+/// the capacity of a depot magazine.
+pub(crate) const BATCH_MAX: usize = MAG_MAX / 2;
+/// Number of buddy orders the shared tables have room for (a block of `2^order` chunks).
+pub(crate) const MAX_ORDERS: usize = 33;
+/// log2 of the largest arena: units must fit a `u32`.
+pub(crate) const MAX_ARENA_SHIFT: u32 = 32 + MIN_SHIFT;
+
+/// The size class of a request of `len` bytes: the smallest `c` with `len <= 2^(MIN_SHIFT + c)`.
+/// Computed from `leading_zeros`; `0` and `1..=256` are class 0. The result may exceed the
+/// pool's classes (then the request goes to the buddy allocator).
+#[inline(always)]
+pub(crate) fn class_of(len: usize) -> usize {
+    let bits = usize::BITS - len.saturating_sub(1).leading_zeros();
+    // `bits <= 64`, so the cast cannot truncate.
+    bits.saturating_sub(MIN_SHIFT) as usize
+}
+
+/// `ceil(log2(n))` for `n >= 1`; `0` for `n <= 1`.
+pub(crate) fn ceil_log2(n: u64) -> u32 {
+    u64::BITS - n.saturating_sub(1).leading_zeros()
+}
+
+/// Per-class constants, copied into every thread cache at registration.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ClassGeometry {
+    /// log2 of the block size.
+    pub(crate) shift: u32,
+    /// Buddy order of one slab of this class (`2^slab_order` chunks).
+    pub(crate) slab_order: u32,
+    /// Thread-cache magazine capacity for this class (0: no caching).
+    pub(crate) cap: u32,
+    /// Blocks moved per refill or flush (`max(cap / 2, 1)`, at most [`BATCH_MAX`]).
+    pub(crate) batch: u32,
+}
+
+/// Everything derived from a [`Config`] and an arena length; identical in every process that
+/// opens the same shared pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    /// Arena length in bytes, a multiple of the chunk size.
+    pub(crate) len: u64,
+    /// log2 of the chunk (buddy unit) size.
+    pub(crate) chunk_shift: u32,
+    /// Number of chunks in the arena.
+    pub(crate) chunks: u32,
+    /// Largest buddy order with a block inside the arena.
+    pub(crate) max_order: u32,
+    /// Number of 256-byte units (the size of the link table).
+    pub(crate) units: u32,
+    /// Number of size classes in use.
+    pub(crate) classes: usize,
+    /// Constants per class (first `classes` entries used).
+    pub(crate) class: [ClassGeometry; MAX_CLASSES],
+    /// Number of depot magazines.
+    pub(crate) magazines: u32,
+    /// Number of thread-cache slots.
+    pub(crate) threads: usize,
+}
+
+impl Geometry {
+    /// Checks `config` against an arena of `len` bytes (rounded down to whole chunks).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the first field that is out of range, or
+    /// [`Error::ArenaTooSmall`] / [`Error::ArenaTooLarge`].
+    pub(crate) fn new(len: u64, config: &Config) -> Result<Self, Error> {
+        let bad = |field: &'static str, value: u64, expected: &'static str| {
+            Err(Error::Config {
+                field,
+                value,
+                expected,
+            })
+        };
+        let chunk = config.chunk_size as u64;
+        if !chunk.is_power_of_two() || chunk < MIN_BLOCK as u64 || chunk > 1 << MAX_CLASS_SHIFT {
+            return bad("chunk_size", chunk, "a power of two from 256 B to 1 GiB");
+        }
+        let max_class = config.max_class as u64;
+        if !max_class.is_power_of_two()
+            || max_class < MIN_BLOCK as u64
+            || max_class > 1 << MAX_CLASS_SHIFT
+        {
+            return bad("max_class", max_class, "a power of two from 256 B to 1 GiB");
+        }
+        if config.thread_cache > MAG_MAX {
+            return bad(
+                "thread_cache",
+                config.thread_cache as u64,
+                "at most 64 blocks",
+            );
+        }
+        if config.max_threads > 4096 {
+            return bad("max_threads", config.max_threads as u64, "at most 4096");
+        }
+        if config.magazines > 1 << 24 {
+            return bad("magazines", config.magazines as u64, "at most 2^24");
+        }
+        let chunk_shift = chunk.trailing_zeros();
+        let len = len & !(chunk - 1);
+        let max_class_shift = max_class.trailing_zeros();
+        let slab = chunk.max(max_class);
+        if len < slab {
+            return Err(Error::ArenaTooSmall { len, needed: slab });
+        }
+        if len > 1 << MAX_ARENA_SHIFT {
+            return Err(Error::ArenaTooLarge {
+                len,
+                max: 1 << MAX_ARENA_SHIFT,
+            });
+        }
+        let chunks = u32::try_from(len >> chunk_shift).map_err(|_| Error::ArenaTooLarge {
+            len,
+            max: 1 << MAX_ARENA_SHIFT,
+        })?;
+        let units = u32::try_from(len >> MIN_SHIFT).map_err(|_| Error::ArenaTooLarge {
+            len,
+            max: 1 << MAX_ARENA_SHIFT,
+        })?;
+        let classes = (max_class_shift - MIN_SHIFT + 1) as usize;
+        let mut class = [ClassGeometry::default(); MAX_CLASSES];
+        for (c, g) in class.iter_mut().enumerate().take(classes) {
+            // `c < MAX_CLASSES`, so the cast is exact.
+            let shift = MIN_SHIFT + c as u32;
+            let cap = if config.thread_cache < 2 {
+                0
+            } else {
+                let by_bytes = (config.thread_cache_bytes >> shift).max(2);
+                by_bytes.min(config.thread_cache) as u32
+            };
+            *g = ClassGeometry {
+                shift,
+                slab_order: shift.saturating_sub(chunk_shift),
+                cap,
+                batch: (cap / 2).clamp(1, BATCH_MAX as u32),
+            };
+        }
+        Ok(Self {
+            len,
+            chunk_shift,
+            chunks,
+            max_order: u32::BITS - 1 - chunks.leading_zeros(),
+            units,
+            classes,
+            class,
+            magazines: config.magazines as u32,
+            threads: config.max_threads,
+        })
+    }
+
+    /// Block size of class `c`.
+    #[inline(always)]
+    pub(crate) fn block_size(&self, c: usize) -> u64 {
+        1 << self.class[c].shift
+    }
+
+    /// Chunk size in bytes.
+    pub(crate) fn chunk_size(&self) -> u64 {
+        1 << self.chunk_shift
+    }
+
+    /// The buddy order serving a request of `len` bytes, or `None` if no block of the arena is
+    /// that large.
+    pub(crate) fn order_of(&self, len: u64) -> Option<u32> {
+        let chunks = len.div_ceil(self.chunk_size()).max(1);
+        let order = ceil_log2(chunks);
+        (order <= self.max_order).then_some(order)
+    }
+
+    /// Byte offset of unit `unit`.
+    #[inline(always)]
+    pub(crate) fn offset(unit: u32) -> u64 {
+        u64::from(unit) << MIN_SHIFT
+    }
+
+    /// Unit of byte offset `offset` (a multiple of 256 inside the arena).
+    #[inline(always)]
+    pub(crate) fn unit(offset: u64) -> u32 {
+        // Offsets inside an arena are below `2^MAX_ARENA_SHIFT` (checked in `new`), so the unit
+        // fits in 32 bits.
+        (offset >> MIN_SHIFT) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_boundaries() {
+        assert_eq!(class_of(0), 0);
+        assert_eq!(class_of(1), 0);
+        assert_eq!(class_of(256), 0);
+        assert_eq!(class_of(257), 1);
+        assert_eq!(class_of(512), 1);
+        assert_eq!(class_of(4096), 4);
+        assert_eq!(class_of(4097), 5);
+        assert_eq!(class_of(1 << 20), 12);
+        assert_eq!(class_of(usize::MAX), 56);
+        for shift in MIN_SHIFT..40 {
+            let size = 1usize << shift;
+            assert_eq!(class_of(size), (shift - MIN_SHIFT) as usize);
+            assert_eq!(class_of(size + 1), (shift - MIN_SHIFT + 1) as usize);
+        }
+    }
+
+    #[test]
+    fn ceil_log2_values() {
+        assert_eq!(ceil_log2(0), 0);
+        assert_eq!(ceil_log2(1), 0);
+        assert_eq!(ceil_log2(2), 1);
+        assert_eq!(ceil_log2(3), 2);
+        assert_eq!(ceil_log2(4), 2);
+        assert_eq!(ceil_log2(5), 3);
+    }
+
+    #[test]
+    fn geometry_of_default_config() {
+        let g = Geometry::new(64 << 20, &Config::default()).unwrap();
+        assert_eq!(g.chunk_shift, 21);
+        assert_eq!(g.chunks, 32);
+        assert_eq!(g.max_order, 5);
+        assert_eq!(g.classes, 13);
+        assert_eq!(g.units, (64 << 20) >> 8);
+        assert_eq!(g.class[0].cap, 64);
+        assert_eq!(g.class[0].batch, 32);
+        // 1 MiB blocks: the byte cap leaves two per thread.
+        assert_eq!(g.class[12].cap, 2);
+        assert_eq!(g.class[12].batch, 1);
+        assert_eq!(g.class[12].slab_order, 0);
+        assert_eq!(g.order_of(1), Some(0));
+        assert_eq!(g.order_of(2 << 20), Some(0));
+        assert_eq!(g.order_of((2 << 20) + 1), Some(1));
+        assert_eq!(g.order_of(64 << 20), Some(5));
+        assert_eq!(g.order_of((64 << 20) + 1), None);
+    }
+
+    #[test]
+    fn geometry_rounds_down_and_rejects() {
+        let g = Geometry::new((8 << 20) + 4096, &Config::default()).unwrap();
+        assert_eq!(g.len, 8 << 20);
+        assert_eq!(g.max_order, 2);
+        let g = Geometry::new(6 << 20, &Config::default()).unwrap();
+        assert_eq!(g.chunks, 3);
+        assert_eq!(g.max_order, 1);
+        assert!(matches!(
+            Geometry::new(1 << 20, &Config::default()),
+            Err(Error::ArenaTooSmall { .. })
+        ));
+        assert!(matches!(
+            Geometry::new(8 << 20, &Config::default().chunk_size(3000)),
+            Err(Error::Config {
+                field: "chunk_size",
+                ..
+            })
+        ));
+        assert!(matches!(
+            Geometry::new(8 << 20, &Config::default().max_class(100)),
+            Err(Error::Config {
+                field: "max_class",
+                ..
+            })
+        ));
+        assert!(matches!(
+            Geometry::new(8 << 20, &Config::default().thread_cache(65)),
+            Err(Error::Config {
+                field: "thread_cache",
+                ..
+            })
+        ));
+        // A largest class above the chunk size takes multi-chunk slabs.
+        let g = Geometry::new(64 << 20, &Config::default().max_class(8 << 20)).unwrap();
+        assert_eq!(g.classes, 16);
+        assert_eq!(g.class[15].slab_order, 2);
+    }
+}

@@ -1,0 +1,369 @@
+//! [`Pool`]: the offset allocator wrapped around one DMA mapping.
+
+use std::fmt;
+use std::ptr::{self, NonNull};
+
+use super::arena::{Arena, Block, Failure};
+use super::buffer::Buffer;
+use super::cache;
+use super::geometry::{class_of, Geometry};
+use super::meta::Meta;
+use super::{Config, Error, Stats};
+use crate::dma::Mapping;
+use crate::sync::{AtomicU32, Ordering};
+
+/// Offset -> IOVA translation of the arena, precomputed at creation so the fast path never asks
+/// the mapping.
+#[derive(Debug)]
+enum Iovas {
+    /// The arena is one IOVA range starting here.
+    Linear(u64),
+    /// Per chunk (each chunk is IOVA-contiguous; consecutive chunks need not be).
+    Chunks { shift: u32, iovas: Box<[u64]> },
+}
+
+/// A buffer pool over a region mapped into a device's DMA address space (see the
+/// [module documentation](super) for the design).
+///
+/// The pool owns the [`Mapping`]: it is mapped once, before the pool exists, and unmapped when
+/// the pool is dropped; allocating and freeing make no system call and no heap allocation.
+/// `Pool` is `Send + Sync`: share it by reference (scoped threads) or `Arc`; buffers borrow it.
+pub struct Pool {
+    // Copies of the arena's hot fields, one pointer hop closer for the fast path.
+    /// The arena's id (what thread caches key on).
+    id: u64,
+    /// Number of size classes.
+    classes: usize,
+    /// The arena's waiter count (see `Arena::waiters`).
+    waiters: NonNull<AtomicU32>,
+    // Dropped first: the arena drains thread caches into metadata that may live in `mapping`.
+    pub(super) arena: Box<Arena>,
+    /// Host address of arena offset 0.
+    base: NonNull<u8>,
+    iovas: Iovas,
+    /// Offset of the arena in the mapping (nonzero for a shared pool: the metadata comes first).
+    arena_offset: usize,
+    config: Config,
+    shared: bool,
+    mapping: Mapping,
+}
+
+// SAFETY: `base` points into `mapping`, which the pool owns and which is Send; the arena is made
+// of atomics and of cache slots whose unsynchronized parts are only touched by their owning
+// thread (see the `cache` module). Nothing in a pool is tied to the thread that made it.
+unsafe impl Send for Pool {}
+// SAFETY: every `&self` method either touches the arena's atomics, the calling thread's own
+// cache slot, or reads immutable fields; buffer memory is only reached through raw pointers and
+// volatile accesses by the buffer that owns it.
+unsafe impl Sync for Pool {}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("arena_offset", &self.arena_offset)
+            .field("arena_len", &self.arena.geometry().len)
+            .field("shared", &self.shared)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where the arena starts: the smallest offset `>= from` at which the IOVA is aligned to
+/// `align` when the mapping is one IOVA range from there on, else the next multiple of `chunk`
+/// (each chunk's alignment is then checked by [`Pool::assemble`]). Host addresses follow the
+/// IOVA within a page, so they share its alignment up to the page size.
+pub(super) fn aligned_start(
+    mapping: &Mapping,
+    from: usize,
+    align: usize,
+    chunk: usize,
+) -> Option<usize> {
+    let iova = mapping.iova(from)?;
+    let start = if mapping.contiguous_len(from) == mapping.len() - from {
+        // `align` is a power of two: the distance up to the next multiple.
+        let skip = iova.wrapping_neg() & (align as u64 - 1);
+        from.checked_add(usize::try_from(skip).ok()?)?
+    } else {
+        from.checked_next_multiple_of(chunk)?
+    };
+    (start < mapping.len()).then_some(start)
+}
+
+impl Pool {
+    /// A pool over all of `mapping`, with its metadata on the heap.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an out-of-range setting, [`Error::ArenaTooSmall`] /
+    /// [`Error::ArenaTooLarge`] for the mapping's size, [`Error::Misaligned`] /
+    /// [`Error::NotContiguous`] if the mapping cannot give aligned, IOVA-contiguous chunks.
+    pub fn new(mapping: Mapping, config: Config) -> Result<Pool, Error> {
+        let len = mapping.len() as u64;
+        // Validates the configuration before it is used for alignment arithmetic.
+        Geometry::new(len, &config)?;
+        let align = config.chunk_size.max(config.max_class);
+        let start =
+            aligned_start(&mapping, 0, align, config.chunk_size).ok_or(Error::ArenaTooSmall {
+                len: 0,
+                needed: align as u64,
+            })?;
+        let g = Geometry::new(len - start as u64, &config)?;
+        let meta = Meta::heap(&g);
+        let arena = Arena::new(g, meta, true, config.timeout(), false);
+        Pool::assemble(arena, mapping, start, config, false)
+    }
+
+    /// Wraps an arena around `mapping` at `arena_offset`, checking alignment and contiguity.
+    pub(super) fn assemble(
+        arena: Box<Arena>,
+        mapping: Mapping,
+        arena_offset: usize,
+        config: Config,
+        shared: bool,
+    ) -> Result<Pool, Error> {
+        let g = arena.geometry();
+        let chunk = g.chunk_size() as usize;
+        let len = g.len as usize;
+        let align = config.chunk_size.max(config.max_class) as u64;
+        let host = mapping.as_ptr().as_ptr() as u64 + arena_offset as u64;
+        let first = mapping.iova(arena_offset).ok_or(Error::ArenaTooSmall {
+            len: 0,
+            needed: align,
+        })?;
+        let iovas = if mapping.contiguous_len(arena_offset) >= len {
+            if first % align != 0 {
+                return Err(Error::Misaligned {
+                    host,
+                    iova: first,
+                    align,
+                });
+            }
+            Iovas::Linear(first)
+        } else {
+            if config.max_class > chunk {
+                return Err(Error::NotContiguous {
+                    offset: arena_offset,
+                    chunk: config.max_class,
+                });
+            }
+            let mut iovas = Vec::with_capacity(g.chunks as usize);
+            for i in 0..g.chunks as usize {
+                let offset = arena_offset + i * chunk;
+                let iova = mapping
+                    .iova(offset)
+                    .ok_or(Error::NotContiguous { offset, chunk })?;
+                if mapping.contiguous_len(offset) < chunk {
+                    return Err(Error::NotContiguous { offset, chunk });
+                }
+                if iova % chunk as u64 != 0 {
+                    return Err(Error::Misaligned {
+                        host,
+                        iova,
+                        align: chunk as u64,
+                    });
+                }
+                iovas.push(iova);
+            }
+            Iovas::Chunks {
+                shift: g.chunk_shift,
+                iovas: iovas.into_boxed_slice(),
+            }
+        };
+        // SAFETY: `arena_offset < mapping.len()` (checked by the callers via `aligned_start` or
+        // the header), so the result is inside the mapping and not null.
+        let base = unsafe { mapping.as_ptr().add(arena_offset) };
+        Ok(Pool {
+            id: arena.id(),
+            classes: arena.geometry().classes,
+            waiters: arena.waiters(),
+            arena,
+            base,
+            iovas,
+            arena_offset,
+            config,
+            shared,
+            mapping,
+        })
+    }
+
+    /// Allocates a buffer of `len` bytes (capacity: `len` rounded up to its size class, or to
+    /// whole chunks above the largest class). Allocating from this thread's cache makes no
+    /// system call, takes no lock and allocates no heap memory.
+    ///
+    /// # Errors
+    /// [`Error::Exhausted`] if nothing is free (after waiting, with [`super::Exhaustion::Wait`]),
+    /// [`Error::TooLarge`] if no block of the pool can ever be that large.
+    #[inline]
+    pub fn alloc(&self, len: usize) -> Result<Buffer<'_>, Error> {
+        let c = class_of(len);
+        if c < self.classes {
+            if let Some(unit) = cache::fast_pop(self.id, c) {
+                return Ok(self.buffer(Block::small(unit, c), len));
+            }
+        }
+        self.alloc_slow(len)
+    }
+
+    #[cold]
+    fn alloc_slow(&self, len: usize) -> Result<Buffer<'_>, Error> {
+        match self.arena.alloc(len) {
+            Ok(block) => Ok(self.buffer(block, len)),
+            Err(failure) => Err(self.error(failure, len)),
+        }
+    }
+
+    /// Allocates `count` buffers of `len` bytes each, appended to `out`, with one thread-cache
+    /// lookup for the batch. All or nothing: on error, `out` is as it was. No heap allocation if
+    /// `out` has room for `count` more.
+    ///
+    /// # Errors
+    /// As [`Pool::alloc`].
+    pub fn alloc_bulk<'a>(
+        &'a self,
+        len: usize,
+        count: usize,
+        out: &mut Vec<Buffer<'a>>,
+    ) -> Result<(), Error> {
+        let before = out.len();
+        out.reserve(count);
+        let result = self
+            .arena
+            .alloc_bulk(len, count, |block| out.push(self.buffer(block, len)));
+        match result {
+            Ok(()) => Ok(()),
+            Err(failure) => {
+                // Dropping the partial batch frees it.
+                out.truncate(before);
+                Err(self.error(failure, len))
+            }
+        }
+    }
+
+    /// Frees a batch of buffers with one thread-cache lookup (dropping them one by one is
+    /// equivalent, slightly slower). Buffers of another pool are simply dropped.
+    pub fn free_bulk<'a>(&'a self, buffers: impl IntoIterator<Item = Buffer<'a>>) {
+        self.arena
+            .free_bulk(buffers.into_iter().filter_map(|buffer| {
+                if ptr::eq(buffer.pool(), self) {
+                    Some(buffer.into_block())
+                } else {
+                    drop(buffer);
+                    None
+                }
+            }));
+    }
+
+    #[inline(always)]
+    fn buffer(&self, block: Block, len: usize) -> Buffer<'_> {
+        Buffer::new(self, block, len)
+    }
+
+    /// Host address of a block (for [`Buffer::as_ptr`]).
+    #[inline(always)]
+    pub(super) fn host_of(&self, block: Block) -> NonNull<u8> {
+        // SAFETY: `block.offset() < arena length` (a block of this arena), and the arena lies
+        // inside the mapping, so the result is inside it too.
+        unsafe { self.base.add(block.offset() as usize) }
+    }
+
+    /// IOVA of a block (for [`Buffer::iova`]).
+    #[inline(always)]
+    pub(super) fn iova_of(&self, block: Block) -> u64 {
+        let offset = block.offset();
+        match &self.iovas {
+            Iovas::Linear(first) => first + offset,
+            Iovas::Chunks { shift, iovas } => {
+                let chunk = iovas.get((offset >> shift) as usize).copied().unwrap_or(0);
+                chunk + (offset & ((1 << shift) - 1))
+            }
+        }
+    }
+
+    #[cold]
+    fn error(&self, failure: Failure, len: usize) -> Error {
+        match failure {
+            Failure::Exhausted => Error::Exhausted {
+                len,
+                waited: self.config.timeout().unwrap_or_default(),
+            },
+            Failure::TooLarge => Error::TooLarge {
+                len,
+                max: self.max_len() as u64,
+            },
+        }
+    }
+
+    /// Capacity in bytes of a block of `block`'s kind (for [`Buffer::capacity`]).
+    pub(super) fn capacity_of(&self, block: &Block) -> usize {
+        // At most the arena length, which fits a `usize`.
+        block.size(self.arena.geometry()) as usize
+    }
+
+    /// Frees a buffer's block (its `Drop`).
+    #[inline(always)]
+    pub(super) fn free_block(&self, block: Block) {
+        if let Some(c) = block.class() {
+            // SAFETY: `waiters` points into the arena's metadata, alive as long as `self`.
+            let waiters = unsafe { self.waiters.as_ref() };
+            // Relaxed: see `Arena::someone_waits`.
+            if waiters.load(Ordering::Relaxed) == 0 && cache::fast_push(self.id, c, block.unit()) {
+                return;
+            }
+        }
+        self.free_slow(block);
+    }
+
+    #[cold]
+    fn free_slow(&self, block: Block) {
+        self.arena.free(block);
+    }
+
+    /// The largest `len` [`Pool::alloc`] can ever satisfy.
+    pub fn max_len(&self) -> usize {
+        let g = self.arena.geometry();
+        (g.chunk_size() << g.max_order) as usize
+    }
+
+    /// A snapshot of the statistics, taken without stopping traffic (see [`Stats`] for how
+    /// exact it is).
+    pub fn stats(&self) -> Stats {
+        self.arena.stats()
+    }
+
+    /// Returns the calling thread's cached blocks to the shared lists and gives up its cache
+    /// slot (the next operation on this thread claims one again). Threads do this on exit by
+    /// themselves.
+    pub fn flush_thread_cache(&self) {
+        self.arena.flush_current_thread();
+    }
+
+    /// The mapping the pool carves.
+    pub fn mapping(&self) -> &Mapping {
+        &self.mapping
+    }
+
+    /// Offset in the mapping of the first byte buffers are carved from.
+    pub fn arena_offset(&self) -> usize {
+        self.arena_offset
+    }
+
+    /// Bytes buffers are carved from.
+    pub fn arena_len(&self) -> usize {
+        self.arena.geometry().len as usize
+    }
+
+    /// The configuration (for an opened shared pool: the creator's, with this process's
+    /// exhaustion policy).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Whether the pool's metadata lives in the region, shared with other processes.
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
+    /// The mapping offset of a buffer at arena offset `offset`.
+    pub(super) fn mapping_offset(&self, offset: u64) -> usize {
+        self.arena_offset + offset as usize
+    }
+}

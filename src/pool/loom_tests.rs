@@ -1,0 +1,251 @@
+//! Loom models of the pool's concurrent parts. Run with
+//! `RUSTFLAGS="--cfg loom" cargo test --release --lib pool::`.
+//!
+//! Each model is explored with at most two preemptions unless `LOOM_MAX_PREEMPTIONS` says
+//! otherwise: about 15 seconds for all of them on two cores (three preemptions: about three
+//! minutes).
+//!
+//! Arenas here are tiny (1 KiB chunks, two or four of them, classes 256 B and 512 B) and
+//! caches hold two blocks with a batch of one, so refills, flushes, slab carving and buddy
+//! splits and merges all happen within a handful of operations.
+//!
+//! Loom's `join` synchronizes with the end of a thread's closure, before its thread-local
+//! destructors (which flush its caches) run — as `std::thread::scope` does. Models that check
+//! final counts therefore flush explicitly at the end of each thread; the race between a
+//! thread's exit flush and the pool's drop has a model of its own.
+
+use super::arena::{Arena, Block};
+use super::geometry::Geometry;
+use super::meta::Meta;
+use super::stack::{Stack, EMPTY, NIL};
+use super::Config;
+use crate::sync::{thread, Arc, AtomicU32, AtomicU64};
+
+/// Runs `f` under loom with a default preemption bound of two.
+fn model<F>(f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    builder.check(f);
+}
+
+fn arena(chunks: u64, threads: usize) -> Arc<Box<Arena>> {
+    let config = Config::default()
+        .chunk_size(1024)
+        .max_class(512)
+        .thread_cache(2)
+        .thread_cache_bytes(512)
+        .max_threads(threads)
+        .magazines(2);
+    let g = Geometry::new(chunks * 1024, &config).expect("valid loom geometry");
+    let meta = Meta::heap(&g);
+    Arc::new(Arena::new(g, meta, true, None, false))
+}
+
+/// Every byte of an arena nobody uses is accounted for and no block is out.
+fn assert_quiescent(arena: &Arena) {
+    let stats = arena.stats();
+    for class in &stats.classes {
+        assert_eq!(
+            class.outstanding, 0,
+            "class {} still out: {stats:#?}",
+            class.size
+        );
+    }
+    assert_eq!(stats.accounted_bytes(), stats.arena_bytes);
+}
+
+fn overlap(a: &Block, b: &Block, g: &Geometry) -> bool {
+    a.offset() < b.offset() + b.size(g) && b.offset() < a.offset() + a.size(g)
+}
+
+#[test]
+fn stack_concurrent_push_pop_keeps_every_node_once() {
+    model(|| {
+        let head = Arc::new(AtomicU64::new(EMPTY));
+        let links: Arc<Vec<AtomicU32>> = Arc::new((0..2).map(|_| AtomicU32::new(NIL)).collect());
+        {
+            let s = Stack::new(&head, &links);
+            s.push(0);
+            s.push(1);
+        }
+        // The ABA shape: while `popper` is between reading `top = 1, next(1) = 0` and its CAS,
+        // `juggler` pops 1 and 0 and pushes 1 back (now with `next(1) = NIL`). Without the tag,
+        // the popper's CAS would succeed and install 0, which the juggler owns.
+        let popper = {
+            let (head, links) = (Arc::clone(&head), Arc::clone(&links));
+            thread::spawn(move || {
+                let s = Stack::new(&head, &links);
+                if let Some(node) = s.pop() {
+                    s.push(node);
+                }
+            })
+        };
+        let s = Stack::new(&head, &links);
+        let a = s.pop();
+        let b = s.pop();
+        if let Some(a) = a {
+            s.push(a);
+        }
+        if let Some(b) = b {
+            s.push(b);
+        }
+        popper.join().unwrap();
+        let mut seen = Vec::new();
+        // Bounded: a corrupted stack may be cyclic.
+        while let Some(node) = s.pop() {
+            seen.push(node);
+            assert!(seen.len() <= 2, "a node is on the stack twice: {seen:?}");
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, vec![0, 1]);
+    });
+}
+
+#[test]
+fn concurrent_alloc_free_never_hands_out_a_block_twice() {
+    model(|| {
+        let arena = arena(2, 2);
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let arena = Arc::clone(&arena);
+                thread::spawn(move || {
+                    let a = arena.alloc(256).expect("room");
+                    let b = arena.alloc(256).expect("room");
+                    let c = arena.alloc(256).expect("room"); // refill after the first batch
+                    arena.free(a);
+                    arena.free(b);
+                    arena.free(c); // flush: the magazine holds two
+                    let d = arena.alloc(256).expect("room");
+                    let e = arena.alloc(256).expect("room");
+                    arena.flush_current_thread();
+                    (d, e)
+                })
+            })
+            .collect();
+        let held: Vec<(Block, Block)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let g = arena.geometry();
+        let all: Vec<Block> = held.iter().flat_map(|(a, b)| [*a, *b]).collect();
+        for (i, x) in all.iter().enumerate() {
+            for y in &all[i + 1..] {
+                assert!(!overlap(x, y, g), "{x:?} and {y:?} overlap");
+            }
+        }
+        for block in all {
+            arena.free(block);
+        }
+        arena.flush_current_thread();
+        assert_quiescent(&arena);
+    });
+}
+
+#[test]
+fn cross_thread_free_goes_into_the_freeing_thread_cache() {
+    model(|| {
+        let arena = arena(2, 2);
+        let a = arena.alloc(512).expect("room");
+        let b = arena.alloc(512).expect("room");
+        let freer = {
+            let arena = Arc::clone(&arena);
+            thread::spawn(move || {
+                arena.free(a);
+                arena.free(b);
+                // The third free overflows this thread's two-block magazine: a flush.
+                let c = arena.alloc(512).expect("room");
+                arena.free(c);
+                arena.flush_current_thread();
+            })
+        };
+        // Meanwhile the allocating thread keeps allocating and freeing.
+        let d = arena.alloc(512).expect("room");
+        arena.free(d);
+        freer.join().unwrap();
+        arena.flush_current_thread();
+        assert_quiescent(&arena);
+        let stats = arena.stats();
+        assert_eq!(stats.classes[1].allocs, stats.classes[1].frees);
+    });
+}
+
+#[test]
+fn buddy_split_and_merge_under_contention() {
+    model(|| {
+        let arena = arena(4, 2);
+        let worker = {
+            let arena = Arc::clone(&arena);
+            thread::spawn(move || {
+                // One chunk: splits the arena's single order-2 block unless the other thread
+                // already did.
+                let block = arena.alloc(1024).expect("room");
+                arena.free(block);
+            })
+        };
+        // Two chunks (order 1), competing for the same lock and blocks.
+        let block = arena.alloc(2048).expect("room");
+        arena.free(block);
+        worker.join().unwrap();
+        let stats = arena.stats();
+        assert_eq!(stats.large.allocs, 2);
+        assert!(
+            stats.large.splits >= 2,
+            "an order-0 block was split out of the order-2 one"
+        );
+        assert_eq!(
+            stats.large.splits, stats.large.merges,
+            "everything merged back"
+        );
+        assert_eq!(stats.large.largest_free_bytes, stats.arena_bytes);
+        assert_quiescent(&arena);
+    });
+}
+
+#[test]
+fn thread_exit_racing_pool_drop_neither_leaks_nor_dangles() {
+    model(|| {
+        let arena = arena(2, 2);
+        let worker = {
+            let arena = Arc::clone(&arena);
+            thread::spawn(move || {
+                let block = arena.alloc(256).expect("room");
+                arena.free(block);
+                drop(arena);
+                // Thread exit flushes this thread's slot, concurrently with the drop below.
+            })
+        };
+        // Whoever drops the last reference runs the arena's Drop (retire + drain).
+        drop(arena);
+        worker.join().unwrap();
+    });
+}
+
+#[test]
+fn one_cache_slot_handed_from_thread_to_thread() {
+    model(|| {
+        // One slot: whichever thread comes second either runs uncached or, if the first has
+        // released the slot, claims it and inherits the (flushed) magazines.
+        let arena = arena(2, 1);
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let arena = Arc::clone(&arena);
+                thread::spawn(move || {
+                    let block = arena.alloc(256).expect("room");
+                    arena.free(block);
+                    arena.flush_current_thread();
+                    let block = arena.alloc(256).expect("room");
+                    arena.free(block);
+                    arena.flush_current_thread();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_quiescent(&arena);
+        let stats = arena.stats();
+        assert_eq!((stats.classes[0].allocs, stats.classes[0].frees), (4, 4));
+    });
+}

@@ -1,0 +1,360 @@
+//! The buffer pool: DMA buffers carved from a region mapped once into a device's address space.
+//!
+//! ```text
+//!   Pool::new(mapping)                      one dma::Mapping, mapped once; no syscalls after this
+//!     alloc(len) --class_of(len)-->  thread cache (magazine)   hit: a few loads and stores
+//!                                      | empty: refill a batch      ^ full: flush half
+//!                                      v                            |
+//!                                    shared level per class: depot of magazines, block list
+//!                                      | empty: carve a slab        (lock-free, tagged CAS)
+//!                                      v
+//!                                    buddy allocator over chunks  <-- requests above max_class
+//!   Buffer { host ptr, IOVA, len, capacity }  --Drop, any thread-->  back to the thread cache
+//! ```
+//!
+//! # Design
+//!
+//! **An offset allocator at the core.** Everything below [`Pool`] works on byte offsets into an
+//! arena `[0, len)` and knows nothing of pointers, IOVAs or mappings; [`Pool`] turns an offset
+//! into a [`Buffer`] carrying the host pointer and IOVA at the edge. The metadata (list heads,
+//! links, counters) is offsets and indices in atomics, so it can live in memory shared with
+//! another process.
+//!
+//! **Size classes.** Powers of two from 256 B (the DMA alignment every buffer honours) to
+//! [`Config::max_class`] (1 MiB by default). The class of a request is computed from
+//! `leading_zeros`, with no division or table. A class's blocks come from *slabs* of
+//! `max(chunk, block)` bytes taken from the buddy allocator, so every block is aligned to its
+//! size and never straddles a chunk (a hugepage, by default): it is IOVA-contiguous even when
+//! the mapping is only contiguous per page. A slab stays with its class once carved.
+//!
+//! **Large buffers.** Requests above the largest class get `2^k` whole chunks from a buddy
+//! allocator that splits and merges ([`LargeStats`] counts both). Its free lists are guarded by
+//! a spin lock in the metadata (a word, so it works across processes); it is only taken for
+//! large buffers and for new slabs.
+//!
+//! **Thread caches.** Each thread keeps, per pool and class, a magazine of up to
+//! [`Config::thread_cache`] blocks (fewer for big classes, bounded by
+//! [`Config::thread_cache_bytes`]). Alloc pops, free pushes: one thread-local lookup, a compare,
+//! and plain loads and stores — no atomic read-modify-write, no lock, no division. An empty
+//! magazine refills half its capacity from the shared level; a full one flushes half back.
+//! The thread-local state is a small table of `(pool id, slot)` entries; the slots themselves
+//! are owned by the pool (a fixed number, [`Config::max_threads`]). A thread's caches go back to
+//! the shared lists when the thread exits (a thread-local destructor); a pool dropped while
+//! threads still hold cache slots drains them and marks them dead, and a state word on each slot
+//! makes a thread exiting concurrently flush into a live pool or not at all. Pool ids are never
+//! reused, so a dead entry can never be mistaken for a live pool. See the `cache` module.
+//!
+//! **Shared lists.** Per class, a lock-free depot of full magazines (a batch moves with one CAS
+//! and two cache lines) and a lock-free list of single blocks, both tagged Treiber stacks whose
+//! head packs a 32-bit generation tag next to a 32-bit index: the ABA defence is written next to
+//! each CAS in the `stack` module. No `Mutex` on alloc or free.
+//!
+//! **Buffers.** A [`Buffer`] borrows its pool (`Buffer<'pool>`), which is what makes the free
+//! path free of reference counting: it is `Send`, returns itself to the pool on `Drop` from any
+//! thread, and the borrow checker guarantees the pool outlives it. It never hands out `&[u8]` to
+//! its memory (the device writes it behind Rust's back): data moves through copies and volatile
+//! accesses ([`Buffer::write`], [`Buffer::read`], [`Buffer::slice`]). [`Pool::alloc_bulk`] and
+//! [`Pool::free_bulk`] move whole batches with one thread-cache lookup.
+//!
+//! **Exhaustion.** [`Exhaustion::Fail`] returns [`Error::Exhausted`] at once;
+//! [`Exhaustion::Wait`] sleeps on a futex in the metadata (so a free in another process wakes
+//! it too) until a buffer is freed or the timeout passes. The fast path pays one relaxed load of
+//! a read-mostly word for this; while someone waits, frees bypass the thread caches so the
+//! waiter can see them. Blocks held in *other* threads' caches are not visible to a waiter:
+//! size thread caches accordingly.
+//!
+//! **Statistics** per class and for large buffers ([`Stats`]) are relaxed counters readable at
+//! any time; the `stats` module says how exact they are.
+//!
+//! **Sharing between processes.** [`Pool::create_shared`] puts the metadata at the start of a
+//! shareable region (memfd or hugetlbfs, see [`Region::fd`](crate::memory::Region::fd)) behind a
+//! versioned header; another process maps the same file, builds its own [`Mapping`](crate::dma::Mapping) and calls
+//! [`Pool::open_shared`], then allocates from the same lists. Thread caches are per process.
+//! A process that dies holding buffers, cached blocks or the buddy lock leaves them held: the
+//! processes sharing a pool must exit cleanly (dropping the pool flushes the process's caches).
+//!
+//! ```no_run
+//! use userdma::pool::{Config, Pool};
+//! # fn demo(mapping: userdma::dma::Mapping) -> Result<(), userdma::pool::Error> {
+//! let pool = Pool::new(mapping, Config::default())?;
+//! let buffer = pool.alloc(4096)?;
+//! buffer.write(0, b"payload")?;
+//! println!("device address {:#x}, {} bytes", buffer.iova(), buffer.len());
+//! drop(buffer); // back to this thread's cache: no syscall, no lock
+//! # Ok(())
+//! # }
+//! ```
+
+use std::time::Duration;
+
+mod arena;
+mod buddy;
+mod buffer;
+mod cache;
+mod geometry;
+mod handle;
+mod meta;
+#[cfg(not(loom))]
+mod share;
+mod shared;
+mod stack;
+mod stats;
+mod wait;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+pub use self::buffer::Buffer;
+pub use self::handle::Pool;
+pub use self::stats::{ClassStats, LargeStats, Stats};
+
+/// Every buffer is aligned to at least this many bytes (and each size class to its size).
+pub const MIN_ALIGN: usize = geometry::MIN_BLOCK;
+
+/// What an allocation does when nothing is free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Exhaustion {
+    /// Return [`Error::Exhausted`] at once.
+    #[default]
+    Fail,
+    /// Wait up to this long for a buffer to be freed, then return [`Error::Exhausted`].
+    Wait(Duration),
+}
+
+/// How a pool carves its region. Built with chained setters from [`Config::default`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    max_class: usize,
+    chunk_size: usize,
+    thread_cache: usize,
+    thread_cache_bytes: usize,
+    max_threads: usize,
+    magazines: usize,
+    exhaustion: Exhaustion,
+}
+
+impl Default for Config {
+    /// 1 MiB largest class, 2 MiB chunks, 64-block thread caches of at most 2 MiB per class,
+    /// 64 cache slots, 1024 depot magazines, fail on exhaustion.
+    fn default() -> Self {
+        Self {
+            max_class: 1 << 20,
+            chunk_size: 2 << 20,
+            thread_cache: 64,
+            thread_cache_bytes: 2 << 20,
+            max_threads: 64,
+            magazines: 1024,
+            exhaustion: Exhaustion::Fail,
+        }
+    }
+}
+
+impl Config {
+    /// The largest size class (a power of two, 256 B ..= 1 GiB); larger requests are served by
+    /// the buddy allocator in whole chunks.
+    #[must_use]
+    pub fn max_class(mut self, bytes: usize) -> Self {
+        self.max_class = bytes;
+        self
+    }
+
+    /// The buddy allocator's unit and the size of a slab (a power of two, 256 B ..= 1 GiB).
+    /// Every chunk of the mapping must be IOVA-contiguous, so on a mapping that is contiguous
+    /// only per page this is at most the page size.
+    #[must_use]
+    pub fn chunk_size(mut self, bytes: usize) -> Self {
+        self.chunk_size = bytes;
+        self
+    }
+
+    /// Blocks each thread caches per class (0 or 1: no thread caches; at most 64).
+    #[must_use]
+    pub fn thread_cache(mut self, blocks: usize) -> Self {
+        self.thread_cache = blocks;
+        self
+    }
+
+    /// Bytes each thread caches per class at most (each class caches at least two blocks when
+    /// caching is on).
+    #[must_use]
+    pub fn thread_cache_bytes(mut self, bytes: usize) -> Self {
+        self.thread_cache_bytes = bytes;
+        self
+    }
+
+    /// Threads (per process) that get a cache; further threads run uncached (correct, slower).
+    #[must_use]
+    pub fn max_threads(mut self, threads: usize) -> Self {
+        self.max_threads = threads;
+        self
+    }
+
+    /// Depot magazines (each moves one batch between thread caches in one step).
+    #[must_use]
+    pub fn magazines(mut self, magazines: usize) -> Self {
+        self.magazines = magazines;
+        self
+    }
+
+    /// What an allocation does when nothing is free.
+    #[must_use]
+    pub fn exhaustion(mut self, exhaustion: Exhaustion) -> Self {
+        self.exhaustion = exhaustion;
+        self
+    }
+
+    /// The largest size class in bytes.
+    pub fn largest_class(&self) -> usize {
+        self.max_class
+    }
+
+    /// The chunk size in bytes.
+    pub fn chunk_bytes(&self) -> usize {
+        self.chunk_size
+    }
+
+    /// The exhaustion policy.
+    pub fn exhaustion_policy(&self) -> Exhaustion {
+        self.exhaustion
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        match self.exhaustion {
+            Exhaustion::Fail => None,
+            Exhaustion::Wait(timeout) => Some(timeout),
+        }
+    }
+}
+
+/// Errors of the pool module.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration value is out of range.
+    #[error("pool configuration: {field} = {value} is out of range (expected {expected})")]
+    Config {
+        /// The setter's name.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// What is accepted.
+        expected: &'static str,
+    },
+    /// The mapping leaves less than one slab for buffers.
+    #[error(
+        "the region leaves {len} bytes for buffers, less than one slab of {needed} bytes: map a \
+         larger region, or lower chunk_size / max_class"
+    )]
+    ArenaTooSmall {
+        /// Bytes available for buffers.
+        len: u64,
+        /// Bytes needed.
+        needed: u64,
+    },
+    /// The mapping is larger than a pool can index.
+    #[error("the region leaves {len} bytes for buffers; a pool manages at most {max}: split it")]
+    ArenaTooLarge {
+        /// Bytes available for buffers.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The mapping's IOVAs cannot be aligned to what the pool promises its buffers.
+    #[error(
+        "the mapping's IOVA {iova:#x} (host address {host:#x}) is not aligned to {align:#x}: \
+         lower max_class / chunk_size to at most the mapping's page size"
+    )]
+    Misaligned {
+        /// Host address of the arena (or of the offending chunk's arena).
+        host: u64,
+        /// The offending IOVA.
+        iova: u64,
+        /// The alignment needed (the larger of chunk size and largest class, or the chunk size).
+        align: u64,
+    },
+    /// A chunk of the mapping is not IOVA-contiguous.
+    #[error(
+        "the mapping is not IOVA-contiguous over the {chunk}-byte chunk at offset {offset:#x}: \
+         lower chunk_size to the mapping's page size"
+    )]
+    NotContiguous {
+        /// Offset of the chunk in the mapping.
+        offset: usize,
+        /// The chunk size.
+        chunk: usize,
+    },
+    /// No buffer of the requested size is free (after waiting, if configured).
+    #[error(
+        "no {len}-byte buffer free in the pool (waited {waited:?}): free buffers, raise the \
+         wait, or create the pool over a larger region"
+    )]
+    Exhausted {
+        /// Bytes requested.
+        len: usize,
+        /// How long the allocation waited (zero with `Exhaustion::Fail`).
+        waited: Duration,
+    },
+    /// The request is larger than any block the pool can ever hold.
+    #[error("a {len}-byte buffer is larger than the pool's largest block ({max} bytes)")]
+    TooLarge {
+        /// Bytes requested.
+        len: usize,
+        /// The largest block of the arena.
+        max: u64,
+    },
+    /// `Buffer::set_len` beyond the capacity.
+    #[error("buffer length {len} exceeds its capacity {capacity}")]
+    Length {
+        /// Length asked for.
+        len: usize,
+        /// The buffer's capacity.
+        capacity: usize,
+    },
+    /// A shared pool needs a region another process can map.
+    #[error(
+        "a shared pool needs a shareable region (memfd or hugetlbfs file): build it with \
+         memory::Region::builder(..).memfd()"
+    )]
+    NotShareable,
+    /// The region does not start with a pool header.
+    #[error(
+        "the region holds no initialized pool (magic {found:#018x}): create it with \
+         Pool::create_shared first"
+    )]
+    NotAPool {
+        /// The first 8 bytes found.
+        found: u64,
+    },
+    /// The region's pool was made by an incompatible version of this library.
+    #[error("the region's pool has layout version {found}, this library reads version {expected}")]
+    Version {
+        /// Version found in the header.
+        found: u32,
+        /// Version this library writes.
+        expected: u32,
+    },
+    /// The region's pool header disagrees with this mapping.
+    #[error(
+        "the region's pool header says {field} = {found}, but this mapping gives {ours}: map \
+         the same file with the same length"
+    )]
+    Incompatible {
+        /// Header field.
+        field: &'static str,
+        /// Value in the header.
+        found: u64,
+        /// Value from this mapping.
+        ours: u64,
+    },
+    /// Reading or writing buffer memory out of bounds.
+    #[error("buffer access out of bounds")]
+    Access(#[source] crate::dma::Error),
+}
+
+impl From<crate::dma::Error> for Error {
+    fn from(source: crate::dma::Error) -> Self {
+        Error::Access(source)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -1,0 +1,228 @@
+//! The shared level of the size classes: what thread caches refill from and flush to.
+//!
+//! Per class, free blocks at the shared level are in one of three places, tried in this order
+//! by [`Shared::take`]:
+//!
+//! 1. the **depot**: a lock-free stack of full magazines (arrays of up to a batch of block
+//!    units). A refill pops one magazine and copies its entries out: one CAS and two cache lines
+//!    for a whole batch, whoever filled it. Empty magazines wait on a pool-wide stack.
+//! 2. the **list**: a lock-free stack of single blocks linked through the link table (one
+//!    `u32` per 256-byte unit). Used when the depot has no empty magazine to fill; a refill pops
+//!    up to a batch as one chain.
+//! 3. the class's **current slab**: uncarved blocks of a chunk taken from the buddy allocator,
+//!    carved under the buddy lock. A chunk carved into a class stays in that class.
+//!
+//! [`Shared::give`] fills an empty depot magazine when there is one and otherwise pushes the
+//! batch onto the list as one pre-linked chain. A class's depot magazines hold at most the
+//! class's batch, so a popped magazine always fits an empty thread cache.
+
+use super::buddy::Buddy;
+use super::geometry::{Geometry, BATCH_MAX};
+use super::meta::{ClassShared, Meta};
+use super::stack::{pack, Stack, EMPTY, NIL};
+use crate::sync::Ordering;
+
+/// A view of the shared level of one arena.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shared<'a> {
+    g: &'a Geometry,
+    meta: &'a Meta,
+}
+
+impl<'a> Shared<'a> {
+    /// The shared level whose state is in `meta`.
+    pub(crate) fn new(g: &'a Geometry, meta: &'a Meta) -> Self {
+        Self { g, meta }
+    }
+
+    fn class(&self, c: usize) -> &'a ClassShared {
+        &self.meta.classes[c]
+    }
+
+    fn list(&self, c: usize) -> Stack<'a> {
+        Stack::new(&self.class(c).list, &self.meta.links)
+    }
+
+    fn depot(&self, c: usize) -> Stack<'a> {
+        Stack::new(&self.class(c).full, &self.meta.magazine_links)
+    }
+
+    fn empties(&self) -> Stack<'a> {
+        Stack::new(&self.meta.globals[0].empty, &self.meta.magazine_links)
+    }
+
+    /// Sets up a fresh arena: empty lists and depots, every magazine on the empty stack. Only at
+    /// creation, before another thread or process can see the arena.
+    pub(crate) fn init(&self) {
+        for class in self.meta.classes.iter().take(self.g.classes) {
+            class.full.store(EMPTY, Ordering::Relaxed);
+            class.list.store(EMPTY, Ordering::Relaxed);
+        }
+        let empties = self.empties();
+        let n = self.g.magazines;
+        for m in 0..n {
+            empties.link(m, if m + 1 < n { m + 1 } else { NIL });
+        }
+        let head = if n == 0 { EMPTY } else { pack(0, 0) };
+        // Relaxed: the arena is published to other threads (a Box handed over) or processes
+        // (the header's Release store of its state) after this.
+        self.meta.globals[0].empty.store(head, Ordering::Relaxed);
+    }
+
+    /// Whether `unit` is a plausible block of class `c`: inside the arena and aligned to the
+    /// class size. Entries failing this can only come from shared memory overwritten from
+    /// outside; they are dropped rather than handed out.
+    #[inline]
+    fn valid(&self, c: usize, unit: u32) -> bool {
+        let align = (1u32 << (self.g.class[c].shift - super::geometry::MIN_SHIFT)) - 1;
+        unit < self.g.units && unit & align == 0
+    }
+
+    /// Takes up to `want` (1..=batch) free blocks of class `c` into `out`; returns how many.
+    /// A depot magazine is taken whole, so the count may exceed `want` (never the batch).
+    /// Returns 0 when the class and the buddy allocator are exhausted.
+    pub(crate) fn take(&self, c: usize, want: u32, out: &mut [u32; BATCH_MAX]) -> usize {
+        let class = self.class(c);
+        let mut got = 0usize;
+        if let Some(m) = self.depot(c).pop() {
+            let magazine = &self.meta.magazines[m as usize];
+            // Relaxed: ordered by the Acquire of the pop (pairs with the filler's Release push).
+            let count = (magazine.count.load(Ordering::Relaxed) as usize).min(BATCH_MAX);
+            for item in &magazine.items[..count] {
+                let unit = item.load(Ordering::Relaxed);
+                if self.valid(c, unit) {
+                    out[got] = unit;
+                    got += 1;
+                }
+            }
+            self.empties().push(m);
+        } else if let Some((first, count)) = self.list(c).pop_chain(want) {
+            let list = self.list(c);
+            let mut unit = first;
+            for _ in 0..count {
+                if unit == NIL || !self.valid(c, unit) {
+                    break;
+                }
+                out[got] = unit;
+                got += 1;
+                unit = list.next(unit);
+            }
+        }
+        if got > 0 {
+            // Relaxed counters: statistics only.
+            class.shared_hits.fetch_add(got as u64, Ordering::Relaxed);
+        } else {
+            got = self.carve(c, want, out);
+        }
+        if got > 0 {
+            let out_now = class.out.fetch_add(got as u64, Ordering::Relaxed) + got as u64;
+            // A plain load first: the read-modify-write only when the peak moves.
+            if out_now > class.high_water.load(Ordering::Relaxed) {
+                class.high_water.fetch_max(out_now, Ordering::Relaxed);
+            }
+        }
+        got
+    }
+
+    /// Carves up to `want` new blocks of class `c` from its slab, taking a new slab from the
+    /// buddy allocator when the current one is used up.
+    fn carve(&self, c: usize, want: u32, out: &mut [u32; BATCH_MAX]) -> usize {
+        let class = self.class(c);
+        let buddy = Buddy::new(self.g, self.meta);
+        let guard = buddy.lock();
+        // Relaxed: `carve_*` are only accessed under the buddy lock.
+        let mut next = class.carve_next.load(Ordering::Relaxed);
+        let mut end = class.carve_end.load(Ordering::Relaxed);
+        let shift = self.g.class[c].shift;
+        if next >= end {
+            let order = self.g.class[c].slab_order;
+            let Some(chunk) = buddy.alloc(&guard, order) else {
+                return 0;
+            };
+            next = u64::from(chunk) << self.g.chunk_shift;
+            end = next + (self.g.chunk_size() << order);
+            class.slabs.fetch_add(1, Ordering::Relaxed);
+        }
+        let n = ((end - next) >> shift)
+            .min(u64::from(want))
+            .min(BATCH_MAX as u64);
+        for (i, slot) in out.iter_mut().take(n as usize).enumerate() {
+            *slot = Geometry::unit(next + ((i as u64) << shift));
+        }
+        class
+            .carve_next
+            .store(next + (n << shift), Ordering::Relaxed);
+        class.carve_end.store(end, Ordering::Relaxed);
+        class.carved.fetch_add(n, Ordering::Relaxed);
+        n as usize
+    }
+
+    /// Returns `items` (1..=batch blocks of class `c`, owned by the caller) to the shared level.
+    pub(crate) fn give(&self, c: usize, items: &[u32]) {
+        let (Some(&first), Some(&last)) = (items.first(), items.last()) else {
+            return;
+        };
+        debug_assert!(items.len() <= self.g.class[c].batch as usize);
+        if let Some(m) = self.empties().pop() {
+            let magazine = &self.meta.magazines[m as usize];
+            for (slot, &unit) in magazine.items.iter().zip(items) {
+                // Relaxed: published by the Release CAS of the depot push below.
+                slot.store(unit, Ordering::Relaxed);
+            }
+            magazine.count.store(items.len() as u32, Ordering::Relaxed);
+            self.depot(c).push(m);
+        } else {
+            let list = self.list(c);
+            for pair in items.windows(2) {
+                list.link(pair[0], pair[1]);
+            }
+            list.push_chain(first, last);
+        }
+        // Relaxed: statistics; ordered after the matching `take` by the hand-over of the blocks.
+        self.class(c)
+            .out
+            .fetch_sub(items.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Allocates a large block of `2^order` chunks from the buddy allocator; returns its first
+    /// chunk.
+    pub(crate) fn alloc_large(&self, order: u32) -> Option<u32> {
+        let buddy = Buddy::new(self.g, self.meta);
+        let guard = buddy.lock();
+        let chunk = buddy.alloc(&guard, order)?;
+        let globals = &self.meta.globals[0];
+        // Relaxed counters: statistics (written under the lock, read anywhere).
+        let now = globals
+            .large_chunks
+            .fetch_add(1 << order, Ordering::Relaxed)
+            + (1 << order);
+        globals.large_high_water.fetch_max(now, Ordering::Relaxed);
+        globals.large_allocs.fetch_add(1, Ordering::Relaxed);
+        Some(chunk)
+    }
+
+    /// Frees a large block allocated by [`Shared::alloc_large`].
+    pub(crate) fn free_large(&self, chunk: u32, order: u32) {
+        let buddy = Buddy::new(self.g, self.meta);
+        let guard = buddy.lock();
+        buddy.free(&guard, chunk, order);
+        let globals = &self.meta.globals[0];
+        globals
+            .large_chunks
+            .fetch_sub(1 << order, Ordering::Relaxed);
+        globals.large_frees.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Blocks of class `c` free at the shared level (carved, not out), and the bytes of its
+    /// slabs not carved yet. Read without any lock: exact when no thread is inside
+    /// `take`/`give` of this class, otherwise off by the blocks of the batches in flight.
+    pub(crate) fn free_in_class(&self, c: usize) -> (u64, u64) {
+        let class = self.class(c);
+        // Relaxed: statistics.
+        let carved = class.carved.load(Ordering::Relaxed);
+        let out = class.out.load(Ordering::Relaxed);
+        let end = class.carve_end.load(Ordering::Relaxed);
+        let next = class.carve_next.load(Ordering::Relaxed);
+        (carved.saturating_sub(out), end.saturating_sub(next))
+    }
+}

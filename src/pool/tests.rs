@@ -1,0 +1,563 @@
+//! Unit tests of the arena (no mapping) and of the pool over a loopback mapping.
+
+use std::collections::BTreeMap;
+use std::sync::{mpsc, Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use super::arena::{Arena, Block, Failure};
+use super::geometry::Geometry;
+use super::meta::Meta;
+use super::*;
+use crate::dma::{Loopback, Space};
+use crate::memory::{PageSize, Region};
+
+fn arena_with(len: u64, config: &Config) -> Box<Arena> {
+    let g = Geometry::new(len, config).expect("valid test geometry");
+    let meta = Meta::heap(&g);
+    Arena::new(g, meta, true, config.timeout(), false)
+}
+
+/// 8 MiB arena, 64 KiB chunks, classes 256 B ..= 64 KiB.
+fn small_config() -> Config {
+    Config::default()
+        .chunk_size(64 << 10)
+        .max_class(64 << 10)
+        .thread_cache_bytes(64 << 10)
+}
+
+/// Live blocks by offset; checks alignment and overlap on insert.
+#[derive(Default)]
+struct Live(BTreeMap<u64, u64>);
+
+impl Live {
+    fn insert(&mut self, block: &Block, g: &Geometry) {
+        let size = block.size(g);
+        assert_eq!(
+            block.offset() % size.min(g.chunk_size()),
+            0,
+            "block aligned to its size"
+        );
+        assert!(block.offset() + size <= g.len, "block inside the arena");
+        if let Some((&start, &len)) = self.0.range(..=block.offset()).next_back() {
+            assert!(
+                start + len <= block.offset(),
+                "overlaps the block at {start:#x}"
+            );
+        }
+        if let Some((&start, _)) = self.0.range(block.offset()..).next() {
+            assert!(
+                block.offset() + size <= start,
+                "overlaps the block at {start:#x}"
+            );
+        }
+        self.0.insert(block.offset(), size);
+    }
+
+    fn remove(&mut self, block: &Block) {
+        assert!(self.0.remove(&block.offset()).is_some());
+    }
+}
+
+fn assert_all_free(stats: &Stats) {
+    for class in &stats.classes {
+        assert_eq!(class.in_use, 0, "class {} in use", class.size);
+        assert_eq!(class.outstanding, 0, "class {} outstanding", class.size);
+    }
+    assert_eq!(stats.large.in_use_bytes, 0);
+    assert_eq!(
+        stats.accounted_bytes(),
+        stats.arena_bytes,
+        "every byte accounted for"
+    );
+}
+
+#[test]
+fn arena_blocks_are_aligned_disjoint_and_accounted() {
+    let config = small_config();
+    let arena = arena_with(32 << 20, &config);
+    let g = arena.geometry().clone();
+    let mut live = Live::default();
+    let mut blocks = Vec::new();
+    for (i, len) in [1usize, 256, 257, 4096, 5000, 65536, 65537, 200_000, 0]
+        .iter()
+        .cycle()
+        .take(300)
+        .enumerate()
+    {
+        let block = arena.alloc(*len).expect("room");
+        assert!(block.size(&g) >= *len as u64);
+        live.insert(&block, &g);
+        blocks.push(block);
+        if i % 3 == 0 {
+            let gone = blocks.swap_remove(i % blocks.len());
+            live.remove(&gone);
+            arena.free(gone);
+        }
+    }
+    let stats = arena.stats();
+    assert_eq!(stats.accounted_bytes(), stats.arena_bytes);
+    assert!(stats.large.allocs > 0 && stats.large.splits > 0);
+    for block in blocks.drain(..) {
+        live.remove(&block);
+        arena.free(block);
+    }
+    arena.flush_current_thread();
+    let stats = arena.stats();
+    assert_all_free(&stats);
+    assert_eq!(stats.classes[0].allocs, stats.classes[0].frees);
+}
+
+#[test]
+fn exhaustion_fails_fast_then_recovers() {
+    let config = small_config().thread_cache(0);
+    let arena = arena_with(1 << 20, &config);
+    let mut blocks = Vec::new();
+    loop {
+        match arena.alloc(64 << 10) {
+            Ok(block) => blocks.push(block),
+            Err(failure) => {
+                assert_eq!(failure, Failure::Exhausted);
+                break;
+            }
+        }
+    }
+    assert_eq!(blocks.len(), 16);
+    assert_eq!(arena.alloc(1 << 30), Err(Failure::TooLarge));
+    // A small class has no slab left either: the buddy allocator is empty.
+    assert_eq!(arena.alloc(256), Err(Failure::Exhausted));
+    for block in blocks.drain(..) {
+        arena.free(block);
+    }
+    assert!(arena.alloc(64 << 10).is_ok_and(|b| {
+        arena.free(b);
+        true
+    }));
+    assert_all_free(&arena.stats());
+}
+
+#[test]
+fn large_blocks_split_and_merge() {
+    let config = small_config();
+    let arena = arena_with(1 << 20, &config);
+    let a = arena.alloc(65 << 10).unwrap(); // 2 chunks: 16 -> 8 -> 4 -> 2 splits
+    let b = arena.alloc(64 << 10 | 1).unwrap();
+    let stats = arena.stats();
+    assert_eq!(stats.large.splits, 3);
+    assert_eq!(stats.large.in_use_bytes, 256 << 10);
+    assert_eq!(a.size(arena.geometry()), 128 << 10);
+    arena.free(a);
+    arena.free(b);
+    let stats = arena.stats();
+    assert_eq!(stats.large.merges, 3);
+    assert_eq!(stats.large.largest_free_bytes, 1 << 20);
+    assert_eq!(stats.large.high_water_bytes, 256 << 10);
+    assert_all_free(&stats);
+}
+
+#[test]
+fn a_thread_returns_its_cache_when_it_exits() {
+    let config = small_config();
+    let arena = arena_with(4 << 20, &config);
+    // Joined explicitly: a scope's implicit join may return before the thread's thread-local
+    // destructors (which flush its cache) have run.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let blocks: Vec<_> = (0..40).map(|_| arena.alloc(4096).unwrap()).collect();
+            for block in blocks {
+                arena.free(block);
+            }
+            let stats = arena.stats();
+            assert_eq!(stats.classes[4].in_use, 0);
+            assert!(
+                stats.classes[4].outstanding > 0,
+                "blocks sit in this thread's cache"
+            );
+            assert_eq!(stats.cached_threads, 1);
+        })
+        .join()
+        .unwrap();
+    });
+    let stats = arena.stats();
+    assert_eq!(stats.cached_threads, 0);
+    assert_all_free(&stats);
+}
+
+#[test]
+fn cross_thread_frees_land_in_the_freeing_thread_cache() {
+    let config = small_config();
+    let arena = arena_with(4 << 20, &config);
+    let (tx, rx) = mpsc::sync_channel::<Block>(8);
+    std::thread::scope(|s| {
+        let freer = s.spawn(|| {
+            for block in rx {
+                arena.free(block);
+            }
+        });
+        for _ in 0..1000 {
+            tx.send(arena.alloc(1024).unwrap()).unwrap();
+        }
+        drop(tx);
+        freer.join().unwrap();
+    });
+    arena.flush_current_thread();
+    let stats = arena.stats();
+    assert_eq!(stats.classes[2].allocs, 1000);
+    assert_eq!(stats.classes[2].frees, 1000);
+    assert!(
+        stats.classes[2].shared_hits > 0,
+        "allocating thread refilled from the depot"
+    );
+    assert_all_free(&stats);
+}
+
+#[test]
+fn dropping_an_arena_while_a_thread_caches_its_blocks_is_clean() {
+    let config = small_config();
+    let arena: Arc<Box<Arena>> = Arc::new(arena_with(4 << 20, &config));
+    let used = Arc::new(Barrier::new(2));
+    let dropped = Arc::new(Barrier::new(2));
+    let thread = {
+        let (arena, used, dropped) = (Arc::clone(&arena), Arc::clone(&used), Arc::clone(&dropped));
+        std::thread::spawn(move || {
+            let block = arena.alloc(512).unwrap();
+            arena.free(block);
+            drop(arena);
+            used.wait();
+            dropped.wait();
+            // This thread's table still names the dead arena; its exit must not touch it.
+        })
+    };
+    used.wait();
+    let arena = Arc::into_inner(arena).expect("last reference");
+    assert_eq!(arena.stats().cached_threads, 1);
+    drop(arena);
+    dropped.wait();
+    thread.join().unwrap();
+    // A new arena in this thread and the old thread's id space do not interfere.
+    let again = arena_with(4 << 20, &config);
+    let block = again.alloc(512).unwrap();
+    again.free(block);
+}
+
+#[test]
+fn waiting_allocation_is_woken_by_a_free() {
+    let config = small_config()
+        .thread_cache(0)
+        .exhaustion(Exhaustion::Wait(Duration::from_secs(10)));
+    let arena = arena_with(1 << 20, &config);
+    let blocks: Vec<_> = (0..16).map(|_| arena.alloc(64 << 10).unwrap()).collect();
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            for block in blocks {
+                arena.free(block);
+            }
+        });
+        let block = arena.alloc(64 << 10).expect("woken by the free");
+        arena.free(block);
+    });
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(40) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+}
+
+#[test]
+fn waiting_allocation_times_out() {
+    let config = small_config().exhaustion(Exhaustion::Wait(Duration::from_millis(30)));
+    let arena = arena_with(1 << 20, &config);
+    let block = arena.alloc(1 << 20).unwrap();
+    let start = Instant::now();
+    assert_eq!(arena.alloc(1 << 20), Err(Failure::Exhausted));
+    assert!(start.elapsed() >= Duration::from_millis(25));
+    arena.free(block);
+}
+
+#[test]
+fn threads_beyond_the_slots_run_uncached() {
+    let config = small_config().max_threads(1);
+    let arena = arena_with(4 << 20, &config);
+    let barrier = Barrier::new(2);
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let blocks: Vec<_> = (0..100).map(|_| arena.alloc(300).unwrap()).collect();
+                    barrier.wait();
+                    assert_eq!(arena.stats().cached_threads, 1, "one slot, two threads");
+                    for block in blocks {
+                        arena.free(block);
+                    }
+                    barrier.wait();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    });
+    let stats = arena.stats();
+    assert_eq!(stats.classes[1].allocs, 200);
+    assert_eq!(stats.classes[1].frees, 200);
+    assert!(
+        stats.classes[1].cache_hits < 100,
+        "the uncached thread never hit a cache"
+    );
+    assert_all_free(&stats);
+}
+
+#[test]
+fn more_pools_than_table_entries_evict_cleanly() {
+    let config = small_config();
+    let arenas: Vec<_> = (0..12).map(|_| arena_with(1 << 20, &config)).collect();
+    for round in 0..5 {
+        for arena in &arenas {
+            let blocks: Vec<_> = (0..3)
+                .map(|_| arena.alloc(256 << (round % 3)).unwrap())
+                .collect();
+            for block in blocks {
+                arena.free(block);
+            }
+        }
+    }
+    for arena in &arenas {
+        arena.flush_current_thread();
+        assert_all_free(&arena.stats());
+    }
+}
+
+#[test]
+fn bulk_alloc_and_free() {
+    let config = small_config();
+    let arena = arena_with(4 << 20, &config);
+    let mut live = Live::default();
+    let mut blocks = Vec::new();
+    arena.alloc_bulk(4096, 100, |b| blocks.push(b)).unwrap();
+    assert_eq!(blocks.len(), 100);
+    for block in &blocks {
+        live.insert(block, arena.geometry());
+    }
+    arena.free_bulk(blocks.drain(..));
+    // All or nothing is the pool's job; the arena reports how far it got: one 64 KiB block per
+    // chunk the 4 KiB class did not take.
+    let free_chunks = arena.stats().large.free_bytes >> 16;
+    assert_eq!(free_chunks, 64 - 7);
+    let failure = arena.alloc_bulk(64 << 10, 1000, |b| blocks.push(b));
+    assert_eq!(failure, Err(Failure::Exhausted));
+    assert_eq!(blocks.len() as u64, free_chunks);
+    arena.free_bulk(blocks.drain(..));
+    arena.flush_current_thread();
+    let stats = arena.stats();
+    assert_eq!(stats.classes[4].allocs, 100);
+    assert_all_free(&stats);
+}
+
+// ---- the pool over a loopback mapping ----------------------------------------------------
+
+fn mapping(len: usize) -> crate::dma::Mapping {
+    let region = Region::builder(len)
+        .page_size(PageSize::Base)
+        .build()
+        .expect("base-page region (needs RLIMIT_MEMLOCK for the test size)");
+    Loopback::new(48).unwrap().map(Arc::new(region)).unwrap()
+}
+
+#[test]
+fn buffers_carry_host_address_iova_and_alignment() {
+    let pool = Pool::new(mapping(4 << 20), small_config()).unwrap();
+    assert_eq!(pool.arena_offset() % 4096, 0);
+    let mut buffers = Vec::new();
+    for len in [1usize, 300, 4096, 40_000, 64 << 10, 100_000] {
+        let buffer = pool.alloc(len).unwrap();
+        assert_eq!(buffer.len(), len);
+        assert!(buffer.capacity() >= len);
+        let align = buffer.capacity().min(64 << 10) as u64;
+        assert_eq!(buffer.iova() % align, 0, "IOVA aligned to the block size");
+        assert_eq!(buffer.iova() % MIN_ALIGN as u64, 0);
+        assert_eq!(pool.mapping().iova(buffer.offset()), Some(buffer.iova()));
+        let host = pool.mapping().as_ptr().as_ptr() as usize + buffer.offset();
+        assert_eq!(buffer.as_ptr().as_ptr() as usize, host);
+        assert_eq!(buffer.iova_at(1), Some(buffer.iova() + 1));
+        assert_eq!(buffer.iova_at(buffer.capacity()), None);
+        assert_eq!(buffer.contiguous_len(), buffer.capacity());
+        buffers.push(buffer);
+    }
+    let buffer = &buffers[2];
+    buffer.write(10, b"hello").unwrap();
+    let mut out = [0u8; 5];
+    buffer.read(10, &mut out).unwrap();
+    assert_eq!(&out, b"hello");
+    assert!(matches!(buffer.write(4094, b"abc"), Err(Error::Access(_))));
+    let mut grow = buffers.pop().unwrap();
+    let capacity = grow.capacity();
+    grow.set_len(capacity).unwrap();
+    assert!(matches!(
+        grow.set_len(capacity + 1),
+        Err(Error::Length { .. })
+    ));
+    drop(grow);
+    drop(buffers);
+    pool.flush_thread_cache();
+    assert_all_free(&pool.stats());
+}
+
+#[test]
+fn pool_errors_name_the_problem() {
+    let pool = Pool::new(mapping(1 << 20), small_config()).unwrap();
+    let err = pool.alloc(usize::MAX).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::TooLarge {
+                len: usize::MAX,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mut all = Vec::new();
+    while let Ok(buffer) = pool.alloc(64 << 10) {
+        all.push(buffer);
+    }
+    assert_eq!(all.len(), pool.arena_len() >> 16);
+    // No chunk is left for a slab of the 256-byte class.
+    let err = pool.alloc(64).unwrap_err();
+    assert!(matches!(err, Error::Exhausted { len: 64, .. }), "{err}");
+    assert!(err.to_string().contains("free buffers"));
+    drop(all);
+    assert!(matches!(
+        Pool::new(mapping(64 << 10), Config::default()),
+        Err(Error::ArenaTooSmall { .. })
+    ));
+    assert!(matches!(
+        Pool::new(mapping(1 << 20), small_config().max_class(3 << 10)),
+        Err(Error::Config {
+            field: "max_class",
+            ..
+        })
+    ));
+    assert!(matches!(
+        Pool::create_shared(mapping(4 << 20), small_config()),
+        Err(Error::NotShareable)
+    ));
+}
+
+#[test]
+fn pool_bulk_is_all_or_nothing_and_frees_only_its_own() {
+    let pool = Pool::new(mapping(2 << 20), small_config()).unwrap();
+    let other = Pool::new(mapping(2 << 20), small_config()).unwrap();
+    let mut buffers = Vec::with_capacity(64);
+    pool.alloc_bulk(4096, 32, &mut buffers).unwrap();
+    assert_eq!(buffers.len(), 32);
+    let err = pool.alloc_bulk(64 << 10, 1000, &mut buffers).unwrap_err();
+    assert!(matches!(err, Error::Exhausted { .. }));
+    assert_eq!(buffers.len(), 32, "nothing kept from the failed batch");
+    buffers.push(other.alloc(256).unwrap());
+    pool.free_bulk(buffers.drain(..));
+    pool.flush_thread_cache();
+    other.flush_thread_cache();
+    assert_all_free(&pool.stats());
+    assert_all_free(&other.stats());
+    assert_eq!(other.stats().classes[0].frees, 1);
+}
+
+#[test]
+fn shared_pool_opened_twice_in_one_process() {
+    let region = Region::builder(8 << 20)
+        .page_size(PageSize::Base)
+        .memfd()
+        .build()
+        .expect("base-page memfd region");
+    let region = Arc::new(region);
+    let space = Loopback::new(48).unwrap();
+    let first =
+        Pool::create_shared(space.map(Arc::clone(&region)).unwrap(), small_config()).unwrap();
+    let second =
+        Pool::open_shared(space.map(Arc::clone(&region)).unwrap(), Exhaustion::Fail).unwrap();
+    assert_eq!(first.arena_offset(), second.arena_offset());
+    assert_eq!(first.arena_len(), second.arena_len());
+    assert!(first.is_shared() && second.is_shared());
+    let mut offsets = BTreeMap::new();
+    let mut keep = Vec::new();
+    for i in 0..200 {
+        let pool = if i % 2 == 0 { &first } else { &second };
+        let buffer = pool.alloc(3000).unwrap();
+        assert!(
+            offsets.insert(buffer.offset(), i).is_none(),
+            "two pools handed out one block"
+        );
+        keep.push(buffer);
+    }
+    let (one, two) = (first.stats(), second.stats());
+    assert_eq!(
+        (one.classes[4].in_use, two.classes[4].in_use),
+        (100, 100),
+        "per process"
+    );
+    assert_eq!(
+        one.classes[4].outstanding, two.classes[4].outstanding,
+        "shared counters"
+    );
+    assert!(one.classes[4].outstanding >= 200);
+    drop(keep);
+    // Dropping a handle flushes its caches into the shared lists.
+    drop(second);
+    first.flush_thread_cache();
+    assert_all_free(&first.stats());
+    // A region that holds no pool is refused.
+    let plain = Region::builder(4 << 20)
+        .page_size(PageSize::Base)
+        .memfd()
+        .build()
+        .unwrap();
+    let err = Pool::open_shared(space.map(Arc::new(plain)).unwrap(), Exhaustion::Fail).unwrap_err();
+    assert!(matches!(err, Error::NotAPool { found: 0 }), "{err}");
+}
+
+#[test]
+fn a_mapping_in_pieces_gets_per_chunk_iovas() {
+    use crate::dma::IovaRange;
+    // Two 1 MiB IOVA windows far apart: a 2 MiB region is mapped in two pieces.
+    let ranges = [
+        IovaRange {
+            start: 0x10_0000,
+            last: 0x1f_ffff,
+        },
+        IovaRange {
+            start: 0x4000_0000,
+            last: 0x400f_ffff,
+        },
+    ];
+    let space = Loopback::with_ranges(48, &ranges).unwrap();
+    let region = Region::builder(2 << 20)
+        .page_size(PageSize::Base)
+        .build()
+        .unwrap();
+    let mapping = space.map(Arc::new(region)).unwrap();
+    assert!(
+        mapping.contiguous_len(0) < mapping.len(),
+        "the mapping is in pieces"
+    );
+    let pool = Pool::new(mapping, small_config()).unwrap();
+    let mut buffers = Vec::new();
+    while let Ok(buffer) = pool.alloc(16 << 10) {
+        assert_eq!(pool.mapping().iova(buffer.offset()), Some(buffer.iova()));
+        assert_eq!(buffer.iova() % (16 << 10), 0);
+        buffers.push(buffer);
+    }
+    assert_eq!(buffers.len(), pool.arena_len() / (16 << 10));
+    let high = buffers.iter().filter(|b| b.iova() >= 0x4000_0000).count();
+    assert!(high > 0 && high < buffers.len(), "buffers from both pieces");
+    drop(buffers);
+    // A largest class above the chunk size cannot be contiguous on such a mapping.
+    let region = Region::builder(2 << 20)
+        .page_size(PageSize::Base)
+        .build()
+        .unwrap();
+    let space = Loopback::with_ranges(48, &ranges).unwrap();
+    let mapping = space.map(Arc::new(region)).unwrap();
+    let err = Pool::new(mapping, small_config().chunk_size(16 << 10)).unwrap_err();
+    assert!(matches!(err, Error::NotContiguous { .. }), "{err}");
+}

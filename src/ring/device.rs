@@ -1,0 +1,204 @@
+//! [`DeviceQueue`]: the device's side of a queue pair, for the loopback device's engine thread
+//! and for tests that play the device. It touches ring memory only through volatile and atomic
+//! accesses, and registers only through `mmio`, as hardware would.
+//!
+//! # Orderings (device side; the host side is in `queue.rs`)
+//!
+//! | device does | then | pairs with (host) |
+//! |---|---|---|
+//! | reads the SQ tail doorbell | `fence(Acquire)`, reads entries | entries written, `fence(Release)`, doorbell |
+//! | reads entries | `fence(Release)`, writes the SQ head back | head read, `fence(Acquire)`, slots reused |
+//! | reads the CQ head doorbell | `fence(Acquire)`, overwrites consumed slots | entries read, `fence(Release)`, doorbell |
+//! | writes a CQ entry but its phase word | `fence(Release)`, writes the phase word | phase read, `fence(Acquire)`, entry read |
+//! | wrote completions | `fence(SeqCst)`, reads the interrupt flag | flag set, `fence(SeqCst)`, phase read |
+
+use std::marker::PhantomData;
+
+use super::index;
+use super::{Completion, Doorbells, Error, Layout, Memory, Submission};
+use crate::irq::EventFd;
+use crate::sync::{fence, Ordering};
+
+/// The device side of one queue pair: reads the submissions the host announced, writes
+/// completions with the phase bit, writes the SQ head back, and raises the interrupt when the
+/// host asked for it.
+#[derive(Debug)]
+pub struct DeviceQueue<D: Submission, C: Completion> {
+    id: u16,
+    layout: Layout,
+    memory: Memory,
+    doorbells: Doorbells,
+    interrupt: Option<EventFd>,
+    /// Counter of the next SQ entry to read.
+    sq_head: u32,
+    /// The SQ tail the host last announced.
+    sq_tail: u32,
+    /// The SQ head last written back.
+    sq_released: u32,
+    /// Counter of the next CQ entry to write.
+    cq_tail: u32,
+    /// The CQ head the host last announced.
+    cq_head: u32,
+    _entries: PhantomData<(D, C)>,
+}
+
+impl<D: Submission, C: Completion> DeviceQueue<D, C> {
+    /// The device's view of queue `id` of `depth` entries in `memory` (as the host laid it out,
+    /// per [`Layout::new`]), reading `doorbells`, signalling `interrupt`. Make it after the host
+    /// made its [`Queue`](super::Queue), which zeroes the ring.
+    pub fn new(
+        id: u16,
+        depth: u32,
+        memory: Memory,
+        doorbells: Doorbells,
+        interrupt: Option<EventFd>,
+    ) -> Result<Self, Error> {
+        let layout = Layout::new::<D, C>(depth)?;
+        layout.check_memory(&memory)?;
+        Ok(DeviceQueue {
+            id,
+            layout,
+            memory,
+            doorbells,
+            interrupt,
+            sq_head: 0,
+            sq_tail: 0,
+            sq_released: 0,
+            cq_tail: 0,
+            cq_head: 0,
+            _entries: PhantomData,
+        })
+    }
+
+    /// The queue id.
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Reads the SQ tail doorbell and returns how many announced entries are unread. A tail
+    /// that moved backwards or more than the depth ahead is the host's error.
+    #[inline]
+    pub fn fetch(&mut self) -> Result<u32, Error> {
+        let tail = self.doorbells.read_sq_tail(self.id)?;
+        // Acquire: the entries the host wrote before ringing are read after this (pairs with
+        // the fence(Release) in `Doorbells::ring_sq`).
+        fence(Ordering::Acquire);
+        let limit = self.sq_released.wrapping_add(self.layout.depth());
+        if !index::advance_ok(self.sq_tail, tail, limit) {
+            return Err(Error::HostSqTail {
+                queue: self.id,
+                tail,
+                old: self.sq_tail,
+                head: self.sq_released,
+            });
+        }
+        self.sq_tail = tail;
+        Ok(self.available())
+    }
+
+    /// Announced entries not read yet (as of the last [`DeviceQueue::fetch`]).
+    #[inline]
+    pub fn available(&self) -> u32 {
+        index::used(self.sq_tail, self.sq_head)
+    }
+
+    /// The next announced entry (copied out), if any. Its slot stays the device's until
+    /// [`DeviceQueue::release`].
+    #[inline]
+    pub fn pop(&mut self) -> Option<D> {
+        if self.sq_head == self.sq_tail {
+            return None;
+        }
+        let entry = self.memory.read_entry(self.layout.sq_entry(self.sq_head));
+        self.sq_head = self.sq_head.wrapping_add(1);
+        Some(entry)
+    }
+
+    /// Writes the SQ head back: the host may reuse the slots of every entry popped so far.
+    #[inline]
+    pub fn release(&mut self) {
+        if self.sq_released == self.sq_head {
+            return;
+        }
+        // Release: the reads of those entries happen before the host can see their slots free
+        // and overwrite them (pairs with the fence(Acquire) in `Queue::refresh_sq_head`).
+        fence(Ordering::Release);
+        self.memory
+            .store_u32(self.layout.sq_head_offset(), self.sq_head);
+        self.sq_released = self.sq_head;
+    }
+
+    /// Free CQ slots, re-reading the CQ head doorbell only when the cached head says none.
+    pub fn cq_room(&mut self) -> Result<u32, Error> {
+        let depth = self.layout.depth();
+        let room = index::free(self.cq_tail, self.cq_head, depth);
+        if room > 0 {
+            return Ok(room);
+        }
+        let head = self.doorbells.read_cq_head(self.id)?;
+        // Acquire: the host's reads of the entries it consumed happen before they are
+        // overwritten (pairs with the fence(Release) in `Doorbells::ring_cq`).
+        fence(Ordering::Acquire);
+        if !index::advance_ok(self.cq_head, head, self.cq_tail) {
+            return Err(Error::HostCqHead {
+                queue: self.id,
+                head,
+                old: self.cq_head,
+                tail: self.cq_tail,
+            });
+        }
+        self.cq_head = head;
+        Ok(index::free(self.cq_tail, self.cq_head, depth))
+    }
+
+    /// Writes `entry` as the next completion, with the phase bit of its pass over the ring: all
+    /// of it but the phase word, a `fence(Release)`, then the phase word, so a host that sees
+    /// the new phase sees the whole entry. `Error::CqFull` if the host has not consumed room.
+    #[inline]
+    pub fn complete(&mut self, entry: C) -> Result<(), Error> {
+        if self.cq_room()? == 0 {
+            return Err(Error::CqFull {
+                queue: self.id,
+                depth: self.layout.depth(),
+            });
+        }
+        let offset = self.layout.cq_entry(self.cq_tail);
+        let phase_at = self.layout.phase_word();
+        let word = self
+            .layout
+            .with_phase(Memory::word_of(&entry, phase_at), self.cq_tail);
+        self.memory.write_entry(offset, &entry, Some(phase_at));
+        // Release: the rest of the entry is visible before the phase flip that publishes it
+        // (pairs with the fence(Acquire) in `Queue::take_cq`).
+        fence(Ordering::Release);
+        self.memory.store_u32(offset + phase_at, word);
+        self.cq_tail = self.cq_tail.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Whether the host asked for an interrupt, after the completions written so far: if so,
+    /// signals the eventfd (when there is one) and returns `true`. Call once per batch of
+    /// completions.
+    #[inline]
+    pub fn interrupt(&mut self) -> Result<bool, Error> {
+        // SeqCst: the store-load barrier of the wake-up protocol: the phase stores above are
+        // ordered before the flag load below (pairs with the fence(SeqCst) in
+        // `Queue::arm_interrupt`).
+        fence(Ordering::SeqCst);
+        if self.memory.load_u32(self.layout.interrupt_offset()) == 0 {
+            return Ok(false);
+        }
+        if let Some(irq) = &self.interrupt {
+            irq.signal().map_err(|source| Error::Interrupt {
+                queue: self.id,
+                source,
+            })?;
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,354 @@
+//! Where a queue's parts are: [`Layout`] in ring memory, [`Doorbells`] in the register BAR.
+
+use std::mem::{align_of, size_of};
+
+use super::index::{self, MAX_DEPTH};
+use super::memory::ALIGN;
+use super::{Completion, Error, Memory, Submission};
+use crate::mmio::{self, DynBlock};
+use crate::sync::{fence, Ordering};
+
+/// Each part of the ring starts on its own 128-byte boundary: two cache lines, so the CPU's
+/// adjacent-line prefetch does not make the host's and the device's lines share.
+const PART_ALIGN: usize = 128;
+
+const _: () = assert!(PART_ALIGN % ALIGN == 0);
+
+fn round_up(value: usize) -> Option<usize> {
+    value
+        .checked_add(PART_ALIGN - 1)
+        .map(|v| v & !(PART_ALIGN - 1))
+}
+
+/// The layout of one queue pair in ring memory, for descriptor type `D` and completion type `C`:
+///
+/// | offset | what | written by |
+/// |---|---|---|
+/// | [`Layout::sq_offset`] | `depth` submission entries | host |
+/// | [`Layout::cq_offset`] | `depth` completion entries | device |
+/// | [`Layout::sq_head_offset`] | the SQ head, a `u32` counter | device (head write-back) |
+/// | [`Layout::interrupt_offset`] | the interrupt request flag, a `u32` | host |
+///
+/// A device is told the memory's IOVA and the depth (and the entry sizes it already knows from
+/// its format) and computes the same layout with [`Layout::new`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    depth: u32,
+    sq_entry: usize,
+    cq_entry: usize,
+    cq: usize,
+    sq_head: usize,
+    interrupt: usize,
+    size: usize,
+    phase_word: usize,
+    phase_bit: u32,
+    sq_per_line: u32,
+}
+
+impl Layout {
+    /// The layout of a queue pair of `depth` entries (a power of two, 2 to 32768). Checks the
+    /// entry types: sizes a nonzero multiple of 4 bytes, and `C`'s phase bit a single bit of an
+    /// aligned word inside the entry.
+    pub fn new<D: Submission, C: Completion>(depth: u32) -> Result<Layout, Error> {
+        if !index::valid_depth(depth) {
+            return Err(Error::InvalidDepth {
+                depth,
+                max: MAX_DEPTH,
+            });
+        }
+        let (sq_entry, cq_entry) = (size_of::<D>(), size_of::<C>());
+        let entries = [
+            ("submission", sq_entry, align_of::<D>()),
+            ("completion", cq_entry, align_of::<C>()),
+        ];
+        for (kind, size, align) in entries {
+            if size == 0 || size % 4 != 0 {
+                return Err(Error::EntryType {
+                    kind,
+                    size,
+                    reason: "its size must be a nonzero multiple of 4 bytes",
+                });
+            }
+            if align > ALIGN {
+                return Err(Error::EntryType {
+                    kind,
+                    size,
+                    reason: "its alignment must be at most 64 bytes",
+                });
+            }
+        }
+        if C::PHASE_WORD % 4 != 0
+            || C::PHASE_WORD
+                .checked_add(4)
+                .is_none_or(|end| end > cq_entry)
+            || C::PHASE_BIT.count_ones() != 1
+        {
+            return Err(Error::EntryType {
+                kind: "completion",
+                size: cq_entry,
+                reason: "PHASE_WORD must be a 4-aligned offset inside the entry and PHASE_BIT a single bit",
+            });
+        }
+        let depth_bytes = depth as usize;
+        let sq_bytes = sq_entry
+            .checked_mul(depth_bytes)
+            .ok_or_else(|| overflow_of(depth))?;
+        let cq = round_up(sq_bytes).ok_or_else(|| overflow_of(depth))?;
+        let cq_bytes = cq_entry
+            .checked_mul(depth_bytes)
+            .ok_or_else(|| overflow_of(depth))?;
+        let sq_head = cq
+            .checked_add(cq_bytes)
+            .and_then(round_up)
+            .ok_or_else(|| overflow_of(depth))?;
+        let interrupt = sq_head + PART_ALIGN;
+        let size = interrupt + PART_ALIGN;
+        // SQ entries per cache line, when they tile lines exactly and the ring holds at least
+        // two lines' worth (see `index::sq_limit`).
+        let per_line = if sq_entry < ALIGN && ALIGN % sq_entry == 0 {
+            (ALIGN / sq_entry) as u32
+        } else {
+            1
+        };
+        let sq_per_line = if depth >= 2 * per_line { per_line } else { 1 };
+        Ok(Layout {
+            sq_per_line,
+            depth,
+            sq_entry,
+            cq_entry,
+            cq,
+            sq_head,
+            interrupt,
+            size,
+            phase_word: C::PHASE_WORD,
+            phase_bit: C::PHASE_BIT,
+        })
+    }
+
+    /// Entries in each of the SQ and the CQ.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Bytes of ring memory the queue pair needs.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Where the submission entries start (0).
+    pub fn sq_offset(&self) -> usize {
+        0
+    }
+
+    /// Where the completion entries start.
+    pub fn cq_offset(&self) -> usize {
+        self.cq
+    }
+
+    /// Where the device writes back the SQ head.
+    pub fn sq_head_offset(&self) -> usize {
+        self.sq_head
+    }
+
+    /// Where the host sets the interrupt request flag.
+    pub fn interrupt_offset(&self) -> usize {
+        self.interrupt
+    }
+
+    /// Bytes of one submission entry.
+    pub fn sq_entry_size(&self) -> usize {
+        self.sq_entry
+    }
+
+    /// Bytes of one completion entry.
+    pub fn cq_entry_size(&self) -> usize {
+        self.cq_entry
+    }
+
+    /// Checks that `memory` holds this layout.
+    pub(crate) fn check_memory(&self, memory: &Memory) -> Result<(), Error> {
+        if memory.len() < self.size {
+            return Err(Error::MemoryTooSmall {
+                len: memory.len(),
+                needed: self.size,
+                depth: self.depth,
+            });
+        }
+        Ok(())
+    }
+
+    /// SQ entries per cache line the host spares while the device reads it (1: none).
+    pub(crate) fn sq_per_line(&self) -> u32 {
+        self.sq_per_line
+    }
+
+    /// The byte offset of the SQ entry for counter `counter`.
+    #[inline]
+    pub(crate) fn sq_entry(&self, counter: u32) -> usize {
+        index::slot(counter, self.depth) as usize * self.sq_entry
+    }
+
+    /// The byte offset of the CQ entry for counter `counter`.
+    #[inline]
+    pub(crate) fn cq_entry(&self, counter: u32) -> usize {
+        self.cq + index::slot(counter, self.depth) as usize * self.cq_entry
+    }
+
+    /// The byte offset of the phase word of the CQ entry for counter `counter`.
+    #[inline]
+    pub(crate) fn cq_phase_word(&self, counter: u32) -> usize {
+        self.cq_entry(counter) + self.phase_word
+    }
+
+    /// Whether a CQ entry's phase word says it was written at `counter`.
+    #[inline]
+    pub(crate) fn is_current(&self, word: u32, counter: u32) -> bool {
+        (word & self.phase_bit != 0) == index::phase(counter, self.depth)
+    }
+
+    /// `word` with the phase bit of `counter`.
+    #[inline]
+    pub(crate) fn with_phase(&self, word: u32, counter: u32) -> u32 {
+        if index::phase(counter, self.depth) {
+            word | self.phase_bit
+        } else {
+            word & !self.phase_bit
+        }
+    }
+
+    /// The byte offset of the phase word within a CQ entry.
+    pub(crate) fn phase_word(&self) -> usize {
+        self.phase_word
+    }
+}
+
+fn overflow_of(depth: u32) -> Error {
+    Error::InvalidDepth {
+        depth,
+        max: MAX_DEPTH,
+    }
+}
+
+/// A queue pair's two doorbell registers, 32 bits each, in a register block: the SQ tail (the
+/// host writes the counter of its next submission entry) and the CQ head (the host writes the
+/// counter of its next completion entry). The device reads both. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Doorbells {
+    block: DynBlock,
+    sq_tail: usize,
+    cq_head: usize,
+}
+
+impl Doorbells {
+    /// The doorbells at `sq_tail` and `cq_head` in `block`: two distinct, 4-aligned 32-bit
+    /// registers inside it.
+    pub fn new(block: DynBlock, sq_tail: usize, cq_head: usize) -> Result<Doorbells, Error> {
+        for offset in [sq_tail, cq_head] {
+            mmio::check(offset, mmio::Width::U32, block.len())
+                .and_then(|()| {
+                    if (block.base() + offset) % 4 == 0 {
+                        Ok(())
+                    } else {
+                        Err(mmio::Error::Misaligned {
+                            offset,
+                            width: mmio::Width::U32,
+                        })
+                    }
+                })
+                .map_err(|source| Error::DoorbellOffset { offset, source })?;
+        }
+        if sq_tail == cq_head {
+            return Err(Error::SameDoorbell { offset: sq_tail });
+        }
+        Ok(Doorbells {
+            block,
+            sq_tail,
+            cq_head,
+        })
+    }
+
+    /// The register block.
+    pub fn block(&self) -> &DynBlock {
+        &self.block
+    }
+
+    /// The SQ tail doorbell's offset in the block.
+    pub fn sq_tail_offset(&self) -> usize {
+        self.sq_tail
+    }
+
+    /// The CQ head doorbell's offset in the block.
+    pub fn cq_head_offset(&self) -> usize {
+        self.cq_head
+    }
+
+    /// Host: announces SQ entries up to `tail`.
+    #[inline]
+    pub(crate) fn ring_sq(&self, queue: u16, tail: u32) -> Result<(), Error> {
+        // Release: every SQ entry the host wrote before this doorbell is visible to a device that
+        // sees the new tail (pairs with the fence(Acquire) in `DeviceQueue::fetch`). On x86-64
+        // this is a compiler barrier only: stores are not reordered with stores, and a BAR
+        // mapped uncached drains them in order, so the entries (write-back memory, coherent DMA)
+        // reach the device before the doorbell does; no sfence is needed unless the BAR is
+        // write-combining. On aarch64 a `dmb ishst` is not enough for a device: see below.
+        fence(Ordering::Release);
+        #[cfg(all(target_arch = "aarch64", not(loom)))]
+        dma_write_barrier();
+        self.block
+            .write::<u32>(self.sq_tail, tail)
+            .map_err(|source| Error::Doorbell {
+                queue,
+                which: "SQ tail",
+                source,
+            })
+    }
+
+    /// Host: tells the device the CQ entries before `head` were consumed.
+    #[inline]
+    pub(crate) fn ring_cq(&self, queue: u16, head: u32) -> Result<(), Error> {
+        // Release: the host's reads of the consumed entries come before the device can see the
+        // slots as free and overwrite them (pairs with the fence(Acquire) in
+        // `DeviceQueue::cq_room`).
+        fence(Ordering::Release);
+        self.block
+            .write::<u32>(self.cq_head, head)
+            .map_err(|source| Error::Doorbell {
+                queue,
+                which: "CQ head",
+                source,
+            })
+    }
+
+    /// Device: the SQ tail the host announced.
+    #[inline]
+    pub(crate) fn read_sq_tail(&self, queue: u16) -> Result<u32, Error> {
+        self.block
+            .read::<u32>(self.sq_tail)
+            .map_err(|source| Error::Doorbell {
+                queue,
+                which: "SQ tail",
+                source,
+            })
+    }
+
+    /// Device: the CQ head the host announced.
+    #[inline]
+    pub(crate) fn read_cq_head(&self, queue: u16) -> Result<u32, Error> {
+        self.block
+            .read::<u32>(self.cq_head)
+            .map_err(|source| Error::Doorbell {
+                queue,
+                which: "CQ head",
+                source,
+            })
+    }
+}
+
+/// aarch64: order normal-memory stores before a device write (Linux's `dma_wmb()`): the
+/// outer-shareable store barrier, which `fence(Release)` (inner-shareable) does not give.
+#[cfg(all(target_arch = "aarch64", not(loom)))]
+#[inline]
+fn dma_write_barrier() {
+    // SAFETY: a barrier instruction: no memory operands, no effect but ordering.
+    unsafe { std::arch::asm!("dmb oshst", options(nostack, preserves_flags)) };
+}

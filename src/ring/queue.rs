@@ -1,0 +1,820 @@
+//! [`Queue`]: the host side of one hardware queue pair — submitting descriptors with the buffers
+//! they name, one doorbell per batch, and taking completions back with those buffers.
+//!
+//! # Ownership
+//!
+//! [`Queue::push`] moves the payload (the buffers the descriptor names) into the in-flight table
+//! under a command id, which it writes into the descriptor; the device copies that id into the
+//! completion, and reaping it hands the payload back in a [`Done`]. Until then the host cannot
+//! read, reuse or drop it. A queue dropped with commands in flight first collects what the
+//! device finished, then asks the device to stop ([`Quiesce`]) and, only if that fails or there
+//! is no way to ask, leaks the payloads and the ring memory on purpose (counted in [`leaks`]):
+//! freeing memory a device may still write is the one thing it never does.
+//!
+//! # Orderings (host side; the device side is in `device.rs`)
+//!
+//! | host does | then | pairs with (device) |
+//! |---|---|---|
+//! | writes SQ entries | `fence(Release)`, SQ tail doorbell | doorbell read, `fence(Acquire)`, entries read |
+//! | reads SQ head write-back | `fence(Acquire)`, reuses those slots | entries read, `fence(Release)`, head written |
+//! | reads a CQ entry's phase word, sees it flipped | `fence(Acquire)`, reads the entry | entry written, `fence(Release)`, phase word written |
+//! | reads consumed CQ entries | `fence(Release)`, CQ head doorbell | doorbell read, `fence(Acquire)`, slots overwritten |
+//! | sets the interrupt flag | `fence(SeqCst)`, reads the CQ phase | phase written, `fence(SeqCst)`, flag read |
+//!
+//! The last row is a store-load (Dekker) pair: with a SeqCst fence on each side, at least one
+//! side sees the other's store, so either the host sees the completion before it sleeps or the
+//! device sees the flag and raises the interrupt. No wake-up is lost.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
+use std::time::Duration;
+
+use super::index;
+use super::{Completion, Doorbells, Error, Layout, Memory, Submission, POSTED};
+use crate::irq::EventFd;
+use crate::sync::{fence, Ordering};
+
+/// How a queue is set up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    depth: u32,
+    id: u16,
+    context: u32,
+    spin: Duration,
+}
+
+impl Config {
+    /// A queue pair of `depth` entries (a power of two, 2 to 32768), id 0, context 0, waits
+    /// that spin up to 20 µs before sleeping on the interrupt.
+    pub fn new(depth: u32) -> Config {
+        Config {
+            depth,
+            id: 0,
+            context: 0,
+            spin: Duration::from_micros(20),
+        }
+    }
+
+    /// The queue's id on its device (which doorbells and vector it uses).
+    pub fn with_id(mut self, id: u16) -> Config {
+        self.id = id;
+        self
+    }
+
+    /// The device context the queue's work runs in (an address space, a process, a model).
+    pub fn with_context(mut self, context: u32) -> Config {
+        self.context = context;
+        self
+    }
+
+    /// The longest a wait spins before sleeping on the interrupt (it adapts below that).
+    pub fn with_spin(mut self, spin: Duration) -> Config {
+        self.spin = spin;
+        self
+    }
+
+    /// Entries per ring.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// The queue id.
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    /// The context id.
+    pub fn context(&self) -> u32 {
+        self.context
+    }
+
+    /// The longest spin before sleeping.
+    pub fn spin(&self) -> Duration {
+        self.spin
+    }
+}
+
+/// A finished command: its id, the completion entry the device wrote, and the payload given at
+/// submission, handed back.
+#[derive(Debug)]
+pub struct Done<C, T> {
+    /// The command id.
+    pub id: u16,
+    /// The completion entry.
+    pub entry: C,
+    /// The payload (buffers) that was in flight.
+    pub payload: T,
+}
+
+/// A submission the queue did not take, with what was given, handed back.
+pub struct Rejected<D, T> {
+    /// Why.
+    pub error: Error,
+    /// The descriptor, unchanged.
+    pub descriptor: D,
+    /// The payload, unchanged.
+    pub payload: T,
+}
+
+impl<D, T> fmt::Debug for Rejected<D, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rejected")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D, T> fmt::Display for Rejected<D, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "submission rejected: {}", self.error)
+    }
+}
+
+impl<D, T> std::error::Error for Rejected<D, T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<D, T> From<Rejected<D, T>> for Error {
+    /// The error alone (the descriptor and payload are dropped: nothing was queued).
+    fn from(rejected: Rejected<D, T>) -> Error {
+        rejected.error
+    }
+}
+
+/// What a device offers to stop working on a queue: implemented by devices (the loopback
+/// device; a VFIO driver that can disable a queue or reset the function).
+pub trait Quiesce: Send {
+    /// Makes the device stop reading and writing queue `queue`'s ring memory and every buffer
+    /// its descriptors name, waiting up to `timeout` for it to have stopped. `Ok` only once the
+    /// device will touch none of it again.
+    fn quiesce(&mut self, queue: u16, timeout: Duration) -> io::Result<()>;
+}
+
+/// What a queue has done. Host-only counters (the queue is used by one thread).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Commands submitted (with a payload, expecting a completion).
+    pub submitted: u64,
+    /// Posted descriptors (no completion).
+    pub posted: u64,
+    /// Completions reaped.
+    pub completed: u64,
+    /// SQ tail doorbell writes.
+    pub sq_doorbells: u64,
+    /// CQ head doorbell writes.
+    pub cq_doorbells: u64,
+    /// Submissions refused because the SQ or the command ids were exhausted.
+    pub full: u64,
+    /// Waits that slept on the interrupt (the rest were satisfied while spinning).
+    pub sleeps: u64,
+}
+
+/// What queues have leaked so far in this process: each leaked queue keeps its ring memory
+/// mapped and its in-flight payloads alive forever, because the device could not be stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Leaks {
+    /// Queues whose ring memory was leaked.
+    pub queues: u64,
+    /// In-flight payloads leaked with them.
+    pub payloads: u64,
+}
+
+// Process-wide statistics, updated Relaxed (nothing is synchronised through them). std's
+// atomics: a static cannot hold loom's, and loom does not model these.
+static LEAKED_QUEUES: StdAtomicU64 = StdAtomicU64::new(0);
+static LEAKED_PAYLOADS: StdAtomicU64 = StdAtomicU64::new(0);
+
+/// What queues have leaked so far in this process (see [`Leaks`]).
+pub fn leaks() -> Leaks {
+    Leaks {
+        queues: LEAKED_QUEUES.load(StdOrdering::Relaxed),
+        payloads: LEAKED_PAYLOADS.load(StdOrdering::Relaxed),
+    }
+}
+
+/// The outcome of [`Queue::shutdown`].
+#[derive(Debug)]
+pub struct Shutdown<C, T> {
+    /// Commands that completed, in completion order.
+    pub completed: Vec<Done<C, T>>,
+    /// Commands the device was stopped before completing: their ids and payloads, safe to reuse
+    /// (the device no longer touches them).
+    pub aborted: Vec<(u16, T)>,
+}
+
+/// How long a queue dropped with work in flight gives its device to stop.
+pub const DROP_QUIESCE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The host side of one hardware queue pair (a submission ring, a completion ring, their
+/// doorbells and an interrupt vector) with descriptors `D`, completions `C` and in-flight
+/// payloads `T`. Used by one thread at a time (`&mut self`); `Send` to move between threads.
+pub struct Queue<D: Submission, C: Completion, T: Send> {
+    pub(super) id: u16,
+    pub(super) context: u32,
+    pub(super) layout: Layout,
+    pub(super) memory: Memory,
+    pub(super) doorbells: Doorbells,
+    pub(super) interrupt: Option<std::sync::Arc<EventFd>>,
+    pub(super) quiesce: Option<Box<dyn Quiesce>>,
+    /// Counter of the next SQ entry to write.
+    pub(super) sq_tail: u32,
+    /// The SQ tail last written to the doorbell.
+    pub(super) sq_announced: u32,
+    /// The device's SQ head, as last read from the write-back.
+    pub(super) sq_head: u32,
+    /// The SQ counter the host may write up to (see `index::sq_limit`), from that head.
+    pub(super) sq_limit: u32,
+    /// Counter of the next CQ entry to read.
+    pub(super) cq_head: u32,
+    /// The CQ head last written to the doorbell.
+    pub(super) cq_announced: u32,
+    /// In-flight payloads by command id.
+    pub(super) slots: Box<[Option<T>]>,
+    /// Free command ids (a stack).
+    pub(super) free_ids: Vec<u16>,
+    /// Completions reaped while waiting for room, handed out first.
+    pub(super) pending: VecDeque<Done<C, T>>,
+    /// The interrupt flag is set in ring memory.
+    pub(super) armed: bool,
+    /// The current spin budget of a wait, adapted between 0 and `max_spin`.
+    pub(super) spin: Duration,
+    pub(super) max_spin: Duration,
+    /// This queue's key with the interrupt reactor (futures).
+    #[cfg(not(loom))]
+    pub(super) reactor_key: u64,
+    pub(super) stats: Stats,
+    /// `shutdown` has already settled everything; drop does nothing more.
+    pub(super) closed: bool,
+    pub(super) _entries: PhantomData<(D, C)>,
+}
+
+impl<D: Submission, C: Completion, T: Send> fmt::Debug for Queue<D, C, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Queue")
+            .field("id", &self.id)
+            .field("context", &self.context)
+            .field("layout", &self.layout)
+            .field("iova", &format_args!("{:#x}", self.memory.iova()))
+            .field("sq_tail", &self.sq_tail)
+            .field("sq_head", &self.sq_head)
+            .field("cq_head", &self.cq_head)
+            .field("in_flight", &self.in_flight())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
+    /// A queue pair in `memory` (laid out per [`Layout::new`]), ringing `doorbells`, woken by
+    /// `interrupt` (`None`: waits busy-poll). Zeroes the ring memory and both doorbells: create
+    /// the queue before the device starts serving it.
+    pub fn new(
+        config: Config,
+        memory: Memory,
+        doorbells: Doorbells,
+        interrupt: Option<EventFd>,
+    ) -> Result<Self, Error> {
+        let layout = Layout::new::<D, C>(config.depth)?;
+        layout.check_memory(&memory)?;
+        memory.zero(0, layout.size());
+        let id = config.id;
+        doorbells.ring_sq(id, 0)?;
+        doorbells.ring_cq(id, 0)?;
+        let depth = config.depth;
+        let slots: Box<[Option<T>]> = (0..depth).map(|_| None).collect();
+        // Ids are handed out lowest first; `depth <= 2^15`, so each fits in a u16.
+        let free_ids: Vec<u16> = (0..depth).rev().map(|i| i as u16).collect();
+        Ok(Queue {
+            id,
+            context: config.context,
+            layout,
+            memory,
+            doorbells,
+            interrupt: interrupt.map(std::sync::Arc::new),
+            quiesce: None,
+            sq_tail: 0,
+            sq_announced: 0,
+            sq_head: 0,
+            sq_limit: depth,
+            cq_head: 0,
+            cq_announced: 0,
+            slots,
+            free_ids,
+            pending: VecDeque::with_capacity(depth as usize),
+            armed: false,
+            spin: config.spin,
+            max_spin: config.spin,
+            #[cfg(not(loom))]
+            reactor_key: crate::irq::reactor::next_key(),
+            stats: Stats::default(),
+            closed: false,
+            _entries: PhantomData,
+        })
+    }
+
+    /// How to stop the device if the queue is dropped (or shut down) with work in flight.
+    pub fn set_quiesce(&mut self, quiesce: impl Quiesce + 'static) {
+        self.quiesce = Some(Box::new(quiesce));
+    }
+
+    /// The queue id.
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    /// The device context.
+    pub fn context(&self) -> u32 {
+        self.context
+    }
+
+    /// Entries per ring.
+    pub fn depth(&self) -> u32 {
+        self.layout.depth()
+    }
+
+    /// Where the parts are in ring memory.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The ring memory (its IOVA is what the device is given).
+    pub fn memory(&self) -> &Memory {
+        &self.memory
+    }
+
+    /// The doorbells.
+    pub fn doorbells(&self) -> &Doorbells {
+        &self.doorbells
+    }
+
+    /// The interrupt eventfd, if the queue has one (register it with an
+    /// [`irq::Waiter`](crate::irq::Waiter) to wait on several queues).
+    pub fn interrupt(&self) -> Option<&EventFd> {
+        self.interrupt.as_deref()
+    }
+
+    /// Commands whose payloads the queue holds (submitted, not yet reaped).
+    pub fn in_flight(&self) -> usize {
+        self.slots.len() - self.free_ids.len()
+    }
+
+    /// What the queue has done.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Entries written since the last doorbell (waiting for [`Queue::flush`]).
+    pub fn unflushed(&self) -> u32 {
+        index::used(self.sq_tail, self.sq_announced)
+    }
+
+    /// Reads the device's SQ head write-back.
+    pub(super) fn refresh_sq_head(&mut self) -> Result<(), Error> {
+        let head = self.memory.load_u32(self.layout.sq_head_offset());
+        // Acquire: the device's reads of the entries before `head` happen before the host
+        // overwrites those slots (pairs with the fence(Release) in `DeviceQueue::release`).
+        fence(Ordering::Acquire);
+        if !index::advance_ok(self.sq_head, head, self.sq_announced) {
+            return Err(Error::DeviceSqHead {
+                queue: self.id,
+                head,
+                old: self.sq_head,
+                tail: self.sq_announced,
+            });
+        }
+        self.sq_head = head;
+        let layout = &self.layout;
+        self.sq_limit = index::sq_limit(head, self.sq_tail, layout.depth(), layout.sq_per_line());
+        Ok(())
+    }
+
+    /// Free SQ slots, re-reading the device's head only when the cached one says none.
+    #[inline]
+    pub(super) fn sq_room(&mut self) -> Result<u32, Error> {
+        let room = index::room(self.sq_tail, self.sq_limit, self.layout.depth());
+        if room > 0 {
+            return Ok(room);
+        }
+        self.sq_room_refreshed()
+    }
+
+    /// [`Queue::sq_room`] after reading the write-back: the uncommon path.
+    #[cold]
+    #[inline(never)]
+    fn sq_room_refreshed(&mut self) -> Result<u32, Error> {
+        self.refresh_sq_head()?;
+        Ok(index::room(
+            self.sq_tail,
+            self.sq_limit,
+            self.layout.depth(),
+        ))
+    }
+
+    /// Why a submission cannot be queued, given the room found (an error, no SQ slot, or, for
+    /// a command that needs one, no free command id); counted in the stats.
+    #[cold]
+    #[inline(never)]
+    fn refusal(&mut self, room: Result<u32, Error>, id: bool) -> Error {
+        match room {
+            Err(error) => error,
+            Ok(0) => {
+                self.stats.full += 1;
+                Error::Full {
+                    queue: self.id,
+                    depth: self.depth(),
+                }
+            }
+            Ok(_) => {
+                debug_assert!(id);
+                self.stats.full += 1;
+                Error::NoCommandId {
+                    queue: self.id,
+                    in_flight: self.in_flight(),
+                }
+            }
+        }
+    }
+
+    /// Writes `desc` into the next SQ slot (the caller checked there is one).
+    #[inline]
+    fn write_sq(&mut self, desc: &D) {
+        let offset = self.layout.sq_entry(self.sq_tail);
+        self.memory.write_entry(offset, desc, None);
+        self.sq_tail = self.sq_tail.wrapping_add(1);
+    }
+
+    /// Queues a command without ringing the doorbell: moves `payload` into the in-flight table,
+    /// writes its id into `desc` and `desc` into the SQ. Returns the command id. Nothing is
+    /// queued on error, and both are handed back.
+    #[inline]
+    pub fn push(&mut self, mut desc: D, payload: T) -> Result<u16, Rejected<D, T>> {
+        let room = self.sq_room();
+        let id = match (&room, self.free_ids.last()) {
+            (Ok(1..), Some(&id)) => id,
+            _ => {
+                let error = self.refusal(room, true);
+                return Err(Rejected {
+                    error,
+                    descriptor: desc,
+                    payload,
+                });
+            }
+        };
+        self.free_ids.pop();
+        desc.set_command_id(id);
+        self.slots[usize::from(id)] = Some(payload);
+        self.write_sq(&desc);
+        self.stats.submitted += 1;
+        Ok(id)
+    }
+
+    /// Queues a descriptor that gets no completion (command id [`POSTED`]), without ringing
+    /// the doorbell: a command that names no host memory (a fence, a context switch, a doorbell
+    /// to another engine). Its SQ slot is free again once the device has read it.
+    ///
+    /// # Safety
+    /// Any host memory the descriptor names must stay valid and unreferenced until the caller
+    /// knows, by other means, that the device is done with it: no completion will say so, and
+    /// the queue holds nothing for it.
+    #[inline]
+    pub unsafe fn post(&mut self, mut desc: D) -> Result<(), Rejected<D, ()>> {
+        let room = self.sq_room();
+        if !matches!(room, Ok(1..)) {
+            let error = self.refusal(room, false);
+            return Err(Rejected {
+                error,
+                descriptor: desc,
+                payload: (),
+            });
+        }
+        desc.set_command_id(POSTED);
+        self.write_sq(&desc);
+        self.stats.posted += 1;
+        Ok(())
+    }
+
+    /// Queues as many commands from `items` as there are SQ slots and command ids for, without
+    /// ringing the doorbell (one [`Queue::flush`] for the burst): the burst form of
+    /// [`Queue::push`], with the queue's state held in registers across the burst. Takes an
+    /// item from `items` only when it can queue it, so what is left stays in the iterator.
+    /// Returns how many were queued (0 when the ring or the ids are exhausted).
+    pub fn push_burst<I: Iterator<Item = (D, T)>>(&mut self, items: &mut I) -> Result<u32, Error> {
+        let room = self.sq_room()?;
+        let ids = u32::try_from(self.free_ids.len()).unwrap_or(u32::MAX);
+        let max = room.min(ids);
+        if max == 0 {
+            let error = self.refusal(Ok(room), true);
+            if matches!(error, Error::Full { .. } | Error::NoCommandId { .. }) {
+                return Ok(0);
+            }
+            return Err(error);
+        }
+        let layout = self.layout;
+        let mut tail = self.sq_tail;
+        let mut count = 0;
+        while count < max {
+            let Some((mut desc, payload)) = items.next() else {
+                break;
+            };
+            // `max <= free_ids.len()`: an id is there.
+            let Some(id) = self.free_ids.pop() else {
+                break;
+            };
+            desc.set_command_id(id);
+            self.slots[usize::from(id)] = Some(payload);
+            self.memory.write_entry(layout.sq_entry(tail), &desc, None);
+            tail = tail.wrapping_add(1);
+            count += 1;
+        }
+        self.sq_tail = tail;
+        self.stats.submitted += u64::from(count);
+        Ok(count)
+    }
+
+    /// Queues as many descriptors from `descs` as there are SQ slots for, as posted descriptors
+    /// (see [`Queue::post`]), without ringing the doorbell: the burst form of `post`. Takes a
+    /// descriptor from `descs` only when it can queue it, so what is left stays in the iterator.
+    /// Returns how many were queued (0 when the ring is full). Descriptors made by the iterator
+    /// (a `map` over the burst) go straight from registers into the ring.
+    ///
+    /// # Safety
+    /// As for [`Queue::post`], for every descriptor queued.
+    pub unsafe fn post_burst<I: Iterator<Item = D>>(
+        &mut self,
+        descs: &mut I,
+    ) -> Result<u32, Error> {
+        let room = self.sq_room()?;
+        if room == 0 {
+            self.stats.full += 1;
+            return Ok(0);
+        }
+        let layout = self.layout;
+        let mut tail = self.sq_tail;
+        let mut count = 0;
+        while count < room {
+            let Some(mut desc) = descs.next() else {
+                break;
+            };
+            desc.set_command_id(POSTED);
+            self.memory.write_entry(layout.sq_entry(tail), &desc, None);
+            tail = tail.wrapping_add(1);
+            count += 1;
+        }
+        self.sq_tail = tail;
+        self.stats.posted += u64::from(count);
+        Ok(count)
+    }
+
+    /// Rings the SQ doorbell once for everything queued since the last flush (nothing if
+    /// nothing was). If the write fails, the entries stay queued and the next flush retries.
+    #[inline]
+    pub fn flush(&mut self) -> Result<(), Error> {
+        if self.sq_tail == self.sq_announced {
+            return Ok(());
+        }
+        self.doorbells.ring_sq(self.id, self.sq_tail)?;
+        self.sq_announced = self.sq_tail;
+        self.stats.sq_doorbells += 1;
+        Ok(())
+    }
+
+    /// [`Queue::push`] then [`Queue::flush`]: one command, one doorbell. If the push fails the
+    /// payload is dropped (use `push` to get it back); if the doorbell fails, the command stays
+    /// queued (in flight) and the next flush announces it.
+    pub fn submit(&mut self, desc: D, payload: T) -> Result<u16, Error> {
+        let id = self.push(desc, payload)?;
+        self.flush()?;
+        Ok(id)
+    }
+
+    /// Whether a completion is waiting (reaped earlier, or in the CQ).
+    #[inline]
+    pub fn is_ready(&self) -> bool {
+        !self.pending.is_empty() || self.cq_ready()
+    }
+
+    /// Whether the CQ entry at the head has the current phase.
+    #[inline]
+    pub(super) fn cq_ready(&self) -> bool {
+        let word = self
+            .memory
+            .load_u32(self.layout.cq_phase_word(self.cq_head));
+        self.layout.is_current(word, self.cq_head)
+    }
+
+    /// Takes the CQ entry at the head, if the device wrote it, without a doorbell.
+    #[inline]
+    fn take_cq(&mut self) -> Result<Option<Done<C, T>>, Error> {
+        if !self.cq_ready() {
+            return Ok(None);
+        }
+        // Acquire: the entry's other words, written before the device's fence(Release) and
+        // phase store, are read only after the phase flip was seen (pairs with the
+        // fence(Release) in `DeviceQueue::complete`).
+        fence(Ordering::Acquire);
+        let entry: C = self.memory.read_entry(self.layout.cq_entry(self.cq_head));
+        self.cq_head = self.cq_head.wrapping_add(1);
+        let id = entry.command_id();
+        let payload = self
+            .slots
+            .get_mut(usize::from(id))
+            .and_then(Option::take)
+            .ok_or(Error::UnknownCommand { queue: self.id, id })?;
+        self.free_ids.push(id);
+        self.stats.completed += 1;
+        Ok(Some(Done { id, entry, payload }))
+    }
+
+    /// Rings the CQ head doorbell if entries were consumed since the last one.
+    #[inline]
+    pub(super) fn announce_cq(&mut self) -> Result<(), Error> {
+        if self.cq_head == self.cq_announced {
+            return Ok(());
+        }
+        self.doorbells.ring_cq(self.id, self.cq_head)?;
+        self.cq_announced = self.cq_head;
+        self.stats.cq_doorbells += 1;
+        Ok(())
+    }
+
+    /// Takes one completion, if there is one, without waiting. Rings the CQ head doorbell when
+    /// the CQ has nothing more, or half of it was consumed unannounced (so a loop of `poll_one`
+    /// costs one doorbell per batch, like [`Queue::reap`]).
+    #[inline]
+    pub fn poll_one(&mut self) -> Result<Option<Done<C, T>>, Error> {
+        if let Some(done) = self.pending.pop_front() {
+            return Ok(Some(done));
+        }
+        let taken = self.take_cq();
+        let unannounced = index::used(self.cq_head, self.cq_announced);
+        if unannounced > 0 && (unannounced >= self.depth() / 2 || !self.cq_ready()) {
+            self.announce_cq()?;
+        }
+        taken
+    }
+
+    /// Takes up to `max` completions, giving each to `f`, then rings the CQ head doorbell once.
+    /// Returns how many. A completion naming an id that is not in flight is an error (after
+    /// the doorbell for the ones before it).
+    pub fn reap(&mut self, max: usize, mut f: impl FnMut(Done<C, T>)) -> Result<usize, Error> {
+        let mut count = 0;
+        while count < max {
+            if let Some(done) = self.pending.pop_front() {
+                f(done);
+                count += 1;
+                continue;
+            }
+            match self.take_cq() {
+                Ok(Some(done)) => {
+                    f(done);
+                    count += 1;
+                }
+                Ok(None) => break,
+                Err(err) => {
+                    self.announce_cq()?;
+                    return Err(err);
+                }
+            }
+        }
+        self.announce_cq()?;
+        Ok(count)
+    }
+
+    /// Moves every completion in the CQ into `pending` (to make room while waiting).
+    pub(super) fn collect(&mut self) -> Result<(), Error> {
+        while let Some(done) = self.take_cq()? {
+            self.pending.push_back(done);
+        }
+        self.announce_cq()
+    }
+
+    /// Payloads of entries pushed but never announced: the device cannot have seen them
+    /// (it reads only up to the SQ tail doorbell), so they are safe to hand back.
+    fn take_unannounced(&mut self) -> Vec<(u16, T)> {
+        let mut taken = Vec::new();
+        while self.sq_tail != self.sq_announced {
+            self.sq_tail = self.sq_tail.wrapping_sub(1);
+            let desc: D = self.memory.read_entry(self.layout.sq_entry(self.sq_tail));
+            let id = desc.command_id();
+            if let Some(payload) = self.slots.get_mut(usize::from(id)).and_then(Option::take) {
+                self.free_ids.push(id);
+                taken.push((id, payload));
+            }
+        }
+        taken
+    }
+
+    /// Nothing of the queue is in the device's hands: no command in flight, every announced SQ
+    /// entry read.
+    fn quiet(&mut self) -> bool {
+        self.refresh_sq_head().is_ok() && self.in_flight() == 0 && self.sq_head == self.sq_announced
+    }
+
+    /// Keeps the ring memory and every in-flight payload alive forever, and counts it.
+    fn leak(&mut self) -> usize {
+        let mut count = 0u64;
+        for slot in self.slots.iter_mut() {
+            if let Some(payload) = slot.take() {
+                std::mem::forget(payload);
+                count += 1;
+            }
+        }
+        // The device may still write the rings: their memory must never be unmapped.
+        std::mem::forget(self.memory.clone());
+        LEAKED_QUEUES.fetch_add(1, StdOrdering::Relaxed);
+        LEAKED_PAYLOADS.fetch_add(count, StdOrdering::Relaxed);
+        self.closed = true;
+        count as usize
+    }
+
+    /// Stops the queue: announces what is queued, waits up to `timeout` for every command to
+    /// complete and returns the completions. If some are still in flight then, asks the device
+    /// to stop ([`Quiesce`], with the same timeout) and hands back their payloads as aborted.
+    /// If the device cannot be stopped, the payloads and ring memory are leaked (see [`leaks`])
+    /// and the error says how many.
+    pub fn shutdown(mut self, timeout: Duration) -> Result<Shutdown<C, T>, Error> {
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        let mut completed = Vec::new();
+        let mut aborted = if self.flush().is_err() {
+            self.take_unannounced()
+        } else {
+            Vec::new()
+        };
+        loop {
+            self.collect()?;
+            completed.extend(self.pending.drain(..));
+            if self.quiet() {
+                self.closed = true;
+                return Ok(Shutdown { completed, aborted });
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            if left == Some(Duration::ZERO) {
+                break;
+            }
+            match self.wait_ready(left) {
+                Ok(()) | Err(Error::Timeout { .. }) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        let in_flight = self.in_flight();
+        let result = match self.quiesce.as_mut() {
+            Some(quiesce) => quiesce.quiesce(self.id, timeout),
+            None => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no Quiesce given (Queue::set_quiesce)",
+            )),
+        };
+        match result {
+            Ok(()) => {
+                // Stopped: what it completed meanwhile is in the CQ; the rest is aborted.
+                self.collect()?;
+                completed.extend(self.pending.drain(..));
+                for (id, slot) in self.slots.iter_mut().enumerate() {
+                    if let Some(payload) = slot.take() {
+                        aborted.push((id as u16, payload));
+                    }
+                }
+                self.closed = true;
+                Ok(Shutdown { completed, aborted })
+            }
+            Err(source) => {
+                let leaked = self.leak();
+                Err(Error::Quiesce {
+                    queue: self.id,
+                    in_flight,
+                    leaked,
+                    source,
+                })
+            }
+        }
+    }
+}
+
+impl<D: Submission, C: Completion, T: Send> Drop for Queue<D, C, T> {
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        // Entries the device never heard of are simply dropped.
+        drop(self.take_unannounced());
+        // Whatever the device finished is handed back (and dropped here).
+        let _ = self.collect();
+        self.pending.clear();
+        if self.quiet() {
+            return;
+        }
+        let stopped = match self.quiesce.as_mut() {
+            Some(quiesce) => quiesce.quiesce(self.id, DROP_QUIESCE_TIMEOUT).is_ok(),
+            None => false,
+        };
+        if !stopped {
+            self.leak();
+        }
+        // Stopped: the payloads drop with the queue; the device no longer touches them.
+    }
+}

@@ -1,0 +1,347 @@
+#!/usr/bin/env bash
+# userdma's QEMU guest tests: boots small Linux guests with QEMU's emulated `edu` PCI device and
+# an emulated NVMe controller, runs the statically linked test program (the `guest_suite`
+# example, tests/guest/suite/) inside each, and reports every case.
+#
+#   tests/guest/run.sh                  # every boot (what scripts/guest-test.sh runs)
+#   BOOTS=iommu-pt tests/guest/run.sh   # some boots only (space-separated names)
+#
+# The boots (their cases are listed by `guest_suite --list BOOT`):
+#   iommu-pt      q35 + emulated Intel IOMMU, intel_iommu=on iommu=pt (VFIO type1, UIO physical DMA)
+#   iommu-strict  q35 + emulated Intel IOMMU, translated (isolation: unmapped DMA is refused)
+#   noiommu       q35 without IOMMU, vfio rebuilt with CONFIG_VFIO_NOIOMMU (no-IOMMU VFIO, UIO)
+#
+# Environment:
+#   ACCEL=tcg|kvm|auto  how QEMU runs the guest (default tcg). auto boots a short probe guest
+#                       with KVM and falls back to tcg if it does not come up (some hosts' KVM
+#                       cannot boot a stock kernel); kvm fails if /dev/kvm is not usable.
+#   BOOTS               boots to run (default: all)
+#   BOOT_TIMEOUT        seconds one boot may take before it fails (default 300)
+#   USERDMA_CACHE       download cache root (default ~/.cache/userdma); packages go to guest/debs
+#
+# Installs what it needs from Debian (qemu-system-x86, busybox-static, ...; apt-get update at
+# most once), downloads the distribution kernel named by linux-image-amd64 (not installed:
+# unpacked), and builds into target/guest. Prints PASS/FAIL per case as BOOT/CASE, and ends with
+# "N passed, M failed"; exits non-zero when a case failed, a planned case did not report, a
+# setup step failed, or a guest did not finish in time. Nothing is skipped.
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+HERE=tests/guest
+OUT=target/guest
+CACHE=${USERDMA_CACHE:-${HOME:?set HOME or USERDMA_CACHE}/.cache/userdma}/guest
+DEBS=$CACHE/debs
+ACCEL=${ACCEL:-tcg}
+BOOT_TIMEOUT=${BOOT_TIMEOUT:-300}
+TRIPLE=x86_64-unknown-linux-gnu
+SUITE=$OUT/cargo/$TRIPLE/release/examples/guest_suite
+T0=$(date +%s)
+
+log() { printf '=== [%4ss] %s\n' "$(($(date +%s) - T0))" "$*"; }
+PASSED=0
+FAILED=0
+die() {
+	echo "guest-test: $*" >&2
+	echo "guest: $PASSED passed, $((FAILED + 1)) failed"
+	exit 1
+}
+# A command that fails outside a check of its own still ends the run with a result line.
+trap 'die "a command failed at line $LINENO of $0"' ERR
+
+# ---- host packages ----------------------------------------------------------------------------
+APT_UPDATED=0
+apt_update_once() {
+	[ "$APT_UPDATED" = 1 ] && return 0
+	[ "$(id -u)" = 0 ] || die "apt-get update needs root (run as root, or install the packages and the kernel by hand)"
+	log "apt-get update"
+	apt-get -o DPkg::Lock::Timeout=600 update -qq || die "apt-get update failed: is the Debian archive reachable?"
+	APT_UPDATED=1
+}
+
+apt_install() { # apt_install PKG...: installs the packages that are missing
+	local missing=() p
+	for p in "$@"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && return 0
+	[ "$(id -u)" = 0 ] || die "missing packages: ${missing[*]} (apt-get install ${missing[*]}, as root)"
+	apt_update_once
+	log "apt-get install ${missing[*]}"
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+		--no-install-recommends "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
+}
+
+# ---- which boots --------------------------------------------------------------------------------
+ALL_BOOTS="iommu-pt iommu-strict noiommu"
+BOOTS=${BOOTS:-$ALL_BOOTS}
+for b in $BOOTS; do
+	case " $ALL_BOOTS " in *" $b "*) ;; *) die "unknown boot '$b' in BOOTS (known: $ALL_BOOTS)" ;; esac
+done
+NEED_NOIOMMU=0
+case " $BOOTS " in *" noiommu "*) NEED_NOIOMMU=1 ;; esac
+
+log "host packages"
+apt_install qemu-system-x86 busybox-static xz-utils zstd cpio file binutils
+command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 is not on PATH after installing qemu-system-x86"
+qemu-system-x86_64 -device help 2>/dev/null | grep -q '"edu"' || die "this QEMU has no edu device"
+file -L /bin/busybox | grep -qE 'static(-pie)? linked|statically linked' ||
+	die "/bin/busybox is not statically linked (apt-get install busybox-static)"
+
+# ---- the guest kernel ---------------------------------------------------------------------------
+# The kernel linux-image-amd64 depends on now, and its package version (the source, headers and
+# kbuild packages for the no-IOMMU rebuild must have the same one).
+resolve_kernel() {
+	KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null |
+		sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*\)$/\1/p' | head -n 1 || true)
+	KVER=${KPKG#linux-image-}
+	KVERSION=
+	if [ -n "$KPKG" ]; then
+		KVERSION=$(apt-cache show --no-all-versions "$KPKG" 2>/dev/null | sed -n 's/^Version: //p' | head -n 1 || true)
+	fi
+}
+resolve_kernel
+if [ -z "$KPKG" ] || [ -z "$KVERSION" ] || [ ! -f "$OUT/kernel/$KVER/complete" ] ||
+	{ [ "$NEED_NOIOMMU" = 1 ] && [ ! -f "$OUT/kernel/$KVER/noiommu/vfio.ko" ]; }; then
+	# Not built yet: make sure the package lists are current before choosing what to download.
+	apt_update_once
+	resolve_kernel
+fi
+if [ -z "$KPKG" ] || [ -z "$KVERSION" ]; then
+	die "cannot resolve the kernel package: 'apt-cache depends linux-image-amd64' names no linux-image-* (is this Debian amd64 with its archive in sources.list?)"
+fi
+KDIR=$OUT/kernel/$KVER
+log "guest kernel $KPKG $KVERSION"
+
+fetch_deb() { # fetch_deb PKG: downloads PKG at $KVERSION into $DEBS (once); its path in FETCHED
+	local pkg=$1 f
+	mkdir -p "$DEBS"
+	f=$(find "$DEBS" -maxdepth 1 -name "${pkg}_${KVERSION}_*.deb" | head -n 1)
+	if [ -z "$f" ]; then
+		apt_update_once
+		echo "apt-get download $pkg=$KVERSION" >&2
+		# Older versions of the same package are of no further use.
+		find "$DEBS" -maxdepth 1 -name "${pkg}_*.deb" -delete
+		(cd "$DEBS" && apt-get download -q "$pkg=$KVERSION" 2>&1 | grep -v 'unsandboxed' >&2) || true
+		f=$(find "$DEBS" -maxdepth 1 -name "${pkg}_${KVERSION}_*.deb" | head -n 1)
+		[ -n "$f" ] || die "cannot download $pkg=$KVERSION from the Debian archive"
+	fi
+	FETCHED=$f
+}
+
+MODULES="virt/lib/irqbypass drivers/vfio/vfio drivers/vfio/vfio_iommu_type1 drivers/vfio/vfio_virqfd
+drivers/vfio/pci/vfio-pci-core drivers/vfio/pci/vfio-pci drivers/uio/uio drivers/uio/uio_pci_generic"
+
+prepare_kernel() {
+	local deb tmp bz off m f name
+	fetch_deb "$KPKG"
+	deb=$FETCHED
+	log "unpacking $(basename "$deb")"
+	rm -rf "$KDIR"
+	tmp=$KDIR/unpacked
+	mkdir -p "$tmp" "$KDIR/modules"
+	dpkg --fsys-tarfile "$deb" | tar -x -C "$tmp" --wildcards "./boot/vmlinuz-$KVER" "./boot/config-$KVER" \
+		"./lib/modules/$KVER/kernel/drivers/vfio/*" "./lib/modules/$KVER/kernel/drivers/uio/*" \
+		"./lib/modules/$KVER/kernel/virt/lib/*" || die "unpacking $deb failed"
+	cp "$tmp/boot/config-$KVER" "$KDIR/config"
+	# busybox insmod reads plain .ko files only.
+	for m in $MODULES; do
+		f=$(find "$tmp/lib/modules/$KVER/kernel/$(dirname "$m")" -maxdepth 1 -name "$(basename "$m").ko*" | head -n 1)
+		[ -n "$f" ] || die "$deb has no module $m"
+		name=$KDIR/modules/$(basename "$m").ko
+		case "$f" in
+		*.ko.xz) xz -dc "$f" >"$name" ;;
+		*.ko.zst) zstd -dcq "$f" >"$name" ;;
+		*.ko.gz) gzip -dc "$f" >"$name" ;;
+		*.ko) cp "$f" "$name" ;;
+		*) die "unknown module compression: $f" ;;
+		esac
+	done
+	# Boot the uncompressed ELF image when it can be cut out of the bzImage: QEMU then enters it
+	# through PVH and skips the real-mode setup and the decompression, which under software
+	# emulation saves several seconds a boot. The xz stream is followed by other data, so xz
+	# exits non-zero; the ELF check says whether it worked.
+	bz=$tmp/boot/vmlinuz-$KVER
+	off=$(LC_ALL=C grep -obUaP '\xfd7zXZ\x00' "$bz" | head -n 1 | cut -d: -f1 || true)
+	if [ -n "$off" ]; then
+		tail -c +$((off + 1)) "$bz" | xz -dcq >"$KDIR/vmlinux" 2>/dev/null || true
+	fi
+	if [ -s "$KDIR/vmlinux" ] && file "$KDIR/vmlinux" | grep -q 'ELF 64-bit'; then
+		echo "kernel image: uncompressed vmlinux (PVH entry)"
+	else
+		echo "kernel image: the bzImage (no xz payload found to unpack)"
+		cp "$bz" "$KDIR/vmlinux"
+	fi
+	rm -rf "$tmp"
+	touch "$KDIR/complete"
+}
+[ -f "$KDIR/complete" ] || prepare_kernel
+
+if [ "$NEED_NOIOMMU" = 1 ] && [ ! -f "$KDIR/noiommu/vfio.ko" ]; then
+	gcc_version=$(sed -n 's/^CONFIG_GCC_VERSION=//p' "$KDIR/config")
+	[ -n "$gcc_version" ] || die "$KDIR/config has no CONFIG_GCC_VERSION"
+	apt_install "gcc-$((gcc_version / 10000))" make bc libelf1 libc6-dev
+	branch=$(echo "$KVERSION" | cut -d. -f1,2)
+	kabi=${KVER%-amd64}
+	fetch_deb "linux-source-$branch"
+	src=$FETCHED
+	fetch_deb "linux-headers-$KVER"
+	hdr=$FETCHED
+	fetch_deb "linux-headers-$kabi-common"
+	common=$FETCHED
+	fetch_deb "linux-kbuild-$branch"
+	kbuild=$FETCHED
+	log "rebuilding vfio.ko with CONFIG_VFIO_NOIOMMU"
+	mkdir -p "$KDIR/noiommu"
+	"$HERE/noiommu-vfio.sh" "$KVER" "$src" "$hdr" "$common" "$kbuild" "$KDIR/noiommu/vfio.ko" ||
+		die "the no-IOMMU vfio.ko could not be built (needed by the noiommu boot)"
+fi
+
+# ---- the test program -----------------------------------------------------------------------------
+log "building the guest test program (static, $TRIPLE)"
+rustup target list --installed 2>/dev/null | grep -qx "$TRIPLE" || rustup target add "$TRIPLE" ||
+	die "the Rust target $TRIPLE is not installed and rustup could not add it"
+RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$OUT/cargo \
+	cargo build --release --locked --quiet --target "$TRIPLE" --example guest_suite ||
+	die "building the guest_suite example failed"
+file "$SUITE" | grep -qE 'static(-pie)? linked|statically linked' || die "$SUITE is not statically linked"
+suite_boots=$("$SUITE" --boots | tr '\n' ' ')
+[ "$suite_boots" = "$ALL_BOOTS " ] ||
+	die "run.sh knows the boots '$ALL_BOOTS' but guest_suite --boots says '$suite_boots': update both together"
+
+# ---- the initramfs ---------------------------------------------------------------------------------
+log "building the initramfs"
+ROOTFS=$OUT/rootfs
+rm -rf "$ROOTFS"
+mkdir -p "$ROOTFS"/{bin,sbin,proc,sys,dev,tmp,lib/modules/noiommu}
+cp /bin/busybox "$ROOTFS/bin/busybox"
+for applet in $(/bin/busybox --list); do
+	[ "$applet" = busybox ] || ln -s busybox "$ROOTFS/bin/$applet"
+done
+cp "$KDIR"/modules/*.ko "$ROOTFS/lib/modules/"
+if [ "$NEED_NOIOMMU" = 1 ]; then
+	cp "$KDIR/noiommu/vfio.ko" "$ROOTFS/lib/modules/noiommu/vfio.ko"
+fi
+install -m 755 "$HERE/init" "$ROOTFS/init"
+objcopy --strip-debug "$SUITE" "$ROOTFS/guest_suite"
+# Uncompressed: the guest kernel unpacks it faster than it would decompress it.
+(cd "$ROOTFS" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) >"$OUT/initramfs.cpio"
+truncate -s 1M "$OUT/nvme.img"
+
+# ---- booting ------------------------------------------------------------------------------------------
+mkdir -p "$OUT/logs"
+KVM_OK=0
+[ -c /dev/kvm ] && [ -r /dev/kvm ] && [ -w /dev/kvm ] && KVM_OK=1
+
+qemu_cmd() { # qemu_cmd ACCEL BOOT: sets QEMU_CMD to the QEMU command line
+	local accel=$1 boot=$2
+	local machine=q35 append="console=ttyS0 quiet panic=-1 userdma.boot=$2"
+	local iommu=()
+	case "$boot" in
+	iommu-pt)
+		iommu=(-device "intel-iommu,intremap=on,caching-mode=on")
+		append="$append intel_iommu=on iommu=pt"
+		;;
+	iommu-strict)
+		iommu=(-device "intel-iommu,intremap=on,caching-mode=on")
+		append="$append intel_iommu=on"
+		;;
+	noiommu | probe) ;;
+	*) die "qemu_cmd: no QEMU arguments for boot '$boot'" ;;
+	esac
+	local cpu=(-accel "tcg,thread=multi" -cpu max)
+	if [ "$accel" = kvm ]; then
+		cpu=(-enable-kvm -cpu host)
+		# Interrupt remapping needs the IOAPIC in QEMU, not in KVM.
+		[ ${#iommu[@]} -gt 0 ] && machine=q35,kernel-irqchip=split
+	fi
+	# -m 256M keeps every guest-physical page under edu's 28-bit DMA mask (physical-address DMA).
+	# The IOMMU must come before the devices it translates.
+	QEMU_CMD=(qemu-system-x86_64 "${cpu[@]}" -machine "$machine" -smp 2 -m 256M -nodefaults \
+		"${iommu[@]}" -device edu \
+		-drive "file=$OUT/nvme.img,if=none,id=nvm,format=raw" -device "nvme,serial=userdma0,drive=nvm" \
+		-kernel "$KDIR/vmlinux" -initrd "$OUT/initramfs.cpio" -append "$append" \
+		-display none -serial stdio -no-reboot)
+}
+
+boot() { # boot ACCEL BOOT TIMEOUT: runs one guest; console in $OUT/logs/BOOT.log, QEMU's status in BOOT_RC
+	local accel=$1 name=$2 limit=$3
+	qemu_cmd "$accel" "$name"
+	printf '%q ' "${QEMU_CMD[@]}" >"$OUT/logs/$name.cmd"
+	local start end
+	start=$(date +%s.%N)
+	BOOT_RC=0
+	timeout --kill-after=10 "$limit" "${QEMU_CMD[@]}" </dev/null >"$OUT/logs/$name.raw" 2>&1 || BOOT_RC=$?
+	end=$(date +%s.%N)
+	tr -d '\r' <"$OUT/logs/$name.raw" >"$OUT/logs/$name.log"
+	rm -f "$OUT/logs/$name.raw"
+	BOOT_SECONDS=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+}
+
+if [ "$ACCEL" = auto ]; then
+	ACCEL=tcg
+	if [ "$KVM_OK" = 1 ]; then
+		log "probing KVM with a short boot"
+		boot kvm probe 30
+		if grep -q '^USERDMA-GUEST-PROBE-OK' "$OUT/logs/probe.log"; then
+			ACCEL=kvm
+		else
+			echo "KVM did not boot the guest (QEMU status $BOOT_RC, log $OUT/logs/probe.log): using software emulation (tcg)"
+		fi
+	fi
+fi
+case "$ACCEL" in
+tcg) ;;
+kvm) [ "$KVM_OK" = 1 ] || die "ACCEL=kvm but /dev/kvm is missing or not usable by $(id -un)" ;;
+*) die "ACCEL must be tcg, kvm or auto, not '$ACCEL'" ;;
+esac
+
+pass() { PASSED=$((PASSED + 1)); echo "PASS $*"; }
+fail() { FAILED=$((FAILED + 1)); echo "FAIL $*"; }
+
+for name in $BOOTS; do
+	list=$("$SUITE" --list "$name") || die "guest_suite --list $name failed"
+	mapfile -t planned <<<"$list"
+	[ ${#planned[@]} -gt 0 ] || die "guest_suite plans no case for boot $name"
+	log "boot $name [$ACCEL]: ${#planned[@]} cases"
+	boot "$ACCEL" "$name" "$BOOT_TIMEOUT"
+	console=$OUT/logs/$name.log
+	boot_ok=1
+	why=""
+	if [ "$BOOT_RC" = 124 ] || [ "$BOOT_RC" = 137 ]; then
+		why="the guest did not finish within ${BOOT_TIMEOUT}s (BOOT_TIMEOUT)"
+	elif ! grep -q '^USERDMA-GUEST-DONE' "$console"; then
+		why="the guest stopped before the tests finished (QEMU status $BOOT_RC: kernel panic, QEMU error or /init died)"
+	elif [ "$BOOT_RC" != 0 ]; then
+		why="QEMU exited with status $BOOT_RC"
+	fi
+	if [ -n "$why" ]; then
+		boot_ok=0
+		fail "$name/boot: $why"
+	fi
+	while IFS= read -r line; do
+		boot_ok=0
+		fail "$name/setup: ${line#SETUP-ERROR }"
+	done < <(grep '^SETUP-ERROR' "$console" || true)
+	for c in "${planned[@]}"; do
+		line=$(grep -m 1 -E "^(PASS|FAIL) $c( |:|\$)" "$console" || true)
+		case "$line" in
+		PASS*) pass "$name/${line#PASS }" ;;
+		FAIL*) boot_ok=0; fail "$name/${line#FAIL }" ;;
+		*) boot_ok=0; fail "$name/$c: did not report${why:+ ($why)}" ;;
+		esac
+	done
+	# Every reported case must have been planned.
+	while IFS= read -r line; do
+		c=$(echo "$line" | sed -E 's/^(PASS|FAIL) ([a-z0-9-]+).*/\2/')
+		printf '%s\n' "${planned[@]}" | grep -qx "$c" || { boot_ok=0; fail "$name/$c: reported but not planned"; }
+	done < <(grep -E '^(PASS|FAIL) ' "$console" || true)
+	echo "    boot $name: ${BOOT_SECONDS}s, console log $console"
+	if [ "$boot_ok" = 0 ]; then
+		echo "    --- last lines of the console ---"
+		tail -n 60 "$console" | sed 's/^/    | /'
+	fi
+done
+
+log "done (accelerator: $ACCEL)"
+echo "guest: $PASSED passed, $FAILED failed"
+[ "$FAILED" -eq 0 ]

@@ -1,0 +1,218 @@
+//! QEMU's `edu` teaching device (`1234:11e8`, QEMU `docs/specs/edu.rst`): BAR0 registers, a DMA
+//! engine between host memory and a 4 KiB buffer inside the device, and an interrupt it raises on
+//! request. Its DMA mask is 28 bits: addresses above are silently cut.
+
+use std::sync::atomic::{fence, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use userdma::mmio::{Block, Direct, Field, ReadOnly, ReadWrite, WriteOnly};
+
+use crate::failure::{ensure, Context, Failure};
+use crate::mmap::Mmap;
+
+/// PCI vendor ID.
+pub(crate) const VENDOR: u16 = 0x1234;
+/// PCI device ID.
+pub(crate) const DEVICE: u16 = 0x11e8;
+/// PCI class code (`0x00ff00`: unclassified, "other").
+pub(crate) const CLASS: u32 = 0x00ff00;
+/// Size of BAR0.
+pub(crate) const BAR0_LEN: u64 = 1 << 20;
+/// Width of the DMA mask.
+pub(crate) const DMA_MASK_BITS: u32 = 28;
+/// Where the device's DMA buffer sits in its DMA address space.
+pub(crate) const BUFFER: u64 = 0x40000;
+/// The longest transfer. The buffer holds 4096 bytes, but QEMU 7.2 checks the range off by one
+/// and aborts on a transfer of exactly 4096 bytes (fixed in QEMU 8.2.1).
+pub(crate) const MAX_TRANSFER: usize = 4095;
+/// How long a DMA may take before the case fails. The engine is timer-driven: a transfer ends
+/// about 100 ms after it starts; the margin covers a loaded machine under software emulation.
+const DMA_TIMEOUT: Duration = Duration::from_secs(10);
+
+// The register map (offsets in BAR0).
+const ID: Field<u32, ReadOnly> = Field::new(0x00);
+const LIVENESS: Field<u32, ReadWrite> = Field::new(0x04);
+const FACTORIAL: Field<u32, ReadWrite> = Field::new(0x08);
+const STATUS: Field<u32, ReadWrite> = Field::new(0x20);
+const IRQ_STATUS: Field<u32, ReadOnly> = Field::new(0x24);
+const IRQ_RAISE: Field<u32, WriteOnly> = Field::new(0x60);
+const IRQ_ACK: Field<u32, WriteOnly> = Field::new(0x64);
+const DMA_SRC: Field<u64, ReadWrite> = Field::new(0x80);
+const DMA_DST: Field<u64, ReadWrite> = Field::new(0x88);
+const DMA_COUNT: Field<u64, ReadWrite> = Field::new(0x90);
+const DMA_CMD: Field<u64, ReadWrite> = Field::new(0x98);
+
+/// `ID`: the low byte is always `0xed`; above it QEMU puts its major/minor version.
+const ID_MAGIC: u32 = 0xed;
+/// `STATUS`: a factorial is being computed.
+const STATUS_COMPUTING: u32 = 1 << 0;
+/// `DMA_CMD`: start (reads back set while the transfer runs).
+const DMA_START: u64 = 1 << 0;
+/// `DMA_CMD`: direction, device buffer to host memory (clear: host memory to device buffer).
+const DMA_TO_RAM: u64 = 1 << 1;
+
+/// Which way a transfer goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// Host memory to the device's buffer (the device reads host memory).
+    ToDevice,
+    /// The device's buffer to host memory (the device writes host memory).
+    FromDevice,
+}
+
+/// An `edu` function whose BAR0 is mapped.
+#[derive(Debug)]
+pub(crate) struct Edu {
+    // Declared before `_bar`, so dropped before the mapping it points into.
+    regs: Block<Direct>,
+    _bar: Mmap,
+}
+
+impl Edu {
+    /// The device behind a mapping of its BAR0.
+    pub(crate) fn new(bar: Mmap) -> Result<Edu, Failure> {
+        ensure!(
+            u64::try_from(bar.len()).is_ok_and(|len| len >= BAR0_LEN),
+            "BAR0 mapping is {:#x} bytes, edu's BAR0 is {BAR0_LEN:#x}",
+            bar.len()
+        );
+        // SAFETY: `bar` maps the BAR read-write for as long as `Edu` lives, and `regs` is dropped
+        // before it (field order); nothing makes a reference to the bytes: every access is the
+        // block's volatile load or store, and the block is never handed out of this type.
+        let direct = unsafe { Direct::new(bar.as_ptr(), bar.len()) }
+            .context(|| "wrap the BAR0 mapping as registers".to_owned())?;
+        Ok(Edu {
+            regs: Block::new(direct),
+            _bar: bar,
+        })
+    }
+
+    /// Checks that the registers answer as edu's do: the ID register's magic byte, the
+    /// liveness register (reads back the complement of what was written) and a factorial.
+    /// Returns the ID register.
+    pub(crate) fn check_registers(&self) -> Result<u32, Failure> {
+        let id = self.regs.get(ID).context(|| "read ID".to_owned())?;
+        ensure!(
+            id & 0xff == ID_MAGIC,
+            "ID register reads {id:#010x}: its low byte should be {ID_MAGIC:#04x} (is this edu, is BAR0 mapped?)"
+        );
+        for value in [0x1234_5678_u32, 0, u32::MAX, 0xa5a5_5a5a] {
+            self.regs
+                .set(LIVENESS, value)
+                .context(|| "write liveness".to_owned())?;
+            let back = self
+                .regs
+                .get(LIVENESS)
+                .context(|| "read liveness".to_owned())?;
+            ensure!(
+                back == !value,
+                "liveness register: wrote {value:#010x}, read {back:#010x}, want {:#010x}",
+                !value
+            );
+        }
+        self.regs
+            .set(STATUS, 0)
+            .context(|| "clear status".to_owned())?;
+        self.regs
+            .set(FACTORIAL, 10)
+            .context(|| "start factorial".to_owned())?;
+        let start = Instant::now();
+        while self.regs.get(STATUS).context(|| "read status".to_owned())? & STATUS_COMPUTING != 0 {
+            ensure!(
+                start.elapsed() < DMA_TIMEOUT,
+                "factorial of 10 still computing after {DMA_TIMEOUT:?}"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        let result = self
+            .regs
+            .get(FACTORIAL)
+            .context(|| "read factorial".to_owned())?;
+        ensure!(result == 3_628_800, "10! reads {result}, want 3628800");
+        Ok(id)
+    }
+
+    /// Moves `len` bytes between the device's buffer and `addr` (an IOVA or physical address,
+    /// whatever the device's DMA path uses), waits for the engine to finish, and returns how
+    /// long that took. The engine finishes a transfer whether or not the IOMMU let it through:
+    /// whether the bytes arrived is for the caller to check.
+    pub(crate) fn dma(
+        &self,
+        direction: Direction,
+        addr: u64,
+        len: usize,
+    ) -> Result<Duration, Failure> {
+        ensure!(
+            (1..=MAX_TRANSFER).contains(&len),
+            "edu transfers 1..={MAX_TRANSFER} bytes, not {len}"
+        );
+        let count = u64::try_from(len).map_err(|_| Failure::Check(format!("length {len}")))?;
+        ensure!(
+            addr.checked_add(count - 1)
+                .is_some_and(|last| last >> DMA_MASK_BITS == 0),
+            "address {addr:#x}+{len:#x} is beyond edu's {DMA_MASK_BITS}-bit DMA mask"
+        );
+        self.wait_idle("before starting a transfer")?;
+        let (src, dst, cmd) = match direction {
+            Direction::ToDevice => (addr, BUFFER, DMA_START),
+            Direction::FromDevice => (BUFFER, addr, DMA_START | DMA_TO_RAM),
+        };
+        let what = || format!("program a {direction:?} DMA of {len} bytes at {addr:#x}");
+        self.regs.set(DMA_SRC, src).context(what)?;
+        self.regs.set(DMA_DST, dst).context(what)?;
+        self.regs.set(DMA_COUNT, count).context(what)?;
+        // Release: the stores that filled the source buffer must be visible to the device before
+        // the command write that starts it reading; pairs with the device's read of host memory
+        // after it sees DMA_START.
+        fence(Ordering::Release);
+        let start = Instant::now();
+        self.regs.set(DMA_CMD, cmd).context(what)?;
+        self.wait_idle("for the transfer to finish")?;
+        // Acquire: the loads that check the destination buffer must not be done before the load
+        // of DMA_CMD that saw the transfer finish; pairs with the device's writes to host memory
+        // before it clears DMA_START.
+        fence(Ordering::Acquire);
+        Ok(start.elapsed())
+    }
+
+    /// Polls until no transfer runs.
+    fn wait_idle(&self, when: &str) -> Result<(), Failure> {
+        let start = Instant::now();
+        loop {
+            let cmd = self
+                .regs
+                .get(DMA_CMD)
+                .context(|| "read DMA command".to_owned())?;
+            if cmd & DMA_START == 0 {
+                return Ok(());
+            }
+            ensure!(
+                start.elapsed() < DMA_TIMEOUT,
+                "waited {DMA_TIMEOUT:?} {when}: the DMA engine is still busy (command {cmd:#x})"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Raises the interrupt with `bits` in the interrupt status register.
+    pub(crate) fn raise_irq(&self, bits: u32) -> Result<(), Failure> {
+        self.regs
+            .set(IRQ_RAISE, bits)
+            .context(|| format!("raise interrupt {bits:#x}"))
+    }
+
+    /// The interrupt status register: the bits raised and not acknowledged.
+    pub(crate) fn irq_status(&self) -> Result<u32, Failure> {
+        self.regs
+            .get(IRQ_STATUS)
+            .context(|| "read interrupt status".to_owned())
+    }
+
+    /// Acknowledges `bits`; the interrupt line drops when no bit is left.
+    pub(crate) fn ack_irq(&self, bits: u32) -> Result<(), Failure> {
+        self.regs
+            .set(IRQ_ACK, bits)
+            .context(|| format!("acknowledge interrupt {bits:#x}"))
+    }
+}

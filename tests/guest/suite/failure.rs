@@ -1,0 +1,143 @@
+//! Why a case failed: the operation that went wrong and the library error it got, or a check
+//! whose expectation was not met.
+
+use std::error::Error as _;
+use std::io;
+
+use userdma::{dma, memory, mmio, pci, pool};
+
+/// A case's failure. The operation text names the device, path, address or size involved; the
+/// library's error is kept as the source, and [`Failure::chain`] prints both.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Failure {
+    /// An expectation about the device, the kernel or the library was not met.
+    #[error("{0}")]
+    Check(String),
+    /// A system call made by the test itself failed.
+    #[error("{op}")]
+    Io {
+        op: String,
+        #[source]
+        source: io::Error,
+    },
+    /// Reading sysfs through `pci::Sysfs` failed.
+    #[error("{op}")]
+    Pci {
+        op: String,
+        #[source]
+        source: pci::Error,
+    },
+    /// `pci::Binder` failed.
+    #[error("{op}")]
+    Bind {
+        op: String,
+        #[source]
+        source: Box<pci::BindError>,
+    },
+    /// A `dma` space or mapping failed.
+    #[error("{op}")]
+    Dma {
+        op: String,
+        #[source]
+        source: dma::Error,
+    },
+    /// Building a `memory::Region` (or reading its physical pages) failed.
+    #[error("{op}")]
+    Memory {
+        op: String,
+        #[source]
+        source: memory::Error,
+    },
+    /// A `pool::Pool` operation failed.
+    #[error("{op}")]
+    Pool {
+        op: String,
+        #[source]
+        source: pool::Error,
+    },
+    /// A register access failed.
+    #[error("{op}")]
+    Mmio {
+        op: String,
+        #[source]
+        source: mmio::Error,
+    },
+}
+
+impl Failure {
+    /// The failure and each of its causes, joined with `": "`, on one line.
+    pub(crate) fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut cause = self.source();
+        while let Some(err) = cause {
+            text.push_str(": ");
+            text.push_str(&err.to_string());
+            cause = err.source();
+        }
+        text.replace('\n', " ")
+    }
+}
+
+/// Attaches the operation being done to a library error.
+pub(crate) trait Context<T> {
+    /// Turns the error into a [`Failure`] naming the operation `op()` describes.
+    fn context(self, op: impl FnOnce() -> String) -> Result<T, Failure>;
+}
+
+macro_rules! context {
+    ($($err:ty => $variant:ident),* $(,)?) => {$(
+        impl<T> Context<T> for Result<T, $err> {
+            fn context(self, op: impl FnOnce() -> String) -> Result<T, Failure> {
+                self.map_err(|source| Failure::$variant {
+                    op: op(),
+                    source: source.into(),
+                })
+            }
+        }
+    )*};
+}
+
+context!(
+    io::Error => Io,
+    pci::Error => Pci,
+    pci::BindError => Bind,
+    dma::Error => Dma,
+    memory::Error => Memory,
+    mmio::Error => Mmio,
+    pool::Error => Pool,
+);
+
+/// Fails the case with a [`Failure::Check`] unless the condition holds.
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::failure::Failure::Check(format!($($fmt)+)));
+        }
+    };
+}
+pub(crate) use ensure;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_joins_every_cause_on_one_line() {
+        let inner = io::Error::other("inner\ncause");
+        let failure: Result<(), _> = Err(inner);
+        let failure = failure
+            .context(|| "open /dev/vfio/7".to_owned())
+            .unwrap_err();
+        assert_eq!(failure.chain(), "open /dev/vfio/7: inner cause");
+    }
+
+    #[test]
+    fn ensure_fails_only_when_the_condition_is_false() {
+        fn check(value: u32) -> Result<(), Failure> {
+            ensure!(value == 3, "value is {value}, want 3");
+            Ok(())
+        }
+        assert!(check(3).is_ok());
+        assert_eq!(check(4).unwrap_err().chain(), "value is 4, want 3");
+    }
+}
