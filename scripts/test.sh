@@ -5,8 +5,11 @@
 #   FUZZ_SECONDS=5 scripts/test.sh   # shorter fuzz smoke runs while developing
 #
 # Steps: install prerequisites, fmt check, clippy -D warnings, docs -D warnings, unit + integration
-# tests, the kernel ABI check against three uapi header sets (system, Debian 13, Debian 13 backports), the main job on the loopback device,
-# and a short run of every fuzz target. Any failing step fails the run; nothing is skipped.
+# tests (with the kernel ABI check against three uapi header sets: the system's, Debian 13's and
+# Debian 13 backports'; and tests on real hugepages, which reserve and restore them), the loom
+# models, the release soak of the loopback device, the guest suite (real PCI device models behind
+# an emulated IOMMU in QEMU guests, scripts/guest-test.sh), the main job, and a short run of every
+# fuzz target. Any failing step fails the run; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,7 +83,12 @@ step "cargo fmt --check (fuzz)" cargo fmt --manifest-path fuzz/Cargo.toml -- --c
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo doc -D warnings" env RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 step "cargo test (unit, integration, kernel ABI)" cargo test --workspace --locked
-step "main job (README)" cargo run --release --locked --quiet -- list
+step "loom models (pool, ring)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+	cargo test --release --locked --lib -- pool:: ring::
+step "loopback soak, release (10^6 transfers)" cargo test --release --locked --test loopback_soak
+step "guest suite: real PCI devices (edu, NVMe) in QEMU guests" scripts/guest-test.sh
+step "main job (README)" cargo run --release --locked --quiet -- demo
+step "PCI listing (README)" cargo run --release --locked --quiet -- list
 
 fuzz_smoke() {
 	local targets t logf
