@@ -151,28 +151,39 @@ fn two_processes_share_one_pool() {
             pool.flush_thread_cache();
             held
         });
-        let mut theirs = Vec::new();
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = child_out.read_line(&mut line).unwrap();
-            assert!(n > 0, "the child ended before reporting its buffers");
-            // Text before the prefix, and lines without it, are the test harness's own output
-            // (it prints "test <name> ... " without a newline before the test's output).
-            let Some(at) = line.find("POOL ") else {
-                continue;
-            };
-            let report = line[at + "POOL ".len()..].trim();
-            if report == "READY" {
-                break;
+        // Read the child's report in a closure, then release the churner whatever happened:
+        // a panic here must not leave the churner spinning, which would hang the scope.
+        let read_report = || {
+            let mut theirs = Vec::new();
+            let mut line = String::new();
+            loop {
+                line.clear();
+                let n = child_out.read_line(&mut line).unwrap();
+                assert!(n > 0, "the child ended before reporting its buffers");
+                // Text before the prefix, and lines without it, are the test harness's own
+                // output (it prints "test <name> ... " without a newline before the test's
+                // output).
+                let Some(at) = line.find("POOL ") else {
+                    continue;
+                };
+                let report = line[at + "POOL ".len()..].trim();
+                if report == "READY" {
+                    break;
+                }
+                let mut words = report
+                    .split_whitespace()
+                    .map(|w| w.parse::<usize>().unwrap());
+                theirs.push((words.next().unwrap(), words.next().unwrap()));
             }
-            let mut words = report
-                .split_whitespace()
-                .map(|w| w.parse::<usize>().unwrap());
-            theirs.push((words.next().unwrap(), words.next().unwrap()));
-        }
+            theirs
+        };
+        let theirs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(read_report));
         child_ready.store(true, Ordering::Release);
-        (churner.join().unwrap(), theirs)
+        let ours = churner.join().unwrap();
+        match theirs {
+            Ok(theirs) => (ours, theirs),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     });
     assert_eq!(theirs.len(), 150);
     // No two live buffers of the two processes overlap.
