@@ -57,12 +57,14 @@ unsafe impl Send for Raw {}
 struct Malloc(usize);
 impl Allocator for Malloc {
     type Block = Raw;
+    #[inline]
     fn alloc(&self) -> Raw {
         // SAFETY: malloc has no preconditions; the result is checked.
         let p = unsafe { libc::malloc(self.0) }.cast::<u8>();
         assert!(!p.is_null());
         Raw(p)
     }
+    #[inline]
     fn free(&self, block: Raw) {
         // SAFETY: `block` came from malloc and is freed once.
         unsafe { libc::free(block.0.cast()) }
@@ -72,6 +74,7 @@ impl Allocator for Malloc {
 struct Memalign(usize);
 impl Allocator for Memalign {
     type Block = Raw;
+    #[inline]
     fn alloc(&self) -> Raw {
         let mut p = std::ptr::null_mut();
         // SAFETY: `p` is a valid out-pointer; 4096 is a power of two multiple of the pointer size.
@@ -79,6 +82,7 @@ impl Allocator for Memalign {
         assert_eq!(rc, 0);
         Raw(p.cast())
     }
+    #[inline]
     fn free(&self, block: Raw) {
         // SAFETY: `block` came from posix_memalign and is freed once.
         unsafe { libc::free(block.0.cast()) }
@@ -88,12 +92,14 @@ impl Allocator for Memalign {
 struct Mimalloc(Layout);
 impl Allocator for Mimalloc {
     type Block = Raw;
+    #[inline]
     fn alloc(&self) -> Raw {
         // SAFETY: the layout has a nonzero size.
         let p = unsafe { MiMalloc.alloc(self.0) };
         assert!(!p.is_null());
         Raw(p)
     }
+    #[inline]
     fn free(&self, block: Raw) {
         // SAFETY: `block` came from MiMalloc with this layout and is freed once.
         unsafe { MiMalloc.dealloc(block.0, self.0) }
@@ -122,9 +128,11 @@ impl QueuePool {
 }
 impl Allocator for QueuePool {
     type Block = usize;
+    #[inline]
     fn alloc(&self) -> usize {
         self.queue.pop().expect("a preallocated block")
     }
+    #[inline]
     fn free(&self, block: usize) {
         self.queue.push(block).expect("room for the returned block");
     }
@@ -133,9 +141,11 @@ impl Allocator for QueuePool {
 struct PoolAllocator<'p>(&'p Pool, usize);
 impl<'p> Allocator for PoolAllocator<'p> {
     type Block = Buffer<'p>;
+    #[inline]
     fn alloc(&self) -> Buffer<'p> {
         self.0.alloc(self.1).expect("a pool buffer")
     }
+    #[inline]
     fn free(&self, block: Buffer<'p>) {
         drop(block);
     }
@@ -262,6 +272,13 @@ fn piped<A: Allocator>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, a: 
 
 fn benches(c: &mut Criterion) {
     let pool = pool();
+    // One second of traffic before the first measurement, so that the first group (the pool's)
+    // does not pay for the process warming up (clock ramp, first touches of the code).
+    let warm = Instant::now();
+    while warm.elapsed().as_secs() < 1 {
+        drop(black_box(pool.alloc(KIB4).expect("a pool buffer")));
+        Malloc(KIB4).free(black_box(Malloc(KIB4).alloc()));
+    }
     for (label, size) in [("4KiB", KIB4), ("64KiB", KIB64)] {
         let mut group = c.benchmark_group(format!("alloc_free/{label}"));
         alloc_free(&mut group, "pool", &PoolAllocator(&pool, size));

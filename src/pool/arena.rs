@@ -21,8 +21,14 @@ use crate::sync::{Arc, AtomicU32, AtomicU64, Ordering};
 /// when a free went into a thread cache just as the waiter registered (see `Arena::free`).
 const POLL: Duration = Duration::from_millis(1);
 
-/// Tag bit of [`Block::kind`] for a buddy (large) block; the low bits are then its order.
+/// Tag bit of a block's kind for a buddy (large) block; the low bits are then its order.
 const LARGE: u32 = 1 << 31;
+
+/// Bit of a [`Block::tag`] marking a large block; the bits below it are then its order.
+pub(crate) const TAG_LARGE: u32 = 64;
+// Every class and every order fits below the bit, and a tag fits in 7 bits.
+const _: () = assert!(MAX_CLASSES <= TAG_LARGE as usize);
+const _: () = assert!(super::geometry::MAX_ORDERS <= TAG_LARGE as usize);
 
 /// An allocated block: where it is in the arena and what it was allocated as, packed in one
 /// `u64` (unit in the low half, kind in the high half) so that a [`super::Buffer`] stays small
@@ -31,6 +37,7 @@ const LARGE: u32 = 1 << 31;
 pub(crate) struct Block(u64);
 
 impl Block {
+    /// The block at `unit` of kind `kind` (a size class, or `LARGE | order`).
     #[inline(always)]
     fn new(unit: u32, kind: u32) -> Self {
         Self(u64::from(unit) | (u64::from(kind) << 32))
@@ -49,6 +56,26 @@ impl Block {
             Geometry::unit(u64::from(chunk) << g.chunk_shift),
             LARGE | order,
         )
+    }
+
+    /// The block's kind in 7 bits, for a buffer to carry: its size class, or
+    /// [`TAG_LARGE`]` | order` for a large block.
+    #[inline(always)]
+    pub(crate) fn tag(&self) -> u32 {
+        match self.class() {
+            Some(c) => c as u32,
+            None => TAG_LARGE | (self.kind() & !LARGE),
+        }
+    }
+
+    /// The block at `unit` whose [`Block::tag`] is `tag`.
+    #[inline(always)]
+    pub(crate) fn from_tag(unit: u32, tag: u32) -> Self {
+        if tag & TAG_LARGE == 0 {
+            Self::new(unit, tag)
+        } else {
+            Self::new(unit, LARGE | (tag & !TAG_LARGE))
+        }
     }
 
     /// Size class, or `LARGE | order`.
@@ -116,6 +143,8 @@ pub(crate) struct Arena {
     meta: Meta,
     slots: Box<[Arc<Slot>]>,
     direct: [Direct; MAX_CLASSES],
+    /// Large blocks this process allocated and freed.
+    large: Direct,
     timeout: Option<Duration>,
     shared_futex: bool,
     /// `meta.wait[0].waiters`, read on every free: a pointer saves the table indirection.
@@ -153,6 +182,7 @@ impl Arena {
             g,
             meta,
             direct: std::array::from_fn(|_| Direct::default()),
+            large: Direct::default(),
             timeout,
             shared_futex,
         })
@@ -347,16 +377,42 @@ impl Arena {
                 .alloc_large(order)
                 .map(|chunk| Block::large(chunk, order, &self.g))
         };
-        match attempt() {
-            Some(block) => Ok(block),
-            None => self.wait_for(attempt),
-        }
+        let block = match attempt() {
+            Some(block) => block,
+            None => self.wait_for(attempt)?,
+        };
+        // Relaxed: statistics (see `blocks_out`).
+        self.large.allocs.fetch_add(1, Ordering::Relaxed);
+        Ok(block)
     }
 
     fn free_large(&self, block: Block) {
         let chunk = u32::try_from(block.offset() >> self.g.chunk_shift).unwrap_or(u32::MAX);
         self.shared().free_large(chunk, block.kind() & !LARGE);
+        // Relaxed: statistics (see `blocks_out`).
+        self.large.frees.fetch_add(1, Ordering::Relaxed);
         self.wake_waiters();
+    }
+
+    /// Blocks this process allocated and has not freed (small and large). Exact when no thread
+    /// is inside a call on this arena (the pool's `Drop`): every counter is then final and
+    /// its last write happened before the borrows of the pool ended.
+    pub(crate) fn blocks_out(&self) -> u64 {
+        let mut out = 0u64;
+        for c in 0..self.g.classes {
+            for slot in self.slots.iter() {
+                let cache = slot.class(c);
+                // Relaxed: see above; the end of the borrows ordered the counters' writes.
+                out = out
+                    .wrapping_add(cache.allocs.load(Ordering::Relaxed))
+                    .wrapping_sub(cache.frees.load(Ordering::Relaxed));
+            }
+            out = out
+                .wrapping_add(self.direct[c].allocs.load(Ordering::Relaxed))
+                .wrapping_sub(self.direct[c].frees.load(Ordering::Relaxed));
+        }
+        out.wrapping_add(self.large.allocs.load(Ordering::Relaxed))
+            .wrapping_sub(self.large.frees.load(Ordering::Relaxed))
     }
 
     /// Allocates `count` blocks for `len` bytes each, handing each to `sink`; stops at the first
@@ -377,10 +433,10 @@ impl Arena {
                 };
                 let mut batch = [0u32; BATCH_MAX];
                 while done < count {
-                    if let Some(unit) = mine.pop(c) {
-                        sink(Block::small(unit, c));
-                        done += 1;
-                        continue;
+                    let popped = mine.pop_many(c, count - done, |unit| sink(Block::small(unit, c)));
+                    done += popped;
+                    if done == count {
+                        return;
                     }
                     let n = self.shared().take(c, mine.batch(c), &mut batch);
                     if n == 0 {

@@ -1,10 +1,11 @@
 //! [`Buffer`]: one block of a pool, with its host address and IOVA, returned on drop.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
-use super::arena::Block;
+use super::arena::{Block, TAG_LARGE};
 use super::handle::Pool;
 use super::Error;
 use crate::dma::Slice;
@@ -16,15 +17,31 @@ use crate::dma::Slice;
 /// device may read and write its memory, so it never lends `&[u8]`: copy in and out with
 /// [`Buffer::write`] / [`Buffer::read`], or use the volatile [`Slice`] from [`Buffer::slice`].
 pub struct Buffer<'pool> {
-    pool: &'pool Pool,
-    /// Where the block is and its class; host address and IOVA derive from it (24 bytes per
-    /// buffer instead of 40 keeps rings and batches of buffers small).
-    block: Block,
-    len: usize,
+    /// The pool's address, with the block's tag (its size class, or `TAG_LARGE | order`; see
+    /// `Block::tag`) added in the low bits, which are zero because a `Pool` is aligned to
+    /// [`TAG_MASK`]` + 1` bytes.
+    tagged: *const u8,
+    /// The block's unit (offset / 256) in the low half, the length in the high half. Host
+    /// address, IOVA and capacity derive from the unit. Two words per buffer, moved as a pair
+    /// of registers, keep rings and batches of buffers cheap, and the class in the tag spares
+    /// the free path any lookup.
+    word: u64,
+    pool: PhantomData<&'pool Pool>,
 }
 
+/// Mask of the low address bits a buffer uses for its tag.
+const TAG_MASK: usize = 127;
+
+// Two words: passed and moved in registers.
+const _: () = assert!(std::mem::size_of::<Buffer<'static>>() == 16);
+// The tag fits below the pool's alignment (and inside the pool: its size is a multiple of it),
+// and every tag fits the mask.
+const _: () = assert!(std::mem::align_of::<Pool>() > TAG_MASK);
+const _: () = assert!((TAG_LARGE as usize) * 2 - 1 <= TAG_MASK);
+
 // SAFETY: the buffer owns its block exclusively until dropped; its memory is only reached
-// through raw pointers and volatile accesses; `&Pool` is Send because `Pool: Sync`. Dropping it
+// through raw pointers and volatile accesses; the tagged pointer stands for a `&'pool Pool`,
+// which is Send because `Pool: Sync`. Dropping it
 // on another thread returns the block through that thread's cache, which is correct for any
 // thread.
 unsafe impl Send for Buffer<'_> {}
@@ -36,7 +53,7 @@ impl fmt::Debug for Buffer<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Buffer")
             .field("iova", &format_args!("{:#x}", self.iova()))
-            .field("len", &self.len)
+            .field("len", &self.len())
             .field("capacity", &self.capacity())
             .field("offset", &self.offset())
             .finish()
@@ -44,65 +61,104 @@ impl fmt::Debug for Buffer<'_> {
 }
 
 impl<'pool> Buffer<'pool> {
+    /// A buffer for `block` of `pool`, `len` bytes long.
     #[inline(always)]
-    pub(super) fn new(pool: &'pool Pool, block: Block, len: usize) -> Self {
-        Self { pool, block, len }
+    pub(super) fn new(pool: &'pool Pool, block: Block, len: u32) -> Self {
+        let tag = block.tag();
+        // `wrapping_add` keeps the pointer's provenance; the sum stays inside the `Pool`
+        // (tag <= TAG_MASK < its size and alignment).
+        let tagged = (pool as *const Pool)
+            .cast::<u8>()
+            .wrapping_add(tag as usize);
+        Self {
+            tagged,
+            word: u64::from(block.unit()) | (u64::from(len) << 32),
+            pool: PhantomData,
+        }
+    }
+
+    /// The block's unit.
+    #[inline(always)]
+    fn unit(&self) -> u32 {
+        // The low half of our own packed word.
+        self.word as u32
+    }
+
+    /// The buffer's tag (see `Block::tag`).
+    #[inline(always)]
+    fn tag(&self) -> u32 {
+        // At most TAG_MASK: fits.
+        (self.tagged as usize & TAG_MASK) as u32
     }
 
     /// The pool this buffer returns to.
+    #[inline(always)]
     pub fn pool(&self) -> &'pool Pool {
-        self.pool
+        let base = self.tagged.wrapping_sub(self.tagged as usize & TAG_MASK);
+        // SAFETY: `base` is the address `new` tagged, with its provenance: a `&'pool Pool`,
+        // valid for 'pool, which this buffer's lifetime is bound to.
+        unsafe { &*base.cast::<Pool>() }
+    }
+
+    /// The block, rebuilt from the unit and the tag.
+    #[inline(always)]
+    fn block(&self) -> Block {
+        Block::from_tag(self.unit(), self.tag())
     }
 
     /// The host address of the first byte. A raw pointer: never make a reference from it.
     #[inline]
     pub fn as_ptr(&self) -> NonNull<u8> {
-        self.pool.host_of(self.block)
+        self.pool().host_of(self.unit())
     }
 
     /// The address the device uses for the first byte.
     #[inline]
     pub fn iova(&self) -> u64 {
-        self.pool.iova_of(self.block)
+        self.pool().iova_of(self.unit())
     }
 
     /// Length in bytes (what was asked for, or set with [`Buffer::set_len`]).
+    #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        // The high half of our own packed word: a `u32`, which fits every `usize` we build for.
+        (self.word >> 32) as usize
     }
 
     /// Whether the length is zero.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Bytes the buffer can hold: its block size.
     pub fn capacity(&self) -> usize {
-        self.pool.capacity_of(&self.block)
+        self.pool().capacity_of(self.block())
     }
 
-    /// Sets the length (at most the capacity).
+    /// Sets the length (at most the capacity, and at most `u32::MAX`).
     ///
     /// # Errors
-    /// [`Error::Length`] if `len > capacity`.
+    /// [`Error::Length`] if `len` exceeds either.
     pub fn set_len(&mut self, len: usize) -> Result<(), Error> {
         let capacity = self.capacity();
-        if len > capacity {
-            return Err(Error::Length { len, capacity });
+        match u32::try_from(len) {
+            Ok(short) if len <= capacity => {
+                self.word = u64::from(self.unit()) | (u64::from(short) << 32);
+                Ok(())
+            }
+            _ => Err(Error::Length { len, capacity }),
         }
-        self.len = len;
-        Ok(())
     }
 
     /// Offset of the first byte in the pool's mapping.
     pub fn offset(&self) -> usize {
-        self.pool.mapping_offset(self.block.offset())
+        self.pool().mapping_offset(self.unit())
     }
 
     /// Bytes from the start that are IOVA-contiguous (the capacity, except for large buffers on
     /// a mapping that is only contiguous per chunk).
     pub fn contiguous_len(&self) -> usize {
-        self.pool
+        self.pool()
             .mapping()
             .contiguous_len(self.offset())
             .min(self.capacity())
@@ -113,7 +169,9 @@ impl<'pool> Buffer<'pool> {
         if offset >= self.capacity() {
             return None;
         }
-        self.pool.mapping().iova(self.offset().checked_add(offset)?)
+        self.pool()
+            .mapping()
+            .iova(self.offset().checked_add(offset)?)
     }
 
     /// A volatile view of the buffer's `len` bytes.
@@ -121,7 +179,7 @@ impl<'pool> Buffer<'pool> {
         // SAFETY: the block is `capacity >= len` bytes inside the pool's mapping, which stays
         // mapped while the pool (borrowed for 'pool, outliving this borrow) lives; this buffer
         // owns the block exclusively, and the pool never makes references to buffer memory.
-        unsafe { Slice::from_raw_parts(self.as_ptr(), self.len) }
+        unsafe { Slice::from_raw_parts(self.as_ptr(), self.len()) }
     }
 
     /// Copies `src` into the buffer at `offset` (volatile stores).
@@ -141,14 +199,15 @@ impl<'pool> Buffer<'pool> {
     }
 
     /// Gives up the buffer without freeing its block (for the pool's bulk free).
+    #[inline(always)]
     pub(super) fn into_block(self) -> Block {
-        ManuallyDrop::new(self).block
+        ManuallyDrop::new(self).block()
     }
 }
 
 impl Drop for Buffer<'_> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
-        self.pool.free_block(self.block);
+        self.pool().free_block(self.block());
     }
 }

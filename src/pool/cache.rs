@@ -2,11 +2,15 @@
 //!
 //! A pool owns a fixed set of cache [`Slot`]s (`Config::max_threads`), allocated at creation.
 //! A thread claims a slot the first time it uses a pool (one CAS) and records it in its
-//! thread-local [`Table`]: `WAYS` entries of `(pool id, slot)`, the pool's *home* entry being
-//! `id % WAYS`. The fast path is one thread-local access, one compare of the home entry's id,
-//! and a pop or push on the class's magazine: plain loads and stores, no atomic
+//! thread-local table: `WAYS` entries of `(pool id, slot)`, the pool's *home* entry being
+//! `id % WAYS` (a hit elsewhere swaps the entry home). The table has two halves: [`Hot`], what
+//! the fast path reads, has no destructor, so reaching it is a plain `%fs`-relative access with
+//! no "initialized?" check; [`Cold`] owns the slots and has the destructor that flushes them
+//! at thread exit. The fast path is that one thread-local access, one compare of the home
+//! entry's id, and a pop or push on the class's magazine: plain loads and stores, no atomic
 //! read-modify-write. Pool ids are never reused, so an entry left behind by a dropped pool can
-//! never match a live one.
+//! never match a live one. With more than `WAYS` pools in use, a thread evicts (flushes) the
+//! entry of the pool it used least recently at the home position.
 //!
 //! **Lifetimes.** A slot is shared by the pool and the thread through an `Arc`, and its `state`
 //! word arbitrates who may touch the pool through it:
@@ -18,8 +22,9 @@
 //!   FREE or ACTIVE --pool drop (CAS)--> GONE   (the pool drains an ACTIVE slot's magazines)
 //! ```
 //!
-//! A thread flushes its slot back to the shared lists when it exits (the table's destructor) or
-//! evicts the entry; the pool's `Drop` waits while a slot is `FLUSHING`, so a flushing thread
+//! A thread flushes its slot back to the shared lists when it exits (`Cold`'s destructor, which
+//! also empties `Hot`, so a buffer freed later in the thread's teardown goes to the shared
+//! lists) or evicts the entry; the pool's `Drop` waits while a slot is `FLUSHING`, so a flushing thread
 //! always flushes into a live pool, and marks every slot `GONE`, after which the thread only
 //! drops its `Arc`. The pool can drain an `ACTIVE` slot in its `Drop` because dropping a pool
 //! requires that no `&Pool` or `Buffer` borrow is alive, so no thread is inside a pool call, and
@@ -156,6 +161,35 @@ impl<'a> Mine<'a> {
         Some(unit)
     }
 
+    /// Pops up to `max` cached blocks of class `c`, handing each to `sink`; returns how many.
+    /// One borrow of the magazine and one counter update for the whole batch.
+    #[inline]
+    pub(crate) fn pop_many(&self, c: usize, max: usize, mut sink: impl FnMut(u32)) -> usize {
+        let cache = self.cache(c);
+        // SAFETY: `Mine` proves ownership; `sink` is the pool's own buffer wrapping, which never
+        // reaches the magazine.
+        let n = unsafe {
+            cache.with(|m| {
+                let n = (m.len as usize).min(max);
+                let start = m.len as usize - n;
+                // Shortened before the blocks are handed out: if `sink` unwound halfway, the
+                // rest would be lost (leaked), never handed out twice.
+                m.len = start as u32;
+                for &unit in m.items[start..start + n].iter().rev() {
+                    sink(unit);
+                }
+                n
+            })
+        };
+        // Relaxed: statistics; single writer (see `bump`).
+        let allocs = &cache.allocs;
+        allocs.store(
+            allocs.load(Ordering::Relaxed).wrapping_add(n as u64),
+            Ordering::Relaxed,
+        );
+        n
+    }
+
     /// Pushes a freed block of class `c`; `false` (and nothing pushed) if the magazine is full.
     #[inline(always)]
     pub(crate) fn push(&self, c: usize, unit: u32) -> bool {
@@ -179,12 +213,14 @@ impl<'a> Mine<'a> {
     }
 
     /// Whether class `c` is cached at all (capacity above zero).
+    #[inline(always)]
     pub(crate) fn enabled(&self, c: usize) -> bool {
         // SAFETY: `Mine` proves ownership.
         unsafe { self.cache(c).with(|m| m.cap != 0) }
     }
 
     /// Class `c`'s refill/flush batch.
+    #[inline(always)]
     pub(crate) fn batch(&self, c: usize) -> u32 {
         // SAFETY: `Mine` proves ownership.
         unsafe { self.cache(c).with(|m| m.batch) }

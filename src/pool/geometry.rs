@@ -17,7 +17,12 @@ pub(crate) const MAX_CLASS_SHIFT: u32 = 30;
 /// Number of size classes the fixed per-class tables have room for (256 B ..= 1 GiB).
 pub(crate) const MAX_CLASSES: usize = (MAX_CLASS_SHIFT - MIN_SHIFT + 1) as usize;
 /// Largest magazine a thread cache keeps per class.
-pub(crate) const MAG_MAX: usize = 64;
+#[cfg(not(loom))]
+pub(crate) const MAG_MAX: usize = 128;
+/// Largest magazine a thread cache keeps per class. The loom models use caches of two blocks
+/// and run on 32 KiB coroutine stacks, which a slot of full-size magazines would overflow.
+#[cfg(loom)]
+pub(crate) const MAG_MAX: usize = 8;
 const _: () = assert!(
     MAG_MAX.is_power_of_two(),
     "magazine indices are masked with MAG_MAX - 1"
@@ -108,10 +113,11 @@ impl Geometry {
             return bad("max_class", max_class, "a power of two from 256 B to 1 GiB");
         }
         if config.thread_cache > MAG_MAX {
+            // MAG_MAX (the loom build's smaller limit is never reached by its models).
             return bad(
                 "thread_cache",
                 config.thread_cache as u64,
-                "at most 64 blocks",
+                "at most 128 blocks",
             );
         }
         if config.max_threads > 4096 {
@@ -206,7 +212,7 @@ impl Geometry {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -246,8 +252,12 @@ mod tests {
         assert_eq!(g.max_order, 5);
         assert_eq!(g.classes, 13);
         assert_eq!(g.units, (64 << 20) >> 8);
-        assert_eq!(g.class[0].cap, 64);
-        assert_eq!(g.class[0].batch, 32);
+        assert_eq!(g.class[0].cap, 128);
+        assert_eq!(g.class[0].batch, 64);
+        // 4 KiB blocks: 128 of them are 512 KiB, under the byte cap.
+        assert_eq!(g.class[4].cap, 128);
+        // 64 KiB blocks: the byte cap leaves 32.
+        assert_eq!(g.class[8].cap, 32);
         // 1 MiB blocks: the byte cap leaves two per thread.
         assert_eq!(g.class[12].cap, 2);
         assert_eq!(g.class[12].batch, 1);
@@ -286,7 +296,7 @@ mod tests {
             })
         ));
         assert!(matches!(
-            Geometry::new(8 << 20, &Config::default().thread_cache(65)),
+            Geometry::new(8 << 20, &Config::default().thread_cache(129)),
             Err(Error::Config {
                 field: "thread_cache",
                 ..

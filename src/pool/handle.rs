@@ -1,6 +1,7 @@
 //! [`Pool`]: the offset allocator wrapped around one DMA mapping.
 
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::ptr::{self, NonNull};
 
 use super::arena::{Arena, Block, Failure};
@@ -26,8 +27,11 @@ enum Iovas {
 /// [module documentation](super) for the design).
 ///
 /// The pool owns the [`Mapping`]: it is mapped once, before the pool exists, and unmapped when
-/// the pool is dropped; allocating and freeing make no system call and no heap allocation.
+/// the pool is dropped (unless buffers are still out: see `Drop`); allocating and freeing make no system call and no heap allocation.
 /// `Pool` is `Send + Sync`: share it by reference (scoped threads) or `Arc`; buffers borrow it.
+/// It is 128-byte aligned: its read-mostly fields have their cache lines to themselves, and a
+/// buffer keeps its size class in the low bits of its pointer to the pool.
+#[repr(align(128))]
 pub struct Pool {
     // Copies of the arena's hot fields, one pointer hop closer for the fast path.
     /// The arena's id (what thread caches key on).
@@ -36,8 +40,9 @@ pub struct Pool {
     classes: usize,
     /// The arena's waiter count (see `Arena::waiters`).
     waiters: NonNull<AtomicU32>,
-    // Dropped first: the arena drains thread caches into metadata that may live in `mapping`.
-    pub(super) arena: Box<Arena>,
+    /// Dropped by `Drop` before the mapping: it drains thread caches into metadata that may
+    /// live in `mapping`.
+    arena: ManuallyDrop<Box<Arena>>,
     /// Host address of arena offset 0.
     base: NonNull<u8>,
     iovas: Iovas,
@@ -45,7 +50,45 @@ pub struct Pool {
     arena_offset: usize,
     config: Config,
     shared: bool,
-    mapping: Mapping,
+    /// Unmapped by `Drop`, or leaked if buffers are still out.
+    mapping: ManuallyDrop<Mapping>,
+}
+
+/// Mappings leaked by pools dropped while buffers were still out, in this process. A plain std
+/// atomic on purpose: a process-wide count, not part of any modelled algorithm.
+static LEAKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times, in this process, a [`Pool`] was dropped while some of its buffers were
+/// still out and therefore left its mapping mapped (see [`Pool`]'s `Drop`).
+pub fn leaked_mappings() -> u64 {
+    // Relaxed: a statistic; it orders nothing.
+    LEAKED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+impl Drop for Pool {
+    /// Drains the thread caches and unmaps the mapping (which DMA-unmaps and unpins it).
+    ///
+    /// If buffers of this pool are still out — possible only by `mem::forget`-ing a
+    /// [`Buffer`], e.g. a ring that gives up buffers a device never released — the device may
+    /// still write them, so the pool leaks its mapping on purpose: the memory stays mapped,
+    /// pinned and in the device's address space until the process exits, and
+    /// [`leaked_mappings`] counts it.
+    /// Nothing is logged. Buffers allocated by other processes of a shared pool are theirs to
+    /// account for: only this process's buffers count here.
+    fn drop(&mut self) {
+        let out = self.arena.blocks_out();
+        // SAFETY: dropped once, here; `self.arena` is not used after this line.
+        unsafe { ManuallyDrop::drop(&mut self.arena) };
+        // SAFETY: taken once, here; `self.mapping` is not used after this line.
+        let mapping = unsafe { ManuallyDrop::take(&mut self.mapping) };
+        if out == 0 {
+            drop(mapping);
+        } else {
+            // Relaxed: a statistic.
+            LEAKED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::mem::forget(mapping);
+        }
+    }
 }
 
 // SAFETY: `base` points into `mapping`, which the pool owns and which is Send; the arena is made
@@ -175,13 +218,13 @@ impl Pool {
             id: arena.id(),
             classes: arena.geometry().classes,
             waiters: arena.waiters(),
-            arena,
+            arena: ManuallyDrop::new(arena),
             base,
             iovas,
             arena_offset,
             config,
             shared,
-            mapping,
+            mapping: ManuallyDrop::new(mapping),
         })
     }
 
@@ -205,6 +248,9 @@ impl Pool {
 
     #[cold]
     fn alloc_slow(&self, len: usize) -> Result<Buffer<'_>, Error> {
+        if len > self.max_len() {
+            return Err(self.error(Failure::TooLarge, len));
+        }
         match self.arena.alloc(len) {
             Ok(block) => Ok(self.buffer(block, len)),
             Err(failure) => Err(self.error(failure, len)),
@@ -223,6 +269,9 @@ impl Pool {
         count: usize,
         out: &mut Vec<Buffer<'a>>,
     ) -> Result<(), Error> {
+        if len > self.max_len() {
+            return Err(self.error(Failure::TooLarge, len));
+        }
         let before = out.len();
         out.reserve(count);
         let result = self
@@ -252,23 +301,25 @@ impl Pool {
             }));
     }
 
+    /// Wraps a block of this pool; `len <= max_len() <= u32::MAX` (checked by the callers, or
+    /// implied by a size class).
     #[inline(always)]
     fn buffer(&self, block: Block, len: usize) -> Buffer<'_> {
-        Buffer::new(self, block, len)
+        Buffer::new(self, block, len as u32)
     }
 
-    /// Host address of a block (for [`Buffer::as_ptr`]).
+    /// Host address of block `unit` (for [`Buffer::as_ptr`]).
     #[inline(always)]
-    pub(super) fn host_of(&self, block: Block) -> NonNull<u8> {
-        // SAFETY: `block.offset() < arena length` (a block of this arena), and the arena lies
-        // inside the mapping, so the result is inside it too.
-        unsafe { self.base.add(block.offset() as usize) }
+    pub(super) fn host_of(&self, unit: u32) -> NonNull<u8> {
+        // SAFETY: `unit` is a block of this arena, so its offset is below the arena length, and
+        // the arena lies inside the mapping: the result is inside it too.
+        unsafe { self.base.add(Geometry::offset(unit) as usize) }
     }
 
-    /// IOVA of a block (for [`Buffer::iova`]).
+    /// IOVA of block `unit` (for [`Buffer::iova`]).
     #[inline(always)]
-    pub(super) fn iova_of(&self, block: Block) -> u64 {
-        let offset = block.offset();
+    pub(super) fn iova_of(&self, unit: u32) -> u64 {
+        let offset = Geometry::offset(unit);
         match &self.iovas {
             Iovas::Linear(first) => first + offset,
             Iovas::Chunks { shift, iovas } => {
@@ -292,8 +343,8 @@ impl Pool {
         }
     }
 
-    /// Capacity in bytes of a block of `block`'s kind (for [`Buffer::capacity`]).
-    pub(super) fn capacity_of(&self, block: &Block) -> usize {
+    /// Capacity in bytes of `block` (for [`Buffer::capacity`]).
+    pub(super) fn capacity_of(&self, block: Block) -> usize {
         // At most the arena length, which fits a `usize`.
         block.size(self.arena.geometry()) as usize
     }
@@ -317,10 +368,11 @@ impl Pool {
         self.arena.free(block);
     }
 
-    /// The largest `len` [`Pool::alloc`] can ever satisfy.
+    /// The largest `len` [`Pool::alloc`] can ever satisfy: the largest buddy block, and at most
+    /// `u32::MAX` (a buffer records its length in 32 bits, which keeps it 16 bytes).
     pub fn max_len(&self) -> usize {
         let g = self.arena.geometry();
-        (g.chunk_size() << g.max_order) as usize
+        (g.chunk_size() << g.max_order).min(u64::from(u32::MAX)) as usize
     }
 
     /// A snapshot of the statistics, taken without stopping traffic (see [`Stats`] for how
@@ -362,8 +414,8 @@ impl Pool {
         self.shared
     }
 
-    /// The mapping offset of a buffer at arena offset `offset`.
-    pub(super) fn mapping_offset(&self, offset: u64) -> usize {
-        self.arena_offset + offset as usize
+    /// The mapping offset of block `unit`.
+    pub(super) fn mapping_offset(&self, unit: u32) -> usize {
+        self.arena_offset + Geometry::offset(unit) as usize
     }
 }

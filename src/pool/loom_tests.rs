@@ -69,7 +69,7 @@ fn stack_concurrent_push_pop_keeps_every_node_once() {
         let head = Arc::new(AtomicU64::new(EMPTY));
         let links: Arc<Vec<AtomicU32>> = Arc::new((0..2).map(|_| AtomicU32::new(NIL)).collect());
         {
-            let s = Stack::new(&head, &links);
+            let s = Stack::new(&head, &links[..]);
             s.push(0);
             s.push(1);
         }
@@ -79,13 +79,13 @@ fn stack_concurrent_push_pop_keeps_every_node_once() {
         let popper = {
             let (head, links) = (Arc::clone(&head), Arc::clone(&links));
             thread::spawn(move || {
-                let s = Stack::new(&head, &links);
+                let s = Stack::new(&head, &links[..]);
                 if let Some(node) = s.pop() {
                     s.push(node);
                 }
             })
         };
-        let s = Stack::new(&head, &links);
+        let s = Stack::new(&head, &links[..]);
         let a = s.pop();
         let b = s.pop();
         if let Some(a) = a {

@@ -154,10 +154,14 @@ pub(crate) struct ClassShared {
     pub(crate) direct_frees: AtomicU64,
 }
 
-/// One depot magazine: up to [`BATCH_MAX`] block units moved between caches as a unit.
-#[repr(C)]
+/// One depot magazine: up to [`BATCH_MAX`] block units moved between caches as a unit. Its
+/// stack link and count share its first cache line, so a pop or push touches the head word and
+/// this line only; cache-line aligned, so two magazines never share a line.
+#[repr(C, align(64))]
 #[derive(Debug)]
 pub(crate) struct DepotMagazine {
+    /// The next magazine on the stack (full or empty) this one is on (see `stack::Links`).
+    pub(crate) next: AtomicU32,
     /// Number of valid entries.
     pub(crate) count: AtomicU32,
     /// Block units.
@@ -167,6 +171,7 @@ pub(crate) struct DepotMagazine {
 impl Default for DepotMagazine {
     fn default() -> Self {
         Self {
+            next: AtomicU32::new(0),
             count: AtomicU32::new(0),
             items: std::array::from_fn(|_| AtomicU32::new(0)),
         }
@@ -193,7 +198,6 @@ pub(crate) struct Meta {
     pub(crate) classes: Table<ClassShared>,
     pub(crate) orders: Table<AtomicU32>,
     pub(crate) nodes: Table<BuddyNode>,
-    pub(crate) magazine_links: Table<AtomicU32>,
     pub(crate) magazines: Table<DepotMagazine>,
     pub(crate) links: Table<AtomicU32>,
 }
@@ -207,7 +211,6 @@ pub(crate) struct Layout {
     classes: usize,
     orders: usize,
     nodes: usize,
-    magazine_links: usize,
     magazines: usize,
     links: usize,
     /// Total bytes, header included.
@@ -236,7 +239,6 @@ impl Layout {
         let classes = place(size_of::<ClassShared>() * MAX_CLASSES);
         let orders = place(size_of::<AtomicU32>() * MAX_ORDERS);
         let nodes = place(size_of::<BuddyNode>() * g.chunks as usize);
-        let magazine_links = place(size_of::<AtomicU32>() * g.magazines as usize);
         let magazines = place(size_of::<DepotMagazine>() * g.magazines as usize);
         let links = place(size_of::<AtomicU32>() * g.units as usize);
         Self {
@@ -245,7 +247,6 @@ impl Layout {
             classes,
             orders,
             nodes,
-            magazine_links,
             magazines,
             links,
             len: at,
@@ -262,7 +263,6 @@ impl Meta {
             classes: Table::heap(MAX_CLASSES, ClassShared::default),
             orders: Table::heap(MAX_ORDERS, || AtomicU32::new(0)),
             nodes: Table::heap(g.chunks as usize, BuddyNode::default),
-            magazine_links: Table::heap(g.magazines as usize, || AtomicU32::new(0)),
             magazines: Table::heap(g.magazines as usize, DepotMagazine::default),
             links: Table::heap(g.units as usize, || AtomicU32::new(0)),
         }
@@ -288,7 +288,6 @@ impl Meta {
             classes: at(base, layout.classes, MAX_CLASSES),
             orders: at(base, layout.orders, MAX_ORDERS),
             nodes: at(base, layout.nodes, g.chunks as usize),
-            magazine_links: at(base, layout.magazine_links, g.magazines as usize),
             magazines: at(base, layout.magazines, g.magazines as usize),
             links: at(base, layout.links, g.units as usize),
         }
@@ -310,7 +309,6 @@ mod tests {
             l.classes,
             l.orders,
             l.nodes,
-            l.magazine_links,
             l.magazines,
             l.links,
         ];

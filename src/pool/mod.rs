@@ -25,7 +25,10 @@
 //! `leading_zeros`, with no division or table. A class's blocks come from *slabs* of
 //! `max(chunk, block)` bytes taken from the buddy allocator, so every block is aligned to its
 //! size and never straddles a chunk (a hugepage, by default): it is IOVA-contiguous even when
-//! the mapping is only contiguous per page. A slab stays with its class once carved.
+//! the mapping is only contiguous per page. Alignment is that of the IOVA (what the device
+//! sees): the pool starts its arena where the mapping's IOVA is aligned to the larger of chunk
+//! and largest class; the host address shares the IOVA's alignment up to the page size. A slab
+//! stays with its class once carved.
 //!
 //! **Large buffers.** Requests above the largest class get `2^k` whole chunks from a buddy
 //! allocator that splits and merges ([`LargeStats`] counts both). Its free lists are guarded by
@@ -44,15 +47,19 @@
 //! makes a thread exiting concurrently flush into a live pool or not at all. Pool ids are never
 //! reused, so a dead entry can never be mistaken for a live pool. See the `cache` module.
 //!
-//! **Shared lists.** Per class, a lock-free depot of full magazines (a batch moves with one CAS
-//! and two cache lines) and a lock-free list of single blocks, both tagged Treiber stacks whose
+//! **Shared lists.** Per class, a lock-free depot of full magazines (a batch of up to 64 blocks
+//! moves with one CAS and the magazine's own cache lines) and a lock-free list of single blocks, both tagged Treiber stacks whose
 //! head packs a 32-bit generation tag next to a 32-bit index: the ABA defence is written next to
 //! each CAS in the `stack` module. No `Mutex` on alloc or free.
 //!
 //! **Buffers.** A [`Buffer`] borrows its pool (`Buffer<'pool>`), which is what makes the free
 //! path free of reference counting: it is `Send`, returns itself to the pool on `Drop` from any
-//! thread, and the borrow checker guarantees the pool outlives it. It never hands out `&[u8]` to
-//! its memory (the device writes it behind Rust's back): data moves through copies and volatile
+//! thread, and the borrow checker guarantees the pool outlives it. It is two words (the pool's
+//! address with the block's size class, or buddy order, in its low 7 bits — a `Pool` is
+//! 128-byte aligned — and `offset / 256 | len << 32`), so it moves in registers, and freeing it
+//! needs no lookup; its host address, IOVA and capacity are computed from the offset and the
+//! class. A buffer is at most 4 GiB − 1 bytes. It never hands out `&[u8]` to its
+//! memory (the device writes it behind Rust's back): data moves through copies and volatile
 //! accesses ([`Buffer::write`], [`Buffer::read`], [`Buffer::slice`]). [`Pool::alloc_bulk`] and
 //! [`Pool::free_bulk`] move whole batches with one thread-cache lookup.
 //!
@@ -60,8 +67,16 @@
 //! [`Exhaustion::Wait`] sleeps on a futex in the metadata (so a free in another process wakes
 //! it too) until a buffer is freed or the timeout passes. The fast path pays one relaxed load of
 //! a read-mostly word for this; while someone waits, frees bypass the thread caches so the
-//! waiter can see them. Blocks held in *other* threads' caches are not visible to a waiter:
-//! size thread caches accordingly.
+//! waiter can see them, and a waiter also re-checks every millisecond on its own (wake-ups are
+//! not fenced, to keep fences off the batch path). Blocks held in *other* threads' caches are
+//! not visible to a waiter: size thread caches accordingly.
+//!
+//! **Dropping a pool with buffers out.** The borrow checker makes a [`Buffer`] outlive its pool
+//! impossible, except through `mem::forget` — which is what a ring does on purpose when a
+//! device never quiesced and may still write the buffers it was given. A pool dropped while
+//! any of its buffers (allocated in this process) is out does not unmap its memory: it leaks
+//! the mapping deliberately (still mapped, pinned and DMA-mapped until the process exits),
+//! counts it in [`leaked_mappings`], and logs nothing.
 //!
 //! **Statistics** per class and for large buffers ([`Stats`]) are relaxed counters readable at
 //! any time; the `stats` module says how exact they are.
@@ -105,10 +120,11 @@ mod wait;
 mod loom_tests;
 
 pub use self::buffer::Buffer;
-pub use self::handle::Pool;
+pub use self::handle::{leaked_mappings, Pool};
 pub use self::stats::{ClassStats, LargeStats, Stats};
 
-/// Every buffer is aligned to at least this many bytes (and each size class to its size).
+/// Every buffer's IOVA and host address are aligned to at least this many bytes (and each size
+/// class's IOVA to its size).
 pub const MIN_ALIGN: usize = geometry::MIN_BLOCK;
 
 /// What an allocation does when nothing is free.
@@ -134,13 +150,13 @@ pub struct Config {
 }
 
 impl Default for Config {
-    /// 1 MiB largest class, 2 MiB chunks, 64-block thread caches of at most 2 MiB per class,
+    /// 1 MiB largest class, 2 MiB chunks, 128-block thread caches of at most 2 MiB per class,
     /// 64 cache slots, 1024 depot magazines, fail on exhaustion.
     fn default() -> Self {
         Self {
             max_class: 1 << 20,
             chunk_size: 2 << 20,
-            thread_cache: 64,
+            thread_cache: 128,
             thread_cache_bytes: 2 << 20,
             max_threads: 64,
             magazines: 1024,
@@ -167,7 +183,7 @@ impl Config {
         self
     }
 
-    /// Blocks each thread caches per class (0 or 1: no thread caches; at most 64).
+    /// Blocks each thread caches per class (0 or 1: no thread caches; at most 128).
     #[must_use]
     pub fn thread_cache(mut self, blocks: usize) -> Self {
         self.thread_cache = blocks;

@@ -4,8 +4,9 @@
 //! by [`Shared::take`]:
 //!
 //! 1. the **depot**: a lock-free stack of full magazines (arrays of up to a batch of block
-//!    units). A refill pops one magazine and copies its entries out: one CAS and two cache lines
-//!    for a whole batch, whoever filled it. Empty magazines wait on a pool-wide stack.
+//!    units). A refill pops one magazine and copies its entries out: one CAS and the magazine's
+//!    own cache lines (its stack link is in the first) for a whole batch, whoever filled it.
+//!    Empty magazines wait on a pool-wide stack.
 //! 2. the **list**: a lock-free stack of single blocks linked through the link table (one
 //!    `u32` per 256-byte unit). Used when the depot has no empty magazine to fill; a refill pops
 //!    up to a batch as one chain.
@@ -18,9 +19,9 @@
 
 use super::buddy::Buddy;
 use super::geometry::{Geometry, BATCH_MAX};
-use super::meta::{ClassShared, Meta};
+use super::meta::{ClassShared, DepotMagazine, Meta};
 use super::stack::{pack, Stack, EMPTY, NIL};
-use crate::sync::Ordering;
+use crate::sync::{AtomicU32, Ordering};
 
 /// A view of the shared level of one arena.
 #[derive(Debug, Clone, Copy)]
@@ -39,16 +40,16 @@ impl<'a> Shared<'a> {
         &self.meta.classes[c]
     }
 
-    fn list(&self, c: usize) -> Stack<'a> {
+    fn list(&self, c: usize) -> Stack<'a, [AtomicU32]> {
         Stack::new(&self.class(c).list, &self.meta.links)
     }
 
-    fn depot(&self, c: usize) -> Stack<'a> {
-        Stack::new(&self.class(c).full, &self.meta.magazine_links)
+    fn depot(&self, c: usize) -> Stack<'a, [DepotMagazine]> {
+        Stack::new(&self.class(c).full, &self.meta.magazines)
     }
 
-    fn empties(&self) -> Stack<'a> {
-        Stack::new(&self.meta.globals[0].empty, &self.meta.magazine_links)
+    fn empties(&self) -> Stack<'a, [DepotMagazine]> {
+        Stack::new(&self.meta.globals[0].empty, &self.meta.magazines)
     }
 
     /// Sets up a fresh arena: empty lists and depots, every magazine on the empty stack. Only at

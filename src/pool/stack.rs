@@ -1,10 +1,12 @@
-//! A lock-free LIFO of `u32` indices (a Treiber stack) whose links live in a side table.
+//! A lock-free LIFO of `u32` indices (a Treiber stack) whose links live in a table.
 //!
 //! The head is one `AtomicU64`: the index of the top node in the low 32 bits and a 32-bit tag in
-//! the high bits. Nodes are indices into a table of `AtomicU32` links, so the same code serves
-//! the per-class free lists (nodes are 256-byte units of the arena), the depot's full and empty
-//! magazine stacks (nodes are magazine numbers), and works unchanged when head and links are in
-//! memory shared by two processes: nothing in it is a pointer.
+//! the high bits. Nodes are indices into a table of `AtomicU32` links ([`Links`]), so the same
+//! code serves the per-class free lists (nodes are 256-byte units of the arena, links a side
+//! table), the depot's full and empty magazine stacks (nodes are magazine numbers, each link in
+//! its magazine's first cache line, next to the count a taker reads anyway), and works
+//! unchanged when head and links are in memory shared by two processes: nothing in it is a
+//! pointer.
 //!
 //! **ABA defence.** Every successful compare-and-swap on the head increments the tag. A thread
 //! that read head `(t, A)` and `next(A) = B` cannot install `B` if, in the meantime, `A` was
@@ -18,7 +20,28 @@
 //! data race, and the stale value is never used because the CAS that would install it fails.
 //! A value read this way may be any index, so walks check bounds and length before following it.
 
+use super::meta::DepotMagazine;
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
+
+/// A table of nodes' links: node `i`'s successor is in `link(i)`.
+pub(crate) trait Links {
+    /// Node `i`'s link, or `None` if `i` is outside the table.
+    fn link(&self, i: u32) -> Option<&AtomicU32>;
+}
+
+impl Links for [AtomicU32] {
+    #[inline(always)]
+    fn link(&self, i: u32) -> Option<&AtomicU32> {
+        self.get(i as usize)
+    }
+}
+
+impl Links for [DepotMagazine] {
+    #[inline(always)]
+    fn link(&self, i: u32) -> Option<&AtomicU32> {
+        self.get(i as usize).map(|m| &m.next)
+    }
+}
 
 /// The "no node" index.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -40,16 +63,35 @@ pub(crate) fn unpack(word: u64) -> (u32, u32) {
 pub(crate) const EMPTY: u64 = NIL as u64;
 
 /// A view of one stack: its head word and the link table its nodes index.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Stack<'a> {
+#[derive(Debug)]
+pub(crate) struct Stack<'a, L: ?Sized> {
     head: &'a AtomicU64,
-    links: &'a [AtomicU32],
+    links: &'a L,
 }
 
-impl<'a> Stack<'a> {
-    /// The stack whose head is `head` and whose node `i` stores its successor in `links[i]`.
-    pub(crate) fn new(head: &'a AtomicU64, links: &'a [AtomicU32]) -> Self {
+impl<L: ?Sized> Clone for Stack<'_, L> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<L: ?Sized> Copy for Stack<'_, L> {}
+
+impl<'a, L: Links + ?Sized> Stack<'a, L> {
+    /// The stack whose head is `head` and whose node `i` stores its successor in
+    /// `links.link(i)`.
+    pub(crate) fn new(head: &'a AtomicU64, links: &'a L) -> Self {
         Self { head, links }
+    }
+
+    /// Node `i`'s link; panics (a bug in the caller, who owns the node) if `i` is outside the
+    /// table.
+    #[inline(always)]
+    fn owned_link(&self, i: u32) -> &'a AtomicU32 {
+        match self.links.link(i) {
+            Some(link) => link,
+            None => panic!("stack node {i} is outside its link table"),
+        }
     }
 
     /// Whether the stack looked empty at some instant during the call.
@@ -64,7 +106,7 @@ impl<'a> Stack<'a> {
     ///
     /// Panics (a bug in the caller, not bad input) if `last` is outside the link table.
     pub(crate) fn push_chain(&self, first: u32, last: u32) {
-        let link = &self.links[last as usize];
+        let link = self.owned_link(last);
         // Relaxed: the value is only a CAS expectation; the CAS below re-validates it.
         let mut current = self.head.load(Ordering::Relaxed);
         loop {
@@ -103,12 +145,12 @@ impl<'a> Stack<'a> {
             let (tag, top) = unpack(current);
             // A head outside the table only happens if shared memory was overwritten by
             // something other than this code; never hand such a node out.
-            let top_link = self.links.get(top as usize)?;
+            let top_link = self.links.link(top)?;
             let mut count = 1;
             // Relaxed: ordered by the Acquire above; a stale value fails the CAS below.
             let mut next = top_link.load(Ordering::Relaxed);
             while count < max && next != NIL {
-                match self.links.get(next as usize) {
+                match self.links.link(next) {
                     Some(link) => next = link.load(Ordering::Relaxed),
                     None => {
                         // A link outside the table was rewritten behind our back (the head has
@@ -125,7 +167,7 @@ impl<'a> Stack<'a> {
                 }
                 count += 1;
             }
-            if next != NIL && next as usize >= self.links.len() {
+            if next != NIL && self.links.link(next).is_none() {
                 // Same defence for the link of the last node taken.
                 next = NIL;
             }
@@ -154,14 +196,14 @@ impl<'a> Stack<'a> {
     pub(crate) fn next(&self, node: u32) -> u32 {
         // Relaxed: the caller owns the chain; its links were made visible by the Acquire that
         // transferred ownership (or were written by this thread).
-        self.links[node as usize].load(Ordering::Relaxed)
+        self.owned_link(node).load(Ordering::Relaxed)
     }
 
     /// Links `node -> next` in a chain the caller owns.
     #[inline]
     pub(crate) fn link(&self, node: u32, next: u32) {
         // Relaxed: published by the Release CAS of the push that hands the chain over.
-        self.links[node as usize].store(next, Ordering::Relaxed);
+        self.owned_link(node).store(next, Ordering::Relaxed);
     }
 }
 
@@ -186,7 +228,7 @@ mod tests {
     #[test]
     fn lifo_and_chains() {
         let (head, links) = table(8);
-        let s = Stack::new(&head, &links);
+        let s = Stack::new(&head, &links[..]);
         assert!(s.is_empty());
         assert_eq!(s.pop(), None);
         s.push(3);
@@ -205,7 +247,7 @@ mod tests {
     #[test]
     fn tag_changes_on_every_update() {
         let (head, links) = table(4);
-        let s = Stack::new(&head, &links);
+        let s = Stack::new(&head, &links[..]);
         s.push(2);
         let before = head.load(Ordering::Relaxed);
         assert_eq!(s.pop(), Some(2));
@@ -218,7 +260,7 @@ mod tests {
     #[test]
     fn overwritten_links_are_never_followed_out_of_the_table() {
         let (head, links) = table(4);
-        let s = Stack::new(&head, &links);
+        let s = Stack::new(&head, &links[..]);
         s.push(0);
         s.push(1);
         // Memory overwritten from outside: 1 -> 1000. The chain ends at 1; nothing outside the
