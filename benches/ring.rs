@@ -1,19 +1,26 @@
 //! Descriptor ring benchmarks, each against baselines in the same run.
 //!
-//! - `handoff/{8B,64B}/burst{1,32}`: descriptors handed from one thread to another. The ring
-//!   writes them into DMA memory (`Queue::post`, or `Queue::post_burst` for a burst) and rings
-//!   one doorbell per burst (posted descriptors: no completion); the device thread reads them
-//!   and writes its head back. Baselines: `rtrb` (a
-//!   wait-free SPSC ring, chunk API for bursts) and crossbeam's `ArrayQueue` (MPMC). One
-//!   iteration is one burst; the throughput line gives the time per descriptor.
-//! - `roundtrip`: the host submits one command, the device thread completes it, the host sees the
-//!   completion (busy-polling); baselines: a pair of `rtrb` rings and a pair of `ArrayQueue`s, and
-//!   `floor`, one value bounced between two cores through one cache line each way.
+//! - `handoff/{8B,64B}/burst{1,32}`: the pure submission handoff, the case that compares with
+//!   an SPSC queue: descriptors handed from one thread to another. The ring writes them into
+//!   DMA memory (`Queue::post`, or `Queue::post_burst` for a burst) and rings one doorbell per
+//!   burst (posted descriptors: no completion); the device thread reads the doorbell, then the
+//!   descriptors (`DeviceQueue::fetch`, `DeviceQueue::pop_burst`) and writes its head back
+//!   (`DeviceQueue::release`), as the loopback device's engine does. Baselines carrying the
+//!   same bytes per item: `rtrb` (a wait-free SPSC ring, chunk API for bursts) and crossbeam's
+//!   `ArrayQueue` (MPMC). One iteration is one burst; the throughput line gives the time per
+//!   descriptor.
+//! - `roundtrip`: the full submit -> complete path: the host submits one command (descriptor,
+//!   payload into the in-flight table, doorbell), the device thread completes it (completion
+//!   with phase), the host sees the completion (busy-polling) and takes the payload back;
+//!   baselines: a pair of `rtrb` rings and a pair of `ArrayQueue`s, and `floor`, one value
+//!   bounced between two cores through one cache line each way.
 //!
-//! Host and device threads are pinned to CPUs 0 and 1 where the machine has them.
+//! Host and device threads are pinned to CPUs 0 and 1 where the machine has them. On a busy
+//! machine, run it under a real-time class so other load stays off the two CPUs:
 //!
 //! ```text
 //! cargo bench --bench ring -- --warm-up-time 1 --measurement-time 3
+//! chrt -f 50 target/release/deps/ring-<hash> --bench --warm-up-time 1 --measurement-time 3
 //! ```
 
 use std::hint::black_box;
@@ -86,18 +93,39 @@ impl Item for Command {
     }
 }
 
-fn pin(cpu: usize) {
+fn set_affinity(cpus: &[usize]) {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it; the call reads it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
+        for &cpu in cpus {
+            libc::CPU_SET(cpu, &mut set);
+        }
         // Best effort: a machine with one CPU (or a restricted mask) just runs unpinned.
         let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 
+fn pin(cpu: usize) {
+    set_affinity(&[cpu]);
+}
+
+/// Spawns `f` on CPU 1 (the device side). The new thread starts with its parent's CPU mask, so
+/// the parent (on CPU 0) widens it first: a thread that could only start on CPU 0 would wait
+/// behind a spinning parent, for ever under a real-time scheduling class (`chrt -f`, which
+/// keeps other load off the measurement).
+fn spawn_device(f: impl FnOnce() + Send + 'static) -> thread::JoinHandle<()> {
+    set_affinity(&[0, 1]);
+    let handle = thread::spawn(move || {
+        pin(1);
+        f()
+    });
+    pin(0);
+    handle
+}
+
 /// A host queue and its device view over loopback DMA memory; the doorbells sit on separate
-/// cache lines of a shared-memory BAR (the loopback device's layout).
+/// cache lines of a shared-memory BAR (the loopback device's layout), lines wholly inside its
+/// allocation so that no other heap object shares them.
 fn pair<D: Submission, T: Send>(space: &Loopback) -> (Queue<D, Status, T>, DeviceQueue<D, Status>) {
     let layout = Layout::new::<D, Status>(DEPTH).unwrap();
     let len = layout.size().next_multiple_of(4096);
@@ -108,7 +136,7 @@ fn pair<D: Submission, T: Send>(space: &Loopback) -> (Queue<D, Status, T>, Devic
         .unwrap();
     let mapping = Arc::new(space.map(Arc::new(region)).unwrap());
     let memory = Memory::from_mapping(mapping, 0, layout.size()).unwrap();
-    let doorbells = Doorbells::new(Block::new(Shared::new(256)).erase(), 0, 128).unwrap();
+    let doorbells = Doorbells::new(Block::new(Shared::new(512)).erase(), 128, 384).unwrap();
     let queue = Queue::new(Config::new(DEPTH), memory.clone(), doorbells.clone(), None).unwrap();
     let window = space.translate(memory.iova(), layout.size()).unwrap();
     let device_memory = Memory::from_window(window, memory.iova()).unwrap();
@@ -124,8 +152,7 @@ fn consumer(
     mut step: impl FnMut() -> u64 + Send + 'static,
 ) -> thread::JoinHandle<()> {
     let (stop, count) = (Arc::clone(stop), Arc::clone(count));
-    thread::spawn(move || {
-        pin(1);
+    spawn_device(move || {
         while !stop.load(Ordering::Relaxed) {
             let n = step();
             if n > 0 {
@@ -162,16 +189,12 @@ fn handoff_ring<D: Item>(
         Arc::new(AtomicU64::new(0)),
     );
     let handle = consumer(&stop, &count, move || {
-        let mut n = 0;
         let mut sum = 0;
         device.fetch().unwrap();
-        while let Some(d) = device.pop() {
-            sum += d.value();
-            n += 1;
-        }
+        let n = device.pop_burst(u32::MAX, |d| sum += d.value());
         device.release();
         black_box(sum);
-        n
+        u64::from(n)
     });
     pin(0);
     c.bench_function(
@@ -327,8 +350,7 @@ fn roundtrip(c: &mut Criterion) {
         let pong = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (p, q, s) = (Arc::clone(&ping), Arc::clone(&pong), Arc::clone(&stop));
-        let handle = thread::spawn(move || {
-            pin(1);
+        let handle = spawn_device(move || {
             let mut last = 0;
             while !s.load(Ordering::Relaxed) {
                 let v = p.load(Ordering::Acquire);
@@ -360,8 +382,7 @@ fn roundtrip(c: &mut Criterion) {
         let (mut queue, mut device) = pair::<Command, ()>(&space);
         let stop = Arc::new(AtomicBool::new(false));
         let s = Arc::clone(&stop);
-        let handle = thread::spawn(move || {
-            pin(1);
+        let handle = spawn_device(move || {
             while !s.load(Ordering::Relaxed) {
                 device.fetch().unwrap();
                 let mut any = false;
@@ -403,8 +424,7 @@ fn roundtrip(c: &mut Criterion) {
         let (mut dev_tx, mut from_dev) = rtrb::RingBuffer::<Status>::new(DEPTH as usize);
         let stop = Arc::new(AtomicBool::new(false));
         let s = Arc::clone(&stop);
-        let handle = thread::spawn(move || {
-            pin(1);
+        let handle = spawn_device(move || {
             while !s.load(Ordering::Relaxed) {
                 match dev_rx.pop() {
                     Ok(command) => {
@@ -439,8 +459,7 @@ fn roundtrip(c: &mut Criterion) {
         let (rx, tx) = (Arc::clone(&to_dev), Arc::clone(&from_dev));
         let stop = Arc::new(AtomicBool::new(false));
         let s = Arc::clone(&stop);
-        let handle = thread::spawn(move || {
-            pin(1);
+        let handle = spawn_device(move || {
             while !s.load(Ordering::Relaxed) {
                 match rx.pop() {
                     Some(command) => {

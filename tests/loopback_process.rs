@@ -147,7 +147,22 @@ fn the_device_process_reaches_only_what_is_mapped() {
         .lock(false)
         .build()
         .unwrap();
-    assert!(device.dma_space().map(Arc::new(anonymous)).is_err());
+    let err = device.dma_space().map(Arc::new(anonymous)).unwrap_err();
+    let mut text = err.to_string();
+    let mut cause = std::error::Error::source(&err);
+    while let Some(c) = cause {
+        text += &format!(": {c}");
+        cause = c.source();
+    }
+    assert!(
+        text.contains(".memfd()"),
+        "the error says how to make shareable memory: {text}"
+    );
+    assert_eq!(
+        device.dma_space().stats().maps,
+        1,
+        "only the ring is mapped"
+    );
 
     let host = shared_memory(&device, 8192);
     host.slice().fill(0x42);

@@ -6,7 +6,9 @@
 //!
 //! One device (zero-cost model, engine thread) is kept for the whole run; each input is a
 //! sequence of descriptors, some built from fields aimed at the interesting addresses (inside,
-//! across and past the mapping, an unmapped IOVA, device-memory bounds), some raw bytes.
+//! across and past the mapping, an unmapped IOVA, device-memory bounds), some raw bytes, and
+//! remaps of the host memory between them (the device must stop reaching the old IOVAs at
+//! once, whatever it cached).
 
 #![no_main]
 
@@ -58,6 +60,9 @@ enum Desc {
         keep_args: u8,
     },
     Raw([u8; 64]),
+    /// Not a descriptor: the host memory moves to a new mapping (same bytes, new IOVAs) and
+    /// the old one is unmapped, so the device's cached translation of it must go.
+    Remap,
 }
 
 struct Fixture {
@@ -145,8 +150,23 @@ impl Fixture {
         command
     }
 
+    /// Maps the host memory anew (a copy of the model) and unmaps the old mapping, whose IOVAs
+    /// become the unmapped range.
+    fn remap(&mut self) {
+        let fresh = self
+            .device
+            .dma_space()
+            .map(Arc::new(region(HOST)))
+            .expect("mapped");
+        fresh.slice().write_from(0, &self.model_host).unwrap();
+        let old = std::mem::replace(&mut self.host, fresh);
+        self.gone = old.iova(0).unwrap();
+        old.unmap().expect("unmapped");
+    }
+
     fn command(&self, desc: &Desc) -> Command {
         let command = match desc {
+            Desc::Remap => unreachable!("not a descriptor"),
             Desc::Fields {
                 opcode,
                 flags,
@@ -345,6 +365,11 @@ impl Fixture {
 fuzz_target!(|descs: Vec<Desc>| {
     let mut fixture = fixture().lock().unwrap_or_else(|p| p.into_inner());
     for desc in descs.iter().take(64) {
+        if let Desc::Remap = desc {
+            fixture.remap();
+            fixture.check_memory();
+            continue;
+        }
         let command = fixture.command(desc);
         let (code, result) = fixture.predict(&command);
         fixture.queue.submit(command, ()).expect("submitted");

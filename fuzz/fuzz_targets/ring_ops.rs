@@ -1,6 +1,7 @@
 //! The queue pair against a reference model: the host `Queue` and a `DeviceQueue` (played by
-//! this harness) take turns at submit / post / batch / flush / fetch / pop / release / complete
-//! (out of order, or with a bogus id) / poll / reap / zero-timeout wait / arm / disarm / drop.
+//! this harness) take turns at submit / post / batch / flush / fetch / pop / pop burst / release
+//! / complete (out of order, or with a bogus id) / poll / reap / zero-timeout wait / arm / disarm
+//! / drop, with counter or slot-valued doorbells.
 //! After every step the results, ids, payloads, errors and counts equal the model's; a payload
 //! the device may still touch is never dropped unless the device was stopped first, and a queue
 //! that cannot stop its device leaks instead.
@@ -15,13 +16,15 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use userdma::mmio::{Block, Shared};
 use userdma::ring::{
-    leaks, Config, DeviceQueue, Doorbells, Error, Layout, Memory, Pod, Queue, Quiesce, Rejected,
-    Status, Submission, POSTED,
+    leaks, Config, DeviceQueue, DoorbellValue, Doorbells, Error, Layout, Memory, Pod, Queue,
+    Quiesce, Rejected, Status, Submission, POSTED,
 };
 
 #[derive(Debug, Arbitrary)]
 struct Input {
     depth_log2: u8,
+    /// Slot-valued doorbells (`DoorbellValue::Slot`, NVMe's format) instead of counters.
+    slot_doorbells: bool,
     ops: Vec<Op>,
 }
 
@@ -35,6 +38,7 @@ enum Op {
     Flush,
     Fetch,
     Pop(u8),
+    PopBurst(u8),
     Release,
     Complete(u8),
     CompleteBogus(u8),
@@ -137,6 +141,8 @@ enum Cqe {
 #[derive(Debug, Default)]
 struct Model {
     depth: u32,
+    /// Slots kept empty in each ring (1 with slot doorbells: a slot cannot tell full from empty).
+    reserve: u32,
     // Host.
     tail: u32,
     announced: u32,
@@ -162,11 +168,12 @@ struct Model {
 }
 
 impl Model {
-    fn new(depth: u32) -> Model {
+    fn new(depth: u32, reserve: u32) -> Model {
         Model {
             depth,
+            reserve,
             free_ids: (0..depth as u16).rev().collect(),
-            limit: u64::from(depth),
+            limit: u64::from(depth - reserve),
             ..Model::default()
         }
     }
@@ -175,7 +182,8 @@ impl Model {
     /// The host's SQ room: up to `limit`, recomputed from the device's written-back head only
     /// when there is none. While the device has entries left to read, the host does not write
     /// slots in the cache line (8 descriptors of 8 bytes) holding the device's head, when the
-    /// ring spans at least two lines. Counted without wrapping (no test runs 2^32 entries).
+    /// ring spans at least two lines, and it always keeps `reserve` slots empty. Counted
+    /// without wrapping (no test runs 2^32 entries).
     fn sq_room(&mut self) -> u32 {
         let room = |m: &Model| (m.limit.saturating_sub(u64::from(m.tail))) as u32;
         if room(self) > 0 {
@@ -184,12 +192,12 @@ impl Model {
         self.head_seen = self.released;
         let head = u64::from(self.head_seen);
         let busy = self.tail != self.head_seen;
-        let line_start = head - head % 8;
-        self.limit = if self.depth >= 16 && busy {
-            line_start + u64::from(self.depth)
+        let slack = if self.depth >= 16 && busy {
+            head % 8
         } else {
-            head + u64::from(self.depth)
+            0
         };
+        self.limit = head + u64::from(self.depth) - slack.max(u64::from(self.reserve));
         room(self)
     }
 
@@ -252,10 +260,18 @@ fn run(input: Input) {
         stopped: false,
         dropped: 0,
     };
+    let doorbell = if input.slot_doorbells {
+        DoorbellValue::Slot
+    } else {
+        DoorbellValue::Counter
+    };
+    let config = Config::new(depth).with_doorbell(doorbell);
     let mut queue: Option<Host> =
-        Some(Queue::new(Config::new(depth), memory.clone(), doorbells.clone(), None).unwrap());
-    let mut device = DeviceQueue::<Desc, Status>::new(0, depth, memory, doorbells, None).unwrap();
-    let mut m = Model::new(depth);
+        Some(Queue::new(config, memory.clone(), doorbells.clone(), None).unwrap());
+    let mut device = DeviceQueue::<Desc, Status>::new(0, depth, memory, doorbells, None)
+        .unwrap()
+        .with_doorbell(doorbell);
+    let mut m = Model::new(depth, u32::from(input.slot_doorbells));
     let mut created = 0u64;
     let leaks_before = leaks();
     let mut expect_leaked = 0u64;
@@ -412,6 +428,22 @@ fn run(input: Input) {
                     }
                 }
             }
+            Op::PopBurst(n) => {
+                let max = u32::from(n % 8);
+                let mut got = Vec::new();
+                let count = device.pop_burst(max, |desc| got.push(desc));
+                assert_eq!(count as usize, got.len());
+                let expect = m.dev_tail_seen.wrapping_sub(m.dev_head).min(max);
+                assert_eq!(count, expect, "pop_burst takes what was fetched, up to max");
+                for desc in got {
+                    let (id, value) = m.sq.pop_front().expect("model entry");
+                    assert_eq!((desc.id, desc.value), (id, value));
+                    m.dev_head = m.dev_head.wrapping_add(1);
+                    if id != POSTED {
+                        m.holding.push((id, value));
+                    }
+                }
+            }
             Op::Release => {
                 device.release();
                 m.released = m.dev_head;
@@ -427,10 +459,11 @@ fn run(input: Input) {
                     m.holding[usize::from(pick) % m.holding.len()]
                 };
                 let got = device.complete(Status::new(id, 0, u64::from(value)));
-                if m.cq_tail.wrapping_sub(m.dev_cq_head) == m.depth {
+                let usable = m.depth - m.reserve;
+                if m.cq_tail.wrapping_sub(m.dev_cq_head) >= usable {
                     m.dev_cq_head = m.cq_announced;
                 }
-                if m.cq_tail.wrapping_sub(m.dev_cq_head) == m.depth {
+                if m.cq_tail.wrapping_sub(m.dev_cq_head) >= usable {
                     assert!(matches!(got, Err(Error::CqFull { .. })), "{got:?}");
                     continue;
                 }

@@ -4,10 +4,18 @@
 //! resolves every address it is given with [`Loopback::translate`] and can reach nothing that is
 //! not mapped. Unmapping removes the entry; a lookup that raced with it keeps the memory mapped
 //! (it holds the region) until it is done, so a late device access is never a use-after-free.
+//!
+//! A device that keeps its own copy of the table (the out-of-process loopback device, or a
+//! translation cache) learns of every change through a watcher registered with
+//! [`Loopback::watch`] — told of each mapped piece before `map` returns and of each unmapped
+//! piece before its IOVAs can be reused — or checks [`Loopback::generation`], which moves on
+//! every change, instead of polling the table.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use super::iommu::{place, without_null_page};
 use super::iova::{mask_of, IovaAllocator, IovaRange};
@@ -15,7 +23,81 @@ use super::mapping::{Backend, Counters, Piece};
 use super::{Error, Kind, Mapping, Slice, Space, Stats};
 use crate::memory::u64_of;
 use crate::memory::Region;
-use crate::sync::Mutex;
+use crate::sync::{AtomicU64, Mutex, Ordering};
+
+/// A change of a [`Loopback`] table, as a watcher registered with [`Loopback::watch`] is told
+/// of it.
+#[derive(Debug, Clone, Copy)]
+pub enum Change<'a> {
+    /// `range` now maps `region` from byte `offset` (one piece of a mapping; a mapping made of
+    /// several pieces is one change per piece).
+    Mapped {
+        /// The IOVAs.
+        range: IovaRange,
+        /// The memory behind them.
+        region: &'a Arc<Region>,
+        /// Where `range.start` is in the region.
+        offset: usize,
+    },
+    /// `range` is no longer mapped.
+    Unmapped {
+        /// The IOVAs.
+        range: IovaRange,
+    },
+}
+
+impl Change<'_> {
+    /// The IOVAs that changed.
+    pub fn range(&self) -> IovaRange {
+        match *self {
+            Change::Mapped { range, .. } | Change::Unmapped { range } => range,
+        }
+    }
+
+    /// For a new mapping, the region and the offset in it of `range().start`.
+    pub fn mapped(&self) -> Option<(&Arc<Region>, usize)> {
+        match *self {
+            Change::Mapped { region, offset, .. } => Some((region, offset)),
+            Change::Unmapped { .. } => None,
+        }
+    }
+}
+
+/// A watcher's callback.
+type Callback = dyn Fn(&Change<'_>) -> io::Result<()> + Send + Sync;
+
+/// A registered watcher.
+struct Watcher {
+    id: u64,
+    tell: Box<Callback>,
+}
+
+impl fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watcher").field("id", &self.id).finish()
+    }
+}
+
+/// A registration made by [`Loopback::watch`]; dropping it stops the calls.
+#[must_use = "dropping the registration stops the watcher at once"]
+pub struct Watching {
+    inner: Weak<Inner>,
+    id: u64,
+}
+
+impl fmt::Debug for Watching {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watching").field("id", &self.id).finish()
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner.with_table(|table| table.watchers.retain(|w| w.id != self.id));
+        }
+    }
+}
 
 /// One table entry: `last` is the last IOVA of the piece, `offset` where it starts in `region`.
 #[derive(Debug)]
@@ -32,12 +114,32 @@ struct Table {
     alloc: IovaAllocator,
     /// IOVA of a piece's first byte -> the piece.
     entries: BTreeMap<u64, Entry>,
+    /// Registered watchers.
+    watchers: Vec<Watcher>,
+    /// The id of the next registration.
+    next_watcher: u64,
+}
+
+impl Table {
+    /// Tells every watcher that `range` is unmapped; the first error, if any.
+    fn tell_unmapped(&self, range: IovaRange) -> io::Result<()> {
+        let mut first = Ok(());
+        for watcher in &self.watchers {
+            let told = (watcher.tell)(&Change::Unmapped { range });
+            if first.is_ok() {
+                first = told;
+            }
+        }
+        first
+    }
 }
 
 #[derive(Debug)]
 struct Inner {
     table: Mutex<Table>,
     counters: Counters,
+    /// Moves on every change of the table (see [`Loopback::generation`]).
+    generation: AtomicU64,
 }
 
 impl Inner {
@@ -50,18 +152,48 @@ impl Inner {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         f(&mut table)
     }
+
+    /// Records a change of the table (called with the table locked, after the change).
+    fn changed(&self) {
+        // Release: pairs with the Acquire in `Loopback::generation`; a reader that sees the new
+        // value and then takes the lock sees the change (the lock orders it anyway; the
+        // counter lets a cache skip the lock while nothing changed).
+        self.generation.fetch_add(1, Ordering::Release);
+    }
 }
 
 impl Backend for Inner {
     fn unmap(&self, region: &Region, pieces: &[Piece]) -> Result<(), Error> {
         let result = self.with_table(|table| {
+            let mut first = Ok(());
             for piece in pieces {
-                if table.entries.remove(&piece.iova).is_none() {
-                    return Err(Error::UnknownIova { iova: piece.iova });
+                let Some(entry) = table.entries.remove(&piece.iova) else {
+                    first = first.and(Err(Error::UnknownIova { iova: piece.iova }));
+                    continue;
+                };
+                self.changed();
+                let range = IovaRange {
+                    start: piece.iova,
+                    last: entry.last,
+                };
+                match table.tell_unmapped(range) {
+                    Ok(()) => {
+                        if let Err(err) = table.alloc.free(piece.iova) {
+                            first = first.and(Err(err));
+                        }
+                    }
+                    // A watcher may still reach the range: its IOVAs stay reserved.
+                    Err(source) => {
+                        first = first.and(Err(Error::Unmap {
+                            kind: Kind::Loopback,
+                            iova: piece.iova,
+                            len: piece.len,
+                            source,
+                        }));
+                    }
                 }
-                table.alloc.free(piece.iova)?;
             }
-            Ok(())
+            first
         });
         match result {
             Ok(()) => {
@@ -139,8 +271,11 @@ impl Loopback {
                 table: Mutex::new(Table {
                     alloc,
                     entries: BTreeMap::new(),
+                    watchers: Vec::new(),
+                    next_watcher: 0,
                 }),
                 counters: Counters::default(),
+                generation: AtomicU64::new(0),
             }),
             mask_bits: dma_mask_bits,
         })
@@ -150,18 +285,96 @@ impl Loopback {
     /// mapped piece (and `len > 0`).
     pub fn translate(&self, iova: u64, len: usize) -> Option<Window> {
         let last = iova.checked_add(u64_of(len).checked_sub(1)?)?;
+        let (range, piece) = self.piece_at(iova)?;
+        if last > range.last {
+            return None;
+        }
+        let offset = usize::try_from(iova - range.start).ok()?;
+        Some(Window {
+            region: piece.region,
+            offset: piece.offset.checked_add(offset)?,
+            len,
+        })
+    }
+
+    /// The whole mapped piece that holds `iova`: its IOVA range and a window over all of it
+    /// (for a device that caches translations; check [`Loopback::generation`] before reusing
+    /// one).
+    pub fn piece_at(&self, iova: u64) -> Option<(IovaRange, Window)> {
         self.inner.with_table(|table| {
             let (&start, entry) = table.entries.range(..=iova).next_back()?;
-            if last > entry.last {
+            if iova > entry.last {
                 return None;
             }
-            let offset = entry
-                .offset
-                .checked_add(usize::try_from(iova - start).ok()?)?;
-            Some(Window {
-                region: Arc::clone(&entry.region),
-                offset,
-                len,
+            let len = usize::try_from(entry.last - start).ok()?.checked_add(1)?;
+            Some((
+                IovaRange {
+                    start,
+                    last: entry.last,
+                },
+                Window {
+                    region: Arc::clone(&entry.region),
+                    offset: entry.offset,
+                    len,
+                },
+            ))
+        })
+    }
+
+    /// A number that moves on every map and unmap: a translation cached while it had one value
+    /// is still right while it has it.
+    pub fn generation(&self) -> u64 {
+        // Acquire: pairs with the Release increment made after each change, so a caller that
+        // sees an unchanged value re-checks nothing it read before.
+        self.inner.generation.load(Ordering::Acquire)
+    }
+
+    /// Registers `watcher` to be told of every later change of the table, after it is told of
+    /// every piece mapped now (so it starts from the whole table), until the returned
+    /// registration is dropped. This is how a device that keeps its own copy of the table (the
+    /// out-of-process loopback device) learns of mappings without polling.
+    ///
+    /// The calls are made with the table locked: they arrive one at a time, in the table's
+    /// order (a piece's `Unmapped` always before a later `Mapped` of the same IOVAs), each
+    /// `Mapped` before [`Space::map`] returns and each `Unmapped` before its IOVAs can be
+    /// reused. For the same reason the watcher must not call into this table (translate, map,
+    /// unmap, watch): that deadlocks.
+    ///
+    /// An error from `Mapped` undoes the whole mapping and `map` fails with [`Error::Map`]
+    /// carrying it; an error from `Unmapped` makes the unmap report [`Error::Unmap`], and the
+    /// range's IOVAs stay reserved (never reused), as for a kernel that refused to unmap. An
+    /// error while telling it of the current pieces is returned, and nothing is registered.
+    pub fn watch<F>(&self, watcher: F) -> Result<Watching, Error>
+    where
+        F: Fn(&Change<'_>) -> io::Result<()> + Send + Sync + 'static,
+    {
+        self.inner.with_table(|table| {
+            for (&start, entry) in &table.entries {
+                let range = IovaRange {
+                    start,
+                    last: entry.last,
+                };
+                let change = Change::Mapped {
+                    range,
+                    region: &entry.region,
+                    offset: entry.offset,
+                };
+                watcher(&change).map_err(|source| Error::Map {
+                    kind: Kind::Loopback,
+                    iova: start,
+                    len: entry.last - start + 1,
+                    source,
+                })?;
+            }
+            let id = table.next_watcher;
+            table.next_watcher += 1;
+            table.watchers.push(Watcher {
+                id,
+                tell: Box::new(watcher),
+            });
+            Ok(Watching {
+                inner: Arc::downgrade(&self.inner),
+                id,
             })
         })
     }
@@ -195,7 +408,53 @@ impl Loopback {
                     },
                 );
             }
-            Ok(pieces)
+            self.inner.changed();
+            let told = pieces.iter().try_for_each(|piece| {
+                let range = IovaRange {
+                    start: piece.iova,
+                    last: piece.iova + (piece.len - 1),
+                };
+                table
+                    .watchers
+                    .iter()
+                    .try_for_each(|w| {
+                        (w.tell)(&Change::Mapped {
+                            range,
+                            region,
+                            offset: piece.offset,
+                        })
+                    })
+                    .map_err(|source| (piece, source))
+            });
+            let Err((failed, source)) = told else {
+                return Ok(pieces);
+            };
+            // Undo: every watcher hears of the removal of every piece (one that never heard of
+            // a piece ignores it), then the IOVAs go back.
+            let mut reserved = false;
+            for piece in &pieces {
+                table.entries.remove(&piece.iova);
+                let range = IovaRange {
+                    start: piece.iova,
+                    last: piece.iova + (piece.len - 1),
+                };
+                if table.tell_unmapped(range).is_err() {
+                    reserved = true;
+                }
+            }
+            self.inner.changed();
+            if !reserved {
+                for piece in &pieces {
+                    // Allocated just above: freeing cannot fail.
+                    let _ = table.alloc.free(piece.iova);
+                }
+            }
+            Err(Error::Map {
+                kind: Kind::Loopback,
+                iova: failed.iova,
+                len: failed.len,
+                source,
+            })
         })
     }
 }
@@ -225,5 +484,138 @@ impl Space for Loopback {
 
     fn dma_mask_bits(&self) -> u32 {
         self.mask_bits
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex as StdMutex;
+
+    use super::*;
+    use crate::memory::PageSize;
+
+    fn region(len: usize) -> Arc<Region> {
+        let region = Region::builder(len)
+            .page_size(PageSize::Base)
+            .memfd()
+            .lock(false)
+            .build();
+        Arc::new(region.expect("a memfd region"))
+    }
+
+    /// What a watcher saw: (mapped?, range, offset).
+    type Seen = Arc<StdMutex<Vec<(bool, IovaRange, usize)>>>;
+
+    fn recorder(seen: &Seen, fail_maps: bool) -> impl Fn(&Change<'_>) -> io::Result<()> {
+        let seen = Arc::clone(seen);
+        move |change| {
+            let offset = change.mapped().map_or(0, |(_, offset)| offset);
+            let mapped = change.mapped().is_some();
+            seen.lock().unwrap().push((mapped, change.range(), offset));
+            if mapped && fail_maps {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn watchers_hear_every_change_in_order() {
+        let space = Loopback::new(32).unwrap();
+        let before = space.map(region(8 << 10)).unwrap();
+        let g0 = space.generation();
+        let seen = Seen::default();
+        let watching = space.watch(recorder(&seen, false)).unwrap();
+        let first = IovaRange::from_len(before.iova(0).unwrap(), 8 << 10).unwrap();
+        // Told of what was mapped already.
+        assert_eq!(*seen.lock().unwrap(), vec![(true, first, 0)]);
+        let mapping = space.map(region(16 << 10)).unwrap();
+        let second = IovaRange::from_len(mapping.iova(0).unwrap(), 16 << 10).unwrap();
+        assert!(space.generation() > g0);
+        let g1 = space.generation();
+        drop(mapping);
+        assert!(space.generation() > g1);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![(true, first, 0), (true, second, 0), (false, second, 0)]
+        );
+        drop(watching);
+        drop(before);
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            3,
+            "no calls after the registration is gone"
+        );
+    }
+
+    #[test]
+    fn a_failing_watcher_undoes_the_map() {
+        let space = Loopback::new(32).unwrap();
+        let seen = Seen::default();
+        let _watching = space.watch(recorder(&seen, true)).unwrap();
+        let err = space.map(region(8 << 10)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Map {
+                    kind: Kind::Loopback,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(space.mapped_ranges().is_empty());
+        // The watcher heard of the piece and of its removal; the IOVAs went back.
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2);
+        assert!(seen[0].0 && !seen[1].0 && seen[0].1 == seen[1].1);
+        assert_eq!(space.stats().map_errors, 1);
+        drop(_watching);
+        let again = space.map(region(8 << 10)).unwrap();
+        assert_eq!(again.iova(0), Some(seen[0].1.start), "the IOVAs were freed");
+    }
+
+    #[test]
+    fn a_failed_unmap_notice_keeps_the_iovas_reserved() {
+        let space = Loopback::new(32).unwrap();
+        let refuse = Arc::new(StdMutex::new(false));
+        let r = Arc::clone(&refuse);
+        let _watching = space
+            .watch(move |change| {
+                if change.mapped().is_none() && *r.lock().unwrap() {
+                    return Err(io::Error::from_raw_os_error(libc::EBUSY));
+                }
+                Ok(())
+            })
+            .unwrap();
+        let mapping = space.map(region(8 << 10)).unwrap();
+        let iova = mapping.iova(0).unwrap();
+        *refuse.lock().unwrap() = true;
+        let err = mapping.unmap().unwrap_err();
+        let Error::UnmapFailed { source } = &err else {
+            panic!("not an unmap failure: {err}");
+        };
+        assert!(
+            matches!(**source, Error::Unmap { iova: i, .. } if i == iova),
+            "{err}"
+        );
+        assert!(space.translate(iova, 1).is_none(), "gone from the table");
+        *refuse.lock().unwrap() = false;
+        let next = space.map(region(8 << 10)).unwrap();
+        assert_ne!(next.iova(0), Some(iova), "the refused range is not reused");
+    }
+
+    #[test]
+    fn pieces_cover_whole_mappings() {
+        let space = Loopback::new(32).unwrap();
+        let mapping = space.map(region(16 << 10)).unwrap();
+        let iova = mapping.iova(0).unwrap();
+        let (range, window) = space.piece_at(iova + 0x1234).unwrap();
+        assert_eq!(range, IovaRange::from_len(iova, 16 << 10).unwrap());
+        assert_eq!(window.len(), 16 << 10);
+        assert_eq!(window.as_ptr(), mapping.as_ptr());
+        assert!(space.piece_at(iova + (16 << 10)).is_none());
+        assert!(space.translate(iova + 0x3fff, 2).is_none(), "past the end");
+        assert_eq!(space.translate(iova + 0x3fff, 1).unwrap().len(), 1);
     }
 }

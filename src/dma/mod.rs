@@ -55,7 +55,7 @@ mod type1;
 
 pub use self::iommufd::{Iommufd, IommufdIoctl};
 pub use self::iova::{mask_of, IovaAllocator, IovaRange, RangeList};
-pub use self::loopback::{Loopback, Window};
+pub use self::loopback::{Change, Loopback, Watching, Window};
 pub use self::mapping::{Mapping, Stats};
 pub use self::physical::Physical;
 pub use self::slice::{Pod, Slice};
@@ -237,6 +237,32 @@ pub enum Error {
         /// The length.
         len: u64,
         /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// A region without a file descriptor mapped for a device that reaches memory only through
+    /// shared files (an out-of-process loopback device).
+    #[error(
+        "the {len:#x}-byte region is anonymous memory, which an out-of-process {kind} device \
+         cannot reach: build it with `Region::builder(..).memfd()` or on a hugetlbfs file"
+    )]
+    NotShareable {
+        /// The space.
+        kind: Kind,
+        /// The region's length.
+        len: u64,
+    },
+
+    /// The space cannot be used for DMA at all (for example physical addresses for a device the
+    /// IOMMU translates); the cause says why and what to do.
+    #[error("the {kind} DMA space refuses to map {len:#x} bytes")]
+    Refused {
+        /// The space.
+        kind: Kind,
+        /// The region's length.
+        len: u64,
+        /// Why, and what to do.
         #[source]
         source: io::Error,
     },

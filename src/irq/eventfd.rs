@@ -125,8 +125,79 @@ impl AsRawFd for EventFd {
     }
 }
 
+/// What `/proc/self/fd/<fd>` names for an eventfd.
+const EVENTFD_TARGET: &str = "anon_inode:[eventfd]";
+
+/// Adopts an eventfd made elsewhere (by a C SDK, received over a socket, a VFIO interrupt's fd
+/// kept by another library). Checked: the fd must be an eventfd, as `/proc/self/fd` names it
+/// (`anon_inode:[eventfd]`), otherwise [`Error::NotEventFd`]; it is then made nonblocking (on
+/// its open file, so every duplicate of it too) and close-on-exec, as [`EventFd::new`] makes
+/// them. On an error the fd is closed: duplicate it first to keep it.
+impl TryFrom<OwnedFd> for EventFd {
+    type Error = Error;
+
+    fn try_from(fd: OwnedFd) -> Result<EventFd, Error> {
+        let raw = fd.as_raw_fd();
+        let adopt = |source| Error::Adopt { fd: raw, source };
+        let found = shim::fd_target(fd.as_fd()).map_err(adopt)?;
+        if found.as_os_str() != EVENTFD_TARGET {
+            return Err(Error::NotEventFd { fd: raw, found });
+        }
+        shim::set_nonblocking_cloexec(fd.as_fd()).map_err(adopt)?;
+        Ok(EventFd { fd })
+    }
+}
+
 impl From<EventFd> for OwnedFd {
     fn from(event: EventFd) -> OwnedFd {
         event.fd
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::os::fd::FromRawFd;
+
+    use super::*;
+
+    #[test]
+    fn an_eventfd_from_elsewhere_is_adopted_nonblocking() {
+        // A blocking eventfd, as a C library might make it.
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new fd we own.
+        let raw = unsafe { libc::eventfd(0, 0) };
+        assert!(raw >= 0, "eventfd: {}", io::Error::last_os_error());
+        // SAFETY: just created, owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let irq = EventFd::try_from(fd).unwrap();
+        // Nonblocking now: an empty counter reads as None instead of blocking the test.
+        assert_eq!(irq.try_read().unwrap(), None);
+        irq.write(3).unwrap();
+        assert_eq!(irq.try_read().unwrap(), Some(3));
+        // SAFETY: F_GETFD on an open fd.
+        let flags = unsafe { libc::fcntl(irq.as_raw_fd(), libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        // A round trip through OwnedFd keeps it an eventfd.
+        let again = EventFd::try_from(OwnedFd::from(irq.try_clone().unwrap())).unwrap();
+        again.signal().unwrap();
+        assert_eq!(irq.try_read().unwrap(), Some(1));
+    }
+
+    #[test]
+    fn other_fds_are_refused() {
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        let raw = file.as_raw_fd();
+        let err = EventFd::try_from(OwnedFd::from(file)).unwrap_err();
+        match err {
+            Error::NotEventFd { fd, found } => {
+                assert_eq!(fd, raw);
+                assert!(found.ends_with("status"), "{found:?}");
+            }
+            other => panic!("not NotEventFd: {other}"),
+        }
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert!(matches!(
+            EventFd::try_from(OwnedFd::from(a)),
+            Err(Error::NotEventFd { .. })
+        ));
     }
 }

@@ -8,6 +8,7 @@
 
 use std::io;
 use std::os::fd::RawFd;
+use std::path::PathBuf;
 
 mod eventfd;
 #[cfg(not(loom))]
@@ -36,6 +37,31 @@ pub enum Error {
         /// The fd duplicated.
         fd: RawFd,
         /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// A file descriptor given as an eventfd is something else.
+    #[error(
+        "fd {fd} is not an eventfd (it is {found:?}): pass the fd eventfd(2) returned, or one \
+         duplicated from it"
+    )]
+    NotEventFd {
+        /// The fd given.
+        fd: RawFd,
+        /// What `/proc/self/fd/<fd>` names.
+        found: PathBuf,
+    },
+
+    /// What a file descriptor is could not be found out, or it could not be made nonblocking.
+    #[error(
+        "inspecting or configuring fd {fd} as an eventfd failed (reading /proc/self/fd: is /proc \
+         mounted?)"
+    )]
+    Adopt {
+        /// The fd given.
+        fd: RawFd,
+        /// The cause.
         #[source]
         source: io::Error,
     },

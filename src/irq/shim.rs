@@ -80,6 +80,31 @@ pub(super) fn write_u64(fd: BorrowedFd<'_>, value: u64) -> io::Result<bool> {
     }
 }
 
+/// What `/proc/self/fd/<fd>` links to (`anon_inode:[eventfd]` for an eventfd).
+pub(super) fn fd_target(fd: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// Sets `O_NONBLOCK` on the open file and `FD_CLOEXEC` on the descriptor.
+pub(super) fn set_nonblocking_cloexec(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: fcntl with F_GETFL / F_SETFL / F_SETFD takes and returns integers only; the fd
+    // is open (borrowed).
+    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(raw, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(raw, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `poll` for `POLLIN` on one fd, up to `timeout_ms` (-1: forever). `Ok(true)` if readable
 /// (or in an error state a read will report). `EINTR` comes back as an error of kind
 /// `Interrupted` for the caller to retry with the time left.

@@ -15,7 +15,7 @@
 use std::marker::PhantomData;
 
 use super::index;
-use super::{Completion, Doorbells, Error, Layout, Memory, Submission};
+use super::{Completion, DoorbellValue, Doorbells, Error, Layout, Memory, Submission};
 use crate::irq::EventFd;
 use crate::sync::{fence, Ordering};
 
@@ -28,6 +28,8 @@ pub struct DeviceQueue<D: Submission, C: Completion> {
     layout: Layout,
     memory: Memory,
     doorbells: Doorbells,
+    /// What the host's doorbell writes carry.
+    doorbell: DoorbellValue,
     interrupt: Option<EventFd>,
     /// Counter of the next SQ entry to read.
     sq_head: u32,
@@ -60,6 +62,7 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
             layout,
             memory,
             doorbells,
+            doorbell: DoorbellValue::Counter,
             interrupt,
             sq_head: 0,
             sq_tail: 0,
@@ -68,6 +71,15 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
             cq_head: 0,
             _entries: PhantomData,
         })
+    }
+
+    /// Reads the doorbells as carrying `doorbell` (what the host's queue was configured with,
+    /// [`Config::with_doorbell`](super::Config::with_doorbell)). With
+    /// [`DoorbellValue::Slot`] the device keeps at most `depth - 1` entries in the CQ, so a
+    /// CQ head slot is never ambiguous.
+    pub fn with_doorbell(mut self, doorbell: DoorbellValue) -> Self {
+        self.doorbell = doorbell;
+        self
     }
 
     /// The queue id.
@@ -84,21 +96,41 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
     /// that moved backwards or more than the depth ahead is the host's error.
     #[inline]
     pub fn fetch(&mut self) -> Result<u32, Error> {
-        let tail = self.doorbells.read_sq_tail(self.id)?;
+        let depth = self.layout.depth();
+        let value = self.doorbells.read_sq_tail(self.id)?;
         // Acquire: the entries the host wrote before ringing are read after this (pairs with
         // the fence(Release) in `Doorbells::ring_sq`).
         fence(Ordering::Acquire);
-        let limit = self.sq_released.wrapping_add(self.layout.depth());
-        if !index::advance_ok(self.sq_tail, tail, limit) {
+        // The host keeps `reserve` slots empty: with slot values, at most `depth - 1` entries.
+        let limit = self
+            .sq_released
+            .wrapping_add(depth - self.doorbell.reserve());
+        let tail = self.decode(value, self.sq_tail);
+        if !tail.is_some_and(|tail| index::advance_ok(self.sq_tail, tail, limit)) {
             return Err(Error::HostSqTail {
                 queue: self.id,
-                tail,
+                tail: value,
                 old: self.sq_tail,
                 head: self.sq_released,
             });
         }
-        self.sq_tail = tail;
+        if let Some(tail) = tail {
+            self.sq_tail = tail;
+        }
         Ok(self.available())
+    }
+
+    /// The counter a doorbell `value` stands for, given the last counter `old` read from it:
+    /// the value itself, or for a slot (`None` if not one) the first counter at or after `old`
+    /// with that slot.
+    #[inline]
+    fn decode(&self, value: u32, old: u32) -> Option<u32> {
+        let depth = self.layout.depth();
+        match self.doorbell {
+            DoorbellValue::Counter => Some(value),
+            DoorbellValue::Slot if value < depth => Some(index::counter_of_slot(old, value, depth)),
+            DoorbellValue::Slot => None,
+        }
     }
 
     /// Announced entries not read yet (as of the last [`DeviceQueue::fetch`]).
@@ -119,6 +151,27 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
         Some(entry)
     }
 
+    /// Reads up to `max` announced entries (as of the last [`DeviceQueue::fetch`]) in order,
+    /// handing each (copied out) to `f`, and returns how many: the burst form of
+    /// [`DeviceQueue::pop`], with one range check per contiguous run instead of one per entry.
+    /// Their slots stay the device's until [`DeviceQueue::release`].
+    #[inline]
+    pub fn pop_burst(&mut self, max: u32, mut f: impl FnMut(D)) -> u32 {
+        let count = self.available().min(max);
+        let depth = self.layout.depth();
+        let first = index::slot(self.sq_head, depth);
+        // Up to the end of the ring, then from its start.
+        let run = count.min(depth - first);
+        self.memory
+            .read_entries(self.layout.sq_entry(self.sq_head), run as usize, &mut f);
+        if run < count {
+            self.memory
+                .read_entries(self.layout.sq_offset(), (count - run) as usize, &mut f);
+        }
+        self.sq_head = self.sq_head.wrapping_add(count);
+        count
+    }
+
     /// Writes the SQ head back: the host may reuse the slots of every entry popped so far.
     #[inline]
     pub fn release(&mut self) {
@@ -135,25 +188,29 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
 
     /// Free CQ slots, re-reading the CQ head doorbell only when the cached head says none.
     pub fn cq_room(&mut self) -> Result<u32, Error> {
-        let depth = self.layout.depth();
-        let room = index::free(self.cq_tail, self.cq_head, depth);
+        // With slot values the CQ holds at most `depth - 1` entries, so a head slot is never
+        // ambiguous (the host cannot consume `depth` entries between two announcements).
+        let usable = self.layout.depth() - self.doorbell.reserve();
+        let room = index::free(self.cq_tail, self.cq_head, usable);
         if room > 0 {
             return Ok(room);
         }
-        let head = self.doorbells.read_cq_head(self.id)?;
+        let value = self.doorbells.read_cq_head(self.id)?;
         // Acquire: the host's reads of the entries it consumed happen before they are
         // overwritten (pairs with the fence(Release) in `Doorbells::ring_cq`).
         fence(Ordering::Acquire);
-        if !index::advance_ok(self.cq_head, head, self.cq_tail) {
+        let head = self.decode(value, self.cq_head);
+        let Some(head) = head.filter(|&head| index::advance_ok(self.cq_head, head, self.cq_tail))
+        else {
             return Err(Error::HostCqHead {
                 queue: self.id,
-                head,
+                head: value,
                 old: self.cq_head,
                 tail: self.cq_tail,
             });
-        }
+        };
         self.cq_head = head;
-        Ok(index::free(self.cq_tail, self.cq_head, depth))
+        Ok(index::free(self.cq_tail, self.cq_head, usable))
     }
 
     /// Writes `entry` as the next completion, with the phase bit of its pass over the ring: all

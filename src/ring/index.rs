@@ -48,19 +48,30 @@ pub(crate) fn phase(counter: u32, depth: u32) -> bool {
 }
 
 /// The SQ counter the host may write up to, given the device's written-back `head`, the host's
-/// `tail` and `per_line` SQ entries per cache line (1: entries of 64 bytes or more, or a ring too
-/// small to spare a line). While the device still has entries to read (`tail != head`), the host
-/// leaves alone the slots that share a cache line with the device's head: writing them would
-/// take the line away from the device in the middle of its reads, and a full ring of small
-/// descriptors would then move that line back and forth for every entry.
+/// `tail`, `per_line` SQ entries per cache line (1: entries of 64 bytes or more, or a ring too
+/// small to spare a line) and `reserve` slots always kept empty (1 when the device cannot tell
+/// a full ring from an empty one: slot-valued doorbells, or an SQ head reported as a slot).
+/// While the device still has entries to read (`tail != head`), the host leaves alone the slots
+/// that share a cache line with the device's head: writing them would take the line away from
+/// the device in the middle of its reads, and a full ring of small descriptors would then move
+/// that line back and forth for every entry.
 #[inline]
-pub(crate) fn sq_limit(head: u32, tail: u32, depth: u32, per_line: u32) -> u32 {
+pub(crate) fn sq_limit(head: u32, tail: u32, depth: u32, per_line: u32, reserve: u32) -> u32 {
     let slack = if per_line > 1 && tail != head {
         head & (per_line - 1)
     } else {
         0
     };
-    head.wrapping_add(depth).wrapping_sub(slack)
+    head.wrapping_add(depth).wrapping_sub(slack.max(reserve))
+}
+
+/// The counter a peer means by slot `slot` (`0..depth`), given the last counter `old` known for
+/// that index: the first counter at or after `old` whose slot is `slot`. Exact as long as the
+/// index moves less than `depth` between two reports, which the side that keeps one slot empty
+/// (see `sq_limit`'s `reserve`) guarantees.
+#[inline]
+pub(crate) fn counter_of_slot(old: u32, slot: u32, depth: u32) -> u32 {
+    old.wrapping_add(slot.wrapping_sub(old) & (depth - 1))
 }
 
 /// Slots the host may fill: from `tail` up to `limit`, or none if `limit` is behind `tail`
@@ -142,23 +153,59 @@ mod tests {
     fn the_host_spares_the_line_the_device_reads() {
         // 8 entries per line, depth 32. The device has read up to 13 (line 1 holds 8..16) and
         // still has entries to read: the host stops at 32 + 8, not at 32 + 13.
-        assert_eq!(sq_limit(13, 40, 32, 8), 40);
-        assert_eq!(room(40, sq_limit(13, 40, 32, 8), 32), 0);
-        assert_eq!(room(35, sq_limit(13, 35, 32, 8), 32), 5);
+        assert_eq!(sq_limit(13, 40, 32, 8, 0), 40);
+        assert_eq!(room(40, sq_limit(13, 40, 32, 8, 0), 32), 0);
+        assert_eq!(room(35, sq_limit(13, 35, 32, 8, 0), 32), 5);
         // At a line boundary, or with nothing left to read, the whole ring is usable.
-        assert_eq!(sq_limit(16, 40, 32, 8), 48);
-        assert_eq!(sq_limit(13, 13, 32, 8), 45);
+        assert_eq!(sq_limit(16, 40, 32, 8, 0), 48);
+        assert_eq!(sq_limit(13, 13, 32, 8, 0), 45);
         // Large entries (one per line) never hold anything back.
-        assert_eq!(sq_limit(13, 40, 32, 1), 45);
+        assert_eq!(sq_limit(13, 40, 32, 1, 0), 45);
         // A limit behind the tail (filled while the device was idle) means no room, not 4 GiB.
         assert_eq!(room(45, 40, 32), 0);
         // Across the counter wrap.
         let head = u32::MAX - 2;
         assert_eq!(
-            sq_limit(head, head.wrapping_add(1), 32, 8),
+            sq_limit(head, head.wrapping_add(1), 32, 8, 0),
             head.wrapping_add(32 - 5)
         );
         assert_eq!(room(head.wrapping_add(20), head.wrapping_add(27), 32), 7);
+    }
+
+    #[test]
+    fn a_reserved_slot_keeps_the_ring_short_of_full() {
+        // One slot kept empty: depth - 1 entries at most, whatever the line rule says.
+        assert_eq!(sq_limit(16, 16, 32, 1, 1), 47);
+        assert_eq!(sq_limit(16, 20, 32, 8, 1), 47);
+        assert_eq!(room(16, sq_limit(16, 16, 32, 1, 1), 32), 31);
+        // The line rule holds back more than the reserve: it wins.
+        assert_eq!(sq_limit(13, 40, 32, 8, 1), 40);
+        let head = u32::MAX;
+        assert_eq!(sq_limit(head, head, 4, 1, 1), 2);
+        assert_eq!(room(head, sq_limit(head, head, 4, 1, 1), 4), 3);
+    }
+
+    #[test]
+    fn slots_convert_to_counters_across_both_wraps() {
+        // Forward from the old counter, within one pass.
+        assert_eq!(counter_of_slot(0, 0, 8), 0);
+        assert_eq!(counter_of_slot(0, 7, 8), 7);
+        assert_eq!(counter_of_slot(5, 2, 8), 10, "across the ring's wrap");
+        assert_eq!(counter_of_slot(13, 5, 8), 13, "same slot: no move");
+        assert_eq!(counter_of_slot(13, 4, 8), 20, "one short of a whole pass");
+        // Across the counter's wrap at 2^32.
+        let old = u32::MAX - 1; // slot 6 of 8
+        assert_eq!(counter_of_slot(old, 7, 8), u32::MAX);
+        assert_eq!(counter_of_slot(old, 0, 8), 0);
+        assert_eq!(counter_of_slot(old, 3, 8), 3);
+        for depth in [2, 64, MAX_DEPTH] {
+            for old in [0, 1, depth - 1, u32::MAX - depth, u32::MAX] {
+                for step in [0, 1, depth / 2, depth - 1] {
+                    let new = old.wrapping_add(step);
+                    assert_eq!(counter_of_slot(old, slot(new, depth), depth), new);
+                }
+            }
+        }
     }
 
     #[test]

@@ -14,10 +14,12 @@ const PART_ALIGN: usize = 128;
 
 const _: () = assert!(PART_ALIGN % ALIGN == 0);
 
-fn round_up(value: usize) -> Option<usize> {
-    value
-        .checked_add(PART_ALIGN - 1)
-        .map(|v| v & !(PART_ALIGN - 1))
+/// The largest part alignment [`Layout::with_align`] takes: 1 GiB.
+const MAX_PART_ALIGN: usize = 1 << 30;
+
+/// `value` rounded up to a multiple of `align` (a power of two).
+fn round_up(value: usize, align: usize) -> Option<usize> {
+    value.checked_add(align - 1).map(|v| v & !(align - 1))
 }
 
 /// The layout of one queue pair in ring memory, for descriptor type `D` and completion type `C`:
@@ -31,9 +33,18 @@ fn round_up(value: usize) -> Option<usize> {
 ///
 /// A device is told the memory's IOVA and the depth (and the entry sizes it already knows from
 /// its format) and computes the same layout with [`Layout::new`].
+///
+/// A device that is given the SQ and CQ base addresses separately (NVMe's ASQ/ACQ registers and
+/// its Create I/O SQ/CQ commands) and needs them aligned (NVMe: to the memory page size) uses
+/// [`Layout::with_align`]: it programs `memory.iova() + layout.sq_offset()` and
+/// `memory.iova() + layout.cq_offset()`. The device must then write nothing but CQ entries, and
+/// read nothing but SQ entries: the two words after the CQ are the host's business (the SQ
+/// head write-back is not read when the completions carry the SQ head, see
+/// [`Completion::sq_head`]; the interrupt flag only matters to a device that polls it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     depth: u32,
+    align: usize,
     sq_entry: usize,
     cq_entry: usize,
     cq: usize,
@@ -48,8 +59,29 @@ pub struct Layout {
 impl Layout {
     /// The layout of a queue pair of `depth` entries (a power of two, 2 to 32768). Checks the
     /// entry types: sizes a nonzero multiple of 4 bytes, and `C`'s phase bit a single bit of an
-    /// aligned word inside the entry.
+    /// aligned word inside the entry. Each part starts on a 128-byte boundary.
     pub fn new<D: Submission, C: Completion>(depth: u32) -> Result<Layout, Error> {
+        Layout::with_align::<D, C>(depth, PART_ALIGN)
+    }
+
+    /// [`Layout::new`] with the SQ and the CQ each starting at a multiple of `part_align` bytes
+    /// (a power of two from 64 to 2^30; below 128, 128 is used), for a device that takes their
+    /// base addresses separately and needs them aligned, e.g. 4096 for an NVMe queue pair.
+    /// The ring memory's IOVA must then be `part_align`-aligned too (checked when a
+    /// [`Queue`](super::Queue) is made over it); the SQ is at offset 0 and the CQ at
+    /// [`Layout::cq_offset`], a multiple of `part_align`.
+    pub fn with_align<D: Submission, C: Completion>(
+        depth: u32,
+        part_align: usize,
+    ) -> Result<Layout, Error> {
+        if !part_align.is_power_of_two() || !(ALIGN..=MAX_PART_ALIGN).contains(&part_align) {
+            return Err(Error::InvalidAlign {
+                align: part_align,
+                min: ALIGN,
+                max: MAX_PART_ALIGN,
+            });
+        }
+        let align = part_align.max(PART_ALIGN);
         if !index::valid_depth(depth) {
             return Err(Error::InvalidDepth {
                 depth,
@@ -93,16 +125,20 @@ impl Layout {
         let sq_bytes = sq_entry
             .checked_mul(depth_bytes)
             .ok_or_else(|| overflow_of(depth))?;
-        let cq = round_up(sq_bytes).ok_or_else(|| overflow_of(depth))?;
+        let cq = round_up(sq_bytes, align).ok_or_else(|| overflow_of(depth))?;
         let cq_bytes = cq_entry
             .checked_mul(depth_bytes)
             .ok_or_else(|| overflow_of(depth))?;
         let sq_head = cq
             .checked_add(cq_bytes)
-            .and_then(round_up)
+            .and_then(|end| round_up(end, PART_ALIGN))
             .ok_or_else(|| overflow_of(depth))?;
-        let interrupt = sq_head + PART_ALIGN;
-        let size = interrupt + PART_ALIGN;
+        let interrupt = sq_head
+            .checked_add(PART_ALIGN)
+            .ok_or_else(|| overflow_of(depth))?;
+        let size = interrupt
+            .checked_add(PART_ALIGN)
+            .ok_or_else(|| overflow_of(depth))?;
         // SQ entries per cache line, when they tile lines exactly and the ring holds at least
         // two lines' worth (see `index::sq_limit`).
         let per_line = if sq_entry < ALIGN && ALIGN % sq_entry == 0 {
@@ -114,6 +150,7 @@ impl Layout {
         Ok(Layout {
             sq_per_line,
             depth,
+            align,
             sq_entry,
             cq_entry,
             cq,
@@ -128,6 +165,12 @@ impl Layout {
     /// Entries in each of the SQ and the CQ.
     pub fn depth(&self) -> u32 {
         self.depth
+    }
+
+    /// The alignment of the SQ's and the CQ's start (128 unless [`Layout::with_align`] asked
+    /// for more): the ring memory's IOVA must be aligned to it.
+    pub fn part_align(&self) -> usize {
+        self.align
     }
 
     /// Bytes of ring memory the queue pair needs.
@@ -165,8 +208,16 @@ impl Layout {
         self.cq_entry
     }
 
-    /// Checks that `memory` holds this layout.
+    /// Checks that `memory` holds this layout: large enough, and its IOVA aligned so that the
+    /// SQ and the CQ start where the device needs them.
     pub(crate) fn check_memory(&self, memory: &Memory) -> Result<(), Error> {
+        // `align` is a power of two no larger than 2^30: it fits in a u64.
+        if memory.iova() & (self.align as u64 - 1) != 0 {
+            return Err(Error::PartAlign {
+                iova: memory.iova(),
+                align: self.align,
+            });
+        }
         if memory.len() < self.size {
             return Err(Error::MemoryTooSmall {
                 len: memory.len(),
@@ -226,6 +277,43 @@ fn overflow_of(depth: u32) -> Error {
     Error::InvalidDepth {
         depth,
         max: MAX_DEPTH,
+    }
+}
+
+/// What the host writes into the doorbells (set with
+/// [`Config::with_doorbell`](super::Config::with_doorbell)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DoorbellValue {
+    /// The free-running 32-bit counter: the SQ tail doorbell carries the number of entries ever
+    /// written, the CQ head doorbell the number ever consumed (both wrap at 2^32). A full SQ
+    /// (`depth` entries) is told apart from an empty one. The loopback device's format.
+    #[default]
+    Counter,
+    /// The counter modulo the depth: a slot index `0..depth` (NVMe's SQ tail and CQ head
+    /// doorbells). Since a slot cannot tell a full ring from an empty one, the host keeps at
+    /// most `depth - 1` entries in the SQ, and the device must keep at most `depth - 1` in the
+    /// CQ (NVMe's rule for both). The queue writes the doorbells only when it has something to
+    /// announce: a device's doorbells start at 0 when it creates the queue.
+    Slot,
+}
+
+impl DoorbellValue {
+    /// The value written for `counter` on a ring of `depth` entries (a power of two).
+    #[inline]
+    pub(crate) fn encode(self, counter: u32, depth: u32) -> u32 {
+        match self {
+            DoorbellValue::Counter => counter,
+            DoorbellValue::Slot => index::slot(counter, depth),
+        }
+    }
+
+    /// Slots kept empty on a ring announced with this value (see [`DoorbellValue::Slot`]).
+    #[inline]
+    pub(crate) fn reserve(self) -> u32 {
+        match self {
+            DoorbellValue::Counter => 0,
+            DoorbellValue::Slot => 1,
+        }
     }
 }
 

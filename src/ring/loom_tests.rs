@@ -156,3 +156,113 @@ fn loom_no_lost_wakeup() {
         }
     });
 }
+
+/// A completion in NVMe's shape that reports the SQ head (a slot) itself.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct HeadStatus {
+    result: u64,
+    sq_head: u16,
+    sq_id: u16,
+    id: u16,
+    /// Bit 0: the phase.
+    status: u16,
+}
+// SAFETY: repr(C), integers only, no padding (8 + 2 + 2 + 2 + 2 = 16).
+unsafe impl Pod for HeadStatus {}
+impl Completion for HeadStatus {
+    const PHASE_WORD: usize = 12;
+    const PHASE_BIT: u32 = 1 << 16;
+    fn command_id(&self) -> u16 {
+        self.id
+    }
+    fn sq_head(&self) -> Option<u16> {
+        Some(self.sq_head)
+    }
+}
+
+/// The device of the NVMe format: reads slot doorbells, keeps one CQ slot empty, reports the
+/// SQ head in each completion and writes nothing else into ring memory.
+fn nvme_device_loop(memory: Memory, doorbells: Doorbells) {
+    let layout = Layout::new::<Small, HeadStatus>(DEPTH).expect("layout");
+    let (mut sq_head, mut sq_tail, mut cq_tail, mut cq_head) = (0u32, 0u32, 0u32, 0u32);
+    let mut served = 0;
+    while served < COMMANDS {
+        let slot = doorbells.read_sq_tail(0).expect("doorbell");
+        // Acquire: pairs with the fence(Release) in `Doorbells::ring_sq`.
+        crate::sync::fence(crate::sync::Ordering::Acquire);
+        assert!(slot < DEPTH, "a slot");
+        sq_tail = super::index::counter_of_slot(sq_tail, slot, DEPTH);
+        while sq_head != sq_tail {
+            let desc: Small = memory.read_entry(layout.sq_entry(sq_head));
+            sq_head = sq_head.wrapping_add(1);
+            assert_eq!(desc.check, u32::from(desc.seq) * 7 + 1, "torn descriptor");
+            assert_eq!(desc.seq, served, "in order");
+            // NVMe's full CQ: depth - 1 entries.
+            while cq_tail.wrapping_sub(cq_head) >= DEPTH - 1 {
+                let slot = doorbells.read_cq_head(0).expect("doorbell");
+                // Acquire: pairs with the fence(Release) in `Doorbells::ring_cq`.
+                crate::sync::fence(crate::sync::Ordering::Acquire);
+                cq_head = super::index::counter_of_slot(cq_head, slot, DEPTH);
+                thread::yield_now();
+            }
+            let entry = HeadStatus {
+                result: result_of(&desc),
+                sq_head: (sq_head % DEPTH) as u16,
+                sq_id: 0,
+                id: desc.id,
+                status: 0,
+            };
+            let offset = layout.cq_entry(cq_tail);
+            let word = layout.with_phase(Memory::word_of(&entry, 12), cq_tail);
+            memory.write_entry(offset, &entry, Some(12));
+            // Release: pairs with the fence(Acquire) in `Queue::take_cq`, which also orders
+            // this device's reads of the SQ entries before the host reuses their slots.
+            crate::sync::fence(crate::sync::Ordering::Release);
+            memory.store_u32(offset + 12, word);
+            cq_tail = cq_tail.wrapping_add(1);
+            served += 1;
+        }
+        thread::yield_now();
+    }
+}
+
+#[test]
+fn loom_slot_doorbells_and_sq_head_in_completions() {
+    check(|| {
+        let layout = Layout::new::<Small, HeadStatus>(DEPTH).expect("layout");
+        let memory = Memory::simulated(layout.size(), 0x10_0000);
+        let bar = Block::new(Shared::new(16)).erase();
+        let doorbells = Doorbells::new(bar, 0, 8).expect("doorbells");
+        let config = Config::new(DEPTH).with_doorbell(DoorbellValue::Slot);
+        let mut queue: Queue<Small, HeadStatus, u16> =
+            Queue::new(config, memory.clone(), doorbells.clone(), None).expect("queue");
+        let handle = thread::spawn(move || nvme_device_loop(memory, doorbells));
+        let (mut sent, mut got) = (0u16, 0u16);
+        while got < COMMANDS {
+            if sent < COMMANDS {
+                match queue.push(small(sent), sent) {
+                    Ok(_) => {
+                        sent += 1;
+                        queue.flush().expect("doorbell");
+                    }
+                    Err(Rejected {
+                        error: Error::Full { .. } | Error::NoCommandId { .. },
+                        ..
+                    }) => {}
+                    Err(rejected) => panic!("{}", rejected.error),
+                }
+            }
+            match queue.poll_one().expect("a legal completion") {
+                Some(done) => {
+                    assert_eq!(done.payload, got, "completions in order");
+                    assert_eq!(done.entry.result, result_of(&small(got)), "torn completion");
+                    got += 1;
+                }
+                None => thread::yield_now(),
+            }
+        }
+        handle.join().expect("device thread");
+        assert_eq!(queue.in_flight(), 0);
+    });
+}

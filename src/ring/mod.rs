@@ -24,6 +24,25 @@
 //! `device.rs` (device); loom checks them (`RUSTFLAGS="--cfg loom" cargo test --release --lib
 //! ring::`).
 //!
+//! # Device formats
+//!
+//! The defaults are the loopback device's format. A device with NVMe's queue-pair format is
+//! driven by the same [`Queue`], configured:
+//!
+//! - [`Config::with_doorbell`]`(`[`DoorbellValue::Slot`]`)`: the SQ tail and CQ head doorbells
+//!   carry slot indices `0..depth` instead of free-running counters; the SQ then never holds
+//!   more than `depth - 1` entries (a device keeps the CQ to `depth - 1` too).
+//! - a completion type whose [`Completion::sq_head`] returns the SQ head slot of the entry
+//!   (NVMe: dword 2, bits 15:0): the queue then takes the SQ head from completions and never
+//!   reads the write-back word, so the device writes nothing into ring memory but CQ entries.
+//! - [`Config::with_part_align`]`(4096)` (and [`Layout::with_align`] to size the memory): the SQ
+//!   and the CQ each start on a page, at `memory.iova() + layout.sq_offset()` and
+//!   `memory.iova() + layout.cq_offset()`, the addresses to program (ASQ/ACQ, or the Create
+//!   I/O SQ/CQ commands); the queue's own words (the interrupt flag) come after the CQ.
+//! - [`Config::with_id`] for the queue id; the interrupt eventfd (an MSI-X vector) is given to
+//!   [`Queue::new`] as for any device, and [`Queue::wait`] / [`Queue::next_completion`] work
+//!   unchanged.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use userdma::dma::{Loopback, Space};
@@ -75,7 +94,7 @@ mod tests;
 
 pub use self::device::DeviceQueue;
 pub use self::index::MAX_DEPTH;
-pub use self::layout::{Doorbells, Layout};
+pub use self::layout::{DoorbellValue, Doorbells, Layout};
 pub use self::memory::{Memory, ALIGN};
 pub use self::queue::{
     leaks, Config, Done, Leaks, Queue, Quiesce, Rejected, Shutdown, Stats, DROP_QUIESCE_TIMEOUT,
@@ -109,6 +128,21 @@ pub trait Completion: Pod {
     const PHASE_BIT: u32;
     /// The id of the command completed.
     fn command_id(&self) -> u16;
+
+    /// The SQ head the entry reports, as a slot index `0..depth` (NVMe: completion dword 2,
+    /// bits 15:0): the slot of the next SQ entry the device will read, so every entry before it
+    /// may be reused. `None` (the default) for formats where the device writes the SQ head back
+    /// into ring memory instead ([`Layout::sq_head_offset`]).
+    ///
+    /// A format either always carries the SQ head or never does: a queue asks a zeroed entry
+    /// when it is made. When it does, the queue takes the SQ head only from completions (each
+    /// one moves it forward, the slot converted to the queue's counter across the ring's wrap),
+    /// never reads the write-back word, and keeps at most `depth - 1` entries in the SQ, so a
+    /// slot is never ambiguous. A posted descriptor's slot is then free only once a later
+    /// completion reports the head past it.
+    fn sq_head(&self) -> Option<u16> {
+        None
+    }
 }
 
 /// What went wrong in this module.
@@ -166,6 +200,26 @@ pub enum Error {
         len: usize,
         /// How many bytes from `offset` are contiguous.
         contiguous: usize,
+    },
+
+    /// A part alignment [`Layout::with_align`] cannot use.
+    #[error("a ring part alignment of {align} bytes is not possible: use a power of two from {min} to {max}")]
+    InvalidAlign {
+        /// The alignment given.
+        align: usize,
+        /// The smallest.
+        min: usize,
+        /// The largest.
+        max: usize,
+    },
+
+    /// Ring memory whose IOVA is not aligned as the layout's parts need.
+    #[error("ring memory at IOVA {iova:#x} is not {align}-byte aligned, as the device needs the SQ and CQ bases: allocate ring memory at {align}-byte boundaries")]
+    PartAlign {
+        /// The memory's IOVA.
+        iova: u64,
+        /// The alignment needed.
+        align: usize,
     },
 
     /// Ring memory too small for the layout.
@@ -246,6 +300,21 @@ pub enum Error {
         old: u32,
         /// The announced tail.
         tail: u32,
+    },
+
+    /// A completion reported an impossible SQ head slot.
+    #[error("queue {queue}: a completion reported SQ head slot {slot}, outside slots {old}..={tail} of {depth} (previous head to announced tail)")]
+    CompletionSqHead {
+        /// The queue.
+        queue: u16,
+        /// The slot reported.
+        slot: u16,
+        /// The previous head's slot.
+        old: u32,
+        /// The announced tail's slot.
+        tail: u32,
+        /// The depth.
+        depth: u32,
     },
 
     /// Device side: the host rang an impossible SQ tail.

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
 use std::time::Duration;
 
 use super::index;
-use super::{Completion, Doorbells, Error, Layout, Memory, Submission, POSTED};
+use super::{Completion, DoorbellValue, Doorbells, Error, Layout, Memory, Pod, Submission, POSTED};
 use crate::irq::EventFd;
 use crate::sync::{fence, Ordering};
 
@@ -44,18 +44,38 @@ pub struct Config {
     id: u16,
     context: u32,
     spin: Duration,
+    doorbell: DoorbellValue,
+    part_align: usize,
 }
 
 impl Config {
     /// A queue pair of `depth` entries (a power of two, 2 to 32768), id 0, context 0, waits
-    /// that spin up to 20 µs before sleeping on the interrupt.
+    /// that spin up to 20 µs before sleeping on the interrupt, counter doorbells
+    /// ([`DoorbellValue::Counter`]) and the layout of [`Layout::new`].
     pub fn new(depth: u32) -> Config {
         Config {
             depth,
             id: 0,
             context: 0,
             spin: Duration::from_micros(20),
+            doorbell: DoorbellValue::Counter,
+            part_align: 128,
         }
+    }
+
+    /// What the SQ tail and CQ head doorbell writes carry: the free-running counter
+    /// ([`DoorbellValue::Counter`], the default) or the counter modulo the depth
+    /// ([`DoorbellValue::Slot`], NVMe; the SQ then holds at most `depth - 1` entries).
+    pub fn with_doorbell(mut self, doorbell: DoorbellValue) -> Config {
+        self.doorbell = doorbell;
+        self
+    }
+
+    /// Lays the ring memory out per [`Layout::with_align`] with `part_align` (e.g. 4096 for
+    /// NVMe, whose SQ and CQ bases must be page aligned) instead of [`Layout::new`].
+    pub fn with_part_align(mut self, part_align: usize) -> Config {
+        self.part_align = part_align;
+        self
     }
 
     /// The queue's id on its device (which doorbells and vector it uses).
@@ -94,6 +114,22 @@ impl Config {
     /// The longest spin before sleeping.
     pub fn spin(&self) -> Duration {
         self.spin
+    }
+
+    /// What the doorbells carry.
+    pub fn doorbell(&self) -> DoorbellValue {
+        self.doorbell
+    }
+
+    /// The alignment asked of the SQ's and the CQ's start (see [`Config::with_part_align`]).
+    pub fn part_align(&self) -> usize {
+        self.part_align
+    }
+
+    /// The layout a queue made with this configuration uses, for entry types `D` and `C`: how
+    /// much ring memory to allocate, and where the SQ and the CQ are in it.
+    pub fn layout<D: Submission, C: Completion>(&self) -> Result<Layout, Error> {
+        Layout::with_align::<D, C>(self.depth, self.part_align)
     }
 }
 
@@ -153,6 +189,13 @@ pub trait Quiesce: Send {
     /// its descriptors name, waiting up to `timeout` for it to have stopped. `Ok` only once the
     /// device will touch none of it again.
     fn quiesce(&mut self, queue: u16, timeout: Duration) -> io::Result<()>;
+}
+
+/// A boxed hook (`Box<dyn Quiesce>`, chosen at run time) is a hook.
+impl<Q: Quiesce + ?Sized> Quiesce for Box<Q> {
+    fn quiesce(&mut self, queue: u16, timeout: Duration) -> io::Result<()> {
+        (**self).quiesce(queue, timeout)
+    }
 }
 
 /// What a queue has done. Host-only counters (the queue is used by one thread).
@@ -219,6 +262,12 @@ pub struct Queue<D: Submission, C: Completion, T: Send> {
     pub(super) layout: Layout,
     pub(super) memory: Memory,
     pub(super) doorbells: Doorbells,
+    /// What the doorbell writes carry.
+    pub(super) doorbell: DoorbellValue,
+    /// The SQ head comes from completions ([`Completion::sq_head`]), not the write-back word.
+    pub(super) head_from_cq: bool,
+    /// SQ slots always kept empty (1 when a slot value cannot tell full from empty).
+    pub(super) reserve: u32,
     pub(super) interrupt: Option<std::sync::Arc<EventFd>>,
     pub(super) quiesce: Option<Box<dyn Quiesce>>,
     /// Counter of the next SQ entry to write.
@@ -270,21 +319,34 @@ impl<D: Submission, C: Completion, T: Send> fmt::Debug for Queue<D, C, T> {
 }
 
 impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
-    /// A queue pair in `memory` (laid out per [`Layout::new`]), ringing `doorbells`, woken by
-    /// `interrupt` (`None`: waits busy-poll). Zeroes the ring memory and both doorbells: create
-    /// the queue before the device starts serving it.
+    /// A queue pair in `memory` (laid out per [`Config::layout`]: [`Layout::new`], or
+    /// [`Layout::with_align`] after [`Config::with_part_align`]), ringing `doorbells`, woken by
+    /// `interrupt` (`None`: waits busy-poll). Zeroes the ring memory, and with counter doorbells
+    /// writes 0 to both doorbells: create the queue before the device starts serving it. With
+    /// slot doorbells ([`DoorbellValue::Slot`]) nothing is written to them until there is
+    /// something to announce (a device's doorbells start at 0 when it creates the queue).
     pub fn new(
         config: Config,
         memory: Memory,
         doorbells: Doorbells,
         interrupt: Option<EventFd>,
     ) -> Result<Self, Error> {
-        let layout = Layout::new::<D, C>(config.depth)?;
+        let layout = config.layout::<D, C>()?;
         layout.check_memory(&memory)?;
         memory.zero(0, layout.size());
         let id = config.id;
-        doorbells.ring_sq(id, 0)?;
-        doorbells.ring_cq(id, 0)?;
+        if config.doorbell == DoorbellValue::Counter {
+            doorbells.ring_sq(id, 0)?;
+            doorbells.ring_cq(id, 0)?;
+        }
+        // SAFETY: `C: Pod`, so the all-zero bytes are a valid `C`.
+        let zeroed: C = unsafe { std::mem::zeroed() };
+        let head_from_cq = zeroed.sq_head().is_some();
+        let reserve = if head_from_cq {
+            1
+        } else {
+            config.doorbell.reserve()
+        };
         let depth = config.depth;
         let slots: Box<[Option<T>]> = (0..depth).map(|_| None).collect();
         // Ids are handed out lowest first; `depth <= 2^15`, so each fits in a u16.
@@ -295,12 +357,15 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             layout,
             memory,
             doorbells,
+            doorbell: config.doorbell,
+            head_from_cq,
+            reserve,
             interrupt: interrupt.map(std::sync::Arc::new),
             quiesce: None,
             sq_tail: 0,
             sq_announced: 0,
             sq_head: 0,
-            sq_limit: depth,
+            sq_limit: depth - reserve,
             cq_head: 0,
             cq_announced: 0,
             slots,
@@ -373,8 +438,31 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         index::used(self.sq_tail, self.sq_announced)
     }
 
-    /// Reads the device's SQ head write-back.
+    /// What the doorbells carry.
+    pub fn doorbell(&self) -> DoorbellValue {
+        self.doorbell
+    }
+
+    /// Whether the queue takes the SQ head from completions ([`Completion::sq_head`]) rather
+    /// than from the write-back word in ring memory.
+    pub fn sq_head_from_completions(&self) -> bool {
+        self.head_from_cq
+    }
+
+    /// Reads the device's SQ head write-back (or, when completions carry the SQ head, takes
+    /// the head the last one reported) and recomputes how far the host may write.
     pub(super) fn refresh_sq_head(&mut self) -> Result<(), Error> {
+        if self.head_from_cq {
+            let layout = &self.layout;
+            self.sq_limit = index::sq_limit(
+                self.sq_head,
+                self.sq_tail,
+                layout.depth(),
+                layout.sq_per_line(),
+                self.reserve,
+            );
+            return Ok(());
+        }
         let head = self.memory.load_u32(self.layout.sq_head_offset());
         // Acquire: the device's reads of the entries before `head` happen before the host
         // overwrites those slots (pairs with the fence(Release) in `DeviceQueue::release`).
@@ -389,7 +477,13 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         }
         self.sq_head = head;
         let layout = &self.layout;
-        self.sq_limit = index::sq_limit(head, self.sq_tail, layout.depth(), layout.sq_per_line());
+        self.sq_limit = index::sq_limit(
+            head,
+            self.sq_tail,
+            layout.depth(),
+            layout.sq_per_line(),
+            self.reserve,
+        );
         Ok(())
     }
 
@@ -514,24 +608,18 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             }
             return Err(error);
         }
-        let layout = self.layout;
-        let mut tail = self.sq_tail;
-        let mut count = 0;
-        while count < max {
-            let Some((mut desc, payload)) = items.next() else {
-                break;
-            };
-            // `max <= free_ids.len()`: an id is there.
-            let Some(id) = self.free_ids.pop() else {
-                break;
-            };
+        let tail = self.sq_tail;
+        let (slots, free_ids) = (&mut self.slots, &mut self.free_ids);
+        let count = write_runs(&self.memory, &self.layout, tail, max, || {
+            // `max <= free_ids.len()`: an id is there; the item is taken only then.
+            let id = *free_ids.last()?;
+            let (mut desc, payload) = items.next()?;
+            free_ids.pop();
             desc.set_command_id(id);
-            self.slots[usize::from(id)] = Some(payload);
-            self.memory.write_entry(layout.sq_entry(tail), &desc, None);
-            tail = tail.wrapping_add(1);
-            count += 1;
-        }
-        self.sq_tail = tail;
+            slots[usize::from(id)] = Some(payload);
+            Some(desc)
+        });
+        self.sq_tail = tail.wrapping_add(count);
         self.stats.submitted += u64::from(count);
         Ok(count)
     }
@@ -553,19 +641,13 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             self.stats.full += 1;
             return Ok(0);
         }
-        let layout = self.layout;
-        let mut tail = self.sq_tail;
-        let mut count = 0;
-        while count < room {
-            let Some(mut desc) = descs.next() else {
-                break;
-            };
+        let tail = self.sq_tail;
+        let count = write_runs(&self.memory, &self.layout, tail, room, || {
+            let mut desc = descs.next()?;
             desc.set_command_id(POSTED);
-            self.memory.write_entry(layout.sq_entry(tail), &desc, None);
-            tail = tail.wrapping_add(1);
-            count += 1;
-        }
-        self.sq_tail = tail;
+            Some(desc)
+        });
+        self.sq_tail = tail.wrapping_add(count);
         self.stats.posted += u64::from(count);
         Ok(count)
     }
@@ -577,7 +659,8 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         if self.sq_tail == self.sq_announced {
             return Ok(());
         }
-        self.doorbells.ring_sq(self.id, self.sq_tail)?;
+        let value = self.doorbell.encode(self.sq_tail, self.layout.depth());
+        self.doorbells.ring_sq(self.id, value)?;
         self.sq_announced = self.sq_tail;
         self.stats.sq_doorbells += 1;
         Ok(())
@@ -627,7 +710,41 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             .ok_or(Error::UnknownCommand { queue: self.id, id })?;
         self.free_ids.push(id);
         self.stats.completed += 1;
-        Ok(Some(Done { id, entry, payload }))
+        let done = Done { id, entry, payload };
+        // A format without the SQ head in its completions returns `None` here at compile time.
+        if let Some(slot) = entry.sq_head() {
+            if self.head_from_cq {
+                if let Err(error) = self.head_from(slot) {
+                    // The command did complete: hand it out next, after the error.
+                    self.pending.push_back(done);
+                    return Err(error);
+                }
+            }
+        }
+        Ok(Some(done))
+    }
+
+    /// Moves the SQ head to the slot a completion reported: the first counter at or after the
+    /// current head with that slot, which must not pass the announced tail. Reading the entry
+    /// after the phase flip (the fence(Acquire) in `take_cq`) is what makes the slots before it
+    /// free to overwrite: the device read them before it wrote the completion (its
+    /// fence(Release) before the phase store). The SQ never holds `depth` entries here, so the
+    /// slot names one counter.
+    #[inline]
+    fn head_from(&mut self, slot: u16) -> Result<(), Error> {
+        let depth = self.layout.depth();
+        let head = index::counter_of_slot(self.sq_head, u32::from(slot), depth);
+        if u32::from(slot) >= depth || !index::advance_ok(self.sq_head, head, self.sq_announced) {
+            return Err(Error::CompletionSqHead {
+                queue: self.id,
+                slot,
+                old: index::slot(self.sq_head, depth),
+                tail: index::slot(self.sq_announced, depth),
+                depth,
+            });
+        }
+        self.sq_head = head;
+        Ok(())
     }
 
     /// Rings the CQ head doorbell if entries were consumed since the last one.
@@ -636,7 +753,8 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         if self.cq_head == self.cq_announced {
             return Ok(());
         }
-        self.doorbells.ring_cq(self.id, self.cq_head)?;
+        let value = self.doorbell.encode(self.cq_head, self.layout.depth());
+        self.doorbells.ring_cq(self.id, value)?;
         self.cq_announced = self.cq_head;
         self.stats.cq_doorbells += 1;
         Ok(())
@@ -793,6 +911,31 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             }
         }
     }
+}
+
+/// Writes up to `max` SQ entries from counter `tail` on, taking each from `next` until it
+/// returns `None`, in at most two runs (up to the end of the ring, then from its start), each
+/// range-checked once. Returns how many were written. The caller checked the room.
+#[inline]
+fn write_runs<D: Pod>(
+    memory: &Memory,
+    layout: &Layout,
+    tail: u32,
+    max: u32,
+    mut next: impl FnMut() -> Option<D>,
+) -> u32 {
+    let depth = layout.depth();
+    let mut count = 0;
+    while count < max {
+        let at = tail.wrapping_add(count);
+        let run = (max - count).min(depth - index::slot(at, depth));
+        let written = memory.write_entries(layout.sq_entry(at), run, &mut next);
+        count += written;
+        if written < run {
+            break;
+        }
+    }
+    count
 }
 
 impl<D: Submission, C: Completion, T: Send> Drop for Queue<D, C, T> {

@@ -10,6 +10,8 @@ use crate::dma::{Loopback, Mapping, Space};
 use crate::memory::{PageSize, Region};
 use crate::mmio::{Access, Block, Op, Recording, Shared, Width};
 
+mod nvme;
+
 /// An 8-byte descriptor: id and a value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -756,4 +758,56 @@ fn bursts_fill_the_ring_and_spare_the_line_the_device_reads() {
     assert_eq!(rig.queue.push_burst(&mut again).unwrap(), 16);
     let stats = rig.queue.stats();
     assert_eq!((stats.submitted, stats.posted), (32, 8));
+}
+
+#[test]
+fn pop_burst_reads_across_the_ring_wrap_in_order() {
+    let mut rig = setup::<u32>(8, false);
+    let mut next = 0u32;
+    let mut expect = 0u32;
+    for round in 0..20 {
+        // 5 at a time on a ring of 8: runs start at every slot and often wrap.
+        for _ in 0..5 {
+            rig.queue
+                .push(
+                    Small {
+                        value: next,
+                        ..Small::default()
+                    },
+                    next,
+                )
+                .unwrap();
+            next += 1;
+        }
+        rig.queue.flush().unwrap();
+        assert_eq!(rig.device.fetch().unwrap(), 5);
+        // A limit smaller than what is there leaves the rest for the next call.
+        let mut got = Vec::new();
+        let max = if round % 2 == 0 { 2 } else { 5 };
+        let n = rig.device.pop_burst(max, |d| got.push(d));
+        assert_eq!(n as usize, got.len());
+        assert_eq!(n, max);
+        let m = rig.device.pop_burst(u32::MAX, |d| got.push(d));
+        assert_eq!(n + m, 5);
+        assert_eq!(
+            rig.device.pop_burst(u32::MAX, |_| panic!("nothing left")),
+            0
+        );
+        assert!(rig.device.pop().is_none());
+        for desc in &got {
+            assert_eq!(desc.value, expect, "in order, whole");
+            expect += 1;
+            rig.device
+                .complete(Status::new(desc.id, 0, u64::from(desc.value)))
+                .unwrap();
+        }
+        rig.device.release();
+        let reaped = rig
+            .queue
+            .reap(8, |done| {
+                assert_eq!(done.entry.result, u64::from(done.payload))
+            })
+            .unwrap();
+        assert_eq!(reaped, 5);
+    }
 }

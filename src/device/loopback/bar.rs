@@ -18,7 +18,6 @@
 //! busy makes no system call. The futex is shared (not `_PRIVATE`), so it works across
 //! processes mapping the same memfd.
 
-use std::fmt;
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -262,25 +261,17 @@ fn write(file: &RegisterFile, offset: usize, width: Width, value: u64) {
     }
 }
 
-/// What must happen before the device can see an SQ doorbell (the out-of-process device brings
-/// its translation table up to date).
-pub(super) trait DoorbellHook: Send + Sync + fmt::Debug {
-    /// Called before an SQ tail doorbell write lands.
-    fn before_doorbell(&self);
-}
-
 /// The host's view of BAR 0: reads are atomic loads; writes to registers the host may write are
 /// atomic stores followed by the engine wake-up, `irq_mask_set` / `irq_mask_clear` set and clear
 /// bits of `irq_mask`, and writes to read-only registers are dropped, as a device drops them.
 #[derive(Clone, Debug)]
 pub(super) struct HostBar {
     file: Arc<RegisterFile>,
-    hook: Option<Arc<dyn DoorbellHook>>,
 }
 
 impl HostBar {
-    pub(super) fn new(file: Arc<RegisterFile>, hook: Option<Arc<dyn DoorbellHook>>) -> HostBar {
-        HostBar { file, hook }
+    pub(super) fn new(file: Arc<RegisterFile>) -> HostBar {
+        HostBar { file }
     }
 }
 
@@ -292,14 +283,9 @@ fn is_queue_register<V, A>(offset: usize, field: mmio::Field<V, A>) -> bool {
         && (offset - start) % regs::QUEUE_STRIDE == field.offset() - start
 }
 
-/// Whether `offset` is an SQ tail doorbell.
-fn is_sq_doorbell(offset: usize) -> bool {
-    is_queue_register(offset, regs::Q_SQ_TAIL)
-}
-
 /// Whether `offset` is a doorbell (SQ tail or CQ head).
 fn is_doorbell(offset: usize) -> bool {
-    is_sq_doorbell(offset) || is_queue_register(offset, regs::Q_CQ_HEAD)
+    is_queue_register(offset, regs::Q_SQ_TAIL) || is_queue_register(offset, regs::Q_CQ_HEAD)
 }
 
 impl mmio::Backend for HostBar {
@@ -333,9 +319,6 @@ impl mmio::Backend for HostBar {
             }
             o if o == mask_set || o == mask_clear => return Ok(()),
             o if is_doorbell(o) => {
-                if let Some(hook) = self.hook.as_ref().filter(|_| is_sq_doorbell(o)) {
-                    hook.before_doorbell();
-                }
                 write(&self.file, o, width, value);
                 // A doorbell only wakes the engine; it does not make it re-read its control
                 // registers (nor end a burst).
@@ -423,7 +406,7 @@ mod tests {
     #[test]
     fn host_writes_are_filtered_and_mask_bits_set_and_clear() {
         let file = Arc::new(RegisterFile::new().unwrap());
-        let bar = HostBar::new(Arc::clone(&file), None);
+        let bar = HostBar::new(Arc::clone(&file));
         let seq = file.wake_seq().load(Ordering::SeqCst);
         bar.write(regs::ID.offset(), Width::U32, 7).unwrap();
         assert_eq!(bar.read(regs::ID.offset(), Width::U32).unwrap(), 0);
@@ -474,16 +457,21 @@ mod tests {
 
     #[test]
     fn doorbell_offsets() {
-        assert!(is_sq_doorbell(
+        let sq_tail = |offset| is_queue_register(offset, regs::Q_SQ_TAIL);
+        assert!(sq_tail(
             regs::queue_field(regs::Q_SQ_TAIL, 0).unwrap().offset()
         ));
-        assert!(is_sq_doorbell(
+        assert!(sq_tail(
             regs::queue_field(regs::Q_SQ_TAIL, 31).unwrap().offset()
         ));
-        assert!(!is_sq_doorbell(
+        assert!(!sq_tail(
             regs::queue_field(regs::Q_CQ_HEAD, 0).unwrap().offset()
         ));
-        assert!(!is_sq_doorbell(regs::CONTROL.offset()));
+        assert!(!sq_tail(regs::CONTROL.offset()));
+        assert!(is_doorbell(
+            regs::queue_field(regs::Q_SQ_TAIL, 2).unwrap().offset()
+        ));
+        assert!(!is_doorbell(regs::CONTROL.offset()));
         assert!(is_doorbell(
             regs::queue_field(regs::Q_CQ_HEAD, 5).unwrap().offset()
         ));

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::bar::{DeviceBar, RegisterFile};
 use super::cost::{Clock, Cost};
-use super::ops::{self, Dram, Span, Translate};
+use super::ops::{self, Dram, Host, Span, Translate};
 use super::regs::{self, Code, Control, DeviceStatus, Fault, QueueControl, QueueStatus};
 use super::shim;
 use crate::memory::u64_of;
@@ -37,6 +37,8 @@ pub(super) struct Settings {
 #[derive(Debug)]
 struct Active {
     queue: DeviceQueue<Command, Status>,
+    /// The ring memory again, to peek at the host's interrupt flag without a fence.
+    memory: Memory,
     context: u32,
     _ring: Span,
 }
@@ -58,7 +60,7 @@ pub(super) struct Engine {
     file: Arc<RegisterFile>,
     doorbell_block: crate::mmio::DynBlock,
     dram: Dram,
-    table: Arc<dyn Translate>,
+    host: Host,
     vectors: Vectors,
     queues: Vec<Option<Active>>,
     /// Per-queue (completed, errors).
@@ -108,7 +110,7 @@ impl Engine {
             file: Arc::clone(&file),
             doorbell_block,
             dram,
-            table,
+            host: Host::new(table),
             vectors: Vectors {
                 file: Arc::clone(&file),
                 fds: irqs,
@@ -169,14 +171,22 @@ impl Engine {
     /// Waits for a host write: spins up to `idle_spin`, then sleeps.
     fn idle(&self, seen: u32) {
         let start = Instant::now();
-        while start.elapsed() < self.settings.idle_spin {
+        loop {
+            // The doorbell is looked at after every pause (a load of a line this core holds
+            // until the host writes it: no traffic), the clock only every 64.
             for _ in 0..64 {
+                // Relaxed: only a hint to stop spinning; the run loop re-reads with Acquire.
+                if self.file.wake_seq().load(crate::sync::Ordering::Relaxed) != seen {
+                    return;
+                }
                 std::hint::spin_loop();
             }
-            // Relaxed: only a hint to stop spinning; the run loop re-reads with Acquire.
-            if self.file.wake_seq().load(crate::sync::Ordering::Relaxed) != seen {
-                return;
+            if start.elapsed() >= self.settings.idle_spin {
+                break;
             }
+            // Give the core away if a thread waits for it (the host thread that will ring
+            // the doorbell may share it); an immediate return otherwise.
+            std::thread::yield_now();
         }
         self.file.sleep(seen);
     }
@@ -224,7 +234,7 @@ impl Engine {
         if base % ring::ALIGN as u64 != 0 {
             return self.fault(q, Fault::RingMisaligned);
         }
-        let Some(span) = self.table.translate(base, layout.size()) else {
+        let Some(span) = self.host.table().translate(base, layout.size()) else {
             return self.fault(q, Fault::RingUnmapped);
         };
         // SAFETY: the span is `layout.size()` bytes of one mapping, IOVA-contiguous (a
@@ -240,6 +250,7 @@ impl Engine {
             qf(regs::Q_SQ_TAIL, q),
             qf(regs::Q_CQ_HEAD, q),
         );
+        let peek = memory.clone();
         // `q < MAX_QUEUES`, so it fits a u16; the doorbells are distinct registers in the BAR.
         let queue = doorbells
             .and_then(|doorbells| DeviceQueue::new(q as u16, depth, memory, doorbells, None));
@@ -248,6 +259,7 @@ impl Engine {
         };
         self.queues[q] = Some(Active {
             queue,
+            memory: peek,
             context,
             _ring: span,
         });
@@ -310,8 +322,12 @@ impl Engine {
     /// how many.
     ///
     /// Each completion is written after the counters that include it (a host that sees it sees
-    /// them), and the interrupt is raised after each one if the host armed it: a host that
-    /// busy-polls leaves the flag clear and costs nothing.
+    /// them). Interrupts: after each completion the engine peeks at the ring's interrupt flag
+    /// (a plain load, no fence) and raises the vector if the host armed it; once per burst, if
+    /// completions were written since the last interrupt, it checks the flag behind the
+    /// `fence(SeqCst)` of the wake-up protocol ([`DeviceQueue::interrupt`]), so a host that
+    /// armed while the peek could not see it yet is woken at the end of the burst at the
+    /// latest. A host that busy-polls leaves the flag clear and costs no fence per descriptor.
     fn burst(&mut self, q: usize, seen: u32) -> u32 {
         let Some(active) = self.queues[q].as_mut() else {
             return 0;
@@ -327,9 +343,14 @@ impl Engine {
         let cost = self.settings.cost;
         let timed = !cost.is_zero();
         let file = &*self.file;
+        let flag = active.queue.layout().interrupt_offset();
         let mut done = 0u32;
         let mut fault = None;
+        // Completions written since the last interrupt raised.
+        let mut unsignalled = false;
         let (mut completed, mut errors) = self.queue_totals[q];
+        // One clock read per descriptor: each one's time runs from the end of the previous.
+        let mut began = Instant::now();
         while done < self.settings.max_burst {
             match active.queue.cq_room() {
                 Ok(0) => break,
@@ -342,30 +363,39 @@ impl Engine {
             let Some(command) = active.queue.pop() else {
                 break;
             };
-            let began = Instant::now();
-            let outcome = ops::execute(&command, active.context, self.dram, &*self.table);
+            let outcome = ops::execute(&command, active.context, self.dram, &mut self.host);
             let switch = self.last_context.is_some_and(|c| c != active.context);
             self.last_context = Some(active.context);
             if timed {
                 let modelled = cost.charge(outcome.dma_bytes, outcome.compute_bytes, switch);
                 Clock::wait_until(self.clock.charge(began, modelled));
             }
+            let ended = Instant::now();
             let t = &mut self.totals;
             t.descriptors += 1;
             t.switches += u64::from(switch);
-            t.busy_ns = t
-                .busy_ns
-                .saturating_add(u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX));
+            t.busy_ns = t.busy_ns.saturating_add(
+                u64::try_from(ended.duration_since(began).as_nanos()).unwrap_or(u64::MAX),
+            );
+            began = ended;
             completed += 1;
+            // The counters this descriptor moved (the interrupt count is published when one
+            // is raised): plain stores, no more per descriptor than needed.
+            file.set64(regs::DESCRIPTORS.offset(), t.descriptors);
+            file.set64(regs::BUSY_NS.offset(), t.busy_ns);
+            if switch {
+                file.set64(regs::CONTEXT_SWITCHES.offset(), t.switches);
+            }
             if outcome.code == Code::Success {
                 t.bytes += outcome.bytes;
+                file.set64(regs::BYTES.offset(), t.bytes);
             } else {
                 t.errors += 1;
                 errors += 1;
+                file.set64(regs::ERRORS.offset(), t.errors);
+                file.set64(qf(regs::Q_ERRORS, q), errors);
             }
-            publish(file, t, self.vectors.raised);
             file.set64(qf(regs::Q_COMPLETED, q), completed);
-            file.set64(qf(regs::Q_ERRORS, q), errors);
             done += 1;
             if command.command_id != POSTED {
                 let mut status =
@@ -378,8 +408,13 @@ impl Engine {
                     fault = Some(Fault::BadCqHead);
                     break;
                 }
-                if matches!(active.queue.interrupt(), Ok(true)) {
+                unsignalled = true;
+                // The peek: a hint only, no ordering (the fenced check below is the one that
+                // cannot miss).
+                if active.memory.load_u32(flag) != 0 && matches!(active.queue.interrupt(), Ok(true))
+                {
                     self.vectors.raise(q);
+                    unsignalled = false;
                 }
             }
             // Relaxed: only a hint to end the burst early; the run loop reads it with Acquire
@@ -387,6 +422,9 @@ impl Engine {
             if file.control_seq().load(crate::sync::Ordering::Relaxed) != seen {
                 break;
             }
+        }
+        if unsignalled && matches!(active.queue.interrupt(), Ok(true)) {
+            self.vectors.raise(q);
         }
         active.queue.release();
         self.queue_totals[q] = (completed, errors);

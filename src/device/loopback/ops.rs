@@ -49,6 +49,20 @@ impl Span {
         })
     }
 
+    /// `len` bytes at `offset` of the span, holding the same memory; `None` unless inside it
+    /// (and `len > 0`).
+    pub(super) fn sub(self, offset: usize, len: usize) -> Option<Span> {
+        if len == 0 || offset.checked_add(len)? > self.len {
+            return None;
+        }
+        Some(Span {
+            // SAFETY: `offset + len <= self.len`: inside the mapping.
+            ptr: unsafe { self.ptr.add(offset) },
+            len,
+            _keep: self._keep,
+        })
+    }
+
     /// The first byte (raw).
     pub(super) fn as_ptr(&self) -> NonNull<u8> {
         self.ptr
@@ -60,20 +74,105 @@ impl Span {
     }
 }
 
-/// The device's translation table: resolves `len` bytes at `iova` to host memory, or `None`
-/// unless they all lie in one mapping.
+/// The device's translation table: the mapped piece that holds an IOVA, and a generation
+/// number that moves on every change of the table.
 pub(super) trait Translate: Send + Sync + std::fmt::Debug {
-    fn translate(&self, iova: u64, len: usize) -> Option<Span>;
+    /// The whole mapped piece holding `iova`: its first and last IOVA and its memory.
+    fn piece(&self, iova: u64) -> Option<(u64, u64, Span)>;
+
+    /// Moves on every map and unmap (a piece resolved while it had one value is still mapped
+    /// while it has it).
+    fn generation(&self) -> u64;
+
+    /// Resolves `len` bytes at `iova` to host memory, or `None` unless they all lie in one
+    /// mapped piece (and `len > 0`).
+    fn translate(&self, iova: u64, len: usize) -> Option<Span> {
+        let (start, _, span) = self.piece(iova)?;
+        let at = usize::try_from(iova - start).ok()?;
+        span.sub(at, len)
+    }
 }
 
 impl Translate for dma::Loopback {
-    fn translate(&self, iova: u64, len: usize) -> Option<Span> {
-        let window = dma::Loopback::translate(self, iova, len)?;
-        Some(Span {
-            ptr: window.as_ptr(),
-            len: window.len(),
-            _keep: Keep::Window(window),
-        })
+    fn piece(&self, iova: u64) -> Option<(u64, u64, Span)> {
+        let (range, window) = self.piece_at(iova)?;
+        Some((
+            range.start,
+            range.last,
+            Span {
+                ptr: window.as_ptr(),
+                len: window.len(),
+                _keep: Keep::Window(window),
+            },
+        ))
+    }
+
+    fn generation(&self) -> u64 {
+        dma::Loopback::generation(self)
+    }
+}
+
+/// The piece the engine resolved last, and the table generation it was resolved in.
+#[derive(Debug)]
+struct Cached {
+    generation: u64,
+    start: u64,
+    last: u64,
+    span: Span,
+}
+
+/// Host memory as the engine reaches it: through the translation table, with the last piece
+/// resolved kept while the table does not change, so a run of descriptors into one mapping
+/// costs one lookup (and no lock) instead of one per descriptor.
+#[derive(Debug)]
+pub(super) struct Host {
+    table: Arc<dyn Translate>,
+    cached: Option<Cached>,
+}
+
+impl Host {
+    pub(super) fn new(table: Arc<dyn Translate>) -> Host {
+        Host {
+            table,
+            cached: None,
+        }
+    }
+
+    /// The table.
+    pub(super) fn table(&self) -> &dyn Translate {
+        &*self.table
+    }
+
+    /// The host address of `len` bytes at `iova`, or `None` unless they all lie in one mapped
+    /// piece (and `len > 0`). The address stays valid until the next call (the cache keeps
+    /// its piece mapped).
+    fn resolve(&mut self, iova: u64, len: usize) -> Option<NonNull<u8>> {
+        let last = iova.checked_add(u64_of(len).checked_sub(1)?)?;
+        let generation = self.table.generation();
+        let hit = self
+            .cached
+            .as_ref()
+            .is_some_and(|c| c.generation == generation && c.start <= iova && iova <= c.last);
+        if !hit {
+            // Drop the old piece first: it may be the last hold on an unmapped region.
+            self.cached = None;
+            let (start, end, span) = self.table.piece(iova)?;
+            self.cached = Some(Cached {
+                generation,
+                start,
+                last: end,
+                span,
+            });
+        }
+        let cached = self.cached.as_ref()?;
+        if last > cached.last {
+            return None;
+        }
+        let at = usize::try_from(iova - cached.start).ok()?;
+        // `iova..=last` lies in the piece, so `at + len <= span.len()`.
+        debug_assert!(at + len <= cached.span.len());
+        // SAFETY: `at + len <= span.len()` (the range lies in the piece): inside the mapping.
+        Some(unsafe { cached.span.as_ptr().add(at) })
     }
 }
 
@@ -241,16 +340,16 @@ pub(super) fn transform(word: u32, xor: u32, add: u32) -> u32 {
 }
 
 /// Checks and runs `cmd`: the outcome to complete it with.
-pub(super) fn execute(cmd: &Command, context: u32, dram: Dram, table: &dyn Translate) -> Outcome {
+pub(super) fn execute(cmd: &Command, context: u32, dram: Dram, host: &mut Host) -> Outcome {
     let plan = match check(cmd, context, u64_of(dram.len)) {
         Ok(plan) => plan,
         Err((code, result)) => return Outcome::failed(code, result),
     };
-    run(plan, dram, table)
+    run(plan, dram, host)
 }
 
 /// Runs a checked plan.
-fn run(plan: Plan, dram: Dram, table: &dyn Translate) -> Outcome {
+fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
     let base = dram.ptr.as_ptr();
     let moved = |len: usize, dma: u64| Outcome {
         code: Code::Success,
@@ -260,8 +359,8 @@ fn run(plan: Plan, dram: Dram, table: &dyn Translate) -> Outcome {
         compute_bytes: 0,
     };
     // Memory safety of every access below: `check` put each device range inside `dram`
-    // (`offset + len <= dram.len`), and each host range is a `Span` the table resolved, which
-    // is `len` bytes of a live mapping. The device memory is a separate memfd that is never
+    // (`offset + len <= dram.len`), and each host range is one `Host::resolve` returned, `len`
+    // bytes of a live mapping (its cache holds the mapping until the next lookup). The device memory is a separate memfd that is never
     // mapped into the DMA space, so a host span never overlaps it. Accesses are raw-pointer
     // copies: no reference to device-visible memory is made. The bytes of a buffer named by a
     // descriptor belong to the device until its completion (the ring keeps the buffer in its
@@ -269,21 +368,20 @@ fn run(plan: Plan, dram: Dram, table: &dyn Translate) -> Outcome {
     match plan {
         Plan::Nop => moved(0, 0),
         Plan::ToDevice { iova, dst, len } => {
-            let Some(span) = table.translate(iova, len) else {
+            let Some(from) = host.resolve(iova, len) else {
                 return Outcome::failed(Code::HostUnmapped, iova);
             };
-            debug_assert_eq!(span.len(), len);
-            // SAFETY: see above: `len` readable bytes at the span, `len` writable bytes at
+            // SAFETY: see above: `len` readable bytes at `from`, `len` writable bytes at
             // `base + dst`, in two different mappings.
-            unsafe { ptr::copy_nonoverlapping(span.as_ptr().as_ptr(), base.add(dst), len) };
+            unsafe { ptr::copy_nonoverlapping(from.as_ptr(), base.add(dst), len) };
             moved(len, u64_of(len))
         }
         Plan::ToHost { src, iova, len } => {
-            let Some(span) = table.translate(iova, len) else {
+            let Some(to) = host.resolve(iova, len) else {
                 return Outcome::failed(Code::HostUnmapped, iova);
             };
             // SAFETY: as for `ToDevice`, the other way.
-            unsafe { ptr::copy_nonoverlapping(base.add(src), span.as_ptr().as_ptr(), len) };
+            unsafe { ptr::copy_nonoverlapping(base.add(src), to.as_ptr(), len) };
             moved(len, u64_of(len))
         }
         Plan::DeviceCopy { src, dst, len } => {
@@ -425,6 +523,57 @@ mod tests {
     }
 
     #[test]
+    fn the_translation_cache_follows_the_table() {
+        use crate::dma::Space;
+        use crate::memory::PageSize;
+
+        let mut backing = vec![0u64; 8];
+        let dram = Dram {
+            ptr: NonNull::new(backing.as_mut_ptr().cast::<u8>()).unwrap(),
+            len: 64,
+        };
+        let space = dma::Loopback::new(32).unwrap();
+        let mut host = Host::new(Arc::new(space.clone()));
+        let region = Region::builder(8 << 10)
+            .page_size(PageSize::Base)
+            .memfd()
+            .lock(false)
+            .build()
+            .unwrap();
+        let mapping = space.map(Arc::new(region)).unwrap();
+        mapping.slice().fill(0x77);
+        let iova = mapping.iova(0x100).unwrap();
+        let copy = cmd(Opcode::ToDevice, iova, 0, 16);
+        assert_eq!(execute(&copy, 0, dram, &mut host).code, Code::Success);
+        // A hit in the cached piece; and a range running past it is still refused.
+        let tail = cmd(
+            Opcode::ToDevice,
+            mapping.iova((8 << 10) - 8).unwrap(),
+            16,
+            8,
+        );
+        assert_eq!(execute(&tail, 0, dram, &mut host).code, Code::Success);
+        let across = cmd(
+            Opcode::ToDevice,
+            mapping.iova((8 << 10) - 8).unwrap(),
+            16,
+            9,
+        );
+        assert_eq!(
+            execute(&across, 0, dram, &mut host).code,
+            Code::HostUnmapped
+        );
+        drop(mapping);
+        // Unmapped since the piece was cached: the device must not reach it any more.
+        let out = execute(&copy, 0, dram, &mut host);
+        assert_eq!((out.code, out.result), (Code::HostUnmapped, iova));
+        drop(host);
+        let bytes: Vec<u8> = backing.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        assert_eq!(&bytes[..24], &[0x77u8; 24]);
+        assert_eq!(&bytes[24..], &[0u8; 40]);
+    }
+
+    #[test]
     fn device_memory_operations() {
         let mut backing = vec![0u64; 8];
         let dram = Dram {
@@ -432,19 +581,20 @@ mod tests {
             len: 64,
         };
         let table = dma::Loopback::new(32).unwrap();
+        let mut table = Host::new(Arc::new(table));
         let mut fill = cmd(Opcode::Fill, 0, 0, 16);
         fill.args[0] = 0x01;
-        assert_eq!(execute(&fill, 0, dram, &table).code, Code::Success);
+        assert_eq!(execute(&fill, 0, dram, &mut table).code, Code::Success);
         let mut compute = cmd(Opcode::Compute, 0, 16, 16);
         compute.args = [0xff, 2, 0, 0];
-        let out = execute(&compute, 0, dram, &table);
+        let out = execute(&compute, 0, dram, &mut table);
         let word = transform(0x0101_0101, 0xff, 2);
         assert_eq!(out.result, 4 * u64::from(word));
         assert_eq!(out.compute_bytes, 16);
         let copy = cmd(Opcode::DeviceCopy, 16, 20, 16);
-        assert_eq!(execute(&copy, 0, dram, &table).dma_bytes, 32);
+        assert_eq!(execute(&copy, 0, dram, &mut table).dma_bytes, 32);
         let unmapped = cmd(Opcode::ToDevice, 0x10_0000, 0, 8);
-        let out = execute(&unmapped, 0, dram, &table);
+        let out = execute(&unmapped, 0, dram, &mut table);
         assert_eq!((out.code, out.result), (Code::HostUnmapped, 0x10_0000));
         drop(table);
         let bytes: Vec<u8> = backing.iter().flat_map(|w| w.to_ne_bytes()).collect();

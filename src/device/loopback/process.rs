@@ -16,11 +16,12 @@
 //! and the child answers each with `ACK` (4) and a status word (0: done). Closing the socket
 //! (the host dropping the device, or dying) stops the child.
 //!
-//! The host keeps the IOVA allocation and its own table in a [`dma::Loopback`]; [`RemoteSpace`]
-//! mirrors every mapping into the child before `map` returns. A mapping dropped on the host is
-//! removed from the child's table before the next SQ doorbell reaches the device (the doorbell
-//! write waits for it), and before any later mapping can reuse its IOVAs. The child holds its
-//! own `mmap` of each file, so even a late access can only reach pages of a file the host once
+//! The host keeps the IOVA allocation and its own table in a [`dma::Loopback`]; a watcher on it
+//! ([`dma::Loopback::watch`]) mirrors every change into the child as it happens, in the table's
+//! order: a new mapping is in the child's table before `map` returns, and a dropped one is out
+//! of it before the drop returns (and so before its IOVAs can be reused) — the synchronous
+//! unmap of an IOMMU, with no polling and no work on the doorbell path. The child holds its own
+//! `mmap` of each file, so even a late access can only reach pages of a file the host once
 //! mapped for the device, never other host memory.
 
 use std::collections::BTreeMap;
@@ -33,7 +34,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::bar::{map_fd, DoorbellHook, RegisterFile};
+use super::bar::{map_fd, RegisterFile};
 use super::cost::Cost;
 use super::engine::{Engine, Settings};
 use super::ops::{Dram, Span, Translate};
@@ -292,120 +293,97 @@ pub(super) fn spawn(program: &Program, hello: Hello<'_>) -> Result<Remote, Error
 }
 
 /// The out-of-process device's DMA space: the host's [`dma::Loopback`] table (IOVA allocation,
-/// the host's own view), mirrored into the device process (see the module docs).
+/// the host's own view), mirrored into the device process by a watcher on it (see the module
+/// docs).
 #[derive(Debug)]
 pub(super) struct RemoteSpace {
     table: dma::Loopback,
-    channel: Arc<Channel>,
-    /// The ranges the child has, and the host's unmap count when they were last brought up to
-    /// date.
-    sent: Mutex<Vec<IovaRange>>,
-    unmaps_seen: AtomicU64,
+    /// The watcher's registration ([`dma::Loopback::watch`]): the mirroring stops with it.
+    _mirror: Box<dyn std::fmt::Debug + Send + Sync>,
 }
 
 impl RemoteSpace {
-    pub(super) fn new(table: dma::Loopback, remote: &Remote) -> RemoteSpace {
-        RemoteSpace {
+    /// The space over `table`, mirrored into `remote`'s table from now on.
+    pub(super) fn new(table: dma::Loopback, remote: &Remote) -> Result<RemoteSpace, Error> {
+        let channel = Arc::clone(&remote.channel);
+        let mirror = table
+            .watch(move |change| match change.mapped() {
+                Some((region, offset)) => mirror_map(&channel, change.range(), region, offset),
+                None => mirror_unmap(&channel, change.range()),
+            })
+            .map_err(|source| Error::Map {
+                what: "translation table",
+                source,
+            })?;
+        Ok(RemoteSpace {
             table,
-            channel: Arc::clone(&remote.channel),
-            sent: Mutex::new(Vec::new()),
-            unmaps_seen: AtomicU64::new(0),
-        }
-    }
-
-    /// Removes from the child every range the host no longer maps, or that `new` (being
-    /// mapped) overlaps, then mirrors `new` into it.
-    fn sync(&self, new: Option<&Mapping>) -> Result<(), Error> {
-        let mut sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
-        let unmaps = self.table.stats().unmaps;
-        let live = self.table.mapped_ranges();
-        let fresh: Vec<(usize, IovaRange)> = new.map_or_else(Vec::new, |m| m.segments().collect());
-        let overlaps = |a: &IovaRange| {
-            fresh
-                .iter()
-                .any(|(_, b)| a.start <= b.last && b.start <= a.last)
-        };
-        let mut kept = Vec::with_capacity(sent.len());
-        for range in sent.drain(..) {
-            if live.contains(&range) && !overlaps(&range) {
-                kept.push(range);
-                continue;
-            }
-            let mut message = [0u64; WORDS];
-            message[0] = UNMAP;
-            message[1] = range.start;
-            self.channel.request("UNMAP", &message, &[])?;
-        }
-        *sent = kept;
-        // Relaxed: a hint for `before_doorbell`; the lock orders the rest.
-        self.unmaps_seen.store(unmaps, Ordering::Relaxed);
-        let Some(mapping) = new else {
-            return Ok(());
-        };
-        let region = mapping.region();
-        let Some(fd) = region.fd() else {
-            return Err(Error::Protocol {
-                operation: "MAP",
-                defect: "the region has no file descriptor",
-            });
-        };
-        for (offset, range) in fresh {
-            let len = u64::try_from(range.size()).unwrap_or(u64::MAX);
-            let message: Message = [
-                MAP,
-                range.start,
-                len,
-                u64_of(offset),
-                u64_of(region.len()),
-                u64_of(region.page_size().bytes()),
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-            ];
-            self.channel.request("MAP", &message, &[fd])?;
-            sent.push(range);
-        }
-        Ok(())
+            _mirror: Box::new(mirror),
+        })
     }
 }
 
-/// A `dma::Error` for a failed mirror of a mapping.
-fn map_error(mapping: &Mapping, source: io::Error) -> dma::Error {
-    dma::Error::Map {
-        kind: dma::Kind::Loopback,
-        iova: mapping.iova(0).unwrap_or(0),
-        len: u64_of(mapping.len()),
-        source,
+/// A failed request as the `io::Error` a watcher returns.
+fn as_io(err: Error) -> io::Error {
+    match err {
+        Error::Control { source, .. } => source,
+        other => io::Error::other(other),
     }
 }
+
+/// Tells the device process that `range` maps `region` from `offset` (called under the host
+/// table's lock, so the child sees the changes in the table's order).
+fn mirror_map(
+    channel: &Channel,
+    range: IovaRange,
+    region: &Region,
+    offset: usize,
+) -> io::Result<()> {
+    let Some(fd) = region.fd() else {
+        return Err(io::Error::new(io::ErrorKind::Unsupported, NOT_SHAREABLE));
+    };
+    let len = u64::try_from(range.size()).unwrap_or(u64::MAX);
+    let message: Message = [
+        MAP,
+        range.start,
+        len,
+        u64_of(offset),
+        u64_of(region.len()),
+        u64_of(region.page_size().bytes()),
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ];
+    channel.request("MAP", &message, &[fd]).map_err(as_io)
+}
+
+/// Tells the device process that `range` is no longer mapped (as `mirror_map`).
+fn mirror_unmap(channel: &Channel, range: IovaRange) -> io::Result<()> {
+    let mut message = [0u64; WORDS];
+    message[0] = UNMAP;
+    message[1] = range.start;
+    channel.request("UNMAP", &message, &[]).map_err(as_io)
+}
+
+/// Why a region without a file cannot be mapped for an out-of-process device.
+const NOT_SHAREABLE: &str = "an out-of-process loopback device reaches host memory only through \
+    shared files: build the region with .memfd() (or on a hugetlbfs file)";
 
 impl Space for RemoteSpace {
     fn map(&self, region: Arc<Region>) -> Result<Mapping, dma::Error> {
         if region.fd().is_none() {
-            return Err(dma::Error::Map {
+            return Err(dma::Error::NotShareable {
                 kind: dma::Kind::Loopback,
-                iova: 0,
                 len: u64_of(region.len()),
-                source: io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    "an out-of-process loopback device reaches only shared memory: build the \
-                     region with .memfd() (or a hugetlbfs file)",
-                ),
             });
         }
-        let mapping = self.table.map(region)?;
-        match self.sync(Some(&mapping)) {
-            Ok(()) => Ok(mapping),
-            Err(Error::Control { source, .. }) => Err(map_error(&mapping, source)),
-            Err(other) => Err(map_error(&mapping, io::Error::other(other))),
-        }
+        self.table.map(region)
     }
 
     fn stats(&self) -> dma::Stats {
@@ -418,16 +396,6 @@ impl Space for RemoteSpace {
 
     fn dma_mask_bits(&self) -> u32 {
         self.table.dma_mask_bits()
-    }
-}
-
-impl DoorbellHook for RemoteSpace {
-    fn before_doorbell(&self) {
-        // Relaxed: compared with a fresh count; `sync` re-reads everything under its lock.
-        if self.table.stats().unmaps != self.unmaps_seen.load(Ordering::Relaxed) {
-            // A failure means the child is gone: it reaches nothing any more.
-            let _ = self.sync(None);
-        }
     }
 }
 
@@ -446,20 +414,38 @@ struct Entry {
 struct ChildTable {
     /// First IOVA -> the mapping.
     entries: Mutex<BTreeMap<u64, Entry>>,
+    /// Moves on every change of `entries`.
+    generation: AtomicU64,
+}
+
+impl ChildTable {
+    /// Runs `f` on the entries under the lock, then records a change.
+    fn change<R>(&self, f: impl FnOnce(&mut BTreeMap<u64, Entry>) -> R) -> R {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let result = f(&mut entries);
+        // Release, under the lock: pairs with the Acquire in `generation`; an engine that sees
+        // the old value after the change was acknowledged cannot happen, since the host hears
+        // the acknowledgement only after this store.
+        self.generation.fetch_add(1, Ordering::Release);
+        result
+    }
 }
 
 impl Translate for ChildTable {
-    fn translate(&self, iova: u64, len: usize) -> Option<Span> {
-        let last = iova.checked_add(u64_of(len).checked_sub(1)?)?;
+    fn piece(&self, iova: u64) -> Option<(u64, u64, Span)> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let (&start, entry) = entries.range(..=iova).next_back()?;
-        if last > entry.last {
+        if iova > entry.last {
             return None;
         }
-        let at = entry
-            .offset
-            .checked_add(usize::try_from(iova - start).ok()?)?;
-        Span::in_region(Arc::clone(&entry.region), at, len)
+        let len = usize::try_from(entry.last - start).ok()?.checked_add(1)?;
+        let span = Span::in_region(Arc::clone(&entry.region), entry.offset, len)?;
+        Some((start, entry.last, span))
+    }
+
+    fn generation(&self) -> u64 {
+        // Acquire: pairs with the Release increment in `change`.
+        self.generation.load(Ordering::Acquire)
     }
 }
 
@@ -488,23 +474,24 @@ fn child_map(table: &ChildTable, m: &Message, mut fds: Vec<OwnedFd>) -> Result<(
         return Err(libc::EINVAL);
     }
     let region = map_fd("mapped region", fd, file_len, page_size).map_err(|_| libc::ENOMEM)?;
-    let mut entries = table.entries.lock().unwrap_or_else(|p| p.into_inner());
-    if entries
-        .range(..=last)
-        .next_back()
-        .is_some_and(|(_, entry)| entry.last >= iova)
-    {
-        return Err(libc::EEXIST);
-    }
-    entries.insert(
-        iova,
-        Entry {
-            last,
-            offset,
-            region: Arc::new(region),
-        },
-    );
-    Ok(())
+    table.change(|entries| {
+        if entries
+            .range(..=last)
+            .next_back()
+            .is_some_and(|(_, entry)| entry.last >= iova)
+        {
+            return Err(libc::EEXIST);
+        }
+        entries.insert(
+            iova,
+            Entry {
+                last,
+                offset,
+                region: Arc::new(region),
+            },
+        );
+        Ok(())
+    })
 }
 
 /// The descriptor number in [`SOCKET_ENV`], checked to be a socket.
@@ -616,14 +603,13 @@ pub fn serve_process() -> Result<(), Error> {
         };
         let status = match m[0] {
             MAP => child_map(&table, &m, fds).err().unwrap_or(0),
-            UNMAP => {
-                let mut entries = table.entries.lock().unwrap_or_else(|p| p.into_inner());
+            UNMAP => table.change(|entries| {
                 if entries.remove(&m[1]).is_some() {
                     0
                 } else {
                     libc::ENOENT
                 }
-            }
+            }),
             _ => libc::EINVAL,
         };
         if let Err(err) = ack(socket.as_fd(), m[0], status) {
