@@ -8,8 +8,11 @@ use userdma::pci::{
     Resource, ResourceKind, Walk,
 };
 
+use userdma::device::vfio::{Mode, Options};
+use userdma::device::Vfio;
+
 use crate::exit::Failure;
-use crate::list::{paths_text, system_line, DeviceJson};
+use crate::list::{dma_paths, paths_text, system_line, DeviceJson};
 use crate::names::{self, or_dash, Names};
 use crate::Context;
 
@@ -19,6 +22,11 @@ pub(crate) struct Args {
     /// The device, `DDDD:BB:DD.F` or `BB:DD.F` (hex).
     #[arg(value_name = "BDF")]
     bdf: String,
+
+    /// For the VFIO view of a device in a no-IOMMU group: open it anyway (no isolation; the
+    /// device is only looked at).
+    #[arg(long)]
+    allow_noiommu: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -32,6 +40,171 @@ struct InfoJson<'a> {
     interrupt_pin: Option<u8>,
     bars: Vec<BarJson>,
     capabilities: CapsJson,
+    /// The VFIO view, for a device bound to vfio-pci.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vfio: Option<VfioJson>,
+}
+
+/// What VFIO says about a device bound to vfio-pci, or why it could not be asked.
+#[derive(Debug, Serialize)]
+struct VfioJson {
+    /// `type1`, `iommufd` or `noiommu`.
+    mode: Option<Mode>,
+    /// Why the device could not be opened.
+    error: Option<String>,
+    regions: Vec<RegionJson>,
+    irqs: Vec<IrqJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct RegionJson {
+    index: u32,
+    name: String,
+    size: u64,
+    offset: String,
+    flags: String,
+    sparse: Option<Vec<SparseJson>>,
+}
+
+#[derive(Debug, Serialize)]
+struct SparseJson {
+    offset: String,
+    size: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct IrqJson {
+    index: u32,
+    name: String,
+    count: u32,
+    flags: String,
+}
+
+/// The name of VFIO region `index` of a PCI device.
+fn region_name(index: u32) -> String {
+    match index {
+        0..=5 => format!("BAR{index}"),
+        6 => "ROM".to_owned(),
+        7 => "config".to_owned(),
+        8 => "VGA".to_owned(),
+        n => format!("region {n}"),
+    }
+}
+
+/// The name of VFIO irq index `index` of a PCI device.
+fn irq_name(index: u32) -> String {
+    match index {
+        0 => "INTx".to_owned(),
+        1 => "MSI".to_owned(),
+        2 => "MSI-X".to_owned(),
+        3 => "error".to_owned(),
+        4 => "request".to_owned(),
+        n => format!("irq {n}"),
+    }
+}
+
+impl VfioJson {
+    /// Opens `bdf` through VFIO (bus mastering left as it is) and reads its regions and irqs.
+    fn read(ctx: &Context, bdf: Bdf, allow_noiommu: bool) -> VfioJson {
+        let options = Options::new()
+            .bus_master(false)
+            .allow_noiommu(allow_noiommu)
+            .sysfs(ctx.sysfs.clone());
+        match Vfio::open_with(bdf, &options) {
+            Err(err) => VfioJson {
+                mode: None,
+                error: Some(error_chain(&err)),
+                regions: Vec::new(),
+                irqs: Vec::new(),
+            },
+            Ok(vfio) => VfioJson {
+                mode: Some(vfio.mode()),
+                error: None,
+                regions: vfio
+                    .regions()
+                    .iter()
+                    .filter(|r| r.size > 0)
+                    .map(|r| RegionJson {
+                        index: r.index,
+                        name: region_name(r.index),
+                        size: r.size,
+                        offset: format!("0x{:x}", r.offset),
+                        flags: r.flag_names(),
+                        sparse: r.sparse.as_ref().map(|areas| {
+                            areas
+                                .iter()
+                                .map(|a| SparseJson {
+                                    offset: format!("0x{:x}", a.offset),
+                                    size: a.size,
+                                })
+                                .collect()
+                        }),
+                    })
+                    .collect(),
+                irqs: vfio
+                    .irqs()
+                    .iter()
+                    .map(|i| IrqJson {
+                        index: i.index,
+                        name: irq_name(i.index),
+                        count: i.count,
+                        flags: i.flag_names(),
+                    })
+                    .collect(),
+            },
+        }
+    }
+
+    /// The text lines of the view.
+    fn text(&self, t: &mut String) {
+        match (&self.mode, &self.error) {
+            (_, Some(error)) => {
+                let _ = writeln!(t, "VFIO: unavailable: {error}");
+            }
+            (mode, None) => {
+                let mode = mode.map_or("-".to_owned(), |m| {
+                    serde_json::to_value(m)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                });
+                let _ = writeln!(t, "VFIO ({mode}):");
+                let mut rows = Vec::new();
+                for r in &self.regions {
+                    rows.push(vec![
+                        format!("  {}", r.name),
+                        names::size(r.size),
+                        format!("at {}", r.offset),
+                        r.flags.clone(),
+                    ]);
+                    for a in r.sparse.iter().flatten() {
+                        rows.push(vec![
+                            "    sparse".to_owned(),
+                            names::size(a.size),
+                            format!("at +{}", a.offset),
+                            "mmap".to_owned(),
+                        ]);
+                    }
+                }
+                t.push_str(&names::table(&rows));
+                for i in &self.irqs {
+                    let _ = writeln!(t, "  {:<8} {} vectors  {}", i.name, i.count, i.flags);
+                }
+            }
+        }
+    }
+}
+
+/// An error and its causes on one line.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(next) = cause {
+        text.push_str(": ");
+        text.push_str(&next.to_string());
+        cause = next.source();
+    }
+    text
 }
 
 #[derive(Debug, Serialize)]
@@ -266,6 +439,8 @@ pub(crate) fn run(ctx: &Context, args: &Args) -> Result<(), Failure> {
             });
         }
     }
+    let vfio = (dev.driver.as_deref() == Some(userdma::pci::Driver::VfioPci.name()))
+        .then(|| VfioJson::read(ctx, bdf, args.allow_noiommu));
     if ctx.json {
         let group = dev.iommu_group.as_ref().map(|g| GroupJson {
             number: g.number,
@@ -282,10 +457,15 @@ pub(crate) fn run(ctx: &Context, args: &Args) -> Result<(), Failure> {
             interrupt_pin: dev.interrupt_pin,
             bars: dev.bars().map(bar_json).collect(),
             capabilities: CapsJson::new(&dev.capabilities),
+            vfio,
         };
         return ctx.print_json(&doc);
     }
-    crate::print(&text(ctx, &dev, &names, &iommu, &members))
+    let mut t = text(ctx, &dev, &names, &iommu, &members);
+    if let Some(vfio) = &vfio {
+        vfio.text(&mut t);
+    }
+    crate::print(&t)
 }
 
 fn text(
@@ -358,7 +538,7 @@ fn text(
             format!("{} ({})", m.bdf, or_dash(m.driver.as_deref())),
         ));
     }
-    rows.push(("DMA paths", paths_text(&dev.dma_paths(iommu))));
+    rows.push(("DMA paths", paths_text(&dma_paths(dev, iommu))));
     for (k, v) in rows {
         let _ = writeln!(t, "  {:<16} {v}", format!("{k}:"));
     }

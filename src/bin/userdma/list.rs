@@ -84,10 +84,23 @@ impl<'a, G> DeviceJson<'a, G> {
             driver_override: dev.driver_override.as_deref(),
             iommu_group,
             numa_node: dev.numa_node,
-            dma_paths: dev.dma_paths(iommu),
+            dma_paths: dma_paths(dev, iommu),
         }
     }
 }
+
+/// The DMA paths `dev` offers in `list` and `info`: none for any bridge class (base class
+/// 0x06: host, ISA, PCI-to-PCI, ... bridges; a host bridge has a type 0 header, so the header
+/// type alone does not tell), else what [`DeviceInfo::dma_paths`] says.
+pub(crate) fn dma_paths(dev: &DeviceInfo, iommu: &Iommu) -> Vec<DmaPath> {
+    if dev.base_class() == BRIDGE_CLASS {
+        return Vec::new();
+    }
+    dev.dma_paths(iommu)
+}
+
+/// PCI base class "bridge device".
+const BRIDGE_CLASS: u8 = 0x06;
 
 /// `vfio,uio`, or `-` for none.
 pub(crate) fn paths_text(paths: &[DmaPath]) -> String {
@@ -180,7 +193,7 @@ pub(crate) fn run(ctx: &Context, _args: &Args) -> Result<(), Failure> {
                 .as_ref()
                 .map_or("-".to_owned(), |g| g.number.to_string()),
             dev.numa_node.map_or("-".to_owned(), |n| n.to_string()),
-            paths_text(&dev.dma_paths(&iommu)),
+            paths_text(&dma_paths(dev, &iommu)),
             if description.is_empty() {
                 "-".to_owned()
             } else {

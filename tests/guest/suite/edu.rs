@@ -6,10 +6,10 @@ use std::sync::atomic::{fence, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use userdma::mmio::{Block, Direct, Field, ReadOnly, ReadWrite, WriteOnly};
+use userdma::irq::EventFd;
+use userdma::mmio::{DynBlock, Field, ReadOnly, ReadWrite, WriteOnly};
 
 use crate::failure::{ensure, Context, Failure};
-use crate::mmap::Mmap;
 
 /// PCI vendor ID.
 pub(crate) const VENDOR: u16 = 0x1234;
@@ -45,6 +45,12 @@ const DMA_CMD: Field<u64, ReadWrite> = Field::new(0x98);
 
 /// `ID`: the low byte is always `0xed`; above it QEMU puts its major/minor version.
 const ID_MAGIC: u32 = 0xed;
+/// `ID` of the edu of the QEMU the harness runs (version 1.0).
+pub(crate) const ID_VALUE: u32 = 0x0100_00ed;
+/// `DMA_CMD`: raise an interrupt (status bit [`IRQ_DMA`]) when the transfer ends.
+const DMA_IRQ: u64 = 1 << 2;
+/// The interrupt status bit edu raises at the end of a transfer started with [`DMA_IRQ`].
+pub(crate) const IRQ_DMA: u32 = 0x100;
 /// `STATUS`: a factorial is being computed.
 const STATUS_COMPUTING: u32 = 1 << 0;
 /// `DMA_CMD`: start (reads back set while the transfer runs).
@@ -61,31 +67,21 @@ pub(crate) enum Direction {
     FromDevice,
 }
 
-/// An `edu` function whose BAR0 is mapped.
+/// An `edu` function, through its BAR0 register block (from `Device::bar(0)`).
 #[derive(Debug)]
 pub(crate) struct Edu {
-    // Declared before `_bar`, so dropped before the mapping it points into.
-    regs: Block<Direct>,
-    _bar: Mmap,
+    regs: DynBlock,
 }
 
 impl Edu {
-    /// The device behind a mapping of its BAR0.
-    pub(crate) fn new(bar: Mmap) -> Result<Edu, Failure> {
+    /// The device behind its BAR0.
+    pub(crate) fn new(regs: DynBlock) -> Result<Edu, Failure> {
         ensure!(
-            u64::try_from(bar.len()).is_ok_and(|len| len >= BAR0_LEN),
-            "BAR0 mapping is {:#x} bytes, edu's BAR0 is {BAR0_LEN:#x}",
-            bar.len()
+            u64::try_from(regs.len()).is_ok_and(|len| len >= BAR0_LEN),
+            "BAR0 is {:#x} bytes, edu's BAR0 is {BAR0_LEN:#x}",
+            regs.len()
         );
-        // SAFETY: `bar` maps the BAR read-write for as long as `Edu` lives, and `regs` is dropped
-        // before it (field order); nothing makes a reference to the bytes: every access is the
-        // block's volatile load or store, and the block is never handed out of this type.
-        let direct = unsafe { Direct::new(bar.as_ptr(), bar.len()) }
-            .context(|| "wrap the BAR0 mapping as registers".to_owned())?;
-        Ok(Edu {
-            regs: Block::new(direct),
-            _bar: bar,
-        })
+        Ok(Edu { regs })
     }
 
     /// Checks that the registers answer as edu's do: the ID register's magic byte, the
@@ -174,6 +170,55 @@ impl Edu {
         // before it clears DMA_START.
         fence(Ordering::Acquire);
         Ok(start.elapsed())
+    }
+
+    /// Like [`Edu::dma`], but asks edu to raise its interrupt when the transfer ends, and waits
+    /// for that interrupt on `vector` instead of polling the engine. Returns how long it took and
+    /// the eventfd's count.
+    pub(crate) fn dma_irq(
+        &self,
+        direction: Direction,
+        addr: u64,
+        len: usize,
+        vector: &EventFd,
+    ) -> Result<(Duration, u64), Failure> {
+        ensure!(
+            (1..=MAX_TRANSFER).contains(&len),
+            "edu transfers 1..={MAX_TRANSFER} bytes, not {len}"
+        );
+        let count = u64::try_from(len).map_err(|_| Failure::Check(format!("length {len}")))?;
+        ensure!(
+            addr.checked_add(count - 1)
+                .is_some_and(|last| last >> DMA_MASK_BITS == 0),
+            "address {addr:#x}+{len:#x} is beyond edu's {DMA_MASK_BITS}-bit DMA mask"
+        );
+        self.wait_idle("before starting a transfer")?;
+        let (src, dst, cmd) = match direction {
+            Direction::ToDevice => (addr, BUFFER, DMA_START | DMA_IRQ),
+            Direction::FromDevice => (BUFFER, addr, DMA_START | DMA_TO_RAM | DMA_IRQ),
+        };
+        let what = || format!("program a {direction:?} DMA of {len} bytes at {addr:#x}");
+        self.regs.set(DMA_SRC, src).context(what)?;
+        self.regs.set(DMA_DST, dst).context(what)?;
+        self.regs.set(DMA_COUNT, count).context(what)?;
+        // Release: as in `dma`, the source buffer's bytes before the command that starts the
+        // device reading them.
+        fence(Ordering::Release);
+        let start = Instant::now();
+        self.regs.set(DMA_CMD, cmd).context(what)?;
+        let fired = vector
+            .wait(Some(DMA_TIMEOUT))
+            .context(|| "wait for edu's DMA interrupt".to_owned())?;
+        let Some(fired) = fired else {
+            let status = self.irq_status()?;
+            return Err(Failure::Check(format!(
+                "no interrupt within {DMA_TIMEOUT:?} after a {direction:?} DMA with the interrupt bit (edu interrupt status {status:#x})"
+            )));
+        };
+        // Acquire: the destination's bytes are read after the interrupt that says they are
+        // there; pairs with the device's writes before it raised the interrupt.
+        fence(Ordering::Acquire);
+        Ok((start.elapsed(), fired))
     }
 
     /// Polls until no transfer runs.

@@ -4,7 +4,7 @@
 use std::error::Error as _;
 use std::io;
 
-use userdma::{dma, memory, mmio, pci, pool};
+use userdma::{device, dma, irq, memory, mmio, pci, pool};
 
 /// A case's failure. The operation text names the device, path, address or size involved; the
 /// library's error is kept as the source, and [`Failure::chain`] prints both.
@@ -54,6 +54,20 @@ pub(crate) enum Failure {
         op: String,
         #[source]
         source: pool::Error,
+    },
+    /// Opening or driving a `device::Device` (VFIO, UIO) failed.
+    #[error("{op}")]
+    Device {
+        op: String,
+        #[source]
+        source: Box<device::Error>,
+    },
+    /// An interrupt eventfd failed.
+    #[error("{op}")]
+    Irq {
+        op: String,
+        #[source]
+        source: irq::Error,
     },
     /// A register access failed.
     #[error("{op}")]
@@ -105,6 +119,8 @@ context!(
     memory::Error => Memory,
     mmio::Error => Mmio,
     pool::Error => Pool,
+    device::Error => Device,
+    irq::Error => Irq,
 );
 
 /// Fails the case with a [`Failure::Check`] unless the condition holds.

@@ -32,9 +32,6 @@ mod cases;
 mod edu;
 mod env;
 mod failure;
-mod mmap;
-mod uio;
-mod vfio;
 
 use crate::env::Env;
 use crate::failure::Failure;

@@ -11,6 +11,7 @@ use crate::env::Env;
 use crate::failure::{ensure, Context, Failure};
 use crate::Boot;
 
+mod nvme;
 mod pci;
 mod uio;
 mod vfio;
@@ -54,9 +55,14 @@ pub(crate) const ALL: &[Case] = &[
         run: pci::bind_uio,
     },
     Case {
-        name: "vfio-bar0",
+        name: "device-open",
         boots: EVERY,
-        run: vfio::bar0,
+        run: vfio::device_open,
+    },
+    Case {
+        name: "vfio-open",
+        boots: EVERY,
+        run: vfio::open_and_info,
     },
     Case {
         name: "vfio-type1-dma",
@@ -64,9 +70,29 @@ pub(crate) const ALL: &[Case] = &[
         run: vfio::type1_dma,
     },
     Case {
-        name: "vfio-type1-pool-dma",
+        name: "vfio-pool-dma",
+        boots: EVERY,
+        run: vfio::pool_dma,
+    },
+    Case {
+        name: "vfio-msi",
+        boots: EVERY,
+        run: vfio::msi,
+    },
+    Case {
+        name: "vfio-intx",
+        boots: EVERY,
+        run: vfio::intx,
+    },
+    Case {
+        name: "vfio-reset",
+        boots: EVERY,
+        run: vfio::reset,
+    },
+    Case {
+        name: "vfio-shared-container",
         boots: IOMMU,
-        run: vfio::type1_pool_dma,
+        run: vfio::shared_container,
     },
     Case {
         name: "vfio-isolation",
@@ -97,6 +123,11 @@ pub(crate) const ALL: &[Case] = &[
         name: "uio-intx",
         boots: EVERY,
         run: uio::intx,
+    },
+    Case {
+        name: "nvme-vfio",
+        boots: IOMMU,
+        run: nvme::nvme_vfio,
     },
 ];
 
@@ -176,14 +207,6 @@ pub(crate) fn region(len: usize, page_size: PageSize) -> Result<Arc<Region>, Fai
         .build()
         .context(|| format!("build a {len:#x}-byte region of {page_size} pages"))?;
     Ok(Arc::new(region))
-}
-
-/// The IOMMU group number of `bdf` (bound to `vfio-pci`: with no IOMMU, VFIO makes one).
-pub(crate) fn group_number(env: &Env, bdf: userdma::pci::Bdf) -> Result<u32, Failure> {
-    let info = env.sysfs.device(bdf).context(|| format!("read {bdf}"))?;
-    info.iommu_group
-        .map(|g| g.number)
-        .ok_or_else(|| Failure::Check(format!("{bdf} is in no IOMMU group")))
 }
 
 /// Copies a fresh pattern from `src` into the device and back out to `dst`, and checks that

@@ -3,12 +3,11 @@
 use std::path::Path;
 
 use userdma::pci::{DeviceInfo, DmaPath, Driver, Iommu, ResourceKind};
+use userdma::sys::vfio::{VFIO_GROUP_DIR, VFIO_NOIOMMU_GROUP_PREFIX};
 
 use crate::edu;
 use crate::env::Env;
 use crate::failure::{ensure, Context, Failure};
-use crate::uio;
-use crate::vfio::Model;
 use crate::Boot;
 
 /// Both devices are found with the identity, BARs, capabilities, IOMMU groups and DMA paths
@@ -210,18 +209,13 @@ pub(crate) fn bind_vfio(env: &Env) -> Result<(), Failure> {
             env.edu
         ))
     })?;
-    let model = if env.boot.has_iommu() {
-        Model::Type1v2
-    } else {
-        Model::NoIommu
-    };
     ensure!(
         group.noiommu != env.boot.has_iommu(),
         "group {} is {}a no-IOMMU group",
         group.number,
         if group.noiommu { "" } else { "not " }
     );
-    let node = model.group_path(group.number);
+    let node = group_node(env, group.number);
     ensure!(
         node.exists(),
         "{} does not exist after binding",
@@ -288,12 +282,7 @@ pub(crate) fn unbind(env: &Env) -> Result<(), Failure> {
         "after unbinding: driver {driver:?}, driver_override {over:?}, want neither"
     );
     if let Some(number) = group {
-        let model = if env.boot.has_iommu() {
-            Model::Type1v2
-        } else {
-            Model::NoIommu
-        };
-        let node = model.group_path(number);
+        let node = group_node(env, number);
         ensure!(
             !node.exists(),
             "{} still exists with no device bound to vfio-pci",
@@ -307,27 +296,40 @@ pub(crate) fn unbind(env: &Env) -> Result<(), Failure> {
 pub(crate) fn bind_uio(env: &Env) -> Result<(), Failure> {
     let bound = env.bind(env.edu, Driver::UioPciGeneric)?;
     ensure!(
-        uio::has_node(env, env.edu),
+        has_uio_node(env),
         "{} has no uio directory after binding to uio_pci_generic",
         env.edu
     );
-    let node = crate::uio::Uio::open(env, env.edu)?;
-    ensure!(
-        Path::new(node.path()).exists(),
-        "{} vanished",
-        node.path().display()
-    );
+    let node =
+        userdma::device::Uio::open(env.edu).context(|| format!("open {} through UIO", env.edu))?;
+    ensure!(node.node().exists(), "{} vanished", node.node().display());
     println!(
         "INFO pci-bind-uio: {} -> uio_pci_generic, {}",
         env.edu,
-        node.path().display()
+        node.node().display()
     );
     drop(node);
     bound.release()?;
     ensure!(
-        !uio::has_node(env, env.edu),
+        !has_uio_node(env),
         "{} still has a uio directory after unbinding",
         env.edu
     );
     Ok(())
+}
+
+/// The group node of group `number`: `/dev/vfio/N`, or `/dev/vfio/noiommu-N` in the boot
+/// without an IOMMU.
+fn group_node(env: &Env, number: u32) -> std::path::PathBuf {
+    let name = if env.boot.has_iommu() {
+        number.to_string()
+    } else {
+        format!("{VFIO_NOIOMMU_GROUP_PREFIX}{number}")
+    };
+    Path::new(VFIO_GROUP_DIR).join(name)
+}
+
+/// Whether edu has a `uio` directory (a `/dev/uioN` node) in sysfs now.
+fn has_uio_node(env: &Env) -> bool {
+    env.device_file(env.edu, "uio").is_dir()
 }

@@ -1,80 +1,70 @@
-//! edu through `uio_pci_generic`: DMA by physical address (`dma::Physical`) where nothing
-//! translates it, refused where the IOMMU does, and INTx through `/dev/uioN`.
+//! edu through `uio_pci_generic`, all through `device::Uio`: BAR0 through sysfs `resource0`,
+//! DMA by physical address where nothing translates it, refused (with the reason) where the
+//! IOMMU does, and INTx through `/dev/uioN` as an eventfd.
 
-use std::os::fd::AsFd;
 use std::time::Duration;
 
-use userdma::dma::{Physical, Space};
+use userdma::device::{self, Device, Uio};
+use userdma::dma::{self, Physical, Space};
 use userdma::memory::PageSize;
-use userdma::pci::{Driver, ResourceKind};
+use userdma::pci::Driver;
 
 use super::{check_canary, compare, pattern, region, round_trip, Buffer, CANARY, GUARD, TRANSFER};
 use crate::edu::{self, Direction, Edu};
 use crate::env::{Bound, Env};
 use crate::failure::{ensure, Context, Failure};
-use crate::mmap::Mmap;
-use crate::uio::{self, Uio};
 
 const HUGE: usize = 2 << 20;
 const HALF: usize = HUGE / 2;
 /// How long an interrupt may take to arrive.
 const IRQ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// edu bound to `uio_pci_generic`, BAR0 mapped, bus mastering on.
-fn open(env: &Env) -> Result<(Bound<'_>, Edu), Failure> {
+/// edu bound to `uio_pci_generic` and opened with its 28-bit mask, and its BAR0.
+fn open(env: &Env) -> Result<(Bound<'_>, Uio, Edu), Failure> {
     let bound = env.bind(env.edu, Driver::UioPciGeneric)?;
-    let device = uio::map_edu(env, env.edu)?;
-    uio::enable_bus_master(env, env.edu)?;
-    Ok((bound, device))
+    let uio = Uio::open_with(env.edu, edu::DMA_MASK_BITS)
+        .context(|| format!("open {} through UIO", env.edu))?;
+    let edu = Edu::new(uio.bar(0).context(|| "BAR0 of edu".to_owned())?)?;
+    Ok((bound, uio, edu))
 }
 
-/// `uio_pci_generic` exports edu's BAR0 as map 0 of `/dev/uioN` (it exports 32-bit
-/// non-prefetchable memory BARs): sysfs describes it at BAR0's address, and mapping it from the
-/// node reaches edu's registers.
+/// BAR0 mapped from sysfs `resource0` answers as edu's registers do; the node is `/dev/uioN`.
 pub(crate) fn bar0_map(env: &Env) -> Result<(), Failure> {
-    let bound = env.bind(env.edu, Driver::UioPciGeneric)?;
-    let node = Uio::open(env, env.edu)?;
-    let info = env
-        .sysfs
-        .device(env.edu)
-        .context(|| format!("read {}", env.edu))?;
-    let bar0 = info
-        .bars()
-        .find(|r| r.kind() == ResourceKind::Bar(0))
-        .copied()
-        .ok_or_else(|| Failure::Check(format!("{} has no BAR0", env.edu)))?;
-    let map = uio::map_info(&node, 0)?;
+    let (bound, uio, device) = open(env)?;
     ensure!(
-        map.addr + map.offset == bar0.start() && map.size >= bar0.size(),
-        "map 0 of {} is {map:?}, BAR0 is {:#x}+{:#x}",
-        node.path().display(),
-        bar0.start(),
-        bar0.size()
+        uio.node().exists() && uio.node().ends_with(format!("uio{}", uio.number())),
+        "node {} (number {})",
+        uio.node().display(),
+        uio.number()
     );
-    let len = usize::try_from(map.size)
-        .map_err(|_| Failure::Check(format!("map size {:#x}", map.size)))?;
-    // Map M of a UIO node is at offset M pages: map 0 at offset 0.
-    let bar = Mmap::shared(node.node().as_fd(), 0, len)
-        .context(|| format!("mmap map 0 of {}", node.path().display()))?;
-    let device = Edu::new(bar)?;
     let id = device.check_registers()?;
+    ensure!(
+        id == edu::ID_VALUE,
+        "ID register {id:#010x}, want {:#010x}",
+        edu::ID_VALUE
+    );
+    ensure!(uio.bar(1).is_err(), "edu has only BAR0, but BAR1 opened");
     println!(
-        "INFO uio-bar0-map: {} map 0 at {:#x}+{:#x}, ID register {id:#010x}",
-        node.path().display(),
-        map.addr,
-        map.size
+        "INFO uio-bar0-map: {}, ID register {id:#010x}",
+        uio.node().display()
     );
     drop(device);
-    drop(node);
+    drop(uio);
     bound.release()
 }
 
-/// With nothing translating edu's DMA, it reaches pinned memory at the physical addresses
-/// `dma::Physical` gives: a hugepage region, and base pages (one translation per page).
+/// With nothing translating edu's DMA, the device's DMA space (physical) gives addresses edu
+/// reaches: a hugepage region, and base pages (one translation per page).
 pub(crate) fn physical_dma(env: &Env) -> Result<(), Failure> {
-    let (bound, device) = open(env)?;
-    let space =
-        Physical::new(edu::DMA_MASK_BITS).context(|| "make a physical DMA space".to_owned())?;
+    let (bound, uio, device) = open(env)?;
+    uio.check_dma()
+        .context(|| "physical DMA should be allowed here".to_owned())?;
+    let space = uio.dma_space();
+    ensure!(
+        space.kind() == dma::Kind::Physical,
+        "a UIO device's space is {}",
+        space.kind()
+    );
     let huge = space
         .map(region(HUGE, PageSize::Huge2M)?)
         .context(|| "look up the physical address of a hugepage region".to_owned())?;
@@ -87,7 +77,6 @@ pub(crate) fn physical_dma(env: &Env) -> Result<(), Failure> {
         &Buffer::at(&huge, HALF, TRANSFER + GUARD)?,
         11,
     )?;
-    // Two base pages: each has its own physical address, translated page by page.
     let pages = space
         .map(region(2 << 12, PageSize::Base)?)
         .context(|| "look up the physical addresses of two base pages".to_owned())?;
@@ -108,13 +97,43 @@ pub(crate) fn physical_dma(env: &Env) -> Result<(), Failure> {
     drop(pages);
     drop(huge);
     drop(device);
+    drop(uio);
     bound.release()
 }
 
-/// Behind a translating IOMMU, physical addresses are not what the device may use: edu's
-/// transfers from and to the physical addresses of pinned memory reach neither.
+/// Behind a translating IOMMU the device's DMA space refuses to map, saying why, and indeed
+/// physical addresses (from a `dma::Physical` made by hand) reach nothing.
 pub(crate) fn dma_blocked(env: &Env) -> Result<(), Failure> {
-    let (bound, device) = open(env)?;
+    let (bound, uio, device) = open(env)?;
+    match uio.check_dma() {
+        Err(device::Error::IommuTranslates { .. }) => {}
+        Err(other) => {
+            return Err(Failure::Device {
+                op: "check_dma".to_owned(),
+                source: Box::new(other),
+            })
+        }
+        Ok(()) => {
+            return Err(Failure::Check(
+                "check_dma allows physical DMA behind a translating IOMMU".to_owned(),
+            ))
+        }
+    }
+    match uio.dma_space().map(region(HUGE, PageSize::Huge2M)?) {
+        Err(err) => {
+            let text = failure_text(&err);
+            ensure!(
+                text.contains("iommu=pt"),
+                "the refusal should say what to do: {text:?}"
+            );
+        }
+        Ok(mapping) => {
+            return Err(Failure::Check(format!(
+                "the UIO space mapped {:?} behind a translating IOMMU",
+                mapping.iova_range()
+            )))
+        }
+    }
     let space =
         Physical::new(edu::DMA_MASK_BITS).context(|| "make a physical DMA space".to_owned())?;
     let source = space
@@ -140,70 +159,84 @@ pub(crate) fn dma_blocked(env: &Env) -> Result<(), Failure> {
     compare(&data, &still)
         .map_err(|why| Failure::Check(format!("the source buffer changed: {why}")))?;
     println!(
-        "INFO uio-dma-blocked: physical {:#x} -> device -> physical {:#x} reached nothing",
+        "INFO uio-dma-blocked: refused by the device's space; physical {:#x} -> device -> physical {:#x} reached nothing",
         src.addr, dst.addr
     );
     drop(source);
     drop(target);
     drop(device);
+    drop(uio);
     bound.release()
 }
 
-/// An interrupt edu raises (register 0x60) arrives through `/dev/uioN` as INTx: none before it
-/// is raised, one after (with INTx masked by the kernel's handler), and the count goes up again
-/// after unmasking (clearing `INTX_DISABLE`) and raising again.
+/// An error and its causes, on one line.
+fn failure_text(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(next) = cause {
+        text.push_str(": ");
+        text.push_str(&next.to_string());
+        cause = next.source();
+    }
+    text
+}
+
+/// An interrupt edu raises (register 0x60) arrives as INTx on the device's vector eventfd: none
+/// before it is raised, one after (with INTx masked by the kernel's handler), and again after
+/// unmasking (`set_masked(0, false)` clears `INTX_DISABLE`) and raising again; the node's count
+/// grows.
 pub(crate) fn intx(env: &Env) -> Result<(), Failure> {
-    let (bound, device) = open(env)?;
-    let mut node = Uio::open(env, env.edu)?;
+    let (bound, uio, device) = open(env)?;
+    let vector = uio.interrupt(0).context(|| "the INTx eventfd".to_owned())?;
     let pending = device.irq_status()?;
     if pending != 0 {
         device.ack_irq(pending)?;
     }
-    node.unmask_intx()?;
-    let spurious = node.wait_irq(Duration::from_millis(200))?;
+    uio.set_masked(0, false)
+        .context(|| "unmask INTx".to_owned())?;
+    let spurious = vector
+        .wait(Some(Duration::from_millis(200)))
+        .context(|| "wait on the INTx eventfd".to_owned())?;
     ensure!(
         spurious.is_none(),
-        "{} reported an interrupt (count {spurious:?}) before any was raised",
-        node.path().display()
+        "an interrupt ({spurious:?}) before any was raised"
     );
     let mut last = None;
     for bits in [0x1_u32, 0x80] {
         device.raise_irq(bits)?;
-        let count = node.wait_irq(IRQ_TIMEOUT)?;
+        let fired = vector
+            .wait(Some(IRQ_TIMEOUT))
+            .context(|| "wait on the INTx eventfd".to_owned())?;
         let status = device.irq_status()?;
-        let Some(count) = count else {
-            return Err(Failure::Check(format!(
-                "no interrupt on {} within {IRQ_TIMEOUT:?} after raising {bits:#x} (edu interrupt status {status:#x})",
-                node.path().display()
-            )));
-        };
+        ensure!(
+            fired.is_some(),
+            "no interrupt within {IRQ_TIMEOUT:?} after raising {bits:#x} (edu interrupt status {status:#x})"
+        );
         ensure!(
             status & bits == bits,
             "edu interrupt status {status:#x} after raising {bits:#x}"
         );
         ensure!(
-            node.intx_masked()?,
+            uio.intx_masked()
+                .context(|| "read INTX_DISABLE".to_owned())?,
             "after an interrupt INTX_DISABLE is clear: uio_pci_generic's handler should have masked INTx"
         );
+        let count = uio.irq_count();
         ensure!(
             last.is_none_or(|previous| count > previous),
             "interrupt count {count} did not grow from {last:?}"
         );
         last = Some(count);
         device.ack_irq(status)?;
-        let after = device.irq_status()?;
-        ensure!(
-            after == 0,
-            "edu interrupt status {after:#x} after acknowledging {status:#x}"
-        );
-        node.unmask_intx()?;
+        uio.set_masked(0, false)
+            .context(|| "unmask INTx".to_owned())?;
     }
     println!(
         "INFO uio-intx: {} counted {} interrupts",
-        node.path().display(),
+        uio.node().display(),
         last.unwrap_or(0)
     );
-    drop(node);
     drop(device);
+    drop(uio);
     bound.release()
 }

@@ -1,67 +1,161 @@
-//! edu through `vfio-pci`: BAR0 from the device fd, DMA through a type1 container
-//! (`dma::Type1`), the IOMMU refusing what is not mapped, and no-IOMMU mode (`dma::Physical`).
+//! edu through `vfio-pci`, all through `device::Vfio`: region and IRQ info, BAR0 registers,
+//! DMA through the device's DMA space (type1, or physical in no-IOMMU mode) with pool buffers,
+//! MSI and INTx completions through eventfds, reset, a container shared by two devices, the
+//! IOMMU refusing what is not mapped, and `device::open` picking the backend.
 
-use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Duration;
 
-use userdma::dma::{IovaRange, Physical, Space, Type1};
+use userdma::device::vfio::{IrqKind, Mode, Options};
+use userdma::device::{self, Device, Kind, Vfio};
+use userdma::dma::{self, IovaRange, Slice};
 use userdma::memory::PageSize;
 use userdma::pci::Driver;
 use userdma::pool::{Config, Pool};
-
-use super::{
-    check_canary, compare, group_number, pattern, region, round_trip, Buffer, CANARY, GUARD,
-    TRANSFER,
+use userdma::sys::pci::{PCI_COMMAND, PCI_COMMAND_MASTER, PCI_DEVICE_ID, PCI_VENDOR_ID};
+use userdma::sys::vfio::{
+    VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSI_IRQ_INDEX,
 };
-use crate::edu::{self, Direction};
-use crate::env::Env;
+
+use super::{check_canary, compare, pattern, region, round_trip, Buffer, CANARY, GUARD, TRANSFER};
+use crate::edu::{self, Direction, Edu};
+use crate::env::{Bound, Env};
 use crate::failure::{ensure, Context, Failure};
-use crate::vfio::{self, Model};
 
 const HUGE: usize = 2 << 20;
 const HALF: usize = HUGE / 2;
 /// The pool's region: four 2 MiB chunks, enough for a slab of each of two small classes (a
 /// class keeps whole chunks for its slabs) and a whole-chunk buffer.
 const POOL_LEN: usize = 4 * HUGE;
+/// How long an interrupt may take.
+const IRQ_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn model(env: &Env) -> Model {
-    if env.boot.has_iommu() {
-        Model::Type1v2
-    } else {
-        Model::NoIommu
-    }
+/// The options every case opens edu with: its 28-bit mask, and no-IOMMU allowed in the boot
+/// that has no IOMMU.
+fn options(env: &Env) -> Options {
+    Options::new()
+        .dma_mask_bits(edu::DMA_MASK_BITS)
+        .allow_noiommu(!env.boot.has_iommu())
 }
 
-/// BAR0 mapped from the VFIO device fd answers as edu's registers do.
-pub(crate) fn bar0(env: &Env) -> Result<(), Failure> {
+/// edu bound to `vfio-pci` and opened with `options`, and its BAR0.
+fn open<'e>(env: &'e Env, options: &Options) -> Result<(Bound<'e>, Vfio, Edu), Failure> {
     let bound = env.bind(env.edu, Driver::VfioPci)?;
-    let number = group_number(env, env.edu)?;
-    let (_container, attached) = vfio::open(env.edu, number, model(env))?;
-    let edu = vfio::map_edu(attached.device.as_fd())?;
-    let id = edu.check_registers()?;
-    println!("INFO vfio-bar0: group {number}, ID register {id:#010x}");
-    drop(edu);
-    drop(attached);
+    let vfio =
+        Vfio::open_with(env.edu, options).context(|| format!("open {} through VFIO", env.edu))?;
+    let bar = vfio.bar(0).context(|| "BAR0 of edu".to_owned())?;
+    let edu = Edu::new(bar)?;
+    Ok((bound, vfio, edu))
+}
+
+/// Opening by BDF: the mode fits the boot, region info (BAR0 mappable and whole, config space),
+/// IRQ info (MSI), configuration space reads and bus mastering, and edu's ID, liveness and
+/// factorial registers through the BAR0 block.
+pub(crate) fn open_and_info(env: &Env) -> Result<(), Failure> {
+    let (bound, vfio, device) = open(env, &options(env))?;
+    let want = if env.boot.has_iommu() {
+        Mode::Type1
+    } else {
+        Mode::NoIommu
+    };
+    ensure!(vfio.mode() == want, "mode {:?}, want {want:?}", vfio.mode());
+    ensure!(vfio.bdf() == env.edu, "bdf {}", vfio.bdf());
+    let bar0 = vfio
+        .regions()
+        .iter()
+        .find(|r| r.index == VFIO_PCI_BAR0_REGION_INDEX)
+        .ok_or_else(|| Failure::Check("no BAR0 region".to_owned()))?;
+    ensure!(
+        bar0.size == edu::BAR0_LEN && bar0.mappable() && bar0.readable() && bar0.writable(),
+        "BAR0 region {bar0:?}: want {:#x} bytes, read/write/mmap",
+        edu::BAR0_LEN
+    );
+    let mapped = vfio.bar_mapped_len(0).context(|| "map BAR0".to_owned())?;
+    ensure!(
+        u64::try_from(mapped).ok() == Some(edu::BAR0_LEN),
+        "{mapped:#x} bytes of BAR0 mapped, want all of it"
+    );
+    let config = vfio
+        .regions()
+        .iter()
+        .find(|r| r.index == VFIO_PCI_CONFIG_REGION_INDEX)
+        .ok_or_else(|| Failure::Check("no config region".to_owned()))?;
+    ensure!(config.size >= 256, "config region {config:?}");
+    let msi = vfio
+        .irqs()
+        .iter()
+        .find(|i| i.index == VFIO_PCI_MSI_IRQ_INDEX)
+        .ok_or_else(|| Failure::Check("no MSI irq index".to_owned()))?;
+    ensure!(
+        msi.count >= 1 && msi.eventfd(),
+        "MSI info {msi:?}: want at least one vector, eventfd"
+    );
+    let vendor: u16 = vfio
+        .config_read(PCI_VENDOR_ID)
+        .context(|| "read the vendor ID".to_owned())?;
+    let device_id: u16 = vfio
+        .config_read(PCI_DEVICE_ID)
+        .context(|| "read the device ID".to_owned())?;
+    ensure!(
+        (vendor, device_id) == (edu::VENDOR, edu::DEVICE),
+        "config space says {vendor:04x}:{device_id:04x}"
+    );
+    let command: u16 = vfio
+        .config_read(PCI_COMMAND)
+        .context(|| "read the command register".to_owned())?;
+    ensure!(
+        command & PCI_COMMAND_MASTER != 0,
+        "bus mastering is off after open (command {command:#06x})"
+    );
+    vfio.set_bus_master(false)
+        .context(|| "turn bus mastering off".to_owned())?;
+    let off: u16 = vfio
+        .config_read(PCI_COMMAND)
+        .context(|| "read the command register".to_owned())?;
+    ensure!(off & PCI_COMMAND_MASTER == 0, "command {off:#06x}");
+    vfio.set_bus_master(true)
+        .context(|| "turn bus mastering on".to_owned())?;
+    let id = device.check_registers()?;
+    ensure!(
+        id == edu::ID_VALUE,
+        "ID register {id:#010x}, want {:#010x}",
+        edu::ID_VALUE
+    );
+    let regions: Vec<String> = vfio
+        .regions()
+        .iter()
+        .filter(|r| r.size > 0)
+        .map(|r| format!("{}:{:#x}[{}]", r.index, r.size, r.flag_names()))
+        .collect();
+    let irqs: Vec<String> = vfio
+        .irqs()
+        .iter()
+        .map(|i| format!("{}:{}[{}]", i.index, i.count, i.flag_names()))
+        .collect();
+    println!(
+        "INFO vfio-open: {:?} group {:?}, ID {id:#010x}, regions {}, irqs {}",
+        vfio.mode(),
+        vfio.group(),
+        regions.join(" "),
+        irqs.join(" ")
+    );
+    drop(device);
+    drop(vfio);
     bound.release()
 }
 
-/// DMA through a type1 container: hugepage and base-page regions mapped with `dma::Type1` at
-/// IOVAs under edu's 28-bit mask; edu copies RAM -> device -> RAM by IOVA; unmapping reports
-/// success and leaves nothing mapped.
+/// DMA through the device's type1 space: hugepage and base-page regions mapped at IOVAs under
+/// edu's 28-bit mask; edu copies RAM -> device -> RAM by IOVA; unmapping leaves nothing mapped.
 pub(crate) fn type1_dma(env: &Env) -> Result<(), Failure> {
-    let bound = env.bind(env.edu, Driver::VfioPci)?;
-    let number = group_number(env, env.edu)?;
-    let (container, attached) = vfio::open(env.edu, number, Model::Type1v2)?;
-    let space = Type1::new(container, edu::DMA_MASK_BITS)
-        .context(|| "make a type1 DMA space of the container".to_owned())?;
-    let ranges = space.usable_ranges();
-    let limit = 1_u64 << edu::DMA_MASK_BITS;
+    let (bound, vfio, device) = open(env, &options(env))?;
+    let space = vfio.dma_space();
     ensure!(
-        !ranges.is_empty() && ranges.iter().all(|r| r.last < limit),
-        "usable IOVA ranges {ranges:?} should be non-empty and under the 28-bit mask"
+        space.kind() == dma::Kind::Type1 && space.dma_mask_bits() == edu::DMA_MASK_BITS,
+        "DMA space {} with {} bits, want type1 with 28",
+        space.kind(),
+        space.dma_mask_bits()
     );
-    let device = vfio::map_edu(attached.device.as_fd())?;
-    vfio::enable_bus_master(attached.device.as_fd())?;
-
+    let limit = 1_u64 << edu::DMA_MASK_BITS;
     let huge = space
         .map(region(HUGE, PageSize::Huge2M)?)
         .context(|| "map a 2 MiB hugepage region".to_owned())?;
@@ -72,7 +166,6 @@ pub(crate) fn type1_dma(env: &Env) -> Result<(), Failure> {
         range.start % (HUGE as u64) == 0 && range.last < limit,
         "hugepage mapping at IOVA {range}: want 2 MiB aligned and under the mask"
     );
-    // Within one mapping: its first half to its second half, then odd offsets up to its end.
     round_trip(
         &device,
         &Buffer::at(&huge, 0, TRANSFER)?,
@@ -85,8 +178,6 @@ pub(crate) fn type1_dma(env: &Env) -> Result<(), Failure> {
         &Buffer::at(&huge, HUGE - TRANSFER - GUARD, TRANSFER + GUARD)?,
         2,
     )?;
-
-    // Across two mappings: base pages (the IOMMU maps 4 KiB pages too) to the hugepage region.
     let small = space
         .map(region(64 << 10, PageSize::Base)?)
         .context(|| "map a 64 KiB base-page region".to_owned())?;
@@ -109,7 +200,6 @@ pub(crate) fn type1_dma(env: &Env) -> Result<(), Failure> {
         &Buffer::at(&small, 0x2000, TRANSFER + GUARD)?,
         4,
     )?;
-
     let stats = space.stats();
     ensure!(
         stats.maps == 2 && stats.live_bytes == (HUGE + (64 << 10)) as u64,
@@ -122,23 +212,18 @@ pub(crate) fn type1_dma(env: &Env) -> Result<(), Failure> {
         stats.unmaps == 2 && stats.unmap_errors == 0 && stats.live_bytes == 0,
         "after unmapping both the space reports {stats:?}"
     );
-    println!("INFO vfio-type1-dma: mappings at {range} and {small_range}; usable {ranges:?}");
+    println!("INFO vfio-type1-dma: mappings at {range} and {small_range}");
     drop(device);
     drop(space);
-    drop(attached);
+    drop(vfio);
     bound.release()
 }
 
-/// Buffers from a `pool::Pool` over a type1 mapping: small-class, mid-class and large (buddy)
+/// Buffers from a `pool::Pool` over a mapping in the device's DMA space: small, mid and large
 /// buffers carry IOVAs edu can use; dropping the pool unmaps its region.
-pub(crate) fn type1_pool_dma(env: &Env) -> Result<(), Failure> {
-    let bound = env.bind(env.edu, Driver::VfioPci)?;
-    let number = group_number(env, env.edu)?;
-    let (container, attached) = vfio::open(env.edu, number, Model::Type1v2)?;
-    let space = Type1::new(container, edu::DMA_MASK_BITS)
-        .context(|| "make a type1 DMA space of the container".to_owned())?;
-    let device = vfio::map_edu(attached.device.as_fd())?;
-    vfio::enable_bus_master(attached.device.as_fd())?;
+pub(crate) fn pool_dma(env: &Env) -> Result<(), Failure> {
+    let (bound, vfio, device) = open(env, &options(env))?;
+    let space = vfio.dma_space();
     let mapping = space
         .map(region(POOL_LEN, PageSize::Huge2M)?)
         .context(|| format!("map a {POOL_LEN:#x}-byte hugepage region"))?;
@@ -173,10 +258,6 @@ pub(crate) fn type1_pool_dma(env: &Env) -> Result<(), Failure> {
         );
         seen.push(range);
     }
-    ensure!(
-        mid.len() >= TRANSFER + GUARD && large.len() >= TRANSFER + GUARD,
-        "buffers shorter than asked"
-    );
     round_trip(
         &device,
         &Buffer::in_pool(&small, 0, TRANSFER)?,
@@ -191,7 +272,8 @@ pub(crate) fn type1_pool_dma(env: &Env) -> Result<(), Failure> {
     )?;
     let seen: Vec<String> = seen.iter().map(ToString::to_string).collect();
     println!(
-        "INFO vfio-type1-pool-dma: buffers at IOVAs {}",
+        "INFO vfio-pool-dma: {} space, buffers at {}",
+        space.kind(),
         seen.join(", ")
     );
     drop(small);
@@ -205,8 +287,245 @@ pub(crate) fn type1_pool_dma(env: &Env) -> Result<(), Failure> {
     );
     drop(device);
     drop(space);
-    drop(attached);
+    drop(vfio);
     bound.release()
+}
+
+/// MSI completion: edu is opened with one MSI vector; a DMA started with edu's interrupt bit
+/// ends with an interrupt on the vector's eventfd (status bit 0x100, acknowledged at 0x64), and
+/// the data arrived; a raised interrupt (0x60) arrives too; nothing arrives unasked.
+pub(crate) fn msi(env: &Env) -> Result<(), Failure> {
+    let options = options(env).interrupts(IrqKind::Msi, 1);
+    let (bound, vfio, device) = open(env, &options)?;
+    ensure!(
+        vfio.vectors() == 1 && vfio.interrupt_kind() == Some(IrqKind::Msi),
+        "{} vectors of {:?} enabled, want 1 MSI",
+        vfio.vectors(),
+        vfio.interrupt_kind()
+    );
+    let vector = vfio
+        .interrupt(0)
+        .context(|| "the MSI vector's eventfd".to_owned())?;
+    let space = vfio.dma_space();
+    let mapping = space
+        .map(region(HUGE, PageSize::Huge2M)?)
+        .context(|| "map a 2 MiB hugepage region".to_owned())?;
+    let src = Buffer::at(&mapping, 0, TRANSFER)?;
+    let dst = Buffer::at(&mapping, HALF, TRANSFER + GUARD)?;
+    let data = pattern(41, TRANSFER);
+    src.host
+        .write_from(0, &data)
+        .context(|| "fill the source buffer".to_owned())?;
+    dst.host.fill(CANARY);
+    let quiet = vector
+        .wait(Some(Duration::from_millis(100)))
+        .context(|| "wait on the MSI eventfd".to_owned())?;
+    ensure!(
+        quiet.is_none(),
+        "an interrupt ({quiet:?}) before any was asked for"
+    );
+    let mut fired = Vec::new();
+    for (direction, addr) in [
+        (Direction::ToDevice, src.addr),
+        (Direction::FromDevice, dst.addr),
+    ] {
+        let (took, count) = device.dma_irq(direction, addr, TRANSFER, &vector)?;
+        let status = device.irq_status()?;
+        ensure!(
+            status & edu::IRQ_DMA != 0,
+            "edu interrupt status {status:#x} after a DMA with the interrupt bit"
+        );
+        device.ack_irq(status)?;
+        fired.push(format!("{direction:?} {count} in {} ms", took.as_millis()));
+    }
+    let mut back = vec![0_u8; TRANSFER];
+    dst.host
+        .read_into(0, &mut back)
+        .context(|| "read the destination".to_owned())?;
+    compare(&data, &back).map_err(|why| Failure::Check(format!("MSI round trip: {why}")))?;
+    device.raise_irq(0x1)?;
+    let raised = vector
+        .wait(Some(IRQ_TIMEOUT))
+        .context(|| "wait on the MSI eventfd".to_owned())?;
+    ensure!(
+        raised.is_some(),
+        "no MSI within {IRQ_TIMEOUT:?} after raising interrupt 0x1"
+    );
+    device.ack_irq(0x1)?;
+    match vfio.set_masked(0, true) {
+        Err(device::Error::NotMaskable { .. }) | Ok(()) => {}
+        Err(other) => {
+            return Err(Failure::Device {
+                op: "mask the MSI vector".to_owned(),
+                source: Box::new(other),
+            })
+        }
+    }
+    vfio.disable_interrupts()
+        .context(|| "disable interrupts".to_owned())?;
+    ensure!(
+        vfio.vectors() == 0,
+        "{} vectors after disabling",
+        vfio.vectors()
+    );
+    println!("INFO vfio-msi: {}", fired.join(", "));
+    drop(mapping);
+    drop(device);
+    drop(vfio);
+    bound.release()
+}
+
+/// INTx through VFIO: the kernel masks the line when it fires, `set_masked(0, false)` unmasks
+/// it, and a second interrupt arrives only after that.
+pub(crate) fn intx(env: &Env) -> Result<(), Failure> {
+    let options = options(env).interrupts(IrqKind::Intx, 1);
+    let (bound, vfio, device) = open(env, &options)?;
+    let vector = vfio
+        .interrupt(0)
+        .context(|| "the INTx eventfd".to_owned())?;
+    let pending = device.irq_status()?;
+    if pending != 0 {
+        device.ack_irq(pending)?;
+    }
+    for bits in [0x1_u32, 0x80] {
+        device.raise_irq(bits)?;
+        let fired = vector
+            .wait(Some(IRQ_TIMEOUT))
+            .context(|| "wait on the INTx eventfd".to_owned())?;
+        ensure!(
+            fired.is_some(),
+            "no INTx within {IRQ_TIMEOUT:?} after raising {bits:#x}"
+        );
+        device.ack_irq(bits)?;
+        vfio.set_masked(0, false)
+            .context(|| "unmask INTx".to_owned())?;
+    }
+    vfio.set_masked(0, true)
+        .context(|| "mask INTx".to_owned())?;
+    device.raise_irq(0x2)?;
+    let masked = vector
+        .wait(Some(Duration::from_millis(300)))
+        .context(|| "wait on the INTx eventfd".to_owned())?;
+    ensure!(
+        masked.is_none(),
+        "an INTx arrived while masked ({masked:?})"
+    );
+    vfio.set_masked(0, false)
+        .context(|| "unmask INTx".to_owned())?;
+    let late = vector
+        .wait(Some(IRQ_TIMEOUT))
+        .context(|| "wait on the INTx eventfd".to_owned())?;
+    ensure!(
+        late.is_some(),
+        "the INTx raised while masked did not arrive after unmasking"
+    );
+    device.ack_irq(0x2)?;
+    println!("INFO vfio-intx: two interrupts, one held while masked and delivered on unmask");
+    drop(device);
+    drop(vfio);
+    bound.release()
+}
+
+/// Reset: with a function reset (`VFIO_DEVICE_FLAGS_RESET`), `reset` succeeds and the device
+/// still answers, bus mastering back on; without one, `reset` fails with `NoReset`, which names
+/// what a bus reset would touch.
+pub(crate) fn reset(env: &Env) -> Result<(), Failure> {
+    let (bound, vfio, device) = open(env, &options(env))?;
+    let has_reset = vfio.device_flags() & userdma::sys::vfio::VFIO_DEVICE_FLAGS_RESET != 0;
+    match vfio.reset() {
+        Ok(()) => {
+            ensure!(
+                has_reset,
+                "reset succeeded though the device has no reset flag"
+            );
+            device.check_registers()?;
+            let command: u16 = vfio
+                .config_read(PCI_COMMAND)
+                .context(|| "read the command register".to_owned())?;
+            ensure!(
+                command & PCI_COMMAND_MASTER != 0,
+                "bus mastering off after reset ({command:#06x})"
+            );
+            println!("INFO vfio-reset: function reset done, registers answer");
+        }
+        Err(device::Error::NoReset { affected, .. }) => {
+            ensure!(
+                !has_reset,
+                "reset failed with NoReset though the flag is set"
+            );
+            let text = device::Error::NoReset {
+                bdf: env.edu,
+                affected: affected.clone(),
+            }
+            .to_string();
+            ensure!(text.contains(&env.edu.to_string()), "message {text:?}");
+            device.check_registers()?;
+            println!("INFO vfio-reset: no function reset; the error says: {text}");
+        }
+        Err(other) => {
+            return Err(Failure::Device {
+                op: "reset edu".to_owned(),
+                source: Box::new(other),
+            })
+        }
+    }
+    drop(device);
+    drop(vfio);
+    bound.release()
+}
+
+/// One container shared by edu and the NVMe controller: both groups attached to it, one DMA
+/// space (mapped once, reachable by edu), each group attached once.
+pub(crate) fn shared_container(env: &Env) -> Result<(), Failure> {
+    let container =
+        device::vfio::Container::new().context(|| "open a VFIO container".to_owned())?;
+    let options = options(env).container(Arc::clone(&container));
+    let (bound, vfio, device) = open(env, &options)?;
+    let nvme_bound = env.bind(env.nvme, Driver::VfioPci)?;
+    let nvme = Vfio::open_with(env.nvme, &Options::new().container(Arc::clone(&container)))
+        .context(|| format!("open {} in the same container", env.nvme))?;
+    let groups = container.groups();
+    ensure!(
+        groups.len() == 2,
+        "the container has groups {groups:?}, want edu's and the NVMe controller's"
+    );
+    ensure!(
+        vfio.container()
+            .is_some_and(|c| Arc::ptr_eq(&c, &container))
+            && nvme
+                .container()
+                .is_some_and(|c| Arc::ptr_eq(&c, &container)),
+        "a device reports another container"
+    );
+    let mapping = nvme
+        .dma_space()
+        .map(region(HUGE, PageSize::Huge2M)?)
+        .context(|| "map through the NVMe controller's space".to_owned())?;
+    // Mapped through the other device's handle to the space: edu reaches it.
+    round_trip(
+        &device,
+        &Buffer::at(&mapping, 0, TRANSFER)?,
+        &Buffer::at(&mapping, HALF, TRANSFER + GUARD)?,
+        51,
+    )?;
+    let stats = vfio.dma_space().stats();
+    ensure!(
+        stats.maps == 1,
+        "edu's space saw {stats:?}: not the same space"
+    );
+    println!("INFO vfio-shared-container: groups {groups:?} in one container, one space");
+    drop(mapping);
+    drop(nvme);
+    nvme_bound.release()?;
+    drop(device);
+    drop(vfio);
+    bound.release()?;
+    ensure!(
+        container.groups().is_empty(),
+        "groups {:?} still attached after both devices closed",
+        container.groups()
+    );
+    Ok(())
 }
 
 fn overlaps(a: &IovaRange, b: &IovaRange) -> bool {
@@ -214,18 +533,12 @@ fn overlaps(a: &IovaRange, b: &IovaRange) -> bool {
 }
 
 /// The IOMMU refuses a transfer to an IOVA that is not mapped: edu is told to write its buffer
-/// to the physical address of a canary hugepage that is not mapped in the container (the place
+/// to the physical address of a canary hugepage that is not mapped in the device's space (where
 /// the bytes would land without translation), and no byte of the canary changes; a read from
 /// there does not fetch the canary. The device still works afterwards.
 pub(crate) fn isolation(env: &Env) -> Result<(), Failure> {
-    let bound = env.bind(env.edu, Driver::VfioPci)?;
-    let number = group_number(env, env.edu)?;
-    let (container, attached) = vfio::open(env.edu, number, Model::Type1v2)?;
-    let space = Type1::new(container, edu::DMA_MASK_BITS)
-        .context(|| "make a type1 DMA space of the container".to_owned())?;
-    let device = vfio::map_edu(attached.device.as_fd())?;
-    vfio::enable_bus_master(attached.device.as_fd())?;
-
+    let (bound, vfio, device) = open(env, &options(env))?;
+    let space = vfio.dma_space();
     let mapped = space
         .map(region(HUGE, PageSize::Huge2M)?)
         .context(|| "map a 2 MiB hugepage region".to_owned())?;
@@ -233,7 +546,7 @@ pub(crate) fn isolation(env: &Env) -> Result<(), Failure> {
         .iova_range()
         .ok_or_else(|| Failure::Check("a type1 mapping should be one IOVA range".to_owned()))?;
     let canary = region(HUGE, PageSize::Huge2M)?;
-    let canary_view = userdma::dma::Slice::from_region(&canary);
+    let canary_view = Slice::from_region(&canary);
     canary_view.fill(CANARY);
     let phys = canary
         .physical_pages()
@@ -241,8 +554,6 @@ pub(crate) fn isolation(env: &Env) -> Result<(), Failure> {
     let canary_phys = phys
         .addr_of(0)
         .ok_or_else(|| Failure::Check("the canary region has no physical page".to_owned()))?;
-    // The canary's physical address, unless the container happens to map that IOVA: then the
-    // first 2 MiB past the mapping (unmapped too, but no longer the canary's address).
     let limit = 1_u64 << edu::DMA_MASK_BITS;
     let fits = |iova: u64| {
         IovaRange::from_len(iova, HUGE as u64)
@@ -258,8 +569,6 @@ pub(crate) fn isolation(env: &Env) -> Result<(), Failure> {
         );
         (next, false)
     };
-
-    // Load a pattern into the device from mapped memory, then aim it at the unmapped IOVA.
     let data = pattern(7, TRANSFER);
     let src = Buffer::at(&mapped, 0, TRANSFER)?;
     src.host
@@ -271,8 +580,6 @@ pub(crate) fn isolation(env: &Env) -> Result<(), Failure> {
     device.dma(Direction::FromDevice, target, TRANSFER)?;
     check_canary(&canary_view, "the unmapped canary hugepage")?;
     check_canary(&dst.host, "the mapped region's second half")?;
-
-    // The device had the data and can still reach mapped memory.
     device.dma(Direction::FromDevice, dst.addr, TRANSFER)?;
     let mut back = vec![0_u8; TRANSFER];
     dst.host
@@ -284,8 +591,6 @@ pub(crate) fn isolation(env: &Env) -> Result<(), Failure> {
             dst.addr
         ))
     })?;
-
-    // A read from the unmapped IOVA must not fetch the canary's bytes.
     if at_canary {
         device.dma(Direction::ToDevice, target, TRANSFER)?;
         let probe = Buffer::at(&mapped, HALF + 0x10000, TRANSFER)?;
@@ -312,20 +617,37 @@ pub(crate) fn isolation(env: &Env) -> Result<(), Failure> {
     drop(mapped);
     drop(device);
     drop(space);
-    drop(attached);
+    drop(vfio);
     bound.release()
 }
 
-/// No-IOMMU VFIO: the device fd works as with an IOMMU, and DMA uses the physical addresses
-/// `dma::Physical` reads from pagemap.
+/// No-IOMMU VFIO: refused without the opt-in; with it, the mode is no-IOMMU, the space is
+/// physical, and DMA uses the physical addresses it gives.
 pub(crate) fn noiommu_dma(env: &Env) -> Result<(), Failure> {
     let bound = env.bind(env.edu, Driver::VfioPci)?;
-    let number = group_number(env, env.edu)?;
-    let (container, attached) = vfio::open(env.edu, number, Model::NoIommu)?;
-    let device = vfio::map_edu(attached.device.as_fd())?;
-    vfio::enable_bus_master(attached.device.as_fd())?;
-    let space =
-        Physical::new(edu::DMA_MASK_BITS).context(|| "make a physical DMA space".to_owned())?;
+    match Vfio::open_with(env.edu, &Options::new().dma_mask_bits(edu::DMA_MASK_BITS)) {
+        Err(device::Error::NoIommuRefused { .. }) => {}
+        Err(other) => {
+            return Err(Failure::Device {
+                op: "open without the no-IOMMU opt-in".to_owned(),
+                source: Box::new(other),
+            })
+        }
+        Ok(_) => {
+            return Err(Failure::Check(
+                "a no-IOMMU group opened without Options::allow_noiommu".to_owned(),
+            ))
+        }
+    }
+    drop(bound);
+    let (bound, vfio, device) = open(env, &options(env))?;
+    ensure!(vfio.mode() == Mode::NoIommu, "mode {:?}", vfio.mode());
+    let space = vfio.dma_space();
+    ensure!(
+        space.kind() == dma::Kind::Physical,
+        "a no-IOMMU device's space is {}",
+        space.kind()
+    );
     let mapped = space
         .map(region(HUGE, PageSize::Huge2M)?)
         .context(|| "look up the physical address of a hugepage region".to_owned())?;
@@ -341,7 +663,64 @@ pub(crate) fn noiommu_dma(env: &Env) -> Result<(), Failure> {
     println!("INFO vfio-noiommu-dma: hugepage at physical {range}");
     drop(mapped);
     drop(device);
-    drop(attached);
-    drop(container);
+    drop(vfio);
+    bound.release()
+}
+
+/// `device::open` picks the backend from the driver: an unbound device is an error naming
+/// `userdma bind`; vfio-pci gives a VFIO device (refused in no-IOMMU mode, which needs the
+/// explicit opt-in); uio_pci_generic a UIO device.
+pub(crate) fn device_open(env: &Env) -> Result<(), Failure> {
+    match device::open(env.edu) {
+        Err(err @ device::Error::NotBound { .. }) => {
+            let text = err.to_string();
+            ensure!(
+                text.contains("userdma bind") && text.contains(&env.edu.to_string()),
+                "the unbound error should name the bind command: {text:?}"
+            );
+        }
+        Err(other) => {
+            return Err(Failure::Device {
+                op: "open an unbound device".to_owned(),
+                source: Box::new(other),
+            })
+        }
+        Ok(dev) => {
+            return Err(Failure::Check(format!(
+                "an unbound device opened as {}",
+                dev.identity()
+            )))
+        }
+    }
+    let bound = env.bind(env.edu, Driver::VfioPci)?;
+    match (device::open(env.edu), env.boot.has_iommu()) {
+        (Ok(dev), true) => ensure!(
+            dev.identity().kind == Kind::Vfio,
+            "vfio-pci opened as {}",
+            dev.identity()
+        ),
+        (Err(device::Error::NoIommuRefused { .. }), false) => {}
+        (Err(other), _) => {
+            return Err(Failure::Device {
+                op: "device::open of a vfio-pci device".to_owned(),
+                source: Box::new(other),
+            })
+        }
+        (Ok(dev), false) => {
+            return Err(Failure::Check(format!(
+                "no-IOMMU device opened without the opt-in as {}",
+                dev.identity()
+            )))
+        }
+    }
+    bound.release()?;
+    let bound = env.bind(env.edu, Driver::UioPciGeneric)?;
+    let dev = device::open(env.edu).context(|| "device::open of a UIO device".to_owned())?;
+    ensure!(
+        dev.identity().kind == Kind::Uio,
+        "uio_pci_generic opened as {}",
+        dev.identity()
+    );
+    drop(dev);
     bound.release()
 }
