@@ -17,6 +17,7 @@
 #                       cannot boot a stock kernel); kvm fails if /dev/kvm is not usable.
 #   BOOTS               boots to run (default: all)
 #   BOOT_TIMEOUT        seconds one boot may take before it fails (default 300)
+#   GUEST_OUT           build and work directory (default target/guest)
 #   USERDMA_CACHE       download cache root (default ~/.cache/userdma); packages go to guest/debs
 #
 # Installs what it needs from Debian (qemu-system-x86, busybox-static, ...; apt-get update at
@@ -24,17 +25,29 @@
 # unpacked), and builds into target/guest. Prints PASS/FAIL per case as BOOT/CASE, and ends with
 # "N passed, M failed"; exits non-zero when a case failed, a planned case did not report, a
 # setup step failed, or a guest did not finish in time. Nothing is skipped.
+#
+# The NVMe disk image: every boot starts from a zeroed $OUT/nvme.img and a fresh random seed,
+# passed to the guest as userdma.nvme=SEED,LBA,BLOCKS. In the boots that run the nvme-vfio case,
+# the nvme example writes that pattern from the guest; after the guest powered off this script
+# checks the image on the host (BOOT/nvme-image): the blocks hold the pattern, recomputed here
+# independently of the guest (the formula is in examples/nvme/io.rs; keep the two in step), and
+# every other byte of the image is still zero.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
 HERE=tests/guest
-OUT=target/guest
+OUT=${GUEST_OUT:-target/guest}
 CACHE=${USERDMA_CACHE:-${HOME:?set HOME or USERDMA_CACHE}/.cache/userdma}/guest
 DEBS=$CACHE/debs
 ACCEL=${ACCEL:-tcg}
 BOOT_TIMEOUT=${BOOT_TIMEOUT:-300}
 TRIPLE=x86_64-unknown-linux-gnu
 SUITE=$OUT/cargo/$TRIPLE/release/examples/guest_suite
+NVME=$OUT/cargo/$TRIPLE/release/examples/nvme
+# The block range the nvme example writes in the guest (the image is 1 MiB: 2048 blocks of 512
+# bytes, or 256 of 4096).
+NVME_LBA=16
+NVME_BLOCKS=200
 T0=$(date +%s)
 
 log() { printf '=== [%4ss] %s\n' "$(($(date +%s) - T0))" "$*"; }
@@ -82,6 +95,8 @@ case " $BOOTS " in *" noiommu "*) NEED_NOIOMMU=1 ;; esac
 
 log "host packages"
 apt_install qemu-system-x86 busybox-static xz-utils zstd cpio file binutils
+command -v python3 >/dev/null || apt_install python3-minimal
+command -v python3 >/dev/null || die "python3 is not on PATH after installing python3-minimal (needed to check the NVMe image)"
 command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 is not on PATH after installing qemu-system-x86"
 qemu-system-x86_64 -device help 2>/dev/null | grep -q '"edu"' || die "this QEMU has no edu device"
 file -L /bin/busybox | grep -qE 'static(-pie)? linked|statically linked' ||
@@ -201,9 +216,11 @@ log "building the guest test program (static, $TRIPLE)"
 rustup target list --installed 2>/dev/null | grep -qx "$TRIPLE" || rustup target add "$TRIPLE" ||
 	die "the Rust target $TRIPLE is not installed and rustup could not add it"
 RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$OUT/cargo \
-	cargo build --release --locked --quiet --target "$TRIPLE" --example guest_suite ||
-	die "building the guest_suite example failed"
-file "$SUITE" | grep -qE 'static(-pie)? linked|statically linked' || die "$SUITE is not statically linked"
+	cargo build --release --locked --quiet --target "$TRIPLE" --example guest_suite --example nvme ||
+	die "building the guest_suite and nvme examples failed"
+for program in "$SUITE" "$NVME"; do
+	file "$program" | grep -qE 'static(-pie)? linked|statically linked' || die "$program is not statically linked"
+done
 suite_boots=$("$SUITE" --boots | tr '\n' ' ')
 [ "$suite_boots" = "$ALL_BOOTS " ] ||
 	die "run.sh knows the boots '$ALL_BOOTS' but guest_suite --boots says '$suite_boots': update both together"
@@ -223,9 +240,64 @@ if [ "$NEED_NOIOMMU" = 1 ]; then
 fi
 install -m 755 "$HERE/init" "$ROOTFS/init"
 objcopy --strip-debug "$SUITE" "$ROOTFS/guest_suite"
+objcopy --strip-debug "$NVME" "$ROOTFS/nvme"
 # Uncompressed: the guest kernel unpacks it faster than it would decompress it.
 (cd "$ROOTFS" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) >"$OUT/initramfs.cpio"
-truncate -s 1M "$OUT/nvme.img"
+
+# A zeroed 1 MiB image for the emulated NVMe controller (made again before each boot).
+fresh_image() {
+	rm -f "$OUT/nvme.img"
+	truncate -s 1M "$OUT/nvme.img"
+}
+fresh_image
+
+# check_image SEED CONSOLE: checks $OUT/nvme.img against what the nvme-vfio case wrote with SEED
+# (the case's "INFO nvme-image" line gives the LBA size); prints why not and fails if it differs.
+check_image() {
+	local seed=$1 console=$2 line
+	line=$(grep -m 1 '^INFO nvme-image ' "$console" || true)
+	[ -n "$line" ] || { echo "the guest printed no 'INFO nvme-image' line (did nvme-vfio pass?)"; return 1; }
+	python3 - "$OUT/nvme.img" "$seed" "$NVME_LBA" "$NVME_BLOCKS" "$line" <<'PY'
+import sys
+
+# The pattern of examples/nvme/io.rs, written again from its description: word k (8 bytes,
+# little-endian) of block lba is splitmix64((seed * 0x9e3779b97f4a7c15) ^ (lba << 16) ^ k).
+M = (1 << 64) - 1
+def splitmix64(x):
+    z = (x + 0x9E3779B97F4A7C15) & M
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+    return z ^ (z >> 31)
+
+image, seed, lba, blocks, line = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+said = dict(f.split("=", 1) for f in line.split()[2:])
+want = {"seed": str(seed), "lba": str(lba), "blocks": str(blocks)}
+for key, value in want.items():
+    if said.get(key) != value:
+        sys.exit(f"the guest reports {key}={said.get(key)}, but this boot was given {value}")
+size = int(said.get("lba-size", "0"))
+if size not in (512, 4096):
+    sys.exit(f"the guest reports an LBA size of {size}; expected 512 or 4096")
+data = open(image, "rb").read()
+start, end = lba * size, (lba + blocks) * size
+if len(data) < end:
+    sys.exit(f"{image} has {len(data)} bytes, fewer than the {end} the blocks need")
+expected = bytearray()
+for b in range(lba, lba + blocks):
+    for k in range(size // 8):
+        expected += splitmix64(((seed * 0x9E3779B97F4A7C15) & M) ^ ((b << 16) & M) ^ k).to_bytes(8, "little")
+got = data[start:end]
+if got != bytes(expected):
+    first = next(i for i in range(len(got)) if got[i] != expected[i])
+    bad = sum(1 for i in range(len(got)) if got[i] != expected[i])
+    sys.exit(f"{bad} of {len(got)} bytes differ from the pattern, the first in LBA {lba + first // size} at byte {first % size}")
+outside = data[:start] + data[end:]
+if any(outside):
+    first = next(i for i, v in enumerate(data) if v and not start <= i < end)
+    sys.exit(f"the image has data outside LBAs {lba}..{lba + blocks}, the first at byte {first}")
+print(f"{blocks} blocks of {size} bytes at LBA {lba} hold the pattern of seed {seed}; the rest is zero")
+PY
+}
 
 # ---- booting ------------------------------------------------------------------------------------------
 mkdir -p "$OUT/logs"
@@ -234,7 +306,7 @@ KVM_OK=0
 
 qemu_cmd() { # qemu_cmd ACCEL BOOT: sets QEMU_CMD to the QEMU command line
 	local accel=$1 boot=$2
-	local machine=q35 append="console=ttyS0 quiet panic=-1 userdma.boot=$2"
+	local machine=q35 append="console=ttyS0 quiet panic=-1 userdma.boot=$2 userdma.nvme=${NVME_SEED:-1},$NVME_LBA,$NVME_BLOCKS"
 	local iommu=()
 	case "$boot" in
 	iommu-pt)
@@ -303,6 +375,9 @@ for name in $BOOTS; do
 	mapfile -t planned <<<"$list"
 	[ ${#planned[@]} -gt 0 ] || die "guest_suite plans no case for boot $name"
 	log "boot $name [$ACCEL]: ${#planned[@]} cases"
+	# A fresh seed and a zeroed image: what the host finds afterwards was written in this boot.
+	NVME_SEED=$(((RANDOM << 15 | RANDOM) + 1))
+	fresh_image
 	boot "$ACCEL" "$name" "$BOOT_TIMEOUT"
 	console=$OUT/logs/$name.log
 	boot_ok=1
@@ -330,6 +405,15 @@ for name in $BOOTS; do
 		*) boot_ok=0; fail "$name/$c: did not report${why:+ ($why)}" ;;
 		esac
 	done
+	# The disk image, checked on the host, in the boots whose nvme-vfio case wrote it.
+	if printf '%s\n' "${planned[@]}" | grep -qx nvme-vfio; then
+		if why_image=$(check_image "$NVME_SEED" "$console" 2>&1); then
+			pass "$name/nvme-image (host): $why_image"
+		else
+			boot_ok=0
+			fail "$name/nvme-image (host): $why_image"
+		fi
+	fi
 	# Every reported case must have been planned.
 	while IFS= read -r line; do
 		c=$(echo "$line" | sed -E 's/^(PASS|FAIL) ([a-z0-9-]+).*/\2/')
@@ -344,4 +428,5 @@ done
 
 log "done (accelerator: $ACCEL)"
 echo "guest: $PASSED passed, $FAILED failed"
-[ "$FAILED" -eq 0 ]
+# Not a bare test: a failing command would fire the ERR trap and print a second result line.
+[ "$FAILED" -eq 0 ] || exit 1

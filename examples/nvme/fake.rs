@@ -1,0 +1,532 @@
+//! A software NVMe controller for the driver's tests: BAR0 in shared memory, queues and data in
+//! a loopback DMA space, completions with phase tags and SQ heads, MSI-X as eventfds, one
+//! namespace of 512-byte blocks on a `Vec`. It follows the specification where the driver
+//! depends on it (CC.EN / CSTS.RDY, AQA/ASQ/ACQ, slot doorbells with the doorbell stride, PRP
+//! lists, Create/Delete I/O queues, CC.SHN / CSTS.SHST) and checks what the driver gives it
+//! (page-aligned queue bases, PRP entries after the first page aligned, IOVAs mapped), failing
+//! a command with the status a controller would use.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use userdma::dma::{Loopback, Space};
+use userdma::irq::EventFd;
+use userdma::mmio::{Block, DynBlock, Shared};
+
+use crate::command::{Cqe, Sqe, IDENTIFY_LEN};
+use crate::regs::PAGE;
+
+/// Blocks in the namespace.
+pub(crate) const BLOCKS: u64 = 2048;
+/// Bytes per block.
+pub(crate) const LBA_SIZE: usize = 512;
+/// MSI-X vectors.
+const VECTORS: usize = 2;
+/// CAP: MQES 63, CQR, TO 1 (500 ms), DSTRD 0, CSS NVM, MPSMIN 0, MPSMAX 0.
+const CAP: u64 = 63 | (1 << 16) | (1 << 24) | (1 << 37);
+
+/// What the fake saw, for the tests to check.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Seen {
+    /// Commands by (queue, opcode).
+    pub(crate) commands: BTreeMap<(u16, u8), u32>,
+    /// I/O commands whose data needed a PRP list.
+    pub(crate) prp_lists: u32,
+    /// I/O commands whose PRP1 had an offset in its page.
+    pub(crate) in_page: u32,
+    /// Controller enables.
+    pub(crate) enables: u32,
+    /// Normal shutdowns.
+    pub(crate) shutdowns: u32,
+    /// Commands failed, with their status field.
+    pub(crate) failed: Vec<u16>,
+}
+
+/// How the fake misbehaves, for the tests that check the driver notices.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Faults {
+    /// Flip one bit of the data of every read.
+    pub(crate) corrupt_reads: bool,
+    /// Complete reads successfully without moving any data.
+    pub(crate) empty_reads: bool,
+}
+
+#[derive(Debug)]
+struct Sq {
+    base: u64,
+    size: u32,
+    head: u32,
+    cqid: u16,
+}
+
+#[derive(Debug)]
+struct Cq {
+    base: u64,
+    size: u32,
+    tail: u32,
+    phase: bool,
+    vector: u16,
+}
+
+/// The controller's state, owned by its thread.
+struct Device {
+    bar: DynBlock,
+    space: Arc<Loopback>,
+    irqs: Vec<EventFd>,
+    disk: Arc<Mutex<Vec<u8>>>,
+    seen: Arc<Mutex<Seen>>,
+    faults: Faults,
+    enabled: bool,
+    shut_down: bool,
+    sqs: BTreeMap<u16, Sq>,
+    cqs: BTreeMap<u16, Cq>,
+}
+
+/// A status field: (type, code).
+type Status = (u8, u8);
+const OK: Status = (0, 0);
+const INVALID_OPCODE: Status = (0, 0x01);
+const INVALID_FIELD: Status = (0, 0x02);
+const DATA_TRANSFER: Status = (0, 0x04);
+const INVALID_NAMESPACE: Status = (0, 0x0b);
+const LBA_RANGE: Status = (0, 0x80);
+const INVALID_CQ: Status = (1, 0x00);
+const INVALID_QID: Status = (1, 0x01);
+const INVALID_SIZE: Status = (1, 0x02);
+const INVALID_VECTOR: Status = (1, 0x08);
+
+/// The running fake controller; stops its thread when dropped.
+pub(crate) struct FakeController {
+    /// BAR0 (what the driver is given).
+    pub(crate) bar: DynBlock,
+    /// The DMA space (what the driver is given).
+    pub(crate) space: Arc<Loopback>,
+    /// The disk.
+    pub(crate) disk: Arc<Mutex<Vec<u8>>>,
+    /// What it saw.
+    pub(crate) seen: Arc<Mutex<Seen>>,
+    irqs: Vec<EventFd>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FakeController {
+    /// A controller with a zeroed disk.
+    pub(crate) fn new(faults: Faults) -> FakeController {
+        let bar = Block::new(Shared::new(0x2000)).erase();
+        bar.write::<u32>(0x00, CAP as u32).expect("CAP low");
+        bar.write::<u32>(0x04, (CAP >> 32) as u32)
+            .expect("CAP high");
+        bar.write::<u32>(0x08, 0x0001_0400).expect("VS");
+        let space = Arc::new(Loopback::new(48).expect("a loopback DMA space"));
+        let irqs: Vec<EventFd> = (0..VECTORS)
+            .map(|_| EventFd::new().expect("an eventfd"))
+            .collect();
+        let disk = Arc::new(Mutex::new(vec![0; BLOCKS as usize * LBA_SIZE]));
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut device = Device {
+            bar: bar.clone(),
+            space: space.clone(),
+            irqs: irqs
+                .iter()
+                .map(|e| e.try_clone().expect("eventfd clone"))
+                .collect(),
+            disk: disk.clone(),
+            seen: seen.clone(),
+            faults,
+            enabled: false,
+            shut_down: false,
+            sqs: BTreeMap::new(),
+            cqs: BTreeMap::new(),
+        };
+        let stopping = stop.clone();
+        let thread = thread::spawn(move || {
+            while !stopping.load(Ordering::Relaxed) {
+                device.step();
+                thread::sleep(Duration::from_micros(50));
+            }
+        });
+        FakeController {
+            bar,
+            space,
+            disk,
+            seen,
+            irqs,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The DMA space as the driver takes it.
+    pub(crate) fn dyn_space(&self) -> Arc<dyn Space> {
+        self.space.clone()
+    }
+
+    /// A handle to vector `v`'s eventfd.
+    pub(crate) fn irq(&self, v: usize) -> EventFd {
+        self.irqs[v].try_clone().expect("eventfd clone")
+    }
+
+    /// What it saw so far.
+    pub(crate) fn seen(&self) -> Seen {
+        self.seen.lock().expect("seen").clone()
+    }
+}
+
+impl Drop for FakeController {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Device {
+    fn reg(&self, offset: usize) -> u32 {
+        self.bar.read::<u32>(offset).expect("register")
+    }
+
+    fn set_reg(&self, offset: usize, value: u32) {
+        self.bar.write::<u32>(offset, value).expect("register");
+    }
+
+    fn reg64(&self, offset: usize) -> u64 {
+        u64::from(self.reg(offset)) | (u64::from(self.reg(offset + 4)) << 32)
+    }
+
+    /// One pass: CC changes, then every SQ's new entries.
+    fn step(&mut self) {
+        let cc = self.reg(0x14);
+        let en = cc & 1 != 0;
+        if en && !self.enabled {
+            self.start();
+        } else if !en && self.enabled {
+            self.reset();
+        }
+        let shn = (cc >> 14) & 0b11;
+        if self.enabled && shn != 0 && !self.shut_down {
+            self.shut_down = true;
+            self.seen.lock().expect("seen").shutdowns += 1;
+            self.set_reg(0x1c, self.reg(0x1c) | (0b10 << 2));
+        }
+        if !self.enabled || self.shut_down {
+            return;
+        }
+        let qids: Vec<u16> = self.sqs.keys().copied().collect();
+        for qid in qids {
+            let tail = self.reg(0x1000 + 8 * usize::from(qid));
+            // Until the SQ is gone (deleted by a command) or caught up with the tail.
+            while let Some(sq) = self.sqs.get(&qid).filter(|sq| sq.head != tail % sq.size) {
+                let (base, head, size) = (sq.base, sq.head, sq.size);
+                let sqe: Sqe = self
+                    .window(base + u64::from(head) * 64, 64)
+                    .and_then(|w| w.slice().read::<Sqe>(0).ok())
+                    .expect("the SQ entry is mapped");
+                if let Some(sq) = self.sqs.get_mut(&qid) {
+                    sq.head = (head + 1) % size;
+                }
+                let (status, result) = if qid == 0 {
+                    self.admin(&sqe)
+                } else {
+                    self.io(&sqe)
+                };
+                *self
+                    .seen
+                    .lock()
+                    .expect("seen")
+                    .commands
+                    .entry((qid, sqe.opcode))
+                    .or_default() += 1;
+                self.complete(qid, &sqe, status, result);
+            }
+        }
+    }
+
+    fn start(&mut self) {
+        let aqa = self.reg(0x24);
+        let (asq, acq) = (self.reg64(0x28), self.reg64(0x30));
+        let cc = self.reg(0x14);
+        let ok = asq % PAGE as u64 == 0
+            && acq % PAGE as u64 == 0
+            && aqa & 0xfff != 0
+            && (aqa >> 16) & 0xfff != 0
+            && (cc >> 16) & 0xf == 6
+            && (cc >> 20) & 0xf == 4
+            && (cc >> 7) & 0xf == 0;
+        if !ok {
+            // CSTS.CFS, as QEMU does when the start fails.
+            self.set_reg(0x1c, 0b10);
+            return;
+        }
+        self.sqs.insert(
+            0,
+            Sq {
+                base: asq,
+                size: (aqa & 0xfff) + 1,
+                head: 0,
+                cqid: 0,
+            },
+        );
+        self.cqs.insert(
+            0,
+            Cq {
+                base: acq,
+                size: ((aqa >> 16) & 0xfff) + 1,
+                tail: 0,
+                phase: true,
+                vector: 0,
+            },
+        );
+        self.enabled = true;
+        self.shut_down = false;
+        self.seen.lock().expect("seen").enables += 1;
+        self.set_reg(0x1c, 1);
+    }
+
+    fn reset(&mut self) {
+        self.sqs.clear();
+        self.cqs.clear();
+        self.enabled = false;
+        self.shut_down = false;
+        // Doorbells go back to 0 with the queues.
+        for offset in (0x1000..0x1100).step_by(4) {
+            self.set_reg(offset, 0);
+        }
+        self.set_reg(0x1c, 0);
+    }
+
+    fn window(&self, iova: u64, len: usize) -> Option<userdma::dma::Window> {
+        self.space.translate(iova, len)
+    }
+
+    /// Posts the completion of `sqe` on SQ `qid`'s CQ: the entry with the old phase, then the
+    /// last word with the new one, then the interrupt.
+    fn complete(&mut self, qid: u16, sqe: &Sqe, status: Status, result: u32) {
+        let Some(sq) = self.sqs.get(&qid) else {
+            return; // deleted by this very command
+        };
+        let (sq_head, cqid) = (sq.head, sq.cqid);
+        let Some(cq) = self.cqs.get_mut(&cqid) else {
+            return;
+        };
+        let field = (u16::from(status.0) << 8) | u16::from(status.1);
+        if status != OK {
+            self.seen.lock().expect("seen").failed.push(field);
+        }
+        let mut cqe = Cqe {
+            result,
+            dw1: 0,
+            sq_head: sq_head as u16,
+            sq_id: qid,
+            command_id: sqe.command_id,
+            status: (field << 1) | u16::from(!cq.phase),
+        };
+        let at = cq.base + u64::from(cq.tail) * 16;
+        let window = self
+            .space
+            .translate(at, 16)
+            .expect("the CQ entry is mapped");
+        let slice = window.slice();
+        slice.write(0, cqe).expect("CQ entry");
+        // Release: the entry's other words before the phase tag that publishes it.
+        fence(Ordering::Release);
+        cqe.status ^= 1;
+        let dw3 = u32::from(cqe.command_id) | (u32::from(cqe.status) << 16);
+        slice.write(12, dw3).expect("CQ phase word");
+        cq.tail += 1;
+        if cq.tail == cq.size {
+            cq.tail = 0;
+            cq.phase = !cq.phase;
+        }
+        let vector = usize::from(cq.vector);
+        self.irqs[vector].signal().expect("MSI-X eventfd");
+    }
+
+    fn admin(&mut self, sqe: &Sqe) -> (Status, u32) {
+        let qid = (sqe.cdw[0] & 0xffff) as u16;
+        let size = (sqe.cdw[0] >> 16) + 1;
+        match sqe.opcode {
+            0x06 => self.identify(sqe),
+            0x09 if sqe.cdw[0] & 0xff == 0x07 => (OK, 0),
+            0x05 => {
+                let vector = (sqe.cdw[1] >> 16) as u16;
+                if qid == 0 || self.cqs.contains_key(&qid) {
+                    (INVALID_QID, 0)
+                } else if !(2..=64).contains(&size) {
+                    (INVALID_SIZE, 0)
+                } else if usize::from(vector) >= VECTORS || sqe.cdw[1] & 0b10 == 0 {
+                    (INVALID_VECTOR, 0)
+                } else if sqe.prp1 % PAGE as u64 != 0 || sqe.cdw[1] & 1 == 0 {
+                    (INVALID_FIELD, 0)
+                } else {
+                    let cq = Cq {
+                        base: sqe.prp1,
+                        size,
+                        tail: 0,
+                        phase: true,
+                        vector,
+                    };
+                    self.cqs.insert(qid, cq);
+                    (OK, 0)
+                }
+            }
+            0x01 => {
+                let cqid = (sqe.cdw[1] >> 16) as u16;
+                if qid == 0 || self.sqs.contains_key(&qid) {
+                    (INVALID_QID, 0)
+                } else if !self.cqs.contains_key(&cqid) || cqid == 0 {
+                    (INVALID_CQ, 0)
+                } else if !(2..=64).contains(&size) {
+                    (INVALID_SIZE, 0)
+                } else if sqe.prp1 % PAGE as u64 != 0 || sqe.cdw[1] & 1 == 0 {
+                    (INVALID_FIELD, 0)
+                } else {
+                    let sq = Sq {
+                        base: sqe.prp1,
+                        size,
+                        head: 0,
+                        cqid,
+                    };
+                    self.sqs.insert(qid, sq);
+                    (OK, 0)
+                }
+            }
+            0x00 => match self.sqs.remove(&qid).filter(|_| qid != 0) {
+                Some(_) => (OK, 0),
+                None => (INVALID_QID, 0),
+            },
+            0x04 => {
+                if qid == 0 || self.sqs.values().any(|sq| sq.cqid == qid) {
+                    (INVALID_QID, 0)
+                } else {
+                    match self.cqs.remove(&qid) {
+                        Some(_) => (OK, 0),
+                        None => (INVALID_QID, 0),
+                    }
+                }
+            }
+            _ => (INVALID_OPCODE, 0),
+        }
+    }
+
+    fn identify(&mut self, sqe: &Sqe) -> (Status, u32) {
+        let mut data = vec![0_u8; IDENTIFY_LEN];
+        match sqe.cdw[0] & 0xff {
+            0x01 => {
+                data[0..2].copy_from_slice(&0x1b36_u16.to_le_bytes());
+                data[4..24].copy_from_slice(b"fake0               ");
+                data[24..64].copy_from_slice(b"userdma fake NVMe controller            ");
+                data[64..72].copy_from_slice(b"1.0     ");
+                data[77] = 5; // 128 KiB
+                data[512] = 0x66;
+                data[513] = 0x44;
+                data[516..520].copy_from_slice(&1_u32.to_le_bytes());
+            }
+            0x00 if sqe.nsid == 1 => {
+                data[0..8].copy_from_slice(&BLOCKS.to_le_bytes());
+                data[8..16].copy_from_slice(&BLOCKS.to_le_bytes());
+                data[128..132].copy_from_slice(&(9_u32 << 16).to_le_bytes());
+            }
+            0x00 => return (INVALID_NAMESPACE, 0),
+            _ => return (INVALID_FIELD, 0),
+        }
+        if sqe.prp1 % 4 != 0 {
+            return (INVALID_FIELD, 0);
+        }
+        match self.window(sqe.prp1, IDENTIFY_LEN) {
+            Some(window) => {
+                window.slice().write_from(0, &data).expect("identify data");
+                (OK, 0)
+            }
+            None => (DATA_TRANSFER, 0),
+        }
+    }
+
+    /// The (IOVA, length) pieces of `len` bytes described by PRP1/PRP2.
+    fn prps(&mut self, sqe: &Sqe, len: usize) -> Option<Vec<(u64, usize)>> {
+        let offset = (sqe.prp1 % PAGE as u64) as usize;
+        if offset % 4 != 0 {
+            return None;
+        }
+        let first = len.min(PAGE - offset);
+        let mut pieces = vec![(sqe.prp1, first)];
+        let mut left = len - first;
+        if left == 0 {
+            return Some(pieces);
+        }
+        if offset != 0 {
+            self.seen.lock().expect("seen").in_page += 1;
+        }
+        let pages = left.div_ceil(PAGE);
+        let entries: Vec<u64> = if pages == 1 {
+            vec![sqe.prp2]
+        } else {
+            self.seen.lock().expect("seen").prp_lists += 1;
+            if sqe.prp2 % 8 != 0 || pages > PAGE / 8 {
+                return None;
+            }
+            let window = self.window(sqe.prp2, pages * 8)?;
+            let mut bytes = vec![0_u8; pages * 8];
+            window.slice().read_into(0, &mut bytes).ok()?;
+            bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect()
+        };
+        for entry in entries {
+            if entry % PAGE as u64 != 0 {
+                return None;
+            }
+            let n = left.min(PAGE);
+            pieces.push((entry, n));
+            left -= n;
+        }
+        Some(pieces)
+    }
+
+    fn io(&mut self, sqe: &Sqe) -> (Status, u32) {
+        match sqe.opcode {
+            0x00 => return (OK, 0),
+            0x01 | 0x02 => {}
+            _ => return (INVALID_OPCODE, 0),
+        }
+        if sqe.nsid != 1 {
+            return (INVALID_NAMESPACE, 0);
+        }
+        let slba = u64::from(sqe.cdw[0]) | (u64::from(sqe.cdw[1]) << 32);
+        let blocks = u64::from(sqe.cdw[2] & 0xffff) + 1;
+        if slba.checked_add(blocks).is_none_or(|end| end > BLOCKS) {
+            return (LBA_RANGE, 0);
+        }
+        let len = blocks as usize * LBA_SIZE;
+        let Some(pieces) = self.prps(sqe, len) else {
+            return (INVALID_FIELD, 0);
+        };
+        let mut disk = self.disk.lock().expect("disk");
+        let mut at = slba as usize * LBA_SIZE;
+        for (iova, n) in pieces {
+            let Some(window) = self.space.translate(iova, n) else {
+                return (DATA_TRANSFER, 0);
+            };
+            let slice = window.slice();
+            if sqe.opcode == 0x01 {
+                slice
+                    .read_into(0, &mut disk[at..at + n])
+                    .expect("write data");
+            } else if !self.faults.empty_reads {
+                let mut data = disk[at..at + n].to_vec();
+                if self.faults.corrupt_reads {
+                    data[0] ^= 0x10;
+                }
+                slice.write_from(0, &data).expect("read data");
+            }
+            at += n;
+        }
+        (OK, 0)
+    }
+}
