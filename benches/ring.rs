@@ -14,6 +14,10 @@
 //!   with phase), the host sees the completion (busy-polling) and takes the payload back;
 //!   baselines: a pair of `rtrb` rings and a pair of `ArrayQueue`s, and `floor`, one value
 //!   bounced between two cores through one cache line each way.
+//! - `doorbell`: one 32-bit doorbell write, single-threaded, on the loopback device's BAR
+//!   (shared memory): through the type-erased block (`DynBlock::write`: bounds check and a
+//!   call through the backend) and through the block's `RawRegister` (one atomic store, what
+//!   `ring::Doorbells` does), against a plain `AtomicU32` `Release` store.
 //!
 //! Host and device threads are pinned to CPUs 0 and 1 where the machine has them. On a busy
 //! machine, run it under a real-time class so other load stays off the two CPUs:
@@ -24,7 +28,7 @@
 //! ```
 
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -33,7 +37,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use crossbeam_queue::ArrayQueue;
 use userdma::dma::{Loopback, Space};
 use userdma::memory::{PageSize, Region};
-use userdma::mmio::{Block, Shared};
+use userdma::mmio::{Block, Shared, Width};
 use userdma::ring::{
     Command, Config, DeviceQueue, Doorbells, Layout, Memory, Pod, Queue, Status, Submission,
 };
@@ -489,6 +493,38 @@ fn roundtrip(c: &mut Criterion) {
     group.finish();
 }
 
+fn doorbell(c: &mut Criterion) {
+    let mut group = c.benchmark_group("doorbell");
+    pin(0);
+    let block = Block::new(Shared::new(512)).erase();
+    let mut value = 0u32;
+    group.bench_function("block", |b| {
+        b.iter(|| {
+            value = value.wrapping_add(1);
+            block.write::<u32>(black_box(128), value).unwrap();
+        })
+    });
+    let register = block
+        .raw_register(128, Width::U32)
+        .unwrap()
+        .expect("a shared-memory BAR serves 32-bit registers directly");
+    group.bench_function("raw", |b| {
+        b.iter(|| {
+            value = value.wrapping_add(1);
+            // SAFETY: `block`, whose backend handed out the register, lives; it is 32-bit.
+            unsafe { black_box(&register).write_u32(value) };
+        })
+    });
+    let word = AtomicU32::new(0);
+    group.bench_function("AtomicU32", |b| {
+        b.iter(|| {
+            value = value.wrapping_add(1);
+            black_box(&word).store(value, Ordering::Release);
+        })
+    });
+    group.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_secs(1))
@@ -499,6 +535,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = handoff, roundtrip
+    targets = handoff, roundtrip, doorbell
 }
 criterion_main!(benches);

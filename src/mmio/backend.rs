@@ -7,7 +7,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::ptr::{self, NonNull};
 
-use super::{check, Backend, Error, Width};
+use super::{check, Backend, Error, RawRegister, Width};
 use crate::sync::{Arc, AtomicU32, Mutex, Ordering};
 
 /// A mapped register window (a BAR `mmap`ed from VFIO, UIO or sysfs): every access is one
@@ -97,6 +97,17 @@ impl Backend for Direct {
             }
         }
         Ok(())
+    }
+
+    /// Every register of a mapped BAR is one volatile access away.
+    fn raw_register(&self, offset: usize, width: Width) -> Option<RawRegister> {
+        check(offset, width, self.len).ok()?;
+        // SAFETY: `check` put the register inside the window, at an offset that is a multiple
+        // of its width from an 8-byte aligned base (`new` checked it), so the address is in
+        // bounds (`add` stays in the mapping) and aligned for the width. The window stays
+        // mapped, readable and writable while this value or any clone lives, and is touched
+        // only by volatile accesses (`new`'s contract), which is `RawRegister::volatile`'s.
+        Some(unsafe { RawRegister::volatile(self.ptr.add(offset), width) })
     }
 }
 
@@ -248,6 +259,24 @@ impl Shared {
         self.word(index).store(value, Ordering::Release);
     }
 
+    /// Word `index` as a [`RawRegister`] (`index` inside `words`).
+    #[cfg(not(loom))]
+    fn atomic_register(&self, index: usize) -> Option<RawRegister> {
+        let word = NonNull::from(self.words.get(index)?);
+        // SAFETY: the word is an element of the `Vec` behind this value's `Arc`, which no one
+        // can resize (it is never mutably borrowed), so it stays allocated, at this address,
+        // while this value or any clone (sharing the `Arc`) lives.
+        Some(unsafe { RawRegister::atomic(word) })
+    }
+
+    /// Under loom the words are loom's model atomics, which only loom may access: no raw
+    /// register, every access goes through `read`/`write` and is modelled.
+    #[cfg(loom)]
+    fn atomic_register(&self, index: usize) -> Option<RawRegister> {
+        let _ = index;
+        None
+    }
+
     /// Replaces the bits of `mask` in word `index` with those of `bits` (a sub-word write).
     fn merge(&self, index: usize, mask: u32, bits: u32) {
         let word = self.word(index);
@@ -317,6 +346,16 @@ impl Backend for Shared {
             }
         }
         Ok(())
+    }
+
+    /// A 32-bit register is one atomic word: handed out as such. Sub-word and 64-bit registers
+    /// take more than one access (a compare-exchange, two stores): `None`.
+    fn raw_register(&self, offset: usize, width: Width) -> Option<RawRegister> {
+        if width != Width::U32 {
+            return None;
+        }
+        check(offset, width, self.len).ok()?;
+        self.atomic_register(offset / 4)
     }
 }
 

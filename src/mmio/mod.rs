@@ -54,6 +54,12 @@
 //! # }
 //! ```
 //!
+//! Hot paths that write one register over and over (a queue's doorbells) can ask the block for
+//! it once as a [`RawRegister`] ([`Block::raw_register`]): for a mapped BAR ([`Direct`]) and
+//! shared memory ([`Shared`], 32-bit registers) each access is then one volatile or atomic
+//! access, with no bounds check and no call through the backend; other backends answer `None`
+//! and keep every access.
+//!
 //! Ordering: an access through a backend is not a fence. Code that publishes memory to a device
 //! with a register write (a doorbell) puts a `fence(Release)` before the write; see the `ring`
 //! module for the full protocol.
@@ -64,8 +70,10 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 mod backend;
+mod register;
 
 pub use self::backend::{Access, Direct, FileBacked, Op, Recording, Shared};
+pub use self::register::RawRegister;
 
 /// The width of one register access.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -188,6 +196,18 @@ pub trait Backend: fmt::Debug + Send + Sync {
 
     /// Writes one register of `width` at `offset`.
     fn write(&self, offset: usize, width: Width, value: u64) -> Result<(), Error>;
+
+    /// The register of `width` at `offset` as a [`RawRegister`], if this backend serves it by
+    /// one plain memory access that a caller may make itself (a mapped BAR: a volatile access;
+    /// shared memory: an atomic one), and the offset is inside the window and aligned.
+    /// `None` (the default) when every access must go through [`Backend::read`] /
+    /// [`Backend::write`]: a `pread`/`pwrite` file, a recording double, a sub-word or split
+    /// access. The register is valid while this backend or a clone of it lives (see
+    /// [`RawRegister`] for the whole contract).
+    fn raw_register(&self, offset: usize, width: Width) -> Option<RawRegister> {
+        let _ = (offset, width);
+        None
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -202,6 +222,10 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn write(&self, offset: usize, width: Width, value: u64) -> Result<(), Error> {
         (**self).write(offset, width, value)
     }
+    fn raw_register(&self, offset: usize, width: Width) -> Option<RawRegister> {
+        // The pointee is the backend: its registers live as long as this handle does.
+        (**self).raw_register(offset, width)
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Box<B> {
@@ -215,6 +239,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     #[inline]
     fn write(&self, offset: usize, width: Width, value: u64) -> Result<(), Error> {
         (**self).write(offset, width, value)
+    }
+    fn raw_register(&self, offset: usize, width: Width) -> Option<RawRegister> {
+        // The pointee is the backend: its registers live as long as this handle does.
+        (**self).raw_register(offset, width)
     }
 }
 
@@ -465,6 +493,16 @@ impl<B: Backend> Block<B> {
     pub fn read<R: Raw>(&self, offset: usize) -> Result<R, Error> {
         let at = self.locate(offset, R::WIDTH)?;
         self.backend.read(at, R::WIDTH).map(R::from_u64)
+    }
+
+    /// The register of `width` at `offset` as a [`RawRegister`] (one volatile or atomic
+    /// access, no check and no dispatch per access), or `None` if the backend does not serve it
+    /// by plain memory (see [`Backend::raw_register`]); an offset outside the window or not
+    /// aligned is an [`Error`]. The register stays valid while this block's backend (or a
+    /// clone) lives: keep the block next to it.
+    pub fn raw_register(&self, offset: usize, width: Width) -> Result<Option<RawRegister>, Error> {
+        let at = self.locate(offset, width)?;
+        Ok(self.backend.raw_register(at, width))
     }
 
     /// Writes the `R`-wide register at `offset` (one access of that width).

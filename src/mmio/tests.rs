@@ -280,3 +280,82 @@ fn shared_is_seen_across_threads() {
     // Release/Acquire register ordering: the value written first is seen.
     assert_eq!(handle.join().unwrap(), 42);
 }
+
+#[test]
+fn raw_registers_of_plain_memory_backends() {
+    // Shared: 32-bit registers are atomic words; others go through the backend.
+    let shared = Block::new(Shared::new(32));
+    let reg = shared.raw_register(8, Width::U32).unwrap().unwrap();
+    assert!(reg.is_atomic());
+    assert_eq!(reg.width(), Width::U32);
+    // SAFETY: `shared` (the backend) lives.
+    unsafe { reg.write(0x1_2345_6789) };
+    assert_eq!(
+        shared.read::<u32>(8).unwrap(),
+        0x2345_6789,
+        "truncated to 32 bits"
+    );
+    shared.write::<u32>(8, 7).unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { reg.read_u32() }, 7);
+    for width in [Width::U8, Width::U16, Width::U64] {
+        assert!(shared.raw_register(8, width).unwrap().is_none(), "{width}");
+    }
+    // Offsets are checked against the window (relative to it), then located in the backend.
+    let window = shared.window(16, 16).unwrap();
+    let in_window = window.raw_register(4, Width::U32).unwrap().unwrap();
+    assert_eq!(
+        in_window.as_ptr().as_ptr() as usize,
+        reg.as_ptr().as_ptr() as usize + 12
+    );
+    assert!(matches!(
+        window.raw_register(16, Width::U32),
+        Err(Error::OutOfBounds { offset: 16, .. })
+    ));
+    assert!(matches!(
+        window.raw_register(2, Width::U32),
+        Err(Error::Misaligned { offset: 2, .. })
+    ));
+    // The backend itself refuses what is outside it.
+    assert!(Shared::new(8).raw_register(8, Width::U32).is_none());
+
+    // Direct: every width, volatile at base + offset.
+    let mut backing = vec![0u64; 4];
+    let ptr = NonNull::new(backing.as_mut_ptr().cast::<u8>()).unwrap();
+    {
+        // SAFETY: `backing` outlives `regs` and is not referenced while `regs` is used.
+        let regs = Block::new(unsafe { Direct::new(ptr, 32) }.unwrap());
+        let wide = regs.raw_register(16, Width::U64).unwrap().unwrap();
+        assert!(!wide.is_atomic());
+        assert_eq!(wide.as_ptr().as_ptr() as usize, ptr.as_ptr() as usize + 16);
+        // SAFETY: `regs` lives.
+        unsafe { wide.write(0x0123_4567_89ab_cdef) };
+        assert_eq!(regs.read::<u64>(16).unwrap(), 0x0123_4567_89ab_cdef);
+        let byte = regs.raw_register(3, Width::U8).unwrap().unwrap();
+        regs.write::<u8>(3, 0x5a).unwrap();
+        // SAFETY: `regs` lives.
+        assert_eq!(unsafe { byte.read() }, 0x5a);
+        let word = regs.raw_register(4, Width::U32).unwrap().unwrap();
+        // SAFETY: `regs` lives; the register is 32-bit.
+        unsafe { word.write_u32(0xfeed_f00d) };
+        assert_eq!(regs.read::<u32>(4).unwrap(), 0xfeed_f00d);
+        assert!(regs.backend().raw_register(32, Width::U8).is_none());
+        // Type-erased blocks forward the question to the backend.
+        let erased = regs.clone().erase();
+        assert!(erased.raw_register(4, Width::U32).unwrap().is_some());
+    }
+    assert_eq!(backing[2], 0x0123_4567_89ab_cdef);
+
+    // pread/pwrite and recording backends serve no raw registers: every access is theirs.
+    let file = tempfile::tempfile().unwrap();
+    let regs = Block::new(FileBacked::new(file, 0, 32));
+    assert!(regs.raw_register(0, Width::U32).unwrap().is_none());
+    let recording = Block::new(Recording::new(Shared::new(32)));
+    assert!(recording.raw_register(0, Width::U32).unwrap().is_none());
+    assert!(recording
+        .clone()
+        .erase()
+        .raw_register(0, Width::U32)
+        .unwrap()
+        .is_none());
+}

@@ -597,6 +597,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// [`Queue::push`], with the queue's state held in registers across the burst. Takes an
     /// item from `items` only when it can queue it, so what is left stays in the iterator.
     /// Returns how many were queued (0 when the ring or the ids are exhausted).
+    #[inline]
     pub fn push_burst<I: Iterator<Item = (D, T)>>(&mut self, items: &mut I) -> Result<u32, Error> {
         let room = self.sq_room()?;
         let ids = u32::try_from(self.free_ids.len()).unwrap_or(u32::MAX);
@@ -632,6 +633,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     ///
     /// # Safety
     /// As for [`Queue::post`], for every descriptor queued.
+    #[inline]
     pub unsafe fn post_burst<I: Iterator<Item = D>>(
         &mut self,
         descs: &mut I,
