@@ -201,7 +201,7 @@ fn list_text_on_a_fake_tree() {
     assert_eq!(lines[3], "");
     assert_eq!(
         lines[4],
-        "IOMMU: on (dmar0), 1 IOMMU group; VFIO no-IOMMU mode: off (vfio not loaded); drivers: vfio-pci loaded, uio_pci_generic not loaded"
+        "IOMMU: on (dmar0), 1 IOMMU group; VFIO no-IOMMU mode: off (vfio not loaded, or built without CONFIG_VFIO_NOIOMMU); drivers: vfio-pci loaded, uio_pci_generic not loaded"
     );
 }
 

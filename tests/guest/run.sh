@@ -44,6 +44,7 @@ BOOT_TIMEOUT=${BOOT_TIMEOUT:-300}
 TRIPLE=x86_64-unknown-linux-gnu
 SUITE=$OUT/cargo/$TRIPLE/release/examples/guest_suite
 NVME=$OUT/cargo/$TRIPLE/release/examples/nvme
+TOOL=$OUT/cargo/$TRIPLE/release/userdma
 # The block range the nvme example writes in the guest (the image is 1 MiB: 2048 blocks of 512
 # bytes, or 256 of 4096).
 NVME_LBA=16
@@ -216,9 +217,9 @@ log "building the guest test program (static, $TRIPLE)"
 rustup target list --installed 2>/dev/null | grep -qx "$TRIPLE" || rustup target add "$TRIPLE" ||
 	die "the Rust target $TRIPLE is not installed and rustup could not add it"
 RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$OUT/cargo \
-	cargo build --release --locked --quiet --target "$TRIPLE" --example guest_suite --example nvme ||
-	die "building the guest_suite and nvme examples failed"
-for program in "$SUITE" "$NVME"; do
+	cargo build --release --locked --quiet --target "$TRIPLE" --example guest_suite --example nvme --bin userdma ||
+	die "building the guest_suite and nvme examples and the userdma tool failed"
+for program in "$SUITE" "$NVME" "$TOOL"; do
 	file "$program" | grep -qE 'static(-pie)? linked|statically linked' || die "$program is not statically linked"
 done
 suite_boots=$("$SUITE" --boots | tr '\n' ' ')
@@ -241,6 +242,7 @@ fi
 install -m 755 "$HERE/init" "$ROOTFS/init"
 objcopy --strip-debug "$SUITE" "$ROOTFS/guest_suite"
 objcopy --strip-debug "$NVME" "$ROOTFS/nvme"
+objcopy --strip-debug "$TOOL" "$ROOTFS/userdma"
 # Uncompressed: the guest kernel unpacks it faster than it would decompress it.
 (cd "$ROOTFS" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) >"$OUT/initramfs.cpio"
 

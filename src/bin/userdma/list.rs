@@ -126,7 +126,7 @@ pub(crate) fn system_line(sysfs: &Sysfs, iommu: &Iommu) -> String {
     let noiommu = match iommu.noiommu_mode {
         Some(true) => "on",
         Some(false) => "off",
-        None => "off (vfio not loaded)",
+        None => "off (vfio not loaded, or built without CONFIG_VFIO_NOIOMMU)",
     };
     let loaded = |name: &str| {
         if sysfs.driver_loaded(name) {

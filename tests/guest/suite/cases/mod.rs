@@ -11,6 +11,7 @@ use crate::env::Env;
 use crate::failure::{ensure, Context, Failure};
 use crate::Boot;
 
+mod cli;
 mod nvme;
 mod pci;
 mod uio;
@@ -123,6 +124,11 @@ pub(crate) const ALL: &[Case] = &[
         name: "uio-intx",
         boots: EVERY,
         run: uio::intx,
+    },
+    Case {
+        name: "cli-info-vfio",
+        boots: EVERY,
+        run: cli::info_vfio,
     },
     Case {
         name: "nvme-vfio",
