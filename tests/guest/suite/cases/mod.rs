@@ -91,6 +91,11 @@ pub(crate) const ALL: &[Case] = &[
         run: vfio::reset,
     },
     Case {
+        name: "vfio-reset-nvme",
+        boots: EVERY,
+        run: vfio::reset_nvme,
+    },
+    Case {
         name: "vfio-shared-container",
         boots: IOMMU,
         run: vfio::shared_container,

@@ -724,3 +724,89 @@ pub(crate) fn device_open(env: &Env) -> Result<(), Failure> {
     drop(dev);
     bound.release()
 }
+
+/// NVMe controller registers the reset case uses: CAP (64 bits, never all zero), CC
+/// (configuration; bit 0 enables), CSTS (status; bit 0 ready), AQA, ASQ, ACQ (admin queues).
+const NVME_CAP: usize = 0x0;
+const NVME_CC: usize = 0x14;
+const NVME_CSTS: usize = 0x1c;
+const NVME_AQA: usize = 0x24;
+const NVME_ASQ: usize = 0x28;
+const NVME_ACQ: usize = 0x30;
+/// CC: enable, 64-byte SQ entries (IOSQES = 6), 16-byte CQ entries (IOCQES = 4).
+const NVME_CC_ENABLE: u32 = 1 | (6 << 16) | (4 << 20);
+
+/// A successful function reset, on the NVMe controller (which has one, unlike edu): the
+/// controller is enabled (CSTS.RDY = 1; it reads no memory until a doorbell rings), `reset`
+/// succeeds, and afterwards CC.EN and CSTS.RDY are 0 (only a reset or the host clears them), the
+/// controller still answers (CAP), and bus mastering is back on.
+pub(crate) fn reset_nvme(env: &Env) -> Result<(), Failure> {
+    let bound = env.bind(env.nvme, Driver::VfioPci)?;
+    let options = Options::new().allow_noiommu(!env.boot.has_iommu());
+    let vfio = Vfio::open_with(env.nvme, &options)
+        .context(|| format!("open {} through VFIO", env.nvme))?;
+    ensure!(
+        vfio.device_flags() & userdma::sys::vfio::VFIO_DEVICE_FLAGS_RESET != 0,
+        "the NVMe controller has no function reset (device flags {:#x})",
+        vfio.device_flags()
+    );
+    let bar = vfio
+        .bar(0)
+        .context(|| "BAR0 of the NVMe controller".to_owned())?;
+    let write32 = |offset: usize, value: u32| {
+        bar.write::<u32>(offset, value)
+            .context(|| format!("write NVMe register {offset:#x}"))
+    };
+    let write64 = |offset: usize, value: u64| {
+        bar.write::<u64>(offset, value)
+            .context(|| format!("write NVMe register {offset:#x}"))
+    };
+    let read32 = |offset: usize| {
+        bar.read::<u32>(offset)
+            .context(|| format!("read NVMe register {offset:#x}"))
+    };
+    let ready = |want: u32| -> Result<(), Failure> {
+        let start = std::time::Instant::now();
+        loop {
+            let csts = read32(NVME_CSTS)?;
+            if csts & 1 == want {
+                return Ok(());
+            }
+            ensure!(
+                start.elapsed() < Duration::from_secs(5),
+                "CSTS {csts:#x}: RDY did not become {want} within 5 s"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    write32(NVME_CC, 0)?;
+    ready(0)?;
+    write32(NVME_AQA, 0x001f_001f)?;
+    write64(NVME_ASQ, 0x10_0000)?;
+    write64(NVME_ACQ, 0x20_0000)?;
+    write32(NVME_CC, NVME_CC_ENABLE)?;
+    ready(1)?;
+    vfio.reset().context(|| format!("reset {}", env.nvme))?;
+    let cc = read32(NVME_CC)?;
+    let csts = read32(NVME_CSTS)?;
+    ensure!(
+        cc & 1 == 0 && csts & 1 == 0,
+        "after the reset CC is {cc:#x} and CSTS {csts:#x} (want EN and RDY clear)"
+    );
+    let cap: u64 = bar.read(NVME_CAP).context(|| "read CAP".to_owned())?;
+    ensure!(
+        cap != 0 && cap != u64::MAX,
+        "CAP reads {cap:#x} after the reset"
+    );
+    let command: u16 = vfio
+        .config_read(PCI_COMMAND)
+        .context(|| "read the command register".to_owned())?;
+    ensure!(
+        command & PCI_COMMAND_MASTER != 0,
+        "bus mastering off after reset ({command:#06x})"
+    );
+    println!("INFO vfio-reset-nvme: enabled, reset: CC {cc:#x}, CSTS {csts:#x}, CAP {cap:#x}");
+    drop(bar);
+    drop(vfio);
+    bound.release()
+}
