@@ -31,6 +31,7 @@ use serde::Serialize;
 
 use crate::{dma, irq, memory, mmio, pci, ring};
 
+mod config;
 pub mod loopback;
 pub mod uio;
 pub mod vfio;

@@ -16,12 +16,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use userdma_sys::pci::{
-    PCI_COMMAND, PCI_COMMAND_INTX_DISABLE, PCI_COMMAND_MASTER, PCI_COMMAND_MEMORY,
-};
+use userdma_sys::pci::{PCI_COMMAND, PCI_COMMAND_INTX_DISABLE};
 use userdma_sys::uio::{UIO_DEV_PREFIX, UIO_NAME_PREFIX};
 
-use super::{Device, Error, Identity, Kind};
+use super::{config, Device, Error, Identity, Kind};
 use crate::dma::{self, Mapping, Space, Stats};
 use crate::memory::Region;
 use crate::mmio::{self, Block, Direct, FileBacked, Raw};
@@ -203,38 +201,17 @@ impl Uio {
 
     /// Reads a `u8`/`u16`/`u32` of configuration space at `offset`.
     pub fn config_read<T: Raw>(&self, offset: u16) -> Result<T, Error> {
-        self.config
-            .read(usize::from(offset))
-            .map_err(|source| Error::ConfigAccess {
-                bdf: self.bdf,
-                offset,
-                source,
-            })
+        config::read(&self.config, self.bdf, offset)
     }
 
     /// Writes a `u8`/`u16`/`u32` of configuration space at `offset`.
     pub fn config_write<T: Raw>(&self, offset: u16, value: T) -> Result<(), Error> {
-        self.config
-            .write(usize::from(offset), value)
-            .map_err(|source| Error::ConfigAccess {
-                bdf: self.bdf,
-                offset,
-                source,
-            })
+        config::write(&self.config, self.bdf, offset, value)
     }
 
     /// Turns bus mastering (and memory decoding) on, or bus mastering off.
     pub fn set_bus_master(&self, on: bool) -> Result<(), Error> {
-        let command: u16 = self.config_read(PCI_COMMAND)?;
-        let wanted = if on {
-            command | PCI_COMMAND_MASTER | PCI_COMMAND_MEMORY
-        } else {
-            command & !PCI_COMMAND_MASTER
-        };
-        if wanted != command {
-            self.config_write(PCI_COMMAND, wanted)?;
-        }
-        Ok(())
+        config::set_bus_master(&self.config, self.bdf, on)
     }
 
     /// Whether INTx is masked (`INTX_DISABLE` set).

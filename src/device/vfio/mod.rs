@@ -36,13 +36,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde::Serialize;
-use userdma_sys::pci::{PCI_COMMAND, PCI_COMMAND_MASTER, PCI_COMMAND_MEMORY};
 use userdma_sys::vfio::{
     vfio_pci_hot_reset_info, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_SET_ACTION_MASK,
     VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_CONFIG_REGION_INDEX,
 };
 
-use super::{Device, Error, Identity, Kind};
+use super::{config, Device, Error, Identity, Kind};
 use crate::mmio::{self, Block, FileBacked, Raw};
 use crate::sync::Mutex;
 use crate::{dma, irq, pci};
@@ -414,40 +413,19 @@ impl Vfio {
 
     /// Reads a `u8`/`u16`/`u32` of configuration space at `offset`.
     pub fn config_read<T: Raw>(&self, offset: u16) -> Result<T, Error> {
-        self.config
-            .read(usize::from(offset))
-            .map_err(|source| Error::ConfigAccess {
-                bdf: self.bdf,
-                offset,
-                source,
-            })
+        config::read(&self.config, self.bdf, offset)
     }
 
     /// Writes a `u8`/`u16`/`u32` of configuration space at `offset` (VFIO virtualises some
     /// fields, and drops writes it does not allow).
     pub fn config_write<T: Raw>(&self, offset: u16, value: T) -> Result<(), Error> {
-        self.config
-            .write(usize::from(offset), value)
-            .map_err(|source| Error::ConfigAccess {
-                bdf: self.bdf,
-                offset,
-                source,
-            })
+        config::write(&self.config, self.bdf, offset, value)
     }
 
     /// Turns bus mastering (the device's DMA) on or off; on also turns memory decoding on.
     /// [`Vfio::open`] turns it on.
     pub fn set_bus_master(&self, on: bool) -> Result<(), Error> {
-        let command: u16 = self.config_read(PCI_COMMAND)?;
-        let wanted = if on {
-            command | PCI_COMMAND_MASTER | PCI_COMMAND_MEMORY
-        } else {
-            command & !PCI_COMMAND_MASTER
-        };
-        if wanted != command {
-            self.config_write(PCI_COMMAND, wanted)?;
-        }
-        Ok(())
+        config::set_bus_master(&self.config, self.bdf, on)
     }
 
     /// The devices a bus reset would reset, as the kernel says (`BDF (group N)`).
