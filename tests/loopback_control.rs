@@ -469,3 +469,84 @@ fn an_idle_engine_sleeps() {
         .unwrap();
     assert!(queue.wait(TIMEOUT).unwrap().entry.is_success());
 }
+
+/// The CPUs this thread may run on, from `/proc/thread-self/status` (`Cpus_allowed_list`,
+/// ranges like `0-3,8`).
+fn allowed_cpus(status_dir: &str) -> Vec<u32> {
+    let status = std::fs::read_to_string(format!("{status_dir}/status")).expect("procfs");
+    let list = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list")
+        .trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()),
+            None => cpus.push(part.parse().unwrap()),
+        }
+    }
+    cpus
+}
+
+/// The `/proc/self/task` directory of the thread named `name`.
+fn thread_dir(name: &str) -> String {
+    for entry in std::fs::read_dir("/proc/self/task").expect("procfs") {
+        let dir = entry.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim() == name {
+            return dir.display().to_string();
+        }
+    }
+    panic!("no thread named {name}");
+}
+
+#[test]
+fn a_pinned_engine_runs_on_its_cpu_only() {
+    let cpus = allowed_cpus("/proc/thread-self");
+    // The last CPU this thread may use: on a machine with several, not where the scheduler
+    // would put the engine by default anyway.
+    let cpu = *cpus.last().expect("at least one CPU");
+    let device = device_with(
+        Config::default()
+            .cost(Cost::zero())
+            .name("pinned-engine")
+            .engine_cpu(cpu),
+    );
+    assert_eq!(device.config().engine_cpu_pin(), Some(cpu));
+    assert_eq!(allowed_cpus(&thread_dir("pinned-engine")), vec![cpu]);
+    // This thread keeps its own CPUs.
+    assert_eq!(allowed_cpus("/proc/thread-self"), cpus);
+    let host = host_memory(&device, 4096);
+    let mut queue: Queue<Command, Status, ()> = device
+        .open_queue(ring::Config::new(16), Wait::Interrupt)
+        .unwrap();
+    queue
+        .submit(to_device(host.iova(0).unwrap(), 0, 64), ())
+        .unwrap();
+    assert!(queue.wait(TIMEOUT).unwrap().entry.is_success());
+}
+
+#[test]
+fn an_engine_cpu_the_process_may_not_use_is_refused() {
+    let cpus = allowed_cpus("/proc/thread-self");
+    // Beyond any CPU set the kernel takes, and (on a machine where this process is not
+    // allowed everywhere) a CPU outside its set.
+    let mut bad = vec![4096, u32::MAX];
+    if let Some(outside) = (0..1024).find(|cpu| !cpus.contains(cpu)) {
+        bad.push(outside);
+    }
+    for cpu in bad {
+        let config = Config::default()
+            .cost(Cost::zero())
+            .memory_size(1 << 20)
+            .engine_cpu(cpu);
+        match Loopback::new(config) {
+            Err(err @ Error::Config { field, value, .. }) => {
+                assert_eq!((field, value), ("engine_cpu", u64::from(cpu)));
+                assert!(err.to_string().contains("taskset"), "{err}");
+            }
+            other => panic!("engine CPU {cpu}: {other:?}"),
+        }
+    }
+}

@@ -226,3 +226,65 @@ fn a_dead_device_process_is_reported_and_stops_its_queues() {
         Err(Error::Stopped { exit: Some(_) })
     ));
 }
+
+/// The CPUs a task may run on, from its `status` file (`Cpus_allowed_list`, like `0-3,8`).
+fn allowed_cpus(task_dir: &str) -> Vec<u32> {
+    let status = std::fs::read_to_string(format!("{task_dir}/status")).expect("procfs");
+    let list = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list")
+        .trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()),
+            None => cpus.push(part.parse().unwrap()),
+        }
+    }
+    cpus
+}
+
+#[test]
+fn the_device_process_runs_on_the_engine_cpu() {
+    let cpu = *allowed_cpus("/proc/thread-self").last().unwrap();
+    let config = Config::default()
+        .name("lb-remote-pinned")
+        .cost(Cost::zero())
+        .memory_size(1 << 20)
+        .engine_cpu(cpu)
+        .mode(Mode::Process(program()));
+    let device = Arc::new(Loopback::new(config).expect("device process"));
+    let pid = device.process_id().unwrap();
+    // Every thread of the device process, the engine's included, is on that CPU.
+    let mut engine = false;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = entry.unwrap().path().display().to_string();
+        assert_eq!(allowed_cpus(&dir), vec![cpu], "{dir}");
+        let comm = std::fs::read_to_string(format!("{dir}/comm")).unwrap();
+        engine |= comm.trim() == "loopback-engine";
+    }
+    assert!(engine, "no engine thread in the device process");
+    let host = shared_memory(&device, 4096);
+    let mut queue: Queue<Command, Status, ()> = device
+        .open_queue(ring::Config::new(16), Wait::Interrupt)
+        .unwrap();
+    assert!(run(
+        &mut queue,
+        cmd(Opcode::ToDevice, host.iova(0).unwrap(), 0, 64)
+    )
+    .is_success());
+
+    // A CPU no process can use: the device process refuses it and the host says which.
+    let config = Config::default()
+        .cost(Cost::zero())
+        .memory_size(1 << 20)
+        .engine_cpu(4096)
+        .mode(Mode::Process(program()));
+    match Loopback::new(config) {
+        Err(Error::Config { field, value, .. }) => {
+            assert_eq!((field, value), ("engine_cpu", 4096));
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -148,6 +148,10 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
         }
         let entry = self.memory.read_entry(self.layout.sq_entry(self.sq_head));
         self.sq_head = self.sq_head.wrapping_add(1);
+        if self.sq_head != self.sq_tail {
+            self.memory
+                .prefetch(self.layout.sq_entry(self.sq_head), size_of::<D>());
+        }
         Some(entry)
     }
 

@@ -450,6 +450,31 @@ impl Memory {
         unsafe { value.assume_init() }
     }
 
+    /// A hint that the entry of `size` bytes at `offset` will be read soon: starts loading its
+    /// cache lines. No effect on what any access returns; outside the memory it does nothing.
+    #[inline]
+    pub(crate) fn prefetch(&self, offset: usize, size: usize) {
+        #[cfg(all(not(loom), target_arch = "x86_64"))]
+        {
+            if offset.checked_add(size).is_some_and(|end| end <= self.len) {
+                let mut line = 0;
+                while line < size {
+                    let p = self.ptr.as_ptr().wrapping_add(offset + line);
+                    // SAFETY: a prefetch is a hint with no architectural effect; the address
+                    // is inside the mapped memory anyway.
+                    unsafe {
+                        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                            p.cast(),
+                        )
+                    };
+                    line += 64;
+                }
+            }
+        }
+        #[cfg(any(loom, not(target_arch = "x86_64")))]
+        let _ = (offset, size);
+    }
+
     /// Copies out the `count` entries of type `T` at `offset`, `offset + size`, ..., handing
     /// each to `f`: [`Memory::read_entry`] with the range checked once for the run.
     #[inline]

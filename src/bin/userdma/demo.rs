@@ -78,6 +78,10 @@ pub(crate) struct DemoArgs {
     /// Run the device engine in a child process.
     #[arg(long)]
     process: bool,
+
+    /// Pin the device engine to this CPU (one the process may use; `taskset -p <pid>`).
+    #[arg(long, value_name = "CPU")]
+    engine_cpu: Option<u32>,
 }
 
 /// Parses `4096`, `64K`, `1M` (binary multiples), a multiple of 4 from 4 bytes to 1 MiB.
@@ -370,6 +374,10 @@ pub(crate) fn run(args: &DemoArgs, json: bool) -> Result<(), DemoError> {
         .cost(cost)
         .memory_size(in_flight)
         .mode(mode);
+    let config = match args.engine_cpu {
+        Some(cpu) => config.engine_cpu(cpu),
+        None => config,
+    };
     let device = Arc::new(Loopback::new(config)?);
     // Two buffers per transfer in flight, rounded up to their size class, plus room for the
     // pool's alignment and slabs.
@@ -579,5 +587,34 @@ mod tests {
             .unwrap()
             .args;
         run(&args, true).unwrap();
+    }
+
+    #[test]
+    fn the_engine_can_be_pinned_and_a_bad_cpu_is_refused() {
+        let demo = |cpu: &str| {
+            let argv = [
+                "demo",
+                "--size",
+                "4K",
+                "--count",
+                "16",
+                "--cost",
+                "zero",
+                "--engine-cpu",
+                cpu,
+            ];
+            let args = Cli::try_parse_from(argv).unwrap().args;
+            run(&args, true)
+        };
+        demo("0").unwrap();
+        let err = demo("4096").unwrap_err();
+        let mut text = err.to_string();
+        let mut source = std::error::Error::source(&err);
+        while let Some(cause) = source {
+            text += &format!(": {cause}");
+            source = cause.source();
+        }
+        assert!(text.contains("engine_cpu") && text.contains("taskset"), "{text}");
+        assert!(Cli::try_parse_from(["demo", "--engine-cpu", "x"]).is_err());
     }
 }

@@ -37,8 +37,9 @@ const WAKE_SEQ: usize = PRIVATE;
 const SLEEPING: usize = PRIVATE + 4;
 /// 1 once the engine must stop.
 const SHUTDOWN: usize = PRIVATE + 8;
-/// Host writes to registers other than the doorbells so far.
-const CONTROL_SEQ: usize = PRIVATE + 12;
+/// Host writes to registers other than the doorbells so far. On a cache line of its own: the
+/// engine reads it after every descriptor, and the host bumps `WAKE_SEQ` on every doorbell.
+const CONTROL_SEQ: usize = PRIVATE + 64;
 /// Bytes of the register file: the BAR and the private page.
 const FILE_LEN: usize = 2 * REGISTER_BAR_SIZE;
 

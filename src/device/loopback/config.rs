@@ -44,12 +44,13 @@ pub struct Config {
     cost: Cost,
     max_burst: u32,
     idle_spin: Duration,
+    pub(super) engine_cpu: Option<u32>,
     pub(super) mode: Mode,
 }
 
 impl Default for Config {
     /// `loopback0`: 4 queues, 64 MiB of device memory, depth up to 4096, a 48-bit DMA mask, the
-    /// [`Cost::npu`] model, bursts of 32, 50 µs of idle spinning, a thread.
+    /// [`Cost::npu`] model, bursts of 32, 50 µs of idle spinning, a thread on any CPU.
     fn default() -> Config {
         Config {
             name: "loopback0".into(),
@@ -60,6 +61,7 @@ impl Default for Config {
             cost: Cost::npu(),
             max_burst: 32,
             idle_spin: Duration::from_micros(50),
+            engine_cpu: None,
             mode: Mode::Thread,
         }
     }
@@ -124,6 +126,17 @@ impl Config {
         self
     }
 
+    /// Runs the engine on CPU `cpu` only (its thread, or the device process), as a DMA engine
+    /// is a piece of hardware of its own: the host's threads then never share its core, and
+    /// measurements of it do not move with the scheduler. `cpu` must be one the process may
+    /// run on (`taskset -p <pid>` lists them); [`Loopback::new`](super::Loopback::new) fails
+    /// with [`Error::Config`] otherwise. Default: wherever the scheduler puts it.
+    #[must_use]
+    pub fn engine_cpu(mut self, cpu: u32) -> Config {
+        self.engine_cpu = Some(cpu);
+        self
+    }
+
     /// Where the engine runs.
     #[must_use]
     pub fn mode(mut self, mode: Mode) -> Config {
@@ -149,6 +162,11 @@ impl Config {
     /// Where the engine runs.
     pub fn engine_mode(&self) -> &Mode {
         &self.mode
+    }
+
+    /// The CPU the engine is pinned to, if any.
+    pub fn engine_cpu_pin(&self) -> Option<u32> {
+        self.engine_cpu
     }
 
     pub(super) fn check(&self) -> Result<(), Error> {
@@ -192,7 +210,17 @@ impl Config {
             cost: self.cost,
             max_burst: self.max_burst,
             idle_spin: self.idle_spin,
+            cpu: self.engine_cpu,
         }
+    }
+}
+
+/// The error for an engine CPU the engine could not be pinned to.
+pub(super) fn bad_engine_cpu(cpu: Option<u32>) -> Error {
+    Error::Config {
+        field: "engine_cpu",
+        value: cpu.map_or(u64::MAX, u64::from),
+        expected: "a CPU this process may run on; `taskset -p <pid>` lists them",
     }
 }
 
@@ -216,7 +244,8 @@ pub struct Counters {
     pub context_switches: u64,
     /// Error completions.
     pub errors: u64,
-    /// Nanoseconds spent executing (including modelled time).
+    /// Nanoseconds spent executing (including modelled time; see [`regs::GlobalRegs::busy_ns`]
+    /// for when it is brought up to date).
     pub busy_ns: u64,
     /// Interrupts raised.
     pub interrupts: u64,

@@ -30,6 +30,8 @@ pub(super) struct Settings {
     pub(super) cost: Cost,
     pub(super) max_burst: u32,
     pub(super) idle_spin: Duration,
+    /// The CPU to run on, if pinned.
+    pub(super) cpu: Option<u32>,
 }
 
 /// A queue the engine serves. Field order matters: the device queue (which accesses the ring)
@@ -322,7 +324,8 @@ impl Engine {
     /// how many.
     ///
     /// Each completion is written after the counters that include it (a host that sees it sees
-    /// them). Interrupts: after each completion the engine peeks at the ring's interrupt flag
+    /// them), the busy time of the zero-cost model aside: that is read once for the whole burst
+    /// and added after it. Interrupts: after each completion the engine peeks at the ring's interrupt flag
     /// (a plain load, no fence) and raises the vector if the host armed it; once per burst, if
     /// completions were written since the last interrupt, it checks the flag behind the
     /// `fence(SeqCst)` of the wake-up protocol ([`DeviceQueue::interrupt`]), so a host that
@@ -349,8 +352,11 @@ impl Engine {
         // Completions written since the last interrupt raised.
         let mut unsignalled = false;
         let (mut completed, mut errors) = self.queue_totals[q];
-        // One clock read per descriptor: each one's time runs from the end of the previous.
-        let mut began = Instant::now();
+        // With a cost model, one clock read per descriptor: each one's time runs from the end
+        // of the previous, and the modelled time is waited for. With none, the burst's time is
+        // read once at each end and added to the busy counter after the burst.
+        let burst_began = Instant::now();
+        let mut began = burst_began;
         while done < self.settings.max_burst {
             match active.queue.cq_room() {
                 Ok(0) => break,
@@ -366,23 +372,21 @@ impl Engine {
             let outcome = ops::execute(&command, active.context, self.dram, &mut self.host);
             let switch = self.last_context.is_some_and(|c| c != active.context);
             self.last_context = Some(active.context);
+            let t = &mut self.totals;
             if timed {
                 let modelled = cost.charge(outcome.dma_bytes, outcome.compute_bytes, switch);
                 Clock::wait_until(self.clock.charge(began, modelled));
+                let ended = Instant::now();
+                t.busy_ns = t.busy_ns.saturating_add(nanos(ended.duration_since(began)));
+                began = ended;
+                file.set64(regs::BUSY_NS.offset(), t.busy_ns);
             }
-            let ended = Instant::now();
-            let t = &mut self.totals;
             t.descriptors += 1;
             t.switches += u64::from(switch);
-            t.busy_ns = t.busy_ns.saturating_add(
-                u64::try_from(ended.duration_since(began).as_nanos()).unwrap_or(u64::MAX),
-            );
-            began = ended;
             completed += 1;
             // The counters this descriptor moved (the interrupt count is published when one
             // is raised): plain stores, no more per descriptor than needed.
             file.set64(regs::DESCRIPTORS.offset(), t.descriptors);
-            file.set64(regs::BUSY_NS.offset(), t.busy_ns);
             if switch {
                 file.set64(regs::CONTEXT_SWITCHES.offset(), t.switches);
             }
@@ -423,6 +427,13 @@ impl Engine {
                 break;
             }
         }
+        if !timed && done > 0 {
+            let t = &mut self.totals;
+            t.busy_ns = t
+                .busy_ns
+                .saturating_add(nanos(Instant::now().duration_since(burst_began)));
+            file.set64(regs::BUSY_NS.offset(), t.busy_ns);
+        }
         if unsignalled && matches!(active.queue.interrupt(), Ok(true)) {
             self.vectors.raise(q);
         }
@@ -433,6 +444,11 @@ impl Engine {
         }
         done
     }
+}
+
+/// `time` in whole nanoseconds, saturating.
+fn nanos(time: Duration) -> u64 {
+    u64::try_from(time.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The interrupt vectors: one eventfd per queue, the mask and pending registers.

@@ -78,9 +78,15 @@
 //! With [`Cost::zero`], a descriptor is: the checks, one translation (the engine keeps the
 //! mapping it resolved last and looks again only when the table changed, so a run of
 //! descriptors into one mapping takes no lock), the copy itself (`ptr::copy_nonoverlapping`
-//! between the translated host address and device memory, what a DMA engine does), one clock
-//! read for the busy counter, plain stores of the counters and the completion, and a peek at
-//! the interrupt flag; the `fence(SeqCst)` of the interrupt handshake is paid once per burst.
+//! between the translated host address and device memory, what a DMA engine does), plain
+//! stores of the counters and the completion, and a peek at the interrupt flag; the clock is
+//! read at the two ends of a burst (the busy counter grows once per burst; with a cost model,
+//! which must time each descriptor, once per descriptor) and the `fence(SeqCst)` of the
+//! interrupt handshake is paid once per burst. The next entry's cache lines are prefetched
+//! while one executes, and the word the engine checks for control writes after every
+//! descriptor sits on a cache line of its own, away from the one every doorbell bumps.
+//!
+//! [`Config::engine_cpu`] pins the engine (its thread, or the device process) to one CPU.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -211,13 +217,25 @@ impl Loopback {
                     engine_irqs,
                 );
                 let keep = Arc::clone(&dram);
+                let cpu = config.engine_cpu;
+                let (pinned_tx, pinned_rx) = std::sync::mpsc::sync_channel(1);
                 let handle = std::thread::Builder::new()
                     .name(config.name.clone())
                     .spawn(move || {
-                        engine.run();
+                        let pinned = cpu.map_or(Ok(()), shim::pin_to_cpu).is_ok();
+                        // The receiver waits for this one message below.
+                        let _ = pinned_tx.send(pinned);
+                        if pinned {
+                            engine.run();
+                        }
                         drop(keep);
                     })
                     .map_err(|source| Error::Thread { source })?;
+                if pinned_rx.recv() != Ok(true) {
+                    // The thread ends without running the engine (or died before telling).
+                    let _ = handle.join();
+                    return Err(config::bad_engine_cpu(cpu));
+                }
                 let space: Arc<dyn dma::Space> = Arc::new(table);
                 (Runner::Thread(Mutex::new(Some(handle))), space)
             }

@@ -9,7 +9,7 @@
 //!
 //! | message | words after the tag | descriptors | the child |
 //! |---|---|---|---|
-//! | `HELLO` (1) | queues, max depth, DMA mask bits, device memory bytes, the four cost figures, max burst, idle spin ns | register file, device memory, one eventfd per queue | maps them, starts the engine |
+//! | `HELLO` (1) | queues, max depth, DMA mask bits, device memory bytes, the four cost figures, max burst, idle spin ns, engine CPU + 1 (0: not pinned) | register file, device memory, one eventfd per queue | maps them, starts the engine |
 //! | `MAP` (2) | IOVA, length, offset in the file, file length, page size | the region's file | maps it into its translation table |
 //! | `UNMAP` (3) | IOVA | — | removes the entry |
 //!
@@ -264,7 +264,7 @@ pub(super) fn spawn(program: &Program, hello: Hello<'_>) -> Result<Remote, Error
         s.cost.context_switch_ns,
         u64::from(s.max_burst),
         u64::try_from(s.idle_spin.as_nanos()).unwrap_or(u64::MAX),
-        0,
+        s.cpu.map_or(0, |cpu| u64::from(cpu) + 1),
         0,
         0,
         0,
@@ -282,6 +282,12 @@ pub(super) fn spawn(program: &Program, hello: Hello<'_>) -> Result<Remote, Error
         Ok(()) => Ok(remote),
         Err(err) => {
             remote.stop(Duration::from_secs(1));
+            let pinning = matches!(&err, Error::Control { operation: "HELLO", source }
+                if source.raw_os_error() == Some(libc::EINVAL));
+            if pinning && s.cpu.is_some() {
+                // The one HELLO the device refuses with EINVAL: it could not take that CPU.
+                return Err(super::config::bad_engine_cpu(s.cpu));
+            }
             match (err, remote.exit_status()) {
                 (Error::Stopped { .. } | Error::Control { .. }, Some(exit)) => {
                     Err(Error::Stopped { exit: Some(exit) })
@@ -563,7 +569,19 @@ pub fn serve_process() -> Result<(), Error> {
         },
         max_burst: u32::try_from(m[9]).map_err(|_| malformed("max burst"))?,
         idle_spin: Duration::from_nanos(m[10]),
+        cpu: match m[11] {
+            0 => None,
+            cpu => Some(u32::try_from(cpu - 1).map_err(|_| malformed("engine CPU"))?),
+        },
     };
+    if let Some(cpu) = settings.cpu {
+        // The engine thread spawned below inherits the mask. A CPU the process may not use is
+        // the host's configuration error: say so (EINVAL) and stop.
+        if shim::pin_to_cpu(cpu).is_err() {
+            ack(socket.as_fd(), HELLO, libc::EINVAL)?;
+            return Err(super::config::bad_engine_cpu(Some(cpu)));
+        }
+    }
     let dram_len = usize::try_from(m[4]).map_err(|_| malformed("device memory size"))?;
     let file = Arc::new(RegisterFile::from_fd(file_fd)?);
     let dram = Arc::new(map_fd("device memory", dram_fd, dram_len, PageSize::Base)?);

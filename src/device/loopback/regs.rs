@@ -62,7 +62,9 @@ pub struct GlobalRegs {
     pub context_switches: u64,
     /// RO: descriptors completed with an error status.
     pub errors: u64,
-    /// RO: nanoseconds the engine spent executing descriptors (including modelled time).
+    /// RO: nanoseconds the engine spent executing descriptors (including modelled time). With
+    /// a cost model it grows before each completion; with [`Cost::zero`](super::Cost::zero),
+    /// once per burst, after the burst's completions.
     pub busy_ns: u64,
     /// RO: interrupts raised (eventfd signals).
     pub interrupts: u64,

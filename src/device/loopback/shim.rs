@@ -22,6 +22,21 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// Restricts the calling thread to `cpu` (`sched_setaffinity`).
+pub(super) fn pin_to_cpu(cpu: u32) -> io::Result<()> {
+    let cpu = usize::try_from(cpu)
+        .ok()
+        .filter(|&cpu| cpu < libc::CPU_SETSIZE as usize)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: an all-zero cpu_set_t is a valid (empty) set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu < CPU_SETSIZE`: CPU_SET writes a bit inside the set.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: the kernel reads `size_of::<cpu_set_t>()` bytes of `set`, which lives for the
+    // call.
+    check(unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) }).map(drop)
+}
+
 /// `FUTEX_WAIT` (shared, not `_PRIVATE`: the word may be in memory another process maps): sleeps
 /// while `*word == expected`, up to `timeout`. Returns normally on a wake-up, a changed value
 /// (`EAGAIN`), a signal (`EINTR`) or the timeout; callers re-check their condition.
