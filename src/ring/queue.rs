@@ -438,6 +438,20 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         index::used(self.sq_tail, self.sq_announced)
     }
 
+    /// Free SQ slots, for a caller that wants `wanted` of them before it writes (a burst that
+    /// should go to the device whole, under one doorbell). The count the queue keeps is
+    /// returned when it is at least `wanted`; only below that is the device's head read again
+    /// (a cache-line transfer), so a producer waiting for room spins here cheaply. Posted
+    /// descriptors need only SQ slots; commands also need command ids ([`Queue::in_flight`]).
+    #[inline]
+    pub fn room(&mut self, wanted: u32) -> Result<u32, Error> {
+        let room = index::room(self.sq_tail, self.sq_limit, self.layout.depth());
+        if room >= wanted {
+            return Ok(room);
+        }
+        self.sq_room_refreshed()
+    }
+
     /// What the doorbells carry.
     pub fn doorbell(&self) -> DoorbellValue {
         self.doorbell

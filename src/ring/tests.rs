@@ -811,3 +811,31 @@ fn pop_burst_reads_across_the_ring_wrap_in_order() {
         assert_eq!(reaped, 5);
     }
 }
+
+#[test]
+fn room_reads_the_device_head_only_when_short_of_what_is_wanted() {
+    // 8-byte entries, 8 per cache line, 16 deep.
+    let mut rig = setup::<()>(16, false);
+    assert_eq!(rig.queue.room(16).unwrap(), 16);
+    let mut ten = [Small::default(); 10].into_iter();
+    // SAFETY: the descriptors name no host memory.
+    assert_eq!(unsafe { rig.queue.post_burst(&mut ten) }.unwrap(), 10);
+    rig.queue.flush().unwrap();
+    assert_eq!(rig.queue.room(1).unwrap(), 6);
+    // The device takes all ten and writes its head back.
+    rig.device.fetch().unwrap();
+    assert_eq!(rig.device.pop_burst(u32::MAX, drop), 10);
+    rig.device.release();
+    // Enough room by the count the queue keeps: the head is not read again...
+    assert_eq!(rig.queue.room(6).unwrap(), 6);
+    // ...but asking for more reads it, and finds all sixteen free (the device has nothing
+    // left to read, so no line is spared).
+    assert_eq!(rig.queue.room(7).unwrap(), 16);
+    assert_eq!(rig.queue.room(16).unwrap(), 16);
+    // More than the ring holds is never there: the answer is what is free.
+    assert_eq!(rig.queue.room(17).unwrap(), 16);
+    let mut sixteen = [Small::default(); 16].into_iter();
+    // SAFETY: as above.
+    assert_eq!(unsafe { rig.queue.post_burst(&mut sixteen) }.unwrap(), 16);
+    assert_eq!(rig.queue.room(1).unwrap(), 0);
+}
