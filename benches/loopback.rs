@@ -10,12 +10,19 @@
 //! descriptor: a host-to-device transfer is one copy, as one `memcpy` is), from a source and
 //! into a destination that stay in the copying core's caches on both sides.
 //!
+//! Where this process may use CPUs 0 and 1, the engine is pinned to CPU 1
+//! (`Config::engine_cpu`) and the host thread to CPU 0, and the memcpy baseline runs on CPU 1:
+//! the core that does the loopback's copies does the baseline's, and no run measures two
+//! threads sharing a core or a thread the scheduler moved.
+//!
 //! After criterion's report, alternating short rounds of each print the ratio loopback / memcpy
 //! per size (the target is at least 0.9 from 64 KiB up). Run nothing but the ratios with
 //! `cargo bench --bench loopback -- ratios-only` (a filter no criterion benchmark matches).
 //!
 //! ```text
 //! cargo bench --bench loopback
+//! cargo bench --bench loopback -- ratios-only
+//! chrt -f 50 target/release/deps/loopback-<hash> --bench ratios-only
 //! ```
 
 use std::hint::black_box;
@@ -33,11 +40,43 @@ const SIZES: [(usize, &str); 3] = [(4 << 10, "4K"), (64 << 10, "64K"), (1 << 20,
 /// Copies per iteration.
 const BATCH: usize = 32;
 
+/// Where the threads run when this process may use CPUs 0 and 1: the engine on 1, the host
+/// thread polling it on 0, and the memcpy baseline on 1 too, the core that does the loopback's
+/// copies (cores of one machine need not copy equally fast).
+const HOST_CPU: usize = 0;
+const ENGINE_CPU: usize = 1;
+
+/// Whether this process may use CPUs 0 and 1.
+fn two_cpus() -> bool {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it in; CPU_ISSET reads
+    // bits 0 and 1, inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
+            && libc::CPU_ISSET(HOST_CPU, &set)
+            && libc::CPU_ISSET(ENGINE_CPU, &set)
+    }
+}
+
+/// Moves the calling thread to `cpu`.
+fn pin(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes a bit inside it (cpu is
+    // 0 or 1); the kernel reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        // Best effort: unpinned, the figures only get noisier.
+        let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// A zero-cost device, one polled queue, and 1 MiB of host memory mapped for it.
 struct Rig {
     queue: Queue<Command, Status, ()>,
     host: Mapping,
     device: Arc<Loopback>,
+    /// Threads pinned (see [`ENGINE_CPU`]).
+    pinned: bool,
 }
 
 impl Rig {
@@ -48,6 +87,15 @@ impl Rig {
             .memory_size(2 << 20)
             .max_burst(BATCH as u32)
             .idle_spin(Duration::from_millis(2));
+        // The engine on a core of its own, the host (polling, and copying for the baseline)
+        // on another: no run measures two threads sharing a core, or a thread that migrated.
+        let pinned = two_cpus();
+        let config = if pinned {
+            pin(HOST_CPU);
+            config.engine_cpu(ENGINE_CPU as u32)
+        } else {
+            config
+        };
         let device = Arc::new(Loopback::new(config).expect("loopback device"));
         let region = Region::builder(1 << 20)
             .page_size(PageSize::Base)
@@ -64,7 +112,19 @@ impl Rig {
             queue,
             host,
             device,
+            pinned,
         }
+    }
+
+    /// Runs `f` on the engine's core (the baseline's place), then comes back to the host's.
+    fn on_engine_cpu<R>(&self, f: impl FnOnce() -> R) -> R {
+        if !self.pinned {
+            return f();
+        }
+        pin(ENGINE_CPU);
+        let result = f();
+        pin(HOST_CPU);
+        result
     }
 
     /// `BATCH` host-to-device copies of `size` bytes: one doorbell, then poll them all back.
@@ -115,8 +175,10 @@ fn copy(c: &mut Criterion, rig: &mut Rig) {
     let mut group = c.benchmark_group("copy");
     for (size, name) in SIZES {
         group.throughput(Throughput::Bytes((size * BATCH) as u64));
-        group.bench_function(BenchmarkId::new("memcpy", name), |b| {
-            b.iter(|| memcpy(&src, &mut dst, size))
+        rig.on_engine_cpu(|| {
+            group.bench_function(BenchmarkId::new("memcpy", name), |b| {
+                b.iter(|| memcpy(&src, &mut dst, size))
+            })
         });
         group.bench_function(BenchmarkId::new("loopback", name), |b| {
             b.iter(|| rig.copy(size))
@@ -152,7 +214,8 @@ fn ratios(rig: &mut Rig) {
         let (mut plain, mut device) = (0.0f64, 0.0f64);
         let before = rig.device.counters().expect("counters");
         for _ in 0..7 {
-            plain = plain.max(rate(bytes, round, || memcpy(&src, &mut dst, size)));
+            let once = rig.on_engine_cpu(|| rate(bytes, round, || memcpy(&src, &mut dst, size)));
+            plain = plain.max(once);
             device = device.max(rate(bytes, round, || rig.copy(size)));
         }
         let after = rig.device.counters().expect("counters");

@@ -2,7 +2,8 @@
 //!
 //! - `handoff/{8B,64B}/burst{1,32}`: the pure submission handoff, the case that compares with
 //!   an SPSC queue: descriptors handed from one thread to another. The ring writes them into
-//!   DMA memory (`Queue::post`, or `Queue::post_burst` for a burst) and rings one doorbell per
+//!   DMA memory (`Queue::post`; for a burst, like rtrb's write chunk, it waits for room for the
+//!   whole burst with `Queue::room`, then `Queue::post_burst`) and rings one doorbell per
 //!   burst (posted descriptors: no completion); the device thread reads the doorbell, then the
 //!   descriptors (`DeviceQueue::fetch`, `DeviceQueue::pop_burst`) and writes its head back
 //!   (`DeviceQueue::release`), as the loopback device's engine does. Baselines carrying the
@@ -19,12 +20,20 @@
 //!   call through the backend) and through the block's `RawRegister` (one atomic store, what
 //!   `ring::Doorbells` does), against a plain `AtomicU32` `Release` store.
 //!
+//! After criterion's report (or alone, with the filter `ratios-only`, which no criterion
+//! benchmark matches), two ratio tables: ring / rtrb and ring / ArrayQueue per handoff case, and
+//! each round trip against the floor. For those, every side runs in nine alternating rounds of
+//! 60 ms (a fresh pair of threads each) and the best round of each is kept, so a burst of load
+//! from elsewhere hits every side alike; criterion's figures, taken one benchmark after
+//! another, can swing several-fold on a shared machine.
+//!
 //! Host and device threads are pinned to CPUs 0 and 1 where the machine has them. On a busy
 //! machine, run it under a real-time class so other load stays off the two CPUs:
 //!
 //! ```text
 //! cargo bench --bench ring -- --warm-up-time 1 --measurement-time 3
-//! chrt -f 50 target/release/deps/ring-<hash> --bench --warm-up-time 1 --measurement-time 3
+//! cargo bench --bench ring -- ratios-only
+//! chrt -f 50 target/release/deps/ring-<hash> --bench ratios-only
 //! ```
 
 use std::hint::black_box;
@@ -33,7 +42,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput};
 use crossbeam_queue::ArrayQueue;
 use userdma::dma::{Loopback, Space};
 use userdma::memory::{PageSize, Region};
@@ -182,72 +191,93 @@ fn timed(iters: u64, burst: u64, count: &AtomicU64, mut produce: impl FnMut(u64)
     start.elapsed()
 }
 
-fn handoff_ring<D: Item>(
-    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    burst: u64,
-) {
+/// A running handoff: the producer side (`run(iters)` hands over `iters` bursts and returns
+/// the time taken until the consumer has them all) and its consumer thread, stopped on drop.
+struct Handoff {
+    run: Box<dyn FnMut(u64) -> Duration>,
+    stop: Arc<AtomicBool>,
+    handle: Option<thread::JoinHandle<()>>,
+}
+
+impl Handoff {
+    fn new(
+        step: impl FnMut() -> u64 + Send + 'static,
+        burst: u64,
+        mut produce: impl FnMut(u64) + 'static,
+    ) -> Handoff {
+        let (stop, count) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let handle = consumer(&stop, &count, step);
+        pin(0);
+        Handoff {
+            run: Box::new(move |iters| timed(iters, burst, &count, &mut produce)),
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    fn run(&mut self, iters: u64) -> Duration {
+        (self.run)(iters)
+    }
+}
+
+impl Drop for Handoff {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(handle) = self.handle.take() {
+            handle.join().unwrap();
+        }
+    }
+}
+
+/// The ring: `post` / `post_burst` into DMA memory, one doorbell per burst; the device thread
+/// `fetch`es, `pop_burst`s and `release`s.
+fn ring_handoff<D: Item>(burst: u64) -> Handoff {
     let space = Loopback::new(48).unwrap();
     let (mut queue, mut device) = pair::<D, ()>(&space);
-    let (stop, count) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let handle = consumer(&stop, &count, move || {
+    let step = move || {
         let mut sum = 0;
         device.fetch().unwrap();
         let n = device.pop_burst(u32::MAX, |d| sum += d.value());
         device.release();
         black_box(sum);
         u64::from(n)
-    });
-    pin(0);
-    c.bench_function(
-        BenchmarkId::new("ring", format!("{}/burst{burst}", D::NAME)),
-        |b| {
-            b.iter_custom(|iters| {
-                timed(iters, burst, &count, |i| {
-                    if burst == 1 {
-                        let mut d = D::make(i);
-                        // SAFETY: the descriptor names no host memory.
-                        while let Err(rejected) = unsafe { queue.post(d) } {
-                            // Full: announce what is queued and let the device catch up.
-                            d = rejected.descriptor;
-                            queue.flush().unwrap();
-                            std::hint::spin_loop();
-                        }
-                    } else {
-                        let mut descs = (0..burst).map(|k| D::make(i * burst + k));
-                        let mut done = 0;
-                        while done < burst {
-                            // SAFETY: the descriptors name no host memory.
-                            let n = unsafe { queue.post_burst(&mut descs) }.unwrap();
-                            if n == 0 {
-                                queue.flush().unwrap();
-                                std::hint::spin_loop();
-                            }
-                            done += u64::from(n);
-                        }
-                    }
-                    // One doorbell per burst.
-                    queue.flush().unwrap();
-                })
-            })
-        },
-    );
-    stop.store(true, Ordering::Relaxed);
-    handle.join().unwrap();
+    };
+    Handoff::new(step, burst, move |i| {
+        // The DMA space the ring memory is mapped in lives as long as the producer.
+        let _ = &space;
+        if burst == 1 {
+            let mut d = D::make(i);
+            // SAFETY: the descriptor names no host memory.
+            while let Err(rejected) = unsafe { queue.post(d) } {
+                // Full: announce what is queued and let the device catch up.
+                d = rejected.descriptor;
+                queue.flush().unwrap();
+                std::hint::spin_loop();
+            }
+        } else {
+            // Like rtrb's write chunk: wait for room for the whole burst, then write it.
+            let wanted = burst as u32;
+            while queue.room(wanted).unwrap() < wanted {
+                std::hint::spin_loop();
+            }
+            let mut descs = (0..burst).map(|k| D::make(i * burst + k));
+            // SAFETY: the descriptors name no host memory.
+            let n = unsafe { queue.post_burst(&mut descs) }.unwrap();
+            debug_assert_eq!(n, wanted);
+        }
+        // One doorbell per burst.
+        queue.flush().unwrap();
+    })
 }
 
-fn handoff_rtrb<D: Item>(
-    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    burst: u64,
-) {
+/// rtrb: `push`, or a write chunk per burst; the consumer takes every readable slot as one
+/// read chunk.
+fn rtrb_handoff<D: Item>(burst: u64) -> Handoff {
     let (mut tx, mut rx) = rtrb::RingBuffer::<D>::new(DEPTH as usize);
-    let (stop, count) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let handle = consumer(&stop, &count, move || {
+    let step = move || {
         let n = rx.slots();
         if n == 0 {
             return 0;
@@ -258,48 +288,32 @@ fn handoff_rtrb<D: Item>(
         chunk.commit_all();
         black_box(sum);
         n as u64
-    });
-    pin(0);
-    c.bench_function(
-        BenchmarkId::new("rtrb", format!("{}/burst{burst}", D::NAME)),
-        |b| {
-            b.iter_custom(|iters| {
-                timed(iters, burst, &count, |i| {
-                    let n = burst as usize;
-                    if n == 1 {
-                        let mut d = D::make(i);
-                        while let Err(rtrb::PushError::Full(back)) = tx.push(d) {
-                            d = back;
-                            std::hint::spin_loop();
-                        }
-                    } else {
-                        let chunk = loop {
-                            match tx.write_chunk_uninit(n) {
-                                Ok(chunk) => break chunk,
-                                Err(_) => std::hint::spin_loop(),
-                            }
-                        };
-                        chunk.fill_from_iter((0..burst).map(|k| D::make(i * burst + k)));
-                    }
-                })
-            })
-        },
-    );
-    stop.store(true, Ordering::Relaxed);
-    handle.join().unwrap();
+    };
+    Handoff::new(step, burst, move |i| {
+        let n = burst as usize;
+        if n == 1 {
+            let mut d = D::make(i);
+            while let Err(rtrb::PushError::Full(back)) = tx.push(d) {
+                d = back;
+                std::hint::spin_loop();
+            }
+        } else {
+            let chunk = loop {
+                match tx.write_chunk_uninit(n) {
+                    Ok(chunk) => break chunk,
+                    Err(_) => std::hint::spin_loop(),
+                }
+            };
+            chunk.fill_from_iter((0..burst).map(|k| D::make(i * burst + k)));
+        }
+    })
 }
 
-fn handoff_array_queue<D: Item>(
-    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    burst: u64,
-) {
+/// crossbeam's `ArrayQueue`: one `push` per item; the consumer pops until empty.
+fn array_queue_handoff<D: Item>(burst: u64) -> Handoff {
     let queue = Arc::new(ArrayQueue::<D>::new(DEPTH as usize));
     let rx = Arc::clone(&queue);
-    let (stop, count) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let handle = consumer(&stop, &count, move || {
+    let step = move || {
         let mut n = 0;
         let mut sum = 0;
         while let Some(d) = rx.pop() {
@@ -308,189 +322,278 @@ fn handoff_array_queue<D: Item>(
         }
         black_box(sum);
         n
-    });
-    pin(0);
-    c.bench_function(
-        BenchmarkId::new("ArrayQueue", format!("{}/burst{burst}", D::NAME)),
-        |b| {
-            b.iter_custom(|iters| {
-                timed(iters, burst, &count, |i| {
-                    for k in 0..burst {
-                        let mut d = D::make(i * burst + k);
-                        while let Err(back) = queue.push(d) {
-                            d = back;
-                            std::hint::spin_loop();
-                        }
-                    }
-                })
-            })
-        },
-    );
-    stop.store(true, Ordering::Relaxed);
-    handle.join().unwrap();
+    };
+    Handoff::new(step, burst, move |i| {
+        for k in 0..burst {
+            let mut d = D::make(i * burst + k);
+            while let Err(back) = queue.push(d) {
+                d = back;
+                std::hint::spin_loop();
+            }
+        }
+    })
+}
+
+/// The three handoffs of descriptor type `D` at `burst`, by name.
+/// A named way to start a [`Handoff`] at a burst size.
+type Maker = (&'static str, fn(u64) -> Handoff);
+
+fn handoffs<D: Item>() -> [Maker; 3] {
+    [
+        ("ring", ring_handoff::<D>),
+        ("rtrb", rtrb_handoff::<D>),
+        ("ArrayQueue", array_queue_handoff::<D>),
+    ]
+}
+
+fn handoff_cases<D: Item>(
+    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    burst: u64,
+) {
+    for (name, make) in handoffs::<D>() {
+        let mut handoff = make(burst);
+        c.bench_function(
+            BenchmarkId::new(name, format!("{}/burst{burst}", D::NAME)),
+            |b| b.iter_custom(|iters| handoff.run(iters)),
+        );
+    }
 }
 
 fn handoff(c: &mut Criterion) {
     let mut group = c.benchmark_group("handoff");
     for burst in [1u64, 32] {
         group.throughput(Throughput::Elements(burst));
-        handoff_ring::<Desc8>(&mut group, burst);
-        handoff_rtrb::<Desc8>(&mut group, burst);
-        handoff_array_queue::<Desc8>(&mut group, burst);
-        handoff_ring::<Command>(&mut group, burst);
-        handoff_rtrb::<Command>(&mut group, burst);
-        handoff_array_queue::<Command>(&mut group, burst);
+        handoff_cases::<Desc8>(&mut group, burst);
+        handoff_cases::<Command>(&mut group, burst);
     }
     group.finish();
 }
 
+/// Nanoseconds per item of one round of about `time`: a fresh handoff (its own consumer
+/// thread), warmed up, then timed over whole calls.
+fn handoff_round(make: fn(u64) -> Handoff, burst: u64, time: Duration) -> f64 {
+    let mut handoff = make(burst);
+    let mut iters = 64u64;
+    // Warm up, and find a call of about a millisecond.
+    loop {
+        let took = handoff.run(iters);
+        if took >= Duration::from_millis(1) || iters >= 1 << 24 {
+            break;
+        }
+        iters *= 2;
+    }
+    let (mut total, mut items) = (Duration::ZERO, 0u64);
+    while total < time {
+        total += handoff.run(iters);
+        items += iters * burst;
+    }
+    total.as_nanos() as f64 / items as f64
+}
+
+/// The ratio table for the handoff: ring / rtrb and ring / ArrayQueue for each descriptor size
+/// and burst. The three run in alternating short rounds and the best round of each is kept,
+/// so all see the same machine (a burst of load from elsewhere hits every side, not one).
+fn handoff_ratios<D: Item>(burst: u64) {
+    let cases = handoffs::<D>();
+    let mut best = [f64::INFINITY; 3];
+    for _ in 0..9 {
+        for (k, (_, make)) in cases.iter().enumerate() {
+            best[k] = best[k].min(handoff_round(*make, burst, Duration::from_millis(60)));
+        }
+    }
+    println!(
+        "  {:>3} burst {burst:>2}: ring {:6.2} ns, rtrb {:6.2} ns, ArrayQueue {:6.2} ns per \
+         descriptor; ring / rtrb {:.2}, ring / ArrayQueue {:.2}",
+        D::NAME,
+        best[0],
+        best[1],
+        best[2],
+        best[0] / best[1],
+        best[0] / best[2],
+    );
+}
+
+/// Starts a device thread on CPU 1 running `step` until stopped (`step` spins itself when it
+/// finds nothing), and returns the stop flag and the thread.
+fn device_loop(
+    mut step: impl FnMut() + Send + 'static,
+) -> (Arc<AtomicBool>, thread::JoinHandle<()>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = Arc::clone(&stop);
+    let handle = spawn_device(move || {
+        while !s.load(Ordering::Relaxed) {
+            step();
+        }
+    });
+    pin(0);
+    (stop, handle)
+}
+
+/// A running round trip: `run(iters)` does `iters` of them, one at a time.
+fn trip(
+    (stop, handle): (Arc<AtomicBool>, thread::JoinHandle<()>),
+    mut once: impl FnMut(u64) + 'static,
+) -> Handoff {
+    let mut next = 0u64;
+    Handoff {
+        run: Box::new(move |iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                next += 1;
+                once(next);
+            }
+            start.elapsed()
+        }),
+        stop,
+        handle: Some(handle),
+    }
+}
+
+/// The floor: one value bounced between the cores, one cache line each way.
+fn floor_trip(_: u64) -> Handoff {
+    let ping = Arc::new(AtomicU64::new(0));
+    let pong = Arc::new(AtomicU64::new(0));
+    let (p, q) = (Arc::clone(&ping), Arc::clone(&pong));
+    let mut last = 0;
+    let device = device_loop(move || {
+        let v = p.load(Ordering::Acquire);
+        if v != last {
+            last = v;
+            q.store(v, Ordering::Release);
+        } else {
+            std::hint::spin_loop();
+        }
+    });
+    trip(device, move |next| {
+        ping.store(next, Ordering::Release);
+        while pong.load(Ordering::Acquire) != next {
+            std::hint::spin_loop();
+        }
+    })
+}
+
+/// The ring: submit (descriptor, payload into the in-flight table, doorbell), the device
+/// completes it, the host polls the completion and takes the payload back.
+fn ring_trip(_: u64) -> Handoff {
+    let space = Loopback::new(48).unwrap();
+    let (mut queue, mut device) = pair::<Command, ()>(&space);
+    let device = device_loop(move || {
+        device.fetch().unwrap();
+        let mut any = false;
+        while let Some(command) = device.pop() {
+            device
+                .complete(Status::new(command.command_id, 0, command.src))
+                .unwrap();
+            any = true;
+        }
+        if any {
+            device.release();
+            device.interrupt().unwrap();
+        } else {
+            std::hint::spin_loop();
+        }
+    });
+    trip(device, move |next| {
+        // The DMA space the ring memory is mapped in lives as long as the queue.
+        let _ = &space;
+        queue.submit(Command::make(next), ()).unwrap();
+        loop {
+            if let Some(done) = queue.poll_one().unwrap() {
+                black_box(done.entry.result);
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    })
+}
+
+/// rtrb: one ring each way.
+fn rtrb_trip(_: u64) -> Handoff {
+    let (mut to_dev, mut dev_rx) = rtrb::RingBuffer::<Command>::new(DEPTH as usize);
+    let (mut dev_tx, mut from_dev) = rtrb::RingBuffer::<Status>::new(DEPTH as usize);
+    let device = device_loop(move || match dev_rx.pop() {
+        Ok(command) => {
+            let _ = dev_tx.push(Status::new(command.command_id, 0, command.src));
+        }
+        Err(_) => std::hint::spin_loop(),
+    });
+    trip(device, move |next| {
+        let _ = to_dev.push(Command::make(next));
+        loop {
+            if let Ok(status) = from_dev.pop() {
+                black_box(status.result);
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    })
+}
+
+/// ArrayQueue: one queue each way.
+fn array_queue_trip(_: u64) -> Handoff {
+    let to_dev = Arc::new(ArrayQueue::<Command>::new(DEPTH as usize));
+    let from_dev = Arc::new(ArrayQueue::<Status>::new(DEPTH as usize));
+    let (rx, tx) = (Arc::clone(&to_dev), Arc::clone(&from_dev));
+    let device = device_loop(move || match rx.pop() {
+        Some(command) => {
+            let _ = tx.push(Status::new(command.command_id, 0, command.src));
+        }
+        None => std::hint::spin_loop(),
+    });
+    trip(device, move |next| {
+        let _ = to_dev.push(Command::make(next));
+        loop {
+            if let Some(status) = from_dev.pop() {
+                black_box(status.result);
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    })
+}
+
+/// The round trips, by name.
+const TRIPS: [Maker; 4] = [
+    ("floor", floor_trip),
+    ("ring", ring_trip),
+    ("rtrb", rtrb_trip),
+    ("ArrayQueue", array_queue_trip),
+];
+
 fn roundtrip(c: &mut Criterion) {
     let mut group = c.benchmark_group("roundtrip");
-    pin(0);
-
-    // The floor: one cache line each way.
-    {
-        let ping = Arc::new(AtomicU64::new(0));
-        let pong = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (p, q, s) = (Arc::clone(&ping), Arc::clone(&pong), Arc::clone(&stop));
-        let handle = spawn_device(move || {
-            let mut last = 0;
-            while !s.load(Ordering::Relaxed) {
-                let v = p.load(Ordering::Acquire);
-                if v != last {
-                    last = v;
-                    q.store(v, Ordering::Release);
-                } else {
-                    std::hint::spin_loop();
-                }
-            }
-        });
-        let mut next = 0u64;
-        group.bench_function("floor", |b| {
-            b.iter(|| {
-                next += 1;
-                ping.store(next, Ordering::Release);
-                while pong.load(Ordering::Acquire) != next {
-                    std::hint::spin_loop();
-                }
-            })
-        });
-        stop.store(true, Ordering::Relaxed);
-        handle.join().unwrap();
-    }
-
-    // The ring: submit, the device completes, poll the completion.
-    {
-        let space = Loopback::new(48).unwrap();
-        let (mut queue, mut device) = pair::<Command, ()>(&space);
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = Arc::clone(&stop);
-        let handle = spawn_device(move || {
-            while !s.load(Ordering::Relaxed) {
-                device.fetch().unwrap();
-                let mut any = false;
-                while let Some(command) = device.pop() {
-                    device
-                        .complete(Status::new(command.command_id, 0, command.src))
-                        .unwrap();
-                    any = true;
-                }
-                if any {
-                    device.release();
-                    device.interrupt().unwrap();
-                } else {
-                    std::hint::spin_loop();
-                }
-            }
-        });
-        let mut next = 0u64;
-        group.bench_function("ring", |b| {
-            b.iter(|| {
-                next += 1;
-                queue.submit(Command::make(next), ()).unwrap();
-                loop {
-                    if let Some(done) = queue.poll_one().unwrap() {
-                        black_box(done.entry.result);
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
-            })
-        });
-        stop.store(true, Ordering::Relaxed);
-        handle.join().unwrap();
-    }
-
-    // rtrb: one ring each way.
-    {
-        let (mut to_dev, mut dev_rx) = rtrb::RingBuffer::<Command>::new(DEPTH as usize);
-        let (mut dev_tx, mut from_dev) = rtrb::RingBuffer::<Status>::new(DEPTH as usize);
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = Arc::clone(&stop);
-        let handle = spawn_device(move || {
-            while !s.load(Ordering::Relaxed) {
-                match dev_rx.pop() {
-                    Ok(command) => {
-                        let _ = dev_tx.push(Status::new(command.command_id, 0, command.src));
-                    }
-                    Err(_) => std::hint::spin_loop(),
-                }
-            }
-        });
-        let mut next = 0u64;
-        group.bench_function("rtrb", |b| {
-            b.iter(|| {
-                next += 1;
-                let _ = to_dev.push(Command::make(next));
-                loop {
-                    if let Ok(status) = from_dev.pop() {
-                        black_box(status.result);
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
-            })
-        });
-        stop.store(true, Ordering::Relaxed);
-        handle.join().unwrap();
-    }
-
-    // ArrayQueue: one queue each way.
-    {
-        let to_dev = Arc::new(ArrayQueue::<Command>::new(DEPTH as usize));
-        let from_dev = Arc::new(ArrayQueue::<Status>::new(DEPTH as usize));
-        let (rx, tx) = (Arc::clone(&to_dev), Arc::clone(&from_dev));
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = Arc::clone(&stop);
-        let handle = spawn_device(move || {
-            while !s.load(Ordering::Relaxed) {
-                match rx.pop() {
-                    Some(command) => {
-                        let _ = tx.push(Status::new(command.command_id, 0, command.src));
-                    }
-                    None => std::hint::spin_loop(),
-                }
-            }
-        });
-        let mut next = 0u64;
-        group.bench_function("ArrayQueue", |b| {
-            b.iter(|| {
-                next += 1;
-                let _ = to_dev.push(Command::make(next));
-                loop {
-                    if let Some(status) = from_dev.pop() {
-                        black_box(status.result);
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
-            })
-        });
-        stop.store(true, Ordering::Relaxed);
-        handle.join().unwrap();
+    for (name, make) in TRIPS {
+        let mut trip = make(1);
+        group.bench_function(name, |b| b.iter_custom(|iters| trip.run(iters)));
     }
     group.finish();
+}
+
+/// The round-trip table: each against the floor, in alternating rounds (best of each kept).
+fn roundtrip_ratios() {
+    let mut best = [f64::INFINITY; 4];
+    for _ in 0..9 {
+        for (k, (_, make)) in TRIPS.iter().enumerate() {
+            best[k] = best[k].min(handoff_round(*make, 1, Duration::from_millis(60)));
+        }
+    }
+    let line: Vec<String> = TRIPS
+        .iter()
+        .zip(best)
+        .map(|((name, _), ns)| format!("{name} {ns:.0} ns ({:.2}x)", ns / best[0]))
+        .collect();
+    println!("  round trip: {}", line.join(", "));
+}
+
+/// Handoff and round-trip ratios, after criterion's report or alone (`-- ratios-only`).
+fn ratios() {
+    println!("\ndescriptor handoff, best of 9 alternating rounds (CPU 0 -> CPU 1):");
+    for burst in [1, 32] {
+        handoff_ratios::<Desc8>(burst);
+        handoff_ratios::<Command>(burst);
+    }
+    println!("submit -> complete round trip, best of 9 alternating rounds, against the floor:");
+    roundtrip_ratios();
 }
 
 fn doorbell(c: &mut Criterion) {
@@ -525,16 +628,48 @@ fn doorbell(c: &mut Criterion) {
     group.finish();
 }
 
-fn config() -> Criterion {
-    Criterion::default()
+fn main() {
+    let mut criterion = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
         .sample_size(30)
+        .configure_from_args();
+    handoff(&mut criterion);
+    roundtrip(&mut criterion);
+    doorbell(&mut criterion);
+    criterion.final_summary();
+    if wants_ratios() {
+        ratios();
+    }
 }
 
-criterion_group! {
-    name = benches;
-    config = config();
-    targets = handoff, roundtrip, doorbell
+/// Whether to print the ratio tables: with no benchmark filter, or the filter `ratios-only`
+/// (which no criterion benchmark matches).
+fn wants_ratios() -> bool {
+    // Criterion's options that take a value.
+    const VALUED: [&str; 14] = [
+        "--warm-up-time",
+        "--measurement-time",
+        "--sample-size",
+        "--save-baseline",
+        "--baseline",
+        "--load-baseline",
+        "--output-format",
+        "--plotting-backend",
+        "--profile-time",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--nresamples",
+        "--color",
+    ];
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if VALUED.contains(&arg.as_str()) {
+            args.next();
+        } else if !arg.starts_with('-') {
+            return arg == "ratios-only";
+        }
+    }
+    true
 }
-criterion_main!(benches);
