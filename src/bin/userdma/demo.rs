@@ -614,7 +614,10 @@ mod tests {
             text += &format!(": {cause}");
             source = cause.source();
         }
-        assert!(text.contains("engine_cpu") && text.contains("taskset"), "{text}");
+        assert!(
+            text.contains("engine_cpu") && text.contains("taskset"),
+            "{text}"
+        );
         assert!(Cli::try_parse_from(["demo", "--engine-cpu", "x"]).is_err());
     }
 }
