@@ -217,6 +217,73 @@ pub struct Stats {
     pub sleeps: u64,
 }
 
+/// The SQ tail last written to the doorbell and the number of doorbell writes, kept so that a
+/// doorbell costs the queue's own memory one store: both 32-bit counters share one word, and
+/// the high halves of their 64-bit totals (which move once every 2^32) live apart. Posting one
+/// descriptor and ringing for it is then four stores (entry, tail, doorbell, this word), the
+/// count an SPSC queue's push makes; every store more is one more waiting behind the doorbell's
+/// cache-line transfer when a busy device polls it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Announced {
+    /// Low 32 bits: the SQ tail counter announced; high 32 bits: doorbells rung, modulo 2^32.
+    word: u64,
+    /// Times the announced counter wrapped past 2^32.
+    tail_wraps: u64,
+    /// Times the doorbell count wrapped past 2^32.
+    doorbell_wraps: u64,
+    /// Entries written but handed back unannounced (see `Queue::take_unannounced`).
+    discarded: u64,
+}
+
+impl Announced {
+    /// The SQ tail counter last announced.
+    #[inline]
+    pub(super) fn tail(&self) -> u32 {
+        self.word as u32
+    }
+
+    /// Records a doorbell write that announced up to `tail`.
+    #[inline]
+    pub(super) fn rang(&mut self, tail: u32) {
+        // The counter moved forward from the last announcement by less than 2^32: below it
+        // numerically means it wrapped.
+        if tail < self.tail() {
+            self.tail_wraps += 1;
+        }
+        let (count, wrapped) = ((self.word >> 32) as u32).overflowing_add(1);
+        if wrapped {
+            self.doorbell_wraps += 1;
+        }
+        self.word = (u64::from(count) << 32) | u64::from(tail);
+    }
+
+    /// Tests: as if the tail counter had been announced up to `tail` by `doorbells` doorbells
+    /// (counters started near their wrap).
+    #[cfg(test)]
+    pub(super) fn at(tail: u32, doorbells: u32) -> Announced {
+        Announced {
+            word: (u64::from(doorbells) << 32) | u64::from(tail),
+            ..Announced::default()
+        }
+    }
+
+    /// Counts `entries` written and handed back without a doorbell.
+    pub(super) fn discard(&mut self, entries: u32) {
+        self.discarded += u64::from(entries);
+    }
+
+    /// Doorbells rung.
+    pub(super) fn doorbells(&self) -> u64 {
+        (self.doorbell_wraps << 32) | (self.word >> 32)
+    }
+
+    /// SQ entries written, other than those written since the last doorbell (the tail counter
+    /// starts at 0).
+    pub(super) fn entries(&self) -> u64 {
+        ((self.tail_wraps << 32) | u64::from(self.tail())) + self.discarded
+    }
+}
+
 /// What queues have leaked so far in this process: each leaked queue keeps its ring memory
 /// mapped and its in-flight payloads alive forever, because the device could not be stopped.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -272,8 +339,8 @@ pub struct Queue<D: Submission, C: Completion, T: Send> {
     pub(super) quiesce: Option<Box<dyn Quiesce>>,
     /// Counter of the next SQ entry to write.
     pub(super) sq_tail: u32,
-    /// The SQ tail last written to the doorbell.
-    pub(super) sq_announced: u32,
+    /// The SQ tail last written to the doorbell, and the doorbell count.
+    pub(super) announced: Announced,
     /// The device's SQ head, as last read from the write-back.
     pub(super) sq_head: u32,
     /// The SQ counter the host may write up to (see `index::sq_limit`), from that head.
@@ -363,7 +430,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             interrupt: interrupt.map(std::sync::Arc::new),
             quiesce: None,
             sq_tail: 0,
-            sq_announced: 0,
+            announced: Announced::default(),
             sq_head: 0,
             sq_limit: depth - reserve,
             cq_head: 0,
@@ -430,12 +497,17 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
 
     /// What the queue has done.
     pub fn stats(&self) -> Stats {
-        self.stats
+        let mut stats = self.stats;
+        stats.sq_doorbells = self.announced.doorbells();
+        // Every SQ entry written is a command or a posted descriptor.
+        let written = self.announced.entries() + u64::from(self.unflushed());
+        stats.posted = written.saturating_sub(stats.submitted);
+        stats
     }
 
     /// Entries written since the last doorbell (waiting for [`Queue::flush`]).
     pub fn unflushed(&self) -> u32 {
-        index::used(self.sq_tail, self.sq_announced)
+        index::used(self.sq_tail, self.announced.tail())
     }
 
     /// Free SQ slots, for a caller that wants `wanted` of them before it writes (a burst that
@@ -481,12 +553,13 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         // Acquire: the device's reads of the entries before `head` happen before the host
         // overwrites those slots (pairs with the fence(Release) in `DeviceQueue::release`).
         fence(Ordering::Acquire);
-        if !index::advance_ok(self.sq_head, head, self.sq_announced) {
+        let announced = self.announced.tail();
+        if !index::advance_ok(self.sq_head, head, announced) {
             return Err(Error::DeviceSqHead {
                 queue: self.id,
                 head,
                 old: self.sq_head,
-                tail: self.sq_announced,
+                tail: announced,
             });
         }
         self.sq_head = head;
@@ -602,7 +675,6 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         }
         desc.set_command_id(POSTED);
         self.write_sq(&desc);
-        self.stats.posted += 1;
         Ok(())
     }
 
@@ -664,7 +736,6 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             Some(desc)
         });
         self.sq_tail = tail.wrapping_add(count);
-        self.stats.posted += u64::from(count);
         Ok(count)
     }
 
@@ -672,13 +743,12 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// nothing was). If the write fails, the entries stay queued and the next flush retries.
     #[inline]
     pub fn flush(&mut self) -> Result<(), Error> {
-        if self.sq_tail == self.sq_announced {
+        if self.sq_tail == self.announced.tail() {
             return Ok(());
         }
         let value = self.doorbell.encode(self.sq_tail, self.layout.depth());
         self.doorbells.ring_sq(self.id, value)?;
-        self.sq_announced = self.sq_tail;
-        self.stats.sq_doorbells += 1;
+        self.announced.rang(self.sq_tail);
         Ok(())
     }
 
@@ -750,12 +820,13 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     fn head_from(&mut self, slot: u16) -> Result<(), Error> {
         let depth = self.layout.depth();
         let head = index::counter_of_slot(self.sq_head, u32::from(slot), depth);
-        if u32::from(slot) >= depth || !index::advance_ok(self.sq_head, head, self.sq_announced) {
+        let announced = self.announced.tail();
+        if u32::from(slot) >= depth || !index::advance_ok(self.sq_head, head, announced) {
             return Err(Error::CompletionSqHead {
                 queue: self.id,
                 slot,
                 old: index::slot(self.sq_head, depth),
-                tail: index::slot(self.sq_announced, depth),
+                tail: index::slot(announced, depth),
                 depth,
             });
         }
@@ -831,7 +902,9 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// (it reads only up to the SQ tail doorbell), so they are safe to hand back.
     fn take_unannounced(&mut self) -> Vec<(u16, T)> {
         let mut taken = Vec::new();
-        while self.sq_tail != self.sq_announced {
+        self.announced
+            .discard(index::used(self.sq_tail, self.announced.tail()));
+        while self.sq_tail != self.announced.tail() {
             self.sq_tail = self.sq_tail.wrapping_sub(1);
             let desc: D = self.memory.read_entry(self.layout.sq_entry(self.sq_tail));
             let id = desc.command_id();
@@ -846,7 +919,9 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// Nothing of the queue is in the device's hands: no command in flight, every announced SQ
     /// entry read.
     fn quiet(&mut self) -> bool {
-        self.refresh_sq_head().is_ok() && self.in_flight() == 0 && self.sq_head == self.sq_announced
+        self.refresh_sq_head().is_ok()
+            && self.in_flight() == 0
+            && self.sq_head == self.announced.tail()
     }
 
     /// Keeps the ring memory and every in-flight payload alive forever, and counts it.

@@ -839,3 +839,28 @@ fn room_reads_the_device_head_only_when_short_of_what_is_wanted() {
     assert_eq!(unsafe { rig.queue.post_burst(&mut sixteen) }.unwrap(), 16);
     assert_eq!(rig.queue.room(1).unwrap(), 0);
 }
+
+#[test]
+fn doorbell_and_entry_counts_survive_their_32_bit_wraps() {
+    use super::queue::Announced;
+    let mut announced = Announced::default();
+    // Ring for 2^32 + 10 entries in steps, the tail counter wrapping once.
+    let mut tail = 0u32;
+    for step in [1u32 << 31, 1 << 31, 10] {
+        tail = tail.wrapping_add(step);
+        announced.rang(tail);
+    }
+    assert_eq!(announced.tail(), 10);
+    assert_eq!(announced.entries(), (1u64 << 32) + 10);
+    assert_eq!(announced.doorbells(), 3);
+    announced.discard(5);
+    assert_eq!(announced.entries(), (1u64 << 32) + 15);
+
+    // Three doorbells short of 2^32 of them: the doorbell count wraps too.
+    let mut announced = Announced::at(7, u32::MAX - 2);
+    for tail in 8..13 {
+        announced.rang(tail);
+    }
+    assert_eq!(announced.doorbells(), (1u64 << 32) + 2);
+    assert_eq!(announced.entries(), 12);
+}

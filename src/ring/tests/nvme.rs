@@ -449,7 +449,7 @@ fn nvme_queue_survives_the_counter_wrap() {
     let start = 0u32.wrapping_sub(4 * depth);
     let queue = &mut rig.queue;
     queue.sq_tail = start;
-    queue.sq_announced = start;
+    queue.announced = super::super::queue::Announced::at(start, 0);
     queue.sq_head = start;
     queue.sq_limit = start.wrapping_add(depth - 1);
     queue.cq_head = start;
