@@ -106,6 +106,21 @@ impl Item for Command {
     }
 }
 
+/// A value on cache lines of its own (128 bytes: the pair of lines x86 cores prefetch
+/// together), so that the harness's own shared words (the stop flag, the consumer's count, the
+/// producer's state) never share a line with each other or with the queue under test: a
+/// harness word next to a hot queue word would slow one side and not another by where the
+/// allocator happened to put it.
+#[repr(align(128))]
+struct Line<T>(T);
+
+impl<T> std::ops::Deref for Line<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 fn set_affinity(cpus: &[usize]) {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it; the call reads it.
     unsafe {
@@ -160,8 +175,8 @@ fn pair<D: Submission, T: Send>(space: &Loopback) -> (Queue<D, Status, T>, Devic
 /// A consumer thread pinned to CPU 1 that runs `step` until stopped; `step` returns how many
 /// items it consumed, added to the shared count.
 fn consumer(
-    stop: &Arc<AtomicBool>,
-    count: &Arc<AtomicU64>,
+    stop: &Arc<Line<AtomicBool>>,
+    count: &Arc<Line<AtomicU64>>,
     mut step: impl FnMut() -> u64 + Send + 'static,
 ) -> thread::JoinHandle<()> {
     let (stop, count) = (Arc::clone(stop), Arc::clone(count));
@@ -195,7 +210,7 @@ fn timed(iters: u64, burst: u64, count: &AtomicU64, mut produce: impl FnMut(u64)
 /// the time taken until the consumer has them all) and its consumer thread, stopped on drop.
 struct Handoff {
     run: Box<dyn FnMut(u64) -> Duration>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Line<AtomicBool>>,
     handle: Option<thread::JoinHandle<()>>,
 }
 
@@ -203,16 +218,20 @@ impl Handoff {
     fn new(
         step: impl FnMut() -> u64 + Send + 'static,
         burst: u64,
-        mut produce: impl FnMut(u64) + 'static,
+        produce: impl FnMut(u64) + 'static,
     ) -> Handoff {
         let (stop, count) = (
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicU64::new(0)),
+            Arc::new(Line(AtomicBool::new(false))),
+            Arc::new(Line(AtomicU64::new(0))),
         );
         let handle = consumer(&stop, &count, step);
         pin(0);
         Handoff {
-            run: Box::new(move |iters| timed(iters, burst, &count, &mut produce)),
+            run: {
+                // The producer's state (the queue under test) on lines of its own.
+                let mut produce = Line(produce);
+                Box::new(move |iters| timed(iters, burst, &count, &mut produce.0))
+            },
             stop,
             handle: Some(handle),
         }
@@ -417,8 +436,8 @@ fn handoff_ratios<D: Item>(burst: u64) {
 /// finds nothing), and returns the stop flag and the thread.
 fn device_loop(
     mut step: impl FnMut() + Send + 'static,
-) -> (Arc<AtomicBool>, thread::JoinHandle<()>) {
-    let stop = Arc::new(AtomicBool::new(false));
+) -> (Arc<Line<AtomicBool>>, thread::JoinHandle<()>) {
+    let stop = Arc::new(Line(AtomicBool::new(false)));
     let s = Arc::clone(&stop);
     let handle = spawn_device(move || {
         while !s.load(Ordering::Relaxed) {
@@ -431,16 +450,18 @@ fn device_loop(
 
 /// A running round trip: `run(iters)` does `iters` of them, one at a time.
 fn trip(
-    (stop, handle): (Arc<AtomicBool>, thread::JoinHandle<()>),
-    mut once: impl FnMut(u64) + 'static,
+    (stop, handle): (Arc<Line<AtomicBool>>, thread::JoinHandle<()>),
+    once: impl FnMut(u64) + 'static,
 ) -> Handoff {
     let mut next = 0u64;
+    // The host's state (the queue under test) on lines of its own.
+    let mut once = Line(once);
     Handoff {
         run: Box::new(move |iters| {
             let start = Instant::now();
             for _ in 0..iters {
                 next += 1;
-                once(next);
+                (once.0)(next);
             }
             start.elapsed()
         }),
@@ -451,8 +472,8 @@ fn trip(
 
 /// The floor: one value bounced between the cores, one cache line each way.
 fn floor_trip(_: u64) -> Handoff {
-    let ping = Arc::new(AtomicU64::new(0));
-    let pong = Arc::new(AtomicU64::new(0));
+    let ping = Arc::new(Line(AtomicU64::new(0)));
+    let pong = Arc::new(Line(AtomicU64::new(0)));
     let (p, q) = (Arc::clone(&ping), Arc::clone(&pong));
     let mut last = 0;
     let device = device_loop(move || {
