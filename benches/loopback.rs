@@ -207,13 +207,22 @@ fn rate(bytes: usize, time: Duration, mut f: impl FnMut()) -> f64 {
 fn ratios(rig: &mut Rig) {
     let src = vec![0x5au8; 1 << 20];
     let mut dst = vec![0u8; 1 << 20];
+    if std::env::args().any(|arg| arg == "--test") {
+        println!("\n(test mode: one short round each, to check the table runs; not a measurement)");
+    }
     println!("\nloopback copy bandwidth / memcpy bandwidth (same run, zero-cost model):");
     for (size, name) in SIZES {
         let bytes = size * BATCH;
-        let round = Duration::from_millis(150);
+        // Seven rounds of 150 ms; in criterion's test mode (`-- --test`: every benchmark once,
+        // to check it works) one of 2 ms.
+        let (rounds, round) = if std::env::args().any(|arg| arg == "--test") {
+            (1, Duration::from_millis(2))
+        } else {
+            (7, Duration::from_millis(150))
+        };
         let (mut plain, mut device) = (0.0f64, 0.0f64);
         let before = rig.device.counters().expect("counters");
-        for _ in 0..7 {
+        for _ in 0..rounds {
             let once = rig.on_engine_cpu(|| rate(bytes, round, || memcpy(&src, &mut dst, size)));
             plain = plain.max(once);
             device = device.max(rate(bytes, round, || rig.copy(size)));

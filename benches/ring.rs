@@ -388,15 +388,27 @@ fn handoff(c: &mut Criterion) {
     group.finish();
 }
 
+/// How many alternating rounds the ratio tables take, and how long each: nine of 60 ms, or in
+/// criterion's test mode (`-- --test`, which runs every benchmark once to check it works) one
+/// of 2 ms.
+fn rounds() -> (usize, Duration) {
+    if std::env::args().any(|arg| arg == "--test") {
+        (1, Duration::from_millis(2))
+    } else {
+        (9, Duration::from_millis(60))
+    }
+}
+
 /// Nanoseconds per item of one round of about `time`: a fresh handoff (its own consumer
 /// thread), warmed up, then timed over whole calls.
 fn handoff_round(make: fn(u64) -> Handoff, burst: u64, time: Duration) -> f64 {
     let mut handoff = make(burst);
     let mut iters = 64u64;
-    // Warm up, and find a call of about a millisecond.
+    // Warm up, and find a call of about a millisecond (or of the whole round, if shorter).
+    let call = time.min(Duration::from_millis(1));
     loop {
         let took = handoff.run(iters);
-        if took >= Duration::from_millis(1) || iters >= 1 << 24 {
+        if took >= call || iters >= 1 << 24 {
             break;
         }
         iters *= 2;
@@ -415,9 +427,10 @@ fn handoff_round(make: fn(u64) -> Handoff, burst: u64, time: Duration) -> f64 {
 fn handoff_ratios<D: Item>(burst: u64) {
     let cases = handoffs::<D>();
     let mut best = [f64::INFINITY; 3];
-    for _ in 0..9 {
+    let (count, time) = rounds();
+    for _ in 0..count {
         for (k, (_, make)) in cases.iter().enumerate() {
-            best[k] = best[k].min(handoff_round(*make, burst, Duration::from_millis(60)));
+            best[k] = best[k].min(handoff_round(*make, burst, time));
         }
     }
     println!(
@@ -593,9 +606,10 @@ fn roundtrip(c: &mut Criterion) {
 /// The round-trip table: each against the floor, in alternating rounds (best of each kept).
 fn roundtrip_ratios() {
     let mut best = [f64::INFINITY; 4];
-    for _ in 0..9 {
+    let (count, time) = rounds();
+    for _ in 0..count {
         for (k, (_, make)) in TRIPS.iter().enumerate() {
-            best[k] = best[k].min(handoff_round(*make, 1, Duration::from_millis(60)));
+            best[k] = best[k].min(handoff_round(*make, 1, time));
         }
     }
     let line: Vec<String> = TRIPS
@@ -608,12 +622,18 @@ fn roundtrip_ratios() {
 
 /// Handoff and round-trip ratios, after criterion's report or alone (`-- ratios-only`).
 fn ratios() {
-    println!("\ndescriptor handoff, best of 9 alternating rounds (CPU 0 -> CPU 1):");
+    let (count, _) = rounds();
+    if count == 1 {
+        println!("\n(test mode: one short round each, to check the tables run; not a measurement)");
+    }
+    println!("\ndescriptor handoff, best of {count} alternating rounds (CPU 0 -> CPU 1):");
     for burst in [1, 32] {
         handoff_ratios::<Desc8>(burst);
         handoff_ratios::<Command>(burst);
     }
-    println!("submit -> complete round trip, best of 9 alternating rounds, against the floor:");
+    println!(
+        "submit -> complete round trip, best of {count} alternating rounds, against the floor:"
+    );
     roundtrip_ratios();
 }
 

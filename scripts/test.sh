@@ -7,7 +7,8 @@
 # Steps: install prerequisites, fmt check, clippy -D warnings, docs -D warnings, unit + integration
 # tests (with the kernel ABI check against three uapi header sets: the system's, Debian 13's and
 # Debian 13 backports'; and tests on real hugepages, which reserve and restore them), the loom
-# models, the release soak of the loopback device, the guest suite (real PCI device models behind
+# models, the release soak of the loopback device, every benchmark once in criterion's test mode
+# (that they run, not how fast: speed is read from `cargo bench`), the guest suite (real PCI device models behind
 # an emulated IOMMU in QEMU guests, scripts/guest-test.sh), the main job, and a short run of every
 # fuzz target. Any failing step fails the run; nothing is skipped.
 set -euo pipefail
@@ -86,6 +87,8 @@ step "cargo test (unit, integration, kernel ABI)" cargo test --workspace --locke
 step "loom models (pool, ring)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 	cargo test --release --locked --lib -- pool:: ring::
 step "loopback soak, release (10^6 transfers)" cargo test --release --locked --test loopback_soak
+step "benchmarks, test mode (each once; ratio tables in one short round)" \
+	cargo bench --locked --bench pool --bench ring --bench loopback -- --test
 step "guest suite: real PCI devices (edu, NVMe) in QEMU guests" scripts/guest-test.sh
 step "main job (README)" cargo run --release --locked --quiet -- demo
 step "PCI listing (README)" cargo run --release --locked --quiet -- list
