@@ -12,6 +12,10 @@ use userdma::dma::Mapping;
 use userdma::memory::{PageSize, Region};
 use userdma::ring::{self, Command, Queue, Status};
 
+mod procfs;
+
+use procfs::{allowed_cpus, thread_dir};
+
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(10));
 
 fn device_with(config: Config) -> Arc<Loopback> {
@@ -30,6 +34,17 @@ fn host_memory(device: &Loopback, len: usize) -> Mapping {
         .build()
         .expect("host region");
     device.dma_space().map(Arc::new(region)).expect("mapped")
+}
+
+/// Opens a queue, copies 8 bytes of `host` to the device through it and checks the completion.
+fn one_transfer(device: &Arc<Loopback>, host: &Mapping) {
+    let mut queue: Queue<Command, Status, ()> = device
+        .open_queue(ring::Config::new(16), Wait::Interrupt)
+        .unwrap();
+    queue
+        .submit(to_device(host.iova(0).unwrap(), 0, 8), ())
+        .unwrap();
+    assert!(queue.wait(TIMEOUT).unwrap().entry.is_success());
 }
 
 fn to_device(src: u64, dst: u64, len: u64) -> Command {
@@ -156,13 +171,7 @@ fn reset_stops_queues_and_clears_state() {
     drop(queue);
     assert_eq!(ring::leaks(), leaks);
 
-    let mut queue: Queue<Command, Status, ()> = device
-        .open_queue(ring::Config::new(16), Wait::Interrupt)
-        .unwrap();
-    queue
-        .submit(to_device(host.iova(0).unwrap(), 0, 8), ())
-        .unwrap();
-    assert!(queue.wait(TIMEOUT).unwrap().entry.is_success());
+    one_transfer(&device, &host);
 }
 
 #[test]
@@ -427,20 +436,12 @@ fn cost_model_charges_bandwidth_and_context_switches() {
 
 /// Clock ticks of CPU time the thread named `name` has used.
 fn thread_cpu_ticks(name: &str) -> u64 {
-    for entry in std::fs::read_dir("/proc/self/task").expect("procfs") {
-        let dir = entry.unwrap().path();
-        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        if comm.trim() != name {
-            continue;
-        }
-        let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
-        // Fields after the command name (which is in parentheses): utime and stime are the
-        // 12th and 13th of them.
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        return fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    }
-    panic!("no thread named {name}");
+    let stat = std::fs::read_to_string(format!("{}/stat", thread_dir(name))).unwrap();
+    // Fields after the command name (which is in parentheses): utime and stime are the 12th
+    // and 13th of them.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
 #[test]
@@ -470,37 +471,6 @@ fn an_idle_engine_sleeps() {
     assert!(queue.wait(TIMEOUT).unwrap().entry.is_success());
 }
 
-/// The CPUs this thread may run on, from `/proc/thread-self/status` (`Cpus_allowed_list`,
-/// ranges like `0-3,8`).
-fn allowed_cpus(status_dir: &str) -> Vec<u32> {
-    let status = std::fs::read_to_string(format!("{status_dir}/status")).expect("procfs");
-    let list = status
-        .lines()
-        .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
-        .expect("Cpus_allowed_list")
-        .trim();
-    let mut cpus = Vec::new();
-    for part in list.split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => cpus.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()),
-            None => cpus.push(part.parse().unwrap()),
-        }
-    }
-    cpus
-}
-
-/// The `/proc/self/task` directory of the thread named `name`.
-fn thread_dir(name: &str) -> String {
-    for entry in std::fs::read_dir("/proc/self/task").expect("procfs") {
-        let dir = entry.unwrap().path();
-        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        if comm.trim() == name {
-            return dir.display().to_string();
-        }
-    }
-    panic!("no thread named {name}");
-}
-
 #[test]
 fn a_pinned_engine_runs_on_its_cpu_only() {
     let cpus = allowed_cpus("/proc/thread-self");
@@ -517,14 +487,7 @@ fn a_pinned_engine_runs_on_its_cpu_only() {
     assert_eq!(allowed_cpus(&thread_dir("pinned-engine")), vec![cpu]);
     // This thread keeps its own CPUs.
     assert_eq!(allowed_cpus("/proc/thread-self"), cpus);
-    let host = host_memory(&device, 4096);
-    let mut queue: Queue<Command, Status, ()> = device
-        .open_queue(ring::Config::new(16), Wait::Interrupt)
-        .unwrap();
-    queue
-        .submit(to_device(host.iova(0).unwrap(), 0, 64), ())
-        .unwrap();
-    assert!(queue.wait(TIMEOUT).unwrap().entry.is_success());
+    one_transfer(&device, &host_memory(&device, 4096));
 }
 
 #[test]

@@ -16,6 +16,10 @@ use userdma::dma::Mapping;
 use userdma::memory::{PageSize, Region};
 use userdma::ring::{self, Command, Queue, Status};
 
+mod procfs;
+
+use procfs::allowed_cpus;
+
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(10));
 
 fn program() -> Program {
@@ -227,24 +231,6 @@ fn a_dead_device_process_is_reported_and_stops_its_queues() {
     ));
 }
 
-/// The CPUs a task may run on, from its `status` file (`Cpus_allowed_list`, like `0-3,8`).
-fn allowed_cpus(task_dir: &str) -> Vec<u32> {
-    let status = std::fs::read_to_string(format!("{task_dir}/status")).expect("procfs");
-    let list = status
-        .lines()
-        .find_map(|line| line.strip_prefix("Cpus_allowed_list:"))
-        .expect("Cpus_allowed_list")
-        .trim();
-    let mut cpus = Vec::new();
-    for part in list.split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => cpus.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()),
-            None => cpus.push(part.parse().unwrap()),
-        }
-    }
-    cpus
-}
-
 #[test]
 fn the_device_process_runs_on_the_engine_cpu() {
     let cpu = *allowed_cpus("/proc/thread-self").last().unwrap();
@@ -257,14 +243,14 @@ fn the_device_process_runs_on_the_engine_cpu() {
     let device = Arc::new(Loopback::new(config).expect("device process"));
     let pid = device.process_id().unwrap();
     // Every thread of the device process, the engine's included, is on that CPU.
-    let mut engine = false;
-    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let dir = entry.unwrap().path().display().to_string();
-        assert_eq!(allowed_cpus(&dir), vec![cpu], "{dir}");
-        let comm = std::fs::read_to_string(format!("{dir}/comm")).unwrap();
-        engine |= comm.trim() == "loopback-engine";
+    let threads = procfs::threads(&pid.to_string());
+    for (dir, _) in &threads {
+        assert_eq!(allowed_cpus(dir), vec![cpu], "{dir}");
     }
-    assert!(engine, "no engine thread in the device process");
+    assert!(
+        threads.iter().any(|(_, name)| name == "loopback-engine"),
+        "no engine thread in the device process"
+    );
     let host = shared_memory(&device, 4096);
     let mut queue: Queue<Command, Status, ()> = device
         .open_queue(ring::Config::new(16), Wait::Interrupt)
