@@ -102,7 +102,12 @@ fuzz_smoke() {
 	for t in $targets; do
 		logf=target/fuzz-logs/$t.log
 		echo "fuzz $t for ${FUZZ_SECONDS}s (log: $logf)"
-		if ! (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run --release "$t" -- \
+		# The working corpus (ignored by git) first, where new inputs go; then the committed
+		# seeds, inputs that once found a defect, so every run replays them.
+		local dirs=("corpus/$t")
+		[ -d "fuzz/seeds/$t" ] && dirs+=("seeds/$t")
+		mkdir -p "fuzz/corpus/$t"
+		if ! (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run --release "$t" "${dirs[@]}" -- \
 			-max_total_time="$FUZZ_SECONDS" -print_final_stats=1) >"$logf" 2>&1; then
 			grep -v '^#[0-9]' "$logf" | tail -n 60
 			echo "fuzz target $t FAILED; the crashing input is under fuzz/artifacts/$t/"
