@@ -36,15 +36,17 @@ fn host_memory(device: &Loopback, len: usize) -> Mapping {
     device.dma_space().map(Arc::new(region)).expect("mapped")
 }
 
-/// Opens a queue, copies 8 bytes of `host` to the device through it and checks the completion.
-fn one_transfer(device: &Arc<Loopback>, host: &Mapping) {
+/// Opens a queue, copies `len` bytes of `host` to the device through it, checks the
+/// completion and returns the queue.
+fn one_transfer(device: &Arc<Loopback>, host: &Mapping, len: u64) -> Queue<Command, Status, ()> {
     let mut queue: Queue<Command, Status, ()> = device
         .open_queue(ring::Config::new(16), Wait::Interrupt)
         .unwrap();
     queue
-        .submit(to_device(host.iova(0).unwrap(), 0, 8), ())
+        .submit(to_device(host.iova(0).unwrap(), 0, len), ())
         .unwrap();
     assert!(queue.wait(TIMEOUT).unwrap().entry.is_success());
+    queue
 }
 
 fn to_device(src: u64, dst: u64, len: u64) -> Command {
@@ -140,13 +142,7 @@ fn reset_stops_queues_and_clears_state() {
     let device = device();
     let host = host_memory(&device, 8192);
     host.slice().fill(0x77);
-    let mut queue: Queue<Command, Status, ()> = device
-        .open_queue(ring::Config::new(16), Wait::Interrupt)
-        .unwrap();
-    queue
-        .submit(to_device(host.iova(0).unwrap(), 0, 8192), ())
-        .unwrap();
-    assert!(queue.wait(TIMEOUT).unwrap().entry.is_success());
+    let mut queue = one_transfer(&device, &host, 8192);
     device.set_masked(0, true).unwrap();
     let count = device.get(regs::RESET_COUNT).unwrap();
 
@@ -171,7 +167,7 @@ fn reset_stops_queues_and_clears_state() {
     drop(queue);
     assert_eq!(ring::leaks(), leaks);
 
-    one_transfer(&device, &host);
+    one_transfer(&device, &host, 8);
 }
 
 #[test]
@@ -487,7 +483,7 @@ fn a_pinned_engine_runs_on_its_cpu_only() {
     assert_eq!(allowed_cpus(&thread_dir("pinned-engine")), vec![cpu]);
     // This thread keeps its own CPUs.
     assert_eq!(allowed_cpus("/proc/thread-self"), cpus);
-    one_transfer(&device, &host_memory(&device, 4096));
+    one_transfer(&device, &host_memory(&device, 4096), 8);
 }
 
 #[test]

@@ -29,13 +29,21 @@ fn program() -> Program {
     }
 }
 
-fn device(name: &str) -> Arc<Loopback> {
-    let config = Config::default()
+/// An out-of-process, zero-cost device named `name`, to build on.
+fn config(name: &str) -> Config {
+    Config::default()
         .name(name)
         .cost(Cost::zero())
         .memory_size(4 << 20)
         .queues(2)
-        .mode(Mode::Process(program()));
+        .mode(Mode::Process(program()))
+}
+
+fn device(name: &str) -> Arc<Loopback> {
+    device_with(config(name))
+}
+
+fn device_with(config: Config) -> Arc<Loopback> {
     match Loopback::new(config) {
         Ok(device) => Arc::new(device),
         Err(err) => panic!(
@@ -64,6 +72,19 @@ fn cmd(op: Opcode, src: u64, dst: u64, len: u64) -> Command {
         len,
         ..Command::default()
     }
+}
+
+/// Opens a queue and copies 64 bytes of `host` to the device through it (which must succeed).
+fn one_copy(device: &Arc<Loopback>, host: &Mapping) -> Queue<Command, Status, ()> {
+    let mut queue: Queue<Command, Status, ()> = device
+        .open_queue(ring::Config::new(16), Wait::Interrupt)
+        .unwrap();
+    assert!(run(
+        &mut queue,
+        cmd(Opcode::ToDevice, host.iova(0).unwrap(), 0, 64)
+    )
+    .is_success());
+    queue
 }
 
 fn run(queue: &mut Queue<Command, Status, ()>, command: Command) -> Status {
@@ -199,14 +220,7 @@ fn the_device_process_reaches_only_what_is_mapped() {
 fn a_dead_device_process_is_reported_and_stops_its_queues() {
     let device = device("lb-remote-kill");
     let host = shared_memory(&device, 4096);
-    let mut queue: Queue<Command, Status, ()> = device
-        .open_queue(ring::Config::new(16), Wait::Interrupt)
-        .unwrap();
-    assert!(run(
-        &mut queue,
-        cmd(Opcode::ToDevice, host.iova(0).unwrap(), 0, 64)
-    )
-    .is_success());
+    let mut queue = one_copy(&device, &host);
     let pid = device.process_id().unwrap();
     let pid = i32::try_from(pid).unwrap();
     // SAFETY: sends SIGKILL to our own child process.
@@ -234,13 +248,7 @@ fn a_dead_device_process_is_reported_and_stops_its_queues() {
 #[test]
 fn the_device_process_runs_on_the_engine_cpu() {
     let cpu = *allowed_cpus("/proc/thread-self").last().unwrap();
-    let config = Config::default()
-        .name("lb-remote-pinned")
-        .cost(Cost::zero())
-        .memory_size(1 << 20)
-        .engine_cpu(cpu)
-        .mode(Mode::Process(program()));
-    let device = Arc::new(Loopback::new(config).expect("device process"));
+    let device = device_with(config("lb-remote-pinned").engine_cpu(cpu));
     let pid = device.process_id().unwrap();
     // Every thread of the device process, the engine's included, is on that CPU.
     let threads = procfs::threads(&pid.to_string());
@@ -251,23 +259,10 @@ fn the_device_process_runs_on_the_engine_cpu() {
         threads.iter().any(|(_, name)| name == "loopback-engine"),
         "no engine thread in the device process"
     );
-    let host = shared_memory(&device, 4096);
-    let mut queue: Queue<Command, Status, ()> = device
-        .open_queue(ring::Config::new(16), Wait::Interrupt)
-        .unwrap();
-    assert!(run(
-        &mut queue,
-        cmd(Opcode::ToDevice, host.iova(0).unwrap(), 0, 64)
-    )
-    .is_success());
+    one_copy(&device, &shared_memory(&device, 4096));
 
     // A CPU no process can use: the device process refuses it and the host says which.
-    let config = Config::default()
-        .cost(Cost::zero())
-        .memory_size(1 << 20)
-        .engine_cpu(4096)
-        .mode(Mode::Process(program()));
-    match Loopback::new(config) {
+    match Loopback::new(config("lb-remote-bad-cpu").engine_cpu(4096)) {
         Err(Error::Config { field, value, .. }) => {
             assert_eq!((field, value), ("engine_cpu", 4096));
         }

@@ -325,12 +325,12 @@ impl Engine {
     ///
     /// Each completion is written after the counters that include it (a host that sees it sees
     /// them), the busy time of the zero-cost model aside: that is read once for the whole burst
-    /// and added after it. Interrupts: after each completion the engine peeks at the ring's interrupt flag
-    /// (a plain load, no fence) and raises the vector if the host armed it; once per burst, if
-    /// completions were written since the last interrupt, it checks the flag behind the
-    /// `fence(SeqCst)` of the wake-up protocol ([`DeviceQueue::interrupt`]), so a host that
-    /// armed while the peek could not see it yet is woken at the end of the burst at the
-    /// latest. A host that busy-polls leaves the flag clear and costs no fence per descriptor.
+    /// and added after it. Interrupts: after each completion the engine peeks at the ring's
+    /// interrupt flag (a plain load, no fence) and raises the vector if the host armed it; once
+    /// per burst, if completions were written since the last interrupt, it checks the flag
+    /// behind the `fence(SeqCst)` of the wake-up protocol ([`DeviceQueue::interrupt`]), so a
+    /// host that armed while the peek could not see it yet is woken at the end of the burst at
+    /// the latest. A host that busy-polls leaves the flag clear and costs no fence per descriptor.
     fn burst(&mut self, q: usize, seen: u32) -> u32 {
         let Some(active) = self.queues[q].as_mut() else {
             return 0;

@@ -100,19 +100,15 @@ pub(crate) fn open_and_info(env: &Env) -> Result<(), Failure> {
         (vendor, device_id) == (edu::VENDOR, edu::DEVICE),
         "config space says {vendor:04x}:{device_id:04x}"
     );
-    let command: u16 = vfio
-        .config_read(PCI_COMMAND)
-        .context(|| "read the command register".to_owned())?;
+    let (on, command) = bus_master(&vfio)?;
     ensure!(
-        command & PCI_COMMAND_MASTER != 0,
+        on,
         "bus mastering is off after open (command {command:#06x})"
     );
     vfio.set_bus_master(false)
         .context(|| "turn bus mastering off".to_owned())?;
-    let off: u16 = vfio
-        .config_read(PCI_COMMAND)
-        .context(|| "read the command register".to_owned())?;
-    ensure!(off & PCI_COMMAND_MASTER == 0, "command {off:#06x}");
+    let (on, off) = bus_master(&vfio)?;
+    ensure!(!on, "command {off:#06x}");
     vfio.set_bus_master(true)
         .context(|| "turn bus mastering on".to_owned())?;
     let id = device.check_registers()?;
@@ -439,13 +435,8 @@ pub(crate) fn reset(env: &Env) -> Result<(), Failure> {
                 "reset succeeded though the device has no reset flag"
             );
             device.check_registers()?;
-            let command: u16 = vfio
-                .config_read(PCI_COMMAND)
-                .context(|| "read the command register".to_owned())?;
-            ensure!(
-                command & PCI_COMMAND_MASTER != 0,
-                "bus mastering off after reset ({command:#06x})"
-            );
+            let (on, command) = bus_master(&vfio)?;
+            ensure!(on, "bus mastering off after reset ({command:#06x})");
             println!("INFO vfio-reset: function reset done, registers answer");
         }
         Err(device::Error::NoReset { affected, .. }) => {
@@ -526,6 +517,14 @@ pub(crate) fn shared_container(env: &Env) -> Result<(), Failure> {
         container.groups()
     );
     Ok(())
+}
+
+/// Whether the device's bus mastering is on, and its command register, from config space.
+fn bus_master(vfio: &Vfio) -> Result<(bool, u16), Failure> {
+    let command: u16 = vfio
+        .config_read(PCI_COMMAND)
+        .context(|| "read the command register".to_owned())?;
+    Ok((command & PCI_COMMAND_MASTER != 0, command))
 }
 
 fn overlaps(a: &IovaRange, b: &IovaRange) -> bool {
@@ -798,13 +797,8 @@ pub(crate) fn reset_nvme(env: &Env) -> Result<(), Failure> {
         cap != 0 && cap != u64::MAX,
         "CAP reads {cap:#x} after the reset"
     );
-    let command: u16 = vfio
-        .config_read(PCI_COMMAND)
-        .context(|| "read the command register".to_owned())?;
-    ensure!(
-        command & PCI_COMMAND_MASTER != 0,
-        "bus mastering off after reset ({command:#06x})"
-    );
+    let (on, command) = bus_master(&vfio)?;
+    ensure!(on, "bus mastering off after reset ({command:#06x})");
     println!("INFO vfio-reset-nvme: enabled, reset: CC {cc:#x}, CSTS {csts:#x}, CAP {cap:#x}");
     drop(bar);
     drop(vfio);
