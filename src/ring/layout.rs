@@ -405,13 +405,7 @@ impl Doorbells {
             unsafe { register.write_u32(tail) };
             return Ok(());
         }
-        self.block
-            .write::<u32>(self.sq_tail, tail)
-            .map_err(|source| Error::Doorbell {
-                queue,
-                which: "SQ tail",
-                source,
-            })
+        self.write_block(self.sq_tail, tail, queue, "SQ tail")
     }
 
     /// Host: tells the device the CQ entries before `head` were consumed.
@@ -426,11 +420,39 @@ impl Doorbells {
             unsafe { register.write_u32(head) };
             return Ok(());
         }
+        self.write_block(self.cq_head, head, queue, "CQ head")
+    }
+
+    /// A doorbell write through the block's backend (a register not served by plain memory:
+    /// a `pwrite` on a VFIO region, say). Out of line and cold: the hot paths ring registers
+    /// by a plain store, and keeping this call out of them keeps their loops' registers free.
+    #[cold]
+    #[inline(never)]
+    fn write_block(
+        &self,
+        offset: usize,
+        value: u32,
+        queue: u16,
+        which: &'static str,
+    ) -> Result<(), Error> {
         self.block
-            .write::<u32>(self.cq_head, head)
+            .write::<u32>(offset, value)
             .map_err(|source| Error::Doorbell {
                 queue,
-                which: "CQ head",
+                which,
+                source,
+            })
+    }
+
+    /// A doorbell read through the block's backend (see [`Doorbells::write_block`]).
+    #[cold]
+    #[inline(never)]
+    fn read_block(&self, offset: usize, queue: u16, which: &'static str) -> Result<u32, Error> {
+        self.block
+            .read::<u32>(offset)
+            .map_err(|source| Error::Doorbell {
+                queue,
+                which,
                 source,
             })
     }
@@ -442,13 +464,7 @@ impl Doorbells {
             // SAFETY: as in `ring_sq`: a 32-bit register of `self.block`, which lives.
             return Ok(unsafe { register.read_u32() });
         }
-        self.block
-            .read::<u32>(self.sq_tail)
-            .map_err(|source| Error::Doorbell {
-                queue,
-                which: "SQ tail",
-                source,
-            })
+        self.read_block(self.sq_tail, queue, "SQ tail")
     }
 
     /// Device: the CQ head the host announced.
@@ -458,13 +474,7 @@ impl Doorbells {
             // SAFETY: as in `ring_sq`: a 32-bit register of `self.block`, which lives.
             return Ok(unsafe { register.read_u32() });
         }
-        self.block
-            .read::<u32>(self.cq_head)
-            .map_err(|source| Error::Doorbell {
-                queue,
-                which: "CQ head",
-                source,
-            })
+        self.read_block(self.cq_head, queue, "CQ head")
     }
 }
 
