@@ -34,6 +34,7 @@ enum Op {
     PushBurst(u8),
     PostBurst(u8),
     Post,
+    PostAndFlush,
     Batch(u8),
     Flush,
     Fetch,
@@ -146,6 +147,10 @@ struct Model {
     // Host.
     tail: u32,
     announced: u32,
+    /// SQ tail doorbells rung.
+    doorbells: u64,
+    /// Posted descriptors queued (each takes an SQ slot).
+    posted: u64,
     head_seen: u32,
     /// The SQ counter the host may write up to.
     limit: u64,
@@ -377,6 +382,7 @@ fn run(input: Input) {
                     m.sq.push_back((POSTED, value));
                     m.tail = m.tail.wrapping_add(1);
                 }
+                m.posted += u64::from(got);
                 m.next_value += n;
             }
             Op::Post => {
@@ -395,12 +401,38 @@ fn run(input: Input) {
                         assert!(room > 0);
                         m.sq.push_back((POSTED, value));
                         m.tail = m.tail.wrapping_add(1);
+                        m.posted += 1;
                     }
                     Err(Rejected {
                         error: Error::Full { .. },
                         ..
                     }) => assert_eq!(room, 0),
                     Err(rejected) => panic!("{}", rejected.error),
+                }
+            }
+            Op::PostAndFlush => {
+                let value = m.next_value;
+                m.next_value += 1;
+                // SAFETY: the descriptor names no host memory.
+                let got = unsafe {
+                    q.post_and_flush(Desc {
+                        value,
+                        ..Desc::default()
+                    })
+                };
+                let room = m.sq_room();
+                match got {
+                    // Queued, and everything queued before it announced with it.
+                    Ok(()) => {
+                        assert!(room > 0);
+                        m.sq.push_back((POSTED, value));
+                        m.tail = m.tail.wrapping_add(1);
+                        m.posted += 1;
+                        flush_model(&mut m);
+                    }
+                    // Nothing queued, nothing rung.
+                    Err(Error::Full { .. }) => assert_eq!(room, 0),
+                    Err(error) => panic!("{error}"),
                 }
             }
             Op::Flush => {
@@ -557,6 +589,12 @@ fn run(input: Input) {
         if let Some(q) = queue.as_ref() {
             assert_eq!(q.in_flight(), m.in_flight.len());
             assert_eq!(q.unflushed(), m.tail.wrapping_sub(m.announced));
+            let stats = q.stats();
+            assert_eq!(
+                stats.sq_doorbells, m.doorbells,
+                "one doorbell per flush with news"
+            );
+            assert_eq!(stats.posted, m.posted);
         }
     }
     let had_queue = queue.is_some();
@@ -583,6 +621,9 @@ fn run(input: Input) {
 /// The host rang the doorbell: everything queued is now the device's to touch.
 fn flush_model(m: &mut Model) {
     let new = m.tail.wrapping_sub(m.announced) as usize;
+    if new > 0 {
+        m.doorbells += 1;
+    }
     let mut watch = watch();
     for &(id, value) in m.sq.iter().rev().take(new) {
         if id != POSTED {

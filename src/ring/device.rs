@@ -1,6 +1,7 @@
 //! [`DeviceQueue`]: the device's side of a queue pair, for the loopback device's engine thread
-//! and for tests that play the device. It touches ring memory only through volatile and atomic
-//! accesses, and registers only through `mmio`, as hardware would.
+//! and for tests that play the device. It touches ring memory through volatile and atomic
+//! accesses (and the plain loads of [`DeviceQueue::pop_burst`], which the fences below make
+//! race-free), and registers only through `mmio`, as hardware would.
 //!
 //! # Orderings (device side; the host side is in `queue.rs`)
 //!
@@ -15,6 +16,7 @@
 use std::marker::PhantomData;
 
 use super::index;
+use super::memory::Entries;
 use super::{Completion, DoorbellValue, Doorbells, Error, Layout, Memory, Submission};
 use crate::irq::EventFd;
 use crate::sync::{fence, Ordering};
@@ -27,6 +29,8 @@ pub struct DeviceQueue<D: Submission, C: Completion> {
     id: u16,
     layout: Layout,
     memory: Memory,
+    /// The SQ's entries in `memory`.
+    sq: Entries<D>,
     doorbells: Doorbells,
     /// What the host's doorbell writes carry.
     doorbell: DoorbellValue,
@@ -59,6 +63,7 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
         layout.check_memory(&memory)?;
         Ok(DeviceQueue {
             id,
+            sq: Entries::new(&memory, layout.sq_offset(), depth),
             layout,
             memory,
             doorbells,
@@ -157,21 +162,21 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
 
     /// Reads up to `max` announced entries (as of the last [`DeviceQueue::fetch`]) in order,
     /// handing each (copied out) to `f`, and returns how many: the burst form of
-    /// [`DeviceQueue::pop`], with one range check per contiguous run instead of one per entry.
+    /// [`DeviceQueue::pop`], with the range checked once, when the queue was made, instead of per entry.
     /// Their slots stay the device's until [`DeviceQueue::release`].
+    ///
+    /// The run is read with plain loads, which the compiler may widen and vectorise with what
+    /// `f` does; `pop` reads each entry with volatile loads, exactly once. A device model that
+    /// checks an entry before acting on it and must not trust the host to leave announced
+    /// entries alone (a host in another process, say) uses `pop`, as the loopback engine does:
+    /// an entry loaded twice could differ between the check and the use.
     #[inline]
-    pub fn pop_burst(&mut self, max: u32, mut f: impl FnMut(D)) -> u32 {
+    pub fn pop_burst(&mut self, max: u32, f: impl FnMut(D)) -> u32 {
         let count = self.available().min(max);
-        let depth = self.layout.depth();
-        let first = index::slot(self.sq_head, depth);
-        // Up to the end of the ring, then from its start.
-        let run = count.min(depth - first);
-        self.memory
-            .read_entries(self.layout.sq_entry(self.sq_head), run as usize, &mut f);
-        if run < count {
-            self.memory
-                .read_entries(self.layout.sq_offset(), (count - run) as usize, &mut f);
+        if count == 0 {
+            return 0;
         }
+        self.sq.read_from(self.sq_head, count, f);
         self.sq_head = self.sq_head.wrapping_add(count);
         count
     }

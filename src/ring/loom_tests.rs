@@ -125,6 +125,43 @@ fn loom_sq_and_cq_wrap_through_a_full_ring() {
 }
 
 #[test]
+fn loom_posted_descriptors_one_doorbell_each_through_a_full_ring() {
+    check(|| {
+        let (mut queue, mut device) = pair();
+        // The device reads in bursts (`pop_burst`) and hands the slots back after each.
+        let handle = thread::spawn(move || {
+            let mut served = 0;
+            while served < COMMANDS {
+                device.fetch().expect("a legal SQ tail");
+                device.pop_burst(u32::MAX, |desc| {
+                    assert_eq!(desc.id, POSTED);
+                    assert_eq!(desc.check, u32::from(desc.seq) * 7 + 1, "torn descriptor");
+                    assert_eq!(desc.seq, served, "in order");
+                    served += 1;
+                });
+                device.release();
+                thread::yield_now();
+            }
+        });
+        // The host posts each descriptor with its own doorbell (`post_and_flush`): the third
+        // waits for the device's head write-back.
+        let mut sent = 0u16;
+        while sent < COMMANDS {
+            // SAFETY: the descriptors name no host memory.
+            match unsafe { queue.post_and_flush(small(sent)) } {
+                Ok(()) => sent += 1,
+                Err(Error::Full { .. }) => thread::yield_now(),
+                Err(error) => panic!("{error}"),
+            }
+        }
+        handle.join().expect("device thread");
+        let stats = queue.stats();
+        assert_eq!((stats.posted, stats.sq_doorbells), (3, 3));
+        assert_eq!(queue.unflushed(), 0);
+    });
+}
+
+#[test]
 fn loom_no_lost_wakeup() {
     check(|| {
         let (mut queue, mut device) = pair();

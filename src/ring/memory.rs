@@ -475,79 +475,6 @@ impl Memory {
         let _ = (offset, size);
     }
 
-    /// Copies out the `count` entries of type `T` at `offset`, `offset + size`, ..., handing
-    /// each to `f`: [`Memory::read_entry`] with the range checked once for the run.
-    #[inline]
-    pub(crate) fn read_entries<T: Pod>(&self, offset: usize, count: usize, mut f: impl FnMut(T)) {
-        let size = size_of::<T>();
-        let Some(bytes) = count.checked_mul(size) else {
-            outside(offset, usize::MAX, self.len);
-        };
-        self.check(offset, bytes);
-        #[cfg(not(loom))]
-        {
-            if (self.ptr.as_ptr() as usize).wrapping_add(offset) % Memory::chunk::<T>() != 0 {
-                outside(offset, size, self.len);
-            }
-            for i in 0..count {
-                // SAFETY: `check` put the whole run inside the memory; each entry starts a
-                // multiple of the size (and so of the chunk, which divides it) after an aligned
-                // first one.
-                f(unsafe { self.load_entry(offset + i * size) });
-            }
-        }
-        #[cfg(loom)]
-        for i in 0..count {
-            f(self.read_entry(offset + i * size));
-        }
-    }
-
-    /// Writes up to `max` entries of type `T` at `offset`, `offset + size`, ..., taking each
-    /// from `next` until it returns `None`, as [`Memory::write_entry`] with no `skip` does, with
-    /// the range checked once for the run. Returns how many were written.
-    #[inline]
-    pub(crate) fn write_entries<T: Pod>(
-        &self,
-        offset: usize,
-        max: u32,
-        mut next: impl FnMut() -> Option<T>,
-    ) -> u32 {
-        let size = size_of::<T>();
-        let Some(bytes) = (max as usize).checked_mul(size) else {
-            outside(offset, usize::MAX, self.len);
-        };
-        self.check(offset, bytes);
-        #[cfg(not(loom))]
-        {
-            let first = self.ptr.as_ptr().wrapping_add(offset).cast::<T>();
-            if !first.is_aligned() {
-                outside(offset, size, self.len);
-            }
-            let mut written = 0;
-            while written < max {
-                let Some(value) = next() else { break };
-                // SAFETY: `check` put the whole run inside the mapped, writable memory and
-                // `written < max`, so this entry is inside it, aligned for `T` (a multiple of
-                // the size, itself a multiple of the alignment, after an aligned first entry);
-                // no one else accesses it meanwhile (see `write_entry`); a raw pointer, no
-                // reference made.
-                unsafe { first.add(written as usize).write(value) };
-                written += 1;
-            }
-            written
-        }
-        #[cfg(loom)]
-        {
-            let mut written = 0;
-            while written < max {
-                let Some(value) = next() else { break };
-                self.write_entry(offset + written as usize * size, &value, None);
-                written += 1;
-            }
-            written
-        }
-    }
-
     /// Copies `value` in at `offset`. With no `skip` (a submission entry, in a slot no one else
     /// touches until the host rings the doorbell, whose `fence(Release)` orders these stores
     /// before it, for the compiler too): a plain store of the whole value through a raw
@@ -626,6 +553,176 @@ impl Memory {
         for i in 0..len / 4 {
             self.write_word(offset + 4 * i, 0);
         }
+    }
+}
+
+/// A ring part as an array of a power of two of `T` entries in a [`Memory`], checked (inside
+/// the memory, aligned for `T`) once when made: entry `counter & (count - 1)` is then always
+/// inside, so writing or reading one is a mask and a store or load, with none of the
+/// per-access range checks of [`Memory::write_entry`]. Holds the memory alive (a clone of it).
+#[derive(Clone, Debug)]
+pub(crate) struct Entries<T> {
+    /// Read under loom; otherwise held for the owner that keeps the entries mapped.
+    #[cfg_attr(not(loom), allow(dead_code))]
+    memory: Memory,
+    #[cfg(loom)]
+    offset: usize,
+    #[cfg(not(loom))]
+    first: std::ptr::NonNull<T>,
+    mask: u32,
+    _entries: std::marker::PhantomData<fn() -> T>,
+}
+
+// SAFETY: as for `Memory`, which this is a typed view of (the pointer is into the memory it
+// holds, accessed only through raw pointers).
+#[cfg(not(loom))]
+unsafe impl<T> Send for Entries<T> {}
+// SAFETY: as for Send.
+#[cfg(not(loom))]
+unsafe impl<T> Sync for Entries<T> {}
+
+impl<T: Pod> Entries<T> {
+    /// The `count` entries (a power of two) of `T` from byte `offset` of `memory`. Panics if
+    /// they are not all inside it or the first is misaligned for `T`: the caller's offsets come
+    /// from a [`Layout`](super::Layout) already checked against the memory, so that is a bug.
+    pub(crate) fn new(memory: &Memory, offset: usize, count: u32) -> Entries<T> {
+        assert!(
+            count.is_power_of_two(),
+            "{count} entries: not a power of two"
+        );
+        let bytes = (count as usize).checked_mul(size_of::<T>());
+        let Some(bytes) = bytes else {
+            outside(offset, usize::MAX, memory.len);
+        };
+        memory.check(offset, bytes);
+        #[cfg(not(loom))]
+        let first = {
+            let first = memory.ptr.as_ptr().wrapping_add(offset).cast::<T>();
+            if !first.is_aligned() {
+                outside(offset, size_of::<T>(), memory.len);
+            }
+            // SAFETY: a pointer into the memory (`check` put `offset` inside), not null.
+            unsafe { std::ptr::NonNull::new_unchecked(first) }
+        };
+        Entries {
+            memory: memory.clone(),
+            #[cfg(loom)]
+            offset,
+            #[cfg(not(loom))]
+            first,
+            mask: count - 1,
+            _entries: std::marker::PhantomData,
+        }
+    }
+
+    /// Writes `value` into the entry of counter `counter`, as [`Memory::write_entry`] with no
+    /// `skip` does: a plain store of the whole value, in a slot no one else touches until the
+    /// doorbell that follows.
+    #[inline]
+    pub(crate) fn write(&self, counter: u32, value: T) {
+        let index = (counter & self.mask) as usize;
+        #[cfg(not(loom))]
+        // SAFETY: `index <= mask < count`, and `new` checked that the `count` entries from
+        // `first` are inside the memory (mapped, writable, kept alive by `self.memory`) and
+        // that `first` is aligned for `T`, so each entry is (the size is a multiple of the
+        // alignment); a raw pointer, no reference made. No one else reads or writes the entry
+        // meanwhile, as for `Memory::write_entry`.
+        unsafe {
+            self.first.as_ptr().add(index).write(value)
+        };
+        #[cfg(loom)]
+        self.memory
+            .write_entry(self.offset + index * size_of::<T>(), &value, None);
+    }
+
+    /// Writes up to `max` entries (at most all of them) from counter `counter` on, as
+    /// [`Entries::write`] does, taking each from `next` until it returns `None` and going on
+    /// from the first entry after the last. Returns how many were written.
+    #[inline]
+    pub(crate) fn write_from(
+        &self,
+        counter: u32,
+        max: u32,
+        mut next: impl FnMut() -> Option<T>,
+    ) -> u32 {
+        let count = self.mask + 1;
+        let max = max.min(count);
+        let index = counter & self.mask;
+        // Up to the last entry, then from the first.
+        let run = max.min(count - index);
+        let written = self.write_run(index, run, &mut next);
+        if written < run || run == max {
+            return written;
+        }
+        written + self.write_run(0, max - run, &mut next)
+    }
+
+    /// Copies out the `count` entries (at most all of them) from counter `counter` on, handing
+    /// each to `f`, going on from the first entry after the last, with plain loads, not the
+    /// volatile ones of [`Memory::read_entry`]. The caller reads entries nobody writes
+    /// meanwhile: SQ entries the host announced, which it does not touch again until the device
+    /// hands their slots back (it writes only past the tail it announced, and the doorbell's
+    /// release and acquire fences order its stores before these loads), so plain loads do not
+    /// race; they leave the compiler free to load as wide as it likes and to vectorise what `f`
+    /// does over the run. What they give up is the guarantee that a value is fetched once: a
+    /// device model that checks an entry and must not have it read again from memory a
+    /// misbehaving host might still be writing reads with `read_entry` (the loopback engine
+    /// does).
+    #[inline]
+    pub(crate) fn read_from(&self, counter: u32, count: u32, mut f: impl FnMut(T)) {
+        let all = self.mask + 1;
+        let count = count.min(all);
+        let index = counter & self.mask;
+        // Up to the last entry, then from the first.
+        let run = count.min(all - index);
+        self.read_run(index, run, &mut f);
+        self.read_run(0, count - run, &mut f);
+    }
+
+    /// Reads the `len` entries from entry `index` on (`index + len` at most the count).
+    #[inline(always)]
+    fn read_run(&self, index: u32, len: u32, f: &mut impl FnMut(T)) {
+        debug_assert!(index + len <= self.mask + 1);
+        for k in index..index + len {
+            #[cfg(not(loom))]
+            // SAFETY: `k < index + len <= count` (the callers keep it so), and the `count`
+            // entries from `first` are inside the memory and aligned, as in `write`; a raw
+            // pointer, no reference made; nobody writes the entry meanwhile (see `read_from`),
+            // so a plain load is not a data race.
+            f(unsafe { self.first.as_ptr().add(k as usize).read() });
+            #[cfg(loom)]
+            f(self
+                .memory
+                .read_entry(self.offset + k as usize * size_of::<T>()));
+        }
+    }
+
+    /// Writes up to `len` entries from entry `index` on (`index + len` at most the count).
+    #[inline(always)]
+    fn write_run(&self, index: u32, len: u32, next: &mut impl FnMut() -> Option<T>) -> u32 {
+        debug_assert!(index + len <= self.mask + 1);
+        let mut written = 0;
+        while written < len {
+            let Some(value) = next() else { break };
+            #[cfg(not(loom))]
+            // SAFETY: `index + written < index + len <= count` (the callers keep it so), and
+            // the `count` entries from `first` are inside the memory and aligned, as in
+            // `write`; a raw pointer, no reference made.
+            unsafe {
+                self.first
+                    .as_ptr()
+                    .add((index + written) as usize)
+                    .write(value)
+            };
+            #[cfg(loom)]
+            self.memory.write_entry(
+                self.offset + (index + written) as usize * size_of::<T>(),
+                &value,
+                None,
+            );
+            written += 1;
+        }
+        written
     }
 }
 

@@ -10,7 +10,9 @@
 //!
 //! - The host side is [`Queue`]: [`Queue::push`] moves a payload (the buffers a descriptor
 //!   names) into the queue and writes the descriptor; [`Queue::flush`] rings the SQ doorbell
-//!   once for the batch; completions come back, with their payloads, from [`Queue::poll_one`] /
+//!   once for the batch ([`Queue::push_burst`] / [`Queue::post_burst`] write a whole burst;
+//!   [`Queue::submit`] and [`Queue::post_and_flush`] write one descriptor and ring for it in one
+//!   call); completions come back, with their payloads, from [`Queue::poll_one`] /
 //!   [`Queue::reap`] (busy-poll), [`Queue::wait`] (spin, then sleep on the interrupt),
 //!   [`Queue::next_completion`] (a future for any executor), or [`wait_any`] over many queues.
 //! - The device side is [`DeviceQueue`]: what the loopback device's engine (or a test playing

@@ -33,7 +33,8 @@ use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
 use std::time::Duration;
 
 use super::index;
-use super::{Completion, DoorbellValue, Doorbells, Error, Layout, Memory, Pod, Submission, POSTED};
+use super::memory::Entries;
+use super::{Completion, DoorbellValue, Doorbells, Error, Layout, Memory, Submission, POSTED};
 use crate::irq::EventFd;
 use crate::sync::{fence, Ordering};
 
@@ -217,70 +218,108 @@ pub struct Stats {
     pub sleeps: u64,
 }
 
-/// The SQ tail last written to the doorbell and the number of doorbell writes, kept so that a
-/// doorbell costs the queue's own memory one store: both 32-bit counters share one word, and
-/// the high halves of their 64-bit totals (which move once every 2^32) live apart. Posting one
-/// descriptor and ringing for it is then four stores (entry, tail, doorbell, this word), the
-/// count an SPSC queue's push makes; every store more is one more waiting behind the doorbell's
-/// cache-line transfer when a busy device polls it.
+/// The host's SQ tail, packed so that posting a descriptor and ringing for it in one call
+/// ([`Queue::post_and_flush`]) costs the queue's own memory one store: one word holds the tail
+/// counter last announced, the entries written since and the doorbells rung (modulo 2^16; the
+/// high parts of the 64-bit totals move once every 2^16 doorbells or 2^32 entries and live
+/// apart). That call is then three stores (entry, doorbell, this word), one more than an SPSC
+/// queue's push (entry, tail): every store more waits behind the doorbell's cache-line transfer
+/// when a busy device polls it, and on this path stores are what the time is made of.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Announced {
-    /// Low 32 bits: the SQ tail counter announced; high 32 bits: doorbells rung, modulo 2^32.
+pub(super) struct SqTail {
+    /// Bits 32..64: the SQ tail counter announced; bits 16..32: entries written since (at most
+    /// the depth, 2^15); bits 0..16: doorbells rung, modulo 2^16.
     word: u64,
     /// Times the announced counter wrapped past 2^32.
     tail_wraps: u64,
-    /// Times the doorbell count wrapped past 2^32.
+    /// Times the doorbell count wrapped past 2^16.
     doorbell_wraps: u64,
     /// Entries written but handed back unannounced (see `Queue::take_unannounced`).
     discarded: u64,
 }
 
-impl Announced {
+impl SqTail {
+    /// One entry written, in `word`.
+    const ENTRY: u64 = 1 << 16;
+
     /// The SQ tail counter last announced.
     #[inline]
-    pub(super) fn tail(&self) -> u32 {
-        self.word as u32
+    pub(super) fn announced(&self) -> u32 {
+        (self.word >> 32) as u32
     }
 
-    /// Records a doorbell write that announced up to `tail`.
+    /// Entries written since the last doorbell.
     #[inline]
-    pub(super) fn rang(&mut self, tail: u32) {
+    pub(super) fn unflushed(&self) -> u32 {
+        u32::from((self.word >> 16) as u16)
+    }
+
+    /// The counter of the next entry to write.
+    #[inline]
+    pub(super) fn next(&self) -> u32 {
+        self.announced().wrapping_add(self.unflushed())
+    }
+
+    /// Counts `count` more entries written. The queue never has more than its depth (at most
+    /// 2^15) written past the device's head, so the count cannot spill into the tail.
+    #[inline]
+    pub(super) fn wrote(&mut self, count: u32) {
+        debug_assert!(self.unflushed() + count <= 1 << 15);
+        self.word += u64::from(count) * Self::ENTRY;
+    }
+
+    /// Takes back the newest unannounced entry (one must be there).
+    pub(super) fn unwrite(&mut self) {
+        debug_assert!(self.unflushed() > 0);
+        self.word -= Self::ENTRY;
+        self.discarded += 1;
+    }
+
+    /// Records a doorbell that announced every entry written.
+    #[inline]
+    pub(super) fn rang(&mut self) {
+        self.wrote_and_rang(0);
+    }
+
+    /// Records `count` more entries written and a doorbell that announced them with every
+    /// entry written before: [`SqTail::wrote`] then [`SqTail::rang`], computed in registers
+    /// and stored once.
+    #[inline]
+    pub(super) fn wrote_and_rang(&mut self, count: u32) {
+        debug_assert!(self.unflushed() + count <= 1 << 15);
+        let tail = self.next().wrapping_add(count);
         // The counter moved forward from the last announcement by less than 2^32: below it
         // numerically means it wrapped.
-        if tail < self.tail() {
+        if tail < self.announced() {
             self.tail_wraps += 1;
         }
-        let (count, wrapped) = ((self.word >> 32) as u32).overflowing_add(1);
+        let (count, wrapped) = (self.word as u16).overflowing_add(1);
         if wrapped {
             self.doorbell_wraps += 1;
         }
-        self.word = (u64::from(count) << 32) | u64::from(tail);
+        self.word = (u64::from(tail) << 32) | u64::from(count);
     }
 
     /// Tests: as if the tail counter had been announced up to `tail` by `doorbells` doorbells
     /// (counters started near their wrap).
     #[cfg(test)]
-    pub(super) fn at(tail: u32, doorbells: u32) -> Announced {
-        Announced {
-            word: (u64::from(doorbells) << 32) | u64::from(tail),
-            ..Announced::default()
+    pub(super) fn at(tail: u32, doorbells: u16) -> SqTail {
+        SqTail {
+            word: (u64::from(tail) << 32) | u64::from(doorbells),
+            ..SqTail::default()
         }
-    }
-
-    /// Counts `entries` written and handed back without a doorbell.
-    pub(super) fn discard(&mut self, entries: u32) {
-        self.discarded += u64::from(entries);
     }
 
     /// Doorbells rung.
     pub(super) fn doorbells(&self) -> u64 {
-        (self.doorbell_wraps << 32) | (self.word >> 32)
+        (self.doorbell_wraps << 16) | (self.word & 0xffff)
     }
 
-    /// SQ entries written, other than those written since the last doorbell (the tail counter
-    /// starts at 0).
+    /// SQ entries written and not taken back (the tail counter starts at 0).
     pub(super) fn entries(&self) -> u64 {
-        ((self.tail_wraps << 32) | u64::from(self.tail())) + self.discarded
+        ((self.tail_wraps << 32) | u64::from(self.announced()))
+            + u64::from(self.unflushed())
+            + self.discarded
     }
 }
 
@@ -328,6 +367,8 @@ pub struct Queue<D: Submission, C: Completion, T: Send> {
     pub(super) context: u32,
     pub(super) layout: Layout,
     pub(super) memory: Memory,
+    /// The SQ's entries in `memory`.
+    pub(super) sq: Entries<D>,
     pub(super) doorbells: Doorbells,
     /// What the doorbell writes carry.
     pub(super) doorbell: DoorbellValue,
@@ -337,10 +378,10 @@ pub struct Queue<D: Submission, C: Completion, T: Send> {
     pub(super) reserve: u32,
     pub(super) interrupt: Option<std::sync::Arc<EventFd>>,
     pub(super) quiesce: Option<Box<dyn Quiesce>>,
-    /// Counter of the next SQ entry to write.
-    pub(super) sq_tail: u32,
-    /// The SQ tail last written to the doorbell, and the doorbell count.
-    pub(super) announced: Announced,
+    /// The SQ tail: announced, written since, and the doorbell count.
+    pub(super) tail: SqTail,
+    /// What the SQ tail doorbell carries of a counter: all of it, or its slot.
+    pub(super) doorbell_mask: u32,
     /// The device's SQ head, as last read from the write-back.
     pub(super) sq_head: u32,
     /// The SQ counter the host may write up to (see `index::sq_limit`), from that head.
@@ -376,7 +417,7 @@ impl<D: Submission, C: Completion, T: Send> fmt::Debug for Queue<D, C, T> {
             .field("context", &self.context)
             .field("layout", &self.layout)
             .field("iova", &format_args!("{:#x}", self.memory.iova()))
-            .field("sq_tail", &self.sq_tail)
+            .field("sq_tail", &self.tail.next())
             .field("sq_head", &self.sq_head)
             .field("cq_head", &self.cq_head)
             .field("in_flight", &self.in_flight())
@@ -421,6 +462,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         Ok(Queue {
             id,
             context: config.context,
+            sq: Entries::new(&memory, layout.sq_offset(), depth),
             layout,
             memory,
             doorbells,
@@ -429,8 +471,8 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             reserve,
             interrupt: interrupt.map(std::sync::Arc::new),
             quiesce: None,
-            sq_tail: 0,
-            announced: Announced::default(),
+            tail: SqTail::default(),
+            doorbell_mask: config.doorbell.encode(u32::MAX, depth),
             sq_head: 0,
             sq_limit: depth - reserve,
             cq_head: 0,
@@ -498,16 +540,15 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// What the queue has done.
     pub fn stats(&self) -> Stats {
         let mut stats = self.stats;
-        stats.sq_doorbells = self.announced.doorbells();
+        stats.sq_doorbells = self.tail.doorbells();
         // Every SQ entry written is a command or a posted descriptor.
-        let written = self.announced.entries() + u64::from(self.unflushed());
-        stats.posted = written.saturating_sub(stats.submitted);
+        stats.posted = self.tail.entries().saturating_sub(stats.submitted);
         stats
     }
 
     /// Entries written since the last doorbell (waiting for [`Queue::flush`]).
     pub fn unflushed(&self) -> u32 {
-        index::used(self.sq_tail, self.announced.tail())
+        self.tail.unflushed()
     }
 
     /// Free SQ slots, for a caller that wants `wanted` of them before it writes (a burst that
@@ -517,7 +558,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// descriptors need only SQ slots; commands also need command ids ([`Queue::in_flight`]).
     #[inline]
     pub fn room(&mut self, wanted: u32) -> Result<u32, Error> {
-        let room = index::room(self.sq_tail, self.sq_limit, self.layout.depth());
+        let room = index::room(self.tail.next(), self.sq_limit, self.layout.depth());
         if room >= wanted {
             return Ok(room);
         }
@@ -542,7 +583,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             let layout = &self.layout;
             self.sq_limit = index::sq_limit(
                 self.sq_head,
-                self.sq_tail,
+                self.tail.next(),
                 layout.depth(),
                 layout.sq_per_line(),
                 self.reserve,
@@ -553,7 +594,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         // Acquire: the device's reads of the entries before `head` happen before the host
         // overwrites those slots (pairs with the fence(Release) in `DeviceQueue::release`).
         fence(Ordering::Acquire);
-        let announced = self.announced.tail();
+        let announced = self.tail.announced();
         if !index::advance_ok(self.sq_head, head, announced) {
             return Err(Error::DeviceSqHead {
                 queue: self.id,
@@ -566,7 +607,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         let layout = &self.layout;
         self.sq_limit = index::sq_limit(
             head,
-            self.sq_tail,
+            self.tail.next(),
             layout.depth(),
             layout.sq_per_line(),
             self.reserve,
@@ -577,7 +618,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// Free SQ slots, re-reading the device's head only when the cached one says none.
     #[inline]
     pub(super) fn sq_room(&mut self) -> Result<u32, Error> {
-        let room = index::room(self.sq_tail, self.sq_limit, self.layout.depth());
+        let room = index::room(self.tail.next(), self.sq_limit, self.layout.depth());
         if room > 0 {
             return Ok(room);
         }
@@ -590,7 +631,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     fn sq_room_refreshed(&mut self) -> Result<u32, Error> {
         self.refresh_sq_head()?;
         Ok(index::room(
-            self.sq_tail,
+            self.tail.next(),
             self.sq_limit,
             self.layout.depth(),
         ))
@@ -621,12 +662,32 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         }
     }
 
+    /// Whether there is an SQ slot to write, from the kept limit: the hot path's check, in
+    /// registers. When there is none, [`Queue::slot_or_refusal`] (out of line) reads the
+    /// device's head again.
+    #[inline]
+    fn has_slot(&self) -> bool {
+        index::room(self.tail.next(), self.sq_limit, self.layout.depth()) > 0
+    }
+
+    /// The uncommon path of a single-entry submission with no slot by the kept limit: reads the
+    /// device's head again, and refuses (counted) if there is still no slot, or, for a command
+    /// (`id`), no free command id.
+    #[cold]
+    #[inline(never)]
+    fn slot_or_refusal(&mut self, id: bool) -> Result<(), Error> {
+        let room = self.sq_room_refreshed();
+        if matches!(room, Ok(1..)) {
+            return Ok(());
+        }
+        Err(self.refusal(room, id))
+    }
+
     /// Writes `desc` into the next SQ slot (the caller checked there is one).
     #[inline]
-    fn write_sq(&mut self, desc: &D) {
-        let offset = self.layout.sq_entry(self.sq_tail);
-        self.memory.write_entry(offset, desc, None);
-        self.sq_tail = self.sq_tail.wrapping_add(1);
+    fn write_sq(&mut self, desc: D) {
+        self.sq.write(self.tail.next(), desc);
+        self.tail.wrote(1);
     }
 
     /// Queues a command without ringing the doorbell: moves `payload` into the in-flight table,
@@ -634,6 +695,16 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// queued on error, and both are handed back.
     #[inline]
     pub fn push(&mut self, mut desc: D, payload: T) -> Result<u16, Rejected<D, T>> {
+        let id = self.take_command(&mut desc, payload)?;
+        self.write_sq(desc);
+        Ok(id)
+    }
+
+    /// The first half of [`Queue::push`]: checks there is an SQ slot and a command id, moves
+    /// `payload` into the in-flight table under that id and writes the id into `desc`, which the
+    /// caller then writes into the SQ. Nothing is taken on error, and both are handed back.
+    #[inline]
+    fn take_command(&mut self, desc: &mut D, payload: T) -> Result<u16, Rejected<D, T>> {
         let room = self.sq_room();
         let id = match (&room, self.free_ids.last()) {
             (Ok(1..), Some(&id)) => id,
@@ -641,7 +712,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
                 let error = self.refusal(room, true);
                 return Err(Rejected {
                     error,
-                    descriptor: desc,
+                    descriptor: *desc,
                     payload,
                 });
             }
@@ -649,7 +720,6 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         self.free_ids.pop();
         desc.set_command_id(id);
         self.slots[usize::from(id)] = Some(payload);
-        self.write_sq(&desc);
         self.stats.submitted += 1;
         Ok(id)
     }
@@ -664,17 +734,17 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// the queue holds nothing for it.
     #[inline]
     pub unsafe fn post(&mut self, mut desc: D) -> Result<(), Rejected<D, ()>> {
-        let room = self.sq_room();
-        if !matches!(room, Ok(1..)) {
-            let error = self.refusal(room, false);
-            return Err(Rejected {
-                error,
-                descriptor: desc,
-                payload: (),
-            });
+        if !self.has_slot() {
+            if let Err(error) = self.slot_or_refusal(false) {
+                return Err(Rejected {
+                    error,
+                    descriptor: desc,
+                    payload: (),
+                });
+            }
         }
         desc.set_command_id(POSTED);
-        self.write_sq(&desc);
+        self.write_sq(desc);
         Ok(())
     }
 
@@ -695,9 +765,9 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             }
             return Err(error);
         }
-        let tail = self.sq_tail;
+        let tail = self.tail.next();
         let (slots, free_ids) = (&mut self.slots, &mut self.free_ids);
-        let count = write_runs(&self.memory, &self.layout, tail, max, || {
+        let count = self.sq.write_from(tail, max, || {
             // `max <= free_ids.len()`: an id is there; the item is taken only then.
             let id = *free_ids.last()?;
             let (mut desc, payload) = items.next()?;
@@ -706,7 +776,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             slots[usize::from(id)] = Some(payload);
             Some(desc)
         });
-        self.sq_tail = tail.wrapping_add(count);
+        self.tail.wrote(count);
         self.stats.submitted += u64::from(count);
         Ok(count)
     }
@@ -729,13 +799,13 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             self.stats.full += 1;
             return Ok(0);
         }
-        let tail = self.sq_tail;
-        let count = write_runs(&self.memory, &self.layout, tail, room, || {
+        let tail = self.tail.next();
+        let count = self.sq.write_from(tail, room, || {
             let mut desc = descs.next()?;
             desc.set_command_id(POSTED);
             Some(desc)
         });
-        self.sq_tail = tail.wrapping_add(count);
+        self.tail.wrote(count);
         Ok(count)
     }
 
@@ -743,21 +813,65 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// nothing was). If the write fails, the entries stay queued and the next flush retries.
     #[inline]
     pub fn flush(&mut self) -> Result<(), Error> {
-        if self.sq_tail == self.announced.tail() {
+        if self.tail.unflushed() == 0 {
             return Ok(());
         }
-        let value = self.doorbell.encode(self.sq_tail, self.layout.depth());
-        self.doorbells.ring_sq(self.id, value)?;
-        self.announced.rang(self.sq_tail);
+        self.doorbells
+            .ring_sq(self.id, self.tail.next() & self.doorbell_mask)?;
+        self.tail.rang();
         Ok(())
     }
 
-    /// [`Queue::push`] then [`Queue::flush`]: one command, one doorbell. If the push fails the
-    /// payload is dropped (use `push` to get it back); if the doorbell fails, the command stays
-    /// queued (in flight) and the next flush announces it.
-    pub fn submit(&mut self, desc: D, payload: T) -> Result<u16, Error> {
-        let id = self.push(desc, payload)?;
-        self.flush()?;
+    /// [`Queue::post`] then [`Queue::flush`], in one call: queues a descriptor that gets no
+    /// completion and rings the doorbell for it and for anything queued before it. The queue's
+    /// own bookkeeping is one store after the doorbell (where `post` and `flush` make one
+    /// each), so a producer that announces every descriptor alone pays three stores for it:
+    /// the entry, the doorbell and that one. Errors as [`Queue::submit`]'s: when the SQ is full
+    /// ([`Error::Full`]) nothing was queued (the caller still has its copy of `desc`); when the
+    /// doorbell write failed ([`Error::Doorbell`]) the descriptor stays queued, as after
+    /// `post`, and the next flush announces it.
+    ///
+    /// # Safety
+    /// As for [`Queue::post`].
+    #[inline]
+    pub unsafe fn post_and_flush(&mut self, mut desc: D) -> Result<(), Error> {
+        if !self.has_slot() {
+            self.slot_or_refusal(false)?;
+        }
+        desc.set_command_id(POSTED);
+        self.write_and_ring(desc)
+    }
+
+    /// Writes `desc` into the next SQ slot (the caller checked there is one) and rings the
+    /// doorbell for it and everything queued before it, with the queue's bookkeeping stored
+    /// once, after the doorbell. If the doorbell write fails, the entry stays queued.
+    #[inline]
+    fn write_and_ring(&mut self, desc: D) -> Result<(), Error> {
+        let tail = self.tail.next();
+        self.sq.write(tail, desc);
+        match self
+            .doorbells
+            .ring_sq(self.id, tail.wrapping_add(1) & self.doorbell_mask)
+        {
+            Ok(()) => {
+                self.tail.wrote_and_rang(1);
+                Ok(())
+            }
+            Err(error) => {
+                self.tail.wrote(1);
+                Err(error)
+            }
+        }
+    }
+
+    /// [`Queue::push`] then [`Queue::flush`], in one call (with the bookkeeping of
+    /// [`Queue::post_and_flush`]): one command, one doorbell for it and anything queued before.
+    /// If the push fails the payload is dropped (use `push` to get it back); if the doorbell
+    /// fails, the command stays queued (in flight) and the next flush announces it.
+    #[inline]
+    pub fn submit(&mut self, mut desc: D, payload: T) -> Result<u16, Error> {
+        let id = self.take_command(&mut desc, payload)?;
+        self.write_and_ring(desc)?;
         Ok(id)
     }
 
@@ -820,7 +934,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     fn head_from(&mut self, slot: u16) -> Result<(), Error> {
         let depth = self.layout.depth();
         let head = index::counter_of_slot(self.sq_head, u32::from(slot), depth);
-        let announced = self.announced.tail();
+        let announced = self.tail.announced();
         if u32::from(slot) >= depth || !index::advance_ok(self.sq_head, head, announced) {
             return Err(Error::CompletionSqHead {
                 queue: self.id,
@@ -902,11 +1016,11 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// (it reads only up to the SQ tail doorbell), so they are safe to hand back.
     fn take_unannounced(&mut self) -> Vec<(u16, T)> {
         let mut taken = Vec::new();
-        self.announced
-            .discard(index::used(self.sq_tail, self.announced.tail()));
-        while self.sq_tail != self.announced.tail() {
-            self.sq_tail = self.sq_tail.wrapping_sub(1);
-            let desc: D = self.memory.read_entry(self.layout.sq_entry(self.sq_tail));
+        while self.tail.unflushed() > 0 {
+            self.tail.unwrite();
+            let desc: D = self
+                .memory
+                .read_entry(self.layout.sq_entry(self.tail.next()));
             let id = desc.command_id();
             if let Some(payload) = self.slots.get_mut(usize::from(id)).and_then(Option::take) {
                 self.free_ids.push(id);
@@ -921,7 +1035,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     fn quiet(&mut self) -> bool {
         self.refresh_sq_head().is_ok()
             && self.in_flight() == 0
-            && self.sq_head == self.announced.tail()
+            && self.sq_head == self.tail.announced()
     }
 
     /// Keeps the ring memory and every in-flight payload alive forever, and counts it.
@@ -1002,31 +1116,6 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             }
         }
     }
-}
-
-/// Writes up to `max` SQ entries from counter `tail` on, taking each from `next` until it
-/// returns `None`, in at most two runs (up to the end of the ring, then from its start), each
-/// range-checked once. Returns how many were written. The caller checked the room.
-#[inline]
-fn write_runs<D: Pod>(
-    memory: &Memory,
-    layout: &Layout,
-    tail: u32,
-    max: u32,
-    mut next: impl FnMut() -> Option<D>,
-) -> u32 {
-    let depth = layout.depth();
-    let mut count = 0;
-    while count < max {
-        let at = tail.wrapping_add(count);
-        let run = (max - count).min(depth - index::slot(at, depth));
-        let written = memory.write_entries(layout.sq_entry(at), run, &mut next);
-        count += written;
-        if written < run {
-            break;
-        }
-    }
-    count
 }
 
 impl<D: Submission, C: Completion, T: Send> Drop for Queue<D, C, T> {

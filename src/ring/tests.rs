@@ -841,26 +841,171 @@ fn room_reads_the_device_head_only_when_short_of_what_is_wanted() {
 }
 
 #[test]
-fn doorbell_and_entry_counts_survive_their_32_bit_wraps() {
-    use super::queue::Announced;
-    let mut announced = Announced::default();
-    // Ring for 2^32 + 10 entries in steps, the tail counter wrapping once.
-    let mut tail = 0u32;
-    for step in [1u32 << 31, 1 << 31, 10] {
-        tail = tail.wrapping_add(step);
-        announced.rang(tail);
+fn doorbell_and_entry_counts_survive_their_wraps() {
+    use super::queue::SqTail;
+    let mut tail = SqTail::default();
+    // 2^17 + 1 doorbells of 2^15 entries each (the most a queue can have unannounced): the
+    // tail counter wraps once past 2^32, the doorbell count (kept modulo 2^16 in the word)
+    // twice.
+    for _ in 0..(1u32 << 17) + 1 {
+        tail.wrote(1 << 15);
+        tail.rang();
     }
-    assert_eq!(announced.tail(), 10);
-    assert_eq!(announced.entries(), (1u64 << 32) + 10);
-    assert_eq!(announced.doorbells(), 3);
-    announced.discard(5);
-    assert_eq!(announced.entries(), (1u64 << 32) + 15);
+    assert_eq!(tail.announced(), 1 << 15);
+    assert_eq!(tail.unflushed(), 0);
+    assert_eq!(tail.entries(), (1u64 << 32) + (1 << 15));
+    assert_eq!(tail.doorbells(), (1u64 << 17) + 1);
+    // Written and not yet announced: entries, not doorbells; the next counter past them.
+    tail.wrote(3);
+    assert_eq!((tail.unflushed(), tail.next()), (3, (1 << 15) + 3));
+    assert_eq!(tail.entries(), (1u64 << 32) + (1 << 15) + 3);
+    assert_eq!(tail.doorbells(), (1u64 << 17) + 1);
+    // One taken back unannounced is still counted as written.
+    tail.unwrite();
+    assert_eq!((tail.unflushed(), tail.next()), (2, (1 << 15) + 2));
+    assert_eq!(tail.entries(), (1u64 << 32) + (1 << 15) + 3);
 
-    // Three doorbells short of 2^32 of them: the doorbell count wraps too.
-    let mut announced = Announced::at(7, u32::MAX - 2);
-    for tail in 8..13 {
-        announced.rang(tail);
+    // Three doorbells short of 2^16 of them, one entry each.
+    let mut tail = SqTail::at(7, u16::MAX - 2);
+    for _ in 8..13 {
+        tail.wrote(1);
+        tail.rang();
     }
-    assert_eq!(announced.doorbells(), (1u64 << 32) + 2);
-    assert_eq!(announced.entries(), 12);
+    assert_eq!(tail.announced(), 12);
+    assert_eq!(tail.doorbells(), (1u64 << 16) + 2);
+    assert_eq!(tail.entries(), 12);
+}
+
+/// `post_and_flush` of a descriptor that names no host memory.
+fn post_now(queue: &mut Queue<Small, Status, ()>, desc: Small) -> Result<(), Error> {
+    // SAFETY: the descriptor names no host memory.
+    unsafe { queue.post_and_flush(desc) }
+}
+
+#[test]
+fn post_and_flush_rings_once_for_it_and_what_was_posted_before() {
+    let mut rig = setup::<()>(4, false);
+    let small = |value| Small {
+        value,
+        ..Small::default()
+    };
+    // SAFETY: the descriptor names no host memory.
+    unsafe { rig.queue.post(small(1)) }.unwrap();
+    post_now(&mut rig.queue, small(2)).unwrap();
+    let writes = |bar: &Recording<Shared>| -> Vec<(usize, u64)> {
+        bar.take_log()
+            .into_iter()
+            .filter(|access| access.op == Op::Write)
+            .map(|access| (access.offset, access.value))
+            .collect()
+    };
+    // One doorbell, announcing both.
+    assert_eq!(writes(&rig.bar), vec![(0x10, 2)]);
+    assert_eq!(rig.queue.unflushed(), 0);
+    assert_eq!(rig.device.fetch().unwrap(), 2);
+    let got: Vec<_> = std::iter::from_fn(|| rig.device.pop()).collect();
+    assert_eq!(got, [small(1), small(2)].map(|d| Small { id: POSTED, ..d }));
+    // Two more fit; the next is refused, with nothing written or rung, and counted.
+    post_now(&mut rig.queue, small(3)).unwrap();
+    post_now(&mut rig.queue, small(4)).unwrap();
+    assert_eq!(writes(&rig.bar), vec![(0x10, 3), (0x10, 4)]);
+    let refused = post_now(&mut rig.queue, small(5)).unwrap_err();
+    assert!(
+        matches!(refused, Error::Full { queue: 3, depth: 4 }),
+        "{refused:?}"
+    );
+    assert_eq!(writes(&rig.bar), vec![]);
+    let stats = rig.queue.stats();
+    assert_eq!(
+        (stats.posted, stats.sq_doorbells, stats.full),
+        (4, 3, 1),
+        "{stats:?}"
+    );
+    // Once the device hands the two slots it read back, the queue finds them (it reads the
+    // head again) and takes descriptors again.
+    rig.device.release();
+    post_now(&mut rig.queue, small(5)).unwrap();
+    assert_eq!(writes(&rig.bar), vec![(0x10, 5)]);
+    assert_eq!(rig.device.fetch().unwrap(), 3);
+    let got: Vec<u32> = std::iter::from_fn(|| rig.device.pop())
+        .map(|d| d.value)
+        .collect();
+    assert_eq!(got, vec![3, 4, 5]);
+    assert_eq!(rig.queue.stats().posted, 5);
+}
+
+/// Register memory whose writes fail while `fail` is set (a BAR reached through a file whose
+/// writes the kernel refuses).
+#[derive(Debug)]
+struct Flaky {
+    inner: Shared,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl crate::mmio::Backend for Flaky {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn read(&self, offset: usize, width: Width) -> Result<u64, crate::mmio::Error> {
+        self.inner.read(offset, width)
+    }
+
+    fn write(&self, offset: usize, width: Width, value: u64) -> Result<(), crate::mmio::Error> {
+        if self.fail.load(StdOrdering::SeqCst) {
+            return Err(crate::mmio::Error::Write {
+                offset,
+                file_offset: offset as u64,
+                width,
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
+        self.inner.write(offset, width, value)
+    }
+}
+
+#[test]
+fn a_failed_doorbell_leaves_the_descriptor_queued_for_the_next_flush() {
+    let space = Loopback::new(48).unwrap();
+    let layout = Layout::new::<Small, Status>(4).unwrap();
+    let memory = Memory::from_mapping(mapped(&space, layout.size()), 0, layout.size()).unwrap();
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let bar = Flaky {
+        inner: Shared::new(256),
+        fail: Arc::clone(&fail),
+    };
+    let doorbells = Doorbells::new(Block::new(bar).erase(), 0x10, 0x50).unwrap();
+    let mut queue: Queue<Small, Status, ()> =
+        Queue::new(Config::new(4), memory.clone(), doorbells.clone(), None).unwrap();
+    let window = space.translate(memory.iova(), layout.size()).unwrap();
+    let device_memory = Memory::from_window(window, memory.iova()).unwrap();
+    let mut device: DeviceQueue<Small, Status> =
+        DeviceQueue::new(0, 4, device_memory, doorbells, None).unwrap();
+
+    fail.store(true, StdOrdering::SeqCst);
+    let desc = Small {
+        value: 7,
+        ..Small::default()
+    };
+    let error = post_now(&mut queue, desc).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::Doorbell {
+                which: "SQ tail",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    // Written, not announced: the device sees nothing, and the entry waits for a flush.
+    assert_eq!(queue.unflushed(), 1);
+    let stats = queue.stats();
+    assert_eq!((stats.posted, stats.sq_doorbells), (1, 0));
+    assert_eq!(device.fetch().unwrap(), 0);
+    fail.store(false, StdOrdering::SeqCst);
+    queue.flush().unwrap();
+    assert_eq!(queue.stats().sq_doorbells, 1);
+    assert_eq!(device.fetch().unwrap(), 1);
+    assert_eq!(device.pop().map(|d| d.value), Some(7));
 }
