@@ -86,6 +86,7 @@ mod index;
 mod layout;
 mod memory;
 mod queue;
+mod submit;
 mod types;
 mod wait;
 

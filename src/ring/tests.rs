@@ -842,7 +842,7 @@ fn room_reads_the_device_head_only_when_short_of_what_is_wanted() {
 
 #[test]
 fn doorbell_and_entry_counts_survive_their_wraps() {
-    use super::queue::SqTail;
+    use super::submit::SqTail;
     let mut tail = SqTail::default();
     // 2^17 + 1 doorbells of 2^15 entries each (the most a queue can have unannounced): the
     // tail counter wraps once past 2^32, the doorbell count (kept modulo 2^16 in the word)

@@ -1,0 +1,434 @@
+//! The submission half of [`Queue`]: writing descriptors into the SQ (one, a burst, with or
+//! without a payload), ringing the SQ tail doorbell, and the host's SQ tail bookkeeping
+//! ([`SqTail`]). The orderings are listed with the rest of the host side in `queue.rs`.
+
+use super::index;
+use super::queue::{Queue, Rejected};
+use super::{Completion, Error, Submission, POSTED};
+use crate::sync::{fence, Ordering};
+
+/// The host's SQ tail, packed so that posting a descriptor and ringing for it in one call
+/// ([`Queue::post_and_flush`]) costs the queue's own memory one store: one word holds the tail
+/// counter last announced, the entries written since and the doorbells rung (modulo 2^16; the
+/// high parts of the 64-bit totals move once every 2^16 doorbells or 2^32 entries and live
+/// apart). That call is then three stores (entry, doorbell, this word), as many as an SPSC
+/// queue's push makes (rtrb: the slot, the shared tail and the producer's own copy of it):
+/// every store more waits behind the doorbell's cache-line transfer when a busy device polls
+/// it, and on this path stores are what the time is made of.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct SqTail {
+    /// Bits 32..64: the SQ tail counter announced; bits 16..32: entries written since (at most
+    /// the depth, 2^15); bits 0..16: doorbells rung, modulo 2^16.
+    word: u64,
+    /// Times the announced counter wrapped past 2^32.
+    tail_wraps: u64,
+    /// Times the doorbell count wrapped past 2^16.
+    doorbell_wraps: u64,
+    /// Entries written but handed back unannounced (see `Queue::take_unannounced`).
+    discarded: u64,
+}
+
+impl SqTail {
+    /// One entry written, in `word`.
+    const ENTRY: u64 = 1 << 16;
+
+    /// The SQ tail counter last announced.
+    #[inline]
+    pub(super) fn announced(&self) -> u32 {
+        (self.word >> 32) as u32
+    }
+
+    /// Entries written since the last doorbell.
+    #[inline]
+    pub(super) fn unflushed(&self) -> u32 {
+        u32::from((self.word >> 16) as u16)
+    }
+
+    /// The counter of the next entry to write.
+    #[inline]
+    pub(super) fn next(&self) -> u32 {
+        self.announced().wrapping_add(self.unflushed())
+    }
+
+    /// Counts `count` more entries written. The queue never has more than its depth (at most
+    /// 2^15) written past the device's head, so the count cannot spill into the tail.
+    #[inline]
+    pub(super) fn wrote(&mut self, count: u32) {
+        debug_assert!(self.unflushed() + count <= 1 << 15);
+        self.word += u64::from(count) * Self::ENTRY;
+    }
+
+    /// Takes back the newest unannounced entry (one must be there).
+    pub(super) fn unwrite(&mut self) {
+        debug_assert!(self.unflushed() > 0);
+        self.word -= Self::ENTRY;
+        self.discarded += 1;
+    }
+
+    /// Records a doorbell that announced every entry written.
+    #[inline]
+    pub(super) fn rang(&mut self) {
+        self.wrote_and_rang(0);
+    }
+
+    /// Records `count` more entries written and a doorbell that announced them with every
+    /// entry written before: [`SqTail::wrote`] then [`SqTail::rang`], computed in registers
+    /// and stored once.
+    #[inline]
+    pub(super) fn wrote_and_rang(&mut self, count: u32) {
+        debug_assert!(self.unflushed() + count <= 1 << 15);
+        let tail = self.next().wrapping_add(count);
+        // The counter moved forward from the last announcement by less than 2^32: below it
+        // numerically means it wrapped.
+        if tail < self.announced() {
+            self.tail_wraps += 1;
+        }
+        let (count, wrapped) = (self.word as u16).overflowing_add(1);
+        if wrapped {
+            self.doorbell_wraps += 1;
+        }
+        self.word = (u64::from(tail) << 32) | u64::from(count);
+    }
+
+    /// Tests: as if the tail counter had been announced up to `tail` by `doorbells` doorbells
+    /// (counters started near their wrap).
+    #[cfg(test)]
+    pub(super) fn at(tail: u32, doorbells: u16) -> SqTail {
+        SqTail {
+            word: (u64::from(tail) << 32) | u64::from(doorbells),
+            ..SqTail::default()
+        }
+    }
+
+    /// Doorbells rung.
+    pub(super) fn doorbells(&self) -> u64 {
+        (self.doorbell_wraps << 16) | (self.word & 0xffff)
+    }
+
+    /// SQ entries written and not taken back (the tail counter starts at 0).
+    pub(super) fn entries(&self) -> u64 {
+        ((self.tail_wraps << 32) | u64::from(self.announced()))
+            + u64::from(self.unflushed())
+            + self.discarded
+    }
+}
+
+impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
+    /// Entries written since the last doorbell (waiting for [`Queue::flush`]).
+    pub fn unflushed(&self) -> u32 {
+        self.tail.unflushed()
+    }
+
+    /// Free SQ slots, for a caller that wants `wanted` of them before it writes (a burst that
+    /// should go to the device whole, under one doorbell). The count the queue keeps is
+    /// returned when it is at least `wanted`; only below that is the device's head read again
+    /// (a cache-line transfer), so a producer waiting for room spins here cheaply. Posted
+    /// descriptors need only SQ slots; commands also need command ids ([`Queue::in_flight`]).
+    #[inline]
+    pub fn room(&mut self, wanted: u32) -> Result<u32, Error> {
+        let room = index::room(self.tail.next(), self.sq_limit, self.layout.depth());
+        if room >= wanted {
+            return Ok(room);
+        }
+        self.sq_room_refreshed()
+    }
+
+    /// Reads the device's SQ head write-back (or, when completions carry the SQ head, takes
+    /// the head the last one reported) and recomputes how far the host may write.
+    pub(super) fn refresh_sq_head(&mut self) -> Result<(), Error> {
+        if self.head_from_cq {
+            let layout = &self.layout;
+            self.sq_limit = index::sq_limit(
+                self.sq_head,
+                self.tail.next(),
+                layout.depth(),
+                layout.sq_per_line(),
+                self.reserve,
+            );
+            return Ok(());
+        }
+        let head = self.memory.load_u32(self.layout.sq_head_offset());
+        // Acquire: the device's reads of the entries before `head` happen before the host
+        // overwrites those slots (pairs with the fence(Release) in `DeviceQueue::release`).
+        fence(Ordering::Acquire);
+        let announced = self.tail.announced();
+        if !index::advance_ok(self.sq_head, head, announced) {
+            return Err(Error::DeviceSqHead {
+                queue: self.id,
+                head,
+                old: self.sq_head,
+                tail: announced,
+            });
+        }
+        self.sq_head = head;
+        let layout = &self.layout;
+        self.sq_limit = index::sq_limit(
+            head,
+            self.tail.next(),
+            layout.depth(),
+            layout.sq_per_line(),
+            self.reserve,
+        );
+        Ok(())
+    }
+
+    /// Free SQ slots, re-reading the device's head only when the cached one says none.
+    #[inline]
+    pub(super) fn sq_room(&mut self) -> Result<u32, Error> {
+        let room = index::room(self.tail.next(), self.sq_limit, self.layout.depth());
+        if room > 0 {
+            return Ok(room);
+        }
+        self.sq_room_refreshed()
+    }
+
+    /// [`Queue::sq_room`] after reading the write-back: the uncommon path.
+    #[cold]
+    #[inline(never)]
+    fn sq_room_refreshed(&mut self) -> Result<u32, Error> {
+        self.refresh_sq_head()?;
+        Ok(index::room(
+            self.tail.next(),
+            self.sq_limit,
+            self.layout.depth(),
+        ))
+    }
+
+    /// Why a submission cannot be queued, given the room found (an error, no SQ slot, or, for
+    /// a command that needs one, no free command id); counted in the stats.
+    #[cold]
+    #[inline(never)]
+    fn refusal(&mut self, room: Result<u32, Error>, id: bool) -> Error {
+        match room {
+            Err(error) => error,
+            Ok(0) => {
+                self.stats.full += 1;
+                Error::Full {
+                    queue: self.id,
+                    depth: self.depth(),
+                }
+            }
+            Ok(_) => {
+                debug_assert!(id);
+                self.stats.full += 1;
+                Error::NoCommandId {
+                    queue: self.id,
+                    in_flight: self.in_flight(),
+                }
+            }
+        }
+    }
+
+    /// Whether there is an SQ slot to write, from the kept limit: the hot path's check, in
+    /// registers. When there is none, [`Queue::slot_or_refusal`] (out of line) reads the
+    /// device's head again.
+    #[inline]
+    fn has_slot(&self) -> bool {
+        index::room(self.tail.next(), self.sq_limit, self.layout.depth()) > 0
+    }
+
+    /// The uncommon path of a single-entry submission with no slot by the kept limit: reads the
+    /// device's head again, and refuses (counted) if there is still no slot, or, for a command
+    /// (`id`), no free command id.
+    #[cold]
+    #[inline(never)]
+    fn slot_or_refusal(&mut self, id: bool) -> Result<(), Error> {
+        let room = self.sq_room_refreshed();
+        if matches!(room, Ok(1..)) {
+            return Ok(());
+        }
+        Err(self.refusal(room, id))
+    }
+
+    /// Writes `desc` into the next SQ slot (the caller checked there is one).
+    #[inline]
+    fn write_sq(&mut self, desc: D) {
+        self.sq.write(self.tail.next(), desc);
+        self.tail.wrote(1);
+    }
+
+    /// Queues a command without ringing the doorbell: moves `payload` into the in-flight table,
+    /// writes its id into `desc` and `desc` into the SQ. Returns the command id. Nothing is
+    /// queued on error, and both are handed back.
+    #[inline]
+    pub fn push(&mut self, mut desc: D, payload: T) -> Result<u16, Rejected<D, T>> {
+        let id = self.take_command(&mut desc, payload)?;
+        self.write_sq(desc);
+        Ok(id)
+    }
+
+    /// The first half of [`Queue::push`]: checks there is an SQ slot and a command id, moves
+    /// `payload` into the in-flight table under that id and writes the id into `desc`, which the
+    /// caller then writes into the SQ. Nothing is taken on error, and both are handed back.
+    #[inline]
+    fn take_command(&mut self, desc: &mut D, payload: T) -> Result<u16, Rejected<D, T>> {
+        let room = self.sq_room();
+        let id = match (&room, self.free_ids.last()) {
+            (Ok(1..), Some(&id)) => id,
+            _ => {
+                let error = self.refusal(room, true);
+                return Err(Rejected {
+                    error,
+                    descriptor: *desc,
+                    payload,
+                });
+            }
+        };
+        self.free_ids.pop();
+        desc.set_command_id(id);
+        self.slots[usize::from(id)] = Some(payload);
+        self.stats.submitted += 1;
+        Ok(id)
+    }
+
+    /// Queues a descriptor that gets no completion (command id [`POSTED`]), without ringing
+    /// the doorbell: a command that names no host memory (a fence, a context switch, a doorbell
+    /// to another engine). Its SQ slot is free again once the device has read it.
+    ///
+    /// # Safety
+    /// Any host memory the descriptor names must stay valid and unreferenced until the caller
+    /// knows, by other means, that the device is done with it: no completion will say so, and
+    /// the queue holds nothing for it.
+    #[inline]
+    pub unsafe fn post(&mut self, mut desc: D) -> Result<(), Rejected<D, ()>> {
+        if !self.has_slot() {
+            if let Err(error) = self.slot_or_refusal(false) {
+                return Err(Rejected {
+                    error,
+                    descriptor: desc,
+                    payload: (),
+                });
+            }
+        }
+        desc.set_command_id(POSTED);
+        self.write_sq(desc);
+        Ok(())
+    }
+
+    /// Queues as many commands from `items` as there are SQ slots and command ids for, without
+    /// ringing the doorbell (one [`Queue::flush`] for the burst): the burst form of
+    /// [`Queue::push`], with the queue's state held in registers across the burst. Takes an
+    /// item from `items` only when it can queue it, so what is left stays in the iterator.
+    /// Returns how many were queued (0 when the ring or the ids are exhausted).
+    #[inline]
+    pub fn push_burst<I: Iterator<Item = (D, T)>>(&mut self, items: &mut I) -> Result<u32, Error> {
+        let room = self.sq_room()?;
+        let ids = u32::try_from(self.free_ids.len()).unwrap_or(u32::MAX);
+        let max = room.min(ids);
+        if max == 0 {
+            let error = self.refusal(Ok(room), true);
+            if matches!(error, Error::Full { .. } | Error::NoCommandId { .. }) {
+                return Ok(0);
+            }
+            return Err(error);
+        }
+        let tail = self.tail.next();
+        let (slots, free_ids) = (&mut self.slots, &mut self.free_ids);
+        let count = self.sq.write_from(tail, max, || {
+            // `max <= free_ids.len()`: an id is there; the item is taken only then.
+            let id = *free_ids.last()?;
+            let (mut desc, payload) = items.next()?;
+            free_ids.pop();
+            desc.set_command_id(id);
+            slots[usize::from(id)] = Some(payload);
+            Some(desc)
+        });
+        self.tail.wrote(count);
+        self.stats.submitted += u64::from(count);
+        Ok(count)
+    }
+
+    /// Queues as many descriptors from `descs` as there are SQ slots for, as posted descriptors
+    /// (see [`Queue::post`]), without ringing the doorbell: the burst form of `post`. Takes a
+    /// descriptor from `descs` only when it can queue it, so what is left stays in the iterator.
+    /// Returns how many were queued (0 when the ring is full). Descriptors made by the iterator
+    /// (a `map` over the burst) go straight from registers into the ring.
+    ///
+    /// # Safety
+    /// As for [`Queue::post`], for every descriptor queued.
+    #[inline]
+    pub unsafe fn post_burst<I: Iterator<Item = D>>(
+        &mut self,
+        descs: &mut I,
+    ) -> Result<u32, Error> {
+        let room = self.sq_room()?;
+        if room == 0 {
+            self.stats.full += 1;
+            return Ok(0);
+        }
+        let tail = self.tail.next();
+        let count = self.sq.write_from(tail, room, || {
+            let mut desc = descs.next()?;
+            desc.set_command_id(POSTED);
+            Some(desc)
+        });
+        self.tail.wrote(count);
+        Ok(count)
+    }
+
+    /// Rings the SQ doorbell once for everything queued since the last flush (nothing if
+    /// nothing was). If the write fails, the entries stay queued and the next flush retries.
+    #[inline]
+    pub fn flush(&mut self) -> Result<(), Error> {
+        if self.tail.unflushed() == 0 {
+            return Ok(());
+        }
+        self.doorbells
+            .ring_sq(self.id, self.tail.next() & self.doorbell_mask)?;
+        self.tail.rang();
+        Ok(())
+    }
+
+    /// [`Queue::post`] then [`Queue::flush`], in one call: queues a descriptor that gets no
+    /// completion and rings the doorbell for it and for anything queued before it. The queue's
+    /// own bookkeeping is one store after the doorbell (where `post` and `flush` make one
+    /// each), so a producer that announces every descriptor alone pays three stores for it:
+    /// the entry, the doorbell and that one. Errors as [`Queue::submit`]'s: when the SQ is full
+    /// ([`Error::Full`]) nothing was queued (the caller still has its copy of `desc`); when the
+    /// doorbell write failed ([`Error::Doorbell`]) the descriptor stays queued, as after
+    /// `post`, and the next flush announces it.
+    ///
+    /// # Safety
+    /// As for [`Queue::post`].
+    #[inline]
+    pub unsafe fn post_and_flush(&mut self, mut desc: D) -> Result<(), Error> {
+        if !self.has_slot() {
+            self.slot_or_refusal(false)?;
+        }
+        desc.set_command_id(POSTED);
+        self.write_and_ring(desc)
+    }
+
+    /// Writes `desc` into the next SQ slot (the caller checked there is one) and rings the
+    /// doorbell for it and everything queued before it, with the queue's bookkeeping stored
+    /// once, after the doorbell. If the doorbell write fails, the entry stays queued.
+    #[inline]
+    fn write_and_ring(&mut self, desc: D) -> Result<(), Error> {
+        let tail = self.tail.next();
+        self.sq.write(tail, desc);
+        match self
+            .doorbells
+            .ring_sq(self.id, tail.wrapping_add(1) & self.doorbell_mask)
+        {
+            Ok(()) => {
+                self.tail.wrote_and_rang(1);
+                Ok(())
+            }
+            Err(error) => {
+                self.tail.wrote(1);
+                Err(error)
+            }
+        }
+    }
+
+    /// [`Queue::push`] then [`Queue::flush`], in one call (with the bookkeeping of
+    /// [`Queue::post_and_flush`]): one command, one doorbell for it and anything queued before.
+    /// If the push fails the payload is dropped (use `push` to get it back); if the doorbell
+    /// fails, the command stays queued (in flight) and the next flush announces it.
+    #[inline]
+    pub fn submit(&mut self, mut desc: D, payload: T) -> Result<u16, Error> {
+        let id = self.take_command(&mut desc, payload)?;
+        self.write_and_ring(desc)?;
+        Ok(id)
+    }
+}
