@@ -162,8 +162,8 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
 
     /// Reads up to `max` announced entries (as of the last [`DeviceQueue::fetch`]) in order,
     /// handing each (copied out) to `f`, and returns how many: the burst form of
-    /// [`DeviceQueue::pop`], with the range checked once, when the queue was made, instead of per entry.
-    /// Their slots stay the device's until [`DeviceQueue::release`].
+    /// [`DeviceQueue::pop`], with the range checked once, when the queue was made, instead of
+    /// per entry. Their slots stay the device's until [`DeviceQueue::release`].
     ///
     /// The run is read with plain loads, which the compiler may widen and vectorise with what
     /// `f` does; `pop` reads each entry with volatile loads, exactly once. A device model that

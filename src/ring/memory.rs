@@ -620,19 +620,42 @@ impl<T: Pod> Entries<T> {
     /// doorbell that follows.
     #[inline]
     pub(crate) fn write(&self, counter: u32, value: T) {
-        let index = (counter & self.mask) as usize;
+        self.store(counter & self.mask, value);
+    }
+
+    /// Stores `value` into entry `index`, which must be below the count (the callers mask a
+    /// counter, or stay inside a run they bounded by it).
+    #[inline(always)]
+    fn store(&self, index: u32, value: T) {
+        assert_index(index, self.mask);
         #[cfg(not(loom))]
-        // SAFETY: `index <= mask < count`, and `new` checked that the `count` entries from
-        // `first` are inside the memory (mapped, writable, kept alive by `self.memory`) and
-        // that `first` is aligned for `T`, so each entry is (the size is a multiple of the
-        // alignment); a raw pointer, no reference made. No one else reads or writes the entry
-        // meanwhile, as for `Memory::write_entry`.
+        // SAFETY: `index <= mask < count` (checked above, in debug builds; the callers keep
+        // it so), and `new` checked that the `count` entries from `first` are inside the
+        // memory (mapped, writable, kept alive by `self.memory`) and that `first` is aligned
+        // for `T`, so each entry is (the size is a multiple of the alignment); a raw pointer,
+        // no reference made. No one else reads or writes the entry meanwhile, as for
+        // `Memory::write_entry`.
         unsafe {
-            self.first.as_ptr().add(index).write(value)
+            self.first.as_ptr().add(index as usize).write(value)
         };
         #[cfg(loom)]
         self.memory
-            .write_entry(self.offset + index * size_of::<T>(), &value, None);
+            .write_entry(self.offset + index as usize * size_of::<T>(), &value, None);
+    }
+
+    /// Loads entry `index`, which must be below the count, with a plain load (see
+    /// [`Entries::read_from`]).
+    #[inline(always)]
+    fn load(&self, index: u32) -> T {
+        assert_index(index, self.mask);
+        #[cfg(not(loom))]
+        // SAFETY: as in `store`: inside the memory and aligned; a raw pointer, no reference
+        // made; nobody writes the entry meanwhile (see `read_from`), so a plain load is not a
+        // data race.
+        return unsafe { self.first.as_ptr().add(index as usize).read() };
+        #[cfg(loom)]
+        self.memory
+            .read_entry(self.offset + index as usize * size_of::<T>())
     }
 
     /// Writes up to `max` entries (at most all of them) from counter `counter` on, as
@@ -682,48 +705,28 @@ impl<T: Pod> Entries<T> {
     /// Reads the `len` entries from entry `index` on (`index + len` at most the count).
     #[inline(always)]
     fn read_run(&self, index: u32, len: u32, f: &mut impl FnMut(T)) {
-        debug_assert!(index + len <= self.mask + 1);
         for k in index..index + len {
-            #[cfg(not(loom))]
-            // SAFETY: `k < index + len <= count` (the callers keep it so), and the `count`
-            // entries from `first` are inside the memory and aligned, as in `write`; a raw
-            // pointer, no reference made; nobody writes the entry meanwhile (see `read_from`),
-            // so a plain load is not a data race.
-            f(unsafe { self.first.as_ptr().add(k as usize).read() });
-            #[cfg(loom)]
-            f(self
-                .memory
-                .read_entry(self.offset + k as usize * size_of::<T>()));
+            f(self.load(k));
         }
     }
 
     /// Writes up to `len` entries from entry `index` on (`index + len` at most the count).
     #[inline(always)]
     fn write_run(&self, index: u32, len: u32, next: &mut impl FnMut() -> Option<T>) -> u32 {
-        debug_assert!(index + len <= self.mask + 1);
         let mut written = 0;
         while written < len {
             let Some(value) = next() else { break };
-            #[cfg(not(loom))]
-            // SAFETY: `index + written < index + len <= count` (the callers keep it so), and
-            // the `count` entries from `first` are inside the memory and aligned, as in
-            // `write`; a raw pointer, no reference made.
-            unsafe {
-                self.first
-                    .as_ptr()
-                    .add((index + written) as usize)
-                    .write(value)
-            };
-            #[cfg(loom)]
-            self.memory.write_entry(
-                self.offset + (index + written) as usize * size_of::<T>(),
-                &value,
-                None,
-            );
+            self.store(index + written, value);
             written += 1;
         }
         written
     }
+}
+
+/// Debug builds: entry `index` of an [`Entries`] is below its count (`mask + 1`).
+#[inline(always)]
+fn assert_index(index: u32, mask: u32) {
+    debug_assert!(index <= mask, "entry {index} of {}", u64::from(mask) + 1);
 }
 
 /// The panic of a ring memory access outside the memory or misaligned: a bug in this module
