@@ -8,19 +8,29 @@ use super::{Completion, Error, Submission, POSTED};
 use crate::sync::{fence, Ordering};
 
 /// The host's SQ tail, packed so that posting a descriptor and ringing for it in one call
-/// ([`Queue::post_and_flush`]) costs the queue's own memory one store: one word holds the tail
-/// counter last announced, the entries written since and the doorbells rung (modulo 2^16; the
-/// high parts of the 64-bit totals move once every 2^16 doorbells or 2^32 entries and live
-/// apart). That call is then three stores (entry, doorbell, this word), as many as an SPSC
-/// queue's push makes (rtrb: the slot, the shared tail and the producer's own copy of it):
-/// every store more waits behind the doorbell's cache-line transfer when a busy device polls
-/// it, and on this path stores are what the time is made of.
+/// ([`Queue::post_and_flush`]) costs the queue's own memory one store: one word holds the
+/// counter of the next entry to write, the entries written since the last doorbell and the
+/// doorbells rung (modulo 2^16; the high parts of the 64-bit totals move once every 2^16
+/// doorbells or 2^32 entries and live apart). That call is then three stores (entry, doorbell,
+/// this word), as many as an SPSC queue's push makes (rtrb: the slot, the shared tail and the
+/// producer's own copy of it): every store more waits behind the doorbell's cache-line
+/// transfer when a busy device polls it, and on this path stores are what the time is made of.
+///
+/// The fields are placed so that what a producer loop carries from one call to the next is
+/// short: the word is stored at the end of a call and loaded at the start of the next, and
+/// the compiler cannot keep it in a register across the entry and doorbell stores (raw
+/// pointers it cannot tell apart from the queue), so the time between that load and that
+/// store bounds the rate of a tight loop. Posting one entry and ringing for it is one add and
+/// one mask (the tail counter moves in the top bits, a doorbell's carry out of its count lands
+/// in the unflushed bits, which the mask clears); the fields read elsewhere (the tail counter
+/// for the entry's slot and the doorbell value) branch off that path.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct SqTail {
-    /// Bits 32..64: the SQ tail counter announced; bits 16..32: entries written since (at most
-    /// the depth, 2^15); bits 0..16: doorbells rung, modulo 2^16.
+    /// Bits 32..64: the counter of the next entry to write; bits 16..32: entries written
+    /// since the last doorbell (at most the depth, 2^15); bits 0..16: doorbells rung, modulo
+    /// 2^16.
     word: u64,
-    /// Times the announced counter wrapped past 2^32.
+    /// Times the tail counter wrapped past 2^32 (forwards, less backwards).
     tail_wraps: u64,
     /// Times the doorbell count wrapped past 2^16.
     doorbell_wraps: u64,
@@ -29,13 +39,17 @@ pub(super) struct SqTail {
 }
 
 impl SqTail {
-    /// One entry written, in `word`.
-    const ENTRY: u64 = 1 << 16;
+    /// One entry written and not announced yet, in `word`.
+    const ENTRY: u64 = (1 << 32) | (1 << 16);
+    /// One entry written, in `word`'s tail counter.
+    const TAIL: u64 = 1 << 32;
+    /// `word`'s unflushed count.
+    const UNFLUSHED: u64 = 0xffff << 16;
 
     /// The SQ tail counter last announced.
     #[inline]
     pub(super) fn announced(&self) -> u32 {
-        (self.word >> 32) as u32
+        self.next().wrapping_sub(self.unflushed())
     }
 
     /// Entries written since the last doorbell.
@@ -47,21 +61,32 @@ impl SqTail {
     /// The counter of the next entry to write.
     #[inline]
     pub(super) fn next(&self) -> u32 {
-        self.announced().wrapping_add(self.unflushed())
+        (self.word >> 32) as u32
     }
 
     /// Counts `count` more entries written. The queue never has more than its depth (at most
-    /// 2^15) written past the device's head, so the count cannot spill into the tail.
+    /// 2^15) written past the device's head, so the unflushed count cannot spill into the
+    /// tail counter.
     #[inline]
     pub(super) fn wrote(&mut self, count: u32) {
         debug_assert!(self.unflushed() + count <= 1 << 15);
-        self.word += u64::from(count) * Self::ENTRY;
+        let (word, wrapped) = self.word.overflowing_add(u64::from(count) * Self::ENTRY);
+        // A branch, not an add of the carry: the count is stored only when it moves, once
+        // every 2^32 entries, not on every post.
+        if wrapped {
+            self.tail_wraps += 1;
+        }
+        self.word = word;
     }
 
     /// Takes back the newest unannounced entry (one must be there).
     pub(super) fn unwrite(&mut self) {
         debug_assert!(self.unflushed() > 0);
-        self.word -= Self::ENTRY;
+        let (word, wrapped) = self.word.overflowing_sub(Self::ENTRY);
+        if wrapped {
+            self.tail_wraps -= 1;
+        }
+        self.word = word;
         self.discarded += 1;
     }
 
@@ -72,22 +97,22 @@ impl SqTail {
     }
 
     /// Records `count` more entries written and a doorbell that announced them with every
-    /// entry written before: [`SqTail::wrote`] then [`SqTail::rang`], computed in registers
-    /// and stored once.
+    /// entry written before: [`SqTail::wrote`] then [`SqTail::rang`], in one add and one mask,
+    /// stored once.
     #[inline]
     pub(super) fn wrote_and_rang(&mut self, count: u32) {
         debug_assert!(self.unflushed() + count <= 1 << 15);
-        let tail = self.next().wrapping_add(count);
-        // The counter moved forward from the last announcement by less than 2^32: below it
-        // numerically means it wrapped.
-        if tail < self.announced() {
+        // The tail counter moves by `count` (a carry out of bit 63 is its wrap) and the
+        // doorbell count by one; a carry out of the doorbell count goes into the unflushed
+        // bits (at most 2^15 + 1 there: nothing reaches the tail counter), which are cleared.
+        let (word, wrapped) = self.word.overflowing_add(u64::from(count) * Self::TAIL + 1);
+        if wrapped {
             self.tail_wraps += 1;
         }
-        let (count, wrapped) = (self.word as u16).overflowing_add(1);
-        if wrapped {
+        if word as u16 == 0 {
             self.doorbell_wraps += 1;
         }
-        self.word = (u64::from(tail) << 32) | u64::from(count);
+        self.word = word & !Self::UNFLUSHED;
     }
 
     /// Tests: as if the tail counter had been announced up to `tail` by `doorbells` doorbells
@@ -105,11 +130,9 @@ impl SqTail {
         (self.doorbell_wraps << 16) | (self.word & 0xffff)
     }
 
-    /// SQ entries written and not taken back (the tail counter starts at 0).
+    /// SQ entries written, taken back or not (the tail counter starts at 0).
     pub(super) fn entries(&self) -> u64 {
-        ((self.tail_wraps << 32) | u64::from(self.announced()))
-            + u64::from(self.unflushed())
-            + self.discarded
+        ((self.tail_wraps << 32) | u64::from(self.next())) + self.discarded
     }
 }
 

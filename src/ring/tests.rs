@@ -874,6 +874,30 @@ fn doorbell_and_entry_counts_survive_their_wraps() {
     assert_eq!(tail.announced(), 12);
     assert_eq!(tail.doorbells(), (1u64 << 16) + 2);
     assert_eq!(tail.entries(), 12);
+
+    // Both wraps in one post-and-ring (`wrote_and_rang`, what `post_and_flush` records) with
+    // entries queued before it: the tail counter passes 2^32 under the queued ones, and the
+    // doorbell count's carry (into the unflushed bits) is cleared with them.
+    let mut tail = SqTail::at(u32::MAX - 1, u16::MAX);
+    tail.wrote(2);
+    assert_eq!(
+        (tail.next(), tail.unflushed(), tail.announced()),
+        (0, 2, u32::MAX - 1)
+    );
+    assert_eq!(tail.entries(), 1u64 << 32);
+    tail.wrote_and_rang(1);
+    assert_eq!((tail.next(), tail.unflushed(), tail.announced()), (1, 0, 1));
+    assert_eq!(tail.doorbells(), 1u64 << 16);
+    assert_eq!(tail.entries(), (1u64 << 32) + 1);
+    // Entries taken back across the tail counter's wrap take the wrap back with them, and
+    // still count as written.
+    let mut tail = SqTail::at(u32::MAX, 0);
+    tail.wrote(2);
+    assert_eq!((tail.next(), tail.unflushed()), (1, 2));
+    tail.unwrite();
+    tail.unwrite();
+    assert_eq!((tail.next(), tail.unflushed()), (u32::MAX, 0));
+    assert_eq!(tail.entries(), (1u64 << 32) + 1);
 }
 
 /// `post_and_flush` of a descriptor that names no host memory.
