@@ -151,11 +151,10 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
         if self.sq_head == self.sq_tail {
             return None;
         }
-        let entry = self.memory.read_entry(self.layout.sq_entry(self.sq_head));
+        let entry = self.sq.read_once(self.sq_head);
         self.sq_head = self.sq_head.wrapping_add(1);
         if self.sq_head != self.sq_tail {
-            self.memory
-                .prefetch(self.layout.sq_entry(self.sq_head), size_of::<D>());
+            self.sq.prefetch_new_lines(self.sq_head);
         }
         Some(entry)
     }

@@ -164,7 +164,7 @@ impl Memory {
     }
 
     /// Zeroed, simulated memory for loom models.
-    #[cfg(loom)]
+    #[cfg(all(loom, test))]
     pub(crate) fn simulated(len: usize, iova: u64) -> Memory {
         let words: Vec<AtomicU32> = (0..len.div_ceil(4)).map(|_| AtomicU32::new(0)).collect();
         Memory {
@@ -384,7 +384,7 @@ impl Memory {
             }
             // SAFETY: `check` put the entry inside the mapped memory, the test above that it
             // is aligned to the chunk size.
-            unsafe { self.load_entry(offset) }
+            unsafe { load_once(src) }
         }
         #[cfg(loom)]
         {
@@ -402,77 +402,6 @@ impl Memory {
             // steps tile it), and `T: Pod` accepts any bytes.
             unsafe { value.assume_init() }
         }
-    }
-
-    /// Copies the entry at `offset` out in volatile loads of [`Memory::chunk`] bytes (one 8-byte
-    /// load for an 8-byte descriptor, four 16-byte loads for a 64-byte one). The entry is not
-    /// being written meanwhile (the protocol's fences order the writer's stores before), so the
-    /// width of the loads does not matter for what they see, only for how many there are.
-    ///
-    /// # Safety
-    /// `offset..offset + size_of::<T>()` is inside the memory and `ptr + offset` is aligned to
-    /// `Memory::chunk::<T>()`.
-    #[cfg(not(loom))]
-    #[inline(always)]
-    unsafe fn load_entry<T: Pod>(&self, offset: usize) -> T {
-        let size = size_of::<T>();
-        let chunk = Memory::chunk::<T>();
-        let mut value = std::mem::MaybeUninit::<T>::uninit();
-        let dst = value.as_mut_ptr().cast::<u8>();
-        let mut at = 0;
-        while at < size {
-            // SAFETY: per the contract, `ptr + offset + at` is inside the memory and aligned to
-            // `chunk`, which divides the size (so `at + chunk <= size`); `dst + at` has `chunk`
-            // writable bytes of `value` (unaligned writes); volatile loads through raw pointers.
-            unsafe {
-                let src = self.ptr.as_ptr().add(offset + at);
-                match chunk {
-                    #[cfg(target_arch = "x86_64")]
-                    16 => {
-                        use std::arch::x86_64::__m128i;
-                        let v = std::ptr::read_volatile(src.cast::<__m128i>());
-                        dst.add(at).cast::<__m128i>().write_unaligned(v);
-                    }
-                    8 => {
-                        let v = std::ptr::read_volatile(src.cast::<u64>());
-                        dst.add(at).cast::<u64>().write_unaligned(v);
-                    }
-                    _ => {
-                        let v = std::ptr::read_volatile(src.cast::<u32>());
-                        dst.add(at).cast::<u32>().write_unaligned(v);
-                    }
-                }
-            }
-            at += chunk;
-        }
-        // SAFETY: the chunks tile the value (the size is a multiple of `chunk`), so every byte
-        // was written, and `T: Pod` accepts any bytes.
-        unsafe { value.assume_init() }
-    }
-
-    /// A hint that the entry of `size` bytes at `offset` will be read soon: starts loading its
-    /// cache lines. No effect on what any access returns; outside the memory it does nothing.
-    #[inline]
-    pub(crate) fn prefetch(&self, offset: usize, size: usize) {
-        #[cfg(all(not(loom), target_arch = "x86_64"))]
-        {
-            if offset.checked_add(size).is_some_and(|end| end <= self.len) {
-                let mut line = 0;
-                while line < size {
-                    let p = self.ptr.as_ptr().wrapping_add(offset + line);
-                    // SAFETY: a prefetch is a hint with no architectural effect; the address
-                    // is inside the mapped memory anyway.
-                    unsafe {
-                        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                            p.cast(),
-                        )
-                    };
-                    line += 64;
-                }
-            }
-        }
-        #[cfg(any(loom, not(target_arch = "x86_64")))]
-        let _ = (offset, size);
     }
 
     /// Copies `value` in at `offset`. With no `skip` (a submission entry, in a slot no one else
@@ -658,6 +587,60 @@ impl<T: Pod> Entries<T> {
             .read_entry(self.offset + index as usize * size_of::<T>())
     }
 
+    /// Copies out the entry of counter `counter` in volatile loads, each byte loaded once (as
+    /// [`Memory::read_entry`] does, without its range check: the entries were checked when
+    /// this view was made). For a reader that checks an entry before acting on it and must not
+    /// have it loaded again from memory someone else might be writing.
+    #[inline]
+    pub(crate) fn read_once(&self, counter: u32) -> T {
+        let index = counter & self.mask;
+        #[cfg(not(loom))]
+        // SAFETY: `index < count`, and `new` checked that the `count` entries from `first` are
+        // inside the memory (mapped, kept alive by `self.memory`); the test below puts the
+        // entry on a multiple of the chunk `load_once` loads by (`Layout` places every entry
+        // so; a view that did not would panic here rather than load misaligned).
+        unsafe {
+            let src = self.first.as_ptr().add(index as usize).cast::<u8>();
+            if src as usize % Memory::chunk::<T>() != 0 {
+                outside(
+                    index as usize * size_of::<T>(),
+                    size_of::<T>(),
+                    self.memory.len,
+                );
+            }
+            load_once(src)
+        }
+        #[cfg(loom)]
+        self.memory
+            .read_entry(self.offset + index as usize * size_of::<T>())
+    }
+
+    /// A hint that the entry of counter `counter` will be read soon: starts loading the cache
+    /// lines it reaches that the entry before it does not, so a reader going through small
+    /// entries one by one asks for each line once (eight 8-byte entries share a line) and a
+    /// 64-byte entry's line is asked for with each. No effect on what any access returns.
+    #[inline]
+    pub(crate) fn prefetch_new_lines(&self, counter: u32) {
+        #[cfg(all(not(loom), target_arch = "x86_64"))]
+        {
+            let index = (counter & self.mask) as usize;
+            let size = size_of::<T>();
+            let start = self.first.as_ptr() as usize + index * size;
+            for line in new_lines(start, size, index == 0) {
+                let at = (line * LINE).max(start);
+                // SAFETY: a prefetch is a hint with no architectural effect; the address is
+                // inside the entry, which is inside the mapped memory anyway.
+                unsafe {
+                    core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                        at as *const i8,
+                    )
+                };
+            }
+        }
+        #[cfg(any(loom, not(target_arch = "x86_64")))]
+        let _ = counter;
+    }
+
     /// Writes up to `max` entries (at most all of them) from counter `counter` on, as
     /// [`Entries::write`] does, taking each from `next` until it returns `None` and going on
     /// from the first entry after the last. Returns how many were written.
@@ -721,6 +704,69 @@ impl<T: Pod> Entries<T> {
         }
         written
     }
+}
+
+/// Copies the `T` at `src` out in volatile loads of [`Memory::chunk`] bytes (one 8-byte load
+/// for an 8-byte descriptor, four 16-byte loads for a 64-byte one). The entry is not being
+/// written meanwhile (the protocol's fences order the writer's stores before), so the width of
+/// the loads does not matter for what they see, only for how many there are.
+///
+/// # Safety
+/// `src..src + size_of::<T>()` is inside mapped ring memory that lives, and `src` is aligned
+/// to `Memory::chunk::<T>()`.
+#[cfg(not(loom))]
+#[inline(always)]
+unsafe fn load_once<T: Pod>(src: *const u8) -> T {
+    let size = size_of::<T>();
+    let chunk = Memory::chunk::<T>();
+    let mut value = std::mem::MaybeUninit::<T>::uninit();
+    let dst = value.as_mut_ptr().cast::<u8>();
+    let mut at = 0;
+    while at < size {
+        // SAFETY: per the contract, `src + at` is inside the memory and aligned to `chunk`,
+        // which divides the size (so `at + chunk <= size`); `dst + at` has `chunk` writable
+        // bytes of `value` (unaligned writes); volatile loads through raw pointers.
+        unsafe {
+            let src = src.add(at);
+            match chunk {
+                #[cfg(target_arch = "x86_64")]
+                16 => {
+                    use std::arch::x86_64::__m128i;
+                    let v = std::ptr::read_volatile(src.cast::<__m128i>());
+                    dst.add(at).cast::<__m128i>().write_unaligned(v);
+                }
+                8 => {
+                    let v = std::ptr::read_volatile(src.cast::<u64>());
+                    dst.add(at).cast::<u64>().write_unaligned(v);
+                }
+                _ => {
+                    let v = std::ptr::read_volatile(src.cast::<u32>());
+                    dst.add(at).cast::<u32>().write_unaligned(v);
+                }
+            }
+        }
+        at += chunk;
+    }
+    // SAFETY: the chunks tile the value (the size is a multiple of `chunk`), so every byte was
+    // written, and `T: Pod` accepts any bytes.
+    unsafe { value.assume_init() }
+}
+
+/// Bytes in a cache line, for prefetching.
+const LINE: usize = 64;
+
+/// The cache lines (address / [`LINE`]) that an entry of `size` bytes at address `start`
+/// reaches and the entry just before it (ending at `start - 1`) does not; `first`: the entry
+/// is the ring's first, with no entry before it.
+#[cfg_attr(any(loom, not(target_arch = "x86_64")), allow(dead_code))]
+pub(super) fn new_lines(start: usize, size: usize, first: bool) -> std::ops::RangeInclusive<usize> {
+    let last = (start + size - 1) / LINE;
+    let from = if first {
+        start / LINE
+    } else {
+        (start - 1) / LINE + 1
+    };
+    from..=last
 }
 
 /// Debug builds: entry `index` of an [`Entries`] is below its count (`mask + 1`).

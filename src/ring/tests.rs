@@ -1033,3 +1033,30 @@ fn a_failed_doorbell_leaves_the_descriptor_queued_for_the_next_flush() {
     assert_eq!(device.fetch().unwrap(), 1);
     assert_eq!(device.pop().map(|d| d.value), Some(7));
 }
+
+#[test]
+fn pop_prefetches_each_cache_line_once_as_entries_reach_it() {
+    use super::memory::new_lines;
+    // 8-byte entries from a line boundary: the first of each eight reaches a new line.
+    let lines: Vec<_> = (0..16)
+        .map(|k| new_lines(4096 + 8 * k, 8, k == 0).collect::<Vec<_>>())
+        .collect();
+    for (k, lines) in lines.iter().enumerate() {
+        let expected = if k % 8 == 0 { vec![64 + k / 8] } else { vec![] };
+        assert_eq!(*lines, expected, "entry {k}");
+    }
+    // 64-byte entries: one line each.
+    assert_eq!(new_lines(4096 + 64, 64, false).collect::<Vec<_>>(), [65]);
+    // 48-byte entries straddle lines: the second (bytes 48..96) reaches line 1, which the
+    // first (0..48) did not; the third (96..144) reaches line 2; the fourth (144..192) no new
+    // one; the first of the ring reaches its own line.
+    assert_eq!(new_lines(0, 48, true).collect::<Vec<_>>(), [0]);
+    assert_eq!(new_lines(48, 48, false).collect::<Vec<_>>(), [1]);
+    assert_eq!(new_lines(96, 48, false).collect::<Vec<_>>(), [2]);
+    assert_eq!(
+        new_lines(144, 48, false).collect::<Vec<_>>(),
+        Vec::<usize>::new()
+    );
+    // A 256-byte entry reaches four lines.
+    assert_eq!(new_lines(256, 256, false).collect::<Vec<_>>(), [4, 5, 6, 7]);
+}
