@@ -20,7 +20,7 @@
 //!   each pass pulls the doorbell's and the newest entries' cache lines away from the producer
 //!   in the middle of its writes; a consumer that spends a little longer per item takes more
 //!   per pass, the producer stalls less often, and the handoff as a whole goes faster (seen
-//!   for both queues on a 2-vCPU VM: 30 to 50 descriptors per pass instead of about ten). So
+//!   for both queues on a 2-vCPU VM: 20 to 50 descriptors per pass instead of about ten). So
 //!   the ratio table compares each queue with its faster consumer in the same run, and prints
 //!   both.
 //! - `roundtrip`: the full submit -> complete path: the host submits one command (descriptor,
@@ -35,10 +35,11 @@
 //!
 //! After criterion's report (or alone, with the filter `ratios-only`, which no criterion
 //! benchmark matches), two ratio tables: ring / rtrb (each with its faster consumer, both
-//! shown) and ring / ArrayQueue per handoff case, and each round trip against the floor. For those, every side runs in nine alternating rounds of
-//! 60 ms (a fresh pair of threads each) and the best round of each is kept, so a burst of load
-//! from elsewhere hits every side alike; criterion's figures, taken one benchmark after
-//! another, can swing several-fold on a shared machine.
+//! shown) and ring / ArrayQueue per handoff case, and each round trip against the floor. For
+//! those, every side runs in nine alternating rounds of 60 ms (a fresh pair of threads each)
+//! and the best round of each is kept, so a burst of load from elsewhere hits every side
+//! alike; criterion's figures, taken one benchmark after another, can swing several-fold on a
+//! shared machine.
 //!
 //! Host and device threads are pinned to CPUs 0 and 1 where the machine has them. On a busy
 //! machine, run it under a real-time class so other load stays off the two CPUs:
