@@ -393,10 +393,11 @@ fn run(input: Input) {
                     ..Desc::default()
                 };
                 let and_flush = matches!(op, Op::PostAndFlush);
-                // SAFETY (both calls): the descriptor names no host memory.
                 let got = if and_flush {
+                    // SAFETY: the descriptor names no host memory.
                     unsafe { q.post_and_flush(desc) }
                 } else {
+                    // SAFETY: as above.
                     unsafe { q.post(desc) }.map_err(|rejected| rejected.error)
                 };
                 let room = m.sq_room();

@@ -527,7 +527,9 @@ impl<T: Pod> Entries<T> {
         #[cfg(not(loom))]
         let first = {
             let first = memory.ptr.as_ptr().wrapping_add(offset).cast::<T>();
-            if !first.is_aligned() {
+            // Aligned for `T`, and for the chunks `read_once` loads by (the size is a multiple
+            // of the chunk, so then every entry is).
+            if !first.is_aligned() || first as usize % Memory::chunk::<T>() != 0 {
                 outside(offset, size_of::<T>(), memory.len);
             }
             // SAFETY: a pointer into the memory (`check` put `offset` inside), not null.
@@ -596,19 +598,10 @@ impl<T: Pod> Entries<T> {
         let index = counter & self.mask;
         #[cfg(not(loom))]
         // SAFETY: `index < count`, and `new` checked that the `count` entries from `first` are
-        // inside the memory (mapped, kept alive by `self.memory`); the test below puts the
-        // entry on a multiple of the chunk `load_once` loads by (`Layout` places every entry
-        // so; a view that did not would panic here rather than load misaligned).
+        // inside the memory (mapped, kept alive by `self.memory`) and that `first` is aligned
+        // to the chunk `load_once` loads by, so every entry is (its size is a multiple of it).
         unsafe {
-            let src = self.first.as_ptr().add(index as usize).cast::<u8>();
-            if src as usize % Memory::chunk::<T>() != 0 {
-                outside(
-                    index as usize * size_of::<T>(),
-                    size_of::<T>(),
-                    self.memory.len,
-                );
-            }
-            load_once(src)
+            load_once(self.first.as_ptr().add(index as usize).cast::<u8>())
         }
         #[cfg(loom)]
         self.memory
