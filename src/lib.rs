@@ -30,5 +30,12 @@ pub mod mmio;
 pub mod pci;
 pub mod pool;
 pub mod ring;
+#[cfg(not(loom))]
+pub mod runtime;
+
+mod error;
+pub use self::error::{Code, Error};
+#[cfg(not(loom))]
+pub use self::runtime::Runtime;
 
 mod sync;

@@ -32,11 +32,15 @@ use serde::Serialize;
 use crate::{dma, irq, memory, mmio, pci, ring};
 
 mod config;
+mod dram;
 pub mod loopback;
+mod queue;
 pub mod uio;
 pub mod vfio;
 
+pub use self::dram::{DeviceMemory, Range};
 pub use self::loopback::Loopback;
+pub use self::queue::{open_queue, DoorbellRegs, Format, Wait};
 pub use self::uio::Uio;
 pub use self::vfio::Vfio;
 
@@ -581,6 +585,37 @@ pub enum Error {
         group: u32,
         /// The domain type (`DMA`, `DMA-FQ`).
         domain: String,
+    },
+
+    /// No free range of device memory holds the request.
+    #[error("no free range of device memory holds {len} bytes aligned to {align} ({free} of {size} bytes free, the largest free range {largest} bytes): free ranges, or plan the tensors into one arena")]
+    DeviceMemoryExhausted {
+        /// Bytes asked for.
+        len: u64,
+        /// Alignment asked for.
+        align: u64,
+        /// Bytes free in all.
+        free: u64,
+        /// The largest free range.
+        largest: u64,
+        /// The device memory's size.
+        size: u64,
+    },
+
+    /// A device memory request that can never be met: zero bytes, an alignment that is not a
+    /// power of two, or a fixed range outside the memory or over one in use.
+    #[error(
+        "device memory range {offset:#x}+{len:#x} (alignment {align}) cannot be allocated: {why}"
+    )]
+    DeviceMemoryRange {
+        /// Where it was asked for (0 when anywhere).
+        offset: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// Alignment asked for.
+        align: u64,
+        /// What is wrong with it.
+        why: &'static str,
     },
 
     /// This process was started as a device process without the control socket.

@@ -43,6 +43,7 @@ use std::fmt;
 use std::io;
 use std::sync::Arc;
 
+mod address;
 mod iommu;
 mod iommufd;
 mod iova;
@@ -53,6 +54,7 @@ mod shim;
 mod slice;
 mod type1;
 
+pub use self::address::{DeviceOffset, Iova};
 pub use self::iommufd::{Iommufd, IommufdIoctl};
 pub use self::iova::{mask_of, IovaAllocator, IovaRange, RangeList};
 pub use self::loopback::{Change, Loopback, Watching, Window};

@@ -109,6 +109,7 @@ mod cache;
 mod geometry;
 mod handle;
 mod meta;
+mod owned;
 #[cfg(not(loom))]
 mod share;
 mod shared;
@@ -121,6 +122,7 @@ mod loom_tests;
 
 pub use self::buffer::Buffer;
 pub use self::handle::{leaked_mappings, Pool};
+pub use self::owned::OwnedBuffer;
 pub use self::stats::{ClassStats, LargeStats, Stats};
 
 /// Every buffer's IOVA and host address are aligned to at least this many bytes (and each size

@@ -1,4 +1,4 @@
-//! The loopback device's configuration ([`Config`], [`Mode`]), how its queues wait ([`Wait`]),
+//! The loopback device's configuration ([`Config`], [`Mode`])
 //! and its counters ([`Counters`]).
 
 use std::time::Duration;
@@ -22,15 +22,6 @@ pub enum Mode {
     /// files: every region mapped into the device's DMA space must be a memfd or hugetlbfs file
     /// ([`Region::fd`](crate::memory::Region::fd)).
     Process(Program),
-}
-
-/// How a queue learns of completions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wait {
-    /// The queue's waits sleep on its interrupt vector.
-    Interrupt,
-    /// No interrupt: the queue's waits poll.
-    Poll,
 }
 
 /// The loopback device's configuration, built with chained setters from [`Config::default`].

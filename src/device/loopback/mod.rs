@@ -120,7 +120,6 @@
 //! # }
 //! ```
 
-use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -129,28 +128,31 @@ use std::time::{Duration, Instant};
 mod bar;
 mod config;
 mod cost;
+mod descriptor;
 mod engine;
 mod ops;
 mod process;
 pub mod regs;
 mod shim;
 
-pub use self::config::{Config, Counters, Mode, QueueCounters, Wait};
+pub use self::config::{Config, Counters, Mode, QueueCounters};
 pub use self::cost::Cost;
+pub use self::descriptor::Descriptor;
 pub use self::process::{serve_process, Program, SOCKET_ENV};
 pub use self::regs::{Code, Fault, Opcode};
+pub use crate::device::Wait;
 
 use self::bar::{HostBar, MemoryBar, RegisterFile};
 use self::engine::Engine;
 use self::ops::{Dram, Translate};
 use self::process::{Remote, RemoteSpace};
 use self::regs::{queue_field, QueueControl, QueueStatus};
-use super::{Device, Error, Identity, Kind, Quiescer};
+use super::{Device, DoorbellRegs, Error, Identity, Kind};
 use crate::dma::{self, Slice};
 use crate::irq::EventFd;
 use crate::memory::Region;
 use crate::mmio::{Block, DynBlock, Field, Readable, Value, Writable};
-use crate::ring::{self, Command, Doorbells, Layout, Memory, Queue, Status};
+use crate::ring::{self, Command, Layout, Memory, Status};
 use crate::sync::Mutex;
 
 /// Where the engine runs, as the host tracks it.
@@ -414,44 +416,22 @@ impl Loopback {
     }
 
     /// Opens queue `config.id()` on a fresh ring of `config.depth()` entries (memfd-backed,
-    /// mapped into the device's DMA space), programs it into the device and enables it. The
-    /// queue stops its device queue when dropped with work in flight ([`Quiescer`]). With
-    /// [`Wait::Poll`] the queue has no interrupt vector.
+    /// mapped into the device's DMA space), programs it into the device and enables it: the
+    /// loopback device's [`Format`] through [`device::open_queue`](crate::device::open_queue).
+    /// The queue stops its device queue when dropped with work in flight. With [`Wait::Poll`]
+    /// the queue has no interrupt vector.
     pub fn open_queue<T: Send>(
         self: &Arc<Self>,
         config: ring::Config,
         wait: Wait,
-    ) -> Result<Queue<Command, Status, T>, Error> {
+    ) -> Result<Queue<T>, Error> {
+        let device: Arc<dyn Device> = Arc::clone(self) as Arc<dyn Device>;
+        crate::device::open_queue(&device, Format::new(Arc::clone(self)), config, wait)
+    }
+
+    /// Enables queue `config.id()` on the ring at `iova` (the [`Format`]'s enable).
+    fn enable_queue(&self, config: &ring::Config, iova: u64) -> Result<(), Error> {
         let q = config.id();
-        let status = self.get(self.queue_reg(regs::Q_STATUS, q)?)?;
-        let control = self.registers.get(self.queue_reg(regs::Q_CONTROL, q)?);
-        if !status.is_empty() || control.is_ok_and(|c| !c.is_empty()) {
-            return Err(Error::QueueBusy { queue: q });
-        }
-        let ring_error = |source| Error::Ring { queue: q, source };
-        let layout = Layout::new::<Command, Status>(config.depth()).map_err(ring_error)?;
-        let region = bar::shared_region("ring memory", layout.size())?;
-        let mapping = self
-            .space
-            .map(Arc::new(region))
-            .map_err(|source| Error::Map {
-                what: "ring memory",
-                source,
-            })?;
-        let memory =
-            Memory::from_mapping(Arc::new(mapping), 0, layout.size()).map_err(ring_error)?;
-        let iova = memory.iova();
-        let doorbells = Doorbells::new(
-            self.registers.clone(),
-            self.queue_reg(regs::Q_SQ_TAIL, q)?.offset(),
-            self.queue_reg(regs::Q_CQ_HEAD, q)?.offset(),
-        )
-        .map_err(ring_error)?;
-        let interrupt = match wait {
-            Wait::Interrupt => Some(self.interrupt(u32::from(q))?),
-            Wait::Poll => None,
-        };
-        let mut queue = Queue::new(config, memory, doorbells, interrupt).map_err(ring_error)?;
         self.set(self.queue_reg(regs::Q_RING_BASE, q)?, iova)?;
         self.set(self.queue_reg(regs::Q_DEPTH, q)?, config.depth())?;
         self.set(self.queue_reg(regs::Q_CONTEXT, q)?, config.context())?;
@@ -463,55 +443,77 @@ impl Loopback {
         });
         let enabled = started.and_then(|()| self.get(status));
         match enabled {
-            Ok(s) if s.contains(QueueStatus::ENABLED) => {}
+            Ok(s) if s.contains(QueueStatus::ENABLED) => Ok(()),
             Ok(_) => {
                 let fault = self.get(self.queue_reg(regs::Q_FAULT, q)?)?;
                 self.set(control, QueueControl::empty())?;
-                return Err(Error::QueueFault {
+                Err(Error::QueueFault {
                     queue: q,
                     fault: Fault::from_raw(fault).unwrap_or(Fault::None),
-                });
+                })
             }
             Err(err) => {
                 // Best effort: the device is not answering.
                 let _ = self.set(control, QueueControl::empty());
-                return Err(err);
+                Err(err)
             }
         }
-        queue.set_quiesce(QueueStop {
-            device: Arc::clone(self),
-            queue: q,
-        });
-        Ok(queue)
     }
 }
 
-/// The [`ring::Quiesce`] of a queue from [`Loopback::open_queue`]: stops the device queue when
-/// the ring queue is dropped or shut down with work in flight, and in any case once the ring
-/// queue is gone (it drops with it), so the device stops serving a ring nobody owns and the
-/// queue can be opened again. Holds the device: it outlives its queues.
-#[derive(Debug)]
-struct QueueStop {
+/// The loopback device's queue format: [`Command`] descriptors, [`Status`] completions,
+/// doorbells in its queue register blocks (BAR 0), and the enable handshake of the register
+/// map (the module docs). Give it to [`device::open_queue`](crate::device::open_queue), or use
+/// [`Loopback::open_queue`].
+#[derive(Debug, Clone)]
+pub struct Format {
     device: Arc<Loopback>,
-    queue: u16,
 }
 
-impl ring::Quiesce for QueueStop {
-    fn quiesce(&mut self, queue: u16, timeout: Duration) -> io::Result<()> {
-        Quiescer::new(Arc::clone(&self.device) as Arc<dyn Device>).quiesce(queue, timeout)
+impl Format {
+    /// The format of `device`'s queues.
+    pub fn new(device: Arc<Loopback>) -> Format {
+        Format { device }
     }
 }
 
-impl Drop for QueueStop {
-    fn drop(&mut self) {
-        // The ring queue is gone: nothing of it may be in flight any more (it quiesced or
-        // leaked), so this only turns the device queue off. A device that does not answer
-        // keeps its own mapping of the ring (see `ops::Span`), so nothing is freed under it.
-        let _ = self
-            .device
-            .stop_queue(self.queue, ring::DROP_QUIESCE_TIMEOUT);
+impl crate::device::Format for Format {
+    type Submission = Command;
+    type Completion = Status;
+
+    fn check(&self, _: &dyn Device, q: u16) -> Result<(), Error> {
+        let d = &self.device;
+        let status = d.get(d.queue_reg(regs::Q_STATUS, q)?)?;
+        let control = d.registers.get(d.queue_reg(regs::Q_CONTROL, q)?);
+        if !status.is_empty() || control.is_ok_and(|c| !c.is_empty()) {
+            return Err(Error::QueueBusy { queue: q });
+        }
+        Ok(())
+    }
+
+    fn doorbells(&self, _: &dyn Device, q: u16) -> Result<DoorbellRegs, Error> {
+        let d = &self.device;
+        Ok(DoorbellRegs {
+            bar: regs::REGISTER_BAR,
+            sq_tail: d.queue_reg(regs::Q_SQ_TAIL, q)?.offset(),
+            cq_head: d.queue_reg(regs::Q_CQ_HEAD, q)?.offset(),
+        })
+    }
+
+    fn enable(
+        &self,
+        _: &dyn Device,
+        config: &ring::Config,
+        _: &Layout,
+        memory: &Memory,
+    ) -> Result<(), Error> {
+        self.device.enable_queue(config, memory.iova())
     }
 }
+
+/// The common queue type of the loopback device: its descriptor format, payloads of type `T`
+/// (by default [`OwnedBuffer`](crate::pool::OwnedBuffer)s, the buffers the descriptors name).
+pub type Queue<T = crate::pool::OwnedBuffer> = ring::Queue<Command, Status, T>;
 
 impl Device for Loopback {
     fn identity(&self) -> &Identity {
