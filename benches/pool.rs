@@ -7,6 +7,9 @@
 //! | `bulk_32/4KiB` | allocate 32, free 32 (bulk calls where the allocator has them) |
 //! | `pipeline/4KiB`, `pipeline_burst_32/4KiB` | allocate on one thread, pass through an SPSC ring to another, free there (per object; bursts of 32 use the ring's chunk API and the pool's bulk calls) |
 //!
+//! `pool` is the borrowed [`Buffer`] path, `pool_owned` the [`OwnedBuffer`] one (the same
+//! allocation plus the pool's reference count).
+//!
 //! Baselines: glibc `malloc`/`free`, `posix_memalign(4096)`, mimalloc, and a pool of
 //! preallocated blocks in a crossbeam `ArrayQueue`. The pool runs over a 256 MiB loopback DMA
 //! mapping of base pages. Criterion prints times; divide to get the ratios.
@@ -27,7 +30,7 @@ use crossbeam_queue::ArrayQueue;
 use mimalloc::MiMalloc;
 use userdma::dma::{Loopback, Space};
 use userdma::memory::{PageSize, Region};
-use userdma::pool::{Buffer, Config, Pool};
+use userdma::pool::{Buffer, Config, OwnedBuffer, Pool};
 
 const KIB4: usize = 4 << 10;
 const KIB64: usize = 64 << 10;
@@ -147,6 +150,21 @@ impl<'p> Allocator for PoolAllocator<'p> {
     }
     #[inline]
     fn free(&self, block: Buffer<'p>) {
+        drop(block);
+    }
+}
+
+/// The pool through owned buffers ([`Pool::alloc_owned`]): the borrowed path plus the pool's
+/// reference count.
+struct OwnedAllocator<'p>(&'p Arc<Pool>, usize);
+impl Allocator for OwnedAllocator<'_> {
+    type Block = OwnedBuffer;
+    #[inline]
+    fn alloc(&self) -> OwnedBuffer {
+        self.0.alloc_owned(self.1).expect("a pool buffer")
+    }
+    #[inline]
+    fn free(&self, block: OwnedBuffer) {
         drop(block);
     }
 }
@@ -271,7 +289,7 @@ fn piped<A: Allocator>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, a: 
 }
 
 fn benches(c: &mut Criterion) {
-    let pool = pool();
+    let pool = Arc::new(pool());
     // One second of traffic before the first measurement, so that the first group (the pool's)
     // does not pay for the process warming up (clock ramp, first touches of the code).
     let warm = Instant::now();
@@ -282,6 +300,7 @@ fn benches(c: &mut Criterion) {
     for (label, size) in [("4KiB", KIB4), ("64KiB", KIB64)] {
         let mut group = c.benchmark_group(format!("alloc_free/{label}"));
         alloc_free(&mut group, "pool", &PoolAllocator(&pool, size));
+        alloc_free(&mut group, "pool_owned", &OwnedAllocator(&pool, size));
         alloc_free(&mut group, "malloc", &Malloc(size));
         alloc_free(&mut group, "posix_memalign_4096", &Memalign(size));
         alloc_free(
@@ -295,6 +314,7 @@ fn benches(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("in_flight_256/4KiB");
     in_flight(&mut group, "pool", &PoolAllocator(&pool, KIB4));
+    in_flight(&mut group, "pool_owned", &OwnedAllocator(&pool, KIB4));
     in_flight(&mut group, "malloc", &Malloc(KIB4));
     in_flight(&mut group, "posix_memalign_4096", &Memalign(KIB4));
     in_flight(
@@ -335,6 +355,12 @@ fn benches(c: &mut Criterion) {
         };
         let mut group = c.benchmark_group(name);
         piped(&mut group, "pool", &PoolAllocator(&pool, KIB4), burst);
+        piped(
+            &mut group,
+            "pool_owned",
+            &OwnedAllocator(&pool, KIB4),
+            burst,
+        );
         if burst > 1 {
             let mut batch = Vec::with_capacity(burst);
             pipeline(

@@ -26,12 +26,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use userdma::device::loopback::{self, Code, Cost, Loopback, Mode, Opcode, Program, Wait};
-use userdma::device::{self, Device};
-use userdma::dma;
-use userdma::memory::{self, PageSize, Region};
-use userdma::pool::{self, Buffer, Pool};
-use userdma::ring::{self, Command, Queue, Status};
+use userdma::device::loopback::{self, Code, Cost, Descriptor, Mode, Program, Wait};
+use userdma::memory::{self, PageSize};
+use userdma::pool::{self, OwnedBuffer, Pool};
+use userdma::{ring, Runtime};
 
 use crate::exit;
 
@@ -105,24 +103,9 @@ fn parse_size(text: &str) -> Result<usize, String> {
 /// Why `userdma demo` failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DemoError {
-    /// Starting or driving the loopback device failed.
+    /// Starting or driving the loopback device, its memory or its pool failed.
     #[error("the loopback device failed")]
-    Device(#[from] device::Error),
-    /// Allocating host memory failed.
-    #[error("allocating {len} bytes of host memory failed")]
-    Memory {
-        /// Bytes asked for.
-        len: usize,
-        /// The cause.
-        #[source]
-        source: memory::Error,
-    },
-    /// Mapping host memory into the device's DMA space failed.
-    #[error("mapping host memory into the device's DMA space failed")]
-    Map(#[source] dma::Error),
-    /// The buffer pool failed.
-    #[error("the buffer pool failed")]
-    Pool(#[from] pool::Error),
+    Runtime(#[from] userdma::Error),
     /// A queue operation failed.
     #[error("queue {queue} failed")]
     Ring {
@@ -166,14 +149,23 @@ pub(crate) enum DemoError {
     Json(#[source] serde_json::Error),
 }
 
+impl From<pool::Error> for DemoError {
+    fn from(err: pool::Error) -> DemoError {
+        DemoError::Runtime(err.into())
+    }
+}
+
+impl From<userdma::device::Error> for DemoError {
+    fn from(err: userdma::device::Error) -> DemoError {
+        DemoError::Runtime(err.into())
+    }
+}
+
 impl DemoError {
     /// The documented exit code for this failure.
     pub(crate) fn exit_code(&self) -> u8 {
         match self {
-            DemoError::Memory {
-                source: memory::Error::Lock { .. },
-                ..
-            } => exit::REFUSED,
+            DemoError::Runtime(userdma::Error::Memory(memory::Error::Lock { .. })) => exit::REFUSED,
             _ => exit::FAILURE,
         }
     }
@@ -231,13 +223,13 @@ struct Report {
 }
 
 /// What rides with each descriptor.
-enum Payload<'p> {
+enum Payload {
     /// The source buffer (host to device), held until the device has read it.
-    Source(#[allow(dead_code)] Buffer<'p>),
+    Source(#[allow(dead_code)] OwnedBuffer),
     /// Nothing host-side (the compute pass).
     Compute,
     /// The destination buffer, the transfer's number, and its batch's doorbell time.
-    Destination(Buffer<'p>, u64, Instant),
+    Destination(OwnedBuffer, u64, Instant),
 }
 
 /// Deterministic input bytes of transfer `n`.
@@ -262,19 +254,21 @@ fn expected(bytes: &mut [u8]) {
 /// Drives queue `q`: transfers `first, first + stride, ...` below `count`, one batch in flight.
 /// Returns the latencies of its transfers.
 fn drive(
-    device: &Arc<Loopback>,
-    pool: &Pool,
+    runtime: &Runtime,
+    pool: &Arc<Pool>,
     args: &DemoArgs,
     q: u16,
 ) -> Result<Vec<u64>, DemoError> {
     let context = u32::from(q) + 1;
     let ring_error = |source| DemoError::Ring { queue: q, source };
     let config = ring::Config::new(64).with_id(q).with_context(context);
-    let mut queue: Queue<Command, Status, Payload<'_>> =
-        device.open_queue(config, Wait::Interrupt)?;
+    let mut queue: loopback::Queue<Payload> = runtime.queue_with(config, Wait::Interrupt)?;
     let size = args.size;
     let batch = args.batch as usize;
-    let window = usize::from(q) * batch * size;
+    // This queue's slots in device memory: one per transfer of a batch.
+    let window = runtime
+        .device_memory()?
+        .alloc((batch * size) as u64, pool::MIN_ALIGN as u64)?;
     let mut latencies = Vec::new();
     let mut scratch = vec![0u8; size];
     let mut check = vec![0u8; size];
@@ -286,28 +280,18 @@ fn drive(
         let mut holding = Vec::with_capacity(transfers.len());
         for (i, &n) in transfers.iter().enumerate() {
             input(n, &mut scratch);
-            let source = pool.alloc(size)?;
+            let source = pool.alloc_owned(size)?;
             source.write(0, &scratch)?;
-            let destination = pool.alloc(size)?;
-            let slot = (window + i * size) as u64;
+            let destination = pool.alloc_owned(size)?;
+            let slot = window.at((i * size) as u64).expect("inside the window");
             let len = size as u64;
-            let descriptor = |opcode: Opcode, src, dst| Command {
-                opcode: opcode as u8,
-                context,
-                src,
-                dst,
-                len,
-                ..Command::default()
-            };
-            let mut compute = descriptor(Opcode::Compute, slot, slot);
-            compute.args = [u64::from(XOR), u64::from(ADD), 0, 0];
+            let to_device = Descriptor::to_device(source.iova(), slot, len).context(context);
+            let compute = Descriptor::compute(slot, slot, len, XOR, ADD).context(context);
+            let to_host = Descriptor::to_host(slot, destination.iova(), len).context(context);
+            holding.push((to_device.build(), Payload::Source(source)));
+            holding.push((compute.build(), Payload::Compute));
             holding.push((
-                descriptor(Opcode::ToDevice, source.iova(), slot),
-                Payload::Source(source),
-            ));
-            holding.push((compute, Payload::Compute));
-            holding.push((
-                descriptor(Opcode::ToHost, slot, destination.iova()),
+                to_host.build(),
                 Payload::Destination(destination, n, Instant::now()),
             ));
         }
@@ -378,45 +362,31 @@ pub(crate) fn run(args: &DemoArgs, json: bool) -> Result<(), DemoError> {
         Some(cpu) => config.engine_cpu(cpu),
         None => config,
     };
-    let device = Arc::new(Loopback::new(config)?);
+    let runtime = Runtime::loopback(config)?;
     // Two buffers per transfer in flight, rounded up to their size class, plus room for the
     // pool's alignment and slabs.
     let class = args.size.next_power_of_two().max(pool::MIN_ALIGN);
     let host_len = (2 * usize::from(args.queues) * args.batch as usize * class + (8 << 20))
         .next_multiple_of(2 << 20);
-    let region = Region::builder(host_len)
-        .page_size(PageSize::Base)
-        .memfd()
-        .lock(false)
-        .build()
-        .map_err(|source| DemoError::Memory {
-            len: host_len,
-            source,
-        })?;
-    let mapping = device
-        .dma_space()
-        .map(Arc::new(region))
-        .map_err(DemoError::Map)?;
-    let pool = Pool::new(mapping, pool::Config::default())?;
+    let pool = runtime.pool_with(host_len, PageSize::Base, pool::Config::default())?;
 
     let start = Instant::now();
-    let results: Vec<Result<Vec<u64>, DemoError>> = std::thread::scope(|scope| {
-        let threads: Vec<_> = (0..args.queues)
-            .map(|q| {
-                let (device, pool) = (&device, &pool);
-                scope.spawn(move || drive(device, pool, args, q))
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|thread| thread.join().unwrap_or(Err(DemoError::Thread)))
-            .collect()
-    });
+    let threads: Vec<_> = (0..args.queues)
+        .map(|q| {
+            let (runtime, pool, args) = (runtime.clone(), Arc::clone(&pool), args.clone());
+            std::thread::spawn(move || drive(&runtime, &pool, &args, q))
+        })
+        .collect();
+    let results: Vec<Result<Vec<u64>, DemoError>> = threads
+        .into_iter()
+        .map(|thread| thread.join().unwrap_or(Err(DemoError::Thread)))
+        .collect();
     let seconds = start.elapsed().as_secs_f64();
     let mut latencies = Vec::new();
     for result in results {
         latencies.extend(result?);
     }
+    let device = runtime.loopback_device().expect("a loopback runtime");
     let counters = device.counters()?;
     let stats = pool.stats();
     let high_water_bytes = stats
