@@ -1,7 +1,6 @@
 //! The physical-address space over base pages: each 4 KiB page is its own contiguous piece
 //! (as root), and the refusal without CAP_SYS_ADMIN (in a child process that drops it).
 
-use std::io;
 use std::process::Command;
 use std::sync::Arc;
 
@@ -10,45 +9,9 @@ use userdma::memory::{self, PageSize, Region};
 
 /// Set in a child process started by a test: names the role it plays.
 const CHILD_ROLE: &str = "USERDMA_TEST_CHILD_ROLE";
-const CAP_SYS_ADMIN: u32 = 21;
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+mod caps;
 
-/// `struct __user_cap_header_struct` (`<linux/capability.h>`).
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-
-/// `struct __user_cap_data_struct` (`<linux/capability.h>`); version 3 uses two of them.
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-/// Removes `cap` from this thread's effective and permitted sets.
-fn drop_capability(cap: u32) -> io::Result<()> {
-    let mut header = CapHeader {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: version 3 capget writes exactly two CapData into `data`.
-    if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let word = (cap / 32) as usize;
-    data[word].effective &= !(1 << (cap % 32));
-    data[word].permitted &= !(1 << (cap % 32));
-    // SAFETY: version 3 capset reads exactly two CapData from `data`.
-    if unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
+use caps::{drop_capability, CAP_SYS_ADMIN};
 
 fn base_region(pages: usize) -> Arc<Region> {
     Arc::new(

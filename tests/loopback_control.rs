@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use userdma::device::loopback::{regs, Config, Cost, Fault, Loopback, Opcode, Wait};
 use userdma::device::{Device, Error};
 use userdma::dma::Mapping;
-use userdma::memory::{PageSize, Region};
+use userdma::memory::PageSize;
 use userdma::ring::{self, Command, Queue, Status};
 
 mod procfs;
@@ -27,13 +27,8 @@ fn device() -> Arc<Loopback> {
 }
 
 fn host_memory(device: &Loopback, len: usize) -> Mapping {
-    let region = Region::builder(len)
-        .page_size(PageSize::Base)
-        .memfd()
-        .lock(false)
-        .build()
-        .expect("host region");
-    device.dma_space().map(Arc::new(region)).expect("mapped")
+    userdma::runtime::map_memory(device.dma_space().as_ref(), len, PageSize::Base)
+        .expect("host memory mapped into the device's DMA space")
 }
 
 /// Opens a queue, copies `len` bytes of `host` to the device through it, checks the

@@ -8,7 +8,7 @@ use std::time::Duration;
 use userdma::device::loopback::{regs, Code, Config, Cost, Loopback, Opcode, Wait};
 use userdma::device::Device;
 use userdma::dma::Mapping;
-use userdma::memory::{PageSize, Region};
+use userdma::memory::PageSize;
 use userdma::ring::{self, Command, Queue, Status};
 
 const MEMORY: usize = 1 << 20;
@@ -24,13 +24,8 @@ fn device() -> Arc<Loopback> {
 
 /// `len` bytes of host memory mapped into the device's DMA space.
 fn host_memory(device: &Loopback, len: usize) -> Mapping {
-    let region = Region::builder(len)
-        .page_size(PageSize::Base)
-        .memfd()
-        .lock(false)
-        .build()
-        .expect("host region");
-    device.dma_space().map(Arc::new(region)).expect("mapped")
+    userdma::runtime::map_memory(device.dma_space().as_ref(), len, PageSize::Base)
+        .expect("host memory mapped into the device's DMA space")
 }
 
 /// Deterministic bytes.

@@ -55,13 +55,8 @@ fn device_with(config: Config) -> Arc<Loopback> {
 }
 
 fn shared_memory(device: &Loopback, len: usize) -> Mapping {
-    let region = Region::builder(len)
-        .page_size(PageSize::Base)
-        .memfd()
-        .lock(false)
-        .build()
-        .expect("host region");
-    device.dma_space().map(Arc::new(region)).expect("mapped")
+    userdma::runtime::map_memory(device.dma_space().as_ref(), len, PageSize::Base)
+        .expect("host memory mapped into the device's DMA space")
 }
 
 fn cmd(op: Opcode, src: u64, dst: u64, len: u64) -> Command {

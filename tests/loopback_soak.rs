@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use userdma::device::loopback::{Config, Cost, Loopback, Opcode, Wait};
 use userdma::device::Device;
-use userdma::memory::{PageSize, Region};
+use userdma::memory::PageSize;
 use userdma::pool::{self, Buffer, Pool};
 use userdma::ring::{self, Command, Queue, Status};
 
@@ -174,13 +174,9 @@ fn soak_random_transfers_through_the_loopback_device() {
         .queues(QUEUES)
         .memory_size(usize::from(QUEUES) * MAX_BATCH * SLOT);
     let device = Arc::new(Loopback::new(config).expect("loopback device"));
-    let region = Region::builder(128 << 20)
-        .page_size(PageSize::Base)
-        .memfd()
-        .lock(false)
-        .build()
-        .expect("128 MiB of host memory");
-    let mapping = device.dma_space().map(Arc::new(region)).expect("mapped");
+    let mapping =
+        userdma::runtime::map_memory(device.dma_space().as_ref(), 128 << 20, PageSize::Base)
+            .expect("128 MiB of host memory mapped into the device's DMA space");
     let pool = Pool::new(
         mapping,
         pool::Config::default().exhaustion(pool::Exhaustion::Wait(Duration::from_secs(30))),

@@ -3,7 +3,6 @@
 //! physical-address error without CAP_SYS_ADMIN (in a child process that drops it).
 
 use std::fs;
-use std::io;
 use std::os::fd::OwnedFd;
 use std::process::{Command, Output};
 
@@ -13,50 +12,9 @@ use userdma::memory::{Backing, Error, MemlockLimit, PageSize, Region};
 /// Set in a child process started by a test: names the role it plays.
 const CHILD_ROLE: &str = "USERDMA_TEST_CHILD_ROLE";
 
-const CAP_IPC_LOCK: u32 = 14;
-const CAP_SYS_ADMIN: u32 = 21;
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+mod caps;
 
-/// `struct __user_cap_header_struct` (`<linux/capability.h>`).
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-
-/// `struct __user_cap_data_struct` (`<linux/capability.h>`); version 3 uses two of them.
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-/// Removes `cap` from this process's effective and permitted sets.
-fn drop_capability(cap: u32) -> io::Result<()> {
-    let mut header = CapHeader {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: version 3 capget writes exactly two CapData into `data`.
-    let ret = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let word = (cap / 32) as usize;
-    let bit = 1u32 << (cap % 32);
-    data[word].effective &= !bit;
-    data[word].permitted &= !bit;
-    // SAFETY: version 3 capset reads exactly two CapData from `data`.
-    let ret = unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
+use caps::{drop_capability, CAP_IPC_LOCK, CAP_SYS_ADMIN};
 /// Re-runs this test binary for one test, with `role` in the environment.
 fn run_child(test: &str, role: &str) -> Output {
     let output = Command::new(std::env::current_exe().unwrap())

@@ -139,21 +139,7 @@ impl Runtime {
     /// # Errors
     /// [`Error::Memory`] (no such hugepages, the lock limit), [`Error::Dma`] (no IOVA space).
     pub fn map_memory(&self, bytes: usize, page_size: PageSize) -> Result<dma::Mapping, Error> {
-        let page = page_size.bytes();
-        let len = bytes.max(1).checked_next_multiple_of(page).ok_or(
-            crate::memory::Error::InvalidLength {
-                len: bytes,
-                page_size,
-                suggested: usize::MAX / page * page,
-            },
-        )?;
-        let lock = self.inner.space.kind() == dma::Kind::Physical;
-        let region = Region::builder(len)
-            .page_size(page_size)
-            .memfd()
-            .lock(lock)
-            .build()?;
-        Ok(self.inner.space.map(Arc::new(region))?)
+        map_memory(self.inner.space.as_ref(), bytes, page_size)
     }
 
     /// A buffer pool over `bytes` of fresh memory ([`Runtime::map_memory`]) with the default
@@ -263,6 +249,36 @@ impl Runtime {
         );
         Ok(self.inner.device_memory.get_or_init(|| memory))
     }
+}
+
+/// `bytes` of fresh host memory (rounded up to whole `page_size` pages) mapped into `space`:
+/// what [`Runtime::map_memory`] does, for code that holds a DMA space without a runtime (a
+/// test of one layer, a device's own rings). A memfd, locked only for a physical-address space.
+///
+/// # Errors
+/// [`Error::Memory`] (no such hugepages, the lock limit), [`Error::Dma`] (no IOVA space).
+pub fn map_memory(
+    space: &dyn dma::Space,
+    bytes: usize,
+    page_size: PageSize,
+) -> Result<dma::Mapping, Error> {
+    let page = page_size.bytes();
+    let len =
+        bytes
+            .max(1)
+            .checked_next_multiple_of(page)
+            .ok_or(crate::memory::Error::InvalidLength {
+                len: bytes,
+                page_size,
+                suggested: usize::MAX / page * page,
+            })?;
+    let lock = space.kind() == dma::Kind::Physical;
+    let region = Region::builder(len)
+        .page_size(page_size)
+        .memfd()
+        .lock(lock)
+        .build()?;
+    Ok(space.map(Arc::new(region))?)
 }
 
 #[cfg(test)]
