@@ -2,22 +2,61 @@
 //!
 //! The crate opens a device through VFIO or UIO (or a software loopback device with the same
 //! contract), maps its BARs and pinned hugepage memory into the process, hands out DMA-capable
-//! buffers, and moves data through descriptor rings. This file is the table of contents; each
-//! module documents one concept.
+//! buffers, and moves data through descriptor rings.
+//!
+//! Start with the [`Runtime`]: one owner of a device, its DMA space, the memory mapped into
+//! it, its buffer pools, its device memory and its queues, handing out `'static`, `Send`
+//! handles ([`pool::OwnedBuffer`], [`device::loopback::Queue`], [`device::Range`]):
+//!
+//! ```
+//! use std::time::Duration;
+//! use userdma::device::loopback::{self, Descriptor};
+//! use userdma::memory::PageSize;
+//! use userdma::{ring, Runtime};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let runtime = Runtime::loopback(loopback::Config::default())?; // or Runtime::open(bdf)
+//! let pool = runtime.pool(4 << 20, PageSize::Base)?;
+//! let window = runtime.device_memory()?.alloc(4096, 256)?;
+//! let mut queue = runtime.queue(ring::Config::new(64))?;
+//!
+//! let buffer = pool.alloc_owned(4096)?;
+//! buffer.write(0, b"hello, device")?;
+//! let (iova, at) = (buffer.iova(), window.offset());
+//! queue.push(Descriptor::to_device(iova, at, 13).build(), buffer)?;
+//! let back = pool.alloc_owned(4096)?;
+//! queue.push(Descriptor::to_host(at, back.iova(), 13).build(), back)?;
+//! queue.flush()?;
+//! let timeout = Some(Duration::from_secs(5));
+//! assert!(queue.wait(timeout)?.entry.is_success());
+//! let done = queue.wait(timeout)?;
+//! let mut text = [0u8; 13];
+//! done.payload.read(0, &mut text)?;
+//! assert_eq!(&text, b"hello, device");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Every module's error converts into the crate's [`Error`], whose [`Error::code`] is a stable
+//! [`Code`]. This file is the table of contents; each module documents one concept.
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`runtime`] | one owner of a device's resources; owned handles for the layers above |
 //! | [`pci`] | PCI addresses (BDF), sysfs discovery, IOMMU groups, driver binding |
-//! | [`dma`] | DMA address spaces (VFIO type1, iommufd, physical, loopback), the IOVA allocator, mappings, volatile handles to device-visible memory |
+//! | [`dma`] | DMA address spaces (VFIO type1, iommufd, physical, loopback), the IOVA allocator, mappings, volatile handles to device-visible memory, address types ([`dma::Iova`], [`dma::DeviceOffset`]) |
 //! | [`memory`] | pinned host memory: hugepage regions, page sizes, mlock, NUMA placement, physical addresses, hugepage pools |
 //! | [`mmio`] | typed, bounds-checked register access to BARs through swappable backends (mapped, pread/pwrite, shared memory, recording) |
 //! | [`irq`] | interrupts as eventfds; waiting on many at once (io_uring, epoll fallback) |
-//! | [`device`] | the `Device` trait (BARs, DMA space, interrupt vectors, reset, queue stop) and the software loopback device with the hardware contract: register map, DMA engine, cost model, in-thread or out-of-process |
+//! | [`device`] | the `Device` trait (BARs, DMA space, interrupt vectors, reset, queue stop), queue formats and [`device::open_queue`], device memory ranges, and the backends: VFIO, UIO and the software loopback device (register map, descriptors, DMA engine, cost model, in-thread or out-of-process) |
 //! | [`ring`] | descriptor rings: submission/completion queues in DMA memory, doorbells, phase-bit completions, ownership of in-flight buffers, waiting (poll, interrupt, future) |
-//! | [`pool`] | the DMA buffer pool: size classes, buddy blocks, per-thread caches, lock-free shared lists, `Buffer`, sharing between processes |
+//! | [`pool`] | the DMA buffer pool: size classes, buddy blocks, per-thread caches, lock-free shared lists, borrowed and owned buffers, sharing between processes |
 //!
-//! The kernel ABI (structs, ioctl numbers, constants) lives in the `userdma-sys` crate, re-exported
-//! as [`sys`].
+//! **Layering** (a module uses only those to its left): `sys` ← `memory`, `mmio`, `irq`,
+//! `pci` ← `dma` ← `pool`, `ring` ← `device` ← `runtime`; [`Error`] sits beside them all.
+//!
+//! The kernel ABI (structs, ioctl numbers, constants) lives in the `userdma-sys` crate,
+//! re-exported as [`sys`].
 
 pub use userdma_sys as sys;
 
@@ -33,9 +72,11 @@ pub mod ring;
 #[cfg(not(loom))]
 pub mod runtime;
 
+#[cfg(not(loom))]
 mod error;
+mod sync;
+
+#[cfg(not(loom))]
 pub use self::error::{Code, Error};
 #[cfg(not(loom))]
 pub use self::runtime::Runtime;
-
-mod sync;

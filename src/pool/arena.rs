@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use super::buddy::Buddy;
 use super::cache::{self, Mine, Slot};
+use super::central::Central;
 use super::geometry::{class_of, Geometry, BATCH_MAX, MAX_CLASSES};
 use super::meta::Meta;
-use super::shared::Shared;
 use super::stats::{ClassStats, LargeStats, Stats};
 use super::wait;
 use crate::sync::{Arc, AtomicU32, AtomicU64, Ordering};
@@ -170,7 +170,7 @@ impl Arena {
         shared_futex: bool,
     ) -> Box<Self> {
         if fresh {
-            Shared::new(&g, &meta).init();
+            Central::new(&g, &meta).init();
             Buddy::new(&g, &meta).init();
         }
         let waiters = NonNull::from(&meta.wait[0].waiters);
@@ -204,8 +204,8 @@ impl Arena {
         &self.g
     }
 
-    fn shared(&self) -> Shared<'_> {
-        Shared::new(&self.g, &self.meta)
+    fn central(&self) -> Central<'_> {
+        Central::new(&self.g, &self.meta)
     }
 
     /// Whether a thread (of any process) is waiting for a free block.
@@ -267,7 +267,7 @@ impl Arena {
             if let Some(unit) = mine.pop(c) {
                 return Some(Some(unit));
             }
-            let n = self.shared().take(c, mine.batch(c), &mut batch);
+            let n = self.central().take(c, mine.batch(c), &mut batch);
             if n == 0 {
                 return Some(None);
             }
@@ -277,7 +277,7 @@ impl Arena {
         if let Some(result) = cached {
             return result.map(|unit| Block::small(unit, c));
         }
-        let n = self.shared().take(c, 1, &mut batch);
+        let n = self.central().take(c, 1, &mut batch);
         if n == 0 {
             return None;
         }
@@ -320,7 +320,7 @@ impl Arena {
 
     /// Returns blocks to the shared level and wakes waiters, if any.
     fn give(&self, c: usize, items: &[u32]) {
-        self.shared().give(c, items);
+        self.central().give(c, items);
         self.wake_waiters();
     }
 
@@ -373,7 +373,7 @@ impl Arena {
             .and_then(|len| self.g.order_of(len))
             .ok_or(Failure::TooLarge)?;
         let attempt = || {
-            self.shared()
+            self.central()
                 .alloc_large(order)
                 .map(|chunk| Block::large(chunk, order, &self.g))
         };
@@ -388,7 +388,7 @@ impl Arena {
 
     fn free_large(&self, block: Block) {
         let chunk = u32::try_from(block.offset() >> self.g.chunk_shift).unwrap_or(u32::MAX);
-        self.shared().free_large(chunk, block.kind() & !LARGE);
+        self.central().free_large(chunk, block.kind() & !LARGE);
         // Relaxed: statistics (see `blocks_out`).
         self.large.frees.fetch_add(1, Ordering::Relaxed);
         self.wake_waiters();
@@ -438,7 +438,7 @@ impl Arena {
                     if done == count {
                         return;
                     }
-                    let n = self.shared().take(c, mine.batch(c), &mut batch);
+                    let n = self.central().take(c, mine.batch(c), &mut batch);
                     if n == 0 {
                         return;
                     }
@@ -509,7 +509,7 @@ impl Arena {
 
     /// A snapshot of the counters (see [`super::stats`] for how exact it is).
     pub(crate) fn stats(&self) -> Stats {
-        let shared = self.shared();
+        let shared = self.central();
         let classes = (0..self.g.classes)
             .map(|c| {
                 let (mut allocs, mut frees, mut misses) = (0u64, 0u64, 0u64);

@@ -5,8 +5,8 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
+use super::allocator::Pool;
 use super::arena::{Block, TAG_LARGE};
-use super::handle::Pool;
 use super::Error;
 use crate::dma::Slice;
 

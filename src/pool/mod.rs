@@ -102,17 +102,17 @@
 
 use std::time::Duration;
 
+mod allocator;
 mod arena;
 mod buddy;
 mod buffer;
 mod cache;
+mod central;
 mod geometry;
-mod handle;
+#[cfg(not(loom))]
+mod interprocess;
 mod meta;
 mod owned;
-#[cfg(not(loom))]
-mod share;
-mod shared;
 mod stack;
 mod stats;
 mod wait;
@@ -120,8 +120,8 @@ mod wait;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
+pub use self::allocator::{leaked_mappings, Pool};
 pub use self::buffer::Buffer;
-pub use self::handle::{leaked_mappings, Pool};
 pub use self::owned::OwnedBuffer;
 pub use self::stats::{ClassStats, LargeStats, Stats};
 

@@ -16,12 +16,13 @@ use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use super::allocator::Pool;
 use super::buffer::Buffer;
-use super::handle::Pool;
 use super::Error;
 use crate::dma::{Iova, Slice};
 
-/// A DMA buffer that owns a reference to its [`Pool`] (see the [module docs](self)).
+/// A DMA buffer that owns a reference to its [`Pool`]: `'static`, `Send`, and back to the pool
+/// when dropped on any thread; the pool lives until its last owned buffer and handle are gone.
 ///
 /// It never lends `&[u8]` to its memory: copy in and out with [`OwnedBuffer::write`] /
 /// [`OwnedBuffer::read`], or use the volatile [`Slice`] from [`OwnedBuffer::slice`].

@@ -18,9 +18,9 @@ use std::mem::size_of;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use super::allocator::{aligned_start, Pool};
 use super::arena::Arena;
 use super::geometry::Geometry;
-use super::handle::{aligned_start, Pool};
 use super::meta::{Layout, Meta};
 use super::{Config, Error, Exhaustion};
 use crate::dma::Mapping;

@@ -1,7 +1,7 @@
 //! The shared level of the size classes: what thread caches refill from and flush to.
 //!
 //! Per class, free blocks at the shared level are in one of three places, tried in this order
-//! by [`Shared::take`]:
+//! by [`Central::take`]:
 //!
 //! 1. the **depot**: a lock-free stack of full magazines (arrays of up to a batch of block
 //!    units). A refill pops one magazine and copies its entries out: one CAS and the magazine's
@@ -13,7 +13,7 @@
 //! 3. the class's **current slab**: uncarved blocks of a chunk taken from the buddy allocator,
 //!    carved under the buddy lock. A chunk carved into a class stays in that class.
 //!
-//! [`Shared::give`] fills an empty depot magazine when there is one and otherwise pushes the
+//! [`Central::give`] fills an empty depot magazine when there is one and otherwise pushes the
 //! batch onto the list as one pre-linked chain. A class's depot magazines hold at most the
 //! class's batch, so a popped magazine always fits an empty thread cache.
 
@@ -25,12 +25,12 @@ use crate::sync::{AtomicU32, Ordering};
 
 /// A view of the shared level of one arena.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Shared<'a> {
+pub(crate) struct Central<'a> {
     g: &'a Geometry,
     meta: &'a Meta,
 }
 
-impl<'a> Shared<'a> {
+impl<'a> Central<'a> {
     /// The shared level whose state is in `meta`.
     pub(crate) fn new(g: &'a Geometry, meta: &'a Meta) -> Self {
         Self { g, meta }
@@ -202,7 +202,7 @@ impl<'a> Shared<'a> {
         Some(chunk)
     }
 
-    /// Frees a large block allocated by [`Shared::alloc_large`].
+    /// Frees a large block allocated by [`Central::alloc_large`].
     pub(crate) fn free_large(&self, chunk: u32, order: u32) {
         let buddy = Buddy::new(self.g, self.meta);
         let guard = buddy.lock();
