@@ -2,26 +2,15 @@
 //! test and put back by a guard; physical addresses need CAP_SYS_ADMIN). Tests in this file run
 //! one at a time, since they resize the same pools.
 
-use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use userdma::dma::{Error, Kind, Physical, Space};
-use userdma::memory::hugepages::Guard;
-use userdma::memory::{PageSize, Region, SYSFS_ROOT};
 
-static SERIAL: Mutex<()> = Mutex::new(());
+use userdma::memory::{PageSize, Region};
 
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+mod reserve;
 
-fn reserve(count: u64, size: PageSize) -> Guard {
-    Guard::ensure_available(Path::new(SYSFS_ROOT), count, size, None).unwrap_or_else(|err| {
-        panic!("this test needs {count} free {size} hugepages and root to reserve them: {err}")
-    })
-}
+use reserve::{reserve, serial};
 
 fn hugepage_region(len: usize, size: PageSize) -> Arc<Region> {
     Arc::new(Region::builder(len).page_size(size).build().unwrap())

@@ -8,10 +8,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use userdma::dma::{Loopback, Slice, Space};
-use userdma::memory::hugepages::{self, Guard};
+use userdma::memory::hugepages;
 use userdma::memory::{Backing, Error, PageSize, Region, SYSFS_ROOT};
 
 /// Set in a child process started by a test: names the role it plays.
@@ -19,22 +19,9 @@ const CHILD_ROLE: &str = "USERDMA_TEST_CHILD_ROLE";
 /// The fd number the child inherits.
 const CHILD_FD: &str = "USERDMA_TEST_CHILD_FD";
 
-static SERIAL: Mutex<()> = Mutex::new(());
+mod reserve;
 
-/// Serialises the tests of this file (they share the kernel's pools).
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Makes `count` pages of `size` available until the guard drops; fails the test, saying why,
-/// when that is impossible (not root, memory too fragmented).
-fn reserve(count: u64, size: PageSize) -> Guard {
-    Guard::ensure_available(Path::new(SYSFS_ROOT), count, size, None).unwrap_or_else(|err| {
-        panic!("this test needs {count} free {size} hugepages and root to reserve them: {err}")
-    })
-}
+use reserve::{reserve, serial};
 
 /// Checks the physical layout of a hugepage region: one address per page, each aligned to the
 /// page size (a hugepage is a naturally aligned physical block), all distinct.

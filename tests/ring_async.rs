@@ -7,11 +7,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use userdma::dma::{Loopback, Space};
-use userdma::irq::EventFd;
-use userdma::memory::{PageSize, Region};
-use userdma::mmio::{Block, Shared};
-use userdma::ring::{Command, Config, DeviceQueue, Doorbells, Layout, Memory, Queue, Status};
+use userdma::ring::{Command, Config, DeviceQueue, Queue, Status};
+
+mod ring_pair;
 
 fn pair(
     depth: u32,
@@ -19,29 +17,9 @@ fn pair(
 ) -> (
     Queue<Command, Status, u64>,
     DeviceQueue<Command, Status>,
-    Loopback,
+    userdma::dma::Loopback,
 ) {
-    let space = Loopback::new(48).unwrap();
-    let layout = Layout::new::<Command, Status>(depth).unwrap();
-    let len = layout.size().div_ceil(4096) * 4096;
-    let region = Region::builder(len)
-        .page_size(PageSize::Base)
-        .lock(false)
-        .build()
-        .unwrap();
-    let mapping = Arc::new(space.map(Arc::new(region)).unwrap());
-    let memory = Memory::from_mapping(mapping, 0, layout.size()).unwrap();
-    let doorbells = Doorbells::new(Block::new(Shared::new(256)).erase(), 0, 64).unwrap();
-    let (irq, device_irq) = if interrupt {
-        let irq = EventFd::new().unwrap();
-        let clone = irq.try_clone().unwrap();
-        (Some(irq), Some(clone))
-    } else {
-        (None, None)
-    };
-    let queue = Queue::new(Config::new(depth), memory.clone(), doorbells.clone(), irq).unwrap();
-    let device = DeviceQueue::new(0, depth, memory, doorbells, device_irq).unwrap();
-    (queue, device, space)
+    ring_pair::pair(Config::new(depth), interrupt)
 }
 
 /// Serves until `stop`, sleeping `delay` before each batch (so the host's futures must sleep).

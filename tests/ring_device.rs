@@ -7,41 +7,19 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use userdma::dma::{Loopback, Space};
-use userdma::irq::EventFd;
-use userdma::memory::{PageSize, Region};
-use userdma::mmio::{Block, Shared};
-use userdma::ring::{
-    Command, Config, DeviceQueue, Doorbells, Error, Layout, Memory, Queue, Quiesce, Status,
-};
+use userdma::ring::{Command, Config, DeviceQueue, Error, Queue, Quiesce, Status};
 
-/// A host queue and the device's view of it, over loopback DMA memory and a shared-memory BAR.
+mod ring_pair;
+
+/// A host queue (id 1, context 7) and the device's view of it.
 fn pair<T: Send>(
     depth: u32,
 ) -> (
     Queue<Command, Status, T>,
     DeviceQueue<Command, Status>,
-    Loopback,
+    userdma::dma::Loopback,
 ) {
-    let space = Loopback::new(48).unwrap();
-    let layout = Layout::new::<Command, Status>(depth).unwrap();
-    let len = layout.size().div_ceil(4096) * 4096;
-    let region = Region::builder(len)
-        .page_size(PageSize::Base)
-        .lock(false)
-        .build()
-        .unwrap();
-    let mapping = Arc::new(space.map(Arc::new(region)).unwrap());
-    let memory = Memory::from_mapping(mapping, 0, layout.size()).unwrap();
-    let doorbells = Doorbells::new(Block::new(Shared::new(4096)).erase(), 0, 64).unwrap();
-    let irq = EventFd::new().unwrap();
-    let device_irq = irq.try_clone().unwrap();
-    let config = Config::new(depth).with_id(1).with_context(7);
-    let queue = Queue::new(config, memory.clone(), doorbells.clone(), Some(irq)).unwrap();
-    let window = space.translate(memory.iova(), layout.size()).unwrap();
-    let device_memory = Memory::from_window(window, memory.iova()).unwrap();
-    let device = DeviceQueue::new(1, depth, device_memory, doorbells, Some(device_irq)).unwrap();
-    (queue, device, space)
+    ring_pair::pair(Config::new(depth).with_id(1).with_context(7), true)
 }
 
 /// What the device answers for `command`.
