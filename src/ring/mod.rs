@@ -82,6 +82,7 @@ use std::io;
 use std::time::Duration;
 
 mod device;
+mod entries;
 mod index;
 mod layout;
 mod memory;

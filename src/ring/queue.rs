@@ -33,8 +33,8 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
 use std::time::Duration;
 
+use super::entries::Entries;
 use super::index;
-use super::memory::Entries;
 use super::submit::SqTail;
 use super::{Completion, DoorbellValue, Doorbells, Error, Layout, Memory, Submission};
 use crate::irq::EventFd;
