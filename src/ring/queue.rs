@@ -294,6 +294,7 @@ pub(super) struct Cq<C, T> {
     pub(super) armed: bool,
     /// The current spin budget of a wait, adapted between 0 and `max_spin`.
     pub(super) spin: Duration,
+    /// The longest a wait spins ([`Config::spin`]).
     pub(super) max_spin: Duration,
     /// This queue's key with the interrupt reactor (futures).
     #[cfg(not(loom))]
