@@ -57,3 +57,41 @@ pub(crate) fn set_bus_master<B: Backend>(
     }
     Ok(())
 }
+
+/// A PCI backend's public configuration-space methods (`config_read`, `config_write`,
+/// `set_bus_master`, over the backend's `config` block and `bdf`, through the helpers above),
+/// with each method's doc comment given by the backend: written once for [`Vfio`](super::Vfio)
+/// and [`Uio`](super::Uio). Expands to methods: use it inside the backend's `impl` block.
+macro_rules! config_methods {
+    (
+        $(#[$read_doc:meta])*
+        fn config_read;
+        $(#[$write_doc:meta])*
+        fn config_write;
+        $(#[$bus_master_doc:meta])*
+        fn set_bus_master;
+    ) => {
+        $(#[$read_doc])*
+        pub fn config_read<T: $crate::mmio::Raw>(
+            &self,
+            offset: u16,
+        ) -> Result<T, $crate::device::Error> {
+            $crate::device::config::read(&self.config, self.bdf, offset)
+        }
+
+        $(#[$write_doc])*
+        pub fn config_write<T: $crate::mmio::Raw>(
+            &self,
+            offset: u16,
+            value: T,
+        ) -> Result<(), $crate::device::Error> {
+            $crate::device::config::write(&self.config, self.bdf, offset, value)
+        }
+
+        $(#[$bus_master_doc])*
+        pub fn set_bus_master(&self, on: bool) -> Result<(), $crate::device::Error> {
+            $crate::device::config::set_bus_master(&self.config, self.bdf, on)
+        }
+    };
+}
+pub(crate) use config_methods;

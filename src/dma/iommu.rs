@@ -169,18 +169,8 @@ impl<I: Iommu> Core<I> {
 
     /// Maps all of `region`.
     pub(crate) fn map(self: &Arc<Self>, region: Arc<Region>) -> Result<Mapping, Error> {
-        let result = self.try_map(&region);
-        match result {
-            Ok(pieces) => {
-                self.counters.mapped(u64_of(region.len()));
-                let backend: Arc<dyn Backend> = Arc::clone(self) as Arc<dyn Backend>;
-                Ok(Mapping::new(region, pieces, self.kind, backend))
-            }
-            Err(err) => {
-                self.counters.map_failed();
-                Err(err)
-            }
-        }
+        let placed = self.try_map(&region);
+        Mapping::from_placement(region, placed, self.kind, &self.counters, self)
     }
 
     fn try_map(&self, region: &Region) -> Result<Vec<Piece>, Error> {

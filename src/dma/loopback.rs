@@ -461,17 +461,9 @@ impl Loopback {
 
 impl Space for Loopback {
     fn map(&self, region: Arc<Region>) -> Result<Mapping, Error> {
-        match self.try_map(&region) {
-            Ok(pieces) => {
-                self.inner.counters.mapped(u64_of(region.len()));
-                let backend: Arc<dyn Backend> = Arc::clone(&self.inner) as Arc<dyn Backend>;
-                Ok(Mapping::new(region, pieces, Kind::Loopback, backend))
-            }
-            Err(err) => {
-                self.inner.counters.map_failed();
-                Err(err)
-            }
-        }
+        let placed = self.try_map(&region);
+        let inner = &self.inner;
+        Mapping::from_placement(region, placed, Kind::Loopback, &inner.counters, inner)
     }
 
     fn stats(&self) -> Stats {

@@ -77,6 +77,30 @@ impl Mapping {
         }
     }
 
+    /// The end of every space's `map`: `placed` is the space's placement of all of `region`
+    /// (its pieces, mapped, in region order) or why it failed. A placement becomes the mapping,
+    /// undone by `backend` (the space's shared state, which holds `counters`), and is counted
+    /// as a map; a failure is counted as a failed map and returned.
+    pub(crate) fn from_placement<B: Backend + 'static>(
+        region: Arc<Region>,
+        placed: Result<Vec<Piece>, Error>,
+        kind: Kind,
+        counters: &Counters,
+        backend: &Arc<B>,
+    ) -> Result<Mapping, Error> {
+        match placed {
+            Ok(pieces) => {
+                counters.mapped(u64_of(region.len()));
+                let backend: Arc<dyn Backend> = Arc::clone(backend) as Arc<dyn Backend>;
+                Ok(Mapping::new(region, pieces, kind, backend))
+            }
+            Err(err) => {
+                counters.map_failed();
+                Err(err)
+            }
+        }
+    }
+
     /// The mapped region.
     pub fn region(&self) -> &Arc<Region> {
         &self.region

@@ -86,17 +86,9 @@ impl Space for Physical {
     /// (base pages always are; a hugepage must be), not resident, above the DMA mask, or if the
     /// process may not see physical addresses.
     fn map(&self, region: Arc<Region>) -> Result<Mapping, Error> {
-        match self.try_map(&region) {
-            Ok(pieces) => {
-                self.inner.counters.mapped(u64_of(region.len()));
-                let backend: Arc<dyn Backend> = Arc::clone(&self.inner) as Arc<dyn Backend>;
-                Ok(Mapping::new(region, pieces, Kind::Physical, backend))
-            }
-            Err(err) => {
-                self.inner.counters.map_failed();
-                Err(err)
-            }
-        }
+        let placed = self.try_map(&region);
+        let inner = &self.inner;
+        Mapping::from_placement(region, placed, Kind::Physical, &inner.counters, inner)
     }
 
     fn stats(&self) -> Stats {

@@ -210,41 +210,31 @@ pub trait Backend: fmt::Debug + Send + Sync {
     }
 }
 
-impl<B: Backend + ?Sized> Backend for Arc<B> {
-    fn len(&self) -> usize {
-        (**self).len()
-    }
-    #[inline]
-    fn read(&self, offset: usize, width: Width) -> Result<u64, Error> {
-        (**self).read(offset, width)
-    }
-    #[inline]
-    fn write(&self, offset: usize, width: Width, value: u64) -> Result<(), Error> {
-        (**self).write(offset, width, value)
-    }
-    fn raw_register(&self, offset: usize, width: Width) -> Option<RawRegister> {
-        // The pointee is the backend: its registers live as long as this handle does.
-        (**self).raw_register(offset, width)
-    }
+/// A backend behind a smart pointer (`Arc<B>`, `Box<B>`, `B` possibly `dyn Backend`) is the
+/// backend it points to: every method forwards to the pointee.
+macro_rules! forward_backend {
+    ($($pointer:ident),*) => {$(
+        impl<B: Backend + ?Sized> Backend for $pointer<B> {
+            fn len(&self) -> usize {
+                (**self).len()
+            }
+            #[inline]
+            fn read(&self, offset: usize, width: Width) -> Result<u64, Error> {
+                (**self).read(offset, width)
+            }
+            #[inline]
+            fn write(&self, offset: usize, width: Width, value: u64) -> Result<(), Error> {
+                (**self).write(offset, width, value)
+            }
+            fn raw_register(&self, offset: usize, width: Width) -> Option<RawRegister> {
+                // The pointee is the backend: its registers live as long as this handle does.
+                (**self).raw_register(offset, width)
+            }
+        }
+    )*};
 }
 
-impl<B: Backend + ?Sized> Backend for Box<B> {
-    fn len(&self) -> usize {
-        (**self).len()
-    }
-    #[inline]
-    fn read(&self, offset: usize, width: Width) -> Result<u64, Error> {
-        (**self).read(offset, width)
-    }
-    #[inline]
-    fn write(&self, offset: usize, width: Width, value: u64) -> Result<(), Error> {
-        (**self).write(offset, width, value)
-    }
-    fn raw_register(&self, offset: usize, width: Width) -> Option<RawRegister> {
-        // The pointee is the backend: its registers live as long as this handle does.
-        (**self).raw_register(offset, width)
-    }
-}
+forward_backend!(Arc, Box);
 
 /// Checks that an access of `width` at `offset` fits in `size` bytes and is aligned.
 pub(crate) fn check(offset: usize, width: Width, size: usize) -> Result<(), Error> {

@@ -15,8 +15,8 @@
 
 use std::marker::PhantomData;
 
+use super::entries::Entries;
 use super::index;
-use super::memory::Entries;
 use super::{Completion, DoorbellValue, Doorbells, Error, Layout, Memory, Submission};
 use crate::irq::EventFd;
 use crate::sync::{fence, Ordering};

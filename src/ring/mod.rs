@@ -82,6 +82,8 @@ use std::io;
 use std::time::Duration;
 
 mod device;
+mod doorbell;
+mod entries;
 mod index;
 mod layout;
 mod memory;
@@ -96,8 +98,9 @@ mod loom_tests;
 mod tests;
 
 pub use self::device::DeviceQueue;
+pub use self::doorbell::{DoorbellValue, Doorbells};
 pub use self::index::MAX_DEPTH;
-pub use self::layout::{DoorbellValue, Doorbells, Layout};
+pub use self::layout::Layout;
 pub use self::memory::{Memory, ALIGN};
 pub use self::queue::{
     leaks, Config, Done, Leaks, Queue, Quiesce, Rejected, Shutdown, Stats, DROP_QUIESCE_TIMEOUT,

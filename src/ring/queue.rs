@@ -33,9 +33,9 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
 use std::time::Duration;
 
+use super::entries::Entries;
 use super::index;
-use super::memory::Entries;
-use super::submit::SqTail;
+use super::submit::{Sq, SqTail};
 use super::{Completion, DoorbellValue, Doorbells, Error, Layout, Memory, Submission};
 use crate::irq::EventFd;
 use crate::sync::{fence, Ordering};
@@ -264,47 +264,50 @@ pub struct Queue<D: Submission, C: Completion, T: Send> {
     pub(super) context: u32,
     pub(super) layout: Layout,
     pub(super) memory: Memory,
-    /// The SQ's entries in `memory`.
-    pub(super) sq: Entries<D>,
     pub(super) doorbells: Doorbells,
     /// What the doorbell writes carry.
     pub(super) doorbell: DoorbellValue,
-    /// The SQ head comes from completions ([`Completion::sq_head`]), not the write-back word.
-    pub(super) head_from_cq: bool,
-    /// SQ slots always kept empty (1 when a slot value cannot tell full from empty).
-    pub(super) reserve: u32,
     pub(super) interrupt: Option<std::sync::Arc<EventFd>>,
     pub(super) quiesce: Option<Box<dyn Quiesce>>,
-    /// The SQ tail: announced, written since, and the doorbell count.
-    pub(super) tail: SqTail,
-    /// What the SQ tail doorbell carries of a counter: all of it, or its slot.
-    pub(super) doorbell_mask: u32,
-    /// The device's SQ head, as last read from the write-back.
-    pub(super) sq_head: u32,
-    /// The SQ counter the host may write up to (see `index::sq_limit`), from that head.
-    pub(super) sq_limit: u32,
+    /// The submission state: the SQ, its tail and how far the host may write (`submit.rs`).
+    pub(super) sq: Sq<D>,
+    /// The completion state: the CQ head, completions set aside, and the waits for them.
+    pub(super) cq: Cq<C, T>,
+    /// The in-flight state: payloads by command id and the free ids.
+    pub(super) payloads: InFlight<T>,
+    pub(super) stats: Stats,
+    /// `shutdown` has already settled everything; drop does nothing more.
+    pub(super) closed: bool,
+    pub(super) _entries: PhantomData<(D, C)>,
+}
+
+/// The completion state of a [`Queue`]: where the host is in the CQ, what it has announced, the
+/// completions it reaped early, and how it waits for more (`wait.rs`).
+pub(super) struct Cq<C, T> {
     /// Counter of the next CQ entry to read.
-    pub(super) cq_head: u32,
+    pub(super) head: u32,
     /// The CQ head last written to the doorbell.
-    pub(super) cq_announced: u32,
-    /// In-flight payloads by command id.
-    pub(super) slots: Box<[Option<T>]>,
-    /// Free command ids (a stack).
-    pub(super) free_ids: Vec<u16>,
+    pub(super) announced: u32,
     /// Completions reaped while waiting for room, handed out first.
     pub(super) pending: VecDeque<Done<C, T>>,
     /// The interrupt flag is set in ring memory.
     pub(super) armed: bool,
     /// The current spin budget of a wait, adapted between 0 and `max_spin`.
     pub(super) spin: Duration,
+    /// The longest a wait spins ([`Config::spin`]).
     pub(super) max_spin: Duration,
     /// This queue's key with the interrupt reactor (futures).
     #[cfg(not(loom))]
     pub(super) reactor_key: u64,
-    pub(super) stats: Stats,
-    /// `shutdown` has already settled everything; drop does nothing more.
-    pub(super) closed: bool,
-    pub(super) _entries: PhantomData<(D, C)>,
+}
+
+/// The in-flight state of a [`Queue`]: the payload of every command submitted and not yet
+/// reaped, under its command id, and the ids free for the next ones.
+pub(super) struct InFlight<T> {
+    /// In-flight payloads by command id.
+    pub(super) slots: Box<[Option<T>]>,
+    /// Free command ids (a stack).
+    pub(super) free_ids: Vec<u16>,
 }
 
 impl<D: Submission, C: Completion, T: Send> fmt::Debug for Queue<D, C, T> {
@@ -314,9 +317,9 @@ impl<D: Submission, C: Completion, T: Send> fmt::Debug for Queue<D, C, T> {
             .field("context", &self.context)
             .field("layout", &self.layout)
             .field("iova", &format_args!("{:#x}", self.memory.iova()))
-            .field("sq_tail", &self.tail.next())
-            .field("sq_head", &self.sq_head)
-            .field("cq_head", &self.cq_head)
+            .field("sq_tail", &self.sq.tail.next())
+            .field("sq_head", &self.sq.head)
+            .field("cq_head", &self.cq.head)
             .field("in_flight", &self.in_flight())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
@@ -359,29 +362,32 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         Ok(Queue {
             id,
             context: config.context,
-            sq: Entries::new(&memory, layout.sq_offset(), depth),
+            sq: Sq {
+                entries: Entries::new(&memory, layout.sq_offset(), depth),
+                tail: SqTail::default(),
+                doorbell_mask: config.doorbell.encode(u32::MAX, depth),
+                head: 0,
+                limit: depth - reserve,
+                reserve,
+                head_from_cq,
+            },
             layout,
             memory,
             doorbells,
             doorbell: config.doorbell,
-            head_from_cq,
-            reserve,
             interrupt: interrupt.map(std::sync::Arc::new),
             quiesce: None,
-            tail: SqTail::default(),
-            doorbell_mask: config.doorbell.encode(u32::MAX, depth),
-            sq_head: 0,
-            sq_limit: depth - reserve,
-            cq_head: 0,
-            cq_announced: 0,
-            slots,
-            free_ids,
-            pending: VecDeque::with_capacity(depth as usize),
-            armed: false,
-            spin: config.spin,
-            max_spin: config.spin,
-            #[cfg(not(loom))]
-            reactor_key: crate::irq::reactor::next_key(),
+            cq: Cq {
+                head: 0,
+                announced: 0,
+                pending: VecDeque::with_capacity(depth as usize),
+                armed: false,
+                spin: config.spin,
+                max_spin: config.spin,
+                #[cfg(not(loom))]
+                reactor_key: crate::irq::reactor::next_key(),
+            },
+            payloads: InFlight { slots, free_ids },
             stats: Stats::default(),
             closed: false,
             _entries: PhantomData,
@@ -431,15 +437,15 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
 
     /// Commands whose payloads the queue holds (submitted, not yet reaped).
     pub fn in_flight(&self) -> usize {
-        self.slots.len() - self.free_ids.len()
+        self.payloads.slots.len() - self.payloads.free_ids.len()
     }
 
     /// What the queue has done.
     pub fn stats(&self) -> Stats {
         let mut stats = self.stats;
-        stats.sq_doorbells = self.tail.doorbells();
+        stats.sq_doorbells = self.sq.tail.doorbells();
         // Every SQ entry written is a command or a posted descriptor.
-        stats.posted = self.tail.entries().saturating_sub(stats.submitted);
+        stats.posted = self.sq.tail.entries().saturating_sub(stats.submitted);
         stats
     }
 
@@ -451,13 +457,13 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// Whether the queue takes the SQ head from completions ([`Completion::sq_head`]) rather
     /// than from the write-back word in ring memory.
     pub fn sq_head_from_completions(&self) -> bool {
-        self.head_from_cq
+        self.sq.head_from_cq
     }
 
     /// Whether a completion is waiting (reaped earlier, or in the CQ).
     #[inline]
     pub fn is_ready(&self) -> bool {
-        !self.pending.is_empty() || self.cq_ready()
+        !self.cq.pending.is_empty() || self.cq_ready()
     }
 
     /// Whether the CQ entry at the head has the current phase.
@@ -465,8 +471,8 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     pub(super) fn cq_ready(&self) -> bool {
         let word = self
             .memory
-            .load_u32(self.layout.cq_phase_word(self.cq_head));
-        self.layout.is_current(word, self.cq_head)
+            .load_u32(self.layout.cq_phase_word(self.cq.head));
+        self.layout.is_current(word, self.cq.head)
     }
 
     /// Takes the CQ entry at the head, if the device wrote it, without a doorbell.
@@ -479,23 +485,24 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         // phase store, are read only after the phase flip was seen (pairs with the
         // fence(Release) in `DeviceQueue::complete`).
         fence(Ordering::Acquire);
-        let entry: C = self.memory.read_entry(self.layout.cq_entry(self.cq_head));
-        self.cq_head = self.cq_head.wrapping_add(1);
+        let entry: C = self.memory.read_entry(self.layout.cq_entry(self.cq.head));
+        self.cq.head = self.cq.head.wrapping_add(1);
         let id = entry.command_id();
         let payload = self
+            .payloads
             .slots
             .get_mut(usize::from(id))
             .and_then(Option::take)
             .ok_or(Error::UnknownCommand { queue: self.id, id })?;
-        self.free_ids.push(id);
+        self.payloads.free_ids.push(id);
         self.stats.completed += 1;
         let done = Done { id, entry, payload };
         // A format without the SQ head in its completions returns `None` here at compile time.
         if let Some(slot) = entry.sq_head() {
-            if self.head_from_cq {
+            if self.sq.head_from_cq {
                 if let Err(error) = self.head_from(slot) {
                     // The command did complete: hand it out next, after the error.
-                    self.pending.push_back(done);
+                    self.cq.pending.push_back(done);
                     return Err(error);
                 }
             }
@@ -512,30 +519,30 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     #[inline]
     fn head_from(&mut self, slot: u16) -> Result<(), Error> {
         let depth = self.layout.depth();
-        let head = index::counter_of_slot(self.sq_head, u32::from(slot), depth);
-        let announced = self.tail.announced();
-        if u32::from(slot) >= depth || !index::advance_ok(self.sq_head, head, announced) {
+        let head = index::counter_of_slot(self.sq.head, u32::from(slot), depth);
+        let announced = self.sq.tail.announced();
+        if u32::from(slot) >= depth || !index::advance_ok(self.sq.head, head, announced) {
             return Err(Error::CompletionSqHead {
                 queue: self.id,
                 slot,
-                old: index::slot(self.sq_head, depth),
+                old: index::slot(self.sq.head, depth),
                 tail: index::slot(announced, depth),
                 depth,
             });
         }
-        self.sq_head = head;
+        self.sq.head = head;
         Ok(())
     }
 
     /// Rings the CQ head doorbell if entries were consumed since the last one.
     #[inline]
     pub(super) fn announce_cq(&mut self) -> Result<(), Error> {
-        if self.cq_head == self.cq_announced {
+        if self.cq.head == self.cq.announced {
             return Ok(());
         }
-        let value = self.doorbell.encode(self.cq_head, self.layout.depth());
+        let value = self.doorbell.encode(self.cq.head, self.layout.depth());
         self.doorbells.ring_cq(self.id, value)?;
-        self.cq_announced = self.cq_head;
+        self.cq.announced = self.cq.head;
         self.stats.cq_doorbells += 1;
         Ok(())
     }
@@ -545,11 +552,11 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// costs one doorbell per batch, like [`Queue::reap`]).
     #[inline]
     pub fn poll_one(&mut self) -> Result<Option<Done<C, T>>, Error> {
-        if let Some(done) = self.pending.pop_front() {
+        if let Some(done) = self.cq.pending.pop_front() {
             return Ok(Some(done));
         }
         let taken = self.take_cq();
-        let unannounced = index::used(self.cq_head, self.cq_announced);
+        let unannounced = index::used(self.cq.head, self.cq.announced);
         if unannounced > 0 && (unannounced >= self.depth() / 2 || !self.cq_ready()) {
             self.announce_cq()?;
         }
@@ -562,7 +569,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     pub fn reap(&mut self, max: usize, mut f: impl FnMut(Done<C, T>)) -> Result<usize, Error> {
         let mut count = 0;
         while count < max {
-            if let Some(done) = self.pending.pop_front() {
+            if let Some(done) = self.cq.pending.pop_front() {
                 f(done);
                 count += 1;
                 continue;
@@ -586,7 +593,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// Moves every completion in the CQ into `pending` (to make room while waiting).
     pub(super) fn collect(&mut self) -> Result<(), Error> {
         while let Some(done) = self.take_cq()? {
-            self.pending.push_back(done);
+            self.cq.pending.push_back(done);
         }
         self.announce_cq()
     }
@@ -595,14 +602,19 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// (it reads only up to the SQ tail doorbell), so they are safe to hand back.
     fn take_unannounced(&mut self) -> Vec<(u16, T)> {
         let mut taken = Vec::new();
-        while self.tail.unflushed() > 0 {
-            self.tail.unwrite();
+        while self.sq.tail.unflushed() > 0 {
+            self.sq.tail.unwrite();
             let desc: D = self
                 .memory
-                .read_entry(self.layout.sq_entry(self.tail.next()));
+                .read_entry(self.layout.sq_entry(self.sq.tail.next()));
             let id = desc.command_id();
-            if let Some(payload) = self.slots.get_mut(usize::from(id)).and_then(Option::take) {
-                self.free_ids.push(id);
+            if let Some(payload) = self
+                .payloads
+                .slots
+                .get_mut(usize::from(id))
+                .and_then(Option::take)
+            {
+                self.payloads.free_ids.push(id);
                 taken.push((id, payload));
             }
         }
@@ -614,13 +626,13 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     fn quiet(&mut self) -> bool {
         self.refresh_sq_head().is_ok()
             && self.in_flight() == 0
-            && self.sq_head == self.tail.announced()
+            && self.sq.head == self.sq.tail.announced()
     }
 
     /// Keeps the ring memory and every in-flight payload alive forever, and counts it.
     fn leak(&mut self) -> usize {
         let mut count = 0u64;
-        for slot in self.slots.iter_mut() {
+        for slot in self.payloads.slots.iter_mut() {
             if let Some(payload) = slot.take() {
                 std::mem::forget(payload);
                 count += 1;
@@ -649,7 +661,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         };
         loop {
             self.collect()?;
-            completed.extend(self.pending.drain(..));
+            completed.extend(self.cq.pending.drain(..));
             if self.quiet() {
                 self.closed = true;
                 return Ok(Shutdown { completed, aborted });
@@ -675,8 +687,8 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             Ok(()) => {
                 // Stopped: what it completed meanwhile is in the CQ; the rest is aborted.
                 self.collect()?;
-                completed.extend(self.pending.drain(..));
-                for (id, slot) in self.slots.iter_mut().enumerate() {
+                completed.extend(self.cq.pending.drain(..));
+                for (id, slot) in self.payloads.slots.iter_mut().enumerate() {
                     if let Some(payload) = slot.take() {
                         aborted.push((id as u16, payload));
                     }
@@ -706,7 +718,7 @@ impl<D: Submission, C: Completion, T: Send> Drop for Queue<D, C, T> {
         drop(self.take_unannounced());
         // Whatever the device finished is handed back (and dropped here).
         let _ = self.collect();
-        self.pending.clear();
+        self.cq.pending.clear();
         if self.quiet() {
             return;
         }

@@ -1,11 +1,32 @@
 //! The submission half of [`Queue`]: writing descriptors into the SQ (one, a burst, with or
-//! without a payload), ringing the SQ tail doorbell, and the host's SQ tail bookkeeping
-//! ([`SqTail`]). The orderings are listed with the rest of the host side in `queue.rs`.
+//! without a payload), ringing the SQ tail doorbell, the queue's submission state ([`Sq`]) and
+//! the host's SQ tail bookkeeping ([`SqTail`]). The orderings are listed with the rest of the
+//! host side in `queue.rs`.
 
+use super::entries::Entries;
 use super::index;
 use super::queue::{Queue, Rejected};
 use super::{Completion, Error, Submission, POSTED};
 use crate::sync::{fence, Ordering};
+
+/// The submission state of a [`Queue`]: the SQ's entries, the tail bookkeeping, and the device's
+/// head with the limit the host may write up to from it. What a submission reads and writes.
+pub(super) struct Sq<D> {
+    /// The SQ's entries in the queue's memory.
+    pub(super) entries: Entries<D>,
+    /// The SQ tail: announced, written since, and the doorbell count.
+    pub(super) tail: SqTail,
+    /// What the SQ tail doorbell carries of a counter: all of it, or its slot.
+    pub(super) doorbell_mask: u32,
+    /// The device's SQ head, as last read from the write-back (or reported by a completion).
+    pub(super) head: u32,
+    /// The SQ counter the host may write up to (see `index::sq_limit`), from that head.
+    pub(super) limit: u32,
+    /// SQ slots always kept empty (1 when a slot value cannot tell full from empty).
+    pub(super) reserve: u32,
+    /// The SQ head comes from completions ([`Completion::sq_head`]), not the write-back word.
+    pub(super) head_from_cq: bool,
+}
 
 /// The host's SQ tail, packed so that posting a descriptor and ringing for it in one call
 /// ([`Queue::post_and_flush`]) costs the queue's own memory one store: one word holds the
@@ -139,7 +160,7 @@ impl SqTail {
 impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// Entries written since the last doorbell (waiting for [`Queue::flush`]).
     pub fn unflushed(&self) -> u32 {
-        self.tail.unflushed()
+        self.sq.tail.unflushed()
     }
 
     /// Free SQ slots, for a caller that wants `wanted` of them before it writes (a burst that
@@ -149,7 +170,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// descriptors need only SQ slots; commands also need command ids ([`Queue::in_flight`]).
     #[inline]
     pub fn room(&mut self, wanted: u32) -> Result<u32, Error> {
-        let room = index::room(self.tail.next(), self.sq_limit, self.layout.depth());
+        let room = index::room(self.sq.tail.next(), self.sq.limit, self.layout.depth());
         if room >= wanted {
             return Ok(room);
         }
@@ -159,14 +180,14 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// Reads the device's SQ head write-back (or, when completions carry the SQ head, takes
     /// the head the last one reported) and recomputes how far the host may write.
     pub(super) fn refresh_sq_head(&mut self) -> Result<(), Error> {
-        if self.head_from_cq {
+        if self.sq.head_from_cq {
             let layout = &self.layout;
-            self.sq_limit = index::sq_limit(
-                self.sq_head,
-                self.tail.next(),
+            self.sq.limit = index::sq_limit(
+                self.sq.head,
+                self.sq.tail.next(),
                 layout.depth(),
                 layout.sq_per_line(),
-                self.reserve,
+                self.sq.reserve,
             );
             return Ok(());
         }
@@ -174,23 +195,23 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         // Acquire: the device's reads of the entries before `head` happen before the host
         // overwrites those slots (pairs with the fence(Release) in `DeviceQueue::release`).
         fence(Ordering::Acquire);
-        let announced = self.tail.announced();
-        if !index::advance_ok(self.sq_head, head, announced) {
+        let announced = self.sq.tail.announced();
+        if !index::advance_ok(self.sq.head, head, announced) {
             return Err(Error::DeviceSqHead {
                 queue: self.id,
                 head,
-                old: self.sq_head,
+                old: self.sq.head,
                 tail: announced,
             });
         }
-        self.sq_head = head;
+        self.sq.head = head;
         let layout = &self.layout;
-        self.sq_limit = index::sq_limit(
+        self.sq.limit = index::sq_limit(
             head,
-            self.tail.next(),
+            self.sq.tail.next(),
             layout.depth(),
             layout.sq_per_line(),
-            self.reserve,
+            self.sq.reserve,
         );
         Ok(())
     }
@@ -198,7 +219,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// Free SQ slots, re-reading the device's head only when the cached one says none.
     #[inline]
     pub(super) fn sq_room(&mut self) -> Result<u32, Error> {
-        let room = index::room(self.tail.next(), self.sq_limit, self.layout.depth());
+        let room = index::room(self.sq.tail.next(), self.sq.limit, self.layout.depth());
         if room > 0 {
             return Ok(room);
         }
@@ -211,8 +232,8 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     fn sq_room_refreshed(&mut self) -> Result<u32, Error> {
         self.refresh_sq_head()?;
         Ok(index::room(
-            self.tail.next(),
-            self.sq_limit,
+            self.sq.tail.next(),
+            self.sq.limit,
             self.layout.depth(),
         ))
     }
@@ -247,7 +268,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// device's head again.
     #[inline]
     fn has_slot(&self) -> bool {
-        index::room(self.tail.next(), self.sq_limit, self.layout.depth()) > 0
+        index::room(self.sq.tail.next(), self.sq.limit, self.layout.depth()) > 0
     }
 
     /// The uncommon path of a single-entry submission with no slot by the kept limit: reads the
@@ -266,8 +287,8 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// Writes `desc` into the next SQ slot (the caller checked there is one).
     #[inline]
     fn write_sq(&mut self, desc: D) {
-        self.sq.write(self.tail.next(), desc);
-        self.tail.wrote(1);
+        self.sq.entries.write(self.sq.tail.next(), desc);
+        self.sq.tail.wrote(1);
     }
 
     /// Queues a command without ringing the doorbell: moves `payload` into the in-flight table,
@@ -286,7 +307,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     #[inline]
     fn take_command(&mut self, desc: &mut D, payload: T) -> Result<u16, Rejected<D, T>> {
         let room = self.sq_room();
-        let id = match (&room, self.free_ids.last()) {
+        let id = match (&room, self.payloads.free_ids.last()) {
             (Ok(1..), Some(&id)) => id,
             _ => {
                 let error = self.refusal(room, true);
@@ -297,9 +318,9 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
                 });
             }
         };
-        self.free_ids.pop();
+        self.payloads.free_ids.pop();
         desc.set_command_id(id);
-        self.slots[usize::from(id)] = Some(payload);
+        self.payloads.slots[usize::from(id)] = Some(payload);
         self.stats.submitted += 1;
         Ok(id)
     }
@@ -336,7 +357,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     #[inline]
     pub fn push_burst<I: Iterator<Item = (D, T)>>(&mut self, items: &mut I) -> Result<u32, Error> {
         let room = self.sq_room()?;
-        let ids = u32::try_from(self.free_ids.len()).unwrap_or(u32::MAX);
+        let ids = u32::try_from(self.payloads.free_ids.len()).unwrap_or(u32::MAX);
         let max = room.min(ids);
         if max == 0 {
             let error = self.refusal(Ok(room), true);
@@ -345,9 +366,9 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             }
             return Err(error);
         }
-        let tail = self.tail.next();
-        let (slots, free_ids) = (&mut self.slots, &mut self.free_ids);
-        let count = self.sq.write_from(tail, max, || {
+        let tail = self.sq.tail.next();
+        let (slots, free_ids) = (&mut self.payloads.slots, &mut self.payloads.free_ids);
+        let count = self.sq.entries.write_from(tail, max, || {
             // `max <= free_ids.len()`: an id is there; the item is taken only then.
             let id = *free_ids.last()?;
             let (mut desc, payload) = items.next()?;
@@ -356,7 +377,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             slots[usize::from(id)] = Some(payload);
             Some(desc)
         });
-        self.tail.wrote(count);
+        self.sq.tail.wrote(count);
         self.stats.submitted += u64::from(count);
         Ok(count)
     }
@@ -379,13 +400,13 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             self.stats.full += 1;
             return Ok(0);
         }
-        let tail = self.tail.next();
-        let count = self.sq.write_from(tail, room, || {
+        let tail = self.sq.tail.next();
+        let count = self.sq.entries.write_from(tail, room, || {
             let mut desc = descs.next()?;
             desc.set_command_id(POSTED);
             Some(desc)
         });
-        self.tail.wrote(count);
+        self.sq.tail.wrote(count);
         Ok(count)
     }
 
@@ -393,12 +414,12 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// nothing was). If the write fails, the entries stay queued and the next flush retries.
     #[inline]
     pub fn flush(&mut self) -> Result<(), Error> {
-        if self.tail.unflushed() == 0 {
+        if self.sq.tail.unflushed() == 0 {
             return Ok(());
         }
         self.doorbells
-            .ring_sq(self.id, self.tail.next() & self.doorbell_mask)?;
-        self.tail.rang();
+            .ring_sq(self.id, self.sq.tail.next() & self.sq.doorbell_mask)?;
+        self.sq.tail.rang();
         Ok(())
     }
 
@@ -427,18 +448,18 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// once, after the doorbell. If the doorbell write fails, the entry stays queued.
     #[inline]
     fn write_and_ring(&mut self, desc: D) -> Result<(), Error> {
-        let tail = self.tail.next();
-        self.sq.write(tail, desc);
+        let tail = self.sq.tail.next();
+        self.sq.entries.write(tail, desc);
         match self
             .doorbells
-            .ring_sq(self.id, tail.wrapping_add(1) & self.doorbell_mask)
+            .ring_sq(self.id, tail.wrapping_add(1) & self.sq.doorbell_mask)
         {
             Ok(()) => {
-                self.tail.wrote_and_rang(1);
+                self.sq.tail.wrote_and_rang(1);
                 Ok(())
             }
             Err(error) => {
-                self.tail.wrote(1);
+                self.sq.tail.wrote(1);
                 Err(error)
             }
         }

@@ -1036,7 +1036,7 @@ fn a_failed_doorbell_leaves_the_descriptor_queued_for_the_next_flush() {
 
 #[test]
 fn pop_prefetches_each_cache_line_once_as_entries_reach_it() {
-    use super::memory::new_lines;
+    use super::entries::new_lines;
     // 8-byte entries from a line boundary: the first of each eight reaches a new line.
     let lines: Vec<_> = (0..16)
         .map(|k| new_lines(4096 + 8 * k, 8, k == 0).collect::<Vec<_>>())

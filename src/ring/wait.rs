@@ -35,7 +35,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             })?;
         }
         self.memory.store_u32(self.layout.interrupt_offset(), 1);
-        self.armed = true;
+        self.cq.armed = true;
         // SeqCst: a store-load barrier. Either this thread sees the device's phase store below,
         // or the device, after its own SeqCst fence, sees the flag stored above and raises the
         // interrupt (pairs with the fence(SeqCst) in `DeviceQueue::interrupt`).
@@ -46,11 +46,11 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// Clears the interrupt flag: the device stops raising the interrupt (a late one is
     /// harmless, the next arm drains it).
     pub fn disarm_interrupt(&mut self) {
-        if self.armed {
+        if self.cq.armed {
             // Relaxed: no data is published by clearing the flag; a device that still sees it
             // set raises one spurious interrupt.
             self.memory.store_u32(self.layout.interrupt_offset(), 0);
-            self.armed = false;
+            self.cq.armed = false;
         }
     }
 
@@ -58,7 +58,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// spins up to the adaptive spin budget, then sleeps on the interrupt eventfd (without one,
     /// keeps polling and yields the CPU). `Error::Timeout` when the time is up.
     pub fn wait_ready(&mut self, timeout: Option<Duration>) -> Result<(), Error> {
-        if !self.pending.is_empty() {
+        if !self.cq.pending.is_empty() {
             return Ok(());
         }
         self.wait_cq(timeout)
@@ -73,7 +73,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         self.announce_cq()?;
         let start = Instant::now();
         let deadline = timeout.and_then(|t| start.checked_add(t));
-        let spin = timeout.map_or(self.spin, |t| t.min(self.spin));
+        let spin = timeout.map_or(self.cq.spin, |t| t.min(self.cq.spin));
         let mut spins = 0u32;
         loop {
             if self.cq_ready() {
@@ -134,17 +134,21 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
 
     /// A completion arrived while spinning after `waited`: spin at least twice that next time.
     fn spin_succeeded(&mut self, waited: Duration) {
-        self.spin = self.spin.max(waited.saturating_mul(2)).min(self.max_spin);
+        self.cq.spin = self
+            .cq
+            .spin
+            .max(waited.saturating_mul(2))
+            .min(self.cq.max_spin);
     }
 
     /// A completion arrived only after sleeping, `waited` after the wait began. If that was
     /// within the spin limit, spinning would have caught it: spin that long next time. If not,
     /// halve the spin budget: spinning did not pay.
     fn woke(&mut self, waited: Duration) {
-        if waited < self.max_spin {
+        if waited < self.cq.max_spin {
             self.spin_succeeded(waited);
         } else {
-            self.spin /= 2;
+            self.cq.spin /= 2;
         }
     }
 
@@ -198,7 +202,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
                     payload,
                 });
             }
-            if !self.pending.is_empty() {
+            if !self.cq.pending.is_empty() {
                 // Ids were freed; SQ room comes back with the device's head write-back.
                 continue;
             }
@@ -293,7 +297,7 @@ impl<D: Submission, C: Completion, T: Send> std::future::Future for NextCompleti
         }
         let id = queue.id;
         let registered = crate::irq::reactor::global()
-            .and_then(|reactor| reactor.register(queue.reactor_key, irq, cx.waker().clone()));
+            .and_then(|reactor| reactor.register(queue.cq.reactor_key, irq, cx.waker().clone()));
         if let Err(source) = registered {
             return Poll::Ready(Err(Error::Interrupt { queue: id, source }));
         }
@@ -307,7 +311,7 @@ impl<D: Submission, C: Completion, T: Send> Drop for NextCompletion<'_, D, C, T>
     fn drop(&mut self) {
         if self.registered {
             if let Ok(reactor) = crate::irq::reactor::global() {
-                reactor.cancel(self.queue.reactor_key);
+                reactor.cancel(self.queue.cq.reactor_key);
             }
         }
         self.queue.disarm_interrupt();

@@ -268,125 +268,118 @@ bitflags::bitflags! {
 
 u32_value!(DeviceStatus, Control, QueueControl, QueueStatus);
 
-/// Descriptor opcodes ([`Command::opcode`](crate::ring::Command::opcode)). Unless stated,
-/// `flags` and every `args` word must be zero, `context` must equal the queue's context
-/// register, and "device offset" is a byte offset in device memory (BAR 2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Opcode {
-    /// Does nothing; `src`, `dst` and `len` must be zero. Result: 0.
-    Nop = 0,
-    /// Copies `len` bytes from host IOVA `src` to device offset `dst`. Result: `len`.
-    ToDevice = 1,
-    /// Copies `len` bytes from device offset `src` to host IOVA `dst`. Result: `len`.
-    ToHost = 2,
-    /// Copies `len` bytes from device offset `src` to device offset `dst`; the ranges may
-    /// overlap (as `memmove`). Result: `len`.
-    DeviceCopy = 3,
-    /// Sets `len` bytes at device offset `dst` to the byte `args[0]` (`args[0] <= 0xff`);
-    /// `src` must be zero. Result: `len`.
-    Fill = 4,
-    /// For each little-endian `u32` word `w` of the `len` bytes at device offset `src`, in
-    /// ascending order, writes `(w ^ args[0]).wrapping_add(args[1])` to the same word of device
-    /// offset `dst` (`args[0]`, `args[1]` are `u32` values; `src`, `dst` and `len` multiples of
-    /// 4; the ranges may be the same). Result: the wrapping `u64` sum of the words written.
-    Compute = 5,
+/// Defines a fieldless enum with its variants' raw values, `#[repr]` of the raw type, and its
+/// `from_raw` (the variant of a raw value, `None` for any other) from the same list, so each
+/// value is written once; `variant as raw` is the other way.
+macro_rules! raw_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident: $raw:ident {
+            $($(#[$variant_meta:meta])* $variant:ident = $value:literal,)*
+        }
+        $(#[$from_meta:meta])*
+        fn from_raw;
+    ) => {
+        $(#[$meta])*
+        #[repr($raw)]
+        pub enum $name {
+            $($(#[$variant_meta])* $variant = $value,)*
+        }
+
+        impl $name {
+            $(#[$from_meta])*
+            pub fn from_raw(raw: $raw) -> Option<$name> {
+                match raw {
+                    $($value => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
 }
 
-impl Opcode {
+raw_enum! {
+    /// Descriptor opcodes ([`Command::opcode`](crate::ring::Command::opcode)). Unless stated,
+    /// `flags` and every `args` word must be zero, `context` must equal the queue's context
+    /// register, and "device offset" is a byte offset in device memory (BAR 2).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Opcode: u8 {
+        /// Does nothing; `src`, `dst` and `len` must be zero. Result: 0.
+        Nop = 0,
+        /// Copies `len` bytes from host IOVA `src` to device offset `dst`. Result: `len`.
+        ToDevice = 1,
+        /// Copies `len` bytes from device offset `src` to host IOVA `dst`. Result: `len`.
+        ToHost = 2,
+        /// Copies `len` bytes from device offset `src` to device offset `dst`; the ranges may
+        /// overlap (as `memmove`). Result: `len`.
+        DeviceCopy = 3,
+        /// Sets `len` bytes at device offset `dst` to the byte `args[0]` (`args[0] <= 0xff`);
+        /// `src` must be zero. Result: `len`.
+        Fill = 4,
+        /// For each little-endian `u32` word `w` of the `len` bytes at device offset `src`, in
+        /// ascending order, writes `(w ^ args[0]).wrapping_add(args[1])` to the same word of device
+        /// offset `dst` (`args[0]`, `args[1]` are `u32` values; `src`, `dst` and `len` multiples of
+        /// 4; the ranges may be the same). Result: the wrapping `u64` sum of the words written.
+        Compute = 5,
+    }
+
     /// The opcode of a raw value.
-    pub fn from_raw(raw: u8) -> Option<Opcode> {
-        Some(match raw {
-            0 => Opcode::Nop,
-            1 => Opcode::ToDevice,
-            2 => Opcode::ToHost,
-            3 => Opcode::DeviceCopy,
-            4 => Opcode::Fill,
-            5 => Opcode::Compute,
-            _ => return None,
-        })
+    fn from_raw;
+}
+
+raw_enum! {
+    /// Completion status codes ([`Status::code`](crate::ring::Status::code)). A descriptor is
+    /// checked in this order and fails on the first problem; nothing is read or written unless
+    /// every check passed.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Code: u16 {
+        /// Done.
+        Success = 0,
+        /// `opcode` is not an [`Opcode`].
+        BadOpcode = 1,
+        /// `flags` is not zero.
+        BadFlags = 2,
+        /// `context` differs from the queue's context register.
+        BadContext = 3,
+        /// An `args` word is out of range, a reserved one is not zero, or an address field the
+        /// opcode does not use (`src` and `dst` of `Nop`, `src` of `Fill`) is not zero.
+        BadArgs = 4,
+        /// `len` is zero for a data operation, or not zero for `Nop`.
+        BadLength = 5,
+        /// `src + len` or `dst + len` overflows 64 bits. Result: the address.
+        AddressOverflow = 6,
+        /// `Compute` with `src`, `dst` or `len` not a multiple of 4.
+        Misaligned = 7,
+        /// A device-memory range beyond the device memory. Result: the offset.
+        DeviceOutOfBounds = 8,
+        /// A host range not inside one mapping of the device's DMA space. Result: the IOVA.
+        HostUnmapped = 9,
     }
-}
 
-/// Completion status codes ([`Status::code`](crate::ring::Status::code)). A descriptor is
-/// checked in this order and fails on the first problem; nothing is read or written unless every
-/// check passed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u16)]
-pub enum Code {
-    /// Done.
-    Success = 0,
-    /// `opcode` is not an [`Opcode`].
-    BadOpcode = 1,
-    /// `flags` is not zero.
-    BadFlags = 2,
-    /// `context` differs from the queue's context register.
-    BadContext = 3,
-    /// An `args` word is out of range, a reserved one is not zero, or an address field the
-    /// opcode does not use (`src` and `dst` of `Nop`, `src` of `Fill`) is not zero.
-    BadArgs = 4,
-    /// `len` is zero for a data operation, or not zero for `Nop`.
-    BadLength = 5,
-    /// `src + len` or `dst + len` overflows 64 bits. Result: the address.
-    AddressOverflow = 6,
-    /// `Compute` with `src`, `dst` or `len` not a multiple of 4.
-    Misaligned = 7,
-    /// A device-memory range beyond the device memory. Result: the offset.
-    DeviceOutOfBounds = 8,
-    /// A host range not inside one mapping of the device's DMA space. Result: the IOVA.
-    HostUnmapped = 9,
-}
-
-impl Code {
     /// The code of a raw value.
-    pub fn from_raw(raw: u16) -> Option<Code> {
-        Some(match raw {
-            0 => Code::Success,
-            1 => Code::BadOpcode,
-            2 => Code::BadFlags,
-            3 => Code::BadContext,
-            4 => Code::BadArgs,
-            5 => Code::BadLength,
-            6 => Code::AddressOverflow,
-            7 => Code::Misaligned,
-            8 => Code::DeviceOutOfBounds,
-            9 => Code::HostUnmapped,
-            _ => return None,
-        })
+    fn from_raw;
+}
+
+raw_enum! {
+    /// Why a queue stopped ([`QueueRegs::fault`]).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Fault: u32 {
+        /// No fault.
+        None = 0,
+        /// `depth` is not a power of two from 2 to `max_depth`.
+        BadDepth = 1,
+        /// The ring memory (`ring_base`, the layout's size) is not inside one mapping.
+        RingUnmapped = 2,
+        /// `ring_base` is not 64-byte aligned.
+        RingMisaligned = 3,
+        /// The host rang an SQ tail behind the previous one or more than `depth` ahead.
+        BadSqTail = 4,
+        /// The host rang a CQ head behind the previous one or past the device's CQ tail.
+        BadCqHead = 5,
     }
-}
 
-/// Why a queue stopped ([`QueueRegs::fault`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum Fault {
-    /// No fault.
-    None = 0,
-    /// `depth` is not a power of two from 2 to `max_depth`.
-    BadDepth = 1,
-    /// The ring memory (`ring_base`, the layout's size) is not inside one mapping.
-    RingUnmapped = 2,
-    /// `ring_base` is not 64-byte aligned.
-    RingMisaligned = 3,
-    /// The host rang an SQ tail behind the previous one or more than `depth` ahead.
-    BadSqTail = 4,
-    /// The host rang a CQ head behind the previous one or past the device's CQ tail.
-    BadCqHead = 5,
-}
-
-impl Fault {
     /// The fault of a raw value.
-    pub fn from_raw(raw: u32) -> Option<Fault> {
-        Some(match raw {
-            0 => Fault::None,
-            1 => Fault::BadDepth,
-            2 => Fault::RingUnmapped,
-            3 => Fault::RingMisaligned,
-            4 => Fault::BadSqTail,
-            5 => Fault::BadCqHead,
-            _ => return None,
-        })
-    }
+    fn from_raw;
 }
 
 impl std::fmt::Display for Fault {

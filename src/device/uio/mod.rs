@@ -22,7 +22,7 @@ use userdma_sys::uio::{UIO_DEV_PREFIX, UIO_NAME_PREFIX};
 use super::{config, Device, Error, Identity, Kind};
 use crate::dma::{self, Mapping, Space, Stats};
 use crate::memory::Region;
-use crate::mmio::{self, Block, Direct, FileBacked, Raw};
+use crate::mmio::{self, Block, Direct, FileBacked};
 use crate::sync::Mutex;
 use crate::{irq, pci};
 
@@ -199,19 +199,13 @@ impl Uio {
         }
     }
 
-    /// Reads a `u8`/`u16`/`u32` of configuration space at `offset`.
-    pub fn config_read<T: Raw>(&self, offset: u16) -> Result<T, Error> {
-        config::read(&self.config, self.bdf, offset)
-    }
-
-    /// Writes a `u8`/`u16`/`u32` of configuration space at `offset`.
-    pub fn config_write<T: Raw>(&self, offset: u16, value: T) -> Result<(), Error> {
-        config::write(&self.config, self.bdf, offset, value)
-    }
-
-    /// Turns bus mastering (and memory decoding) on, or bus mastering off.
-    pub fn set_bus_master(&self, on: bool) -> Result<(), Error> {
-        config::set_bus_master(&self.config, self.bdf, on)
+    config::config_methods! {
+        /// Reads a `u8`/`u16`/`u32` of configuration space at `offset`.
+        fn config_read;
+        /// Writes a `u8`/`u16`/`u32` of configuration space at `offset`.
+        fn config_write;
+        /// Turns bus mastering (and memory decoding) on, or bus mastering off.
+        fn set_bus_master;
     }
 
     /// Whether INTx is masked (`INTX_DISABLE` set).

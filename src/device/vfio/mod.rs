@@ -42,7 +42,7 @@ use userdma_sys::vfio::{
 };
 
 use super::{config, Device, Error, Identity, Kind};
-use crate::mmio::{self, Block, FileBacked, Raw};
+use crate::mmio::{self, Block, FileBacked};
 use crate::sync::Mutex;
 use crate::{dma, irq, pci};
 
@@ -411,21 +411,15 @@ impl Vfio {
         self.device_flags
     }
 
-    /// Reads a `u8`/`u16`/`u32` of configuration space at `offset`.
-    pub fn config_read<T: Raw>(&self, offset: u16) -> Result<T, Error> {
-        config::read(&self.config, self.bdf, offset)
-    }
-
-    /// Writes a `u8`/`u16`/`u32` of configuration space at `offset` (VFIO virtualises some
-    /// fields, and drops writes it does not allow).
-    pub fn config_write<T: Raw>(&self, offset: u16, value: T) -> Result<(), Error> {
-        config::write(&self.config, self.bdf, offset, value)
-    }
-
-    /// Turns bus mastering (the device's DMA) on or off; on also turns memory decoding on.
-    /// [`Vfio::open`] turns it on.
-    pub fn set_bus_master(&self, on: bool) -> Result<(), Error> {
-        config::set_bus_master(&self.config, self.bdf, on)
+    config::config_methods! {
+        /// Reads a `u8`/`u16`/`u32` of configuration space at `offset`.
+        fn config_read;
+        /// Writes a `u8`/`u16`/`u32` of configuration space at `offset` (VFIO virtualises some
+        /// fields, and drops writes it does not allow).
+        fn config_write;
+        /// Turns bus mastering (the device's DMA) on or off; on also turns memory decoding on.
+        /// [`Vfio::open`] turns it on.
+        fn set_bus_master;
     }
 
     /// The devices a bus reset would reset, as the kernel says (`BDF (group N)`).

@@ -448,13 +448,13 @@ fn nvme_queue_survives_the_counter_wrap() {
     // first pass expects phase 1, as the device writes it over the zeroed CQ).
     let start = 0u32.wrapping_sub(4 * depth);
     let queue = &mut rig.queue;
-    queue.tail = super::super::submit::SqTail::at(start, 0);
-    queue.sq_head = start;
-    queue.sq_limit = start.wrapping_add(depth - 1);
-    queue.cq_head = start;
-    queue.cq_announced = start;
+    queue.sq.tail = super::super::submit::SqTail::at(start, 0);
+    queue.sq.head = start;
+    queue.sq.limit = start.wrapping_add(depth - 1);
+    queue.cq.head = start;
+    queue.cq.announced = start;
     churn(&mut rig, 200, 5);
-    assert!(rig.queue.tail.next() < start, "the counters wrapped");
+    assert!(rig.queue.sq.tail.next() < start, "the counters wrapped");
 }
 
 #[test]
