@@ -131,7 +131,7 @@ impl Rig {
     fn copy(&mut self, size: usize) {
         let command = Command {
             opcode: Opcode::ToDevice as u8,
-            src: self.host.iova(0).expect("mapped"),
+            src: self.host.iova(0).expect("mapped").raw(),
             dst: 0,
             len: size as u64,
             ..Command::default()

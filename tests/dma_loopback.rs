@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use userdma::dma::{Error, IovaRange, Kind, Loopback, Space};
+use userdma::dma::{Error, Iova, IovaRange, Kind, Loopback, Space};
 use userdma::memory::{PageSize, Region};
 
 const PAGE: usize = 4096;
@@ -27,7 +27,7 @@ fn the_device_reaches_exactly_what_is_mapped() {
     assert_eq!(mapping.kind(), Kind::Loopback);
     assert_eq!(
         space.mapped_ranges(),
-        vec![IovaRange::from_len(base, 4 * PAGE as u64).unwrap()]
+        vec![IovaRange::from_len(base.raw(), 4 * PAGE as u64).unwrap()]
     );
 
     // Host writes, device reads.
@@ -48,8 +48,8 @@ fn the_device_reaches_exactly_what_is_mapped() {
     assert!(space.translate(base + 4 * PAGE as u64 - 8, 9).is_none());
     assert!(space.translate(base - 1, 2).is_none());
     assert!(space.translate(base, 0).is_none());
-    assert!(space.translate(u64::MAX, 1).is_none());
-    assert!(space.translate(u64::MAX - 1, 4).is_none());
+    assert!(space.translate(Iova(u64::MAX), 1).is_none());
+    assert!(space.translate(Iova(u64::MAX - 1), 4).is_none());
 
     mapping.unmap().unwrap();
     assert!(space.translate(base + 100, 4).is_none());
@@ -94,8 +94,8 @@ fn the_dma_mask_and_ranges_bound_placement() {
     let mut mappings = Vec::new();
     while let Ok(mapping) = space.map(region(16)) {
         let last = mapping.iova(mapping.len() - 1).unwrap();
-        assert!(last < 1 << 20);
-        assert_ne!(mapping.iova(0), Some(0));
+        assert!(last.raw() < 1 << 20);
+        assert_ne!(mapping.iova(0).map(|i| i.raw()), Some(0));
         mappings.push(mapping);
     }
     // 1 MiB of space minus the null page: 15 whole 64 KiB regions.
@@ -106,7 +106,7 @@ fn the_dma_mask_and_ranges_bound_placement() {
     let windows = [IovaRange::new(0x1_0000, 0x1_ffff).unwrap()];
     let space = Loopback::with_ranges(32, &windows).unwrap();
     let mapping = space.map(region(16)).unwrap();
-    assert_eq!(mapping.iova(0), Some(0x1_0000));
+    assert_eq!(mapping.iova(0).map(|i| i.raw()), Some(0x1_0000));
     assert!(matches!(
         space.map(region(1)),
         Err(Error::IovaExhausted { .. })
@@ -118,7 +118,9 @@ fn a_window_keeps_memory_alive_after_the_host_unmaps() {
     let space = Loopback::new(32).unwrap();
     let mapping = space.map(region(1)).unwrap();
     mapping.slice().write(0, 0x55aa_u16).unwrap();
-    let window = space.translate(mapping.iova(0).unwrap(), 2).unwrap();
+    let window = space
+        .translate(Iova(mapping.iova(0).unwrap().raw()), 2)
+        .unwrap();
     drop(mapping);
     // The table no longer has it, but the device's in-flight access still has valid memory.
     assert!(space.mapped_ranges().is_empty());
@@ -137,11 +139,13 @@ fn lookups_race_safely_with_map_and_unmap() {
             let mut lookups = 0u64;
             // Relaxed: the flag only ends the loop; nothing is published through it.
             while !stop.load(Ordering::Relaxed) {
-                let window = space.translate(stable_iova, 4).expect("the stable mapping");
+                let window = space
+                    .translate(Iova(stable_iova.raw()), 4)
+                    .expect("the stable mapping");
                 assert_eq!(window.slice().read::<u32>(0).unwrap(), 0x1234_5678);
                 // Whatever else is mapped at this moment must be readable.
                 for range in space.mapped_ranges() {
-                    if let Some(window) = space.translate(range.start, 1) {
+                    if let Some(window) = space.translate(Iova(range.start), 1) {
                         window.slice().read::<u8>(0).unwrap();
                     }
                 }

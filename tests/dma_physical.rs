@@ -32,7 +32,7 @@ fn base_pages_map_one_piece_per_physical_run_as_root() {
     let mapping = space.map(region).unwrap();
     for page in 0..16 {
         let offset = page * 4096 + 17;
-        assert_eq!(mapping.iova(offset), pages.addr_of(offset));
+        assert_eq!(mapping.iova(offset).map(|i| i.raw()), pages.addr_of(offset));
         let len = mapping.contiguous_len(offset);
         assert!(len >= 4096 - 17, "page {page}: {len}");
         // Contiguous means contiguous: every byte of the run is at start + distance.

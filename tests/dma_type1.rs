@@ -231,12 +231,12 @@ fn a_region_is_merged_into_one_kernel_mapping() {
         let (&iova, kernel) = state.mappings.iter().next().unwrap();
         assert_eq!(kernel.vaddr, region.as_ptr().as_ptr() as u64);
         assert_eq!(kernel.size, 64 * PAGE);
-        assert_eq!(mapping.iova(0), Some(iova));
+        assert_eq!(mapping.iova(0).map(|i| i.raw()), Some(iova));
     }
     assert_eq!(space.mappings_left(), 65534);
-    let base = mapping.iova(0).unwrap();
+    let base = mapping.iova(0).unwrap().raw();
     assert_ne!(base, 0, "IOVA 0 is never handed out");
-    assert_eq!(mapping.iova(12345), Some(base + 12345));
+    assert_eq!(mapping.iova(12345).map(|i| i.raw()), Some(base + 12345));
     assert_eq!(mapping.iova(mapping.len()), None);
     assert_eq!(mapping.contiguous_len(100), mapping.len() - 100);
     assert_eq!(mapping.contiguous_len(mapping.len()), 0);
@@ -334,11 +334,11 @@ fn a_region_too_large_for_any_hole_is_scattered_over_the_fewest_pieces() {
     );
     assert_eq!(sim.state().map_calls, 3);
     assert_placement(&sim, &ranges, u32::MAX.into());
-    assert_eq!(mapping.iova(0x10), Some(0x1010));
+    assert_eq!(mapping.iova(0x10).map(|i| i.raw()), Some(0x1010));
     assert_eq!(mapping.contiguous_len(0x10), 0x4000 - 0x10);
-    assert_eq!(mapping.iova(0x5008), Some(0x11008));
+    assert_eq!(mapping.iova(0x5008).map(|i| i.raw()), Some(0x11008));
     assert_eq!(mapping.contiguous_len(0x5008), 0x1000 - 0x8);
-    assert_eq!(mapping.iova(0x9fff), Some(0x23fff));
+    assert_eq!(mapping.iova(0x9fff).map(|i| i.raw()), Some(0x23fff));
     assert_eq!(mapping.contiguous_len(0x9fff), 1);
     assert_eq!(mapping.iova_range(), None);
     assert_eq!(space.mappings_left(), 65535 - 3);
@@ -398,7 +398,7 @@ fn a_failed_map_is_rolled_back() {
     assert_eq!(space.mappings_left(), 65535);
     // The IOVAs were returned: the next map gets the same place.
     let mapping = space.map(region(4)).unwrap();
-    assert_eq!(mapping.iova(0), Some(0x1000));
+    assert_eq!(mapping.iova(0).map(|i| i.raw()), Some(0x1000));
 }
 
 #[test]
@@ -408,7 +408,7 @@ fn unmap_errors_are_reported_and_counted() {
 
     // Explicit unmap returns the error.
     let mapping = space.map(region(2)).unwrap();
-    let lost = mapping.iova(0).unwrap();
+    let lost = mapping.iova(0).unwrap().raw();
     sim.state().fail_next_unmap = Some(libc::EIO);
     let err = mapping.unmap().unwrap_err();
     let Error::UnmapFailed { source } = &err else {
@@ -448,7 +448,7 @@ fn unmap_errors_are_reported_and_counted() {
     // A range whose unmap failed is never handed out again.
     for _ in 0..8 {
         let mapping = space.map(region(2)).unwrap();
-        assert_ne!(mapping.iova(0), Some(lost));
+        assert_ne!(mapping.iova(0).map(|i| i.raw()), Some(lost));
     }
 }
 

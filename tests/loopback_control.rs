@@ -38,7 +38,7 @@ fn one_transfer(device: &Arc<Loopback>, host: &Mapping, len: u64) -> Queue<Comma
         .open_queue(ring::Config::new(16), Wait::Interrupt)
         .unwrap();
     queue
-        .submit(to_device(host.iova(0).unwrap(), 0, len), ())
+        .submit(to_device(host.iova(0).unwrap().raw(), 0, len), ())
         .unwrap();
     assert!(queue.wait(TIMEOUT).unwrap().entry.is_success());
     queue
@@ -68,7 +68,7 @@ fn masked_interrupts_stay_pending_until_unmasked() {
     // Ask for an interrupt, as a waiting host does, then submit.
     assert!(!queue.arm_interrupt().unwrap());
     queue
-        .submit(to_device(host.iova(0).unwrap(), 0, 64), ())
+        .submit(to_device(host.iova(0).unwrap().raw(), 0, 64), ())
         .unwrap();
     let start = Instant::now();
     while !queue.is_ready() {
@@ -94,7 +94,7 @@ fn masked_interrupts_stay_pending_until_unmasked() {
 
     // Unmasked: a waiting queue is woken by the interrupt.
     queue
-        .submit(to_device(host.iova(0).unwrap(), 0, 64), ())
+        .submit(to_device(host.iova(0).unwrap().raw(), 0, 64), ())
         .unwrap();
     assert!(queue.wait(TIMEOUT).unwrap().entry.is_success());
     assert!(device.set_masked(5, true).is_err());
@@ -114,7 +114,11 @@ fn polling_mode_raises_no_interrupts() {
         for i in 0..32u32 {
             let n = batch * 32 + i;
             queue
-                .push_wait(to_device(iova, u64::from(n % 64) * 1024, 1024), n, TIMEOUT)
+                .push_wait(
+                    to_device(iova.raw(), u64::from(n % 64) * 1024, 1024),
+                    n,
+                    TIMEOUT,
+                )
                 .unwrap();
         }
         queue.flush().unwrap();
@@ -155,7 +159,7 @@ fn reset_stops_queues_and_clears_state() {
     // The old queue is no longer served: its command times out, and dropping it with the
     // command in flight is safe (the device has stopped).
     queue
-        .submit(to_device(host.iova(0).unwrap(), 0, 8), ())
+        .submit(to_device(host.iova(0).unwrap().raw(), 0, 8), ())
         .unwrap();
     assert!(queue.wait(Some(Duration::from_millis(100))).is_err());
     let leaks = ring::leaks();
@@ -225,11 +229,15 @@ fn bad_ring_programming_faults_the_queue() {
     let host = host_memory(&device, 64 << 10);
     let iova = host.iova(0).unwrap();
     assert_eq!(program(1 << 40, 64), Fault::RingUnmapped);
-    assert_eq!(program(iova + 8, 64), Fault::RingMisaligned);
-    assert_eq!(program(iova, 3), Fault::BadDepth);
-    assert_eq!(program(iova, 8192), Fault::BadDepth, "above max_depth");
+    assert_eq!(program((iova + 8).raw(), 64), Fault::RingMisaligned);
+    assert_eq!(program(iova.raw(), 3), Fault::BadDepth);
     assert_eq!(
-        program(iova + (60 << 10), 1024),
+        program(iova.raw(), 8192),
+        Fault::BadDepth,
+        "above max_depth"
+    );
+    assert_eq!(
+        program((iova + (60 << 10)).raw(), 1024),
         Fault::RingUnmapped,
         "past the end"
     );
@@ -293,7 +301,7 @@ fn dropping_a_busy_queue_stops_the_device_first() {
         .open_queue(ring::Config::new(16), Wait::Interrupt)
         .unwrap();
     for _ in 0..10 {
-        let desc = to_device(host.iova(0).unwrap(), 0, 1 << 20);
+        let desc = to_device(host.iova(0).unwrap().raw(), 0, 1 << 20);
         queue.push(desc, Counted(Arc::clone(&dropped))).unwrap();
     }
     queue.flush().unwrap();
@@ -345,7 +353,7 @@ fn shutdown_hands_back_what_the_device_did_not_run() {
         .unwrap();
     for i in 0..8 {
         queue
-            .push(to_device(host.iova(0).unwrap(), 0, 1 << 20), i)
+            .push(to_device(host.iova(0).unwrap().raw(), 0, 1 << 20), i)
             .unwrap();
     }
     queue.flush().unwrap();
@@ -379,7 +387,7 @@ fn cost_model_charges_bandwidth_and_context_switches() {
         .unwrap();
     let start = Instant::now();
     for _ in 0..5 {
-        queue.push(to_device(iova, 0, 1 << 20), ()).unwrap();
+        queue.push(to_device(iova.raw(), 0, 1 << 20), ()).unwrap();
     }
     queue.flush().unwrap();
     for _ in 0..5 {
@@ -405,7 +413,7 @@ fn cost_model_charges_bandwidth_and_context_switches() {
         .collect();
     for queue in &mut queues {
         for _ in 0..4 {
-            let mut desc = to_device(iova, 0, 64);
+            let mut desc = to_device(iova.raw(), 0, 64);
             desc.context = u32::from(queue.id()) + 1;
             queue.push(desc, ()).unwrap();
         }
@@ -443,7 +451,7 @@ fn an_idle_engine_sleeps() {
         .open_queue(ring::Config::new(16), Wait::Interrupt)
         .unwrap();
     queue
-        .submit(to_device(host.iova(0).unwrap(), 0, 64), ())
+        .submit(to_device(host.iova(0).unwrap().raw(), 0, 64), ())
         .unwrap();
     assert!(queue.wait(TIMEOUT).unwrap().entry.is_success());
     std::thread::sleep(Duration::from_millis(20));
@@ -457,7 +465,7 @@ fn an_idle_engine_sleeps() {
     );
     // And it still wakes for the next doorbell.
     queue
-        .submit(to_device(host.iova(0).unwrap(), 0, 64), ())
+        .submit(to_device(host.iova(0).unwrap().raw(), 0, 64), ())
         .unwrap();
     assert!(queue.wait(TIMEOUT).unwrap().entry.is_success());
 }

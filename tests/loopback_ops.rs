@@ -131,7 +131,12 @@ fn every_operation_byte_for_byte() {
     };
 
     // Host -> device, at unaligned offsets on both sides.
-    let to_device = with_context(cmd(Opcode::ToDevice, host.iova(5).unwrap(), 1001, 20_003));
+    let to_device = with_context(cmd(
+        Opcode::ToDevice,
+        host.iova(5).unwrap().raw(),
+        1001,
+        20_003,
+    ));
     let status = run(&mut queue, to_device);
     assert_eq!(
         (status.code(), status.result),
@@ -178,7 +183,7 @@ fn every_operation_byte_for_byte() {
     let to_host = with_context(cmd(
         Opcode::ToHost,
         40_000,
-        host.iova(30_003).unwrap(),
+        host.iova(30_003).unwrap().raw(),
         8_000,
     ));
     let status = run(&mut queue, to_host);
@@ -219,12 +224,12 @@ fn unmapped_host_addresses_fail_and_touch_nothing() {
     let end = host.iova(0).unwrap() + (16 << 10);
     let cases = [
         // Past the end of the mapping, straddling its end, an unmapped mapping, page 0.
-        cmd(Opcode::ToDevice, end, 0, 8),
-        cmd(Opcode::ToDevice, end - 4, 0, 8),
-        cmd(Opcode::ToDevice, gone_iova, 0, 8),
+        cmd(Opcode::ToDevice, end.raw(), 0, 8),
+        cmd(Opcode::ToDevice, (end - 4).raw(), 0, 8),
+        cmd(Opcode::ToDevice, gone_iova.raw(), 0, 8),
         cmd(Opcode::ToDevice, 0, 0, 1),
-        cmd(Opcode::ToHost, 0, end - 1, 2),
-        cmd(Opcode::ToHost, 0, gone_iova + 100, 100),
+        cmd(Opcode::ToHost, 0, (end - 1).raw(), 2),
+        cmd(Opcode::ToHost, 0, (gone_iova + 100).raw(), 100),
         cmd(Opcode::ToHost, 0, 1 << 40, 4096),
     ];
     for case in cases {
@@ -260,21 +265,21 @@ fn device_memory_bounds_and_overflow() {
         .open_queue::<()>(ring::Config::new(16), Wait::Poll)
         .unwrap();
     let size = MEMORY as u64;
-    let fits = run(&mut queue, cmd(Opcode::ToDevice, iova, size - 8, 8));
+    let fits = run(&mut queue, cmd(Opcode::ToDevice, iova.raw(), size - 8, 8));
     assert!(fits.is_success());
     let cases = [
         (
-            cmd(Opcode::ToDevice, iova, size - 4, 8),
+            cmd(Opcode::ToDevice, iova.raw(), size - 4, 8),
             Code::DeviceOutOfBounds,
             size - 4,
         ),
         (
-            cmd(Opcode::ToDevice, iova, size, 1),
+            cmd(Opcode::ToDevice, iova.raw(), size, 1),
             Code::DeviceOutOfBounds,
             size,
         ),
         (
-            cmd(Opcode::ToHost, size - 1, iova, 2),
+            cmd(Opcode::ToHost, size - 1, iova.raw(), 2),
             Code::DeviceOutOfBounds,
             size - 1,
         ),
@@ -294,7 +299,7 @@ fn device_memory_bounds_and_overflow() {
             u64::MAX,
         ),
         (
-            cmd(Opcode::ToDevice, iova, u64::MAX - 1, 4),
+            cmd(Opcode::ToDevice, iova.raw(), u64::MAX - 1, 4),
             Code::AddressOverflow,
             u64::MAX - 1,
         ),
@@ -330,7 +335,7 @@ fn malformed_descriptors_get_their_code_and_change_nothing() {
         .unwrap();
     let good = Command {
         context: 2,
-        ..cmd(Opcode::ToDevice, iova, 0, 64)
+        ..cmd(Opcode::ToDevice, iova.raw(), 0, 64)
     };
     let with = |f: &dyn Fn(&mut Command)| {
         let mut c = good;
@@ -430,7 +435,7 @@ fn batches_on_two_queues_complete_in_order() {
             let offset = q * (64 << 10) + i * 1024;
             let desc = cmd(
                 Opcode::ToDevice,
-                host.iova(offset).unwrap(),
+                host.iova(offset).unwrap().raw(),
                 offset as u64,
                 1024,
             );
@@ -453,7 +458,7 @@ fn batches_on_two_queues_complete_in_order() {
         let desc = cmd(
             Opcode::ToHost,
             (q * (64 << 10)) as u64,
-            host.iova((128 << 10) + q * (64 << 10)).unwrap(),
+            host.iova((128 << 10) + q * (64 << 10)).unwrap().raw(),
             64 << 10,
         );
         queue.submit(desc, 0).unwrap();

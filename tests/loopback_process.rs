@@ -76,7 +76,7 @@ fn one_copy(device: &Arc<Loopback>, host: &Mapping) -> Queue<Command, Status, ()
         .unwrap();
     assert!(run(
         &mut queue,
-        cmd(Opcode::ToDevice, host.iova(0).unwrap(), 0, 64)
+        cmd(Opcode::ToDevice, host.iova(0).unwrap().raw(), 0, 64)
     )
     .is_success());
     queue
@@ -113,7 +113,7 @@ fn the_engine_runs_in_another_process_and_moves_data() {
     let half = 50_000u64;
     for (q, queue) in queues.iter_mut().enumerate() {
         let at = q as u64 * half;
-        let status = run(queue, cmd(Opcode::ToDevice, iova + at, at, half));
+        let status = run(queue, cmd(Opcode::ToDevice, (iova + at).raw(), at, half));
         assert!(status.is_success(), "{status:?}");
     }
     let mut compute = cmd(Opcode::Compute, 0, 200_000, 100_000);
@@ -122,7 +122,7 @@ fn the_engine_runs_in_another_process_and_moves_data() {
     assert!(status.is_success());
     let status = run(
         &mut queues[1],
-        cmd(Opcode::ToHost, 200_000, iova + 120_000, 100_000),
+        cmd(Opcode::ToHost, 200_000, (iova + 120_000).raw(), 100_000),
     );
     assert!(status.is_success());
     let mut back = vec![0u8; 100_000];
@@ -187,25 +187,28 @@ fn the_device_process_reaches_only_what_is_mapped() {
     let host = shared_memory(&device, 8192);
     host.slice().fill(0x42);
     let iova = host.iova(0).unwrap();
-    assert!(run(&mut queue, cmd(Opcode::ToDevice, iova, 0, 8192)).is_success());
-    let past = run(&mut queue, cmd(Opcode::ToDevice, iova + 4096, 0, 8192));
+    assert!(run(&mut queue, cmd(Opcode::ToDevice, iova.raw(), 0, 8192)).is_success());
+    let past = run(
+        &mut queue,
+        cmd(Opcode::ToDevice, (iova + 4096).raw(), 0, 8192),
+    );
     assert_eq!(
         (past.code(), past.result),
-        (Code::HostUnmapped as u16, iova + 4096)
+        (Code::HostUnmapped as u16, (iova + 4096).raw())
     );
 
     // Once unmapped on the host, the device process no longer reaches it.
     drop(host);
-    let gone = run(&mut queue, cmd(Opcode::ToDevice, iova, 0, 64));
+    let gone = run(&mut queue, cmd(Opcode::ToDevice, iova.raw(), 0, 64));
     assert_eq!(
         (gone.code(), gone.result),
-        (Code::HostUnmapped as u16, iova)
+        (Code::HostUnmapped as u16, iova.raw())
     );
     // A new mapping may reuse the IOVAs: the device then reaches the new memory.
     let again = shared_memory(&device, 8192);
     again.slice().fill(0x17);
     let reused = again.iova(0).unwrap();
-    assert!(run(&mut queue, cmd(Opcode::ToDevice, reused, 100, 16)).is_success());
+    assert!(run(&mut queue, cmd(Opcode::ToDevice, reused.raw(), 100, 16)).is_success());
     let mut back = [0u8; 16];
     device.device_memory().read_into(100, &mut back).unwrap();
     assert_eq!(back, [0x17; 16]);
@@ -228,7 +231,10 @@ fn a_dead_device_process_is_reported_and_stops_its_queues() {
     // Work submitted now never completes, and dropping the queue does not leak: a dead device
     // touches nothing.
     queue
-        .submit(cmd(Opcode::ToDevice, host.iova(0).unwrap(), 0, 64), ())
+        .submit(
+            cmd(Opcode::ToDevice, host.iova(0).unwrap().raw(), 0, 64),
+            (),
+        )
         .unwrap();
     assert!(queue.wait(Some(Duration::from_millis(50))).is_err());
     let leaks = ring::leaks();

@@ -122,7 +122,7 @@ fn run_queue(device: &Arc<Loopback>, pool: &Pool, q: u16, count: u64, seed: u64)
             let slot = (window + i * SLOT) as u64;
             let to_device = Command {
                 opcode: Opcode::ToDevice as u8,
-                src: source.iova(),
+                src: source.iova().raw(),
                 dst: slot,
                 len: len as u64,
                 ..Command::default()
@@ -130,7 +130,7 @@ fn run_queue(device: &Arc<Loopback>, pool: &Pool, q: u16, count: u64, seed: u64)
             let to_host = Command {
                 opcode: Opcode::ToHost as u8,
                 src: slot,
-                dst: destination.iova(),
+                dst: destination.iova().raw(),
                 len: len as u64,
                 ..Command::default()
             };

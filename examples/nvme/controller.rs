@@ -332,8 +332,8 @@ pub(crate) fn queue_bases(queue: &NvmeQueue<'_>) -> (u64, u64) {
     let base = queue.memory().iova();
     let layout = queue.layout();
     (
-        base + layout.sq_offset() as u64,
-        base + layout.cq_offset() as u64,
+        (base + layout.sq_offset() as u64).raw(),
+        (base + layout.cq_offset() as u64).raw(),
     )
 }
 
@@ -450,7 +450,7 @@ impl<'p> Admin<'p> {
                 "the pool gave an Identify buffer that is not page aligned",
             ));
         }
-        let sqe = Sqe::identify(cns, nsid, buffer.iova());
+        let sqe = Sqe::identify(cns, nsid, buffer.iova().raw());
         let payload = Payload {
             data: Some(buffer),
             ..Payload::default()

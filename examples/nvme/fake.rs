@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use userdma::dma::{Loopback, Space};
+use userdma::dma::{Iova, Loopback, Space};
 use userdma::irq::EventFd;
 use userdma::mmio::{Block, DynBlock, Shared};
 
@@ -301,7 +301,7 @@ impl Device {
     }
 
     fn window(&self, iova: u64, len: usize) -> Option<userdma::dma::Window> {
-        self.space.translate(iova, len)
+        self.space.translate(Iova(iova), len)
     }
 
     /// Posts the completion of `sqe` on SQ `qid`'s CQ: the entry with the old phase, then the
@@ -329,7 +329,7 @@ impl Device {
         let at = cq.base + u64::from(cq.tail) * 16;
         let window = self
             .space
-            .translate(at, 16)
+            .translate(Iova(at), 16)
             .expect("the CQ entry is mapped");
         let slice = window.slice();
         slice.write(0, cqe).expect("CQ entry");
@@ -510,7 +510,7 @@ impl Device {
         let mut disk = self.disk.lock().expect("disk");
         let mut at = slba as usize * LBA_SIZE;
         for (iova, n) in pieces {
-            let Some(window) = self.space.translate(iova, n) else {
+            let Some(window) = self.space.translate(Iova(iova), n) else {
                 return (DATA_TRANSFER, 0);
             };
             let slice = window.slice();

@@ -235,7 +235,7 @@ fn data_pointer(entries: &[u64], list: Option<&Buffer<'_>>) -> Option<Result<Dat
                 list.write(0, &bytes)
                     .map(|()| DataPointer {
                         prp1: *one,
-                        prp2: list.iova(),
+                        prp2: list.iova().raw(),
                     })
                     .map_err(|source| Error::Buffer {
                         what: "writing the PRP list",
@@ -335,7 +335,7 @@ impl<'p> Io<'p> {
         })?;
         if buffer.iova() % PAGE as u64 != 0 {
             return Err(Error::Unaligned {
-                iova: buffer.iova(),
+                iova: buffer.iova().raw(),
             });
         }
         Ok(buffer)
@@ -368,10 +368,12 @@ impl<'p> Io<'p> {
         let prp_error = || Error::Prp {
             len,
             offset: chunk.offset,
-            iova: data.iova(),
+            iova: data.iova().raw(),
         };
-        let entries = prp_entries(chunk.offset, len, |page| data.iova_at(page * PAGE))
-            .ok_or_else(prp_error)?;
+        let entries = prp_entries(chunk.offset, len, |page| {
+            data.iova_at(page * PAGE).map(|iova| iova.raw())
+        })
+        .ok_or_else(prp_error)?;
         let list = if entries.len() > 2 {
             Some(self.buffer(PAGE)?)
         } else {

@@ -101,14 +101,14 @@ fn fixture() -> &'static Mutex<Fixture> {
             .expect("queue");
         // The ring memory is mapped in whole base pages, and the device may reach all of the
         // mapping, the padding past the ring included: that is the range to keep clear of.
-        let ring_start = queue.memory().iova();
+        let ring_start = queue.memory().iova().raw();
         let ring_mapped = (queue.memory().len() as u64).next_multiple_of(4096);
         let ring = (ring_start, ring_start + ring_mapped - 1);
         let space = device.dma_space();
         let host = space.map(Arc::new(region(HOST))).expect("mapped");
         let gone = {
             let mapping = space.map(Arc::new(region(8192))).expect("mapped");
-            mapping.iova(0).expect("iova")
+            mapping.iova(0).expect("iova").raw()
         };
         let guard = region(4096);
         let model_host: Vec<u8> = (0..HOST).map(|i| (i * 31 + 7) as u8).collect();
@@ -131,7 +131,7 @@ fn fixture() -> &'static Mutex<Fixture> {
 
 impl Fixture {
     fn addr(&self, addr: &Addr) -> u64 {
-        let host = self.host.iova(0).unwrap();
+        let host = self.host.iova(0).unwrap().raw();
         match *addr {
             Addr::Host(offset) => host + u64::from(offset),
             Addr::Device(offset) => u64::from(offset),
@@ -163,7 +163,7 @@ impl Fixture {
             .expect("mapped");
         fresh.slice().write_from(0, &self.model_host).unwrap();
         let old = std::mem::replace(&mut self.host, fresh);
-        self.gone = old.iova(0).unwrap();
+        self.gone = old.iova(0).unwrap().raw();
         old.unmap().expect("unmapped");
     }
 
@@ -226,7 +226,7 @@ impl Fixture {
 
     /// The host offset of `len` bytes at `iova`, if all inside the mapped host memory.
     fn host_range(&self, iova: u64, len: u64) -> Option<usize> {
-        let start = self.host.iova(0).unwrap();
+        let start = self.host.iova(0).unwrap().raw();
         let offset = iova.checked_sub(start)?;
         let end = offset.checked_add(len)?;
         (end <= HOST as u64).then_some(offset as usize)

@@ -50,6 +50,48 @@ macro_rules! address {
             }
         }
 
+        impl std::ops::Add<u64> for $name {
+            type Output = $name;
+            /// `self + bytes` (overflow is a bug: it panics in debug builds, as integer `+`).
+            #[inline(always)]
+            fn add(self, bytes: u64) -> $name {
+                $name(self.0 + bytes)
+            }
+        }
+
+        impl std::ops::AddAssign<u64> for $name {
+            #[inline(always)]
+            fn add_assign(&mut self, bytes: u64) {
+                self.0 += bytes;
+            }
+        }
+
+        impl std::ops::Sub<u64> for $name {
+            type Output = $name;
+            #[inline(always)]
+            fn sub(self, bytes: u64) -> $name {
+                $name(self.0 - bytes)
+            }
+        }
+
+        impl std::ops::Sub for $name {
+            type Output = u64;
+            /// The bytes from `base` up to `self`.
+            #[inline(always)]
+            fn sub(self, base: $name) -> u64 {
+                self.0 - base.0
+            }
+        }
+
+        impl std::ops::Rem<u64> for $name {
+            type Output = u64;
+            /// The offset of `self` past the last multiple of `align`.
+            #[inline(always)]
+            fn rem(self, align: u64) -> u64 {
+                self.0 % align
+            }
+        }
+
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 write!(f, "{:#x}", self.0)
@@ -82,5 +124,12 @@ mod tests {
         assert!(!DeviceOffset(0x0).is_aligned(3));
         assert_eq!(Iova(0xfeed).to_string(), "0xfeed");
         assert_eq!(format!("{:x}", DeviceOffset(0xab)), "ab");
+        assert_eq!(Iova(0x1000) + 0x10, Iova(0x1010));
+        assert_eq!(Iova(0x1010) - Iova(0x1000), 0x10);
+        assert_eq!(Iova(0x1010) - 0x10, Iova(0x1000));
+        assert_eq!(Iova(0x1010) % 0x100, 0x10);
+        let mut at = DeviceOffset(4);
+        at += 4;
+        assert_eq!(at, DeviceOffset(8));
     }
 }

@@ -20,7 +20,7 @@ use std::sync::{Arc, Weak};
 use super::iommu::{place, without_null_page};
 use super::iova::{mask_of, IovaAllocator, IovaRange};
 use super::mapping::{Backend, Counters, Piece};
-use super::{Error, Kind, Mapping, Slice, Space, Stats};
+use super::{Error, Iova, Kind, Mapping, Slice, Space, Stats};
 use crate::memory::u64_of;
 use crate::memory::Region;
 use crate::sync::{AtomicU64, Mutex, Ordering};
@@ -283,7 +283,8 @@ impl Loopback {
 
     /// Resolves `len` bytes at `iova` as the device would: `None` unless all of them lie in one
     /// mapped piece (and `len > 0`).
-    pub fn translate(&self, iova: u64, len: usize) -> Option<Window> {
+    pub fn translate(&self, iova: Iova, len: usize) -> Option<Window> {
+        let iova = iova.raw();
         let last = iova.checked_add(u64_of(len).checked_sub(1)?)?;
         let (range, piece) = self.piece_at(iova)?;
         if last > range.last {
@@ -518,11 +519,11 @@ mod tests {
         let g0 = space.generation();
         let seen = Seen::default();
         let watching = space.watch(recorder(&seen, false)).unwrap();
-        let first = IovaRange::from_len(before.iova(0).unwrap(), 8 << 10).unwrap();
+        let first = IovaRange::from_len(before.iova(0).unwrap().raw(), 8 << 10).unwrap();
         // Told of what was mapped already.
         assert_eq!(*seen.lock().unwrap(), vec![(true, first, 0)]);
         let mapping = space.map(region(16 << 10)).unwrap();
-        let second = IovaRange::from_len(mapping.iova(0).unwrap(), 16 << 10).unwrap();
+        let second = IovaRange::from_len(mapping.iova(0).unwrap().raw(), 16 << 10).unwrap();
         assert!(space.generation() > g0);
         let g1 = space.generation();
         drop(mapping);
@@ -564,7 +565,11 @@ mod tests {
         assert_eq!(space.stats().map_errors, 1);
         drop(_watching);
         let again = space.map(region(8 << 10)).unwrap();
-        assert_eq!(again.iova(0), Some(seen[0].1.start), "the IOVAs were freed");
+        assert_eq!(
+            again.iova(0),
+            Some(Iova(seen[0].1.start)),
+            "the IOVAs were freed"
+        );
     }
 
     #[test]
@@ -588,7 +593,7 @@ mod tests {
             panic!("not an unmap failure: {err}");
         };
         assert!(
-            matches!(**source, Error::Unmap { iova: i, .. } if i == iova),
+            matches!(**source, Error::Unmap { iova: i, .. } if i == iova.raw()),
             "{err}"
         );
         assert!(space.translate(iova, 1).is_none(), "gone from the table");
@@ -602,11 +607,11 @@ mod tests {
         let space = Loopback::new(32).unwrap();
         let mapping = space.map(region(16 << 10)).unwrap();
         let iova = mapping.iova(0).unwrap();
-        let (range, window) = space.piece_at(iova + 0x1234).unwrap();
-        assert_eq!(range, IovaRange::from_len(iova, 16 << 10).unwrap());
+        let (range, window) = space.piece_at((iova + 0x1234).raw()).unwrap();
+        assert_eq!(range, IovaRange::from_len(iova.raw(), 16 << 10).unwrap());
         assert_eq!(window.len(), 16 << 10);
         assert_eq!(window.as_ptr(), mapping.as_ptr());
-        assert!(space.piece_at(iova + (16 << 10)).is_none());
+        assert!(space.piece_at((iova + (16 << 10)).raw()).is_none());
         assert!(space.translate(iova + 0x3fff, 2).is_none(), "past the end");
         assert_eq!(space.translate(iova + 0x3fff, 1).unwrap().len(), 1);
     }

@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::iova::IovaRange;
-use super::{Error, Kind, Slice};
+use super::{Error, Iova, Kind, Slice};
 use crate::memory::u64_of;
 use crate::memory::Region;
 use crate::sync::{AtomicU64, Mutex, Ordering};
@@ -128,18 +128,19 @@ impl Mapping {
     }
 
     /// The IOVA (the address the device uses) of the byte at `offset`; `None` past the end. O(1).
-    pub fn iova(&self, offset: usize) -> Option<u64> {
+    pub fn iova(&self, offset: usize) -> Option<Iova> {
         if offset >= self.len() {
             return None;
         }
-        match &self.translation {
+        let raw = match &self.translation {
             Translation::Linear { iova } => iova.checked_add(u64_of(offset)),
             Translation::Pages {
                 page_bytes, iovas, ..
             } => iovas
                 .get(offset / page_bytes)?
                 .checked_add(u64_of(offset % page_bytes)),
-        }
+        };
+        raw.map(Iova)
     }
 
     /// How many bytes from `offset` on are IOVA-contiguous (a device can reach them with one
@@ -168,7 +169,7 @@ impl Mapping {
         if self.contiguous_len(0) != self.len() {
             return None;
         }
-        IovaRange::from_len(self.iova(0)?, u64_of(self.len()))
+        IovaRange::from_len(self.iova(0)?.raw(), u64_of(self.len()))
     }
 
     /// The pieces the space mapped (one per kernel mapping or table entry), as IOVA ranges in

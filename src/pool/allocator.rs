@@ -121,7 +121,7 @@ pub(super) fn aligned_start(
     align: usize,
     chunk: usize,
 ) -> Option<usize> {
-    let iova = mapping.iova(from)?;
+    let iova = mapping.iova(from)?.raw();
     let start = if mapping.contiguous_len(from) == mapping.len() - from {
         // `align` is a power of two: the distance up to the next multiple.
         let skip = iova.wrapping_neg() & (align as u64 - 1);
@@ -168,10 +168,13 @@ impl Pool {
         let len = g.len as usize;
         let align = config.chunk_size.max(config.max_class) as u64;
         let host = mapping.as_ptr().as_ptr() as u64 + arena_offset as u64;
-        let first = mapping.iova(arena_offset).ok_or(Error::ArenaTooSmall {
-            len: 0,
-            needed: align,
-        })?;
+        let first = mapping
+            .iova(arena_offset)
+            .ok_or(Error::ArenaTooSmall {
+                len: 0,
+                needed: align,
+            })?
+            .raw();
         let iovas = if mapping.contiguous_len(arena_offset) >= len {
             if first % align != 0 {
                 return Err(Error::Misaligned {
@@ -193,7 +196,8 @@ impl Pool {
                 let offset = arena_offset + i * chunk;
                 let iova = mapping
                     .iova(offset)
-                    .ok_or(Error::NotContiguous { offset, chunk })?;
+                    .ok_or(Error::NotContiguous { offset, chunk })?
+                    .raw();
                 if mapping.contiguous_len(offset) < chunk {
                     return Err(Error::NotContiguous { offset, chunk });
                 }

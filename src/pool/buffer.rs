@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use super::allocator::Pool;
 use super::arena::{Block, TAG_LARGE};
 use super::Error;
-use crate::dma::Slice;
+use crate::dma::{Iova, Slice};
 
 /// A DMA buffer from a [`Pool`]: `len` bytes (of `capacity`) at a host address and an IOVA,
 /// aligned to at least [`MIN_ALIGN`](super::MIN_ALIGN) and to its size class.
@@ -114,8 +114,8 @@ impl<'pool> Buffer<'pool> {
 
     /// The address the device uses for the first byte.
     #[inline]
-    pub fn iova(&self) -> u64 {
-        self.pool().iova_of(self.unit())
+    pub fn iova(&self) -> Iova {
+        Iova(self.pool().iova_of(self.unit()))
     }
 
     /// Length in bytes (what was asked for, or set with [`Buffer::set_len`]).
@@ -165,7 +165,7 @@ impl<'pool> Buffer<'pool> {
     }
 
     /// The IOVA of byte `offset` (below the capacity) of the buffer.
-    pub fn iova_at(&self, offset: usize) -> Option<u64> {
+    pub fn iova_at(&self, offset: usize) -> Option<Iova> {
         if offset >= self.capacity() {
             return None;
         }

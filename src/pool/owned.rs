@@ -83,7 +83,7 @@ impl OwnedBuffer {
     /// The address the device uses for the first byte.
     #[inline]
     pub fn iova(&self) -> Iova {
-        Iova(self.buffer.iova())
+        self.buffer.iova()
     }
 
     /// Length in bytes.
@@ -112,7 +112,7 @@ impl OwnedBuffer {
 
     /// The IOVA of byte `offset` (below the capacity).
     pub fn iova_at(&self, offset: usize) -> Option<Iova> {
-        self.buffer.iova_at(offset).map(Iova)
+        self.buffer.iova_at(offset)
     }
 
     /// A volatile view of the buffer's `len` bytes.
@@ -196,7 +196,7 @@ mod tests {
         let pool = pool();
         let mut owned = pool.alloc_owned(1000).expect("buffer");
         assert_eq!(owned.len(), 1000);
-        assert_eq!(owned.iova().raw(), owned.as_buffer().iova());
+        assert_eq!(owned.iova(), owned.as_buffer().iova());
         assert_eq!(owned.iova_at(0), Some(owned.iova()));
         assert!(owned.capacity() >= 1000);
         owned.set_len(10).expect("shorter");

@@ -211,9 +211,9 @@ impl Layout {
     /// SQ and the CQ start where the device needs them.
     pub(crate) fn check_memory(&self, memory: &Memory) -> Result<(), Error> {
         // `align` is a power of two no larger than 2^30: it fits in a u64.
-        if memory.iova() & (self.align as u64 - 1) != 0 {
+        if memory.iova().raw() & (self.align as u64 - 1) != 0 {
             return Err(Error::PartAlign {
-                iova: memory.iova(),
+                iova: memory.iova().raw(),
                 align: self.align,
             });
         }

@@ -138,7 +138,8 @@ impl Memory {
         }
         let iova = mapping
             .iova(offset)
-            .ok_or(Error::MemoryRange { offset, len, size })?;
+            .ok_or(Error::MemoryRange { offset, len, size })?
+            .raw();
         // SAFETY: `offset < size` (checked above), so the pointer stays inside the mapping.
         let ptr = unsafe { mapping.as_ptr().add(offset) };
         Memory::check_alignment(ptr.as_ptr() as usize, iova)?;
@@ -153,7 +154,11 @@ impl Memory {
     /// The memory behind a loopback device's translation of `iova` (device side): all of
     /// `window`. Holds the window (and so the memory) alive.
     #[cfg(not(loom))]
-    pub fn from_window(window: crate::dma::Window, iova: u64) -> Result<Memory, Error> {
+    pub fn from_window(
+        window: crate::dma::Window,
+        iova: crate::dma::Iova,
+    ) -> Result<Memory, Error> {
+        let iova = iova.raw();
         let ptr = window.as_ptr();
         Memory::check_alignment(ptr.as_ptr() as usize, iova)?;
         Ok(Memory {
@@ -215,8 +220,8 @@ impl Memory {
     }
 
     /// The IOVA of the first byte: where the device finds it.
-    pub fn iova(&self) -> u64 {
-        self.iova
+    pub fn iova(&self) -> crate::dma::Iova {
+        crate::dma::Iova(self.iova)
     }
 
     /// The host address of the first byte (raw: never make a reference from it).

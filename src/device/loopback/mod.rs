@@ -507,7 +507,7 @@ impl crate::device::Format for Format {
         _: &Layout,
         memory: &Memory,
     ) -> Result<(), Error> {
-        self.device.enable_queue(config, memory.iova())
+        self.device.enable_queue(config, memory.iova().raw())
     }
 }
 

@@ -543,19 +543,19 @@ mod tests {
         let mapping = space.map(Arc::new(region)).unwrap();
         mapping.slice().fill(0x77);
         let iova = mapping.iova(0x100).unwrap();
-        let copy = cmd(Opcode::ToDevice, iova, 0, 16);
+        let copy = cmd(Opcode::ToDevice, iova.raw(), 0, 16);
         assert_eq!(execute(&copy, 0, dram, &mut host).code, Code::Success);
         // A hit in the cached piece; and a range running past it is still refused.
         let tail = cmd(
             Opcode::ToDevice,
-            mapping.iova((8 << 10) - 8).unwrap(),
+            mapping.iova((8 << 10) - 8).unwrap().raw(),
             16,
             8,
         );
         assert_eq!(execute(&tail, 0, dram, &mut host).code, Code::Success);
         let across = cmd(
             Opcode::ToDevice,
-            mapping.iova((8 << 10) - 8).unwrap(),
+            mapping.iova((8 << 10) - 8).unwrap().raw(),
             16,
             9,
         );
@@ -566,7 +566,7 @@ mod tests {
         drop(mapping);
         // Unmapped since the piece was cached: the device must not reach it any more.
         let out = execute(&copy, 0, dram, &mut host);
-        assert_eq!((out.code, out.result), (Code::HostUnmapped, iova));
+        assert_eq!((out.code, out.result), (Code::HostUnmapped, iova.raw()));
         drop(host);
         let bytes: Vec<u8> = backing.iter().flat_map(|w| w.to_ne_bytes()).collect();
         assert_eq!(&bytes[..24], &[0x77u8; 24]);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::super::*;
 use super::mapped;
-use crate::dma::Loopback;
+use crate::dma::{Iova, Loopback};
 use crate::irq::EventFd;
 use crate::mmio::{Access, Block, DynBlock, Op, Recording, Shared, Width};
 
@@ -91,7 +91,9 @@ impl Nvme {
     fn new(space: &Loopback, depth: u32, sq_iova: u64, cq_iova: u64, bar: DynBlock) -> Nvme {
         let sq_len = depth as usize * 64;
         let cq_len = depth as usize * 16;
+        let sq_iova = Iova(sq_iova);
         let sq = Memory::from_window(space.translate(sq_iova, sq_len).unwrap(), sq_iova).unwrap();
+        let cq_iova = Iova(cq_iova);
         let cq = Memory::from_window(space.translate(cq_iova, cq_len).unwrap(), cq_iova).unwrap();
         Nvme {
             depth,
@@ -214,7 +216,7 @@ fn nvme_rig(depth: u32, interrupt: bool) -> Rig {
     let cq_iova = memory.iova() + layout.cq_offset() as u64;
     assert_eq!(sq_iova % PAGE as u64, 0);
     assert_eq!(cq_iova % PAGE as u64, 0);
-    let mut device = Nvme::new(&space, depth, sq_iova, cq_iova, block);
+    let mut device = Nvme::new(&space, depth, sq_iova.raw(), cq_iova.raw(), block);
     device.irq = device_irq;
     Rig {
         queue,
@@ -292,7 +294,7 @@ fn nvme_layout_puts_each_ring_on_its_own_page() {
     let made: Result<Queue<Sqe, Cqe, ()>, _> =
         Queue::new(config(16), off_page, doorbells.clone(), None);
     assert!(
-        matches!(made, Err(Error::PartAlign { align: PAGE, iova }) if iova == memory.iova() + 128),
+        matches!(made, Err(Error::PartAlign { align: PAGE, iova }) if iova == (memory.iova() + 128).raw()),
         "{made:?}"
     );
     let made: Result<Queue<Sqe, Cqe, ()>, _> =

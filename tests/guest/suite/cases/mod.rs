@@ -191,7 +191,10 @@ impl Buffer<'_> {
             mapping.contiguous_len(offset) >= len,
             "{len} bytes at offset {offset:#x} are not contiguous in the device's view"
         );
-        Ok(Buffer { host, addr })
+        Ok(Buffer {
+            host,
+            addr: addr.raw(),
+        })
     }
 
     /// `len` bytes at `offset` of a pool buffer.
@@ -207,7 +210,10 @@ impl Buffer<'_> {
         let addr = buffer
             .iova_at(offset)
             .ok_or_else(|| Failure::Check(format!("the pool buffer has no IOVA at {offset:#x}")))?;
-        Ok(Buffer { host, addr })
+        Ok(Buffer {
+            host,
+            addr: addr.raw(),
+        })
     }
 }
 

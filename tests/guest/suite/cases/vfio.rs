@@ -238,7 +238,7 @@ pub(crate) fn pool_dma(env: &Env) -> Result<(), Failure> {
     let mut seen: Vec<IovaRange> = Vec::new();
     for (name, buffer) in [("small", &small), ("64 KiB", &mid), ("2 MiB", &large)] {
         let len = buffer.capacity() as u64;
-        let range = IovaRange::from_len(buffer.iova(), len).ok_or_else(|| {
+        let range = IovaRange::from_len(buffer.iova().raw(), len).ok_or_else(|| {
             Failure::Check(format!(
                 "{name} buffer: IOVA {:#x} + {len:#x} wraps",
                 buffer.iova()
