@@ -12,13 +12,9 @@ fn fake_args(extra: &[&str]) -> Args {
     Args::try_parse_from(all).expect("valid arguments")
 }
 
-fn parts(fake: &FakeController) -> Parts {
-    Parts {
-        bar: fake.bar.clone(),
-        space: fake.dyn_space(),
-        admin_irq: fake.irq(0),
-        io_irq: fake.irq(1),
-    }
+/// A runtime that owns the fake controller.
+fn runtime(fake: &FakeController) -> Runtime {
+    Runtime::from_device(fake.device())
 }
 
 fn count(fake: &FakeController, qid: u16, opcode: u8) -> u32 {
@@ -33,7 +29,7 @@ fn count(fake: &FakeController, qid: u16, opcode: u8) -> u32 {
 fn drives_a_controller_end_to_end() {
     let fake = FakeController::new(Faults::default());
     let args = fake_args(&["--lba", "10", "--blocks", "300", "--seed", "5"]);
-    drive(&args, parts(&fake)).expect("a clean run");
+    drive(&args, &runtime(&fake)).expect("a clean run");
 
     // The disk holds the pattern at the blocks written, and nothing anywhere else.
     let disk = fake.disk.lock().expect("disk").clone();
@@ -68,7 +64,7 @@ fn drives_a_controller_end_to_end() {
         "5",
         "--verify-only",
     ]);
-    drive(&again, parts(&fake)).expect("the data persisted");
+    drive(&again, &runtime(&fake)).expect("the data persisted");
     assert_eq!(count(&fake, 1, command::nvm::WRITE), chunks);
     assert_eq!(count(&fake, 1, command::nvm::READ), 2 * chunks);
 
@@ -82,7 +78,7 @@ fn drives_a_controller_end_to_end() {
         "6",
         "--verify-only",
     ]);
-    let err = drive(&wrong, parts(&fake)).expect_err("another seed's pattern differs");
+    let err = drive(&wrong, &runtime(&fake)).expect_err("another seed's pattern differs");
     assert_eq!(err.exit_code(), 3, "{err:?}");
     assert_eq!(fake.seen().shutdowns, 3);
 }
@@ -94,7 +90,7 @@ fn corrupted_reads_are_caught() {
         ..Faults::default()
     });
     let args = fake_args(&["--blocks", "20"]);
-    let err = drive(&args, parts(&fake)).expect_err("the reads are corrupted");
+    let err = drive(&args, &runtime(&fake)).expect_err("the reads are corrupted");
     assert_eq!(err.exit_code(), 3, "{err:?}");
     assert!(matches!(
         &err,
@@ -111,7 +107,7 @@ fn reads_that_move_no_data_are_caught() {
         ..Faults::default()
     });
     let args = fake_args(&["--blocks", "1"]);
-    let err = drive(&args, parts(&fake)).expect_err("the reads move nothing");
+    let err = drive(&args, &runtime(&fake)).expect_err("the reads move nothing");
     assert_eq!(err.exit_code(), 3, "{err:?}");
 }
 
@@ -119,7 +115,7 @@ fn reads_that_move_no_data_are_caught() {
 fn a_failed_admin_command_names_its_status() {
     let fake = FakeController::new(Faults::default());
     let args = fake_args(&["--nsid", "2"]);
-    let err = drive(&args, parts(&fake)).expect_err("namespace 2 does not exist");
+    let err = drive(&args, &runtime(&fake)).expect_err("namespace 2 does not exist");
     assert_eq!(err.exit_code(), 1);
     let text = format!("{:?}", err);
     assert!(text.contains("Identify Namespace"), "{text}");
@@ -130,7 +126,7 @@ fn a_failed_admin_command_names_its_status() {
 fn a_range_past_the_namespace_is_refused_before_any_io() {
     let fake = FakeController::new(Faults::default());
     let args = fake_args(&["--lba", "2000", "--blocks", "100"]);
-    let err = drive(&args, parts(&fake)).expect_err("past the end");
+    let err = drive(&args, &runtime(&fake)).expect_err("past the end");
     assert_eq!(err.exit_code(), 2);
     assert_eq!(count(&fake, 1, command::nvm::WRITE), 0);
     assert_eq!(count(&fake, 0, command::admin::CREATE_IO_SQ), 0);
