@@ -133,6 +133,62 @@ fn a_range_past_the_namespace_is_refused_before_any_io() {
     assert_eq!(fake.seen().shutdowns, 1);
 }
 
+/// CC.EN and CSTS.RDY of the fake.
+fn enabled_and_ready(fake: &FakeController) -> (bool, bool) {
+    let cc = fake.bar.read::<u32>(0x14).expect("CC");
+    let csts = fake.bar.read::<u32>(0x1c).expect("CSTS");
+    (cc & 1 != 0, csts & 1 != 0)
+}
+
+#[test]
+fn a_queue_dropped_while_the_controller_serves_it_disables_the_controller() {
+    let fake = FakeController::new(Faults::default());
+    let runtime = runtime(&fake);
+    let bar = runtime.device().bar(0).expect("BAR0");
+    let controller = Controller::new(bar).expect("a controller");
+    controller.disable().expect("disabled");
+    let admin_queue = controller
+        .open_queue(&runtime, ADMIN_QID, ADMIN_DEPTH)
+        .expect("the admin queue");
+    // ASQ/ACQ name its rings now: it cannot be opened twice.
+    let again = controller.open_queue(&runtime, ADMIN_QID, ADMIN_DEPTH);
+    assert!(
+        matches!(
+            &again,
+            Err(controller::Error::Open { source, .. })
+                if matches!(**source, userdma::Error::Device(device::Error::QueueBusy { queue: 0 }))
+        ),
+        "{again:?}"
+    );
+    controller.enable().expect("enabled");
+    let mut admin = Admin {
+        queue: admin_queue,
+        controller: controller.clone(),
+        timeout: Duration::from_secs(5),
+    };
+    admin.set_queue_count().expect("one I/O queue pair");
+
+    // Deleted on the controller first: dropping the ring changes nothing there.
+    let io = controller
+        .open_queue(&runtime, IO_QID, 16)
+        .expect("an I/O queue");
+    admin.create_io_queues(&io, IO_VECTOR).expect("created");
+    admin.delete_io_queues(IO_QID).expect("deleted");
+    drop(io);
+    assert_eq!(enabled_and_ready(&fake), (true, true));
+
+    // Still served by the controller: dropping the ring disables the controller first.
+    let io = controller
+        .open_queue(&runtime, IO_QID, 16)
+        .expect("the I/O queue again");
+    admin.create_io_queues(&io, IO_VECTOR).expect("created");
+    drop(io);
+    assert_eq!(enabled_and_ready(&fake), (false, false));
+    assert!(!controller.live().contains(ADMIN_QID));
+    drop(admin);
+    assert_eq!(fake.seen().enables, 1);
+}
+
 #[test]
 fn cli_is_consistent() {
     Args::command().debug_assert();
