@@ -133,14 +133,9 @@ impl device::Format for Format {
     /// stride from CAP.DSTRD.
     fn doorbells(&self, _device: &dyn Device, queue: u16) -> Result<DoorbellRegs, device::Error> {
         let cap = self.controller.cap();
-        let sq_tail = cap
+        let (sq_tail, cq_head) = cap
             .sq_tail_doorbell(queue)
-            .ok_or(device::Error::NoSuchQueue {
-                index: u32::from(queue),
-                count: u32::from(u16::MAX),
-            })?;
-        let cq_head = cap
-            .cq_head_doorbell(queue)
+            .zip(cap.cq_head_doorbell(queue))
             .ok_or(device::Error::NoSuchQueue {
                 index: u32::from(queue),
                 count: u32::from(u16::MAX),
