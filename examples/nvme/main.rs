@@ -31,8 +31,8 @@
 //! `Runtime::pool_with`, its queues from `Runtime::open_queue` in the driver's queue format
 //! (`queue::Format`), its buffers are `pool::OwnedBuffer`s. The driver logic takes any
 //! `Runtime`, so its tests run it against a software controller (`fake`, a `device::Device` on
-//! the loopback DMA space), without a device or hugepages: `cargo test --example nvme`. On real hardware (or QEMU's emulated
-//! controller, as `tests/guest/run.sh` does):
+//! the loopback DMA space), without a device or hugepages: `cargo test --example nvme`. On real
+//! hardware (or QEMU's emulated controller, as `tests/guest/run.sh` does):
 //!
 //! ```text
 //! userdma bind 0000:00:04.0 --driver vfio-pci
