@@ -1,21 +1,21 @@
 //! The controller: reset, admin queue setup, enable, admin commands (Identify, Set Features,
-//! I/O queue creation and deletion) and shutdown, over BAR0 and an admin queue pair built on
-//! `userdma::ring`.
+//! I/O queue creation and deletion) and shutdown, over BAR0 and an admin queue pair opened
+//! through the runtime in the driver's queue format (`queue`).
 
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use userdma::dma::{self, Mapping, Space};
-use userdma::irq::EventFd;
-use userdma::memory::{self, PageSize, Region};
+use userdma::device::Wait;
+use userdma::memory::PageSize;
 use userdma::mmio::{self, DynBlock};
 use userdma::pool::{self, Pool};
-use userdma::ring::{self, Config, DoorbellValue, Doorbells, Memory, Quiesce};
+use userdma::{ring, Runtime};
 
 use crate::command::{self, cns, ControllerId, Cqe, NamespaceId, Sqe, Status, IDENTIFY_LEN};
 use crate::io::{NvmeQueue, Payload, MAX_CHUNK};
-use crate::regs::{self, Aqa, Cap, Cc, Csts, Shutdown, ShutdownStatus, PAGE};
+use crate::queue::{self, Live};
+use crate::regs::{self, Cap, Cc, Csts, Shutdown, ShutdownStatus, PAGE};
 
 /// How often register polls look again.
 const POLL: Duration = Duration::from_millis(1);
@@ -53,32 +53,24 @@ pub(crate) enum Error {
         /// CSTS.
         csts: u32,
     },
-    /// Ring memory could not be allocated.
-    #[error("allocating {len} bytes of queue memory failed")]
-    Memory {
-        /// Bytes.
-        len: usize,
-        /// The cause.
-        #[source]
-        source: memory::Error,
-    },
-    /// Ring or pool memory could not be mapped for the device.
-    #[error("mapping {len} bytes of {what} into the device's DMA space failed")]
-    Map {
-        /// What it is for.
-        what: &'static str,
-        /// Bytes.
-        len: usize,
-        /// The cause.
-        #[source]
-        source: dma::Error,
-    },
-    /// The buffer pool could not be made.
-    #[error("making the buffer pool failed")]
+    /// The buffer pool could not be made (its memory, its mapping, the pool itself).
+    #[error("making the buffer pool of {len} bytes failed")]
     Pool {
+        /// Bytes.
+        len: usize,
         /// The cause (boxed: it is large).
         #[source]
-        source: Box<pool::Error>,
+        source: Box<userdma::Error>,
+    },
+    /// A queue pair could not be opened (its ring memory, doorbells, interrupt vector, or the
+    /// format's checks and admin queue registers: `queue::Format`).
+    #[error("queue {qid}: opening it failed")]
+    Open {
+        /// The queue id.
+        qid: u16,
+        /// The cause (boxed: it is large).
+        #[source]
+        source: Box<userdma::Error>,
     },
     /// A buffer for an admin command could not be had.
     #[error("allocating a {len}-byte buffer for {what} failed")]
@@ -127,16 +119,6 @@ pub(crate) enum Error {
         #[source]
         source: command::Error,
     },
-    /// A queue's SQ or CQ not page aligned in IOVA space.
-    #[error("queue {qid}: SQ at IOVA {sq:#x} and CQ at {cq:#x} must both be 4 KiB aligned: the ring memory was laid out without the controller's alignment")]
-    Misplaced {
-        /// The queue id.
-        qid: u16,
-        /// The SQ's IOVA.
-        sq: u64,
-        /// The CQ's IOVA.
-        cq: u64,
-    },
     /// Fewer I/O queues than asked for.
     #[error(
         "the controller granted {sqs} I/O submission and {cqs} completion queues, need 1 each"
@@ -158,6 +140,8 @@ fn reg(what: &'static str) -> impl FnOnce(mmio::Error) -> Error {
 pub(crate) struct Controller {
     bar: DynBlock,
     cap: Cap,
+    /// The queues the controller serves now (`queue::Live`).
+    live: Arc<Live>,
 }
 
 impl Controller {
@@ -180,12 +164,26 @@ impl Controller {
                 "CAP.MPSMIN..MPSMAX does not include 4 KiB pages",
             ));
         }
-        Ok(Controller { bar, cap })
+        Ok(Controller {
+            bar,
+            cap,
+            live: Arc::default(),
+        })
     }
 
     /// CAP.
     pub(crate) fn cap(&self) -> Cap {
         self.cap
+    }
+
+    /// BAR0.
+    pub(crate) fn bar(&self) -> &DynBlock {
+        &self.bar
+    }
+
+    /// The queues the controller serves now.
+    pub(crate) fn live(&self) -> &Live {
+        &self.live
     }
 
     /// VS.
@@ -242,17 +240,10 @@ impl Controller {
         // CFS may be set by whatever happened before the reset: it does not stop a disable.
         self.wait_csts("become not ready after CC.EN = 0", false, |csts| {
             !csts.contains(Csts::RDY)
-        })
-    }
-
-    /// Programs the admin queues: `entries` each, SQ at `asq`, CQ at `acq`.
-    pub(crate) fn set_admin_queues(&self, entries: u32, asq: u64, acq: u64) -> Result<(), Error> {
-        let aqa = Aqa::new(entries).ok_or(Error::Unsupported(
-            "the admin queue depth must be 2 to 4096",
-        ))?;
-        self.bar.set(regs::AQA, aqa).map_err(reg("writing AQA"))?;
-        regs::write_u64(&self.bar, regs::ASQ, asq).map_err(reg("writing ASQ"))?;
-        regs::write_u64(&self.bar, regs::ACQ, acq).map_err(reg("writing ACQ"))
+        })?;
+        // The reset deleted every queue.
+        self.live.clear();
+        Ok(())
     }
 
     /// Enables the controller with the driver's configuration ([`Cc::nvm`]) and waits for
@@ -276,131 +267,68 @@ impl Controller {
             .map_err(reg("setting CC.SHN"))?;
         self.wait_csts("complete its shutdown (CSTS.SHST)", true, |csts| {
             csts.shutdown_status() == ShutdownStatus::Complete
-        })
+        })?;
+        // A controller that has shut down processes no more commands.
+        self.live.clear();
+        Ok(())
     }
 
-    /// The doorbells of queue pair `qid`.
-    pub(crate) fn doorbells(&self, qid: u16) -> Result<Doorbells, Error> {
-        let (sq, cq) = self
-            .cap
-            .sq_tail_doorbell(qid)
-            .zip(self.cap.cq_head_doorbell(qid))
-            .ok_or(Error::Unsupported("doorbell offsets overflow"))?;
-        Doorbells::new(self.bar.clone(), sq, cq).map_err(|source| Error::Queue {
-            qid,
-            what: "locating the doorbells",
-            source,
-        })
-    }
-
-    /// A queue pair `qid` of `depth` entries in fresh memory mapped into `space`, ringing its
-    /// doorbells, woken by `interrupt`. Its SQ and CQ are page-aligned; a queue dropped with
-    /// commands in flight disables the controller before it frees anything.
-    pub(crate) fn queue<'p>(
+    /// Opens queue pair `qid` of `depth` entries on `runtime`'s device in this controller's
+    /// format (`queue::Format`), woken by MSI-X vector `qid`. For the admin queue (0) this
+    /// programs AQA/ASQ/ACQ; an I/O queue still has to be created on the controller
+    /// ([`Admin::create_io_queues`]). A queue dropped while the controller serves it disables
+    /// the controller before it frees anything.
+    pub(crate) fn open_queue(
         &self,
-        space: &dyn Space,
+        runtime: &Runtime,
         qid: u16,
         depth: u32,
-        interrupt: EventFd,
-    ) -> Result<NvmeQueue<'p>, Error> {
-        let ring_error = |what| move |source| Error::Queue { qid, what, source };
-        let config = Config::new(depth)
-            .with_id(qid)
-            .with_doorbell(DoorbellValue::Slot)
-            .with_part_align(PAGE);
-        let layout = config
-            .layout::<Sqe, Cqe>()
-            .map_err(ring_error("laying out the rings"))?;
-        let mapping = map(space, "queue memory", layout.size(), PageSize::Base)?;
-        let memory = Memory::from_mapping(Arc::new(mapping), 0, layout.size())
-            .map_err(ring_error("placing the rings"))?;
-        let mut queue = NvmeQueue::new(config, memory, self.doorbells(qid)?, Some(interrupt))
-            .map_err(ring_error("making the queue"))?;
-        // The controller takes the two bases separately and needs them page aligned.
-        let (sq, cq) = queue_bases(&queue);
-        if sq % PAGE as u64 != 0 || cq % PAGE as u64 != 0 {
-            return Err(Error::Misplaced { qid, sq, cq });
-        }
-        queue.set_quiesce(Disable(self.clone()));
-        Ok(queue)
+    ) -> Result<NvmeQueue, Error> {
+        let config = ring::Config::new(depth).with_id(qid);
+        runtime
+            .open_queue(queue::Format::new(self), config, Wait::Interrupt)
+            .map_err(|source| Error::Open {
+                qid,
+                source: Box::new(source),
+            })
     }
 }
 
-/// The IOVAs of a queue pair's SQ and CQ: what ASQ/ACQ and the Create I/O SQ/CQ commands are
-/// given.
-pub(crate) fn queue_bases(queue: &NvmeQueue<'_>) -> (u64, u64) {
-    let base = queue.memory().iova();
-    let layout = queue.layout();
-    (
-        (base + layout.sq_offset() as u64).raw(),
-        (base + layout.cq_offset() as u64).raw(),
-    )
-}
-
-/// Maps `len` bytes (rounded up to whole pages) of fresh, locked `page_size` memory into
-/// `space`.
-pub(crate) fn map(
-    space: &dyn Space,
-    what: &'static str,
-    len: usize,
-    page_size: PageSize,
-) -> Result<Mapping, Error> {
-    let page = page_size.bytes();
-    let len = len
-        .checked_next_multiple_of(page)
-        .ok_or(Error::Unsupported("a queue or pool size overflows"))?;
-    let region = Region::builder(len)
-        .page_size(page_size)
-        .build()
-        .map_err(|source| Error::Memory { len, source })?;
-    space
-        .map(Arc::new(region))
-        .map_err(|source| Error::Map { what, len, source })
-}
-
-/// A buffer pool over `len` bytes of `page` pages mapped into `space`: size classes up to the
-/// largest command's buffer ([`MAX_CHUNK`]), carved from 256 KiB slabs so that the few classes
-/// the driver uses share a small pool.
-pub(crate) fn pool(space: &dyn Space, len: usize, page: PageSize) -> Result<Pool, Error> {
-    let mapping = map(space, "the buffer pool", len, page)?;
+/// A buffer pool over `len` bytes of `page` pages mapped into `runtime`'s DMA space: size
+/// classes up to the largest command's buffer ([`MAX_CHUNK`]), carved from 256 KiB slabs so
+/// that the few classes the driver uses share a small pool.
+pub(crate) fn pool(runtime: &Runtime, len: usize, page: PageSize) -> Result<Arc<Pool>, Error> {
     let config = pool::Config::default()
         .chunk_size(256 << 10)
         .max_class(MAX_CHUNK);
-    Pool::new(mapping, config).map_err(|source| Error::Pool {
-        source: Box::new(source),
-    })
-}
-
-/// A [`Quiesce`] that stops a queue by disabling the whole controller (CC.EN = 0 stops every
-/// queue and all DMA): what a queue dropped with commands in flight asks for before it frees
-/// their buffers.
-#[derive(Debug)]
-struct Disable(Controller);
-
-impl Quiesce for Disable {
-    fn quiesce(&mut self, _queue: u16, _timeout: Duration) -> std::io::Result<()> {
-        self.0.disable().map_err(std::io::Error::other)
-    }
+    runtime
+        .pool_with(len, page, config)
+        .map_err(|source| Error::Pool {
+            len,
+            source: Box::new(source),
+        })
 }
 
 /// The admin queue pair and the commands this driver sends on it, one at a time.
 #[derive(Debug)]
-pub(crate) struct Admin<'p> {
+pub(crate) struct Admin {
     /// The queue pair (id 0, MSI-X vector 0).
-    pub(crate) queue: NvmeQueue<'p>,
+    pub(crate) queue: NvmeQueue,
+    /// The controller (which queues it serves).
+    pub(crate) controller: Controller,
     /// How long a command may take.
     pub(crate) timeout: Duration,
 }
 
-impl<'p> Admin<'p> {
+impl Admin {
     /// Submits `sqe` with `payload` and waits for its completion; a failed status is an error.
     /// Returns the completion and the payload.
     pub(crate) fn run(
         &mut self,
         what: &'static str,
         sqe: Sqe,
-        payload: Payload<'p>,
-    ) -> Result<(Cqe, Payload<'p>), Error> {
+        payload: Payload,
+    ) -> Result<(Cqe, Payload), Error> {
         let queue_error = |what| {
             move |source| Error::Queue {
                 qid: 0,
@@ -434,18 +362,20 @@ impl<'p> Admin<'p> {
     /// Identify `cns` of `nsid` into a page from `pool`; returns the 4096 bytes.
     fn identify(
         &mut self,
-        pool: &'p Pool,
+        pool: &Arc<Pool>,
         what: &'static str,
         cns: u32,
         nsid: u32,
     ) -> Result<Box<[u8; IDENTIFY_LEN]>, Error> {
-        let buffer = pool.alloc(IDENTIFY_LEN).map_err(|source| Error::Buffer {
-            what,
-            len: IDENTIFY_LEN,
-            source: Box::new(source),
-        })?;
+        let buffer = pool
+            .alloc_owned(IDENTIFY_LEN)
+            .map_err(|source| Error::Buffer {
+                what,
+                len: IDENTIFY_LEN,
+                source: Box::new(source),
+            })?;
         // A 4 KiB pool block is 4 KiB aligned in IOVA space: PRP1 alone describes it.
-        if buffer.iova() % PAGE as u64 != 0 {
+        if buffer.iova().raw() % PAGE as u64 != 0 {
             return Err(Error::Unsupported(
                 "the pool gave an Identify buffer that is not page aligned",
             ));
@@ -470,7 +400,7 @@ impl<'p> Admin<'p> {
     }
 
     /// Identify Controller.
-    pub(crate) fn identify_controller(&mut self, pool: &'p Pool) -> Result<ControllerId, Error> {
+    pub(crate) fn identify_controller(&mut self, pool: &Arc<Pool>) -> Result<ControllerId, Error> {
         let data = self.identify(pool, "Identify Controller", cns::CONTROLLER, 0)?;
         Ok(ControllerId::parse(&data))
     }
@@ -478,7 +408,7 @@ impl<'p> Admin<'p> {
     /// Identify Namespace `nsid`.
     pub(crate) fn identify_namespace(
         &mut self,
-        pool: &'p Pool,
+        pool: &Arc<Pool>,
         nsid: u32,
     ) -> Result<NamespaceId, Error> {
         let data = self.identify(pool, "Identify Namespace", cns::NAMESPACE, nsid)?;
@@ -503,19 +433,17 @@ impl<'p> Admin<'p> {
 
     /// Creates I/O queue pair `qid` on the controller for `queue` (its CQ interrupting on
     /// MSI-X vector `vector`).
-    pub(crate) fn create_io_queues(
-        &mut self,
-        queue: &NvmeQueue<'_>,
-        vector: u16,
-    ) -> Result<(), Error> {
+    pub(crate) fn create_io_queues(&mut self, queue: &NvmeQueue, vector: u16) -> Result<(), Error> {
         let qid = queue.id();
         let depth = queue.depth();
-        let (sq, cq) = queue_bases(queue);
+        let (sq, cq) = queue::bases(queue.layout(), queue.memory());
         self.run(
             "Create I/O Completion Queue",
             Sqe::create_io_cq(qid, depth, cq, vector),
             Payload::default(),
         )?;
+        // The controller may write the CQ from now on: stopping the queue disables it.
+        self.controller.live().insert(qid);
         self.run(
             "Create I/O Submission Queue",
             Sqe::create_io_sq(qid, depth, sq, qid),
@@ -536,6 +464,8 @@ impl<'p> Admin<'p> {
             Sqe::delete_io_cq(qid),
             Payload::default(),
         )?;
+        // The controller has forgotten the rings: dropping the queue needs no reset.
+        self.controller.live().remove(qid);
         Ok(())
     }
 }

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
+use userdma::device::{self, Identity, Kind};
 use userdma::dma::{Iova, Loopback, Space};
 use userdma::irq::EventFd;
 use userdma::mmio::{Block, DynBlock, Shared};
@@ -161,14 +162,23 @@ impl FakeController {
         }
     }
 
-    /// The DMA space as the driver takes it.
-    pub(crate) fn dyn_space(&self) -> Arc<dyn Space> {
-        self.space.clone()
-    }
-
-    /// A handle to vector `v`'s eventfd.
-    pub(crate) fn irq(&self, v: usize) -> EventFd {
-        self.irqs[v].try_clone().expect("eventfd clone")
+    /// The controller as the driver takes it: a [`device::Device`] (BAR0, the DMA space, the MSI-X
+    /// vectors' eventfds), to make a `Runtime` from.
+    pub(crate) fn device(&self) -> Arc<dyn device::Device> {
+        Arc::new(FakeDevice {
+            identity: Identity {
+                name: "fake-nvme".to_owned(),
+                kind: Kind::Loopback,
+                bdf: "0000:00:04.0".parse().ok(),
+            },
+            bar: self.bar.clone(),
+            space: self.space.clone(),
+            irqs: self
+                .irqs
+                .iter()
+                .map(|e| e.try_clone().expect("eventfd clone"))
+                .collect(),
+        })
     }
 
     /// What it saw so far.
@@ -183,6 +193,69 @@ impl Drop for FakeController {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// The fake controller as a [`device::Device`]: what a `Runtime` owns in the driver's tests.
+#[derive(Debug)]
+struct FakeDevice {
+    identity: Identity,
+    bar: DynBlock,
+    space: Arc<Loopback>,
+    irqs: Vec<EventFd>,
+}
+
+impl device::Device for FakeDevice {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    fn bar(&self, index: usize) -> Result<DynBlock, device::Error> {
+        match index {
+            0 => Ok(self.bar.clone()),
+            _ => Err(device::Error::NoSuchBar { index }),
+        }
+    }
+
+    fn dma_space(&self) -> Arc<dyn Space> {
+        self.space.clone()
+    }
+
+    fn vectors(&self) -> u32 {
+        VECTORS as u32
+    }
+
+    fn interrupt(&self, vector: u32) -> Result<EventFd, device::Error> {
+        let fd = usize::try_from(vector)
+            .ok()
+            .and_then(|v| self.irqs.get(v))
+            .ok_or(device::Error::NoSuchQueue {
+                index: vector,
+                count: VECTORS as u32,
+            })?;
+        fd.try_clone()
+            .map_err(|source| device::Error::Interrupt { vector, source })
+    }
+
+    fn set_masked(&self, _vector: u32, _masked: bool) -> Result<(), device::Error> {
+        Ok(())
+    }
+
+    /// CC.EN = 0, and waits for the controller thread to clear CSTS.RDY.
+    fn reset(&self) -> Result<(), device::Error> {
+        let register = |offset| move |source| device::Error::Register { offset, source };
+        self.bar.write::<u32>(0x14, 0).map_err(register(0x14))?;
+        let start = std::time::Instant::now();
+        while self.bar.read::<u32>(0x1c).map_err(register(0x1c))? & 1 != 0 {
+            if start.elapsed() > Duration::from_secs(1) {
+                return Err(device::Error::Timeout {
+                    operation: "clear CSTS.RDY after CC.EN = 0",
+                    waited: start.elapsed(),
+                });
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
     }
 }
 

@@ -8,9 +8,10 @@
 //! spans two, else the IOVA of a PRP list (a page of 8-byte entries: the IOVA of every further
 //! page). The driver's memory page size is 4 KiB (CC.MPS = 0).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use userdma::pool::{self, Buffer, Pool};
+use userdma::pool::{self, OwnedBuffer, Pool};
 use userdma::ring::{self, Done, Queue, Rejected};
 
 use crate::command::{nvm, Cqe, DataPointer, Sqe, Status};
@@ -33,17 +34,17 @@ const BATCH: u32 = 8;
 /// The payload of a command in flight: the buffers it names, which the queue holds until the
 /// completion hands them back, and what it was for.
 #[derive(Debug, Default)]
-pub(crate) struct Payload<'p> {
+pub(crate) struct Payload {
     /// The data buffer.
-    pub(crate) data: Option<Buffer<'p>>,
+    pub(crate) data: Option<OwnedBuffer>,
     /// The PRP list, when the data spans more than two pages.
-    pub(crate) list: Option<Buffer<'p>>,
+    pub(crate) list: Option<OwnedBuffer>,
     /// The blocks it transfers (I/O commands).
     pub(crate) chunk: Option<Chunk>,
 }
 
 /// A queue pair of this driver.
-pub(crate) type NvmeQueue<'p> = Queue<Sqe, Cqe, Payload<'p>>;
+pub(crate) type NvmeQueue = Queue<Sqe, Cqe, Payload>;
 
 /// What went wrong moving data.
 #[derive(Debug, thiserror::Error)]
@@ -214,7 +215,7 @@ pub(crate) fn prp_entries(
 
 /// A command's data pointer for `entries`, writing a PRP list into `list` when there are more
 /// than two. `None` if `list` is needed but missing or too small.
-fn data_pointer(entries: &[u64], list: Option<&Buffer<'_>>) -> Option<Result<DataPointer, Error>> {
+fn data_pointer(entries: &[u64], list: Option<&OwnedBuffer>) -> Option<Result<DataPointer, Error>> {
     match entries {
         [] => None,
         [one] => Some(Ok(DataPointer {
@@ -312,11 +313,11 @@ impl Report {
 
 /// The I/O side of the driver: one queue pair, the pool its buffers come from, the namespace.
 #[derive(Debug)]
-pub(crate) struct Io<'p> {
+pub(crate) struct Io {
     /// The I/O queue pair.
-    pub(crate) queue: NvmeQueue<'p>,
+    pub(crate) queue: NvmeQueue,
     /// Where buffers come from.
-    pub(crate) pool: &'p Pool,
+    pub(crate) pool: Arc<Pool>,
     /// The namespace.
     pub(crate) nsid: u32,
     /// Its LBA size.
@@ -325,18 +326,17 @@ pub(crate) struct Io<'p> {
     pub(crate) timeout: Duration,
 }
 
-impl<'p> Io<'p> {
+impl Io {
     /// Allocates a page-aligned buffer of at least `len` bytes.
-    fn buffer(&self, len: usize) -> Result<Buffer<'p>, Error> {
+    fn buffer(&self, len: usize) -> Result<OwnedBuffer, Error> {
         let len = len.max(PAGE);
-        let buffer = self.pool.alloc(len).map_err(|source| Error::Alloc {
+        let buffer = self.pool.alloc_owned(len).map_err(|source| Error::Alloc {
             len,
             source: Box::new(source),
         })?;
-        if buffer.iova() % PAGE as u64 != 0 {
-            return Err(Error::Unaligned {
-                iova: buffer.iova().raw(),
-            });
+        let iova = buffer.iova().raw();
+        if iova % PAGE as u64 != 0 {
+            return Err(Error::Unaligned { iova });
         }
         Ok(buffer)
     }
@@ -349,7 +349,7 @@ impl<'p> Io<'p> {
         seed: u64,
         chunk: Chunk,
         report: &mut Report,
-    ) -> Result<(Sqe, Payload<'p>), Error> {
+    ) -> Result<(Sqe, Payload), Error> {
         let len = chunk.blocks as usize * self.lba_size as usize;
         let data = self.buffer(chunk.offset + len)?;
         match direction {
@@ -409,7 +409,7 @@ impl<'p> Io<'p> {
         &self,
         direction: Direction,
         seed: u64,
-        done: Done<Cqe, Payload<'p>>,
+        done: Done<Cqe, Payload>,
         report: &mut Report,
     ) -> Result<(), Error> {
         let Done { id, entry, payload } = done;

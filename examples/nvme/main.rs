@@ -27,10 +27,12 @@
 //! Exit status: 0 when everything was written and read back correctly; 1 on any device, setup or
 //! command failure; 2 on bad arguments; 3 when data read back differs from the pattern.
 //!
-//! The driver logic takes its device as `Parts` (BAR0, a DMA space, two eventfds), so its
-//! tests run it against a software controller (`fake`) on the loopback DMA space, without a
-//! device or hugepages: `cargo test --example nvme`. On real hardware (or QEMU's emulated
-//! controller, as `tests/guest/run.sh` does):
+//! The driver runs on a `userdma::Runtime` that owns the device: its pool comes from
+//! `Runtime::pool_with`, its queues from `Runtime::open_queue` in the driver's queue format
+//! (`queue::Format`), its buffers are `pool::OwnedBuffer`s. The driver logic takes any
+//! `Runtime`, so its tests run it against a software controller (`fake`, a `device::Device` on
+//! the loopback DMA space), without a device or hugepages: `cargo test --example nvme`. On real
+//! hardware (or QEMU's emulated controller, as `tests/guest/run.sh` does):
 //!
 //! ```text
 //! userdma bind 0000:00:04.0 --driver vfio-pci
@@ -45,12 +47,11 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use userdma::device::vfio::{IrqKind, Options};
-use userdma::device::{self, Device, Vfio};
-use userdma::dma::Space;
-use userdma::irq::EventFd;
+use userdma::device::{self, Vfio};
 use userdma::memory::PageSize;
-use userdma::mmio::DynBlock;
 use userdma::pci::Bdf;
+use userdma::pool::Pool;
+use userdma::Runtime;
 
 mod command;
 mod controller;
@@ -58,6 +59,7 @@ mod controller;
 mod fake;
 mod io;
 mod pattern;
+mod queue;
 mod regs;
 
 use controller::{Admin, Controller};
@@ -65,12 +67,12 @@ use io::{Direction, Io, Report};
 
 /// Entries in each admin queue.
 const ADMIN_DEPTH: u32 = 32;
-/// The MSI-X vector of the admin CQ.
-const ADMIN_VECTOR: u32 = 0;
-/// The MSI-X vector of the I/O CQ.
-const IO_VECTOR: u16 = 1;
+/// The admin queue pair's id (its CQ interrupts on the MSI-X vector of that number).
+const ADMIN_QID: u16 = 0;
 /// The I/O queue pair's id.
 const IO_QID: u16 = 1;
+/// The MSI-X vector of the I/O CQ: the runtime waits on the vector of the queue's id.
+const IO_VECTOR: u16 = IO_QID;
 
 /// A user-space NVMe driver: writes blocks with a seeded pattern through VFIO and reads them back.
 #[derive(Debug, Parser)]
@@ -109,16 +111,6 @@ struct Args {
     /// IOVA range; without an IOMMU, use hugepages).
     #[arg(long)]
     base_pages: bool,
-}
-
-/// What the driver takes from the device: BAR0, the DMA space, and the eventfds of MSI-X
-/// vectors 0 (admin CQ) and 1 (I/O CQ).
-#[derive(Debug)]
-struct Parts {
-    bar: DynBlock,
-    space: Arc<dyn Space>,
-    admin_irq: EventFd,
-    io_irq: EventFd,
 }
 
 /// What went wrong.
@@ -207,23 +199,14 @@ fn run(args: &Args) -> Result<(), Error> {
             source: Box::new(source),
         }
     };
+    // MSI-X vector 0 for the admin CQ, 1 for the I/O CQ.
     let options = Options::new().interrupts(IrqKind::MsiX, 2);
     let device = Vfio::open_with(bdf, &options).map_err(dev_error("opening through VFIO"))?;
-    let parts = Parts {
-        bar: device.bar(0).map_err(dev_error("mapping BAR0"))?,
-        space: device.dma_space(),
-        admin_irq: device
-            .interrupt(ADMIN_VECTOR)
-            .map_err(dev_error("getting the admin interrupt (MSI-X vector 0)"))?,
-        io_irq: device
-            .interrupt(u32::from(IO_VECTOR))
-            .map_err(dev_error("getting the I/O interrupt (MSI-X vector 1)"))?,
-    };
-    // `device` stays open until the controller is shut down (dropping it releases the
-    // interrupts, the DMA mappings and the function).
-    let result = drive(args, parts);
-    drop(device);
-    result
+    // The runtime (and every queue and pool made from it) keeps the device open until the
+    // controller is shut down; the last of them dropped releases the interrupts, the DMA
+    // mappings and the function.
+    let runtime = Runtime::from_device(Arc::new(device));
+    drive(args, &runtime)
 }
 
 fn check_arguments(args: &Args) -> Result<(), Error> {
@@ -245,8 +228,9 @@ fn check_arguments(args: &Args) -> Result<(), Error> {
     Ok(())
 }
 
-/// Resets, sets up and enables the controller, runs the session, and shuts the controller down.
-fn drive(args: &Args, parts: Parts) -> Result<(), Error> {
+/// Resets, sets up and enables the controller on `runtime`'s device, runs the session, and
+/// shuts the controller down.
+fn drive(args: &Args, runtime: &Runtime) -> Result<(), Error> {
     let bdf = args.bdf;
     let start = Instant::now();
     let timeout = Duration::from_secs(args.timeout.max(1));
@@ -254,12 +238,11 @@ fn drive(args: &Args, parts: Parts) -> Result<(), Error> {
         bdf,
         source: Box::new(source),
     };
-    let Parts {
-        bar,
-        space,
-        admin_irq,
-        io_irq,
-    } = parts;
+    let bar = runtime.device().bar(0).map_err(|source| Error::Device {
+        bdf,
+        what: "mapping BAR0",
+        source: Box::new(source),
+    })?;
     let controller = Controller::new(bar).map_err(ctl_error)?;
     let cap = controller.cap();
     let (major, minor, tertiary) = controller.version().map_err(ctl_error)?;
@@ -271,7 +254,7 @@ fn drive(args: &Args, parts: Parts) -> Result<(), Error> {
     );
 
     controller.disable().map_err(ctl_error)?;
-    // The pool outlives every queue: buffers in flight borrow it.
+    // Buffers in flight hold the pool (they are owned buffers), so it outlives the queues.
     let page = if args.base_pages {
         PageSize::Base
     } else {
@@ -279,13 +262,10 @@ fn drive(args: &Args, parts: Parts) -> Result<(), Error> {
     };
     // Checked by `check_arguments`: fits.
     let pool_bytes = args.pool_mib.saturating_mul(1 << 20);
-    let pool = controller::pool(&*space, pool_bytes, page).map_err(ctl_error)?;
+    let pool = controller::pool(runtime, pool_bytes, page).map_err(ctl_error)?;
+    // Opening the admin queue programs AQA/ASQ/ACQ (`queue::Format`).
     let admin_queue = controller
-        .queue(&*space, 0, ADMIN_DEPTH, admin_irq)
-        .map_err(ctl_error)?;
-    let (asq, acq) = controller::queue_bases(&admin_queue);
-    controller
-        .set_admin_queues(ADMIN_DEPTH, asq, acq)
+        .open_queue(runtime, ADMIN_QID, ADMIN_DEPTH)
         .map_err(ctl_error)?;
     controller.enable().map_err(ctl_error)?;
     println!(
@@ -294,18 +274,11 @@ fn drive(args: &Args, parts: Parts) -> Result<(), Error> {
     );
     let mut admin = Admin {
         queue: admin_queue,
+        controller: controller.clone(),
         timeout,
     };
 
-    let result = session(
-        args,
-        &*space,
-        io_irq,
-        &controller,
-        &mut admin,
-        &pool,
-        timeout,
-    );
+    let result = session(args, runtime, &controller, &mut admin, &pool, timeout);
     // Shut down even when the session failed: the controller then stops all DMA.
     let shutdown = controller.shutdown().map_err(ctl_error);
     let admin_stats = admin.queue.stats();
@@ -326,13 +299,12 @@ fn drive(args: &Args, parts: Parts) -> Result<(), Error> {
 }
 
 /// Identify, I/O queue pair, writes, reads, queue deletion.
-fn session<'p>(
+fn session(
     args: &Args,
-    space: &dyn Space,
-    io_irq: EventFd,
+    runtime: &Runtime,
     controller: &Controller,
-    admin: &mut Admin<'p>,
-    pool: &'p userdma::pool::Pool,
+    admin: &mut Admin,
+    pool: &Arc<Pool>,
     timeout: Duration,
 ) -> Result<(), Error> {
     let bdf = args.bdf;
@@ -383,7 +355,7 @@ fn session<'p>(
 
     let depth = floor_pow2(args.queue_depth.min(controller.cap().max_queue_entries()));
     let queue = controller
-        .queue(space, IO_QID, depth, io_irq)
+        .open_queue(runtime, IO_QID, depth)
         .map_err(ctl_error)?;
     admin
         .create_io_queues(&queue, IO_VECTOR)
@@ -392,7 +364,7 @@ fn session<'p>(
 
     let mut io = Io {
         queue,
-        pool,
+        pool: Arc::clone(pool),
         nsid,
         lba_size: ns.lba_size,
         timeout,
@@ -404,7 +376,8 @@ fn session<'p>(
     let moved = transfer(args, &mut io, &chunks).map_err(io_error);
     // Delete the queues on the controller whatever happened, then drop the ring (nothing is in
     // flight: every command completed, or the failure left it to the queue's Drop, which
-    // disables the controller before freeing buffers).
+    // disables the controller before freeing buffers, as it does when the deletion failed and
+    // the controller still serves the queue).
     let deleted = admin.delete_io_queues(IO_QID).map_err(ctl_error);
     let stats = io.queue.stats();
     drop(io);
@@ -418,7 +391,7 @@ fn session<'p>(
 }
 
 /// The writes (unless verify-only), the flush, and the reads with their check.
-fn transfer(args: &Args, io: &mut Io<'_>, chunks: &[io::Chunk]) -> Result<(), io::Error> {
+fn transfer(args: &Args, io: &mut Io, chunks: &[io::Chunk]) -> Result<(), io::Error> {
     if !args.verify_only {
         let report = io.run(Direction::Write, args.seed, chunks)?;
         print_report("write", &report);

@@ -12,13 +12,9 @@ fn fake_args(extra: &[&str]) -> Args {
     Args::try_parse_from(all).expect("valid arguments")
 }
 
-fn parts(fake: &FakeController) -> Parts {
-    Parts {
-        bar: fake.bar.clone(),
-        space: fake.dyn_space(),
-        admin_irq: fake.irq(0),
-        io_irq: fake.irq(1),
-    }
+/// A runtime that owns the fake controller.
+fn runtime(fake: &FakeController) -> Runtime {
+    Runtime::from_device(fake.device())
 }
 
 fn count(fake: &FakeController, qid: u16, opcode: u8) -> u32 {
@@ -33,7 +29,7 @@ fn count(fake: &FakeController, qid: u16, opcode: u8) -> u32 {
 fn drives_a_controller_end_to_end() {
     let fake = FakeController::new(Faults::default());
     let args = fake_args(&["--lba", "10", "--blocks", "300", "--seed", "5"]);
-    drive(&args, parts(&fake)).expect("a clean run");
+    drive(&args, &runtime(&fake)).expect("a clean run");
 
     // The disk holds the pattern at the blocks written, and nothing anywhere else.
     let disk = fake.disk.lock().expect("disk").clone();
@@ -68,7 +64,7 @@ fn drives_a_controller_end_to_end() {
         "5",
         "--verify-only",
     ]);
-    drive(&again, parts(&fake)).expect("the data persisted");
+    drive(&again, &runtime(&fake)).expect("the data persisted");
     assert_eq!(count(&fake, 1, command::nvm::WRITE), chunks);
     assert_eq!(count(&fake, 1, command::nvm::READ), 2 * chunks);
 
@@ -82,7 +78,7 @@ fn drives_a_controller_end_to_end() {
         "6",
         "--verify-only",
     ]);
-    let err = drive(&wrong, parts(&fake)).expect_err("another seed's pattern differs");
+    let err = drive(&wrong, &runtime(&fake)).expect_err("another seed's pattern differs");
     assert_eq!(err.exit_code(), 3, "{err:?}");
     assert_eq!(fake.seen().shutdowns, 3);
 }
@@ -94,7 +90,7 @@ fn corrupted_reads_are_caught() {
         ..Faults::default()
     });
     let args = fake_args(&["--blocks", "20"]);
-    let err = drive(&args, parts(&fake)).expect_err("the reads are corrupted");
+    let err = drive(&args, &runtime(&fake)).expect_err("the reads are corrupted");
     assert_eq!(err.exit_code(), 3, "{err:?}");
     assert!(matches!(
         &err,
@@ -111,7 +107,7 @@ fn reads_that_move_no_data_are_caught() {
         ..Faults::default()
     });
     let args = fake_args(&["--blocks", "1"]);
-    let err = drive(&args, parts(&fake)).expect_err("the reads move nothing");
+    let err = drive(&args, &runtime(&fake)).expect_err("the reads move nothing");
     assert_eq!(err.exit_code(), 3, "{err:?}");
 }
 
@@ -119,7 +115,7 @@ fn reads_that_move_no_data_are_caught() {
 fn a_failed_admin_command_names_its_status() {
     let fake = FakeController::new(Faults::default());
     let args = fake_args(&["--nsid", "2"]);
-    let err = drive(&args, parts(&fake)).expect_err("namespace 2 does not exist");
+    let err = drive(&args, &runtime(&fake)).expect_err("namespace 2 does not exist");
     assert_eq!(err.exit_code(), 1);
     let text = format!("{:?}", err);
     assert!(text.contains("Identify Namespace"), "{text}");
@@ -130,11 +126,67 @@ fn a_failed_admin_command_names_its_status() {
 fn a_range_past_the_namespace_is_refused_before_any_io() {
     let fake = FakeController::new(Faults::default());
     let args = fake_args(&["--lba", "2000", "--blocks", "100"]);
-    let err = drive(&args, parts(&fake)).expect_err("past the end");
+    let err = drive(&args, &runtime(&fake)).expect_err("past the end");
     assert_eq!(err.exit_code(), 2);
     assert_eq!(count(&fake, 1, command::nvm::WRITE), 0);
     assert_eq!(count(&fake, 0, command::admin::CREATE_IO_SQ), 0);
     assert_eq!(fake.seen().shutdowns, 1);
+}
+
+/// CC.EN and CSTS.RDY of the fake.
+fn enabled_and_ready(fake: &FakeController) -> (bool, bool) {
+    let cc = fake.bar.read::<u32>(0x14).expect("CC");
+    let csts = fake.bar.read::<u32>(0x1c).expect("CSTS");
+    (cc & 1 != 0, csts & 1 != 0)
+}
+
+#[test]
+fn a_queue_dropped_while_the_controller_serves_it_disables_the_controller() {
+    let fake = FakeController::new(Faults::default());
+    let runtime = runtime(&fake);
+    let bar = runtime.device().bar(0).expect("BAR0");
+    let controller = Controller::new(bar).expect("a controller");
+    controller.disable().expect("disabled");
+    let admin_queue = controller
+        .open_queue(&runtime, ADMIN_QID, ADMIN_DEPTH)
+        .expect("the admin queue");
+    // ASQ/ACQ name its rings now: it cannot be opened twice.
+    let again = controller.open_queue(&runtime, ADMIN_QID, ADMIN_DEPTH);
+    assert!(
+        matches!(
+            &again,
+            Err(controller::Error::Open { source, .. })
+                if matches!(**source, userdma::Error::Device(device::Error::QueueBusy { queue: 0 }))
+        ),
+        "{again:?}"
+    );
+    controller.enable().expect("enabled");
+    let mut admin = Admin {
+        queue: admin_queue,
+        controller: controller.clone(),
+        timeout: Duration::from_secs(5),
+    };
+    admin.set_queue_count().expect("one I/O queue pair");
+
+    // Deleted on the controller first: dropping the ring changes nothing there.
+    let io = controller
+        .open_queue(&runtime, IO_QID, 16)
+        .expect("an I/O queue");
+    admin.create_io_queues(&io, IO_VECTOR).expect("created");
+    admin.delete_io_queues(IO_QID).expect("deleted");
+    drop(io);
+    assert_eq!(enabled_and_ready(&fake), (true, true));
+
+    // Still served by the controller: dropping the ring disables the controller first.
+    let io = controller
+        .open_queue(&runtime, IO_QID, 16)
+        .expect("the I/O queue again");
+    admin.create_io_queues(&io, IO_VECTOR).expect("created");
+    drop(io);
+    assert_eq!(enabled_and_ready(&fake), (false, false));
+    assert!(!controller.live().contains(ADMIN_QID));
+    drop(admin);
+    assert_eq!(fake.seen().enables, 1);
 }
 
 #[test]

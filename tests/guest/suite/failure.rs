@@ -76,6 +76,13 @@ pub(crate) enum Failure {
         #[source]
         source: mmio::Error,
     },
+    /// A `userdma::Runtime` operation failed (memory, a pool, a queue).
+    #[error("{op}")]
+    Runtime {
+        op: String,
+        #[source]
+        source: Box<userdma::Error>,
+    },
 }
 
 impl Failure {
@@ -121,6 +128,7 @@ context!(
     pool::Error => Pool,
     device::Error => Device,
     irq::Error => Irq,
+    userdma::Error => Runtime,
 );
 
 /// Fails the case with a [`Failure::Check`] unless the condition holds.

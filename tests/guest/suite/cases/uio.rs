@@ -1,13 +1,16 @@
 //! edu through `uio_pci_generic`, all through `device::Uio`: BAR0 through sysfs `resource0`,
-//! DMA by physical address where nothing translates it, refused (with the reason) where the
-//! IOMMU does, and INTx through `/dev/uioN` as an eventfd.
+//! DMA by physical address where nothing translates it (memory from a `userdma::Runtime` that
+//! owns the device), refused (with the reason) where the IOMMU does, and INTx through
+//! `/dev/uioN` as an eventfd.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use userdma::device::{self, Device, Uio};
 use userdma::dma::{self, Physical, Space};
 use userdma::memory::PageSize;
 use userdma::pci::Driver;
+use userdma::Runtime;
 
 use super::{check_canary, compare, pattern, region, round_trip, Buffer, CANARY, GUARD, TRANSFER};
 use crate::edu::{self, Direction, Edu};
@@ -59,15 +62,17 @@ pub(crate) fn physical_dma(env: &Env) -> Result<(), Failure> {
     let (bound, uio, device) = open(env)?;
     uio.check_dma()
         .context(|| "physical DMA should be allowed here".to_owned())?;
-    let space = uio.dma_space();
+    let uio = Arc::new(uio);
+    let runtime = Runtime::from_device(Arc::clone(&uio) as Arc<dyn Device>);
+    let kind = runtime.dma_space().kind();
     ensure!(
-        space.kind() == dma::Kind::Physical,
-        "a UIO device's space is {}",
-        space.kind()
+        kind == dma::Kind::Physical,
+        "a UIO device's space is {kind}"
     );
-    let huge = space
-        .map(region(HUGE, PageSize::Huge2M)?)
-        .context(|| "look up the physical address of a hugepage region".to_owned())?;
+    // Locked by the runtime: nothing else pins memory a physical-address space hands out.
+    let huge = runtime
+        .map_memory(HUGE, PageSize::Huge2M)
+        .context(|| "map 2 MiB of hugepages (their physical address)".to_owned())?;
     let range = huge
         .iova_range()
         .ok_or_else(|| Failure::Check("a hugepage should be physically contiguous".to_owned()))?;
@@ -77,9 +82,9 @@ pub(crate) fn physical_dma(env: &Env) -> Result<(), Failure> {
         &Buffer::at(&huge, HALF, TRANSFER + GUARD)?,
         11,
     )?;
-    let pages = space
-        .map(region(2 << 12, PageSize::Base)?)
-        .context(|| "look up the physical addresses of two base pages".to_owned())?;
+    let pages = runtime
+        .map_memory(2 << 12, PageSize::Base)
+        .context(|| "map two base pages (their physical addresses)".to_owned())?;
     round_trip(
         &device,
         &Buffer::at(&pages, 0x100, TRANSFER)?,
@@ -97,6 +102,7 @@ pub(crate) fn physical_dma(env: &Env) -> Result<(), Failure> {
     drop(pages);
     drop(huge);
     drop(device);
+    drop(runtime);
     drop(uio);
     bound.release()
 }

@@ -2,6 +2,10 @@
 //! DMA through the device's DMA space (type1, or physical in no-IOMMU mode) with pool buffers,
 //! MSI and INTx completions through eventfds, reset, a container shared by two devices, the
 //! IOMMU refusing what is not mapped, and `device::open` picking the backend.
+//!
+//! Memory and pools come from a `userdma::Runtime` that owns the opened device; the cases whose
+//! point is the layer below (the type1 mapping itself, the IOMMU refusing an unmapped IOVA) map
+//! regions into the device's `dma::Space` by hand.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,11 +15,12 @@ use userdma::device::{self, Device, Kind, Vfio};
 use userdma::dma::{self, IovaRange, Slice};
 use userdma::memory::PageSize;
 use userdma::pci::Driver;
-use userdma::pool::{Config, Pool};
+use userdma::pool::Config;
 use userdma::sys::pci::{PCI_COMMAND, PCI_COMMAND_MASTER, PCI_DEVICE_ID, PCI_VENDOR_ID};
 use userdma::sys::vfio::{
     VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSI_IRQ_INDEX,
 };
+use userdma::Runtime;
 
 use super::{check_canary, compare, pattern, region, round_trip, Buffer, CANARY, GUARD, TRANSFER};
 use crate::edu::{self, Direction, Edu};
@@ -39,13 +44,18 @@ fn options(env: &Env) -> Options {
 }
 
 /// edu bound to `vfio-pci` and opened with `options`, and its BAR0.
-fn open<'e>(env: &'e Env, options: &Options) -> Result<(Bound<'e>, Vfio, Edu), Failure> {
+fn open<'e>(env: &'e Env, options: &Options) -> Result<(Bound<'e>, Arc<Vfio>, Edu), Failure> {
     let bound = env.bind(env.edu, Driver::VfioPci)?;
     let vfio =
         Vfio::open_with(env.edu, options).context(|| format!("open {} through VFIO", env.edu))?;
     let bar = vfio.bar(0).context(|| "BAR0 of edu".to_owned())?;
     let edu = Edu::new(bar)?;
-    Ok((bound, vfio, edu))
+    Ok((bound, Arc::new(vfio), edu))
+}
+
+/// A runtime that owns `vfio` (the case keeps its own handle for what only VFIO has).
+fn runtime(vfio: &Arc<Vfio>) -> Runtime {
+    Runtime::from_device(Arc::clone(vfio) as Arc<dyn Device>)
 }
 
 /// Opening by BDF: the mode fits the boot, region info (BAR0 mappable and whole, config space),
@@ -219,24 +229,24 @@ pub(crate) fn type1_dma(env: &Env) -> Result<(), Failure> {
 /// buffers carry IOVAs edu can use; dropping the pool unmaps its region.
 pub(crate) fn pool_dma(env: &Env) -> Result<(), Failure> {
     let (bound, vfio, device) = open(env, &options(env))?;
-    let space = vfio.dma_space();
-    let mapping = space
-        .map(region(POOL_LEN, PageSize::Huge2M)?)
-        .context(|| format!("map a {POOL_LEN:#x}-byte hugepage region"))?;
-    let pool = Pool::new(mapping, Config::default())
-        .context(|| format!("make a pool over the {POOL_LEN:#x}-byte mapping"))?;
+    let runtime = runtime(&vfio);
+    let space = Arc::clone(runtime.dma_space());
+    let pool = runtime
+        .pool_with(POOL_LEN, PageSize::Huge2M, Config::default())
+        .context(|| format!("make a pool over {POOL_LEN:#x} bytes of hugepages"))?;
     let limit = 1_u64 << edu::DMA_MASK_BITS;
     let small = pool
-        .alloc(TRANSFER)
+        .alloc_owned(TRANSFER)
         .context(|| format!("allocate {TRANSFER} bytes"))?;
     let mid = pool
-        .alloc(64 << 10)
+        .alloc_owned(64 << 10)
         .context(|| "allocate 64 KiB".to_owned())?;
     let large = pool
-        .alloc(HUGE)
+        .alloc_owned(HUGE)
         .context(|| "allocate 2 MiB (a whole chunk)".to_owned())?;
     let mut seen: Vec<IovaRange> = Vec::new();
-    for (name, buffer) in [("small", &small), ("64 KiB", &mid), ("2 MiB", &large)] {
+    for (name, owned) in [("small", &small), ("64 KiB", &mid), ("2 MiB", &large)] {
+        let buffer = owned.as_buffer();
         let len = buffer.capacity() as u64;
         let range = IovaRange::from_len(buffer.iova().raw(), len).ok_or_else(|| {
             Failure::Check(format!(
@@ -256,14 +266,14 @@ pub(crate) fn pool_dma(env: &Env) -> Result<(), Failure> {
     }
     round_trip(
         &device,
-        &Buffer::in_pool(&small, 0, TRANSFER)?,
-        &Buffer::in_pool(&mid, 0, TRANSFER + GUARD)?,
+        &Buffer::in_pool(small.as_buffer(), 0, TRANSFER)?,
+        &Buffer::in_pool(mid.as_buffer(), 0, TRANSFER + GUARD)?,
         31,
     )?;
     round_trip(
         &device,
-        &Buffer::in_pool(&mid, 0x8000, TRANSFER)?,
-        &Buffer::in_pool(&large, HUGE - TRANSFER - GUARD, TRANSFER + GUARD)?,
+        &Buffer::in_pool(mid.as_buffer(), 0x8000, TRANSFER)?,
+        &Buffer::in_pool(large.as_buffer(), HUGE - TRANSFER - GUARD, TRANSFER + GUARD)?,
         32,
     )?;
     let seen: Vec<String> = seen.iter().map(ToString::to_string).collect();
@@ -272,10 +282,11 @@ pub(crate) fn pool_dma(env: &Env) -> Result<(), Failure> {
         space.kind(),
         seen.join(", ")
     );
+    // The owned buffers hold the pool: the last one dropped drops it.
+    drop(pool);
     drop(small);
     drop(mid);
     drop(large);
-    drop(pool);
     let stats = space.stats();
     ensure!(
         stats.maps == 1 && stats.unmaps == 1 && stats.unmap_errors == 0 && stats.live_bytes == 0,
@@ -283,6 +294,7 @@ pub(crate) fn pool_dma(env: &Env) -> Result<(), Failure> {
     );
     drop(device);
     drop(space);
+    drop(runtime);
     drop(vfio);
     bound.release()
 }
@@ -302,10 +314,10 @@ pub(crate) fn msi(env: &Env) -> Result<(), Failure> {
     let vector = vfio
         .interrupt(0)
         .context(|| "the MSI vector's eventfd".to_owned())?;
-    let space = vfio.dma_space();
-    let mapping = space
-        .map(region(HUGE, PageSize::Huge2M)?)
-        .context(|| "map a 2 MiB hugepage region".to_owned())?;
+    let runtime = runtime(&vfio);
+    let mapping = runtime
+        .map_memory(HUGE, PageSize::Huge2M)
+        .context(|| "map 2 MiB of hugepages".to_owned())?;
     let src = Buffer::at(&mapping, 0, TRANSFER)?;
     let dst = Buffer::at(&mapping, HALF, TRANSFER + GUARD)?;
     let data = pattern(41, TRANSFER);
@@ -367,6 +379,7 @@ pub(crate) fn msi(env: &Env) -> Result<(), Failure> {
     println!("INFO vfio-msi: {}", fired.join(", "));
     drop(mapping);
     drop(device);
+    drop(runtime);
     drop(vfio);
     bound.release()
 }
@@ -488,10 +501,11 @@ pub(crate) fn shared_container(env: &Env) -> Result<(), Failure> {
                 .is_some_and(|c| Arc::ptr_eq(&c, &container)),
         "a device reports another container"
     );
+    // The NVMe controller's handle to the space, through a runtime that owns the device.
+    let nvme = Runtime::from_device(Arc::new(nvme));
     let mapping = nvme
-        .dma_space()
-        .map(region(HUGE, PageSize::Huge2M)?)
-        .context(|| "map through the NVMe controller's space".to_owned())?;
+        .map_memory(HUGE, PageSize::Huge2M)
+        .context(|| "map 2 MiB of hugepages through the NVMe controller's space".to_owned())?;
     // Mapped through the other device's handle to the space: edu reaches it.
     round_trip(
         &device,
@@ -641,15 +655,16 @@ pub(crate) fn noiommu_dma(env: &Env) -> Result<(), Failure> {
     drop(bound);
     let (bound, vfio, device) = open(env, &options(env))?;
     ensure!(vfio.mode() == Mode::NoIommu, "mode {:?}", vfio.mode());
-    let space = vfio.dma_space();
+    let runtime = runtime(&vfio);
+    let kind = runtime.dma_space().kind();
     ensure!(
-        space.kind() == dma::Kind::Physical,
-        "a no-IOMMU device's space is {}",
-        space.kind()
+        kind == dma::Kind::Physical,
+        "a no-IOMMU device's space is {kind}"
     );
-    let mapped = space
-        .map(region(HUGE, PageSize::Huge2M)?)
-        .context(|| "look up the physical address of a hugepage region".to_owned())?;
+    // Locked by the runtime: nothing else pins memory a physical-address space hands out.
+    let mapped = runtime
+        .map_memory(HUGE, PageSize::Huge2M)
+        .context(|| "map 2 MiB of hugepages (their physical address)".to_owned())?;
     let range = mapped
         .iova_range()
         .ok_or_else(|| Failure::Check("a hugepage should be physically contiguous".to_owned()))?;
@@ -662,6 +677,7 @@ pub(crate) fn noiommu_dma(env: &Env) -> Result<(), Failure> {
     println!("INFO vfio-noiommu-dma: hugepage at physical {range}");
     drop(mapped);
     drop(device);
+    drop(runtime);
     drop(vfio);
     bound.release()
 }
