@@ -178,7 +178,9 @@ fn device_code(e: &device::Error) -> Code {
         | E::NotBound { .. }
         | E::WrongDriver { .. } => Code::NotFound,
         E::QueueBusy { .. } => Code::Busy,
-        E::QueueFault { .. } | E::Stopped { .. } | E::Protocol { .. } => Code::Device,
+        E::QueueFault { .. } | E::Stopped { .. } | E::Protocol { .. } | E::Driver { .. } => {
+            Code::Device
+        }
         E::Timeout { .. } => Code::Timeout,
         E::NoIommuRefused { .. } | E::GroupNotViable { .. } | E::IommuTranslates { .. } => {
             Code::Refused

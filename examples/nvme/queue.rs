@@ -18,7 +18,7 @@ use userdma::device::{self, Device, DoorbellRegs};
 use userdma::ring::{self, DoorbellValue, Layout, Memory};
 
 use crate::command::{Cqe, Sqe};
-use crate::controller::{self, Controller};
+use crate::controller::Controller;
 use crate::regs::{self, Aqa, PAGE};
 
 /// The BAR that holds the registers and doorbells.
@@ -136,9 +136,10 @@ impl device::Format for Format {
         let (sq_tail, cq_head) = cap
             .sq_tail_doorbell(queue)
             .zip(cap.cq_head_doorbell(queue))
-            .ok_or(device::Error::NoSuchQueue {
-                index: u32::from(queue),
-                count: u32::from(u16::MAX),
+            .ok_or_else(|| device::Error::Driver {
+                queue,
+                operation: "locate its doorbells (the offsets overflow)",
+                source: "CAP.DSTRD puts the doorbells past 64 bits".into(),
             })?;
         Ok(DoorbellRegs {
             bar: BAR,
@@ -188,20 +189,12 @@ impl device::Format for Format {
         if !self.controller.live().contains(queue) {
             return Ok(());
         }
-        self.controller.disable().map_err(|err| match err {
-            controller::Error::Timeout { what, waited, .. } => device::Error::Timeout {
-                operation: what,
-                waited,
-            },
-            controller::Error::Register { source, .. } => device::Error::Register {
-                offset: regs::CC.offset(),
-                source,
-            },
-            // `disable` fails in no other way; should it ever, the cause is kept.
-            other => device::Error::Control {
-                operation: "disabling the controller",
-                source: std::io::Error::other(other),
-            },
-        })
+        self.controller
+            .disable()
+            .map_err(|err| device::Error::Driver {
+                queue,
+                operation: "disable the controller (CC.EN = 0)",
+                source: Box::new(err),
+            })
     }
 }

@@ -281,7 +281,7 @@ pub enum Error {
     },
 
     /// The device did not acknowledge in time.
-    #[error("the device did not {operation} within {waited:?}: is its engine running (Loopback::is_running)?")]
+    #[error("the device did not {operation} within {waited:?}: is it alive (for the loopback device: is its engine running, Loopback::is_running)?")]
     Timeout {
         /// What was waited for.
         operation: &'static str,
@@ -585,6 +585,18 @@ pub enum Error {
         group: u32,
         /// The domain type (`DMA`, `DMA-FQ`).
         domain: String,
+    },
+
+    /// A driver's queue format ([`Format`]) failed, for a reason of its own.
+    #[error("queue {queue}: the driver could not {operation}")]
+    Driver {
+        /// The queue.
+        queue: u16,
+        /// What it was doing.
+        operation: &'static str,
+        /// The driver's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// No free range of device memory holds the request.

@@ -21,9 +21,12 @@ use crate::ring::{self, Doorbells, Layout, Memory, Queue};
 /// How a queue learns of completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Wait {
-    /// The queue's waits sleep on its interrupt vector (the queue's id).
+    /// The queue's waits sleep on the interrupt vector numbered like the queue.
     #[default]
     Interrupt,
+    /// The queue's waits sleep on this interrupt vector (a device that lets the driver pick a
+    /// completion queue's vector, as NVMe does).
+    Vector(u32),
     /// No interrupt: the queue's waits poll.
     Poll,
 }
@@ -74,16 +77,25 @@ pub trait Format: Send + Sync + 'static {
     ) -> Result<(), Error>;
 
     /// Makes the device stop touching queue `queue`'s ring and buffers, waiting up to
-    /// `timeout`. The default is [`Device::stop_queue`].
+    /// `timeout`: what a queue dropped or shut down with work in flight asks for before it
+    /// frees the buffers it holds. The default is [`Device::stop_queue`].
     fn disable(&self, device: &dyn Device, queue: u16, timeout: Duration) -> Result<(), Error> {
         device.stop_queue(queue, timeout)
+    }
+
+    /// The queue is gone (dropped, with nothing of it in flight any more): turn the device
+    /// queue off so it serves no ring nobody owns and can be opened again. The default is
+    /// [`Format::disable`]; a device where stopping one queue stops them all (a controller
+    /// reset) overrides it to do only what the queue itself needs.
+    fn release(&self, device: &dyn Device, queue: u16) -> Result<(), Error> {
+        self.disable(device, queue, ring::DROP_QUIESCE_TIMEOUT)
     }
 }
 
 /// Opens queue `config.id()` of `device` in `format`: ring memory for `config.depth()` entries
-/// (a memfd of base pages, so an out-of-process device can share it) mapped into the device's
-/// DMA space, the doorbells, the interrupt vector `config.id()` unless `wait` is
-/// [`Wait::Poll`], and the format's enable. The queue holds the device: dropping it with work
+/// (a memfd of base pages, so an out-of-process device can share it; locked on a
+/// physical-address space, where nothing else pins it) mapped into the device's DMA space, the
+/// doorbells, the interrupt vector `wait` names, and the format's enable. The queue holds the device: dropping it with work
 /// in flight asks the format to stop the device queue before any buffer it names is freed,
 /// and dropping it in any case turns the device queue off.
 ///
@@ -103,7 +115,8 @@ pub fn open_queue<F: Format, T: Send>(
     let layout = config
         .layout::<F::Submission, F::Completion>()
         .map_err(ring_error)?;
-    let region = ring_region(layout.size())?;
+    let lock = device.dma_space().kind() == crate::dma::Kind::Physical;
+    let region = ring_region(layout.size(), lock)?;
     let mapping = device
         .dma_space()
         .map(Arc::new(region))
@@ -117,6 +130,7 @@ pub fn open_queue<F: Format, T: Send>(
         Doorbells::new(device.bar(regs.bar)?, regs.sq_tail, regs.cq_head).map_err(ring_error)?;
     let interrupt = match wait {
         Wait::Interrupt => Some(device.interrupt(u32::from(q))?),
+        Wait::Vector(vector) => Some(device.interrupt(vector)?),
         Wait::Poll => None,
     };
     let mut queue = Queue::new(config, memory.clone(), doorbells, interrupt).map_err(ring_error)?;
@@ -130,8 +144,9 @@ pub fn open_queue<F: Format, T: Send>(
 }
 
 /// Ring memory: `len` bytes rounded up to base pages, a memfd (shareable with a device
-/// process), not locked (the DMA space pins what it maps).
-fn ring_region(len: usize) -> Result<Region, Error> {
+/// process), locked when `lock` (an IOMMU or the loopback table pins or holds what it maps;
+/// a physical-address space does not).
+fn ring_region(len: usize, lock: bool) -> Result<Region, Error> {
     let page = PageSize::Base.bytes();
     let rounded = len.checked_next_multiple_of(page).ok_or(Error::Config {
         field: "ring memory",
@@ -141,7 +156,7 @@ fn ring_region(len: usize) -> Result<Region, Error> {
     Region::builder(rounded)
         .page_size(PageSize::Base)
         .memfd()
-        .lock(false)
+        .lock(lock)
         .build()
         .map_err(|source| Error::Memory {
             what: "ring memory",
@@ -185,8 +200,6 @@ impl<F: Format> Drop for Stop<F> {
         // The ring queue is gone: nothing of it may be in flight any more (it quiesced or
         // leaked), so this only turns the device queue off. A device that does not answer
         // keeps its own mapping of the ring, so nothing is freed under it.
-        let _ = self
-            .format
-            .disable(self.device.as_ref(), self.queue, ring::DROP_QUIESCE_TIMEOUT);
+        let _ = self.format.release(self.device.as_ref(), self.queue);
     }
 }

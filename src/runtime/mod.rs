@@ -99,6 +99,16 @@ impl Runtime {
         Ok(Runtime::from_device(device::open(bdf)?))
     }
 
+    /// Opens the PCI function `bdf` bound to vfio-pci with `options` (interrupt vectors, DMA
+    /// mask, no-IOMMU), e.g. the MSI-X vectors a driver's queues need.
+    ///
+    /// # Errors
+    /// As [`device::Vfio::open_with`].
+    pub fn open_vfio(bdf: pci::Bdf, options: &device::vfio::Options) -> Result<Runtime, Error> {
+        let device = device::Vfio::open_with(bdf, options)?;
+        Ok(Runtime::from_device(Arc::new(device)))
+    }
+
     /// Owns an already open device.
     pub fn from_device(device: Arc<dyn Device>) -> Runtime {
         Runtime::build(device, None)

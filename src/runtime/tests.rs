@@ -149,3 +149,25 @@ fn queue_ids_in_use_and_out_of_range_are_refused() {
     let bad = runtime.pool(0, PageSize::Base).unwrap_err();
     assert_eq!(bad.code(), crate::Code::InvalidArgument, "{bad}");
 }
+
+#[test]
+fn a_queue_waits_on_the_vector_it_names() {
+    let runtime = runtime();
+    // Queue 1's completions raise vector 1 on the loopback device: naming it explicitly is
+    // the same as the default.
+    let config = ring::Config::new(64).with_id(1);
+    let mut queue: loopback::Queue<()> = runtime
+        .queue_with(config, device::Wait::Vector(1))
+        .expect("queue 1 on vector 1");
+    queue.submit(Descriptor::nop().build(), ()).expect("nop");
+    assert!(queue.wait(TIMEOUT).expect("woken").entry.is_success());
+    drop(queue);
+    let missing = runtime
+        .queue_with::<()>(config, device::Wait::Vector(7))
+        .unwrap_err();
+    assert_eq!(missing.code(), crate::Code::NotFound, "{missing}");
+    // The failed open released everything: the queue opens again.
+    runtime
+        .queue_with::<()>(config, device::Wait::Poll)
+        .expect("queue 1 again");
+}
