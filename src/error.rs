@@ -167,30 +167,54 @@ fn irq_code(e: &irq::Error) -> Code {
 fn device_code(e: &device::Error) -> Code {
     use device::Error as E;
     match e {
-        E::Config { .. } | E::DeviceMemoryRange { .. } => Code::InvalidArgument,
-        E::NoSuchBar { .. }
-        | E::NoSuchQueue { .. }
+        E::DeviceMemoryRange { .. } => Code::InvalidArgument,
+        E::NoSuchQueue { .. }
+        | E::NoSuchBar { .. }
         | E::NoBar { .. }
         | E::NoSuchVector { .. }
-        | E::NoSuchIrq { .. }
-        | E::NoGroup { .. }
-        | E::NoUioNode { .. }
         | E::NotBound { .. }
         | E::WrongDriver { .. } => Code::NotFound,
         E::QueueBusy { .. } => Code::Busy,
-        E::QueueFault { .. } | E::Stopped { .. } | E::Protocol { .. } | E::Driver { .. } => {
-            Code::Device
-        }
+        E::Driver { .. } => Code::Device,
         E::Timeout { .. } => Code::Timeout,
-        E::NoIommuRefused { .. } | E::GroupNotViable { .. } | E::IommuTranslates { .. } => {
-            Code::Refused
-        }
-        E::Unsupported { .. } | E::NoReset { .. } | E::NotMaskable { .. } => Code::Unsupported,
+        E::NoReset { .. } => Code::Unsupported,
         E::DeviceMemoryExhausted { .. } => Code::Exhausted,
         E::Memory { source, .. } => memory_code(source),
         E::Map { source, .. } => dma_code(source),
         E::Ring { source, .. } => ring_code(source),
         E::Sysfs { source, .. } => pci_code(source),
+        E::Loopback(e) => loopback_code(e),
+        E::Vfio(e) => vfio_code(e),
+        E::Uio(e) => uio_code(e),
+        _ => Code::System,
+    }
+}
+
+fn loopback_code(e: &device::loopback::Error) -> Code {
+    use device::loopback::Error as E;
+    match e {
+        E::Config { .. } => Code::InvalidArgument,
+        E::QueueFault { .. } | E::Stopped { .. } | E::Protocol { .. } => Code::Device,
+        _ => Code::System,
+    }
+}
+
+fn vfio_code(e: &device::vfio::Error) -> Code {
+    use device::vfio::Error as E;
+    match e {
+        E::NoSuchIrq { .. } | E::NoGroup { .. } => Code::NotFound,
+        E::NoIommuRefused { .. } | E::GroupNotViable { .. } => Code::Refused,
+        E::Unsupported { .. } | E::NotMaskable { .. } => Code::Unsupported,
+        E::MalformedRegion { .. } => Code::Device,
+        _ => Code::System,
+    }
+}
+
+fn uio_code(e: &device::uio::Error) -> Code {
+    use device::uio::Error as E;
+    match e {
+        E::NoUioNode { .. } => Code::NotFound,
+        E::IommuTranslates { .. } => Code::Refused,
         _ => Code::System,
     }
 }

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{Dev, Tree};
-use userdma::device::vfio::{IrqKind, Options, RegionInfo};
+use userdma::device::vfio::{Error as VfioError, IrqKind, Options, RegionInfo};
 use userdma::device::{self, Error, Uio, Vfio};
 
 const DEV: &str = "0000:01:00.0";
@@ -64,9 +64,9 @@ fn a_group_member_on_a_host_driver_is_named() {
     t.bind(PEER, "e1000e");
     let err = open(&t, Options::new()).unwrap_err();
     match &err {
-        Error::GroupNotViable {
+        Error::Vfio(VfioError::GroupNotViable {
             group, culprits, ..
-        } => {
+        }) => {
             assert_eq!(*group, 3);
             assert_eq!(culprits.len(), 1);
             assert_eq!(culprits[0].0, bdf(PEER));
@@ -85,7 +85,7 @@ fn no_iommu_group_needs_the_opt_in() {
     t.write("kernel/iommu_groups/3/name", "vfio-noiommu\n");
     let err = open(&t, Options::new()).unwrap_err();
     assert!(
-        matches!(err, Error::NoIommuRefused { group: 3, .. }),
+        matches!(err, Error::Vfio(VfioError::NoIommuRefused { group: 3, .. })),
         "{err:?}"
     );
     assert!(err.to_string().contains("allow_noiommu"), "{err}");
@@ -97,7 +97,10 @@ fn no_group_at_all() {
     t.add(&Dev::new(DEV)).driver("vfio-pci");
     t.bind(DEV, "vfio-pci");
     let err = Vfio::open_with(bdf(DEV), &Options::new().sysfs(t.sysfs())).unwrap_err();
-    assert!(matches!(err, Error::NoGroup { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Vfio(VfioError::NoGroup { .. })),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("intel_iommu=on"), "{err}");
 }
 
@@ -113,7 +116,9 @@ fn past_the_sysfs_checks_the_kernel_nodes_are_asked_for() {
     )
     .unwrap_err();
     match &err {
-        Error::Container { path, .. } => assert_eq!(path, Path::new("/dev/vfio/vfio")),
+        Error::Vfio(VfioError::Container { path, .. }) => {
+            assert_eq!(path, Path::new("/dev/vfio/vfio"))
+        }
         Error::Open { path, .. } => assert_eq!(path, Path::new("/dev/vfio/3")),
         other => panic!("unexpected {other:?}"),
     }

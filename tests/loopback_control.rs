@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use userdma::device::loopback::{regs, Config, Cost, Fault, Loopback, Opcode, Wait};
+use userdma::device::loopback::{self, regs, Config, Cost, Fault, Loopback, Opcode, Wait};
 use userdma::device::{Device, Error};
 use userdma::dma::Mapping;
 use userdma::memory::PageSize;
@@ -504,7 +504,7 @@ fn an_engine_cpu_the_process_may_not_use_is_refused() {
             .memory_size(1 << 20)
             .engine_cpu(cpu);
         match Loopback::new(config) {
-            Err(err @ Error::Config { field, value, .. }) => {
+            Err(err @ Error::Loopback(loopback::Error::Config { field, value, .. })) => {
                 assert_eq!((field, value), ("engine_cpu", u64::from(cpu)));
                 assert!(err.to_string().contains("taskset"), "{err}");
             }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use userdma::device::loopback::{Code, Config, Cost, Loopback, Mode, Opcode, Program, Wait};
+use userdma::device::loopback::{self, Code, Config, Cost, Loopback, Mode, Opcode, Program, Wait};
 use userdma::device::{Device, Error};
 use userdma::dma::Mapping;
 use userdma::memory::{PageSize, Region};
@@ -242,7 +242,7 @@ fn a_dead_device_process_is_reported_and_stops_its_queues() {
     assert_eq!(ring::leaks(), leaks);
     assert!(matches!(
         device.reset(),
-        Err(Error::Stopped { exit: Some(_) })
+        Err(Error::Loopback(loopback::Error::Stopped { exit: Some(_) }))
     ));
 }
 
@@ -264,7 +264,7 @@ fn the_device_process_runs_on_the_engine_cpu() {
 
     // A CPU no process can use: the device process refuses it and the host says which.
     match Loopback::new(config("lb-remote-bad-cpu").engine_cpu(4096)) {
-        Err(Error::Config { field, value, .. }) => {
+        Err(Error::Loopback(loopback::Error::Config { field, value, .. })) => {
             assert_eq!((field, value), ("engine_cpu", 4096));
         }
         other => panic!("{other:?}"),

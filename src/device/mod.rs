@@ -183,24 +183,21 @@ impl ring::Quiesce for Quiescer {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A configuration value out of range.
-    #[error(
-        "loopback device configuration: {field} = {value} is out of range (expected {expected})"
-    )]
-    Config {
-        /// The setting.
-        field: &'static str,
-        /// The value given.
-        value: u64,
-        /// What is accepted.
-        expected: &'static str,
-    },
-
     /// A BAR the device does not have.
-    #[error("the device has no BAR {index} (the loopback device has BAR 0, registers, and BAR 2, device memory)")]
+    #[error("the device has no BAR {index} (the loopback device has BAR 0, registers, and BAR 2, device memory; a PCI device's BARs: `userdma info BDF`)")]
     NoSuchBar {
         /// The index asked for.
         index: usize,
+    },
+
+    /// A register access failed.
+    #[error("register access at offset {offset:#x} failed")]
+    Register {
+        /// The register's offset.
+        offset: usize,
+        /// The cause.
+        #[source]
+        source: mmio::Error,
     },
 
     /// A queue or vector index past the device's.
@@ -234,16 +231,6 @@ pub enum Error {
         source: dma::Error,
     },
 
-    /// A register access failed.
-    #[error("register access at offset {offset:#x} failed")]
-    Register {
-        /// The register's offset.
-        offset: usize,
-        /// The cause.
-        #[source]
-        source: mmio::Error,
-    },
-
     /// An interrupt eventfd could not be made or duplicated.
     #[error("interrupt vector {vector}: the eventfd failed")]
     Interrupt {
@@ -271,15 +258,6 @@ pub enum Error {
         queue: u16,
     },
 
-    /// The device stopped a queue on a fault.
-    #[error("queue {queue} faulted: {fault}")]
-    QueueFault {
-        /// The queue.
-        queue: u16,
-        /// Why.
-        fault: loopback::Fault,
-    },
-
     /// The device did not acknowledge in time.
     #[error("the device did not {operation} within {waited:?}: is it alive (for the loopback device: is its engine running, Loopback::is_running)?")]
     Timeout {
@@ -287,50 +265,6 @@ pub enum Error {
         operation: &'static str,
         /// How long.
         waited: Duration,
-    },
-
-    /// The device's engine is not running (stopped, or its process exited).
-    #[error("the device's engine is not running{}", exit_detail(.exit))]
-    Stopped {
-        /// How the device process ended (an out-of-process device whose process exited).
-        exit: Option<std::process::ExitStatus>,
-    },
-
-    /// Starting the engine thread failed.
-    #[error("starting the loopback engine thread failed")]
-    Thread {
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-
-    /// Starting the device process failed.
-    #[error("starting the loopback device process {program:?} failed: pass the `userdma` binary (or any program that runs `device::loopback::serve_process`) in loopback::Mode::Process")]
-    Spawn {
-        /// The program.
-        program: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-
-    /// Talking to the device process failed.
-    #[error("{operation} over the device process's control socket failed")]
-    Control {
-        /// What was being done.
-        operation: &'static str,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-
-    /// The device process answered something malformed.
-    #[error("the device process's reply to {operation} is malformed: {defect}")]
-    Protocol {
-        /// What was being done.
-        operation: &'static str,
-        /// What is wrong.
-        defect: &'static str,
     },
 
     /// Reading the device's sysfs directory failed.
@@ -393,77 +327,6 @@ pub enum Error {
         count: u32,
     },
 
-    /// Opening or querying the VFIO container failed.
-    #[error("{operation} on the VFIO container {} failed: is the vfio module loaded, and may this user open it (root, or the udev rules)?", path.display())]
-    Container {
-        /// The container node.
-        path: PathBuf,
-        /// What was being done.
-        operation: &'static str,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-
-    /// The device is in no IOMMU group and no no-IOMMU group either.
-    #[error("{bdf} is in no IOMMU group: boot with the IOMMU on (intel_iommu=on / amd_iommu=on), or load vfio with enable_unsafe_noiommu_mode=1 and open with Options::allow_noiommu(true); then bind it to vfio-pci again")]
-    NoGroup {
-        /// The device.
-        bdf: pci::Bdf,
-    },
-
-    /// The device is in a no-IOMMU group and the caller did not opt in.
-    #[error("{bdf} is in VFIO no-IOMMU group {group}: its DMA is neither translated nor isolated; opt in with vfio::Options::allow_noiommu(true) (CLI: --allow-noiommu) if that is what you want")]
-    NoIommuRefused {
-        /// The device.
-        bdf: pci::Bdf,
-        /// The group number.
-        group: u32,
-    },
-
-    /// Another member of the device's IOMMU group is bound to a host driver.
-    #[error("IOMMU group {group} of {bdf} is not viable: {} bound to a host driver; {}", culprit_list(.culprits), bind_hint(.culprits))]
-    GroupNotViable {
-        /// The device.
-        bdf: pci::Bdf,
-        /// The group number.
-        group: u32,
-        /// The members in the way and their drivers (empty when only the kernel said so).
-        culprits: Vec<(pci::Bdf, String)>,
-    },
-
-    /// The VFIO container does not speak the API version or IOMMU model needed.
-    #[error("the VFIO container {} {what}: is the vfio module (and vfio_iommu_type1) loaded and current?", path.display())]
-    Unsupported {
-        /// The container node.
-        path: PathBuf,
-        /// What it lacks.
-        what: String,
-    },
-
-    /// A VFIO ioctl failed.
-    #[error("{ioctl} for {bdf} failed: {}", ioctl_hint(.ioctl))]
-    Ioctl {
-        /// The device.
-        bdf: pci::Bdf,
-        /// The ioctl.
-        ioctl: &'static str,
-        /// The kernel's answer.
-        #[source]
-        source: io::Error,
-    },
-
-    /// The kernel's description of a region could not be parsed.
-    #[error("VFIO region {index} of {bdf}: malformed VFIO_DEVICE_GET_REGION_INFO reply: {defect}")]
-    MalformedRegion {
-        /// The device.
-        bdf: pci::Bdf,
-        /// The region index.
-        index: u32,
-        /// What is wrong.
-        defect: vfio::RegionDefect,
-    },
-
     /// Making the device's DMA space failed.
     #[error("setting up the DMA space of {bdf} failed")]
     DmaSpace {
@@ -472,42 +335,6 @@ pub enum Error {
         /// The cause.
         #[source]
         source: dma::Error,
-    },
-
-    /// A device shares a container whose DMA space was made for a wider DMA mask.
-    #[error("{bdf} needs a {wanted}-bit DMA mask but its shared container's DMA space was made for {space} bits: open the device with the narrowest mask first, or give it its own container")]
-    ContainerMask {
-        /// The device.
-        bdf: pci::Bdf,
-        /// The device's mask width.
-        wanted: u32,
-        /// The space's mask width.
-        space: u32,
-    },
-
-    /// A shared container is already set to the other IOMMU model (type1 vs no-IOMMU).
-    #[error("{bdf} cannot join a container set to {model}: give it its own container")]
-    ContainerModel {
-        /// The device.
-        bdf: pci::Bdf,
-        /// The container's model.
-        model: &'static str,
-    },
-
-    /// Mapping part of a BAR failed.
-    #[error("mapping {len:#x} bytes at {offset:#x} of region {index} of {bdf} failed: is the BAR memory (not I/O ports) and enabled?")]
-    MapBar {
-        /// The device.
-        bdf: pci::Bdf,
-        /// The region index.
-        index: u32,
-        /// The offset in the region.
-        offset: u64,
-        /// Bytes.
-        len: u64,
-        /// The cause.
-        #[source]
-        source: io::Error,
     },
 
     /// A configuration-space access failed.
@@ -522,28 +349,6 @@ pub enum Error {
         source: mmio::Error,
     },
 
-    /// More interrupt vectors than the device offers, or a kind it lacks.
-    #[error("{bdf} offers {available} {kind} vectors, {requested} asked for: ask for at most {available} (or another kind; `userdma info {bdf}` lists them)")]
-    NoSuchIrq {
-        /// The device.
-        bdf: pci::Bdf,
-        /// The kind.
-        kind: vfio::IrqKind,
-        /// How many were asked for.
-        requested: u32,
-        /// How many the device has.
-        available: u32,
-    },
-
-    /// Masking asked of vectors that cannot be masked.
-    #[error("{bdf}: {kind} vectors cannot be masked through VFIO (its flags say so); mask in the device instead")]
-    NotMaskable {
-        /// The device.
-        bdf: pci::Bdf,
-        /// The kind.
-        kind: vfio::IrqKind,
-    },
-
     /// The device has no function-level reset.
     #[error("{bdf} has no function reset (VFIO_DEVICE_FLAGS_RESET is clear); {}", hot_reset_hint(.affected))]
     NoReset {
@@ -551,40 +356,6 @@ pub enum Error {
         bdf: pci::Bdf,
         /// The devices a bus reset would affect, when the kernel said.
         affected: Vec<String>,
-    },
-
-    /// A UIO operation failed.
-    #[error("{operation} on {} ({bdf}) failed", path.display())]
-    Uio {
-        /// The device.
-        bdf: pci::Bdf,
-        /// The file.
-        path: PathBuf,
-        /// What was being done.
-        operation: &'static str,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-
-    /// A device bound to uio_pci_generic has no UIO node.
-    #[error("{bdf} has no UIO node under {}: is it bound to uio_pci_generic (`userdma bind {bdf} --driver uio_pci_generic`)?", dir.display())]
-    NoUioNode {
-        /// The device.
-        bdf: pci::Bdf,
-        /// Where the node's name was looked for.
-        dir: PathBuf,
-    },
-
-    /// Physical-address DMA refused because the IOMMU translates the device.
-    #[error("{bdf} is in IOMMU group {group} with a translating {domain} domain: physical addresses would fault; boot with iommu=pt (passthrough) for UIO, or bind to vfio-pci (`userdma bind {bdf} --driver vfio-pci`)")]
-    IommuTranslates {
-        /// The device.
-        bdf: pci::Bdf,
-        /// The group.
-        group: u32,
-        /// The domain type (`DMA`, `DMA-FQ`).
-        domain: String,
     },
 
     /// A driver's queue format ([`Format`]) failed, for a reason of its own.
@@ -630,14 +401,17 @@ pub enum Error {
         why: &'static str,
     },
 
-    /// This process was started as a device process without the control socket.
-    #[error("this process was not started as a loopback device process: {variable} is {defect} (it is set by loopback::Mode::Process)")]
-    NotDeviceProcess {
-        /// The environment variable.
-        variable: &'static str,
-        /// What is wrong with it.
-        defect: &'static str,
-    },
+    /// The loopback device failed.
+    #[error(transparent)]
+    Loopback(#[from] loopback::Error),
+
+    /// A VFIO device failed.
+    #[error(transparent)]
+    Vfio(#[from] vfio::Error),
+
+    /// A UIO device failed.
+    #[error(transparent)]
+    Uio(#[from] uio::Error),
 }
 
 /// What to do about a failed open.
@@ -650,47 +424,6 @@ fn open_hint(source: &io::Error) -> &'static str {
     }
 }
 
-/// What to do about a failed VFIO ioctl.
-fn ioctl_hint(ioctl: &str) -> &'static str {
-    match ioctl {
-        "VFIO_GROUP_SET_CONTAINER" => "is the group held by another process or container?",
-        "VFIO_SET_IOMMU" => "is vfio_iommu_type1 loaded (or no-IOMMU mode enabled)?",
-        "VFIO_GROUP_GET_DEVICE_FD" => "is the device open elsewhere, or bound to another driver?",
-        "VFIO_DEVICE_BIND_IOMMUFD" | "VFIO_DEVICE_ATTACH_IOMMUFD_PT" => {
-            "is the kernel built with CONFIG_IOMMUFD and CONFIG_VFIO_DEVICE_CDEV?"
-        }
-        "VFIO_DEVICE_SET_IRQS" => {
-            "are the vectors enabled, and is the kind supported (`userdma info`)?"
-        }
-        "VFIO_DEVICE_RESET" => "the device may not support function reset",
-        _ => "see the cause",
-    }
-}
-
-/// `0000:00:03.0 (nvme), ...`.
-fn culprit_list(culprits: &[(pci::Bdf, String)]) -> String {
-    if culprits.is_empty() {
-        return "a member is".to_owned();
-    }
-    let names: Vec<String> = culprits.iter().map(|(b, d)| format!("{b} ({d})")).collect();
-    format!(
-        "{} {}",
-        names.join(", "),
-        if names.len() == 1 { "is" } else { "are" }
-    )
-}
-
-/// The bind command for the culprits.
-fn bind_hint(culprits: &[(pci::Bdf, String)]) -> String {
-    match culprits.first() {
-        None => "bind every member of the group to vfio-pci (`userdma bind BDF --driver vfio-pci`)"
-            .to_owned(),
-        Some((bdf, _)) => format!(
-            "bind every member to vfio-pci (`userdma bind {bdf} --driver vfio-pci`) or unbind it"
-        ),
-    }
-}
-
 /// What a bus reset would touch, or that there is none.
 fn hot_reset_hint(names: &[String]) -> String {
     if names.is_empty() {
@@ -698,10 +431,4 @@ fn hot_reset_hint(names: &[String]) -> String {
     } else {
         format!("a bus (hot) reset would also reset {}", names.join(", "))
     }
-}
-
-/// ` (its process exited ...)` when known.
-fn exit_detail(exit: &Option<std::process::ExitStatus>) -> String {
-    exit.as_ref()
-        .map_or_else(String::new, |exit| format!(" (its process ended: {exit})"))
 }

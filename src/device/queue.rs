@@ -148,10 +148,14 @@ pub fn open_queue<F: Format, T: Send>(
 /// a physical-address space does not).
 fn ring_region(len: usize, lock: bool) -> Result<Region, Error> {
     let page = PageSize::Base.bytes();
-    let rounded = len.checked_next_multiple_of(page).ok_or(Error::Config {
-        field: "ring memory",
-        value: len as u64,
-        expected: "a size that rounds up to whole pages",
+    let rounded = len.checked_next_multiple_of(page).ok_or(Error::Memory {
+        what: "ring memory",
+        len,
+        source: crate::memory::Error::InvalidLength {
+            len,
+            page_size: PageSize::Base,
+            suggested: usize::MAX / page * page,
+        },
     })?;
     Region::builder(rounded)
         .page_size(PageSize::Base)

@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use super::regs::{self, host_writable, REGISTER_BAR_SIZE};
 use super::shim;
+use crate::device::loopback::Error as LoopbackError;
 use crate::device::Error;
 use crate::memory::{Backing, PageSize, Region};
 use crate::mmio::{self, Direct, Width};
@@ -52,7 +53,7 @@ pub(super) fn base_pages(len: usize) -> Option<usize> {
 /// A shared, memfd-backed region of `len` base pages, unlocked (the device's own memory is not
 /// DMA memory: it needs no pinning, and locking it would count against RLIMIT_MEMLOCK).
 pub(super) fn shared_region(what: &'static str, len: usize) -> Result<Region, Error> {
-    let len = base_pages(len).ok_or(Error::Config {
+    let len = base_pages(len).ok_or(LoopbackError::Config {
         field: what,
         value: len as u64,
         expected: "a size that rounds up to whole pages",

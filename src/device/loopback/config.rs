@@ -9,6 +9,7 @@ use super::cost::Cost;
 use super::engine::Settings;
 use super::process::Program;
 use super::regs;
+use crate::device::loopback::Error as LoopbackError;
 use crate::device::Error;
 use crate::ring;
 
@@ -121,7 +122,7 @@ impl Config {
     /// is a piece of hardware of its own: the host's threads then never share its core, and
     /// measurements of it do not move with the scheduler. `cpu` must be one the process may
     /// run on (`taskset -p <pid>` lists them); [`Loopback::new`](super::Loopback::new) fails
-    /// with [`Error::Config`] otherwise. Default: wherever the scheduler puts it.
+    /// with [`LoopbackError::Config`] otherwise. Default: wherever the scheduler puts it.
     #[must_use]
     pub fn engine_cpu(mut self, cpu: u32) -> Config {
         self.engine_cpu = Some(cpu);
@@ -162,11 +163,12 @@ impl Config {
 
     pub(super) fn check(&self) -> Result<(), Error> {
         let bad = |field, value: u64, expected| {
-            Err(Error::Config {
+            Err(LoopbackError::Config {
                 field,
                 value,
                 expected,
-            })
+            }
+            .into())
         };
         if self.queues == 0 || self.queues > regs::MAX_QUEUES {
             return bad("queues", self.queues.into(), "1 to 32");
@@ -208,11 +210,12 @@ impl Config {
 
 /// The error for an engine CPU the engine could not be pinned to.
 pub(super) fn bad_engine_cpu(cpu: Option<u32>) -> Error {
-    Error::Config {
+    LoopbackError::Config {
         field: "engine_cpu",
         value: cpu.map_or(u64::MAX, u64::from),
         expected: "a CPU this process may run on; `taskset -p <pid>` lists them",
     }
+    .into()
 }
 
 /// One queue's counters.

@@ -130,6 +130,7 @@ mod config;
 mod cost;
 mod descriptor;
 mod engine;
+mod error;
 mod ops;
 mod process;
 pub mod regs;
@@ -138,16 +139,18 @@ mod shim;
 pub use self::config::{Config, Counters, Mode, QueueCounters};
 pub use self::cost::Cost;
 pub use self::descriptor::Descriptor;
+pub use self::error::Error;
 pub use self::process::{serve_process, Program, SOCKET_ENV};
 pub use self::regs::{Code, Fault, Opcode};
 pub use crate::device::Wait;
 
 use self::bar::{HostBar, MemoryBar, RegisterFile};
 use self::engine::Engine;
+use self::error::Error as LoopbackError;
 use self::ops::{Dram, Translate};
 use self::process::{Remote, RemoteSpace};
 use self::regs::{queue_field, QueueControl, QueueStatus};
-use super::{Device, DoorbellRegs, Error, Identity, Kind};
+use super::{Device, DoorbellRegs, Error as DeviceError, Identity, Kind};
 use crate::dma::{self, Slice};
 use crate::irq::EventFd;
 use crate::memory::Region;
@@ -181,16 +184,19 @@ const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Loopback {
     /// Starts a loopback device.
-    pub fn new(config: Config) -> Result<Loopback, Error> {
+    pub fn new(config: Config) -> Result<Loopback, DeviceError> {
         config.check()?;
         let file = Arc::new(RegisterFile::new()?);
         let dram = Arc::new(bar::shared_region("device memory", config.memory_size)?);
-        let table = dma::Loopback::new(config.dma_mask_bits).map_err(|source| Error::Map {
-            what: "translation table",
-            source,
-        })?;
+        let table =
+            dma::Loopback::new(config.dma_mask_bits).map_err(|source| DeviceError::Map {
+                what: "translation table",
+                source,
+            })?;
         let irqs = (0..u32::from(config.queues))
-            .map(|vector| EventFd::new().map_err(|source| Error::Interrupt { vector, source }))
+            .map(|vector| {
+                EventFd::new().map_err(|source| DeviceError::Interrupt { vector, source })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let memory_bar = Block::new(MemoryBar::new(Arc::clone(&dram))?).erase();
         let settings = config.settings();
@@ -200,12 +206,12 @@ impl Loopback {
                     .iter()
                     .enumerate()
                     .map(|(vector, irq)| {
-                        irq.try_clone()
-                            .map(OwnedFd::from)
-                            .map_err(|source| Error::Interrupt {
+                        irq.try_clone().map(OwnedFd::from).map_err(|source| {
+                            DeviceError::Interrupt {
                                 vector: vector as u32,
                                 source,
-                            })
+                            }
+                        })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 let engine = Engine::new(
@@ -232,7 +238,7 @@ impl Loopback {
                         }
                         drop(keep);
                     })
-                    .map_err(|source| Error::Thread { source })?;
+                    .map_err(|source| LoopbackError::Thread { source })?;
                 if pinned_rx.recv() != Ok(true) {
                     // The thread ends without running the engine (or died before telling).
                     let _ = handle.join();
@@ -329,40 +335,46 @@ impl Loopback {
     }
 
     /// Reads a register of BAR 0.
-    pub fn get<V: Value, A: Readable>(&self, field: Field<V, A>) -> Result<V, Error> {
-        self.registers.get(field).map_err(|source| Error::Register {
-            offset: field.offset(),
-            source,
-        })
+    pub fn get<V: Value, A: Readable>(&self, field: Field<V, A>) -> Result<V, DeviceError> {
+        self.registers
+            .get(field)
+            .map_err(|source| DeviceError::Register {
+                offset: field.offset(),
+                source,
+            })
     }
 
     /// Writes a register of BAR 0.
-    pub fn set<V: Value, A: Writable>(&self, field: Field<V, A>, value: V) -> Result<(), Error> {
+    pub fn set<V: Value, A: Writable>(
+        &self,
+        field: Field<V, A>,
+        value: V,
+    ) -> Result<(), DeviceError> {
         self.registers
             .set(field, value)
-            .map_err(|source| Error::Register {
+            .map_err(|source| DeviceError::Register {
                 offset: field.offset(),
                 source,
             })
     }
 
     /// Queue `queue`'s copy of a per-queue register (`regs::Q_*`).
-    fn queue_reg<V, A>(&self, field: Field<V, A>, queue: u16) -> Result<Field<V, A>, Error> {
+    fn queue_reg<V, A>(&self, field: Field<V, A>, queue: u16) -> Result<Field<V, A>, DeviceError> {
         let count = self.config.queues;
         if queue >= count {
-            return Err(Error::NoSuchQueue {
+            return Err(DeviceError::NoSuchQueue {
                 index: queue.into(),
                 count: count.into(),
             });
         }
-        queue_field(field, queue).ok_or(Error::NoSuchQueue {
+        queue_field(field, queue).ok_or(DeviceError::NoSuchQueue {
             index: queue.into(),
             count: count.into(),
         })
     }
 
     /// The device's counters.
-    pub fn counters(&self) -> Result<Counters, Error> {
+    pub fn counters(&self) -> Result<Counters, DeviceError> {
         let queues = (0..self.config.queues)
             .map(|q| {
                 Ok(QueueCounters {
@@ -370,7 +382,7 @@ impl Loopback {
                     errors: self.get(self.queue_reg(regs::Q_ERRORS, q)?)?,
                 })
             })
-            .collect::<Result<Vec<_>, Error>>()?;
+            .collect::<Result<Vec<_>, DeviceError>>()?;
         Ok(Counters {
             descriptors: self.get(regs::DESCRIPTORS)?,
             bytes: self.get(regs::BYTES)?,
@@ -387,8 +399,8 @@ impl Loopback {
         &self,
         operation: &'static str,
         timeout: Duration,
-        mut done: impl FnMut(&Loopback) -> Result<bool, Error>,
-    ) -> Result<(), Error> {
+        mut done: impl FnMut(&Loopback) -> Result<bool, DeviceError>,
+    ) -> Result<(), DeviceError> {
         let start = Instant::now();
         let mut step = Duration::from_micros(1);
         loop {
@@ -400,11 +412,11 @@ impl Loopback {
                     Runner::Process(remote) => remote.exit_status(),
                     Runner::Thread(_) => None,
                 };
-                return Err(Error::Stopped { exit });
+                return Err(LoopbackError::Stopped { exit }.into());
             }
             let waited = start.elapsed();
             if waited >= timeout {
-                return Err(Error::Timeout { operation, waited });
+                return Err(DeviceError::Timeout { operation, waited });
             }
             if step < Duration::from_micros(20) {
                 std::thread::yield_now();
@@ -424,13 +436,13 @@ impl Loopback {
         self: &Arc<Self>,
         config: ring::Config,
         wait: Wait,
-    ) -> Result<Queue<T>, Error> {
+    ) -> Result<Queue<T>, DeviceError> {
         let device: Arc<dyn Device> = Arc::clone(self) as Arc<dyn Device>;
         crate::device::open_queue(&device, Format::new(Arc::clone(self)), config, wait)
     }
 
     /// Enables queue `config.id()` on the ring at `iova` (the [`Format`]'s enable).
-    fn enable_queue(&self, config: &ring::Config, iova: u64) -> Result<(), Error> {
+    fn enable_queue(&self, config: &ring::Config, iova: u64) -> Result<(), DeviceError> {
         let q = config.id();
         self.set(self.queue_reg(regs::Q_RING_BASE, q)?, iova)?;
         self.set(self.queue_reg(regs::Q_DEPTH, q)?, config.depth())?;
@@ -447,10 +459,11 @@ impl Loopback {
             Ok(_) => {
                 let fault = self.get(self.queue_reg(regs::Q_FAULT, q)?)?;
                 self.set(control, QueueControl::empty())?;
-                Err(Error::QueueFault {
+                Err(LoopbackError::QueueFault {
                     queue: q,
                     fault: Fault::from_raw(fault).unwrap_or(Fault::None),
-                })
+                }
+                .into())
             }
             Err(err) => {
                 // Best effort: the device is not answering.
@@ -481,17 +494,17 @@ impl crate::device::Format for Format {
     type Submission = Command;
     type Completion = Status;
 
-    fn check(&self, _: &dyn Device, q: u16) -> Result<(), Error> {
+    fn check(&self, _: &dyn Device, q: u16) -> Result<(), DeviceError> {
         let d = &self.device;
         let status = d.get(d.queue_reg(regs::Q_STATUS, q)?)?;
         let control = d.registers.get(d.queue_reg(regs::Q_CONTROL, q)?);
         if !status.is_empty() || control.is_ok_and(|c| !c.is_empty()) {
-            return Err(Error::QueueBusy { queue: q });
+            return Err(DeviceError::QueueBusy { queue: q });
         }
         Ok(())
     }
 
-    fn doorbells(&self, _: &dyn Device, q: u16) -> Result<DoorbellRegs, Error> {
+    fn doorbells(&self, _: &dyn Device, q: u16) -> Result<DoorbellRegs, DeviceError> {
         let d = &self.device;
         Ok(DoorbellRegs {
             bar: regs::REGISTER_BAR,
@@ -506,7 +519,7 @@ impl crate::device::Format for Format {
         config: &ring::Config,
         _: &Layout,
         memory: &Memory,
-    ) -> Result<(), Error> {
+    ) -> Result<(), DeviceError> {
         self.device.enable_queue(config, memory.iova().raw())
     }
 }
@@ -520,11 +533,11 @@ impl Device for Loopback {
         &self.identity
     }
 
-    fn bar(&self, index: usize) -> Result<DynBlock, Error> {
+    fn bar(&self, index: usize) -> Result<DynBlock, DeviceError> {
         match index {
             regs::REGISTER_BAR => Ok(self.registers.clone()),
             regs::MEMORY_BAR => Ok(self.memory_bar.clone()),
-            _ => Err(Error::NoSuchBar { index }),
+            _ => Err(DeviceError::NoSuchBar { index }),
         }
     }
 
@@ -536,21 +549,21 @@ impl Device for Loopback {
         u32::from(self.config.queues)
     }
 
-    fn interrupt(&self, vector: u32) -> Result<EventFd, Error> {
+    fn interrupt(&self, vector: u32) -> Result<EventFd, DeviceError> {
         let irq = usize::try_from(vector)
             .ok()
             .and_then(|v| self.irqs.get(v))
-            .ok_or(Error::NoSuchQueue {
+            .ok_or(DeviceError::NoSuchQueue {
                 index: vector,
                 count: self.vectors(),
             })?;
         irq.try_clone()
-            .map_err(|source| Error::Interrupt { vector, source })
+            .map_err(|source| DeviceError::Interrupt { vector, source })
     }
 
-    fn set_masked(&self, vector: u32, masked: bool) -> Result<(), Error> {
+    fn set_masked(&self, vector: u32, masked: bool) -> Result<(), DeviceError> {
         if vector >= self.vectors() {
-            return Err(Error::NoSuchQueue {
+            return Err(DeviceError::NoSuchQueue {
                 index: vector,
                 count: self.vectors(),
             });
@@ -563,7 +576,7 @@ impl Device for Loopback {
         self.set(register, 1 << vector)
     }
 
-    fn reset(&self) -> Result<(), Error> {
+    fn reset(&self) -> Result<(), DeviceError> {
         let before = self.get(regs::RESET_COUNT)?;
         self.set(regs::CONTROL, regs::Control::RESET)?;
         self.wait_for("reset", ACK_TIMEOUT, |d| {
@@ -571,7 +584,7 @@ impl Device for Loopback {
         })
     }
 
-    fn stop_queue(&self, queue: u16, timeout: Duration) -> Result<(), Error> {
+    fn stop_queue(&self, queue: u16, timeout: Duration) -> Result<(), DeviceError> {
         let control = self.queue_reg(regs::Q_CONTROL, queue)?;
         let status = self.queue_reg(regs::Q_STATUS, queue)?;
         self.set(control, QueueControl::empty())?;
@@ -579,7 +592,7 @@ impl Device for Loopback {
             Ok(!d.get(status)?.contains(QueueStatus::ENABLED))
         }) {
             // A stopped engine touches nothing any more: the queue is stopped too.
-            Err(Error::Stopped { .. }) => Ok(()),
+            Err(DeviceError::Loopback(LoopbackError::Stopped { .. })) => Ok(()),
             other => other,
         }
     }

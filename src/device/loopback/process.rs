@@ -39,6 +39,7 @@ use super::cost::Cost;
 use super::engine::{Engine, Settings};
 use super::ops::{Dram, Span, Translate};
 use super::shim;
+use crate::device::loopback::Error as LoopbackError;
 use crate::device::Error;
 use crate::dma::{self, IovaRange, Mapping, Space};
 use crate::memory::{u64_of, PageSize, Region};
@@ -138,16 +139,16 @@ impl Channel {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let Some(socket) = guard.as_ref() else {
-            return Err(Error::Stopped { exit: None });
+            return Err(LoopbackError::Stopped { exit: None }.into());
         };
-        let control = |source| Error::Control { operation, source };
+        let control = |source| LoopbackError::Control { operation, source };
         shim::send(socket.as_fd(), &encode(message), fds).map_err(control)?;
         let mut buf = [0u8; WORDS * 8];
         let (n, _) = shim::recv(socket.as_fd(), &mut buf).map_err(control)?;
         if n == 0 {
-            return Err(Error::Stopped { exit: None });
+            return Err(LoopbackError::Stopped { exit: None }.into());
         }
-        let reply = decode(&buf[..n]).ok_or(Error::Protocol {
+        let reply = decode(&buf[..n]).ok_or(LoopbackError::Protocol {
             operation,
             defect: "wrong length",
         })?;
@@ -155,11 +156,13 @@ impl Channel {
             [ACK, tag, 0, ..] if tag == message[0] => Ok(()),
             [ACK, tag, errno, ..] if tag == message[0] => Err(control(
                 io::Error::from_raw_os_error(i32::try_from(errno).unwrap_or(libc::EIO)),
-            )),
-            _ => Err(Error::Protocol {
+            )
+            .into()),
+            _ => Err(LoopbackError::Protocol {
                 operation,
                 defect: "not an acknowledgement of the request",
-            }),
+            }
+            .into()),
         }
     }
 
@@ -225,7 +228,7 @@ pub(super) struct Hello<'a> {
 
 /// Starts `program` as the device process and hands it the device.
 pub(super) fn spawn(program: &Program, hello: Hello<'_>) -> Result<Remote, Error> {
-    let spawn_error = |source| Error::Spawn {
+    let spawn_error = |source| LoopbackError::Spawn {
         program: program.path.clone(),
         source,
     };
@@ -271,10 +274,11 @@ pub(super) fn spawn(program: &Program, hello: Hello<'_>) -> Result<Remote, Error
         0,
     ];
     let (Some(file_fd), Some(dram_fd)) = (hello.file.region().fd(), hello.dram.fd()) else {
-        return Err(Error::Protocol {
+        return Err(LoopbackError::Protocol {
             operation: "HELLO",
             defect: "the device memory is not shareable",
-        });
+        }
+        .into());
     };
     let mut fds = vec![file_fd, dram_fd];
     fds.extend(hello.irqs);
@@ -282,16 +286,17 @@ pub(super) fn spawn(program: &Program, hello: Hello<'_>) -> Result<Remote, Error
         Ok(()) => Ok(remote),
         Err(err) => {
             remote.stop(Duration::from_secs(1));
-            let pinning = matches!(&err, Error::Control { operation: "HELLO", source }
+            let pinning = matches!(&err, Error::Loopback(LoopbackError::Control { operation: "HELLO", source })
                 if source.raw_os_error() == Some(libc::EINVAL));
             if pinning && s.cpu.is_some() {
                 // The one HELLO the device refuses with EINVAL: it could not take that CPU.
                 return Err(super::config::bad_engine_cpu(s.cpu));
             }
             match (err, remote.exit_status()) {
-                (Error::Stopped { .. } | Error::Control { .. }, Some(exit)) => {
-                    Err(Error::Stopped { exit: Some(exit) })
-                }
+                (
+                    Error::Loopback(LoopbackError::Stopped { .. } | LoopbackError::Control { .. }),
+                    Some(exit),
+                ) => Err(LoopbackError::Stopped { exit: Some(exit) }.into()),
                 (err, _) => Err(err),
             }
         }
@@ -331,7 +336,7 @@ impl RemoteSpace {
 /// A failed request as the `io::Error` a watcher returns.
 fn as_io(err: Error) -> io::Error {
     match err {
-        Error::Control { source, .. } => source,
+        Error::Loopback(LoopbackError::Control { source, .. }) => source,
         other => io::Error::other(other),
     }
 }
@@ -502,14 +507,14 @@ fn child_map(table: &ChildTable, m: &Message, mut fds: Vec<OwnedFd>) -> Result<(
 
 /// The descriptor number in [`SOCKET_ENV`], checked to be a socket.
 fn inherited_socket() -> Result<OwnedFd, Error> {
-    let not_device = |defect| Error::NotDeviceProcess {
+    let not_device = |defect| LoopbackError::NotDeviceProcess {
         variable: SOCKET_ENV,
         defect,
     };
     let text = std::env::var(SOCKET_ENV).map_err(|_| not_device("not set"))?;
     let raw: i32 = text.parse().map_err(|_| not_device("not a number"))?;
     if raw < 0 {
-        return Err(not_device("negative"));
+        return Err(not_device("negative").into());
     }
     shim::check_socket(raw).map_err(|_| not_device("not an open socket"))?;
     // SAFETY: the parent passed this descriptor, open (checked just above), for this process to
@@ -523,10 +528,12 @@ fn ack(socket: BorrowedFd<'_>, tag: u64, status: i32) -> Result<(), Error> {
     message[0] = ACK;
     message[1] = tag;
     message[2] = u64::try_from(status).unwrap_or(u64::from(libc::EIO.unsigned_abs()));
-    shim::send(socket, &encode(&message), &[]).map_err(|source| Error::Control {
-        operation: "ACK",
-        source,
-    })
+    shim::send(socket, &encode(&message), &[])
+        .map_err(|source| LoopbackError::Control {
+            operation: "ACK",
+            source,
+        })
+        .map_err(Into::into)
 }
 
 /// The device process's main: serves the device the parent hands over the socket in
@@ -536,23 +543,23 @@ pub fn serve_process() -> Result<(), Error> {
     let socket = inherited_socket()?;
     let mut buf = [0u8; WORDS * 8];
     let recv = |buf: &mut [u8]| {
-        shim::recv(socket.as_fd(), buf).map_err(|source| Error::Control {
+        shim::recv(socket.as_fd(), buf).map_err(|source| LoopbackError::Control {
             operation: "receiving",
             source,
         })
     };
     let (n, mut fds) = recv(&mut buf)?;
-    let malformed = |defect| Error::Protocol {
+    let malformed = |defect| LoopbackError::Protocol {
         operation: "HELLO",
         defect,
     };
     let m = decode(&buf[..n]).ok_or(malformed("wrong length"))?;
     if m[0] != HELLO {
-        return Err(malformed("not a HELLO"));
+        return Err(malformed("not a HELLO").into());
     }
     let queues = u16::try_from(m[1]).map_err(|_| malformed("queue count"))?;
     if fds.len() != 2 + usize::from(queues) {
-        return Err(malformed("wrong number of descriptors"));
+        return Err(malformed("wrong number of descriptors").into());
     }
     let irqs = fds.split_off(2);
     let dram_fd = fds.pop().ok_or(malformed("no device memory"))?;
@@ -603,21 +610,22 @@ pub fn serve_process() -> Result<(), Error> {
             engine.run();
             drop(keep);
         })
-        .map_err(|source| Error::Thread { source })?;
+        .map_err(|source| LoopbackError::Thread { source })?;
     ack(socket.as_fd(), HELLO, 0)?;
-    let result = loop {
+    let result: Result<(), Error> = loop {
         let (n, fds) = match recv(&mut buf) {
             Ok(got) => got,
-            Err(err) => break Err(err),
+            Err(err) => break Err(err.into()),
         };
         if n == 0 {
             break Ok(());
         }
         let Some(m) = decode(&buf[..n]) else {
-            break Err(Error::Protocol {
+            break Err(LoopbackError::Protocol {
                 operation: "receiving",
                 defect: "wrong length",
-            });
+            }
+            .into());
         };
         let status = match m[0] {
             MAP => child_map(&table, &m, fds).err().unwrap_or(0),

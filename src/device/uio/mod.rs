@@ -19,15 +19,19 @@ use std::sync::Arc;
 use userdma_sys::pci::{PCI_COMMAND, PCI_COMMAND_INTX_DISABLE};
 use userdma_sys::uio::{UIO_DEV_PREFIX, UIO_NAME_PREFIX};
 
-use super::{config, Device, Error, Identity, Kind};
+use super::{config, Device, Error as DeviceError, Identity, Kind};
 use crate::dma::{self, Mapping, Space, Stats};
 use crate::memory::Region;
 use crate::mmio::{self, Block, Direct, FileBacked};
 use crate::sync::Mutex;
 use crate::{irq, pci};
 
+mod error;
 mod relay;
 
+pub use self::error::Error;
+
+use self::error::Error as UioError;
 use self::relay::Relay;
 
 /// A mapped memory BAR (sysfs `resourceN`), or the file for `pread`/`pwrite`.
@@ -82,13 +86,13 @@ pub struct Uio {
 
 impl Uio {
     /// Opens `bdf` (bound to `uio_pci_generic`) for a device with a 64-bit DMA mask.
-    pub fn open(bdf: pci::Bdf) -> Result<Uio, Error> {
+    pub fn open(bdf: pci::Bdf) -> Result<Uio, DeviceError> {
         Uio::open_with(bdf, 64)
     }
 
     /// Opens `bdf` (bound to `uio_pci_generic`) for a device with a `dma_mask_bits`-bit DMA
     /// mask. Turns bus mastering on and starts the interrupt relay.
-    pub fn open_with(bdf: pci::Bdf, dma_mask_bits: u32) -> Result<Uio, Error> {
+    pub fn open_with(bdf: pci::Bdf, dma_mask_bits: u32) -> Result<Uio, DeviceError> {
         Uio::open_in(&pci::Sysfs::system(), bdf, dma_mask_bits)
     }
 
@@ -97,15 +101,15 @@ impl Uio {
         sysfs: &pci::Sysfs,
         bdf: pci::Bdf,
         dma_mask_bits: u32,
-    ) -> Result<Uio, Error> {
+    ) -> Result<Uio, DeviceError> {
         let info = sysfs
             .device(bdf)
-            .map_err(|source| Error::Sysfs { bdf, source })?;
+            .map_err(|source| DeviceError::Sysfs { bdf, source })?;
         match info.driver.as_deref() {
             Some(d) if d == pci::Driver::UioPciGeneric.name() => {}
-            None => return Err(Error::NotBound { bdf }),
+            None => return Err(DeviceError::NotBound { bdf }),
             Some(d) => {
-                return Err(Error::WrongDriver {
+                return Err(DeviceError::WrongDriver {
                     bdf,
                     driver: d.to_owned(),
                 })
@@ -133,8 +137,8 @@ impl Uio {
                     g.domain_type.clone().unwrap_or_else(|| "DMA".to_owned()),
                 )
             });
-        let physical =
-            dma::Physical::new(dma_mask_bits).map_err(|source| Error::DmaSpace { bdf, source })?;
+        let physical = dma::Physical::new(dma_mask_bits)
+            .map_err(|source| DeviceError::DmaSpace { bdf, source })?;
         let space: Arc<dyn Space> = match &refusal {
             None => Arc::new(physical),
             Some((group, domain)) => Arc::new(Refused {
@@ -188,14 +192,15 @@ impl Uio {
 
     /// `Ok` if physical-address DMA can work for this device; the reason it cannot otherwise
     /// (the IOMMU translates it). [`Device::dma_space`]'s `map` fails with the same reason.
-    pub fn check_dma(&self) -> Result<(), Error> {
+    pub fn check_dma(&self) -> Result<(), DeviceError> {
         match &self.refusal {
             None => Ok(()),
-            Some((group, domain)) => Err(Error::IommuTranslates {
+            Some((group, domain)) => Err(UioError::IommuTranslates {
                 bdf: self.bdf,
                 group: *group,
                 domain: domain.clone(),
-            }),
+            }
+            .into()),
         }
     }
 
@@ -209,13 +214,13 @@ impl Uio {
     }
 
     /// Whether INTx is masked (`INTX_DISABLE` set).
-    pub fn intx_masked(&self) -> Result<bool, Error> {
+    pub fn intx_masked(&self) -> Result<bool, DeviceError> {
         let command: u16 = self.config_read(PCI_COMMAND)?;
         Ok(command & PCI_COMMAND_INTX_DISABLE != 0)
     }
 
-    fn bar_of(&self, index: usize) -> Result<Arc<UioBar>, Error> {
-        let bar_index = u8::try_from(index).map_err(|_| Error::NoBar {
+    fn bar_of(&self, index: usize) -> Result<Arc<UioBar>, DeviceError> {
+        let bar_index = u8::try_from(index).map_err(|_| DeviceError::NoBar {
             bdf: self.bdf,
             index,
         })?;
@@ -224,7 +229,7 @@ impl Uio {
             .bars()
             .find(|r| r.kind() == pci::ResourceKind::Bar(bar_index))
             .copied()
-            .ok_or(Error::NoBar {
+            .ok_or(DeviceError::NoBar {
                 bdf: self.bdf,
                 index,
             })?;
@@ -237,14 +242,14 @@ impl Uio {
         }
         let path = self.dir.join(format!("resource{index}"));
         let file = open_rw(self.bdf, &path)?;
-        let len = usize::try_from(resource.size()).map_err(|_| Error::NoBar {
+        let len = usize::try_from(resource.size()).map_err(|_| DeviceError::NoBar {
             bdf: self.bdf,
             index,
         })?;
         let bar = if resource.is_mem() {
             let map =
                 crate::device::vfio::Mmap::shared(file.as_fd(), 0, len).map_err(|source| {
-                    Error::Uio {
+                    UioError::Node {
                         bdf: self.bdf,
                         path: path.clone(),
                         operation: "mmap",
@@ -255,7 +260,7 @@ impl Uio {
             // owns and drops after `direct` (field order); its bytes are touched only by
             // `Direct`'s volatile accesses.
             let direct =
-                unsafe { Direct::new(map.as_ptr(), map.len()) }.map_err(|_| Error::Uio {
+                unsafe { Direct::new(map.as_ptr(), map.len()) }.map_err(|_| UioError::Node {
                     bdf: self.bdf,
                     path: path.clone(),
                     operation: "mmap (unaligned)",
@@ -278,7 +283,7 @@ impl Device for Uio {
         &self.identity
     }
 
-    fn bar(&self, index: usize) -> Result<mmio::DynBlock, Error> {
+    fn bar(&self, index: usize) -> Result<mmio::DynBlock, DeviceError> {
         let bar: Arc<dyn mmio::Backend> = self.bar_of(index)?;
         Ok(Block::new(bar))
     }
@@ -291,9 +296,9 @@ impl Device for Uio {
         1
     }
 
-    fn interrupt(&self, vector: u32) -> Result<irq::EventFd, Error> {
+    fn interrupt(&self, vector: u32) -> Result<irq::EventFd, DeviceError> {
         if vector != 0 {
-            return Err(Error::NoSuchVector {
+            return Err(DeviceError::NoSuchVector {
                 bdf: self.bdf,
                 vector,
                 count: 1,
@@ -302,12 +307,12 @@ impl Device for Uio {
         self.relay
             .event()
             .try_clone()
-            .map_err(|source| Error::Interrupt { vector, source })
+            .map_err(|source| DeviceError::Interrupt { vector, source })
     }
 
-    fn set_masked(&self, vector: u32, masked: bool) -> Result<(), Error> {
+    fn set_masked(&self, vector: u32, masked: bool) -> Result<(), DeviceError> {
         if vector != 0 {
-            return Err(Error::NoSuchVector {
+            return Err(DeviceError::NoSuchVector {
                 bdf: self.bdf,
                 vector,
                 count: 1,
@@ -322,15 +327,15 @@ impl Device for Uio {
         self.config_write(PCI_COMMAND, wanted)
     }
 
-    fn reset(&self) -> Result<(), Error> {
+    fn reset(&self) -> Result<(), DeviceError> {
         let path = self.dir.join("reset");
         if !path.exists() {
-            return Err(Error::NoReset {
+            return Err(DeviceError::NoReset {
                 bdf: self.bdf,
                 affected: Vec::new(),
             });
         }
-        let uio = |source| Error::Uio {
+        let uio = |source| UioError::Node {
             bdf: self.bdf,
             path: path.clone(),
             operation: "write 1 to",
@@ -343,8 +348,8 @@ impl Device for Uio {
 }
 
 /// The number `N` of the one `uioN` entry in `dir`.
-fn uio_number(bdf: pci::Bdf, dir: &Path) -> Result<u32, Error> {
-    let missing = || Error::NoUioNode {
+fn uio_number(bdf: pci::Bdf, dir: &Path) -> Result<u32, DeviceError> {
+    let missing = || UioError::NoUioNode {
         bdf,
         dir: dir.to_owned(),
     };
@@ -354,14 +359,15 @@ fn uio_number(bdf: pci::Bdf, dir: &Path) -> Result<u32, Error> {
         .filter_map(|e| e.file_name().into_string().ok())
         .find_map(|name| name.strip_prefix(UIO_NAME_PREFIX)?.parse::<u32>().ok())
         .ok_or_else(missing)
+        .map_err(Into::into)
 }
 
-fn open_rw(bdf: pci::Bdf, path: &Path) -> Result<File, Error> {
+fn open_rw(bdf: pci::Bdf, path: &Path) -> Result<File, DeviceError> {
     OpenOptions::new()
         .read(true)
         .write(true)
         .open(path)
-        .map_err(|source| Error::Open {
+        .map_err(|source| DeviceError::Open {
             bdf,
             path: path.to_owned(),
             source,
@@ -379,7 +385,7 @@ struct Refused {
 
 impl Space for Refused {
     fn map(&self, region: Arc<Region>) -> Result<Mapping, dma::Error> {
-        let reason = Error::IommuTranslates {
+        let reason = UioError::IommuTranslates {
             bdf: self.bdf,
             group: self.group,
             domain: self.domain.clone(),
@@ -440,18 +446,21 @@ mod tests {
         dir
     }
 
-    fn open(dir: &tempfile::TempDir) -> Result<Uio, Error> {
+    fn open(dir: &tempfile::TempDir) -> Result<Uio, DeviceError> {
         Uio::open_in(&pci::Sysfs::new(dir.path()), BDF.parse().unwrap(), 28)
     }
 
     #[test]
     fn refusals() {
         let err = open(&tree(None, None)).unwrap_err();
-        assert!(matches!(err, Error::NotBound { .. }), "{err:?}");
+        assert!(matches!(err, DeviceError::NotBound { .. }), "{err:?}");
         let err = open(&tree(Some("vfio-pci"), None)).unwrap_err();
-        assert!(matches!(err, Error::WrongDriver { .. }), "{err:?}");
+        assert!(matches!(err, DeviceError::WrongDriver { .. }), "{err:?}");
         let err = open(&tree(Some("uio_pci_generic"), Some("DMA"))).unwrap_err();
-        assert!(matches!(err, Error::NoUioNode { .. }), "{err:?}");
+        assert!(
+            matches!(err, DeviceError::Uio(UioError::NoUioNode { .. })),
+            "{err:?}"
+        );
         assert!(err.to_string().contains("uio_pci_generic"), "{err}");
     }
 

@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 
 use userdma_sys::uio::{IrqWord, UIO_IRQ_WORD_SIZE};
 
+use crate::device::uio::Error as UioError;
 use crate::device::Error;
 use crate::irq;
 use crate::pci::Bdf;
@@ -42,7 +43,7 @@ impl Relay {
         let thread = std::thread::Builder::new()
             .name(format!("uio-irq-{bdf}"))
             .spawn(move || relay(&node, &signal, &stopped, &seen))
-            .map_err(|source| Error::Uio {
+            .map_err(|source| UioError::Node {
                 bdf,
                 path,
                 operation: "start the interrupt relay thread for",

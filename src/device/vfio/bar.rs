@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use super::info::RegionInfo;
 use super::kernel::Mmap;
+use crate::device::vfio::Error as VfioError;
 use crate::device::Error;
 use crate::mmio::{self, Backend, Direct, FileBacked, Width};
 use crate::pci::Bdf;
@@ -36,7 +37,7 @@ pub(crate) struct Bar {
 impl Bar {
     /// Maps what `info` allows of the region from `device`.
     pub(crate) fn new(bdf: Bdf, device: &Arc<OwnedFd>, info: &RegionInfo) -> Result<Bar, Error> {
-        let len = usize::try_from(info.size).map_err(|_| Error::MapBar {
+        let len = usize::try_from(info.size).map_err(|_| VfioError::MapBar {
             bdf,
             index: info.index,
             offset: 0,
@@ -45,7 +46,7 @@ impl Bar {
         })?;
         let mut areas = Vec::new();
         for area in info.mmap_areas() {
-            let fail = |source| Error::MapBar {
+            let fail = |source| VfioError::MapBar {
                 bdf,
                 index: info.index,
                 offset: area.offset,
@@ -56,7 +57,7 @@ impl Bar {
                 .ok()
                 .zip(usize::try_from(area.size).ok());
             let Some((start, size)) = bounds else {
-                return Err(fail(std::io::Error::from(std::io::ErrorKind::InvalidInput)));
+                return Err(fail(std::io::Error::from(std::io::ErrorKind::InvalidInput)).into());
             };
             let file_offset = info
                 .offset

@@ -21,6 +21,7 @@ use userdma_sys::vfio::{
 };
 
 use super::kernel::{Kernel, Live, SpaceError};
+use crate::device::vfio::Error as VfioError;
 use crate::device::Error;
 use crate::dma::{self, Space};
 use crate::pci::Bdf;
@@ -97,23 +98,24 @@ impl Container {
     /// A container through `kernel` (the system's, or a test double).
     pub(crate) fn open_in(kernel: Arc<dyn Kernel>) -> Result<Arc<Container>, Error> {
         let path = PathBuf::from(VFIO_CONTAINER_PATH);
-        let fd = kernel.open(&path).map_err(|source| Error::Container {
+        let fd = kernel.open(&path).map_err(|source| VfioError::Container {
             path: path.clone(),
             operation: "open",
             source,
         })?;
         let version = kernel
             .api_version(fd.as_fd())
-            .map_err(|source| Error::Container {
+            .map_err(|source| VfioError::Container {
                 path: path.clone(),
                 operation: "VFIO_GET_API_VERSION",
                 source,
             })?;
         if u32::try_from(version) != Ok(VFIO_API_VERSION) {
-            return Err(Error::Unsupported {
+            return Err(VfioError::Unsupported {
                 path,
                 what: format!("speaks VFIO API version {version}, not {VFIO_API_VERSION}"),
-            });
+            }
+            .into());
         }
         Ok(Arc::new(Container {
             kernel,
@@ -159,10 +161,11 @@ impl Container {
         let mut state = self.lock();
         if let Some(current) = state.model {
             if current != model {
-                return Err(Error::ContainerModel {
+                return Err(VfioError::ContainerModel {
                     bdf,
                     model: current.name(),
-                });
+                }
+                .into());
             }
         }
         let existing = state
@@ -197,20 +200,21 @@ impl Container {
             if !self
                 .kernel
                 .check_extension(self.fd.as_fd(), model.id())
-                .map_err(|source| Error::Ioctl {
+                .map_err(|source| VfioError::Ioctl {
                     bdf,
                     ioctl: "VFIO_CHECK_EXTENSION",
                     source,
                 })?
             {
-                return Err(Error::Unsupported {
+                return Err(VfioError::Unsupported {
                     path: self.path.clone(),
                     what: format!("does not offer the {} IOMMU model", model.name()),
-                });
+                }
+                .into());
             }
             self.kernel
                 .set_iommu(self.fd.as_fd(), model.id())
-                .map_err(|source| Error::Ioctl {
+                .map_err(|source| VfioError::Ioctl {
                     bdf,
                     ioctl: "VFIO_SET_IOMMU",
                     source,
@@ -225,11 +229,12 @@ impl Container {
                 if let Some(space) = &state.space {
                     let bits = space.dma_mask_bits();
                     if bits > mask_bits {
-                        return Err(Error::ContainerMask {
+                        return Err(VfioError::ContainerMask {
                             bdf,
                             wanted: mask_bits,
                             space: bits,
-                        });
+                        }
+                        .into());
                     }
                     Arc::new(space.clone())
                 } else {
@@ -261,21 +266,22 @@ impl Container {
         let flags = self
             .kernel
             .group_status(fd.as_fd())
-            .map_err(|source| Error::Ioctl {
+            .map_err(|source| VfioError::Ioctl {
                 bdf,
                 ioctl: "VFIO_GROUP_GET_STATUS",
                 source,
             })?;
         if flags & VFIO_GROUP_FLAGS_VIABLE == 0 {
-            return Err(Error::GroupNotViable {
+            return Err(VfioError::GroupNotViable {
                 bdf,
                 group: number,
                 culprits: Vec::new(),
-            });
+            }
+            .into());
         }
         self.kernel
             .group_set_container(fd.as_fd(), self.fd.as_fd())
-            .map_err(|source| Error::Ioctl {
+            .map_err(|source| VfioError::Ioctl {
                 bdf,
                 ioctl: "VFIO_GROUP_SET_CONTAINER",
                 source,
@@ -292,11 +298,12 @@ impl Container {
 /// A space error as the device error.
 pub(crate) fn space_error(bdf: Bdf, error: SpaceError) -> Error {
     match error {
-        SpaceError::Dup(source) => Error::Ioctl {
+        SpaceError::Dup(source) => VfioError::Ioctl {
             bdf,
             ioctl: "dup of the VFIO container fd",
             source,
-        },
+        }
+        .into(),
         SpaceError::Space(source) => Error::DmaSpace { bdf, source },
     }
 }
@@ -333,7 +340,7 @@ impl Group {
 
     /// `VFIO_GROUP_GET_DEVICE_FD` for `bdf`.
     pub(crate) fn device_fd(&self, bdf: Bdf) -> Result<OwnedFd, Error> {
-        let name = CString::new(bdf.to_string()).map_err(|_| Error::Ioctl {
+        let name = CString::new(bdf.to_string()).map_err(|_| VfioError::Ioctl {
             bdf,
             ioctl: "VFIO_GROUP_GET_DEVICE_FD",
             source: std::io::Error::from_raw_os_error(libc::EINVAL),
@@ -341,11 +348,12 @@ impl Group {
         self.container
             .kernel
             .group_device_fd(self.fd.as_fd(), &name)
-            .map_err(|source| Error::Ioctl {
+            .map_err(|source| VfioError::Ioctl {
                 bdf,
                 ioctl: "VFIO_GROUP_GET_DEVICE_FD",
                 source,
             })
+            .map_err(Into::into)
     }
 }
 

@@ -13,6 +13,7 @@ use userdma_sys::vfio::{
 
 use super::info::put;
 use super::{IrqInfo, Vfio};
+use crate::device::vfio::Error as VfioError;
 use crate::device::Error;
 use crate::irq;
 
@@ -74,12 +75,13 @@ impl Vfio {
         let info = self.irqs.iter().find(|i| i.index == kind.index()).copied();
         let available = info.filter(IrqInfo::eventfd).map_or(0, |i| i.count);
         if count > available {
-            return Err(Error::NoSuchIrq {
+            return Err(VfioError::NoSuchIrq {
                 bdf: self.bdf,
                 kind,
                 requested: count,
                 available,
-            });
+            }
+            .into());
         }
         let mut state = self.lock_interrupts();
         if let Some(current) = state.kind {
@@ -136,11 +138,12 @@ impl Vfio {
         let buf = irq_set(flags, index, start, count, data);
         self.kernel
             .set_irqs(self.device.as_fd(), &buf)
-            .map_err(|source| Error::Ioctl {
+            .map_err(|source| VfioError::Ioctl {
                 bdf: self.bdf,
                 ioctl: "VFIO_DEVICE_SET_IRQS",
                 source,
             })
+            .map_err(Into::into)
     }
 }
 

@@ -41,13 +41,14 @@ use userdma_sys::vfio::{
     VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_CONFIG_REGION_INDEX,
 };
 
-use super::{config, Device, Error, Identity, Kind};
+use super::{config, Device, Error as DeviceError, Identity, Kind};
 use crate::mmio::{self, Block, FileBacked};
 use crate::sync::Mutex;
 use crate::{dma, irq, pci};
 
 mod bar;
 mod container;
+mod error;
 mod info;
 mod irqs;
 mod kernel;
@@ -56,11 +57,13 @@ mod open;
 mod tests;
 
 pub use self::container::Container;
+pub use self::error::Error;
 pub use self::info::{IrqInfo, RegionDefect, RegionInfo, SparseArea, MAX_SPARSE_AREAS};
 pub use self::irqs::IrqKind;
 
 use self::bar::Bar;
 use self::container::{Group, Model};
+use self::error::Error as VfioError;
 use self::info::{put, read_u32};
 use self::irqs::Interrupts;
 use self::kernel::Kernel;
@@ -210,12 +213,12 @@ impl fmt::Debug for Vfio {
 
 impl Vfio {
     /// Opens `bdf` (bound to `vfio-pci`) with [`Options::new`].
-    pub fn open(bdf: pci::Bdf) -> Result<Vfio, Error> {
+    pub fn open(bdf: pci::Bdf) -> Result<Vfio, DeviceError> {
         Vfio::open_with(bdf, &Options::new())
     }
 
     /// Opens `bdf` (bound to `vfio-pci`) with `options`.
-    pub fn open_with(bdf: pci::Bdf, options: &Options) -> Result<Vfio, Error> {
+    pub fn open_with(bdf: pci::Bdf, options: &Options) -> Result<Vfio, DeviceError> {
         let mut host = Host::system();
         if let Some(sysfs) = &options.sysfs {
             host.sysfs = sysfs.clone();
@@ -224,25 +227,30 @@ impl Vfio {
     }
 
     /// The open sequence, against `host`.
-    pub(crate) fn open_in(host: &Host, bdf: pci::Bdf, options: &Options) -> Result<Vfio, Error> {
-        let sysfs_err = |source| Error::Sysfs { bdf, source };
+    pub(crate) fn open_in(
+        host: &Host,
+        bdf: pci::Bdf,
+        options: &Options,
+    ) -> Result<Vfio, DeviceError> {
+        let sysfs_err = |source| DeviceError::Sysfs { bdf, source };
         let info = host.sysfs.device(bdf).map_err(sysfs_err)?;
         match info.driver.as_deref() {
-            None => return Err(Error::NotBound { bdf }),
+            None => return Err(DeviceError::NotBound { bdf }),
             Some(d) if d == pci::Driver::VfioPci.name() || d.ends_with("vfio_pci") => {}
             Some(d) => {
-                return Err(Error::WrongDriver {
+                return Err(DeviceError::WrongDriver {
                     bdf,
                     driver: d.to_owned(),
                 })
             }
         }
-        let group = info.iommu_group.clone().ok_or(Error::NoGroup { bdf })?;
+        let group = info.iommu_group.clone().ok_or(VfioError::NoGroup { bdf })?;
         if group.noiommu && !options.allow_noiommu {
-            return Err(Error::NoIommuRefused {
+            return Err(VfioError::NoIommuRefused {
                 bdf,
                 group: group.number,
-            });
+            }
+            .into());
         }
         let mut culprits = Vec::new();
         for member in group.others(bdf) {
@@ -253,11 +261,12 @@ impl Vfio {
             }
         }
         if !culprits.is_empty() {
-            return Err(Error::GroupNotViable {
+            return Err(VfioError::GroupNotViable {
                 bdf,
                 group: group.number,
                 culprits,
-            });
+            }
+            .into());
         }
         let identity = Identity {
             name: format!("{:04x}:{:04x}", info.vendor, info.device),
@@ -313,9 +322,9 @@ impl Vfio {
         space: Arc<dyn dma::Space>,
         attachment: Attachment,
         mode: Mode,
-    ) -> Result<Vfio, Error> {
+    ) -> Result<Vfio, DeviceError> {
         let kernel = Arc::clone(&host.kernel);
-        let ioctl = |ioctl: &'static str| move |source| Error::Ioctl { bdf, ioctl, source };
+        let ioctl = |ioctl: &'static str| move |source| VfioError::Ioctl { bdf, ioctl, source };
         let info = kernel
             .device_info(device.as_fd())
             .map_err(ioctl("VFIO_DEVICE_GET_INFO"))?;
@@ -334,14 +343,14 @@ impl Vfio {
                     flags: 0,
                     count: 0,
                 }),
-                Err(source) => return Err(ioctl("VFIO_DEVICE_GET_IRQ_INFO")(source)),
+                Err(source) => return Err(ioctl("VFIO_DEVICE_GET_IRQ_INFO")(source).into()),
             }
         }
         let config_region = regions
             .iter()
             .find(|r| r.index == VFIO_PCI_CONFIG_REGION_INDEX)
             .cloned()
-            .ok_or(Error::Ioctl {
+            .ok_or(VfioError::Ioctl {
                 bdf,
                 ioctl: "VFIO_DEVICE_GET_REGION_INFO",
                 source: std::io::Error::other("the device has no PCI config region"),
@@ -423,7 +432,7 @@ impl Vfio {
     }
 
     /// The devices a bus reset would reset, as the kernel says (`BDF (group N)`).
-    pub fn hot_reset_devices(&self) -> Result<Vec<String>, Error> {
+    pub fn hot_reset_devices(&self) -> Result<Vec<String>, DeviceError> {
         let header = std::mem::size_of::<vfio_pci_hot_reset_info>();
         let mut room = 8usize;
         for _ in 0..4 {
@@ -441,25 +450,26 @@ impl Vfio {
                 Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
                     room = count
                         .filter(|&c| c > room && c < 4096)
-                        .ok_or(Error::Ioctl {
+                        .ok_or(VfioError::Ioctl {
                             bdf: self.bdf,
                             ioctl: "VFIO_DEVICE_GET_PCI_HOT_RESET_INFO",
                             source: e,
                         })?;
                 }
                 Err(source) => {
-                    return Err(Error::Ioctl {
+                    return Err(VfioError::Ioctl {
                         bdf: self.bdf,
                         ioctl: "VFIO_DEVICE_GET_PCI_HOT_RESET_INFO",
                         source,
-                    })
+                    }
+                    .into())
                 }
             }
         }
         Ok(Vec::new())
     }
 
-    fn bar_of(&self, index: usize) -> Result<Arc<Bar>, Error> {
+    fn bar_of(&self, index: usize) -> Result<Arc<Bar>, DeviceError> {
         let region = (index < BAR_COUNT)
             .then(|| {
                 self.regions
@@ -468,7 +478,7 @@ impl Vfio {
             })
             .flatten()
             .filter(|r| r.size > 0)
-            .ok_or(Error::NoBar {
+            .ok_or(DeviceError::NoBar {
                 bdf: self.bdf,
                 index,
             })?;
@@ -487,7 +497,7 @@ impl Vfio {
     }
 
     /// How many bytes of BAR `index` are mapped (the rest is served by `pread`/`pwrite`).
-    pub fn bar_mapped_len(&self, index: usize) -> Result<usize, Error> {
+    pub fn bar_mapped_len(&self, index: usize) -> Result<usize, DeviceError> {
         Ok(self.bar_of(index)?.mapped_len())
     }
 }
@@ -497,7 +507,7 @@ impl Device for Vfio {
         &self.identity
     }
 
-    fn bar(&self, index: usize) -> Result<mmio::DynBlock, Error> {
+    fn bar(&self, index: usize) -> Result<mmio::DynBlock, DeviceError> {
         let bar: Arc<dyn mmio::Backend> = self.bar_of(index)?;
         Ok(Block::new(bar))
     }
@@ -510,28 +520,28 @@ impl Device for Vfio {
         u32::try_from(self.lock_interrupts().vectors.len()).unwrap_or(u32::MAX)
     }
 
-    fn interrupt(&self, vector: u32) -> Result<irq::EventFd, Error> {
+    fn interrupt(&self, vector: u32) -> Result<irq::EventFd, DeviceError> {
         let state = self.lock_interrupts();
         let count = u32::try_from(state.vectors.len()).unwrap_or(u32::MAX);
         let fd = usize::try_from(vector)
             .ok()
             .and_then(|v| state.vectors.get(v))
-            .ok_or(Error::NoSuchVector {
+            .ok_or(DeviceError::NoSuchVector {
                 bdf: self.bdf,
                 vector,
                 count,
             })?;
         fd.try_clone()
-            .map_err(|source| Error::Interrupt { vector, source })
+            .map_err(|source| DeviceError::Interrupt { vector, source })
     }
 
-    fn set_masked(&self, vector: u32, masked: bool) -> Result<(), Error> {
+    fn set_masked(&self, vector: u32, masked: bool) -> Result<(), DeviceError> {
         let state = self.lock_interrupts();
         let count = u32::try_from(state.vectors.len()).unwrap_or(u32::MAX);
         let kind = state
             .kind
             .filter(|_| vector < count)
-            .ok_or(Error::NoSuchVector {
+            .ok_or(DeviceError::NoSuchVector {
                 bdf: self.bdf,
                 vector,
                 count,
@@ -542,10 +552,11 @@ impl Device for Vfio {
             .find(|i| i.index == kind.index())
             .is_some_and(IrqInfo::maskable);
         if !maskable {
-            return Err(Error::NotMaskable {
+            return Err(VfioError::NotMaskable {
                 bdf: self.bdf,
                 kind,
-            });
+            }
+            .into());
         }
         let action = if masked {
             VFIO_IRQ_SET_ACTION_MASK
@@ -561,17 +572,17 @@ impl Device for Vfio {
         )
     }
 
-    fn reset(&self) -> Result<(), Error> {
+    fn reset(&self) -> Result<(), DeviceError> {
         if self.device_flags & VFIO_DEVICE_FLAGS_RESET == 0 {
             let affected = self.hot_reset_devices().unwrap_or_default();
-            return Err(Error::NoReset {
+            return Err(DeviceError::NoReset {
                 bdf: self.bdf,
                 affected,
             });
         }
         self.kernel
             .reset(self.device.as_fd())
-            .map_err(|source| Error::Ioctl {
+            .map_err(|source| VfioError::Ioctl {
                 bdf: self.bdf,
                 ioctl: "VFIO_DEVICE_RESET",
                 source,

@@ -13,6 +13,7 @@ use super::container::space_error;
 use super::info::{put, read_u32};
 use super::kernel::{Kernel, Live};
 use super::{Attachment, Mode, RegionDefect, RegionInfo};
+use crate::device::vfio::Error as VfioError;
 use crate::device::Error;
 use crate::{dma, pci};
 
@@ -70,38 +71,39 @@ pub(super) fn region_info(
                 })
             }
             Err(source) => {
-                return Err(Error::Ioctl {
+                return Err(VfioError::Ioctl {
                     bdf,
                     ioctl: "VFIO_DEVICE_GET_REGION_INFO",
                     source,
-                })
+                }
+                .into())
             }
         }
         let argsz = read_u32(&buf, 0).unwrap_or(0);
         let wanted = usize::try_from(argsz).unwrap_or(usize::MAX);
         if wanted <= len {
-            return RegionInfo::parse(&buf).map_err(|defect| Error::MalformedRegion {
-                bdf,
-                index,
-                defect,
-            });
+            return RegionInfo::parse(&buf)
+                .map_err(|defect| VfioError::MalformedRegion { bdf, index, defect })
+                .map_err(Into::into);
         }
         if wanted > MAX_REGION_INFO {
-            return Err(Error::MalformedRegion {
+            return Err(VfioError::MalformedRegion {
                 bdf,
                 index,
                 defect: RegionDefect::TooLarge { argsz },
-            });
+            }
+            .into());
         }
         len = wanted;
     }
-    Err(Error::MalformedRegion {
+    Err(VfioError::MalformedRegion {
         bdf,
         index,
         defect: RegionDefect::TooLarge {
             argsz: u32::try_from(len).unwrap_or(u32::MAX),
         },
-    })
+    }
+    .into())
 }
 
 /// The device cdev of `bdf` (`/dev/vfio/devices/vfioN`, named in sysfs `vfio-dev/`), if the
@@ -142,7 +144,7 @@ pub(super) fn open_iommufd(
     let space = kernel
         .iommufd_space(for_space, mask_bits)
         .map_err(|e| space_error(bdf, e))?;
-    let ioctl = |ioctl: &'static str| move |source| Error::Ioctl { bdf, ioctl, source };
+    let ioctl = |ioctl: &'static str| move |source| VfioError::Ioctl { bdf, ioctl, source };
     kernel
         .bind_iommufd(device.as_fd(), iommufd.as_fd())
         .map_err(ioctl("VFIO_DEVICE_BIND_IOMMUFD"))?;

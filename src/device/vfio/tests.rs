@@ -24,6 +24,7 @@ use super::info::tests::{reply, sparse_body};
 use super::irqs::irq_set;
 use super::kernel::{Kernel, SpaceError};
 use super::*;
+use crate::device::vfio::Error as VfioError;
 use crate::device::{Device, Error};
 use crate::dma::{IommufdIoctl, IovaRange, Type1Ioctl};
 
@@ -630,23 +631,23 @@ fn interrupts_enable_replace_mask_and_disable() {
     // MSI is not maskable per the fake's flags.
     assert!(matches!(
         vfio.set_masked(0, true),
-        Err(Error::NotMaskable {
+        Err(Error::Vfio(VfioError::NotMaskable {
             kind: IrqKind::Msi,
             ..
-        })
+        }))
     ));
     // More vectors than the device has, a kind it lacks.
     assert!(matches!(
         vfio.enable_interrupts(IrqKind::Msi, 5),
-        Err(Error::NoSuchIrq {
+        Err(Error::Vfio(VfioError::NoSuchIrq {
             requested: 5,
             available: 4,
             ..
-        })
+        }))
     ));
     assert!(matches!(
         vfio.enable_interrupts(IrqKind::MsiX, 1),
-        Err(Error::NoSuchIrq { available: 0, .. })
+        Err(Error::Vfio(VfioError::NoSuchIrq { available: 0, .. }))
     ));
     // Switching to INTx disables MSI first, then unmask works.
     vfio.enable_interrupts(IrqKind::Intx, 1).unwrap();
@@ -681,10 +682,10 @@ fn set_irqs_failure_is_reported() {
     assert!(
         matches!(
             err,
-            Error::Ioctl {
+            Error::Vfio(VfioError::Ioctl {
                 ioctl: "VFIO_DEVICE_SET_IRQS",
                 ..
-            }
+            })
         ),
         "{err}"
     );
@@ -776,11 +777,11 @@ fn drop_releases_in_order_and_group_is_attached_once() {
     );
     assert!(matches!(
         narrow,
-        Err(Error::ContainerMask {
+        Err(Error::Vfio(VfioError::ContainerMask {
             wanted: 28,
             space: 64,
             ..
-        })
+        }))
     ));
     drop(wide);
 }
@@ -858,9 +859,9 @@ fn group_viability_names_the_culprits() {
     tree.bind(OTHER, "e1000e");
     let err = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap_err();
     match &err {
-        Error::GroupNotViable {
+        Error::Vfio(VfioError::GroupNotViable {
             group, culprits, ..
-        } => {
+        }) => {
             assert_eq!(*group, 5);
             assert_eq!(
                 culprits,
@@ -882,7 +883,9 @@ fn group_not_viable_per_kernel() {
     let (tree, fake) = setup();
     fake.state().viable = false;
     let err = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap_err();
-    assert!(matches!(err, Error::GroupNotViable { ref culprits, .. } if culprits.is_empty()));
+    assert!(
+        matches!(err, Error::Vfio(VfioError::GroupNotViable { ref culprits, .. }) if culprits.is_empty())
+    );
 }
 
 #[test]
@@ -891,7 +894,10 @@ fn noiommu_needs_the_opt_in() {
     tree.bind(BDF, "vfio-pci").group(5, Some("vfio-noiommu"));
     let fake = Fake::new();
     let err = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap_err();
-    assert!(matches!(err, Error::NoIommuRefused { group: 5, .. }));
+    assert!(matches!(
+        err,
+        Error::Vfio(VfioError::NoIommuRefused { group: 5, .. })
+    ));
     assert!(err.to_string().contains("allow_noiommu"));
     assert!(fake.log().is_empty());
     let vfio = Vfio::open_in(&tree.host(&fake), bdf(), &opts().allow_noiommu(true)).unwrap();
@@ -908,7 +914,10 @@ fn noiommu_needs_the_opt_in() {
     let tree2 = Tree::new();
     tree2.bind(BDF, "vfio-pci").group(6, None);
     let err = Vfio::open_in(&tree2.host(&fake), bdf(), &opts().container(container)).unwrap_err();
-    assert!(matches!(err, Error::ContainerModel { .. }), "{err}");
+    assert!(
+        matches!(err, Error::Vfio(VfioError::ContainerModel { .. })),
+        "{err}"
+    );
 }
 
 #[test]
@@ -917,7 +926,7 @@ fn no_group_is_an_error() {
     tree.bind(BDF, "vfio-pci");
     let fake = Fake::new();
     let err = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap_err();
-    assert!(matches!(err, Error::NoGroup { .. }));
+    assert!(matches!(err, Error::Vfio(VfioError::NoGroup { .. })));
 }
 
 #[test]
@@ -959,7 +968,10 @@ fn wrong_api_version_is_refused() {
     fake.state().api_version = 1;
     // The double answers 0 (VFIO_API_VERSION) unless told otherwise.
     let err = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap_err();
-    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(
+        matches!(err, Error::Vfio(VfioError::Unsupported { .. })),
+        "{err}"
+    );
 }
 
 #[test]

@@ -112,7 +112,7 @@ pub(crate) fn physical_dma(env: &Env) -> Result<(), Failure> {
 pub(crate) fn dma_blocked(env: &Env) -> Result<(), Failure> {
     let (bound, uio, device) = open(env)?;
     match uio.check_dma() {
-        Err(device::Error::IommuTranslates { .. }) => {}
+        Err(device::Error::Uio(device::uio::Error::IommuTranslates { .. })) => {}
         Err(other) => {
             return Err(Failure::Device {
                 op: "check_dma".to_owned(),

@@ -361,7 +361,7 @@ pub(crate) fn msi(env: &Env) -> Result<(), Failure> {
     );
     device.ack_irq(0x1)?;
     match vfio.set_masked(0, true) {
-        Err(device::Error::NotMaskable { .. }) | Ok(()) => {}
+        Err(device::Error::Vfio(device::vfio::Error::NotMaskable { .. })) | Ok(()) => {}
         Err(other) => {
             return Err(Failure::Device {
                 op: "mask the MSI vector".to_owned(),
@@ -639,7 +639,7 @@ pub(crate) fn isolation(env: &Env) -> Result<(), Failure> {
 pub(crate) fn noiommu_dma(env: &Env) -> Result<(), Failure> {
     let bound = env.bind(env.edu, Driver::VfioPci)?;
     match Vfio::open_with(env.edu, &Options::new().dma_mask_bits(edu::DMA_MASK_BITS)) {
-        Err(device::Error::NoIommuRefused { .. }) => {}
+        Err(device::Error::Vfio(device::vfio::Error::NoIommuRefused { .. })) => {}
         Err(other) => {
             return Err(Failure::Device {
                 op: "open without the no-IOMMU opt-in".to_owned(),
@@ -714,7 +714,7 @@ pub(crate) fn device_open(env: &Env) -> Result<(), Failure> {
             "vfio-pci opened as {}",
             dev.identity()
         ),
-        (Err(device::Error::NoIommuRefused { .. }), false) => {}
+        (Err(device::Error::Vfio(device::vfio::Error::NoIommuRefused { .. })), false) => {}
         (Err(other), _) => {
             return Err(Failure::Device {
                 op: "device::open of a vfio-pci device".to_owned(),

@@ -1,0 +1,92 @@
+//! What goes wrong in the loopback device: [`Error`].
+
+use std::io;
+use std::path::PathBuf;
+
+use super::regs::Fault;
+
+/// What went wrong in the loopback device (converts into [`device::Error`](crate::device::Error)).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configuration value out of range.
+    #[error(
+        "loopback device configuration: {field} = {value} is out of range (expected {expected})"
+    )]
+    Config {
+        /// The setting.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// What is accepted.
+        expected: &'static str,
+    },
+
+    /// The device stopped a queue on a fault.
+    #[error("queue {queue} faulted: {fault}")]
+    QueueFault {
+        /// The queue.
+        queue: u16,
+        /// Why.
+        fault: Fault,
+    },
+
+    /// The device's engine is not running (stopped, or its process exited).
+    #[error("the device's engine is not running{}", exit_detail(.exit))]
+    Stopped {
+        /// How the device process ended (an out-of-process device whose process exited).
+        exit: Option<std::process::ExitStatus>,
+    },
+
+    /// Starting the engine thread failed.
+    #[error("starting the loopback engine thread failed")]
+    Thread {
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Starting the device process failed.
+    #[error("starting the loopback device process {program:?} failed: pass the `userdma` binary (or any program that runs `device::loopback::serve_process`) in loopback::Mode::Process")]
+    Spawn {
+        /// The program.
+        program: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Talking to the device process failed.
+    #[error("{operation} over the device process's control socket failed")]
+    Control {
+        /// What was being done.
+        operation: &'static str,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The device process answered something malformed.
+    #[error("the device process's reply to {operation} is malformed: {defect}")]
+    Protocol {
+        /// What was being done.
+        operation: &'static str,
+        /// What is wrong.
+        defect: &'static str,
+    },
+
+    /// This process was started as a device process without the control socket.
+    #[error("this process was not started as a loopback device process: {variable} is {defect} (it is set by loopback::Mode::Process)")]
+    NotDeviceProcess {
+        /// The environment variable.
+        variable: &'static str,
+        /// What is wrong with it.
+        defect: &'static str,
+    },
+}
+
+/// ` (its process exited ...)` when known.
+fn exit_detail(exit: &Option<std::process::ExitStatus>) -> String {
+    exit.as_ref()
+        .map_or_else(String::new, |exit| format!(" (its process ended: {exit})"))
+}
