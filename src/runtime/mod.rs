@@ -203,16 +203,10 @@ impl Runtime {
         config: ring::Config,
         wait: Wait,
     ) -> Result<loopback::Queue<T>, Error> {
-        let device = self
-            .inner
-            .loopback
-            .as_ref()
-            .ok_or_else(|| Error::Unsupported {
-                device: self.inner.device.identity().to_string(),
-                what: "built-in queue format",
-                hint:
-                    "open its queues with Runtime::open_queue and the device::Format of its driver",
-            })?;
+        let device = self.built_in(
+            "built-in queue format",
+            "open its queues with Runtime::open_queue and the device::Format of its driver",
+        )?;
         self.open_queue(loopback::Format::new(Arc::clone(device)), config, wait)
     }
 
@@ -234,6 +228,19 @@ impl Runtime {
         )?)
     }
 
+    /// The loopback device behind this runtime, for what only it has built in; otherwise
+    /// [`Error::Unsupported`] naming `what` the device lacks and the `hint`.
+    fn built_in(&self, what: &'static str, hint: &'static str) -> Result<&Arc<Loopback>, Error> {
+        self.inner
+            .loopback
+            .as_ref()
+            .ok_or_else(|| Error::Unsupported {
+                device: self.inner.device.identity().to_string(),
+                what,
+                hint,
+            })
+    }
+
     /// The device's own memory as a range allocator: the loopback device's BAR 2 (all of it).
     /// Every call returns the same allocator.
     ///
@@ -244,15 +251,10 @@ impl Runtime {
         if let Some(memory) = self.inner.device_memory.get() {
             return Ok(memory);
         }
-        let device = self
-            .inner
-            .loopback
-            .as_ref()
-            .ok_or_else(|| Error::Unsupported {
-                device: self.inner.device.identity().to_string(),
-                what: "known device-memory BAR",
-                hint: "make a device::DeviceMemory::of_bar for the BAR that holds its memory",
-            })?;
+        let device = self.built_in(
+            "known device-memory BAR",
+            "make a device::DeviceMemory::of_bar for the BAR that holds its memory",
+        )?;
         let memory = DeviceMemory::new(
             loopback::regs::MEMORY_BAR,
             device.config().memory_bytes() as u64,
