@@ -244,3 +244,39 @@ fn resnet50_stages() {
         "{skip:?} {s:?}"
     );
 }
+
+/// The fuzz seed, an opset-13 model made with `onnx.helper` (axes and split sizes as inputs,
+/// `SAME_UPPER`, groups, `ceil_mode`, a Shape → Gather → Concat → Reshape computation): sizes
+/// agree with `onnx.shape_inference.infer_shapes` and, for the Reshape it cannot fold, by hand.
+#[test]
+fn opset13_seed_model() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fuzz/seeds/plan_onnx/small-cnn-opset13.onnx"
+    );
+    let t = onnx::read(path.as_ref()).unwrap();
+    let got: Vec<(&str, u64, u32, u32)> = t
+        .iter()
+        .map(|x| (x.name.as_deref().unwrap(), x.bytes / F32, x.first, x.last))
+        .collect();
+    #[rustfmt::skip]
+    let want = [
+        ("x", 3 * 16 * 16, 0, 0),
+        ("c1", 8 * 8 * 8, 0, 1),  // 3×3/2 pad 1: 8×8
+        ("b1", 8 * 8 * 8, 1, 2),
+        ("r1", 8 * 8 * 8, 2, 3),
+        ("c2", 8 * 8 * 8, 3, 4),  // SAME_UPPER, 2 groups of 4
+        ("p1", 8 * 4 * 4, 4, 5),  // 3×3/2 ceil: ceil(5/2)+1 = 4
+        ("sa", 4 * 4 * 4, 5, 6),
+        ("sb", 4 * 4 * 4, 5, 6),
+        ("cat", 8 * 4 * 4, 6, 7),
+        ("u5", 8 * 4 * 4, 7, 8),
+        ("t5", 8 * 4 * 4, 8, 9),
+        ("sq", 8 * 4 * 4, 9, 10), // Shape(sq) is folded: sq's last reader is the Reshape
+        ("flat", 128, 10, 11),    // [Shape(sq)[0], -1] = [1, 128]
+        ("d", 128, 11, 12),
+        ("g", 10, 12, 13),
+        ("y", 10, 13, 13),
+    ];
+    assert_eq!(got, want);
+}

@@ -193,8 +193,8 @@ pub enum Error {
         /// Its shape.
         shape: Vec<u64>,
     },
-    /// An initializer has a negative dimension.
-    #[error("initializer `{tensor}` has a negative dimension")]
+    /// An initializer has a negative dimension, or more than 2^64 elements.
+    #[error("initializer `{tensor}` has a negative dimension, or more than 2^64 elements")]
     Initializer {
         /// The initializer.
         tensor: String,
@@ -503,7 +503,13 @@ impl<'g> Reader<'g> {
                             format!("{}.{}", node.domain, node.op_type)
                         },
                         output: output.clone(),
-                        source: Box::new(result.clone().err().unwrap_or(ShapeError::Unsupported)),
+                        source: Box::new(match result {
+                            Err(e) => e.clone(),
+                            Ok(v) => ShapeError::Outputs {
+                                listed: node.output.len(),
+                                made: v.len(),
+                            },
+                        }),
                     })
                 }
             };

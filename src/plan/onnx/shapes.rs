@@ -83,14 +83,11 @@ impl Info {
 
 /// Integer constants with more elements than this are not kept as values (shape computations are
 /// small; weights are not needed).
-pub(crate) const MAX_VALUES: u64 = 4096;
+pub(crate) const MAX_VALUES: usize = 4096;
 
 /// The values of an integer constant tensor with `n` elements, if stored consistently.
 fn tensor_values(t: &TensorProto, n: u64) -> Option<Vec<i64>> {
-    if n > MAX_VALUES {
-        return None;
-    }
-    let n = usize::try_from(n).ok()?;
+    let n = usize::try_from(n).ok().filter(|&n| n <= MAX_VALUES)?;
     let width = match t.data_type {
         dtype::INT64 => 8,
         dtype::INT32 => 4,
@@ -195,6 +192,14 @@ pub enum ShapeError {
         window: u64,
         /// The padded input extent.
         input: u64,
+    },
+    /// The node lists more outputs than the operator makes.
+    #[error("the node has {listed} outputs, the operator makes {made}")]
+    Outputs {
+        /// Outputs the node lists.
+        listed: usize,
+        /// Outputs the operator makes for these inputs and attributes.
+        made: usize,
     },
     /// A dimension computation overflows 64 bits.
     #[error("a dimension overflows 64 bits")]
@@ -703,7 +708,10 @@ pub(crate) fn infer(node: &Node, opset: i64, inputs: &[Option<&Info>]) -> Result
                     shape[a] = ck(shape[a].checked_add(t.shape[a]))?;
                 }
                 value = match (value, &t.value) {
-                    (Some(mut v), Some(tv)) if shape.len() == 1 => {
+                    // Bounded, so that a chain of Concats cannot grow a value exponentially.
+                    (Some(mut v), Some(tv))
+                        if shape.len() == 1 && v.len() + tv.len() <= MAX_VALUES =>
+                    {
                         v.extend_from_slice(tv);
                         Some(v)
                     }
@@ -734,8 +742,14 @@ pub(crate) fn infer(node: &Node, opset: i64, inputs: &[Option<&Info>]) -> Result
                         name: "num_outputs",
                         problem: "must be positive",
                     })?;
+                    if n > u64::try_from(outputs).unwrap_or(u64::MAX) {
+                        return Err(ShapeError::Attribute {
+                            name: "num_outputs",
+                            problem: "is more than the node's outputs",
+                        });
+                    }
                     let chunk = total.div_ceil(n);
-                    if !at.has("num_outputs") && chunk * n != total {
+                    if !at.has("num_outputs") && chunk.checked_mul(n) != Some(total) {
                         return Err(ShapeError::Mismatch {
                             what: "Split into equal parts: dimension vs parts",
                             left: total,
@@ -743,7 +757,7 @@ pub(crate) fn infer(node: &Node, opset: i64, inputs: &[Option<&Info>]) -> Result
                         });
                     }
                     (0..n)
-                        .map(|i| chunk.min(total.saturating_sub(i * chunk)))
+                        .map(|i| chunk.min(total.saturating_sub(i.saturating_mul(chunk))))
                         .collect()
                 }
             };
