@@ -1,0 +1,403 @@
+//! Operators that move, split, join or reinterpret data, and shape computations whose values
+//! fold to constants.
+
+use super::{axis, ck, dim, dtype, Attrs, Ctx, Info, Result, ShapeError, MAX_VALUES};
+use crate::plan::onnx::proto::Node;
+
+/// `Flatten`: `[outer, inner]` split at `axis`.
+pub(super) fn flatten(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let at = &c.at;
+    let ins = &c.ins;
+    let x = ins.get(0)?;
+    let r = x.shape.len();
+    let a = at.int_or("axis", 1);
+    let a = if a == i64::try_from(r).unwrap_or(i64::MAX) {
+        r
+    } else {
+        axis(a, r)?
+    };
+    let outer = x.shape[..a].iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+    let inner = x.shape[a..].iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+    Ok(vec![Info::new(x.dtype, vec![ck(outer)?, ck(inner)?])])
+}
+
+/// `Reshape`: the target from a constant input (opset 5 on) or the `shape` attribute.
+pub(super) fn reshape_op(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let opset = c.opset;
+    let at = &c.at;
+    let ins = &c.ins;
+    let x = ins.get(0)?;
+    let target: Vec<i64> = if opset < 5 {
+        at.ints("shape")
+            .ok_or(ShapeError::Attribute {
+                name: "shape",
+                problem: "is missing",
+            })?
+            .to_vec()
+    } else {
+        ins.value(1)?.to_vec()
+    };
+    let mut o = Info::new(
+        x.dtype,
+        reshape(&x.shape, &target, at.int_or("allowzero", 0) != 0)?,
+    );
+    o.value.clone_from(&x.value);
+    Ok(vec![o])
+}
+
+/// `Transpose`: `perm`, or the axes reversed.
+pub(super) fn transpose(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let at = &c.at;
+    let ins = &c.ins;
+    let x = ins.get(0)?;
+    let r = x.shape.len();
+    let perm: Vec<usize> = match at.ints("perm") {
+        None => (0..r).rev().collect(),
+        Some(p) => p.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?,
+    };
+    let mut seen = vec![false; r];
+    if perm.len() != r || perm.iter().any(|&a| std::mem::replace(&mut seen[a], true)) {
+        return Err(ShapeError::Attribute {
+            name: "perm",
+            problem: "is not a permutation of the input's axes",
+        });
+    }
+    Ok(vec![Info::new(
+        x.dtype,
+        perm.iter().map(|&a| x.shape[a]).collect(),
+    )])
+}
+
+/// `Concat`; 1-D constants concatenated keep their values (up to `MAX_VALUES`).
+pub(super) fn concat(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let at = &c.at;
+    let ins = &c.ins;
+    let first = ins.get(0)?;
+    let a = axis(
+        at.int("axis").ok_or(ShapeError::Attribute {
+            name: "axis",
+            problem: "is missing",
+        })?,
+        first.shape.len(),
+    )?;
+    let mut shape = first.shape.clone();
+    let mut value = Some(Vec::new());
+    for index in 0..c.n_inputs {
+        let t = ins.get(index)?;
+        if t.shape.len() != shape.len() {
+            return Err(ShapeError::Rank {
+                index,
+                rank: t.shape.len(),
+                expected: "that of input 0",
+            });
+        }
+        for (i, (&d, &e)) in t.shape.iter().zip(&first.shape).enumerate() {
+            if i != a && d != e {
+                return Err(ShapeError::Mismatch {
+                    what: "Concat dimensions off the axis",
+                    left: e,
+                    right: d,
+                });
+            }
+        }
+        if index > 0 {
+            shape[a] = ck(shape[a].checked_add(t.shape[a]))?;
+        }
+        value = match (value, &t.value) {
+            // Bounded, so that a chain of Concats cannot grow a value exponentially.
+            (Some(mut v), Some(tv)) if shape.len() == 1 && v.len() + tv.len() <= MAX_VALUES => {
+                v.extend_from_slice(tv);
+                Some(v)
+            }
+            _ => None,
+        };
+    }
+    Ok(vec![Info {
+        dtype: first.dtype,
+        shape,
+        value,
+    }])
+}
+
+/// `Split`: sizes from the `split` attribute (before opset 13) or input, else equal parts.
+pub(super) fn split(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let opset = c.opset;
+    let at = &c.at;
+    let ins = &c.ins;
+    let outputs = c.outputs;
+    let x = ins.get(0)?;
+    let a = axis(at.int_or("axis", 0), x.shape.len())?;
+    let total = x.shape[a];
+    let sizes: Vec<u64> = match (opset < 13, at.ints("split"), ins.opt_value(1)?) {
+        (true, Some(s), _) | (false, _, Some(s)) if !s.is_empty() => {
+            s.iter().map(|&d| dim(d)).collect::<Result<_>>()?
+        }
+        _ => {
+            let n =
+                u64::try_from(at.int_or("num_outputs", i64::try_from(outputs).unwrap_or(i64::MAX)))
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or(ShapeError::Attribute {
+                        name: "num_outputs",
+                        problem: "must be positive",
+                    })?;
+            if n > u64::try_from(outputs).unwrap_or(u64::MAX) {
+                return Err(ShapeError::Attribute {
+                    name: "num_outputs",
+                    problem: "is more than the node's outputs",
+                });
+            }
+            let chunk = total.div_ceil(n);
+            if !at.has("num_outputs") && chunk.checked_mul(n) != Some(total) {
+                return Err(ShapeError::Mismatch {
+                    what: "Split into equal parts: dimension vs parts",
+                    left: total,
+                    right: n,
+                });
+            }
+            (0..n)
+                .map(|i| chunk.min(total.saturating_sub(i.saturating_mul(chunk))))
+                .collect()
+        }
+    };
+    let sum = sizes.iter().try_fold(0u64, |s, &d| s.checked_add(d));
+    if sum != Some(total) {
+        return Err(ShapeError::Mismatch {
+            what: "Split sizes' sum vs dimension",
+            left: sum.unwrap_or(u64::MAX),
+            right: total,
+        });
+    }
+    Ok(sizes
+        .iter()
+        .map(|&d| {
+            let mut s = x.shape.clone();
+            s[a] = d;
+            Info::new(x.dtype, s)
+        })
+        .collect())
+}
+
+/// `Squeeze`: axes from the attribute (before opset 13) or input, else every 1.
+pub(super) fn squeeze(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let opset = c.opset;
+    let at = &c.at;
+    let ins = &c.ins;
+    let x = ins.get(0)?;
+    let axes: Option<Vec<i64>> = if opset < 13 {
+        at.ints("axes").map(<[i64]>::to_vec)
+    } else {
+        ins.opt_value(1)?.map(<[i64]>::to_vec)
+    };
+    let r = x.shape.len();
+    let drop: Vec<usize> = match axes {
+        Some(a) if !a.is_empty() => a.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?,
+        _ => (0..r).filter(|&i| x.shape[i] == 1).collect(),
+    };
+    if let Some(&i) = drop.iter().find(|&&i| x.shape[i] != 1) {
+        return Err(ShapeError::Mismatch {
+            what: "Squeeze of a dimension that is not 1",
+            left: x.shape[i],
+            right: 1,
+        });
+    }
+    let shape = (0..r)
+        .filter(|i| !drop.contains(i))
+        .map(|i| x.shape[i])
+        .collect();
+    Ok(vec![Info {
+        dtype: x.dtype,
+        shape,
+        value: x.value.clone(),
+    }])
+}
+
+/// `Unsqueeze`: axes from the attribute (before opset 13) or input.
+pub(super) fn unsqueeze(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let opset = c.opset;
+    let at = &c.at;
+    let ins = &c.ins;
+    let x = ins.get(0)?;
+    let axes: Vec<i64> = if opset < 13 {
+        at.ints("axes")
+            .ok_or(ShapeError::Attribute {
+                name: "axes",
+                problem: "is missing",
+            })?
+            .to_vec()
+    } else {
+        ins.value(1)?.to_vec()
+    };
+    let r = x.shape.len() + axes.len();
+    let mut ones = vec![false; r];
+    for &a in &axes {
+        let a = axis(a, r)?;
+        if std::mem::replace(&mut ones[a], true) {
+            return Err(ShapeError::Attribute {
+                name: "axes",
+                problem: "repeats an axis",
+            });
+        }
+    }
+    let mut rest = x.shape.iter();
+    let shape = ones
+        .iter()
+        .map(|&one| if one { 1 } else { *rest.next().unwrap_or(&1) })
+        .collect();
+    Ok(vec![Info {
+        dtype: x.dtype,
+        shape,
+        value: x.value.clone(),
+    }])
+}
+
+/// `Shape` (with opset 15's `start` and `end`): the value is known.
+pub(super) fn shape(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let at = &c.at;
+    let ins = &c.ins;
+    let x = ins.get(0)?;
+    let r = i64::try_from(x.shape.len()).map_err(|_| ShapeError::Overflow)?;
+    let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r);
+    let start = usize::try_from(clamp(at.int_or("start", 0))).unwrap_or(0);
+    let end = usize::try_from(clamp(at.int_or("end", r))).unwrap_or(0);
+    let dims = x.shape.get(start..end.max(start)).unwrap_or(&[]);
+    let value = dims
+        .iter()
+        .map(|&d| i64::try_from(d).map_err(|_| ShapeError::Overflow))
+        .collect::<Result<Vec<_>>>()?;
+    let len = u64::try_from(value.len()).map_err(|_| ShapeError::Overflow)?;
+    Ok(vec![Info {
+        dtype: dtype::INT64,
+        shape: vec![len],
+        value: Some(value),
+    }])
+}
+
+/// `Size`: the value is known.
+pub(super) fn size(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let ins = &c.ins;
+    let x = ins.get(0)?;
+    let n = i64::try_from(ck(x.elements())?).map_err(|_| ShapeError::Overflow)?;
+    Ok(vec![Info {
+        dtype: dtype::INT64,
+        shape: vec![],
+        value: Some(vec![n]),
+    }])
+}
+
+/// `Gather`; a 1-D constant gathered by constant indices keeps its values.
+pub(super) fn gather(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let at = &c.at;
+    let ins = &c.ins;
+    let (x, idx) = (ins.get(0)?, ins.get(1)?);
+    let r = x.shape.len();
+    if r == 0 {
+        return Err(ShapeError::Rank {
+            index: 0,
+            rank: 0,
+            expected: "at least 1",
+        });
+    }
+    let a = axis(at.int_or("axis", 0), r)?;
+    let mut shape = x.shape[..a].to_vec();
+    shape.extend_from_slice(&idx.shape);
+    shape.extend_from_slice(&x.shape[a + 1..]);
+    let value = match (&x.value, &idx.value) {
+        (Some(v), Some(i)) if r == 1 => i
+            .iter()
+            .map(|&i| {
+                let n = i64::try_from(v.len()).ok()?;
+                let j = usize::try_from(if i < 0 { i + n } else { i }).ok()?;
+                v.get(j).copied()
+            })
+            .collect::<Option<Vec<_>>>(),
+        _ => None,
+    };
+    Ok(vec![Info {
+        dtype: x.dtype,
+        shape,
+        value,
+    }])
+}
+
+/// `ConstantOfShape`: the shape is its input's value.
+pub(super) fn constant_of_shape(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let at = &c.at;
+    let ins = &c.ins;
+    let shape = ins
+        .value(0)?
+        .iter()
+        .map(|&d| dim(d))
+        .collect::<Result<Vec<_>>>()?;
+    let dt = at.tensor("value").map_or(dtype::FLOAT, |t| t.data_type);
+    Ok(vec![Info::new(dt, shape)])
+}
+
+/// `Reshape`'s output: `0` copies the input's dimension (unless `allowzero`), `-1` is inferred.
+pub(super) fn reshape(from: &[u64], to: &[i64], allowzero: bool) -> Result<Vec<u64>> {
+    let bad = || ShapeError::Reshape {
+        from: from.to_vec(),
+        to: to.to_vec(),
+    };
+    let total = ck(from.iter().try_fold(1u64, |n, &d| n.checked_mul(d)))?;
+    let mut out = Vec::with_capacity(to.len());
+    let mut infer = None;
+    for (i, &d) in to.iter().enumerate() {
+        out.push(match d {
+            -1 if infer.is_none() => {
+                infer = Some(i);
+                1
+            }
+            0 if !allowzero => *from.get(i).ok_or_else(bad)?,
+            d => u64::try_from(d).map_err(|_| bad())?,
+        });
+    }
+    let known = ck(out.iter().try_fold(1u64, |n, &d| n.checked_mul(d)))?;
+    match infer {
+        Some(i) => {
+            if known == 0 || total % known != 0 {
+                return Err(bad());
+            }
+            out[i] = total / known;
+        }
+        None if known != total => return Err(bad()),
+        None => {}
+    }
+    Ok(out)
+}
+
+/// A `Constant` node's value.
+pub(super) fn constant(node: &Node) -> Result<Info> {
+    let at = Attrs(node);
+    let attr = node.attribute.first().ok_or(ShapeError::Attribute {
+        name: "value",
+        problem: "is missing (a Constant needs exactly one value attribute)",
+    })?;
+    let n = |len: usize| u64::try_from(len).map_err(|_| ShapeError::Overflow);
+    Ok(match attr.name.as_str() {
+        "value" => {
+            let t = at.tensor("value").ok_or(ShapeError::Attribute {
+                name: "value",
+                problem: "is not a tensor",
+            })?;
+            Info::of_tensor(t).ok_or(ShapeError::Attribute {
+                name: "value",
+                problem: "has a negative dimension",
+            })?
+        }
+        "value_float" => Info::new(dtype::FLOAT, vec![]),
+        "value_floats" => Info::new(dtype::FLOAT, vec![n(attr.floats.len())?]),
+        "value_int" => Info {
+            dtype: dtype::INT64,
+            shape: vec![],
+            value: Some(vec![attr.i]),
+        },
+        "value_ints" => Info {
+            dtype: dtype::INT64,
+            shape: vec![n(attr.ints.len())?],
+            value: Some(attr.ints.clone()),
+        },
+        // value_string(s), sparse_value: not numeric tensors.
+        _ => return Err(ShapeError::Unsupported),
+    })
+}
