@@ -309,6 +309,7 @@ impl<'g> Reader<'g> {
             dtype: t.elem_type,
             shape,
             value: None,
+            floats: None,
         })
     }
 
@@ -342,6 +343,7 @@ impl<'g> Reader<'g> {
             dtype: t.elem_type,
             shape,
             value: None,
+            floats: None,
         })
     }
 

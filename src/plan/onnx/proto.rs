@@ -4,9 +4,10 @@
 //! not need are left out, and `prost` skips them on decoding. `onnx.proto` is proto2: repeated
 //! scalars may arrive packed or unpacked, and `prost` accepts both. Nothing here needs `protoc`.
 //!
-//! `TensorProto` keeps `int64_data`, `int32_data` and `raw_data` besides `dims` and `data_type`:
-//! `Reshape`'s target shape, `ConstantOfShape`'s shape and opset-13 `Squeeze`/`Unsqueeze`/`Split`
-//! axes are values, not shapes. `AttributeProto.g` (subgraphs of `If`/`Loop`/`Scan`) is not
+//! `TensorProto` keeps the value fields (`int64_data`, `int32_data`, `float_data`, `double_data`,
+//! `raw_data`) besides `dims` and `data_type`: `Reshape`'s target shape, `ConstantOfShape`'s
+//! shape, opset-13 `Squeeze`/`Unsqueeze`/`Split` axes and `Resize`'s scales are values, not
+//! shapes (only constants of up to 4096 elements are decoded). `AttributeProto.g` (subgraphs of `If`/`Loop`/`Scan`) is not
 //! decoded: those ops are reported as not inferable.
 
 /// `ModelProto`: the file's top-level message.
@@ -175,6 +176,9 @@ pub(crate) struct TensorProto {
     /// The element type (`TensorProto.DataType`).
     #[prost(int32, tag = "2")]
     pub(crate) data_type: i32,
+    /// Values of FLOAT tensors.
+    #[prost(float, repeated, tag = "4")]
+    pub(crate) float_data: Vec<f32>,
     /// Values of INT32, INT16, INT8, UINT16, UINT8 and BOOL tensors.
     #[prost(int32, repeated, tag = "5")]
     pub(crate) int32_data: Vec<i32>,
@@ -184,6 +188,9 @@ pub(crate) struct TensorProto {
     /// The initializer's name.
     #[prost(string, tag = "8")]
     pub(crate) name: String,
+    /// Values of DOUBLE tensors.
+    #[prost(double, repeated, tag = "10")]
+    pub(crate) double_data: Vec<f64>,
     /// Values as little-endian bytes (any type).
     #[prost(bytes = "vec", tag = "9")]
     pub(crate) raw_data: Vec<u8>,

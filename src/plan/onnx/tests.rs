@@ -395,6 +395,7 @@ fn info(shape: &[u64]) -> Info {
         dtype: dtype::FLOAT,
         shape: shape.to_vec(),
         value: None,
+        floats: None,
     }
 }
 
@@ -403,6 +404,7 @@ fn consts(v: &[i64]) -> Info {
         dtype: dtype::INT64,
         shape: vec![v.len() as u64],
         value: Some(v.to_vec()),
+        floats: None,
     }
 }
 
@@ -597,4 +599,136 @@ fn dropout_mask_type_depends_on_opset() {
     let refs = [Some(&x)];
     assert_eq!(shapes::infer(&n, 9, &refs).unwrap()[1].dtype, dtype::FLOAT);
     assert_eq!(shapes::infer(&n, 12, &refs).unwrap()[1].dtype, dtype::BOOL);
+}
+
+fn floats(v: &[f64]) -> Info {
+    Info {
+        dtype: dtype::FLOAT,
+        shape: vec![v.len() as u64],
+        value: None,
+        floats: Some(v.to_vec()),
+    }
+}
+
+/// Each case agrees with `onnx.shape_inference.infer_shapes` (onnx 1.23) on the same node.
+#[test]
+fn conv_transpose_slice_pad_expand_tile_resize() {
+    let x = info(&[1, 4, 5, 6]);
+    let ct = node(
+        "ConvTranspose",
+        &["x", "w"],
+        &["y"],
+        vec![
+            ints("strides", &[2, 2]),
+            ints("pads", &[1, 1, 1, 1]),
+            ints("output_padding", &[1, 1]),
+            int("group", 2),
+        ],
+    );
+    // 2 × (5 - 1) + 1 + 3 - 2 = 10; 2 × (6 - 1) + 1 + 3 - 2 = 12; 2 × 2 groups of outputs
+    assert_eq!(
+        infer(&ct, 13, &[x.clone(), info(&[4, 2, 3, 3])]).unwrap()[0],
+        [1, 4, 10, 12]
+    );
+    let sl = node("Slice", &["x", "s", "e", "a", "p"], &["y"], vec![]);
+    let ct_out = info(&[1, 4, 10, 12]);
+    // axis 2: 1..7 step 2 → 3; axis 3: from -1 (11) down to the start, step -2 → 6
+    let args = [
+        ct_out,
+        consts(&[1, -1]),
+        consts(&[7, -100]),
+        consts(&[2, 3]),
+        consts(&[2, -2]),
+    ];
+    assert_eq!(infer(&sl, 13, &args).unwrap()[0], [1, 4, 3, 6]);
+    // A sliced 1-D constant keeps its values (Shape → Slice → Concat in PyTorch exports).
+    let (v, s, e) = (consts(&[1, 3, 224, 224]), consts(&[2]), consts(&[4]));
+    let sl = node("Slice", &["x", "s", "e"], &["y"], vec![]);
+    let out = shapes::infer(&sl, 13, &[Some(&v), Some(&s), Some(&e)]).unwrap();
+    assert_eq!(out[0].value.as_deref(), Some(&[224, 224][..]));
+
+    let pad = node("Pad", &["x", "p"], &["y"], vec![]);
+    let args = [info(&[1, 4, 3, 6]), consts(&[0, 0, 1, 2, 0, 0, 3, -1])];
+    assert_eq!(infer(&pad, 13, &args).unwrap()[0], [1, 4, 7, 7]);
+    let args = [info(&[1, 4, 3, 6]), consts(&[0, 0, 0, -7, 0, 0, 0, 0])];
+    assert!(infer(&pad, 13, &args).is_err());
+    let ex = node("Expand", &["x", "s"], &["y"], vec![]);
+    assert_eq!(
+        infer(&ex, 13, &[info(&[1, 4, 7, 7]), consts(&[2, 1, 1, 1])]).unwrap()[0],
+        [2, 4, 7, 7]
+    );
+    let tile = node("Tile", &["x", "r"], &["y"], vec![]);
+    assert_eq!(
+        infer(&tile, 13, &[info(&[2, 4, 7, 7]), consts(&[1, 2, 1, 1])]).unwrap()[0],
+        [2, 8, 7, 7]
+    );
+    let rs = node("Resize", &["x", "", "scales"], &["y"], vec![]);
+    let refs = [Some(&x), None, Some(&floats(&[1.0, 1.0, 2.0, 1.5]))];
+    assert_eq!(
+        shapes::infer(&rs, 13, &refs).unwrap()[0].shape,
+        [1, 4, 10, 9]
+    );
+    let rs = node("Resize", &["x", "", "", "sizes"], &["y"], vec![]);
+    let sizes = consts(&[1, 4, 5, 7]);
+    let refs = [Some(&x), None, None, Some(&sizes)];
+    assert_eq!(
+        shapes::infer(&rs, 13, &refs).unwrap()[0].shape,
+        [1, 4, 5, 7]
+    );
+    let up = node("Upsample", &["x", "scales"], &["y"], vec![]);
+    let up_in = [x.clone(), floats(&[1.0, 1.0, 2.0, 2.0])];
+    assert_eq!(infer(&up, 9, &up_in).unwrap()[0], [1, 4, 10, 12]);
+    assert!(matches!(
+        infer(&up, 9, &[x.clone(), info(&[4])]),
+        Err(ShapeError::NotConstant { index: 1 })
+    ));
+}
+
+#[test]
+fn reductions_argmax_topk_and_folded_arithmetic() {
+    let x = info(&[2, 8, 7, 7]);
+    let rm = node(
+        "ReduceMean",
+        &["x"],
+        &["y"],
+        vec![ints("axes", &[1]), int("keepdims", 0)],
+    );
+    assert_eq!(
+        infer(&rm, 13, std::slice::from_ref(&x)).unwrap()[0],
+        [2, 7, 7]
+    );
+    let rs = node("ReduceSum", &["x", "a"], &["y"], vec![]);
+    assert_eq!(
+        infer(&rs, 13, &[x.clone(), consts(&[1])]).unwrap()[0],
+        [2, 1, 7, 7]
+    );
+    let all = node("ReduceMax", &["x"], &["y"], vec![]);
+    assert_eq!(
+        infer(&all, 13, std::slice::from_ref(&x)).unwrap()[0],
+        [1, 1, 1, 1]
+    );
+    let am = node(
+        "ArgMax",
+        &["x"],
+        &["y"],
+        vec![int("axis", -1), int("keepdims", 0)],
+    );
+    let refs = [Some(&x)];
+    let out = shapes::infer(&am, 13, &refs).unwrap();
+    assert_eq!(
+        (out[0].dtype, out[0].shape.as_slice()),
+        (dtype::INT64, &[2, 8, 7][..])
+    );
+    let topk = node("TopK", &["x", "k"], &["v", "i"], vec![int("axis", 2)]);
+    assert_eq!(
+        infer(&topk, 13, &[x.clone(), consts(&[3])]).unwrap(),
+        [[2, 8, 3, 7], [2, 8, 3, 7]]
+    );
+    // Shape arithmetic folds: [1, 3, 224, 224] / 2 = [0, 1, 112, 112]; division by 0 does not.
+    let div = node("Div", &["a", "b"], &["y"], vec![]);
+    let (a, two, zero) = (consts(&[1, 3, 224, 224]), consts(&[2]), consts(&[0]));
+    let out = shapes::infer(&div, 13, &[Some(&a), Some(&two)]).unwrap();
+    assert_eq!(out[0].value.as_deref(), Some(&[0, 1, 112, 112][..]));
+    let out = shapes::infer(&div, 13, &[Some(&a), Some(&zero)]).unwrap();
+    assert_eq!(out[0].value, None);
 }

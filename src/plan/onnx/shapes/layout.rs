@@ -116,6 +116,7 @@ pub(super) fn concat(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
         dtype: first.dtype,
         shape,
         value,
+        floats: None,
     }])
 }
 
@@ -209,6 +210,7 @@ pub(super) fn squeeze(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
         dtype: x.dtype,
         shape,
         value: x.value.clone(),
+        floats: x.floats.clone(),
     }])
 }
 
@@ -248,6 +250,7 @@ pub(super) fn unsqueeze(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
         dtype: x.dtype,
         shape,
         value: x.value.clone(),
+        floats: x.floats.clone(),
     }])
 }
 
@@ -270,6 +273,7 @@ pub(super) fn shape(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
         dtype: dtype::INT64,
         shape: vec![len],
         value: Some(value),
+        floats: None,
     }])
 }
 
@@ -282,6 +286,7 @@ pub(super) fn size(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
         dtype: dtype::INT64,
         shape: vec![],
         value: Some(vec![n]),
+        floats: None,
     }])
 }
 
@@ -317,6 +322,7 @@ pub(super) fn gather(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
         dtype: x.dtype,
         shape,
         value,
+        floats: None,
     }])
 }
 
@@ -385,19 +391,311 @@ pub(super) fn constant(node: &Node) -> Result<Info> {
                 problem: "has a negative dimension",
             })?
         }
-        "value_float" => Info::new(dtype::FLOAT, vec![]),
-        "value_floats" => Info::new(dtype::FLOAT, vec![n(attr.floats.len())?]),
+        "value_float" => Info {
+            floats: Some(vec![f64::from(attr.f)]),
+            ..Info::new(dtype::FLOAT, vec![])
+        },
+        "value_floats" => Info {
+            floats: Some(attr.floats.iter().map(|&f| f64::from(f)).collect()),
+            ..Info::new(dtype::FLOAT, vec![n(attr.floats.len())?])
+        },
         "value_int" => Info {
             dtype: dtype::INT64,
             shape: vec![],
             value: Some(vec![attr.i]),
+            floats: None,
         },
         "value_ints" => Info {
             dtype: dtype::INT64,
             shape: vec![n(attr.ints.len())?],
             value: Some(attr.ints.clone()),
+            floats: None,
         },
         // value_string(s), sparse_value: not numeric tensors.
         _ => return Err(ShapeError::Unsupported),
     })
+}
+
+fn to_i64(d: u64) -> Result<i64> {
+    i64::try_from(d).map_err(|_| ShapeError::Overflow)
+}
+
+/// `Slice`: `starts`, `ends`, `axes`, `steps` from constant inputs (opset 10 on) or attributes,
+/// clamped as the operator defines; a sliced 1-D constant keeps its values.
+pub(super) fn slice(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let (at, ins) = (&c.at, &c.ins);
+    let x = ins.get(0)?;
+    let missing = |name| ShapeError::Attribute {
+        name,
+        problem: "is missing",
+    };
+    let (starts, ends, axes, steps) = if c.opset < 10 {
+        (
+            at.ints("starts").ok_or(missing("starts"))?,
+            at.ints("ends").ok_or(missing("ends"))?,
+            at.ints("axes"),
+            None,
+        )
+    } else {
+        (
+            ins.value(1)?,
+            ins.value(2)?,
+            ins.opt_value(3)?,
+            ins.opt_value(4)?,
+        )
+    };
+    let n = starts.len();
+    let r = x.shape.len();
+    let all: Vec<i64> = (0..i64::try_from(n).map_err(|_| ShapeError::Overflow)?).collect();
+    let axes = axes.unwrap_or(&all);
+    let ones = vec![1; n];
+    let steps = steps.unwrap_or(&ones);
+    if ends.len() != n || axes.len() != n || steps.len() != n {
+        return Err(ShapeError::Attribute {
+            name: "ends",
+            problem: "(or axes, or steps) has a length other than starts'",
+        });
+    }
+    let mut shape = x.shape.clone();
+    let mut picked: Option<(i64, i64, u64)> = None;
+    for k in 0..n {
+        let a = axis(axes[k], r)?;
+        let d = to_i64(shape[a])?;
+        let step = steps[k];
+        let wrap = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+        let (s, e) = (wrap(starts[k]), wrap(ends[k]));
+        let len = match step {
+            0 => {
+                return Err(ShapeError::Attribute {
+                    name: "steps",
+                    problem: "has a zero",
+                })
+            }
+            _ if d == 0 => (0, 0),
+            1.. => {
+                let (s, e) = (s.clamp(0, d), e.clamp(0, d));
+                (
+                    s,
+                    e.saturating_sub(s)
+                        .max(0)
+                        .unsigned_abs()
+                        .div_ceil(step.unsigned_abs()),
+                )
+            }
+            _ => {
+                let (s, e) = (s.clamp(0, d - 1), e.clamp(-1, d - 1));
+                (
+                    s,
+                    s.saturating_sub(e)
+                        .max(0)
+                        .unsigned_abs()
+                        .div_ceil(step.unsigned_abs()),
+                )
+            }
+        };
+        shape[a] = len.1;
+        if r == 1 {
+            picked = Some((len.0, step, len.1));
+        }
+    }
+    let value = match (&x.value, picked) {
+        (Some(v), Some((start, step, len))) => (0..len)
+            .map(|i| {
+                let j = start.checked_add(step.checked_mul(i64::try_from(i).ok()?)?)?;
+                v.get(usize::try_from(j).ok()?).copied()
+            })
+            .collect(),
+        (Some(v), None) if r == 1 => Some(v.clone()),
+        _ => None,
+    };
+    Ok(vec![Info {
+        value,
+        ..Info::new(x.dtype, shape)
+    }])
+}
+
+/// `Pad`: `pads` (begin values, then end values; negative crops) from the attribute (before
+/// opset 11) or a constant input, on every axis or on opset 18's `axes`.
+pub(super) fn pad(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let (at, ins) = (&c.at, &c.ins);
+    let x = ins.get(0)?;
+    let pads: &[i64] = if c.opset < 11 {
+        at.ints("pads")
+            .or_else(|| at.ints("paddings"))
+            .ok_or(ShapeError::Attribute {
+                name: "pads",
+                problem: "is missing",
+            })?
+    } else {
+        ins.value(1)?
+    };
+    let r = x.shape.len();
+    let axes: Vec<usize> = match ins.opt_value(3)? {
+        Some(a) => a.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?,
+        None => (0..r).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        return Err(ShapeError::Attribute {
+            name: "pads",
+            problem: "does not have two values per padded axis",
+        });
+    }
+    let mut shape = x.shape.clone();
+    for (k, &a) in axes.iter().enumerate() {
+        let d = i128::from(shape[a]) + i128::from(pads[k]) + i128::from(pads[k + axes.len()]);
+        shape[a] = u64::try_from(d).map_err(|_| ShapeError::Attribute {
+            name: "pads",
+            problem: "crops more than the dimension",
+        })?;
+    }
+    Ok(vec![Info::new(x.dtype, shape)])
+}
+
+/// `Expand`: the input broadcast against a constant shape.
+pub(super) fn expand(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let x = c.ins.get(0)?;
+    let to = c
+        .ins
+        .value(1)?
+        .iter()
+        .map(|&d| dim(d))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(vec![Info::new(x.dtype, super::broadcast(&x.shape, &to)?)])
+}
+
+/// `Tile`: each dimension times its constant repeat count.
+pub(super) fn tile(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let x = c.ins.get(0)?;
+    let repeats = c.ins.value(1)?;
+    if repeats.len() != x.shape.len() {
+        return Err(ShapeError::Attribute {
+            name: "repeats",
+            problem: "does not have one value per dimension",
+        });
+    }
+    let shape = x
+        .shape
+        .iter()
+        .zip(repeats)
+        .map(|(&d, &r)| ck(d.checked_mul(dim(r)?)))
+        .collect::<Result<_>>()?;
+    Ok(vec![Info::new(x.dtype, shape)])
+}
+
+/// `Resize` and `Upsample`: constant `sizes`, or `floor(dimension × scale)` for constant `scales`.
+pub(super) fn resize(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let (at, ins) = (&c.at, &c.ins);
+    let x = ins.get(0)?;
+    let r = x.shape.len();
+    let upsample = c.node.op_type == "Upsample";
+    let attr_scales: Vec<f64>;
+    let (scales, sizes): (Option<&[f64]>, Option<&[i64]>) = if upsample && c.opset < 9 {
+        attr_scales = at
+            .floats("scales")
+            .ok_or(ShapeError::Attribute {
+                name: "scales",
+                problem: "is missing",
+            })?
+            .iter()
+            .map(|&f| f64::from(f))
+            .collect();
+        (Some(&attr_scales), None)
+    } else if upsample || c.opset < 11 {
+        (ins.opt_floats(1)?, None)
+    } else {
+        let sizes = ins.opt_value(3)?.filter(|s| !s.is_empty());
+        (
+            if sizes.is_some() {
+                None
+            } else {
+                ins.opt_floats(2)?
+            },
+            sizes,
+        )
+    };
+    let axes: Vec<usize> = match at.ints("axes") {
+        Some(a) => a.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?,
+        None => (0..r).collect(),
+    };
+    let policy = at.string("keep_aspect_ratio_policy").unwrap_or(b"stretch");
+    if sizes.is_some() && policy != b"stretch" {
+        return Err(ShapeError::Attribute {
+            name: "keep_aspect_ratio_policy",
+            problem: "other than stretch is not supported",
+        });
+    }
+    let wrong = |name| ShapeError::Attribute {
+        name,
+        problem: "does not have one value per resized axis",
+    };
+    let mut shape = x.shape.clone();
+    match (sizes, scales) {
+        (Some(sizes), _) => {
+            if sizes.len() != axes.len() {
+                return Err(wrong("sizes"));
+            }
+            for (&a, &d) in axes.iter().zip(sizes) {
+                shape[a] = dim(d)?;
+            }
+        }
+        (None, Some(scales)) => {
+            if scales.len() != axes.len() {
+                return Err(wrong("scales"));
+            }
+            for (&a, &s) in axes.iter().zip(scales) {
+                // Exact in f64 below 2^53; larger or non-finite results are rejected.
+                const EXACT: f64 = 9_007_199_254_740_992.0;
+                let d = u32::try_from(shape[a]).map_err(|_| ShapeError::Overflow)?;
+                let v = (f64::from(d) * s).floor();
+                if !(0.0..EXACT).contains(&v) {
+                    return Err(ShapeError::Attribute {
+                        name: "scales",
+                        problem: "gives a negative, infinite or too large dimension",
+                    });
+                }
+                // `v` is a whole number in [0, 2^53): the conversion is exact.
+                shape[a] = v as u64;
+            }
+        }
+        (None, None) => return Err(ShapeError::NotConstant { index: 2 }),
+    }
+    Ok(vec![Info::new(x.dtype, shape)])
+}
+
+/// The longest `Range` inferred (2^32 elements).
+const RANGE_MAX: f64 = 4_294_967_296.0;
+
+/// `Range`: `ceil((limit - start) / delta)` elements (at least 0) from constant scalars.
+pub(super) fn range(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let ins = &c.ins;
+    let first = ins.get(0)?;
+    let scalar = |i: usize| -> Result<f64> {
+        let t = ins.get(i)?;
+        match (&t.value, &t.floats) {
+            // Integer bounds above 2^53 round: a Range that long is rejected below anyway.
+            (Some(v), _) if v.len() == 1 => Ok(v[0] as f64),
+            (_, Some(f)) if f.len() == 1 => Ok(f[0]),
+            _ => Err(ShapeError::NotConstant { index: i }),
+        }
+    };
+    let (start, limit, delta) = (scalar(0)?, scalar(1)?, scalar(2)?);
+    let n = ((limit - start) / delta).ceil().max(0.0);
+    if !n.is_finite() || n > RANGE_MAX {
+        return Err(ShapeError::Attribute {
+            name: "delta",
+            problem: "gives no finite element count",
+        });
+    }
+    // `n` is a whole number in [0, 2^32]: the conversion is exact.
+    let n = n as u64;
+    let value = match (&first.value, &ins.get(1)?.value, &ins.get(2)?.value) {
+        (Some(s), Some(_), Some(d)) if usize::try_from(n).is_ok_and(|n| n <= MAX_VALUES) => (0..n)
+            .map(|i| s[0].checked_add(d[0].checked_mul(i64::try_from(i).ok()?)?))
+            .collect(),
+        _ => None,
+    };
+    Ok(vec![Info {
+        value,
+        ..Info::new(first.dtype, vec![n])
+    }])
 }

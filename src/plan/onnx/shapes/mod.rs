@@ -23,6 +23,8 @@ pub(crate) mod dtype {
     pub(crate) const INT64: i32 = 7;
     /// BOOL.
     pub(crate) const BOOL: i32 = 9;
+    /// DOUBLE (f64).
+    pub(crate) const DOUBLE: i32 = 11;
 }
 
 /// The number of bits one element of `data_type` takes, or `None` for STRING, UNDEFINED and
@@ -46,7 +48,7 @@ pub(crate) fn dtype_bits(data_type: i32) -> Option<u64> {
 }
 
 /// A value's type: element type, static shape and, for small integer tensors, the values.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Info {
     /// The element type (`TensorProto.DataType`).
     pub(crate) dtype: i32,
@@ -54,6 +56,8 @@ pub(crate) struct Info {
     pub(crate) shape: Vec<u64>,
     /// The values, row-major, when known (integer constants and shape computations).
     pub(crate) value: Option<Vec<i64>>,
+    /// The values of a small floating-point constant (`Resize`'s and `Upsample`'s scales).
+    pub(crate) floats: Option<Vec<f64>>,
 }
 
 impl Info {
@@ -62,6 +66,7 @@ impl Info {
             dtype,
             shape,
             value: None,
+            floats: None,
         }
     }
 
@@ -79,7 +84,9 @@ impl Info {
             .map(|&d| u64::try_from(d).ok())
             .collect::<Option<Vec<u64>>>()?;
         let mut info = Info::new(t.data_type, shape);
-        info.value = tensor_values(t, info.elements()?);
+        let n = info.elements()?;
+        info.value = tensor_values(t, n);
+        info.floats = tensor_floats(t, n);
         Some(info)
     }
 }
@@ -112,6 +119,27 @@ fn tensor_values(t: &TensorProto, n: u64) -> Option<Vec<i64>> {
         t.int64_data.clone()
     } else {
         t.int32_data.iter().map(|&v| i64::from(v)).collect()
+    };
+    (values.len() == n).then_some(values)
+}
+
+/// The values of a FLOAT or DOUBLE constant tensor with `n` elements, if stored consistently.
+fn tensor_floats(t: &TensorProto, n: u64) -> Option<Vec<f64>> {
+    let n = usize::try_from(n).ok().filter(|&n| n <= MAX_VALUES)?;
+    let values: Vec<f64> = match (t.data_type, t.raw_data.is_empty()) {
+        (dtype::FLOAT, true) => t.float_data.iter().map(|&v| f64::from(v)).collect(),
+        (dtype::DOUBLE, true) => t.double_data.clone(),
+        (dtype::FLOAT, false) if t.raw_data.len() == n.checked_mul(4)? => t
+            .raw_data
+            .chunks_exact(4)
+            .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect(),
+        (dtype::DOUBLE, false) if t.raw_data.len() == n.checked_mul(8)? => t
+            .raw_data
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect(),
+        _ => return None,
     };
     (values.len() == n).then_some(values)
 }
@@ -262,6 +290,13 @@ impl Attrs<'_> {
             .find(|a| a.name == name)
             .and_then(|a| a.t.as_ref())
     }
+    fn floats(&self, name: &str) -> Option<&[f32]> {
+        self.0
+            .attribute
+            .iter()
+            .find(|a| a.name == name)
+            .map(|a| a.floats.as_slice())
+    }
     fn has(&self, name: &str) -> bool {
         self.0.attribute.iter().any(|a| a.name == name)
     }
@@ -288,6 +323,18 @@ impl<'a> Inputs<'a, '_> {
         match self.opt(index) {
             None => Ok(None),
             Some(_) => self.value(index).map(Some),
+        }
+    }
+    /// Values of an optional floating-point constant input; `Ok(None)` when absent or empty.
+    fn opt_floats(&self, index: usize) -> Result<Option<&'a [f64]>> {
+        match self.opt(index) {
+            None => Ok(None),
+            Some(i) if i.elements() == Some(0) => Ok(None),
+            Some(i) => i
+                .floats
+                .as_deref()
+                .map(Some)
+                .ok_or(ShapeError::NotConstant { index }),
         }
     }
 }
@@ -441,8 +488,14 @@ pub(crate) fn infer(node: &Node, opset: i64, inputs: &[Option<&Info>]) -> Result
         }
 
         // ---- element-wise with numpy broadcasting ----
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Sum" | "Mean" | "Mod"
-        | "PRelu" | "BitShift" => vec![broadcast_all(ins, c.n_inputs, None)?],
+        "Add" | "Sub" | "Mul" | "Div" => {
+            let mut o = broadcast_all(ins, c.n_inputs, None)?;
+            o.value = fold_arithmetic(&node.op_type, ins, &o);
+            vec![o]
+        }
+        "Pow" | "Max" | "Min" | "Sum" | "Mean" | "Mod" | "PRelu" | "BitShift" => {
+            vec![broadcast_all(ins, c.n_inputs, None)?]
+        }
         "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
             vec![broadcast_all(ins, c.n_inputs, Some(dtype::BOOL))?]
         }
@@ -454,9 +507,68 @@ pub(crate) fn infer(node: &Node, opset: i64, inputs: &[Option<&Info>]) -> Result
 
         // ---- convolution and pooling ----
         "Conv" => window::conv(&c)?,
+        "ConvTranspose" => window::conv_transpose(&c)?,
         "MaxPool" | "AveragePool" | "LpPool" => window::pool(&c)?,
         "GlobalAveragePool" | "GlobalMaxPool" | "GlobalLpPool" => window::global_pool(&c)?,
         // ---- linear algebra ----
+        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
+        | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare" => {
+            let x = ins.get(0)?;
+            let axes_from_input = opset >= 18 || (opset >= 13 && node.op_type == "ReduceSum");
+            let axes: Vec<i64> = if axes_from_input {
+                ins.opt_value(1)?.map(<[i64]>::to_vec).unwrap_or_default()
+            } else {
+                at.ints("axes").map(<[i64]>::to_vec).unwrap_or_default()
+            };
+            if axes.is_empty() && at.int_or("noop_with_empty_axes", 0) != 0 {
+                vec![same(x)]
+            } else {
+                let r = x.shape.len();
+                let axes: Vec<usize> = if axes.is_empty() {
+                    (0..r).collect()
+                } else {
+                    axes.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?
+                };
+                vec![Info::new(
+                    x.dtype,
+                    reduced(&x.shape, &axes, at.int_or("keepdims", 1) != 0),
+                )]
+            }
+        }
+        "ArgMax" | "ArgMin" => {
+            let x = ins.get(0)?;
+            let a = axis(at.int_or("axis", 0), x.shape.len())?;
+            vec![Info::new(
+                dtype::INT64,
+                reduced(&x.shape, &[a], at.int_or("keepdims", 1) != 0),
+            )]
+        }
+        "TopK" => {
+            let x = ins.get(0)?;
+            let a = axis(at.int_or("axis", -1), x.shape.len())?;
+            let k = if opset < 10 {
+                at.int("k").ok_or(ShapeError::Attribute {
+                    name: "k",
+                    problem: "is missing",
+                })?
+            } else {
+                match ins.value(1)? {
+                    [k] => *k,
+                    _ => {
+                        return Err(ShapeError::Attribute {
+                            name: "K",
+                            problem: "is not a single value",
+                        })
+                    }
+                }
+            };
+            let mut shape = x.shape.clone();
+            shape[a] = dim(k)?.min(shape[a]);
+            vec![
+                Info::new(x.dtype, shape.clone()),
+                Info::new(dtype::INT64, shape),
+            ]
+        }
         "Gemm" => {
             let (a, b) = (ins.get(0)?, ins.get(1)?);
             for (i, t) in [(0, a), (1, b)] {
@@ -505,6 +617,12 @@ pub(crate) fn infer(node: &Node, opset: i64, inputs: &[Option<&Info>]) -> Result
         "Size" => layout::size(&c)?,
         "Gather" => layout::gather(&c)?,
         "ConstantOfShape" => layout::constant_of_shape(&c)?,
+        "Slice" => layout::slice(&c)?,
+        "Pad" => layout::pad(&c)?,
+        "Expand" => layout::expand(&c)?,
+        "Tile" => layout::tile(&c)?,
+        "Resize" | "Upsample" => layout::resize(&c)?,
+        "Range" => layout::range(&c)?,
         "Constant" => vec![layout::constant(node)?],
         _ => return Err(ShapeError::Unsupported),
     };
@@ -519,6 +637,48 @@ fn broadcast_all(ins: &Inputs<'_, '_>, n: usize, dtype: Option<i32>) -> Result<I
         shape = broadcast(&shape, &ins.get(i)?.shape)?;
     }
     Ok(Info::new(dtype.unwrap_or(first.dtype), shape))
+}
+
+/// `shape` with `axes` reduced: kept as 1 or dropped.
+fn reduced(shape: &[u64], axes: &[usize], keepdims: bool) -> Vec<u64> {
+    shape
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
+            (false, _) => Some(d),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect()
+}
+
+/// Integer `Add`/`Sub`/`Mul`/`Div` of known values of rank 0 or 1 (shape arithmetic), broadcast;
+/// `None` when a value is unknown, on overflow or on division by zero.
+fn fold_arithmetic(op: &str, ins: &Inputs<'_, '_>, out: &Info) -> Option<Vec<i64>> {
+    let (a, b) = (ins.opt(0)?, ins.opt(1)?);
+    let (va, vb) = (a.value.as_deref()?, b.value.as_deref()?);
+    if out.shape.len() > 1 {
+        return None;
+    }
+    let n = usize::try_from(out.elements()?).ok()?;
+    let at = |v: &[i64], i: usize| {
+        if v.len() == 1 {
+            v.first().copied()
+        } else {
+            v.get(i).copied()
+        }
+    };
+    (0..n)
+        .map(|i| {
+            let (x, y) = (at(va, i)?, at(vb, i)?);
+            match op {
+                "Add" => x.checked_add(y),
+                "Sub" => x.checked_sub(y),
+                "Mul" => x.checked_mul(y),
+                _ => x.checked_div(y),
+            }
+        })
+        .collect()
 }
 
 /// Numpy `matmul` shapes (1-D operands promoted and the added axis removed again).

@@ -36,6 +36,26 @@ fn window(
     Ok(out)
 }
 
+/// An attribute list of `len` non-negative values, `default` each when absent.
+fn list(at: &Attrs<'_>, name: &'static str, len: usize, default: u64) -> Result<Vec<u64>> {
+    match at.ints(name) {
+        None => Ok(vec![default; len]),
+        Some(v) if v.len() == len => v
+            .iter()
+            .map(|&d| {
+                u64::try_from(d).map_err(|_| ShapeError::Attribute {
+                    name,
+                    problem: "has a negative value",
+                })
+            })
+            .collect(),
+        Some(_) => Err(ShapeError::Attribute {
+            name,
+            problem: "has the wrong number of values",
+        }),
+    }
+}
+
 /// Spatial output shape of `Conv` and the pooling operators; `x` is `[N, C, spatial...]`.
 fn windowed(node: &Node, x: &[u64], kernel: &[u64], channels: u64, pool: bool) -> Result<Vec<u64>> {
     let at = Attrs(node);
@@ -46,27 +66,9 @@ fn windowed(node: &Node, x: &[u64], kernel: &[u64], channels: u64, pool: bool) -
             problem: "does not match the input's spatial rank",
         });
     }
-    let list = |name: &'static str, len: usize, default: u64| -> Result<Vec<u64>> {
-        match at.ints(name) {
-            None => Ok(vec![default; len]),
-            Some(v) if v.len() == len => v
-                .iter()
-                .map(|&d| {
-                    u64::try_from(d).map_err(|_| ShapeError::Attribute {
-                        name,
-                        problem: "has a negative value",
-                    })
-                })
-                .collect(),
-            Some(_) => Err(ShapeError::Attribute {
-                name,
-                problem: "has the wrong number of values",
-            }),
-        }
-    };
-    let strides = list("strides", n, 1)?;
-    let dilations = list("dilations", n, 1)?;
-    let pads = list("pads", 2 * n, 0)?;
+    let strides = list(&at, "strides", n, 1)?;
+    let dilations = list(&at, "dilations", n, 1)?;
+    let pads = list(&at, "pads", 2 * n, 0)?;
     let ceil = pool && at.int_or("ceil_mode", 0) != 0;
     let auto_pad = at.string("auto_pad").unwrap_or(b"NOTSET");
     let mut out = vec![x[0], channels];
@@ -168,4 +170,82 @@ pub(super) fn global_pool(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
     let mut s = x.shape.clone();
     s[2..].iter_mut().for_each(|d| *d = 1);
     Ok(vec![Info::new(x.dtype, s)])
+}
+
+/// `ConvTranspose`: `[N, C, spatial...]` with weights `[C, M/group, kernel...]` to `[N, M, ...]`,
+/// each spatial extent `stride × (in - 1) + output_padding + dilated kernel - pads`, or
+/// `output_shape` when given.
+pub(super) fn conv_transpose(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
+    let (at, ins) = (&c.at, &c.ins);
+    let x = ins.get(0)?;
+    let w = ins.get(1)?;
+    rank_at_least(x, 0, 3, "at least 3 ([N, C, spatial...])")?;
+    if w.shape.len() != x.shape.len() {
+        return Err(ShapeError::Rank {
+            index: 1,
+            rank: w.shape.len(),
+            expected: "the input's rank ([C, M/group, kernel...])",
+        });
+    }
+    let group = u64::try_from(at.int_or("group", 1)).unwrap_or(0);
+    if group == 0 || w.shape[0] != x.shape[1] {
+        return Err(ShapeError::Mismatch {
+            what: "input channels vs the weight's first dimension",
+            left: x.shape[1],
+            right: w.shape[0],
+        });
+    }
+    let n = x.shape.len() - 2;
+    let kernel = match at.ints("kernel_shape") {
+        Some(k) => k.iter().map(|&d| dim(d)).collect::<Result<Vec<_>>>()?,
+        None => w.shape[2..].to_vec(),
+    };
+    if kernel.len() != n {
+        return Err(ShapeError::Attribute {
+            name: "kernel_shape",
+            problem: "does not match the input's spatial rank",
+        });
+    }
+    let mut out = vec![x.shape[0], ck(w.shape[1].checked_mul(group))?];
+    if let Some(shape) = at.ints("output_shape") {
+        let spatial = shape.get(shape.len().saturating_sub(n)..).unwrap_or(&[]);
+        if spatial.len() != n {
+            return Err(ShapeError::Attribute {
+                name: "output_shape",
+                problem: "does not match the input's spatial rank",
+            });
+        }
+        for &d in spatial {
+            out.push(dim(d)?);
+        }
+        return Ok(vec![Info::new(x.dtype, out)]);
+    }
+    let strides = list(at, "strides", n, 1)?;
+    let dilations = list(at, "dilations", n, 1)?;
+    let pads = list(at, "pads", 2 * n, 0)?;
+    let extra = list(at, "output_padding", n, 0)?;
+    let same = matches!(at.string("auto_pad"), Some(b"SAME_UPPER" | b"SAME_LOWER"));
+    for i in 0..n {
+        let input = x.shape[i + 2];
+        let o = if same {
+            ck(input.checked_mul(strides[i]))?
+        } else {
+            let extent = ck(dilations[i].checked_mul(kernel[i].saturating_sub(1)))?;
+            let full = ck(input
+                .saturating_sub(1)
+                .checked_mul(strides[i])
+                .and_then(|v| v.checked_add(extra[i]))
+                .and_then(|v| v.checked_add(extent))
+                .and_then(|v| v.checked_add(1)))?;
+            full.checked_sub(pads[i])
+                .and_then(|v| v.checked_sub(pads[i + n]))
+                .filter(|&v| v > 0)
+                .ok_or(ShapeError::Window {
+                    window: full,
+                    input,
+                })?
+        };
+        out.push(o);
+    }
+    Ok(vec![Info::new(x.dtype, out)])
 }
