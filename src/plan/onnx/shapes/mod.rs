@@ -6,11 +6,16 @@
 //! (`Shape` → `Gather` → `Concat` → `Reshape`, `ConstantOfShape`, opset-13 axes inputs) fold.
 //!
 //! Every rule follows the operator's definition in ONNX's `Operators.md`; arithmetic on
-//! dimensions is checked, so a hostile file gets an error, never an overflow.
+//! dimensions is checked, so a hostile file gets an error, never an overflow. This module holds
+//! the types, the element-wise and broadcasting rules and the dispatch; `window` has convolution
+//! and pooling, `math` linear algebra and reductions, `layout` the operators that reshape, split,
+//! join, slice, pad or resize, and `values` the shape computations that fold to constants.
 
 use super::proto::{Node, TensorProto};
 
 mod layout;
+mod math;
+mod values;
 mod window;
 
 /// `TensorProto.DataType` codes used by the rules below.
@@ -512,98 +517,11 @@ pub(crate) fn infer(node: &Node, opset: i64, inputs: &[Option<&Info>]) -> Result
         "GlobalAveragePool" | "GlobalMaxPool" | "GlobalLpPool" => window::global_pool(&c)?,
         // ---- linear algebra ----
         "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
-        | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare" => {
-            let x = ins.get(0)?;
-            let axes_from_input = opset >= 18 || (opset >= 13 && node.op_type == "ReduceSum");
-            let axes: Vec<i64> = if axes_from_input {
-                ins.opt_value(1)?.map(<[i64]>::to_vec).unwrap_or_default()
-            } else {
-                at.ints("axes").map(<[i64]>::to_vec).unwrap_or_default()
-            };
-            if axes.is_empty() && at.int_or("noop_with_empty_axes", 0) != 0 {
-                vec![same(x)]
-            } else {
-                let r = x.shape.len();
-                let axes: Vec<usize> = if axes.is_empty() {
-                    (0..r).collect()
-                } else {
-                    axes.iter().map(|&a| axis(a, r)).collect::<Result<_>>()?
-                };
-                vec![Info::new(
-                    x.dtype,
-                    reduced(&x.shape, &axes, at.int_or("keepdims", 1) != 0),
-                )]
-            }
-        }
-        "ArgMax" | "ArgMin" => {
-            let x = ins.get(0)?;
-            let a = axis(at.int_or("axis", 0), x.shape.len())?;
-            vec![Info::new(
-                dtype::INT64,
-                reduced(&x.shape, &[a], at.int_or("keepdims", 1) != 0),
-            )]
-        }
-        "TopK" => {
-            let x = ins.get(0)?;
-            let a = axis(at.int_or("axis", -1), x.shape.len())?;
-            let k = if opset < 10 {
-                at.int("k").ok_or(ShapeError::Attribute {
-                    name: "k",
-                    problem: "is missing",
-                })?
-            } else {
-                match ins.value(1)? {
-                    [k] => *k,
-                    _ => {
-                        return Err(ShapeError::Attribute {
-                            name: "K",
-                            problem: "is not a single value",
-                        })
-                    }
-                }
-            };
-            let mut shape = x.shape.clone();
-            shape[a] = dim(k)?.min(shape[a]);
-            vec![
-                Info::new(x.dtype, shape.clone()),
-                Info::new(dtype::INT64, shape),
-            ]
-        }
-        "Gemm" => {
-            let (a, b) = (ins.get(0)?, ins.get(1)?);
-            for (i, t) in [(0, a), (1, b)] {
-                if t.shape.len() != 2 {
-                    return Err(ShapeError::Rank {
-                        index: i,
-                        rank: t.shape.len(),
-                        expected: "2",
-                    });
-                }
-            }
-            let (m, k) = if at.int_or("transA", 0) != 0 {
-                (a.shape[1], a.shape[0])
-            } else {
-                (a.shape[0], a.shape[1])
-            };
-            let (k2, n) = if at.int_or("transB", 0) != 0 {
-                (b.shape[1], b.shape[0])
-            } else {
-                (b.shape[0], b.shape[1])
-            };
-            if k != k2 {
-                return Err(ShapeError::Mismatch {
-                    what: "Gemm inner dimensions",
-                    left: k,
-                    right: k2,
-                });
-            }
-            vec![Info::new(a.dtype, vec![m, n])]
-        }
-        "MatMul" => {
-            let (a, b) = (ins.get(0)?, ins.get(1)?);
-            vec![Info::new(a.dtype, matmul(&a.shape, &b.shape)?)]
-        }
-
+        | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare" => math::reduce(&c)?,
+        "ArgMax" | "ArgMin" => math::arg(&c)?,
+        "TopK" => math::top_k(&c)?,
+        "Gemm" => math::gemm(&c)?,
+        "MatMul" => math::mat_mul(&c)?,
         // ---- shape manipulation ----
         "Flatten" => layout::flatten(&c)?,
         "Reshape" => layout::reshape_op(&c)?,
@@ -613,17 +531,17 @@ pub(crate) fn infer(node: &Node, opset: i64, inputs: &[Option<&Info>]) -> Result
         "Squeeze" => layout::squeeze(&c)?,
         "Unsqueeze" => layout::unsqueeze(&c)?,
         // ---- shape computations (values known statically) ----
-        "Shape" => layout::shape(&c)?,
-        "Size" => layout::size(&c)?,
-        "Gather" => layout::gather(&c)?,
-        "ConstantOfShape" => layout::constant_of_shape(&c)?,
+        "Shape" => values::shape(&c)?,
+        "Size" => values::size(&c)?,
+        "Gather" => values::gather(&c)?,
+        "ConstantOfShape" => values::constant_of_shape(&c)?,
         "Slice" => layout::slice(&c)?,
         "Pad" => layout::pad(&c)?,
         "Expand" => layout::expand(&c)?,
         "Tile" => layout::tile(&c)?,
         "Resize" | "Upsample" => layout::resize(&c)?,
-        "Range" => layout::range(&c)?,
-        "Constant" => vec![layout::constant(node)?],
+        "Range" => values::range(&c)?,
+        "Constant" => vec![values::constant(node)?],
         _ => return Err(ShapeError::Unsupported),
     };
     Ok(out)
@@ -637,19 +555,6 @@ fn broadcast_all(ins: &Inputs<'_, '_>, n: usize, dtype: Option<i32>) -> Result<I
         shape = broadcast(&shape, &ins.get(i)?.shape)?;
     }
     Ok(Info::new(dtype.unwrap_or(first.dtype), shape))
-}
-
-/// `shape` with `axes` reduced: kept as 1 or dropped.
-fn reduced(shape: &[u64], axes: &[usize], keepdims: bool) -> Vec<u64> {
-    shape
-        .iter()
-        .enumerate()
-        .filter_map(|(i, &d)| match (axes.contains(&i), keepdims) {
-            (false, _) => Some(d),
-            (true, true) => Some(1),
-            (true, false) => None,
-        })
-        .collect()
 }
 
 /// Integer `Add`/`Sub`/`Mul`/`Div` of known values of rank 0 or 1 (shape arithmetic), broadcast;
@@ -679,43 +584,4 @@ fn fold_arithmetic(op: &str, ins: &Inputs<'_, '_>, out: &Info) -> Option<Vec<i64
             }
         })
         .collect()
-}
-
-/// Numpy `matmul` shapes (1-D operands promoted and the added axis removed again).
-fn matmul(a: &[u64], b: &[u64]) -> Result<Vec<u64>> {
-    for (index, s) in [(0, a), (1, b)] {
-        if s.is_empty() {
-            return Err(ShapeError::Rank {
-                index,
-                rank: 0,
-                expected: "at least 1",
-            });
-        }
-    }
-    let a2: Vec<u64> = if a.len() == 1 {
-        vec![1, a[0]]
-    } else {
-        a.to_vec()
-    };
-    let b2: Vec<u64> = if b.len() == 1 {
-        vec![b[0], 1]
-    } else {
-        b.to_vec()
-    };
-    let (ra, rb) = (a2.len(), b2.len());
-    if a2[ra - 1] != b2[rb - 2] {
-        return Err(ShapeError::Mismatch {
-            what: "MatMul inner dimensions",
-            left: a2[ra - 1],
-            right: b2[rb - 2],
-        });
-    }
-    let mut out = broadcast(&a2[..ra - 2], &b2[..rb - 2])?;
-    if a.len() > 1 {
-        out.push(a2[ra - 2]);
-    }
-    if b.len() > 1 {
-        out.push(b2[rb - 1]);
-    }
-    Ok(out)
 }
