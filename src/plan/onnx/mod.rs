@@ -202,6 +202,18 @@ pub enum Error {
     /// The graph has more nodes than steps fit in 32 bits.
     #[error("the graph has more than 2^32 nodes")]
     TooManyNodes,
+    /// A node has a subgraph (`If`, `Loop`, `Scan`): the values its body reads from the outer
+    /// graph are not among the node's inputs, so their lifetimes cannot be read off node order.
+    #[error(
+        "node `{node}` ({op}) has a subgraph; control flow is not supported (unroll or fold it, \
+         e.g. with onnxsim, and read that model)"
+    )]
+    ControlFlow {
+        /// The node (its name, or `#index` when it has none).
+        node: String,
+        /// Its operator.
+        op: String,
+    },
 }
 
 /// Reads the model at `path`; see [`parse_with`].
@@ -463,6 +475,16 @@ impl<'g> Reader<'g> {
                     activations.push(id);
                 }
             }
+        }
+        // AttributeProto.AttributeType GRAPH (5) and GRAPHS (10), or the control-flow operators
+        // (whose attribute type a writer may have left unset).
+        if node.attribute.iter().any(|a| matches!(a.r#type, 5 | 10))
+            || matches!(node.op_type.as_str(), "If" | "Loop" | "Scan")
+        {
+            return Err(Error::ControlFlow {
+                node: label(),
+                op: node.op_type.clone(),
+            });
         }
         let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
         let inferred = if default_domain {

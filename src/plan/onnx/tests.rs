@@ -311,6 +311,27 @@ fn custom_domain_op_says_its_domain() {
 }
 
 #[test]
+fn control_flow_is_an_error_even_with_declared_shapes() {
+    let mut g = small_cnn();
+    g.node[1] = node(
+        "If",
+        &["c"],
+        &["r"],
+        vec![Attribute {
+            name: "then_branch".into(),
+            r#type: 5,
+            ..Default::default()
+        }],
+    );
+    g.value_info = vec![f32_input("r", &[1, 4, 8, 8])];
+    let e = parse(&model(g, 13)).unwrap_err();
+    assert!(
+        matches!(&e, Error::ControlFlow { node, op } if node == "If_r" && op == "If"),
+        "{e:?}"
+    );
+}
+
+#[test]
 fn unknown_input_name_is_an_error() {
     let mut g = small_cnn();
     g.node[2].input[0] = "nope".into();
