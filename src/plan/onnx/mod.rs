@@ -74,6 +74,7 @@ impl Options {
 
 /// Why a model could not be read. Each variant names the tensor or node involved.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The file could not be read.
     #[error("cannot read {}: {source}", path.display())]

@@ -753,3 +753,10 @@ fn reductions_argmax_topk_and_folded_arithmetic() {
     let out = shapes::infer(&div, 13, &[Some(&a), Some(&zero)]).unwrap();
     assert_eq!(out[0].value, None);
 }
+
+#[test]
+fn errors_can_cross_threads() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<Error>();
+    send_sync::<ShapeError>();
+}

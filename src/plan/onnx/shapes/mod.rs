@@ -151,6 +151,7 @@ fn tensor_floats(t: &TensorProto, n: u64) -> Option<Vec<f64>> {
 
 /// Why a node's output types could not be inferred.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ShapeError {
     /// The reader has no shape rule for this operator.
     #[error("no shape rule for this operator")]
