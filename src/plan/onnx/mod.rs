@@ -26,11 +26,20 @@
 //! # Shapes
 //! Shapes come from the file where it has them (`value_info`, the graph outputs; written by
 //! `onnx.shape_inference.infer_shapes`) and otherwise from the reader's own inference
-//! ([`ShapeError`] lists how that fails), which covers the operators of the ONNX model zoo's
-//! vision models (convolution, pooling, normalisation, element-wise, broadcasting, `Gemm`,
-//! `MatMul`, `Concat`, `Split`, `Reshape`, `Flatten`, `Transpose`, `Squeeze`, `Unsqueeze`, shape
-//! arithmetic). Symbolic dimensions (`dim_param`) must be pinned with [`Options::dim`].
+//! ([`ShapeError`] lists how that fails). It covers the operators of the ONNX model zoo's vision
+//! models and their common neighbours: `Conv`, `ConvTranspose` and pooling (pads, `auto_pad`,
+//! strides, dilations, groups, `ceil_mode`), normalisation, element-wise operators with numpy
+//! broadcasting, `Gemm`, `MatMul`, reductions, `ArgMax`, `TopK`, `Concat`, `Split`, `Slice`,
+//! `Pad`, `Expand`, `Tile`, `Resize`/`Upsample` with constant sizes or scales, `Reshape`,
+//! `Flatten`, `Transpose`, `Squeeze`, `Unsqueeze`, and shape arithmetic (`Shape`, `Gather`,
+//! `Concat`, `Slice`, integer `Add`/`Sub`/`Mul`/`Div`, `Range`). Symbolic dimensions
+//! (`dim_param`) must be pinned with [`Options::dim`].
 //!
+//! Not read: control flow (`If`, `Loop`, `Scan`: an error even with declared shapes, since their
+//! bodies read outer values that are not node inputs), data-dependent shapes (`NonZero`,
+//! `NonMaxSuppression`, ...: an error unless `value_info` gives them), operators outside the
+//! default domain (the same), and constant values stored as external data.
+
 //! # Why `prost` and not `tract-onnx`
 //! `tract-onnx` infers shapes for far more operators, but it is an inference engine: a clean debug
 //! build of `tract-onnx` 0.23 alone took 3 min 26 s on this project's 2-core machines (about 100
