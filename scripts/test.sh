@@ -67,13 +67,19 @@ cargo_tool() { # cargo_tool BINARY CRATE : installs a cargo tool if it is not on
 prerequisites() {
 	# gcc + linux-libc-dev: the kernel ABI check compiles a C program against the uapi headers;
 	# pci.ids: vendor and device names in `userdma list`.
-	apt_install gcc libc6-dev linux-libc-dev pci.ids dpkg-dev xz-utils
+	# python3-pip: scripts/onnx-models.sh downloads the onnx wheel (its model-zoo graphs are the
+	# ONNX reader's test data).
+	apt_install gcc libc6-dev linux-libc-dev pci.ids dpkg-dev xz-utils python3-pip
 	rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 	cargo_tool cargo-fuzz cargo-fuzz
 	# The newest uapi headers (with iommufd), fetched without installing them.
 	USERDMA_UAPI_INCLUDE=$(scripts/uapi-headers.sh | tail -n 1)
 	export USERDMA_UAPI_INCLUDE
 	echo "extra uapi headers: $USERDMA_UAPI_INCLUDE"
+	# The model-zoo graphs in the onnx wheel, fetched without installing it (tests/plan_onnx.rs).
+	USERDMA_ONNX_MODELS=$(scripts/onnx-models.sh | tail -n 1)
+	export USERDMA_ONNX_MODELS
+	echo "ONNX models: $USERDMA_ONNX_MODELS"
 }
 log "prerequisites"
 prerequisites

@@ -50,6 +50,7 @@
 //! | [`irq`] | interrupts as eventfds; waiting on many at once (io_uring, epoll fallback) |
 //! | [`device`] | the `Device` trait (BARs, DMA space, interrupt vectors, reset, queue stop), queue formats and [`device::open_queue`], device memory ranges, and the backends: VFIO, UIO and the software loopback device (register map, descriptors, DMA engine, cost model, in-thread or out-of-process) |
 //! | [`ring`] | descriptor rings: submission/completion queues in DMA memory, doorbells, phase-bit completions, ownership of in-flight buffers, waiting (poll, interrupt, future) |
+//! | [`plan`] | static buffer planning: tensor records and their format readers (ONNX) |
 //! | [`pool`] | the DMA buffer pool: size classes, buddy blocks, per-thread caches, lock-free shared lists, borrowed and owned buffers, sharing between processes |
 //!
 //! **Layering** (a module uses only those to its left): `sys` ← `memory`, `mmio`, `irq`,
@@ -67,6 +68,7 @@ pub mod irq;
 pub mod memory;
 pub mod mmio;
 pub mod pci;
+pub mod plan;
 pub mod pool;
 pub mod ring;
 #[cfg(not(loom))]
