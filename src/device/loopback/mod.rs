@@ -91,25 +91,20 @@
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use userdma::device::loopback::{Config, Cost, Loopback, Opcode, Wait};
+//! use userdma::device::loopback::{Config, Cost, Descriptor, Loopback, Wait};
 //! use userdma::device::Device;
-//! use userdma::memory::{PageSize, Region};
-//! use userdma::ring::{self, Command};
+//! use userdma::dma::DeviceOffset;
+//! use userdma::memory::PageSize;
+//! use userdma::ring;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let device = Arc::new(Loopback::new(Config::default().cost(Cost::zero()))?);
-//! let region = Region::builder(64 << 10).page_size(PageSize::Base).memfd().lock(false).build()?;
-//! let host = device.dma_space().map(Arc::new(region))?;
+//! let host = userdma::runtime::map_memory(device.dma_space().as_ref(), 64 << 10, PageSize::Base)?;
 //! host.slice().write_from(0, b"hello, device")?;
 //!
 //! let mut queue = device.open_queue::<()>(ring::Config::new(64), Wait::Interrupt)?;
-//! let to_device = Command {
-//!     opcode: Opcode::ToDevice as u8,
-//!     src: host.iova(0).expect("mapped"),
-//!     dst: 0x100,
-//!     len: 13,
-//!     ..Command::default()
-//! };
+//! let iova = host.iova(0).expect("mapped");
+//! let to_device = Descriptor::to_device(iova, DeviceOffset(0x100), 13).build();
 //! queue.submit(to_device, ())?;
 //! let done = queue.wait(Some(Duration::from_secs(5)))?;
 //! assert!(done.entry.is_success());
