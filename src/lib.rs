@@ -15,6 +15,7 @@
 //! | [`device`] | the `Device` trait (BARs, DMA space, interrupt vectors, reset, queue stop) and the software loopback device with the hardware contract: register map, DMA engine, cost model, in-thread or out-of-process |
 //! | [`ring`] | descriptor rings: submission/completion queues in DMA memory, doorbells, phase-bit completions, ownership of in-flight buffers, waiting (poll, interrupt, future) |
 //! | [`pool`] | the DMA buffer pool: size classes, buddy blocks, per-thread caches, lock-free shared lists, `Buffer`, sharing between processes |
+//! | [`plan`] | static buffer planning: tensor lifetimes to offsets in one arena, in-place reuse, an exact solver |
 //!
 //! The kernel ABI (structs, ioctl numbers, constants) lives in the `userdma-sys` crate, re-exported
 //! as [`sys`].
@@ -28,6 +29,7 @@ pub mod irq;
 pub mod memory;
 pub mod mmio;
 pub mod pci;
+pub mod plan;
 pub mod pool;
 pub mod ring;
 
