@@ -4,9 +4,9 @@
 //! The search answers a decision question, "does every block fit below `capacity`?", and an
 //! outer loop turns it into minimisation: it starts from the best heuristic arena (the
 //! incumbent) and the lower bound, asks at the lower bound first (a yes there is proven
-//! optimal), then bisects between what is proven infeasible and the best arena found, with a
-//! node limit per question that grows by 4× each round, until the two meet or the
-//! [`Budget`] runs out.
+//! optimal), then takes two bisection steps between the bound and the best arena found, with
+//! a node limit per question that doubles each round, until the two meet or the [`Budget`]
+//! runs out.
 //!
 //! The decision search (facts from the MiniMalloc paper, not its code):
 //! * **Canonical placements.** Every block goes at its *minimal offset*: the top of the placed
@@ -20,8 +20,14 @@
 //!   section's floor (the top of its placed blocks, at least the current offset and at least
 //!   the least minimal offset of its unplaced blocks) plus the sum of its unplaced sizes must
 //!   fit in the capacity, or the branch is cut.
+//! * **Hatless pruning.** If nothing unplaced overlaps the block just placed and the rest
+//!   fails, it fails with any other candidate first too: no alternatives are tried.
+//! * **Dynamic decomposition.** Once no unplaced block crosses a section boundary, the two
+//!   sides are independent problems and are solved one after the other (each with its own
+//!   canonical order), instead of searching their interleavings.
 //! * **Ordering.** Candidates in order of minimal offset, ties by a static preorder; three
-//!   preorders (by section total, size and area in three orders) take turns at each node limit.
+//!   preorders (MiniMalloc's WAT, TAW, TWA: lifetime width, area, largest section total) take
+//!   turns at each node limit.
 //!
 //! Deterministic: the same input and a [`Budget::Nodes`] budget give the same plan. A
 //! [`Budget::Time`] budget cuts the search where the clock says.
@@ -123,68 +129,25 @@ impl Shape {
             totals,
         }
     }
-
-    /// The three static preorders (MiniMalloc's letters: T total, Z size, A area).
-    fn preorders(&self, items: &[Item]) -> [Vec<usize>; 3] {
-        let total: Vec<u64> = (0..items.len())
-            .map(|i| {
-                (self.sec_lo[i]..self.sec_hi[i])
-                    .map(|s| self.totals[s])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let area =
-            |i: usize| u128::from(items[i].size) * u128::from(items[i].last - items[i].first + 1);
-        let base: Vec<usize> = (0..items.len()).collect();
-        let mut zat = base.clone();
-        zat.sort_by_key(|&i| {
-            (
-                std::cmp::Reverse(items[i].size),
-                std::cmp::Reverse(area(i)),
-                std::cmp::Reverse(total[i]),
-                i,
-            )
-        });
-        let mut taz = base.clone();
-        taz.sort_by_key(|&i| {
-            (
-                std::cmp::Reverse(total[i]),
-                std::cmp::Reverse(area(i)),
-                std::cmp::Reverse(items[i].size),
-                i,
-            )
-        });
-        let mut tza = base;
-        tza.sort_by_key(|&i| {
-            (
-                std::cmp::Reverse(total[i]),
-                std::cmp::Reverse(items[i].size),
-                std::cmp::Reverse(area(i)),
-                i,
-            )
-        });
-        [zat, taz, tza]
-    }
 }
 
-/// One decision search: a capacity, a preorder, a node limit.
+/// One decision search: a capacity, a preorder heuristic, a node limit.
 #[derive(Debug)]
 struct Search<'a> {
     items: &'a [Item],
     shape: &'a Shape,
     capacity: u64,
-    /// Preorder position to block.
-    pre: &'a [usize],
+    /// Which preorder (0: width, area, total; 1: total, area, width; 2: total, width, area).
+    heuristic: usize,
     offset: Vec<u64>,
+    solution: Vec<u64>,
     min_offset: Vec<u64>,
     floor: Vec<u64>,
     total: Vec<u64>,
+    /// Unplaced blocks crossing the boundary between section `s` and `s + 1`.
+    cuts: Vec<u32>,
     undo_min: Vec<(usize, u64)>,
     undo_floor: Vec<(usize, u64)>,
-    stamp: Vec<u32>,
-    generation: u32,
-    affected: Vec<usize>,
     nodes: u64,
     limit: u64,
     deadline: Option<Instant>,
@@ -195,25 +158,31 @@ impl<'a> Search<'a> {
     fn new(
         items: &'a [Item],
         shape: &'a Shape,
-        pre: &'a [usize],
+        heuristic: usize,
         capacity: u64,
         limit: u64,
         deadline: Option<Instant>,
     ) -> Self {
+        let sections = shape.totals.len();
+        let mut cuts = vec![0u32; sections.saturating_sub(1)];
+        for i in 0..items.len() {
+            for c in &mut cuts[shape.sec_lo[i]..shape.sec_hi[i] - 1] {
+                *c += 1;
+            }
+        }
         Self {
             items,
             shape,
             capacity,
-            pre,
+            heuristic,
             offset: vec![NONE; items.len()],
+            solution: vec![NONE; items.len()],
             min_offset: vec![0; items.len()],
-            floor: vec![0; shape.totals.len()],
+            floor: vec![0; sections],
             total: shape.totals.clone(),
+            cuts,
             undo_min: Vec::new(),
             undo_floor: Vec::new(),
-            stamp: vec![0; shape.totals.len()],
-            generation: 0,
-            affected: Vec::new(),
             nodes: 0,
             limit,
             deadline,
@@ -222,21 +191,89 @@ impl<'a> Search<'a> {
     }
 
     fn run(&mut self) -> Status {
-        if self.check(0) {
-            self.dfs(0, 0, self.items.len())
-        } else {
-            Status::NotFound
+        let all: Vec<usize> = (0..self.items.len()).collect();
+        let sections = self.shape.totals.len();
+        if !self.check((0, sections), 0) {
+            return Status::NotFound;
         }
+        let mut cutpoints = vec![0];
+        cutpoints.extend(
+            (0..self.cuts.len())
+                .filter(|&s| self.cuts[s] == 0)
+                .map(|s| s + 1),
+        );
+        cutpoints.push(sections);
+        self.split(&all, &cutpoints)
     }
 
-    fn check(&self, offset: u64) -> bool {
-        self.floor
+    /// Solves the unplaced blocks of `blocks` in each range between consecutive cutpoints,
+    /// independently.
+    fn split(&mut self, blocks: &[usize], cutpoints: &[usize]) -> Status {
+        for w in cutpoints.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            let sub: Vec<usize> = blocks
+                .iter()
+                .copied()
+                .filter(|&j| {
+                    self.offset[j] == NONE && self.shape.sec_lo[j] < b && a < self.shape.sec_hi[j]
+                })
+                .collect();
+            if sub.is_empty() {
+                continue;
+            }
+            let status = self.solve_partition(sub, (a, b));
+            if status != Status::Found {
+                return status;
+            }
+        }
+        Status::Found
+    }
+
+    /// A static preorder of `blocks` (MiniMalloc's letters: W lifetime width, A area, T the
+    /// largest section total it spans), then the search.
+    fn solve_partition(&mut self, mut blocks: Vec<usize>, range: (usize, usize)) -> Status {
+        let items = self.items;
+        let shape = self.shape;
+        let total = |i: usize| {
+            (shape.sec_lo[i]..shape.sec_hi[i])
+                .map(|s| self.total[s])
+                .max()
+                .unwrap_or(0)
+        };
+        let key = |i: usize| {
+            let w = u128::from(items[i].last - items[i].first + 1);
+            let a = u128::from(items[i].size) * w;
+            let t = u128::from(total(i));
+            let (k0, k1, k2) = match self.heuristic {
+                0 => (w, a, t),
+                1 => (t, a, w),
+                _ => (t, w, a),
+            };
+            (
+                std::cmp::Reverse(k0),
+                std::cmp::Reverse(k1),
+                std::cmp::Reverse(k2),
+                i,
+            )
+        };
+        blocks.sort_by_cached_key(|&i| key(i));
+        self.dfs(&blocks, range, 0, 0)
+    }
+
+    fn check(&self, range: (usize, usize), offset: u64) -> bool {
+        self.floor[range.0..range.1]
             .iter()
-            .zip(&self.total)
+            .zip(&self.total[range.0..range.1])
             .all(|(&f, &t)| f.max(offset) + t <= self.capacity)
     }
 
-    fn dfs(&mut self, last_offset: u64, last_rank: usize, remaining: usize) -> Status {
+    fn dfs(
+        &mut self,
+        pre: &[usize],
+        range: (usize, usize),
+        last_offset: u64,
+        last_rank: usize,
+    ) -> Status {
         self.nodes += 1;
         if self.nodes > self.limit {
             return Status::Aborted;
@@ -249,76 +286,98 @@ impl<'a> Search<'a> {
                 }
             }
         }
-        if remaining == 0 {
-            return Status::Found;
-        }
-        let mut candidates: Vec<(u64, usize)> = self
-            .pre
+        let mut candidates: Vec<(u64, usize)> = pre
             .iter()
             .enumerate()
             .filter(|&(_, &i)| self.offset[i] == NONE)
             .map(|(r, &i)| (self.min_offset[i], r))
             .collect();
+        if candidates.is_empty() {
+            return Status::Found;
+        }
         candidates.sort_unstable();
         let min_height = candidates
             .iter()
-            .map(|&(o, r)| o + self.items[self.pre[r]].size)
+            .map(|&(o, r)| o + self.items[pre[r]].size)
             .min()
             .unwrap_or(NONE);
         for &(offset, r) in &candidates {
+            // Dominance: a block at or above `min_height` leaves a gap another block fills.
             if offset >= min_height {
                 break;
             }
+            // Canonical: non-decreasing offsets, ties in preorder.
             if offset < last_offset || (offset == last_offset && r < last_rank) {
                 continue;
             }
-            let i = self.pre[r];
-            let height = offset + self.items[i].size;
-            if height > self.capacity {
+            let i = pre[r];
+            if offset + self.items[i].size > self.capacity {
                 continue;
             }
             let (min_mark, floor_mark) = (self.undo_min.len(), self.undo_floor.len());
             self.place(i, offset);
             // Nothing above it had to move: if the rest fails with it here, it fails with any
             // other candidate first, too ("hatless" pruning).
-            let hatless = self.undo_min.len() == min_mark;
-            let status = if self.check(offset) {
-                self.dfs(offset, r, remaining - 1)
+            let hatless = self.shape.overlaps[i]
+                .iter()
+                .all(|&j| self.offset[j] != NONE);
+            let status = if self.check(range, offset) {
+                self.decompose(pre, range, offset, r, i)
             } else {
                 Status::NotFound
             };
-            if status == Status::Found {
-                return status;
-            }
             self.unplace(i, min_mark, floor_mark);
-            if status == Status::Aborted || hatless {
+            if status != Status::NotFound || hatless {
                 return status;
             }
         }
         Status::NotFound
     }
 
+    /// After placing `i`: where no unplaced block crosses a section boundary any more, the two
+    /// sides are independent problems, each solved on its own (dynamic decomposition).
+    fn decompose(
+        &mut self,
+        pre: &[usize],
+        range: (usize, usize),
+        offset: u64,
+        r: usize,
+        i: usize,
+    ) -> Status {
+        self.solution[i] = offset;
+        let (lo, hi) = (self.shape.sec_lo[i], self.shape.sec_hi[i]);
+        let mut cutpoints = vec![range.0];
+        for s in lo..hi - 1 {
+            self.cuts[s] -= 1;
+            if self.cuts[s] == 0 {
+                cutpoints.push(s + 1);
+            }
+        }
+        let status = if cutpoints.len() == 1 {
+            self.dfs(pre, range, offset, r)
+        } else {
+            cutpoints.push(range.1);
+            self.split(pre, &cutpoints)
+        };
+        for c in &mut self.cuts[lo..hi - 1] {
+            *c += 1;
+        }
+        status
+    }
     fn place(&mut self, i: usize, offset: u64) {
         let shape = self.shape;
         let size = self.items[i].size;
         let height = offset + size;
         self.offset[i] = offset;
-        self.generation = self.generation.wrapping_add(1);
-        if self.generation == 0 {
-            self.stamp.iter_mut().for_each(|s| *s = 0);
-            self.generation = 1;
-        }
-        self.affected.clear();
+        // The sections whose floor may rise: the span of the blocks whose minimal offset rose
+        // (a superset of their union; the inference holds for any section).
+        let (mut lo, mut hi) = (usize::MAX, 0);
         for &j in &shape.overlaps[i] {
             if self.offset[j] == NONE && self.min_offset[j] < height {
                 self.undo_min.push((j, self.min_offset[j]));
                 self.min_offset[j] = height;
-                for s in shape.sec_lo[j]..shape.sec_hi[j] {
-                    if self.stamp[s] != self.generation {
-                        self.stamp[s] = self.generation;
-                        self.affected.push(s);
-                    }
-                }
+                lo = lo.min(shape.sec_lo[j]);
+                hi = hi.max(shape.sec_hi[j]);
             }
         }
         for s in shape.sec_lo[i]..shape.sec_hi[i] {
@@ -327,8 +386,7 @@ impl<'a> Search<'a> {
             self.total[s] -= size;
         }
         // The floor of a section is at least the least minimal offset of its unplaced blocks.
-        for k in 0..self.affected.len() {
-            let s = self.affected[k];
+        for s in lo..hi {
             let least = shape.section_items[s]
                 .iter()
                 .filter(|&&j| self.offset[j] == NONE)
@@ -361,29 +419,6 @@ impl<'a> Search<'a> {
     }
 }
 
-/// Test hook: one decision search at `capacity` with preorder `which` (0..3); returns
-/// (found, nodes).
-#[doc(hidden)]
-pub fn probe(
-    tensors: &[super::Tensor],
-    capacity: u64,
-    which: usize,
-    limit: u64,
-) -> (Option<bool>, u64) {
-    let problem = super::Problem::new(tensors, &super::Options::default()).expect("valid");
-    let items = &problem.items;
-    let shape = Shape::new(items);
-    let pre = shape.preorders(items);
-    let mut s = Search::new(items, &shape, &pre[which], capacity, limit, None);
-    let status = s.run();
-    let found = match status {
-        Status::Found => Some(true),
-        Status::NotFound => Some(false),
-        Status::Aborted => None,
-    };
-    (found, s.nodes)
-}
-
 /// Improves on `incumbent` (offsets of a valid plan) until the arena meets `lower` or the budget
 /// runs out.
 pub(crate) fn search(
@@ -410,34 +445,43 @@ pub(crate) fn search(
         Budget::Nodes(n) => (None, n),
     };
     let shape = Shape::new(items);
-    let preorders = shape.preorders(items);
     let mut proven = lower.div_ceil(align) * align;
-    let mut limit = (4 * items.len() as u64).max(1024);
+    let mut limit = (2 * items.len() as u64).max(256);
+    // The bisection's tentative bottom: above `proven` once a question there ran out of nodes.
+    let mut lo = proven;
     'rounds: while proven < best_arena {
-        let (mut lo, mut hi) = (proven, best_arena);
-        let mut first = true;
-        while lo < hi {
-            let capacity = if first {
-                lo
+        // Each round: the question at the proven bound with the round's limit, then two
+        // bisection steps between the tentative bottom and the best arena with a quarter of it
+        // (they mostly improve the incumbent when the bound is out of reach). The limit doubles
+        // each round, as in MiniMalloc's round robin.
+        for step in 0..3 {
+            let capacity = if step == 0 {
+                proven
+            } else if lo < best_arena {
+                lo + (best_arena - lo) / align / 2 * align
             } else {
-                lo + (hi - lo) / align / 2 * align
+                break;
             };
-            first = false;
+            let attempt_limit = if step == 0 {
+                limit
+            } else {
+                (limit / 4).max(64)
+            };
             let mut answer = Status::Aborted;
-            for pre in &preorders {
+            for heuristic in 0..3 {
                 let mut s = Search::new(
                     items,
                     &shape,
-                    pre,
+                    heuristic,
                     capacity,
-                    limit.min(nodes_left),
+                    attempt_limit.min(nodes_left),
                     deadline,
                 );
                 let status = s.run();
                 nodes_left -= s.nodes.min(nodes_left);
                 outcome.nodes += s.nodes;
                 if status == Status::Found {
-                    outcome.offsets.clone_from(&s.offset);
+                    outcome.offsets.clone_from(&s.solution);
                     best_arena = arena(items, &outcome.offsets);
                     outcome.improved = true;
                     answer = status;
@@ -452,15 +496,21 @@ pub(crate) fn search(
                 }
             }
             match answer {
-                Status::Found => hi = best_arena,
+                Status::Found => {}
                 Status::NotFound => {
-                    lo = capacity + align;
-                    proven = proven.max(lo);
+                    proven = proven.max(capacity + align);
+                    lo = lo.max(proven);
                 }
-                Status::Aborted => lo = capacity + align,
+                Status::Aborted => lo = lo.max(capacity + align),
+            }
+            if proven >= best_arena {
+                break 'rounds;
             }
         }
-        limit = limit.saturating_mul(4);
+        if lo >= best_arena {
+            lo = proven;
+        }
+        limit = limit.saturating_mul(2);
     }
     outcome.arena = best_arena;
     outcome.optimal = proven >= best_arena;

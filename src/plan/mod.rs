@@ -27,6 +27,8 @@
 //! | [`exact`] | the branch and bound ([`Budget`]) |
 //! | [`strategy`] | [`Strategy`], [`plan()`], [`compare`] |
 //! | [`arena`] | [`Plan`], [`Placement`], the independent checker ([`Invalid`]) |
+//! | [`multi`] | several models in one arena (sequential, concurrent) and per-shape-bucket plans |
+//! | [`levels`] | two memory levels: which tensors live in SRAM, and the share of touched bytes there |
 
 pub mod arena;
 mod error;
@@ -34,6 +36,8 @@ pub mod exact;
 pub mod format;
 mod heuristics;
 pub mod inplace;
+pub mod levels;
+pub mod multi;
 pub mod problem;
 pub mod strategy;
 pub mod tensor;
