@@ -11,7 +11,12 @@ fuzz_target!(|data: &[u8]| {
     };
     match format::read_csv(text) {
         Ok(tensors) => {
-            if let Ok(p) = plan::plan(&tensors, &Options::default(), Strategy::BestFit, Budget::Nodes(0)) {
+            if let Ok(p) = plan::plan(
+                &tensors,
+                &Options::default(),
+                Strategy::BestFit,
+                Budget::Nodes(0),
+            ) {
                 p.validate(&tensors).expect("best-fit plan validates");
             }
         }

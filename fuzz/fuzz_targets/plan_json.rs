@@ -11,7 +11,12 @@ fuzz_target!(|data: &[u8]| {
     };
     match format::read_json(text) {
         Ok(tensors) => {
-            if let Ok(p) = plan::plan(&tensors, &Options::default(), Strategy::GreedySize, Budget::Nodes(0)) {
+            if let Ok(p) = plan::plan(
+                &tensors,
+                &Options::default(),
+                Strategy::GreedySize,
+                Budget::Nodes(0),
+            ) {
                 p.validate(&tensors).expect("greedy-size plan validates");
             }
         }

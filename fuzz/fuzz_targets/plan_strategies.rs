@@ -39,9 +39,19 @@ fuzz_target!(|input: Input| {
         .enumerate()
         .map(|(i, r)| {
             let first = u32::from(r.first % 16);
-            let mut t = Tensor::new(i as u64, u64::from(r.bytes) + 1, first, first + u32::from(r.len % 8));
+            let mut t = Tensor::new(
+                i as u64,
+                u64::from(r.bytes) + 1,
+                first,
+                first + u32::from(r.len % 8),
+            );
             t.op = Some(OPS[usize::from(r.op) % OPS.len()].to_owned());
-            t.inputs = r.input.map(|k| u64::from(k) % (i as u64).max(1)).into_iter().filter(|&k| k < i as u64).collect();
+            t.inputs = r
+                .input
+                .map(|k| u64::from(k) % (i as u64).max(1))
+                .into_iter()
+                .filter(|&k| k < i as u64)
+                .collect();
             t.kind = [Kind::Input, Kind::Intermediate, Kind::Output][usize::from(r.kind % 3)];
             t.offset = r.fixed.map(|f| u64::from(f) * 4096);
             t.inplace = r.inplace;
@@ -62,7 +72,10 @@ fuzz_target!(|input: Input| {
             continue;
         };
         p.validate(&tensors).unwrap_or_else(|e| panic!("{s}: {e}"));
-        assert!(p.arena_bytes >= p.lower_bound.bytes, "{s} beat the lower bound");
+        assert!(
+            p.arena_bytes >= p.lower_bound.bytes,
+            "{s} beat the lower bound"
+        );
         let again = plan::plan(&tensors, &options, s, budget).expect("same input, same answer");
         assert_eq!(again.placements, p.placements, "{s} is not deterministic");
         assert_eq!(again.strategy, p.strategy);
