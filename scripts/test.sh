@@ -92,9 +92,10 @@ step "cargo doc -D warnings" env RUSTDOCFLAGS=-Dwarnings cargo doc --workspace -
 step "cargo test (unit, integration, kernel ABI)" cargo test --workspace --locked
 step "loom models (pool, ring)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 	cargo test --release --locked --lib -- pool:: ring::
+step "planner on the MiniMalloc instances, release" cargo test --release --locked --test plan
 step "loopback soak, release (10^6 transfers)" cargo test --release --locked --test loopback_soak
 step "benchmarks, test mode (each once; ratio tables in one short round)" \
-	cargo bench --locked --bench pool --bench ring --bench loopback -- --test
+	cargo bench --locked --bench pool --bench ring --bench loopback --bench plan -- --test
 step "guest suite: real PCI devices (edu, NVMe) in QEMU guests" scripts/guest-test.sh
 step "main job (README)" cargo run --release --locked --quiet -- demo
 step "PCI listing (README)" cargo run --release --locked --quiet -- list

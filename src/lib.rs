@@ -50,7 +50,7 @@
 //! | [`irq`] | interrupts as eventfds; waiting on many at once (io_uring, epoll fallback) |
 //! | [`device`] | the `Device` trait (BARs, DMA space, interrupt vectors, reset, queue stop), queue formats and [`device::open_queue`], device memory ranges, and the backends: VFIO, UIO and the software loopback device (register map, descriptors, DMA engine, cost model, in-thread or out-of-process) |
 //! | [`ring`] | descriptor rings: submission/completion queues in DMA memory, doorbells, phase-bit completions, ownership of in-flight buffers, waiting (poll, interrupt, future) |
-//! | [`plan`] | static buffer planning: tensor records and their format readers (ONNX) |
+//! | [`plan`] | static buffer planning: tensor lifetimes to offsets in one arena, in-place reuse, an exact solver; tensor-usage JSON, MiniMalloc CSV and ONNX readers |
 //! | [`pool`] | the DMA buffer pool: size classes, buddy blocks, per-thread caches, lock-free shared lists, borrowed and owned buffers, sharing between processes |
 //!
 //! **Layering** (a module uses only those to its left): `sys` ← `memory`, `mmio`, `irq`,

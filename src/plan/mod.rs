@@ -1,10 +1,52 @@
 //! Static buffer planning: tensor lifetimes to offsets in one DMA arena.
 //!
-//! The planner's input is a list of [`Tensor`] records (size, live interval in execution steps,
-//! producing op). The format readers turn model files into these records; [`onnx`] reads ONNX
-//! models.
+//! Input records ([`Tensor`]: size, live interval `[first, last]` in steps, producing op,
+//! kind, optional fixed offset) go in; a [`Plan`] comes out: every tensor's offset in one
+//! arena that is allocated and mapped once, the arena size, the [lower bound](LowerBound)
+//! (the peak of live bytes), the naive size, the strategy that won and whether it is proven
+//! optimal. [`Plan::validate`] checks a plan without trusting the planner. Pure logic: no
+//! unsafe, no I/O.
+//!
+//! ```
+//! use userdma::plan::{self, Budget, Options, Strategy, Tensor};
+//!
+//! let tensors = [Tensor::new(0, 1000, 0, 1), Tensor::new(1, 500, 1, 2), Tensor::new(2, 1000, 2, 3)];
+//! let plan = plan::plan(&tensors, &Options::default(), Strategy::Auto, Budget::Nodes(10_000))?;
+//! plan.validate(&tensors)?;
+//! assert_eq!(plan.arena_bytes, plan.lower_bound.bytes); // 1024 + 512, with 256-byte alignment
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`tensor`] | the input record ([`Tensor`], [`Kind`]) |
+//! | `error` | [`Error`]: why an input was refused, naming the record |
+//! | [`problem`] | validation, alignment, in-place and alias groups, [`LowerBound`], naive size |
+//! | [`inplace`] | the built-in op tables for in-place reuse and aliasing |
+//! | `heuristics` | colour, greedy by size, first fit, best fit |
+//! | [`exact`] | the branch and bound ([`Budget`]) |
+//! | [`strategy`] | [`Strategy`], [`plan()`], [`compare`] |
+//! | [`arena`] | [`Plan`], [`Placement`], the independent checker ([`Invalid`]) |
+//! | [`multi`] | several models in one arena (sequential, concurrent) and per-shape-bucket plans |
+//! | [`levels`] | two memory levels: which tensors live in SRAM, and the share of touched bytes there |
+//! | [`onnx`] | the ONNX reader: tensors, sizes and lifetimes of a model graph |
 
-mod tensor;
-pub use tensor::{Kind, Tensor};
-
+pub mod arena;
+mod error;
+pub mod exact;
+pub mod format;
+mod heuristics;
+pub mod inplace;
+pub mod levels;
+pub mod multi;
 pub mod onnx;
+pub mod problem;
+pub mod strategy;
+pub mod tensor;
+
+pub use arena::{Invalid, Placement, Plan};
+pub use error::Error;
+pub use exact::Budget;
+pub use problem::{LowerBound, Options, Problem, DEFAULT_ALIGN};
+pub use strategy::{compare, plan, plan_problem, Strategy, UnknownStrategy};
+pub use tensor::{Kind, Tensor};

@@ -44,6 +44,10 @@
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
+mod arena;
+
+pub use self::arena::{DeviceArena, DeviceTensor, HostArena, HostTensor};
+
 use crate::device::loopback::{self, Loopback};
 use crate::device::{self, Device, DeviceMemory, Format, Wait};
 use crate::memory::{PageSize, Region};
@@ -226,6 +230,28 @@ impl Runtime {
             config,
             wait,
         )?)
+    }
+
+    /// A planned model's arena in the device's memory ([`Runtime::device_memory`]): one range,
+    /// taken now; each tensor's device offset from [`DeviceArena::tensor`].
+    ///
+    /// # Errors
+    /// As [`Runtime::device_memory`], and [`Error::Device`] if no free range holds the arena.
+    pub fn device_arena(&self, plan: &crate::plan::Plan) -> Result<DeviceArena, Error> {
+        DeviceArena::new(self.device_memory()?, plan)
+    }
+
+    /// A planned model's arena in host memory mapped once into the device's DMA space; each
+    /// tensor's host address and IOVA from [`HostArena::tensor`].
+    ///
+    /// # Errors
+    /// As [`Runtime::map_memory`].
+    pub fn host_arena(
+        &self,
+        plan: &crate::plan::Plan,
+        page_size: PageSize,
+    ) -> Result<HostArena, Error> {
+        HostArena::new(self, plan, page_size)
     }
 
     /// The loopback device behind this runtime, for what only it has built in; otherwise

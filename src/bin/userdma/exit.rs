@@ -55,6 +55,9 @@ pub(crate) enum Failure {
     /// Reading or reserving hugepages failed.
     #[error(transparent)]
     Hugepages(#[from] crate::hugepages::Error),
+    /// Planning failed (bad input, exit 2).
+    #[error(transparent)]
+    Plan(#[from] crate::plan::Error),
     /// Writing the output failed.
     #[error("cannot write the output")]
     Output(#[source] io::Error),
@@ -78,6 +81,7 @@ impl Failure {
             Self::Bind(e) => bind_code(e),
             Self::Hugepages(e) => e.exit_code(),
             Self::Demo(e) => e.exit_code(),
+            Self::Plan(e) => e.exit_code(),
             Self::Output(_) | Self::Json(_) => FAILURE,
         }
     }

@@ -6,6 +6,7 @@
 //! userdma info 0000:01:00.0                       # BARs, capabilities, IOMMU group, driver
 //! userdma bind 0000:01:00.0 --driver vfio-pci     # or uio_pci_generic; [--force-group]
 //! userdma unbind 0000:01:00.0                     # back to the kernel's default driver
+//! userdma plan model.json --strategy auto         # tensor offsets in one arena
 //! ```
 //!
 //! Global options: `--json` prints one JSON document on stdout instead of text; `--sysfs-root
@@ -55,6 +56,7 @@ mod hugepages;
 mod info;
 mod list;
 mod names;
+mod plan;
 mod unbind;
 
 use std::io::{self, Write};
@@ -100,6 +102,9 @@ enum Command {
     /// -> host across several queues, every byte verified; prints throughput, latency
     /// percentiles and the device counters.
     Demo(demo::DemoArgs),
+    /// Plan a model's tensors into one arena: offsets, arena size, lower bound, every
+    /// strategy compared (`userdma plan FILE [--strategy S] [--svg FILE]`).
+    Plan(plan::PlanArgs),
     /// The loopback device's engine as a child process (started by the library, not by hand).
     #[command(name = "loopback-device", hide = true)]
     LoopbackDevice,
@@ -170,6 +175,7 @@ fn main() -> ExitCode {
         Command::Unbind(args) => unbind::run(&ctx, &args),
         Command::Demo(args) => demo::run(&args, ctx.json).map_err(Failure::from),
         Command::LoopbackDevice => demo::serve_device().map_err(Failure::from),
+        Command::Plan(args) => plan::run(&args, ctx.json).map_err(Failure::from),
         Command::Hugepages(args) => {
             hugepages::run(&args, ctx.json, ctx.sysfs.root()).map_err(Failure::from)
         }

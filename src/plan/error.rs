@@ -1,0 +1,79 @@
+//! Why a planning input was refused: one variant per failure, each naming the record.
+
+/// Why [`plan`](super::plan()) (or [`Problem::new`](super::Problem::new)) refused its input.
+///
+/// Tensors are named as `tensor ID` or `tensor ID ("name")`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The arena alignment is zero or not a power of two.
+    #[error("alignment {align} is not a power of two")]
+    Alignment {
+        /// The alignment asked for.
+        align: u64,
+    },
+    /// A tensor has no bytes.
+    #[error("{tensor}: size is zero")]
+    ZeroSize {
+        /// The tensor.
+        tensor: String,
+    },
+    /// A tensor is last read before it is produced.
+    #[error("{tensor}: first step {first} is after last step {last}")]
+    Interval {
+        /// The tensor.
+        tensor: String,
+        /// Its first step.
+        first: u32,
+        /// Its last step.
+        last: u32,
+    },
+    /// Two tensors have the same id.
+    #[error("{tensor}: id {id} is used twice")]
+    DuplicateId {
+        /// The second tensor with the id.
+        tensor: String,
+        /// The id.
+        id: u64,
+    },
+    /// A tensor's producing op reads an id that no tensor has.
+    #[error("{tensor}: input {input} is not a tensor")]
+    UnknownInput {
+        /// The tensor.
+        tensor: String,
+        /// The id that does not exist.
+        input: u64,
+    },
+    /// A fixed offset is not a multiple of the alignment.
+    #[error("{tensor}: fixed offset {offset} is not a multiple of the alignment {align}")]
+    Misaligned {
+        /// The tensor.
+        tensor: String,
+        /// Its fixed offset.
+        offset: u64,
+        /// The arena alignment.
+        align: u64,
+    },
+    /// Two pre-placed tensors are live at the same step and overlap in memory.
+    #[error(
+        "{tensor}: fixed range [{offset}, {end}) collides with {other}, live at the same step"
+    )]
+    FixedCollision {
+        /// The second tensor.
+        tensor: String,
+        /// Its fixed offset.
+        offset: u64,
+        /// The end of its (aligned) range.
+        end: u64,
+        /// The tensor it collides with.
+        other: String,
+    },
+    /// A size rounded up to the alignment, an offset plus its size, or the sum of all sizes does
+    /// not fit in 64 bits.
+    #[error("{tensor}: sizes overflow 64 bits ({what})")]
+    Overflow {
+        /// The tensor at which the sum overflowed.
+        tensor: String,
+        /// Which sum.
+        what: &'static str,
+    },
+}

@@ -1,0 +1,453 @@
+//! Integration tests of the static buffer planner: known answers, bad input, the MiniMalloc
+//! instances, and the `userdma plan` command.
+
+use std::path::{Path, PathBuf};
+
+use userdma::plan::{self, format, Budget, Error, Kind, Options, Strategy, Tensor};
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+fn bytes_only() -> Options {
+    Options {
+        align: 1,
+        ..Options::default()
+    }
+}
+
+fn records(list: &[(u64, u32, u32)]) -> Vec<Tensor> {
+    list.iter()
+        .enumerate()
+        .map(|(i, &(bytes, first, last))| Tensor::new(i as u64, bytes, first, last))
+        .collect()
+}
+
+const BUDGET: Budget = Budget::Nodes(200_000);
+
+fn run(tensors: &[Tensor], options: &Options, strategy: Strategy) -> plan::Plan {
+    let plan = plan::plan(tensors, options, strategy, BUDGET).unwrap();
+    plan.validate(tensors).unwrap();
+    assert!(plan.arena_bytes >= plan.lower_bound.bytes);
+    plan
+}
+
+/// Pisarchyk & Lee 2020, "Efficient Memory Management for Deep Neural Net Inference", the
+/// eight-record example: offset planning reaches 124 bytes, the lower bound.
+#[test]
+fn pisarchyk_lee_eight_records() {
+    let tensors = records(&[
+        (32, 0, 1),
+        (28, 1, 4),
+        (36, 2, 5),
+        (16, 3, 5),
+        (8, 4, 5),
+        (64, 5, 7),
+        (10, 6, 8),
+        (40, 7, 8),
+    ]);
+    let greedy = run(&tensors, &bytes_only(), Strategy::GreedySize);
+    assert_eq!(greedy.lower_bound.bytes, 124);
+    assert_eq!(greedy.lower_bound.step, 5);
+    assert_eq!(greedy.arena_bytes, 124);
+    assert!(greedy.optimal);
+    let auto = run(&tensors, &bytes_only(), Strategy::Auto);
+    assert_eq!(auto.arena_bytes, 124);
+    let colour = run(&tensors, &bytes_only(), Strategy::Colour);
+    assert!(colour.arena_bytes > 124, "{}", colour.arena_bytes);
+    assert_eq!(colour.buffers.iter().sum::<u64>(), colour.arena_bytes);
+}
+
+/// TFLite GPU delegate's `ComplexRecords` (memory_management_test.cc): lower bound 96, which
+/// greedy by size reaches.
+#[test]
+fn tflite_complex_records() {
+    let tensors = records(&[
+        (32, 0, 1),
+        (32, 1, 4),
+        (8, 2, 5),
+        (16, 3, 5),
+        (8, 4, 5),
+        (64, 5, 7),
+        (8, 6, 8),
+        (8, 7, 8),
+        (16, 8, 9),
+    ]);
+    for s in Strategy::ALL {
+        let p = run(&tensors, &bytes_only(), s);
+        assert_eq!(p.lower_bound.bytes, 96, "{s}");
+        if s != Strategy::Colour {
+            assert!(p.arena_bytes <= 104, "{s}: {}", p.arena_bytes);
+        }
+    }
+    let greedy = run(&tensors, &bytes_only(), Strategy::GreedySize);
+    let offsets: Vec<u64> = greedy.placements.iter().map(|p| p.offset).collect();
+    assert_eq!(offsets, [0, 32, 80, 64, 88, 0, 64, 72, 0]);
+    assert_eq!(greedy.arena_bytes, 96);
+}
+
+/// Relu over a dying input: in place it needs one buffer, not two.
+#[test]
+fn inplace_changes_the_answer() {
+    let tensors = vec![
+        Tensor::new(0, 1024, 0, 1).op("Conv", []),
+        Tensor::new(1, 1024, 1, 2).op("Relu", [0]),
+        Tensor::new(2, 1024, 2, 3).op("Sigmoid", [1]),
+    ];
+    let without = run(&tensors, &Options::default(), Strategy::Auto);
+    assert_eq!(without.arena_bytes, 2048);
+    let with = Options {
+        inplace: true,
+        ..Options::default()
+    };
+    let inplace = run(&tensors, &with, Strategy::Auto);
+    assert_eq!(inplace.arena_bytes, 1024);
+    assert_eq!(inplace.placements[1].inplace_of, Some(0));
+    assert_eq!(inplace.placements[2].inplace_of, Some(1));
+    // The per-tensor override forbids it...
+    let mut forbid = tensors.clone();
+    forbid[1].inplace = Some(false);
+    let p = run(&forbid, &with, Strategy::Auto);
+    assert_eq!(p.placements[1].inplace_of, None);
+    assert_eq!(p.arena_bytes, 2048);
+    // ...or allows it for an op the table does not know.
+    let mut allow = tensors.clone();
+    allow[1].op = Some("MyOp".into());
+    let p = run(&allow, &with, Strategy::Auto);
+    assert_eq!(p.placements[1].inplace_of, None);
+    allow[1].inplace = Some(true);
+    let p = run(&allow, &with, Strategy::Auto);
+    assert_eq!(p.placements[1].inplace_of, Some(0));
+    // A convolution never, and neither over a graph input nor an input read later.
+    let conv = vec![
+        Tensor::new(0, 1024, 0, 1).kind(Kind::Input),
+        Tensor::new(1, 1024, 1, 2).op("Relu", [0]),
+        Tensor::new(2, 1024, 2, 3).op("Conv", [1]),
+    ];
+    let p = run(&conv, &with, Strategy::Auto);
+    assert_eq!(p.placements[1].inplace_of, None);
+    assert_eq!(p.placements[2].inplace_of, None);
+    let later = vec![
+        Tensor::new(0, 1024, 0, 3),
+        Tensor::new(1, 1024, 1, 2).op("Relu", [0]),
+    ];
+    let p = run(&later, &with, Strategy::Auto);
+    assert_eq!(p.placements[1].inplace_of, None);
+    assert_eq!(p.arena_bytes, 2048);
+}
+
+/// A Reshape shares its input's memory even while both are live.
+#[test]
+fn alias_changes_the_answer() {
+    let tensors = vec![
+        Tensor::new(0, 4096, 0, 3).op("Conv", []),
+        Tensor::new(1, 4096, 1, 4).op("Reshape", [0]),
+        Tensor::new(2, 512, 2, 4).op("Conv", [0]),
+    ];
+    let p = run(&tensors, &Options::default(), Strategy::Auto);
+    assert_eq!(p.placements[1].inplace_of, Some(0));
+    assert_eq!(p.placements[1].offset, p.placements[0].offset);
+    assert_eq!(p.arena_bytes, 4096 + 512);
+    let no_alias = Options {
+        alias: false,
+        ..Options::default()
+    };
+    let p = run(&tensors, &no_alias, Strategy::Auto);
+    assert_eq!(p.arena_bytes, 2 * 4096 + 512);
+}
+
+#[test]
+fn fixed_offsets_are_honoured() {
+    let tensors = vec![
+        Tensor::new(0, 1000, 0, 5).fixed(4096),
+        Tensor::new(1, 1000, 0, 2),
+        Tensor::new(2, 3000, 3, 5),
+    ];
+    for s in Strategy::ALL {
+        let p = run(&tensors, &Options::default(), s);
+        assert_eq!(p.placements[0].offset, 4096, "{s}");
+    }
+}
+
+fn error(tensors: &[Tensor]) -> Error {
+    plan::plan(tensors, &Options::default(), Strategy::Auto, BUDGET).unwrap_err()
+}
+
+#[test]
+fn every_bad_input_is_an_error_naming_the_record() {
+    let e = error(&[Tensor::new(3, 0, 0, 1).name("x")]);
+    assert_eq!(e.to_string(), "tensor 3 (\"x\"): size is zero");
+    let e = error(&[Tensor::new(4, 1, 2, 1)]);
+    assert!(matches!(e, Error::Interval { .. }), "{e}");
+    assert!(e.to_string().starts_with("tensor 4:"), "{e}");
+    let e = error(&[Tensor::new(5, 1, 0, 1), Tensor::new(5, 1, 0, 1)]);
+    assert!(matches!(e, Error::DuplicateId { id: 5, .. }), "{e}");
+    let e = error(&[Tensor::new(6, 1, 0, 1).op("Relu", [9])]);
+    assert!(matches!(e, Error::UnknownInput { input: 9, .. }), "{e}");
+    let e = error(&[Tensor::new(7, 1, 0, 1).fixed(100)]);
+    assert!(matches!(e, Error::Misaligned { offset: 100, .. }), "{e}");
+    let e = error(&[
+        Tensor::new(8, 1000, 0, 3).fixed(0),
+        Tensor::new(9, 10, 3, 4).fixed(768),
+    ]);
+    assert!(matches!(e, Error::FixedCollision { .. }), "{e}");
+    assert!(e.to_string().contains("tensor 9") && e.to_string().contains("tensor 8"));
+    let e = error(&[
+        Tensor::new(10, u64::MAX / 2, 0, 1),
+        Tensor::new(11, u64::MAX / 2, 0, 1),
+    ]);
+    assert!(matches!(e, Error::Overflow { .. }), "{e}");
+    let e = error(&[Tensor::new(12, u64::MAX, 0, 1)]);
+    assert!(matches!(e, Error::Overflow { .. }), "{e}");
+    let e = error(&[Tensor::new(13, 256, 0, 1).fixed(u64::MAX - 255)]);
+    assert!(matches!(e, Error::Overflow { .. }), "{e}");
+    let bad_align = Options {
+        align: 48,
+        ..Options::default()
+    };
+    let e = plan::plan(&[], &bad_align, Strategy::Auto, BUDGET).unwrap_err();
+    assert!(matches!(e, Error::Alignment { align: 48 }), "{e}");
+}
+
+#[test]
+fn empty_input_is_an_empty_plan() {
+    let p = run(&[], &Options::default(), Strategy::Auto);
+    assert_eq!(
+        (p.arena_bytes, p.lower_bound.bytes, p.naive_bytes),
+        (0, 0, 0)
+    );
+    assert!(p.optimal);
+}
+
+#[test]
+fn the_validator_catches_broken_plans() {
+    let tensors = records(&[(100, 0, 2), (100, 1, 3)]);
+    let good = run(&tensors, &Options::default(), Strategy::GreedySize);
+    let mut bad = good.clone();
+    bad.placements[1].offset = 0;
+    assert!(matches!(
+        bad.validate(&tensors),
+        Err(plan::Invalid::Overlap { .. })
+    ));
+    let mut bad = good.clone();
+    bad.placements[1].offset = 128;
+    assert!(matches!(
+        bad.validate(&tensors),
+        Err(plan::Invalid::Misaligned { .. })
+    ));
+    let mut bad = good.clone();
+    bad.arena_bytes = 256;
+    assert!(matches!(
+        bad.validate(&tensors),
+        Err(plan::Invalid::OutsideArena { .. })
+    ));
+    let mut bad = good.clone();
+    bad.placements.pop();
+    assert!(matches!(
+        bad.validate(&tensors),
+        Err(plan::Invalid::Mismatch { .. })
+    ));
+    let mut bad = good;
+    bad.placements[1].inplace_of = Some(0);
+    assert!(matches!(
+        bad.validate(&tensors),
+        Err(plan::Invalid::Share { .. })
+    ));
+}
+
+#[test]
+fn minimalloc_csv_reads() {
+    let text = std::fs::read_to_string(data("minimalloc/A.csv")).unwrap();
+    let tensors = format::read_csv(&text).unwrap();
+    assert_eq!(tensors.len(), 154);
+    let greedy = run(&tensors, &Options::default(), Strategy::GreedySize);
+    assert_eq!(greedy.lower_bound.bytes, 1_048_576);
+}
+
+const CAPACITY: u64 = 1_048_576;
+const INSTANCES: [&str; 11] = ["A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "K"];
+
+/// `auto` places every MiniMalloc challenging instance (tests/data/minimalloc, Apache-2.0)
+/// within its known capacity of 1,048,576 bytes, which greedy by size misses by 25-41 %. The
+/// budget is in search nodes (300,000 each: every instance fits within it; about 95 s for all
+/// eleven in release here, most of it D and J), so the result is the same on any machine; the
+/// time is printed, not asserted (benches/plan.rs measures it).
+#[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "minutes in a debug build: scripts/test.sh runs it with --release"
+)]
+fn minimalloc_instances_fit_their_capacity() {
+    for name in INSTANCES {
+        let text = std::fs::read_to_string(data(&format!("minimalloc/{name}.csv"))).unwrap();
+        let tensors = format::read_csv(&text).unwrap();
+        let plan = plan::plan(
+            &tensors,
+            &Options::default(),
+            Strategy::Auto,
+            Budget::Nodes(300_000),
+        )
+        .unwrap();
+        plan.validate(&tensors).unwrap();
+        eprintln!(
+            "{name}: arena {} lower bound {} ({:.4}x) won by {}, optimal {}, {:.3} s",
+            plan.arena_bytes,
+            plan.lower_bound.bytes,
+            plan.ratio(),
+            plan.strategy,
+            plan.optimal,
+            plan.elapsed.as_secs_f64()
+        );
+        assert!(plan.arena_bytes <= CAPACITY, "{name}: {}", plan.arena_bytes);
+    }
+}
+
+fn userdma(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_userdma"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn cli_plan_json_output_has_exactly_the_documented_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model.json");
+    std::fs::write(
+        &file,
+        r#"{"model": "m", "tensors": [
+            {"id": 0, "bytes": 1000, "first": 0, "last": 1, "op": "Conv", "inputs": [], "kind": "input"},
+            {"id": 1, "bytes": 1000, "first": 1, "last": 2, "op": "Conv", "inputs": [0], "kind": "intermediate"},
+            {"id": 2, "bytes": 1000, "first": 2, "last": 3, "op": "Relu", "inputs": [1], "kind": "output"}
+        ]}"#,
+    )
+    .unwrap();
+    let svg = dir.path().join("arena.svg");
+    let out = userdma(&[
+        "plan",
+        file.to_str().unwrap(),
+        "--inplace",
+        "--budget",
+        "1000n",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut keys: Vec<&str> = doc
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "arena_bytes",
+            "lower_bound_bytes",
+            "naive_bytes",
+            "optimal",
+            "seconds",
+            "strategy",
+            "tensors"
+        ]
+    );
+    assert_eq!(doc["arena_bytes"], 2048);
+    assert_eq!(doc["naive_bytes"], 3072);
+    let t = doc["tensors"].as_array().unwrap();
+    assert_eq!(t.len(), 3);
+    assert_eq!(t[2]["inplace_of"], 1);
+    assert!(t[0]["inplace_of"].is_null());
+    let mut tkeys: Vec<&str> = t[0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    tkeys.sort_unstable();
+    assert_eq!(tkeys, ["bytes", "id", "inplace_of", "offset"]);
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.starts_with("<svg") && picture.matches("<rect").count() >= 3 + 2);
+    assert!(picture.contains("peak: step"));
+}
+
+#[test]
+fn cli_plan_summary_shows_every_strategy() {
+    let file = data("minimalloc/K.csv");
+    let out = userdma(&["plan", file.to_str().unwrap(), "--budget", "20000n"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for word in [
+        "naive",
+        "lower bound",
+        "arena",
+        "x lower bound",
+        "saved against naive",
+        "colour",
+        "greedy-size",
+        "first-fit",
+        "best-fit",
+        "exact",
+        "auto:",
+        "total time",
+    ] {
+        assert!(text.contains(word), "{word}: {text}");
+    }
+}
+
+#[test]
+fn cli_plan_bad_input_exits_2_naming_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "zero.csv",
+            "id,lower,upper,size\n0,0,2,100\n7,1,3,0\n",
+            "tensor 7",
+        ),
+        (
+            "short.csv",
+            "id,lower,upper,size\n0,0,2,100\n1,1,3\n",
+            "line 3",
+        ),
+        (
+            "dup.json",
+            r#"{"tensors": [{"id": 1, "bytes": 1, "first": 0, "last": 0}, {"id": 1, "bytes": 1, "first": 0, "last": 0}]}"#,
+            "tensor 1",
+        ),
+        ("cut.json", "{\"tensors\": [{\"id\": 1, \"bytes\"", "line 1"),
+        (
+            "input.json",
+            r#"{"tensors": [{"id": 2, "bytes": 1, "first": 0, "last": 0, "inputs": [5]}]}"#,
+            "input 5",
+        ),
+        (
+            "order.json",
+            r#"{"tensors": [{"id": 3, "bytes": 1, "first": 2, "last": 1}]}"#,
+            "tensor 3",
+        ),
+        ("model.txt", "", "--format"),
+    ];
+    for (name, text, needle) in cases {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).unwrap();
+        let out = userdma(&["plan", file.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+    }
+    let out = userdma(&["plan", "/nonexistent/x.csv"]);
+    assert_eq!(out.status.code(), Some(2));
+}
