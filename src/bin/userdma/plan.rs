@@ -372,7 +372,7 @@ fn summary(
     let _ = writeln!(t);
     let _ = writeln!(
         t,
-        "{:<12} {:>12} {:>8} {:>8} {:>11}",
+        "{:<18} {:>12} {:>8} {:>8} {:>11}",
         "strategy", "arena B", "x lower", "optimal", "time ms"
     );
     for (p, s) in plans.iter().zip(Strategy::ALL) {
@@ -388,7 +388,7 @@ fn summary(
         };
         let _ = writeln!(
             t,
-            "{:<12} {:>12} {:>8.4} {:>8} {:>11.3}{extra}",
+            "{:<18} {:>12} {:>8.4} {:>8} {:>11.3}{extra}",
             name,
             p.arena_bytes,
             p.ratio(),
