@@ -158,6 +158,10 @@ struct Search<'a> {
     /// offset it is still the least and the section need not be rescanned.
     witness: Vec<(usize, u64)>,
     undo_witness: Vec<(usize, (usize, u64))>,
+    /// Per section, the block a rescan last found at or below the floor: tried first next time.
+    /// Only a hint (any unplaced block at or below the floor settles the question), so it is
+    /// not undone.
+    hint: Vec<usize>,
     /// Candidate buffers, one per depth, reused so the search does not allocate per node.
     spare: Vec<Vec<(u64, usize)>>,
     nodes: u64,
@@ -202,6 +206,7 @@ impl<'a> Search<'a> {
                 .map(|v| (v.first().copied().unwrap_or(EMPTY), 0))
                 .collect(),
             undo_witness: Vec::new(),
+            hint: vec![EMPTY; sections],
             spare: Vec::new(),
             nodes: 0,
             limit,
@@ -447,11 +452,14 @@ impl<'a> Search<'a> {
         } else if self.live[w] <= floor {
             // `w` is unplaced at or below the floor: so is the least.
             return;
+        } else if self.live.get(self.hint[s]).is_some_and(|&m| m <= floor) {
+            return;
         } else {
             let mut best = (EMPTY, NONE);
             for &j in &self.shape.section_items[s] {
                 let m = self.live[j];
                 if m <= floor {
+                    self.hint[s] = j;
                     return;
                 }
                 if m < best.1 {
