@@ -391,24 +391,26 @@ impl<'a> Search<'a> {
     ) -> Status {
         self.solution[i] = offset;
         let (lo, hi) = (self.shape.sec_lo[i], self.shape.sec_hi[i]);
-        let mut cutpoints = vec![range.0];
-        for s in lo..hi - 1 {
-            self.cuts[s] -= 1;
-            if self.cuts[s] == 0 {
-                cutpoints.push(s + 1);
-            }
+        let mut cut = false;
+        for c in &mut self.cuts[lo..hi - 1] {
+            *c -= 1;
+            cut |= *c == 0;
         }
-        let status = if cutpoints.len() == 1 {
-            self.dfs(pre, range, offset, r)
-        } else {
+        // Most nodes cut nothing: only those that do build the list of cutpoints.
+        let status = if cut {
+            let mut cutpoints = vec![range.0];
+            cutpoints.extend((lo..hi - 1).filter(|&s| self.cuts[s] == 0).map(|s| s + 1));
             cutpoints.push(range.1);
             self.split(pre, &cutpoints)
+        } else {
+            self.dfs(pre, range, offset, r)
         };
         for c in &mut self.cuts[lo..hi - 1] {
             *c += 1;
         }
         status
     }
+
     fn place(&mut self, i: usize, offset: u64) {
         let shape = self.shape;
         let size = self.items[i].size;
@@ -440,7 +442,8 @@ impl<'a> Search<'a> {
 
     /// Raises the floor of section `s` to the least minimal offset of its unplaced blocks (if
     /// below it). Rescans the section only when its witness has been placed or has risen above
-    /// the floor, and stops a rescan at the first unplaced block at or below the floor.
+    /// the floor, and stops a rescan at the first unplaced block at or below the floor or at the
+    /// old least.
     fn raise_floor(&mut self, s: usize) {
         let (w, at) = self.witness[s];
         if w == EMPTY {
@@ -464,6 +467,10 @@ impl<'a> Search<'a> {
                 }
                 if m < best.1 {
                     best = (j, m);
+                    // The old least is a lower bound (offsets only rose since): it is the least.
+                    if m == at {
+                        break;
+                    }
                 }
             }
             self.undo_witness.push((s, (w, at)));
