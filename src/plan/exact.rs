@@ -311,16 +311,33 @@ impl<'a> Search<'a> {
                 }
             }
         }
+        let unplaced = pre.iter().copied().filter(|&i| self.offset[i] == NONE);
+        let Some(min_height) = unplaced
+            .map(|i| self.min_offset[i] + self.items[i].size)
+            .min()
+        else {
+            return Status::Found;
+        };
+        // Only the candidates that can be tried are sorted.
         let mut candidates = self.spare.pop().unwrap_or_default();
         candidates.clear();
         candidates.extend(
             pre.iter()
                 .enumerate()
-                .filter(|&(_, &i)| self.offset[i] == NONE)
+                .filter(|&(r, &i)| {
+                    let offset = self.min_offset[i];
+                    self.offset[i] == NONE
+                        // Dominance: a block at or above `min_height` leaves a gap another
+                        // block fills.
+                        && offset < min_height
+                        // Canonical: non-decreasing offsets, ties in preorder.
+                        && (offset > last_offset || (offset == last_offset && r >= last_rank))
+                        && offset + self.items[i].size <= self.capacity
+                })
                 .map(|(r, &i)| (self.min_offset[i], r)),
         );
         candidates.sort_unstable();
-        let status = self.branch(pre, range, last_offset, last_rank, &candidates);
+        let status = self.branch(pre, range, &candidates);
         self.spare.push(candidates);
         status
     }
@@ -330,31 +347,10 @@ impl<'a> Search<'a> {
         &mut self,
         pre: &[usize],
         range: (usize, usize),
-        last_offset: u64,
-        last_rank: usize,
         candidates: &[(u64, usize)],
     ) -> Status {
-        if candidates.is_empty() {
-            return Status::Found;
-        }
-        let min_height = candidates
-            .iter()
-            .map(|&(o, r)| o + self.items[pre[r]].size)
-            .min()
-            .unwrap_or(NONE);
         for &(offset, r) in candidates {
-            // Dominance: a block at or above `min_height` leaves a gap another block fills.
-            if offset >= min_height {
-                break;
-            }
-            // Canonical: non-decreasing offsets, ties in preorder.
-            if offset < last_offset || (offset == last_offset && r < last_rank) {
-                continue;
-            }
             let i = pre[r];
-            if offset + self.items[i].size > self.capacity {
-                continue;
-            }
             let marks = (
                 self.undo_min.len(),
                 self.undo_floor.len(),
