@@ -70,6 +70,8 @@ pub(crate) struct Outcome {
 }
 
 const NONE: u64 = u64::MAX;
+/// A section witness meaning no unplaced block is left there.
+const EMPTY: usize = usize::MAX;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
@@ -142,12 +144,26 @@ struct Search<'a> {
     offset: Vec<u64>,
     solution: Vec<u64>,
     min_offset: Vec<u64>,
+    /// `min_offset` of unplaced blocks, `NONE` for placed ones: one load per block in a rescan.
+    live: Vec<u64>,
     floor: Vec<u64>,
     total: Vec<u64>,
     /// Unplaced blocks crossing the boundary between section `s` and `s + 1`.
     cuts: Vec<u32>,
     undo_min: Vec<(usize, u64)>,
     undo_floor: Vec<(usize, u64)>,
+    /// Per section, an unplaced block with the least minimal offset there, as of some state on
+    /// the current path ([`EMPTY`] once none is left), and that offset. Along a path minimal
+    /// offsets only rise and blocks only leave, so while the witness is unplaced at the same
+    /// offset it is still the least and the section need not be rescanned.
+    witness: Vec<(usize, u64)>,
+    undo_witness: Vec<(usize, (usize, u64))>,
+    /// Per section, the block a rescan last found at or below the floor: tried first next time.
+    /// Only a hint (any unplaced block at or below the floor settles the question), so it is
+    /// not undone.
+    hint: Vec<usize>,
+    /// Candidate buffers, one per depth, reused so the search does not allocate per node.
+    spare: Vec<Vec<(u64, usize)>>,
     nodes: u64,
     limit: u64,
     deadline: Option<Instant>,
@@ -178,11 +194,20 @@ impl<'a> Search<'a> {
             offset: vec![NONE; items.len()],
             solution: vec![NONE; items.len()],
             min_offset: vec![0; items.len()],
+            live: vec![0; items.len()],
             floor: vec![0; sections],
             total: shape.totals.clone(),
             cuts,
             undo_min: Vec::new(),
             undo_floor: Vec::new(),
+            witness: shape
+                .section_items
+                .iter()
+                .map(|v| (v.first().copied().unwrap_or(EMPTY), 0))
+                .collect(),
+            undo_witness: Vec::new(),
+            hint: vec![EMPTY; sections],
+            spare: Vec::new(),
             nodes: 0,
             limit,
             deadline,
@@ -286,35 +311,51 @@ impl<'a> Search<'a> {
                 }
             }
         }
-        let mut candidates: Vec<(u64, usize)> = pre
-            .iter()
-            .enumerate()
-            .filter(|&(_, &i)| self.offset[i] == NONE)
-            .map(|(r, &i)| (self.min_offset[i], r))
-            .collect();
-        if candidates.is_empty() {
-            return Status::Found;
-        }
-        candidates.sort_unstable();
-        let min_height = candidates
-            .iter()
-            .map(|&(o, r)| o + self.items[pre[r]].size)
+        let unplaced = pre.iter().copied().filter(|&i| self.offset[i] == NONE);
+        let Some(min_height) = unplaced
+            .map(|i| self.min_offset[i] + self.items[i].size)
             .min()
-            .unwrap_or(NONE);
-        for &(offset, r) in &candidates {
-            // Dominance: a block at or above `min_height` leaves a gap another block fills.
-            if offset >= min_height {
-                break;
-            }
-            // Canonical: non-decreasing offsets, ties in preorder.
-            if offset < last_offset || (offset == last_offset && r < last_rank) {
-                continue;
-            }
+        else {
+            return Status::Found;
+        };
+        // Only the candidates that can be tried are sorted.
+        let mut candidates = self.spare.pop().unwrap_or_default();
+        candidates.clear();
+        candidates.extend(
+            pre.iter()
+                .enumerate()
+                .filter(|&(r, &i)| {
+                    let offset = self.min_offset[i];
+                    self.offset[i] == NONE
+                        // Dominance: a block at or above `min_height` leaves a gap another
+                        // block fills.
+                        && offset < min_height
+                        // Canonical: non-decreasing offsets, ties in preorder.
+                        && (offset > last_offset || (offset == last_offset && r >= last_rank))
+                        && offset + self.items[i].size <= self.capacity
+                })
+                .map(|(r, &i)| (self.min_offset[i], r)),
+        );
+        candidates.sort_unstable();
+        let status = self.branch(pre, range, &candidates);
+        self.spare.push(candidates);
+        status
+    }
+
+    /// Tries each candidate `(minimal offset, rank)` of a node in turn, in sorted order.
+    fn branch(
+        &mut self,
+        pre: &[usize],
+        range: (usize, usize),
+        candidates: &[(u64, usize)],
+    ) -> Status {
+        for &(offset, r) in candidates {
             let i = pre[r];
-            if offset + self.items[i].size > self.capacity {
-                continue;
-            }
-            let (min_mark, floor_mark) = (self.undo_min.len(), self.undo_floor.len());
+            let marks = (
+                self.undo_min.len(),
+                self.undo_floor.len(),
+                self.undo_witness.len(),
+            );
             self.place(i, offset);
             // Nothing above it had to move: if the rest fails with it here, it fails with any
             // other candidate first, too ("hatless" pruning).
@@ -326,7 +367,7 @@ impl<'a> Search<'a> {
             } else {
                 Status::NotFound
             };
-            self.unplace(i, min_mark, floor_mark);
+            self.unplace(i, marks);
             if status != Status::NotFound || hatless {
                 return status;
             }
@@ -346,29 +387,32 @@ impl<'a> Search<'a> {
     ) -> Status {
         self.solution[i] = offset;
         let (lo, hi) = (self.shape.sec_lo[i], self.shape.sec_hi[i]);
-        let mut cutpoints = vec![range.0];
-        for s in lo..hi - 1 {
-            self.cuts[s] -= 1;
-            if self.cuts[s] == 0 {
-                cutpoints.push(s + 1);
-            }
+        let mut cut = false;
+        for c in &mut self.cuts[lo..hi - 1] {
+            *c -= 1;
+            cut |= *c == 0;
         }
-        let status = if cutpoints.len() == 1 {
-            self.dfs(pre, range, offset, r)
-        } else {
+        // Most nodes cut nothing: only those that do build the list of cutpoints.
+        let status = if cut {
+            let mut cutpoints = vec![range.0];
+            cutpoints.extend((lo..hi - 1).filter(|&s| self.cuts[s] == 0).map(|s| s + 1));
             cutpoints.push(range.1);
             self.split(pre, &cutpoints)
+        } else {
+            self.dfs(pre, range, offset, r)
         };
         for c in &mut self.cuts[lo..hi - 1] {
             *c += 1;
         }
         status
     }
+
     fn place(&mut self, i: usize, offset: u64) {
         let shape = self.shape;
         let size = self.items[i].size;
         let height = offset + size;
         self.offset[i] = offset;
+        self.live[i] = NONE;
         // The sections whose floor may rise: the span of the blocks whose minimal offset rose
         // (a superset of their union; the inference holds for any section).
         let (mut lo, mut hi) = (usize::MAX, 0);
@@ -376,6 +420,7 @@ impl<'a> Search<'a> {
             if self.offset[j] == NONE && self.min_offset[j] < height {
                 self.undo_min.push((j, self.min_offset[j]));
                 self.min_offset[j] = height;
+                self.live[j] = height;
                 lo = lo.min(shape.sec_lo[j]);
                 hi = hi.max(shape.sec_hi[j]);
             }
@@ -387,23 +432,64 @@ impl<'a> Search<'a> {
         }
         // The floor of a section is at least the least minimal offset of its unplaced blocks.
         for s in lo..hi {
-            let least = shape.section_items[s]
-                .iter()
-                .filter(|&&j| self.offset[j] == NONE)
-                .map(|&j| self.min_offset[j])
-                .min();
-            if let Some(least) = least {
-                if self.floor[s] < least {
-                    self.undo_floor.push((s, self.floor[s]));
-                    self.floor[s] = least;
-                }
-            }
+            self.raise_floor(s);
         }
     }
 
-    fn unplace(&mut self, i: usize, min_mark: usize, floor_mark: usize) {
+    /// Raises the floor of section `s` to the least minimal offset of its unplaced blocks (if
+    /// below it). Rescans the section only when its witness has been placed or has risen above
+    /// the floor, and stops a rescan at the first unplaced block at or below the floor or at the
+    /// old least.
+    fn raise_floor(&mut self, s: usize) {
+        let (w, at) = self.witness[s];
+        if w == EMPTY {
+            return;
+        }
+        let floor = self.floor[s];
+        let least = if self.live[w] == at {
+            at
+        } else if self.live[w] <= floor {
+            // `w` is unplaced at or below the floor: so is the least.
+            return;
+        } else if self.live.get(self.hint[s]).is_some_and(|&m| m <= floor) {
+            return;
+        } else {
+            let mut best = (EMPTY, NONE);
+            for &j in &self.shape.section_items[s] {
+                let m = self.live[j];
+                if m <= floor {
+                    self.hint[s] = j;
+                    return;
+                }
+                if m < best.1 {
+                    best = (j, m);
+                    // The old least is a lower bound (offsets only rose since): it is the least.
+                    if m == at {
+                        break;
+                    }
+                }
+            }
+            self.undo_witness.push((s, (w, at)));
+            self.witness[s] = best;
+            if best.0 == EMPTY {
+                return;
+            }
+            best.1
+        };
+        if floor < least {
+            self.undo_floor.push((s, floor));
+            self.floor[s] = least;
+        }
+    }
+
+    fn unplace(&mut self, i: usize, marks: (usize, usize, usize)) {
         let shape = self.shape;
         let size = self.items[i].size;
+        let (min_mark, floor_mark, witness_mark) = marks;
+        while self.undo_witness.len() > witness_mark {
+            let (s, w) = self.undo_witness.pop().expect("non-empty");
+            self.witness[s] = w;
+        }
         while self.undo_floor.len() > floor_mark {
             let (s, f) = self.undo_floor.pop().expect("non-empty");
             self.floor[s] = f;
@@ -411,11 +497,13 @@ impl<'a> Search<'a> {
         while self.undo_min.len() > min_mark {
             let (j, m) = self.undo_min.pop().expect("non-empty");
             self.min_offset[j] = m;
+            self.live[j] = m;
         }
         for s in shape.sec_lo[i]..shape.sec_hi[i] {
             self.total[s] += size;
         }
         self.offset[i] = NONE;
+        self.live[i] = self.min_offset[i];
     }
 }
 
