@@ -271,7 +271,7 @@ const INSTANCES: [&str; 11] = ["A", "B", "C", "D", "E", "F", "G", "H", "I", "J",
 
 /// `auto` places every MiniMalloc challenging instance (tests/data/minimalloc, Apache-2.0)
 /// within its known capacity of 1,048,576 bytes, which greedy by size misses by 25-41 %. The
-/// budget is in search nodes (300,000 each: every instance fits within it; about 95 s for all
+/// budget is in search nodes (300,000 each: every instance fits within it; about 25 s for all
 /// eleven in release here, most of it D and J), so the result is the same on any machine; the
 /// time is printed, not asserted (benches/plan.rs measures it).
 #[test]
