@@ -1,7 +1,7 @@
 //! Operators that move, split, join or reinterpret data, and shape computations whose values
 //! fold to constants.
 
-use super::{axis, ck, dim, Ctx, Info, Result, ShapeError, MAX_VALUES};
+use super::{axis, ck, dim, missing, Ctx, Info, Result, ShapeError, MAX_VALUES};
 
 /// `Flatten`: `[outer, inner]` split at `axis`.
 pub(super) fn flatten(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
@@ -27,12 +27,7 @@ pub(super) fn reshape_op(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
     let ins = &c.ins;
     let x = ins.get(0)?;
     let target: Vec<i64> = if opset < 5 {
-        at.ints("shape")
-            .ok_or(ShapeError::Attribute {
-                name: "shape",
-                problem: "is missing",
-            })?
-            .to_vec()
+        at.ints("shape").ok_or_else(|| missing("shape"))?.to_vec()
     } else {
         ins.value(1)?.to_vec()
     };
@@ -73,10 +68,7 @@ pub(super) fn concat(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
     let ins = &c.ins;
     let first = ins.get(0)?;
     let a = axis(
-        at.int("axis").ok_or(ShapeError::Attribute {
-            name: "axis",
-            problem: "is missing",
-        })?,
+        at.int("axis").ok_or_else(|| missing("axis"))?,
         first.shape.len(),
     )?;
     let mut shape = first.shape.clone();
@@ -220,12 +212,7 @@ pub(super) fn unsqueeze(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
     let ins = &c.ins;
     let x = ins.get(0)?;
     let axes: Vec<i64> = if opset < 13 {
-        at.ints("axes")
-            .ok_or(ShapeError::Attribute {
-                name: "axes",
-                problem: "is missing",
-            })?
-            .to_vec()
+        at.ints("axes").ok_or_else(|| missing("axes"))?.to_vec()
     } else {
         ins.value(1)?.to_vec()
     };
@@ -296,14 +283,10 @@ fn to_i64(d: u64) -> Result<i64> {
 pub(super) fn slice(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
     let (at, ins) = (&c.at, &c.ins);
     let x = ins.get(0)?;
-    let missing = |name| ShapeError::Attribute {
-        name,
-        problem: "is missing",
-    };
     let (starts, ends, axes, steps) = if c.opset < 10 {
         (
-            at.ints("starts").ok_or(missing("starts"))?,
-            at.ints("ends").ok_or(missing("ends"))?,
+            at.ints("starts").ok_or_else(|| missing("starts"))?,
+            at.ints("ends").ok_or_else(|| missing("ends"))?,
             at.ints("axes"),
             None,
         )
@@ -393,10 +376,7 @@ pub(super) fn pad(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
     let pads: &[i64] = if c.opset < 11 {
         at.ints("pads")
             .or_else(|| at.ints("paddings"))
-            .ok_or(ShapeError::Attribute {
-                name: "pads",
-                problem: "is missing",
-            })?
+            .ok_or_else(|| missing("pads"))?
     } else {
         ins.value(1)?
     };
@@ -463,10 +443,7 @@ pub(super) fn resize(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
     let (scales, sizes): (Option<&[f64]>, Option<&[i64]>) = if upsample && c.opset < 9 {
         attr_scales = at
             .floats("scales")
-            .ok_or(ShapeError::Attribute {
-                name: "scales",
-                problem: "is missing",
-            })?
+            .ok_or_else(|| missing("scales"))?
             .iter()
             .map(|&f| f64::from(f))
             .collect();

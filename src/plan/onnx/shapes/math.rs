@@ -1,6 +1,6 @@
 //! Linear algebra (`Gemm`, `MatMul`) and reductions (`Reduce*`, `ArgMax`/`ArgMin`, `TopK`).
 
-use super::{axis, broadcast, dim, dtype, Ctx, Info, Result, ShapeError};
+use super::{axis, broadcast, dim, dtype, missing, Ctx, Info, Result, ShapeError};
 
 /// The `Reduce` family: `axes` from the attribute or (ReduceSum from opset 13, the rest from 18)
 /// an input, every axis when empty (unless `noop_with_empty_axes`), kept as 1 with `keepdims`.
@@ -43,10 +43,7 @@ pub(super) fn top_k(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
     let x = ins.get(0)?;
     let a = axis(at.int_or("axis", -1), x.shape.len())?;
     let k = if opset < 10 {
-        at.int("k").ok_or(ShapeError::Attribute {
-            name: "k",
-            problem: "is missing",
-        })?
+        at.int("k").ok_or_else(|| missing("k"))?
     } else {
         match ins.value(1)? {
             [k] => *k,

@@ -262,6 +262,14 @@ struct Ctx<'a, 'b> {
 }
 
 /// Attribute access on a node.
+/// The error for a required attribute `name` the node does not have.
+fn missing(name: &'static str) -> ShapeError {
+    ShapeError::Attribute {
+        name,
+        problem: "is missing",
+    }
+}
+
 struct Attrs<'a>(&'a Node);
 
 impl Attrs<'_> {
@@ -479,13 +487,10 @@ pub(crate) fn infer(node: &Node, opset: i64, inputs: &[Option<&Info>]) -> Result
         }
         "Cast" => {
             let x = ins.get(0)?;
-            let to =
-                at.int("to")
-                    .and_then(|t| i32::try_from(t).ok())
-                    .ok_or(ShapeError::Attribute {
-                        name: "to",
-                        problem: "is missing",
-                    })?;
+            let to = at
+                .int("to")
+                .and_then(|t| i32::try_from(t).ok())
+                .ok_or_else(|| missing("to"))?;
             let mut o = Info::new(to, x.shape.clone());
             if matches!(to, dtype::INT64 | dtype::INT32) {
                 o.value.clone_from(&x.value);

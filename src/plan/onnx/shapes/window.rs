@@ -1,6 +1,6 @@
 //! Sliding-window operators: convolution, transposed convolution and pooling.
 
-use super::{ck, dim, dtype, rank_at_least, Attrs, Ctx, Info, Result, ShapeError};
+use super::{ck, dim, dtype, missing, rank_at_least, Attrs, Ctx, Info, Result, ShapeError};
 use crate::plan::onnx::proto::Node;
 
 /// Output extent of a sliding window (convolution or pooling) along one axis.
@@ -148,10 +148,7 @@ pub(super) fn pool(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
     rank_at_least(x, 0, 3, "at least 3 ([N, C, spatial...])")?;
     let kernel = at
         .ints("kernel_shape")
-        .ok_or(ShapeError::Attribute {
-            name: "kernel_shape",
-            problem: "is missing",
-        })?
+        .ok_or_else(|| missing("kernel_shape"))?
         .iter()
         .map(|&d| dim(d))
         .collect::<Result<Vec<_>>>()?;
