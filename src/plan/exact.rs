@@ -8,6 +8,11 @@
 //! a node limit per question that doubles each round, until the two meet or the [`Budget`]
 //! runs out.
 //!
+//! A node's candidates are tried in offset order, and the cost of a try is kept to what it
+//! changed: an offset above the capacity less the largest unplaced section total ends the node
+//! (every later candidate is higher), and after a placement only the sections whose unplaced
+//! blocks moved or left are checked again.
+//!
 //! The decision search (facts from the MiniMalloc paper, not its code):
 //! * **Canonical placements.** Every block goes at its *minimal offset*: the top of the placed
 //!   blocks that overlap it in time. Blocks are placed in non-decreasing offset order (ties by
@@ -32,8 +37,11 @@
 //! Deterministic: the same input and a [`Budget::Nodes`] budget give the same plan. A
 //! [`Budget::Time`] budget cuts the search where the clock says.
 //!
-//! Pre-placed (fixed) blocks break the canonical argument; a problem with any is not searched
-//! (the incumbent is returned, optimal only if it meets the lower bound).
+//! Pre-placed (fixed) blocks are obstacles: a block's minimal offset is the least one at or
+//! above the top of the placed blocks where it clears every fixed block it is live with. The
+//! canonical argument still holds in the form "no block can move to a lower free position",
+//! where a block may rest on a fixed block or jump into a gap below one. The inference ignores
+//! the room fixed blocks take (a weaker bound, still a bound).
 
 use std::time::{Duration, Instant};
 
@@ -70,7 +78,7 @@ pub(crate) struct Outcome {
 }
 
 const NONE: u64 = u64::MAX;
-/// A section witness meaning no unplaced block is left there.
+/// No block (a section with no hint).
 const EMPTY: usize = usize::MAX;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,10 +97,15 @@ struct Shape {
     overlaps: Vec<Vec<usize>>,
     /// The initial sum of sizes per section.
     totals: Vec<u64>,
+    /// Each block's size, packed for the scans.
+    size: Vec<u64>,
+    /// Per block, the fixed blocks live with it, as `(offset, size)` in offset order: it
+    /// must go around them.
+    obstacles: Vec<Vec<(u64, u64)>>,
 }
 
 impl Shape {
-    fn new(items: &[Item]) -> Self {
+    fn new(items: &[Item], obstacles: Vec<Vec<(u64, u64)>>) -> Self {
         let mut points: Vec<u64> = items
             .iter()
             .flat_map(|it| [u64::from(it.first), u64::from(it.last) + 1])
@@ -129,7 +142,25 @@ impl Shape {
             section_items,
             overlaps,
             totals,
+            size: items.iter().map(|it| it.size).collect(),
+            obstacles,
         }
+    }
+
+    /// The least offset at or above `at` where block `i` clears every fixed block it is live
+    /// with.
+    fn clear_of_fixed(&self, i: usize, mut at: u64) -> u64 {
+        let size = self.size[i];
+        // In offset order, an obstacle ending at or below `at` stays below it as `at` rises.
+        for &(offset, len) in &self.obstacles[i] {
+            if offset >= at + size {
+                break;
+            }
+            if offset + len > at {
+                at = offset + len;
+            }
+        }
+        at
     }
 }
 
@@ -152,15 +183,9 @@ struct Search<'a> {
     cuts: Vec<u32>,
     undo_min: Vec<(usize, u64)>,
     undo_floor: Vec<(usize, u64)>,
-    /// Per section, an unplaced block with the least minimal offset there, as of some state on
-    /// the current path ([`EMPTY`] once none is left), and that offset. Along a path minimal
-    /// offsets only rise and blocks only leave, so while the witness is unplaced at the same
-    /// offset it is still the least and the section need not be rescanned.
-    witness: Vec<(usize, u64)>,
-    undo_witness: Vec<(usize, (usize, u64))>,
-    /// Per section, the block a rescan last found at or below the floor: tried first next time.
-    /// Only a hint (any unplaced block at or below the floor settles the question), so it is
-    /// not undone.
+    /// Per section, the unplaced block a scan last found low enough for the section's unplaced
+    /// blocks to fit above it: tried first next time. Only a hint (any such block settles the
+    /// question), so it is not undone.
     hint: Vec<usize>,
     /// Candidate buffers, one per depth, reused so the search does not allocate per node.
     spare: Vec<Vec<(u64, usize)>>,
@@ -193,20 +218,22 @@ impl<'a> Search<'a> {
             heuristic,
             offset: vec![NONE; items.len()],
             solution: vec![NONE; items.len()],
-            min_offset: vec![0; items.len()],
-            live: vec![0; items.len()],
+            min_offset: (0..items.len())
+                .map(|i| shape.clear_of_fixed(i, 0))
+                .collect(),
+            live: (0..items.len())
+                .map(|i| shape.clear_of_fixed(i, 0))
+                .collect(),
             floor: vec![0; sections],
             total: shape.totals.clone(),
             cuts,
             undo_min: Vec::new(),
             undo_floor: Vec::new(),
-            witness: shape
+            hint: shape
                 .section_items
                 .iter()
-                .map(|v| (v.first().copied().unwrap_or(EMPTY), 0))
+                .map(|v| v.first().copied().unwrap_or(EMPTY))
                 .collect(),
-            undo_witness: Vec::new(),
-            hint: vec![EMPTY; sections],
             spare: Vec::new(),
             nodes: 0,
             limit,
@@ -285,11 +312,42 @@ impl<'a> Search<'a> {
         self.dfs(&blocks, range, 0, 0)
     }
 
-    fn check(&self, range: (usize, usize), offset: u64) -> bool {
-        self.floor[range.0..range.1]
+    /// Cross-section inference over the sections of `range`, with `offset` the offset of the
+    /// last placement (every later one is at or above it).
+    fn check(&mut self, range: (usize, usize), offset: u64) -> bool {
+        (range.0..range.1).all(|s| self.section_fits(s, offset))
+    }
+
+    /// Whether the unplaced blocks of section `s` can still stack below the capacity: above the
+    /// placed blocks and `offset`, and above the least minimal offset among them. The least is
+    /// not kept up to date: a section passes as soon as one unplaced block sits low enough (its
+    /// hint first), so a full scan runs only when the hint has been placed or has risen too high.
+    fn section_fits(&mut self, s: usize, offset: u64) -> bool {
+        let total = self.total[s];
+        if total == 0 {
+            return true;
+        }
+        let Some(room) = self.capacity.checked_sub(total) else {
+            return false;
+        };
+        if self.floor[s].max(offset) > room {
+            return false;
+        }
+        // `live` is NONE for a placed block, which is never at or below `room`.
+        if self.live.get(self.hint[s]).is_some_and(|&m| m <= room) {
+            return true;
+        }
+        match self.shape.section_items[s]
             .iter()
-            .zip(&self.total[range.0..range.1])
-            .all(|(&f, &t)| f.max(offset) + t <= self.capacity)
+            .copied()
+            .find(|&j| self.live[j] <= room)
+        {
+            Some(j) => {
+                self.hint[s] = j;
+                true
+            }
+            None => false,
+        }
     }
 
     fn dfs(
@@ -311,31 +369,32 @@ impl<'a> Search<'a> {
                 }
             }
         }
-        let unplaced = pre.iter().copied().filter(|&i| self.offset[i] == NONE);
-        let Some(min_height) = unplaced
-            .map(|i| self.min_offset[i] + self.items[i].size)
-            .min()
-        else {
-            return Status::Found;
-        };
-        // Only the candidates that can be tried are sorted.
+        // One pass: the least height any unplaced block can reach, and the blocks that may go
+        // next (canonical: non-decreasing offsets, ties in preorder; below the capacity).
         let mut candidates = self.spare.pop().unwrap_or_default();
         candidates.clear();
-        candidates.extend(
-            pre.iter()
-                .enumerate()
-                .filter(|&(r, &i)| {
-                    let offset = self.min_offset[i];
-                    self.offset[i] == NONE
-                        // Dominance: a block at or above `min_height` leaves a gap another
-                        // block fills.
-                        && offset < min_height
-                        // Canonical: non-decreasing offsets, ties in preorder.
-                        && (offset > last_offset || (offset == last_offset && r >= last_rank))
-                        && offset + self.items[i].size <= self.capacity
-                })
-                .map(|(r, &i)| (self.min_offset[i], r)),
-        );
+        let mut min_height = NONE;
+        let size = &self.shape.size;
+        for (r, &i) in pre.iter().enumerate() {
+            let offset = self.live[i];
+            if offset == NONE {
+                continue;
+            }
+            let height = offset + size[i];
+            min_height = min_height.min(height);
+            if (offset > last_offset || (offset == last_offset && r >= last_rank))
+                && height <= self.capacity
+            {
+                candidates.push((offset, r));
+            }
+        }
+        if min_height == NONE {
+            self.spare.push(candidates);
+            return Status::Found;
+        }
+        // Dominance: a block at or above `min_height` leaves a gap another block fills.
+        candidates.retain(|&(offset, _)| offset < min_height);
+        // Only the candidates that can be tried are sorted.
         candidates.sort_unstable();
         let status = self.branch(pre, range, &candidates);
         self.spare.push(candidates);
@@ -349,26 +408,40 @@ impl<'a> Search<'a> {
         range: (usize, usize),
         candidates: &[(u64, usize)],
     ) -> Status {
+        // Every later placement is at or above the next one's offset, so every section's
+        // unplaced blocks stack above it: an offset above `cap - the largest unplaced total`
+        // fails, and so does every candidate after it (sorted by offset). This also covers the
+        // sections under the placed block (its top plus their remaining total is the same sum).
+        let largest = self.total[range.0..range.1]
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0);
+        let Some(highest) = self.capacity.checked_sub(largest) else {
+            return Status::NotFound;
+        };
         for &(offset, r) in candidates {
+            if offset > highest {
+                break;
+            }
             let i = pre[r];
-            let marks = (
-                self.undo_min.len(),
-                self.undo_floor.len(),
-                self.undo_witness.len(),
-            );
-            self.place(i, offset);
-            // Nothing above it had to move: if the rest fails with it here, it fails with any
-            // other candidate first, too ("hatless" pruning).
-            let hatless = self.shape.overlaps[i]
-                .iter()
-                .all(|&j| self.offset[j] != NONE);
-            let status = if self.check(range, offset) {
+            let marks = (self.undo_min.len(), self.undo_floor.len());
+            let changed = self.place(i, offset);
+            let (lo, hi) = (changed.0.max(range.0), changed.1.min(range.1));
+            // Only the sections whose blocks moved or left can have stopped fitting.
+            let status = if (lo..hi).all(|s| self.section_fits(s, offset)) {
                 self.decompose(pre, range, offset, r, i)
             } else {
                 Status::NotFound
             };
             self.unplace(i, marks);
-            if status != Status::NotFound || hatless {
+            if status != Status::NotFound {
+                return status;
+            }
+            // Nothing unplaced overlaps it: if the rest fails with it here, it fails with any
+            // other candidate first, too ("hatless" pruning). Asked only on failure, after the
+            // undo, when the same blocks as during the try are placed but for `i` itself.
+            if self.shape.overlaps[i].iter().all(|&j| self.live[j] == NONE) {
                 return status;
             }
         }
@@ -407,20 +480,26 @@ impl<'a> Search<'a> {
         status
     }
 
-    fn place(&mut self, i: usize, offset: u64) {
+    /// Places `i` at `offset`. Returns a range of sections holding every section whose unplaced
+    /// blocks changed (it left, or their minimal offsets rose).
+    fn place(&mut self, i: usize, offset: u64) -> (usize, usize) {
         let shape = self.shape;
         let size = self.items[i].size;
         let height = offset + size;
         self.offset[i] = offset;
         self.live[i] = NONE;
-        // The sections whose floor may rise: the span of the blocks whose minimal offset rose
-        // (a superset of their union; the inference holds for any section).
-        let (mut lo, mut hi) = (usize::MAX, 0);
+        let (mut lo, mut hi) = (shape.sec_lo[i], shape.sec_hi[i]);
         for &j in &shape.overlaps[i] {
-            if self.offset[j] == NONE && self.min_offset[j] < height {
+            // `live` is NONE for a placed block.
+            if self.live[j] < height {
+                let m = if shape.obstacles[j].is_empty() {
+                    height
+                } else {
+                    shape.clear_of_fixed(j, height)
+                };
                 self.undo_min.push((j, self.min_offset[j]));
-                self.min_offset[j] = height;
-                self.live[j] = height;
+                self.min_offset[j] = m;
+                self.live[j] = m;
                 lo = lo.min(shape.sec_lo[j]);
                 hi = hi.max(shape.sec_hi[j]);
             }
@@ -430,66 +509,13 @@ impl<'a> Search<'a> {
             self.floor[s] = height;
             self.total[s] -= size;
         }
-        // The floor of a section is at least the least minimal offset of its unplaced blocks.
-        for s in lo..hi {
-            self.raise_floor(s);
-        }
+        (lo, hi)
     }
 
-    /// Raises the floor of section `s` to the least minimal offset of its unplaced blocks (if
-    /// below it). Rescans the section only when its witness has been placed or has risen above
-    /// the floor, and stops a rescan at the first unplaced block at or below the floor or at the
-    /// old least.
-    fn raise_floor(&mut self, s: usize) {
-        let (w, at) = self.witness[s];
-        if w == EMPTY {
-            return;
-        }
-        let floor = self.floor[s];
-        let least = if self.live[w] == at {
-            at
-        } else if self.live[w] <= floor {
-            // `w` is unplaced at or below the floor: so is the least.
-            return;
-        } else if self.live.get(self.hint[s]).is_some_and(|&m| m <= floor) {
-            return;
-        } else {
-            let mut best = (EMPTY, NONE);
-            for &j in &self.shape.section_items[s] {
-                let m = self.live[j];
-                if m <= floor {
-                    self.hint[s] = j;
-                    return;
-                }
-                if m < best.1 {
-                    best = (j, m);
-                    // The old least is a lower bound (offsets only rose since): it is the least.
-                    if m == at {
-                        break;
-                    }
-                }
-            }
-            self.undo_witness.push((s, (w, at)));
-            self.witness[s] = best;
-            if best.0 == EMPTY {
-                return;
-            }
-            best.1
-        };
-        if floor < least {
-            self.undo_floor.push((s, floor));
-            self.floor[s] = least;
-        }
-    }
-
-    fn unplace(&mut self, i: usize, marks: (usize, usize, usize)) {
+    fn unplace(&mut self, i: usize, marks: (usize, usize)) {
         let shape = self.shape;
         let size = self.items[i].size;
-        let (min_mark, floor_mark, witness_mark) = marks;
-        while self.undo_witness.len() > witness_mark {
-            let (s, w) = self.undo_witness.pop().expect("non-empty");
-            self.witness[s] = w;
-        }
+        let (min_mark, floor_mark) = marks;
         while self.undo_floor.len() > floor_mark {
             let (s, f) = self.undo_floor.pop().expect("non-empty");
             self.floor[s] = f;
@@ -525,23 +551,56 @@ pub(crate) fn search(
         improved: false,
         nodes: 0,
     };
-    if outcome.optimal || items.iter().any(|it| it.fixed.is_some()) {
+    if outcome.optimal {
         return outcome;
     }
+    // The search places the free blocks; fixed ones are obstacles they go around.
+    let free: Vec<usize> = (0..items.len())
+        .filter(|&i| items[i].fixed.is_none())
+        .collect();
+    let fixed: Vec<(u64, Item)> = items
+        .iter()
+        .filter_map(|it| it.fixed.map(|o| (o, *it)))
+        .collect();
+    let sub: Vec<Item> = free.iter().map(|&i| items[i]).collect();
+    let obstacles = sub
+        .iter()
+        .map(|it| {
+            let mut v: Vec<(u64, u64)> = fixed
+                .iter()
+                .filter(|(_, f)| f.overlaps(it))
+                .map(|&(o, f)| (o, f.size))
+                .collect();
+            v.sort_unstable();
+            v
+        })
+        .collect();
+    let fixed_top = fixed.iter().map(|(o, f)| o + f.size).max().unwrap_or(0);
+    let with = |solution: &[u64]| -> Vec<u64> {
+        let mut offsets: Vec<u64> = items.iter().map(|it| it.fixed.unwrap_or(0)).collect();
+        for (k, &i) in free.iter().enumerate() {
+            offsets[i] = solution[k];
+        }
+        offsets
+    };
     let (deadline, mut nodes_left) = match budget {
         Budget::Time(d) => (Some(start + d), u64::MAX),
         Budget::Nodes(n) => (None, n),
     };
-    let shape = Shape::new(items);
-    let mut proven = lower.div_ceil(align) * align;
-    let mut limit = (2 * items.len() as u64).max(256);
-    // The bisection's tentative bottom: above `proven` once a question there ran out of nodes.
+    let shape = Shape::new(&sub, obstacles);
+    // No arena ends below a fixed block's end.
+    let mut proven = lower.max(fixed_top).div_ceil(align) * align;
+    let mut limit = (2 * sub.len() as u64).max(256);
+    // The bisection's tentative bottom within a round: above `proven` once a question there ran
+    // out of nodes.
     let mut lo = proven;
     'rounds: while proven < best_arena {
         // Each round: the question at the proven bound with the round's limit, then two
-        // bisection steps between the tentative bottom and the best arena with a quarter of it
+        // bisection steps between the tentative bottom and the best arena with half of it
         // (they mostly improve the incumbent when the bound is out of reach). The limit doubles
-        // each round, as in MiniMalloc's round robin.
+        // each round, as in MiniMalloc's round robin, and the tentative bottom falls back to
+        // the proven bound: a question that ran out of nodes in one round may not in the next,
+        // and keeping it raised made the later rounds creep down by a few alignment steps.
         for step in 0..3 {
             let capacity = if step == 0 {
                 proven
@@ -553,12 +612,12 @@ pub(crate) fn search(
             let attempt_limit = if step == 0 {
                 limit
             } else {
-                (limit / 4).max(64)
+                (limit / 2).max(64)
             };
             let mut answer = Status::Aborted;
             for heuristic in 0..3 {
                 let mut s = Search::new(
-                    items,
+                    &sub,
                     &shape,
                     heuristic,
                     capacity,
@@ -566,10 +625,13 @@ pub(crate) fn search(
                     deadline,
                 );
                 let status = s.run();
+                if std::env::var_os("PLAN_TRACE").is_some() {
+                    eprintln!("step {step} cap {capacity} h {heuristic} limit {} -> {:?} nodes {} best {best_arena} t {:?}", attempt_limit.min(nodes_left), status, s.nodes, start.elapsed());
+                }
                 nodes_left -= s.nodes.min(nodes_left);
                 outcome.nodes += s.nodes;
                 if status == Status::Found {
-                    outcome.offsets.clone_from(&s.solution);
+                    outcome.offsets = with(&s.solution);
                     best_arena = arena(items, &outcome.offsets);
                     outcome.improved = true;
                     answer = status;
@@ -595,9 +657,7 @@ pub(crate) fn search(
                 break 'rounds;
             }
         }
-        if lo >= best_arena {
-            lo = proven;
-        }
+        lo = proven;
         limit = limit.saturating_mul(2);
     }
     outcome.arena = best_arena;
