@@ -4,33 +4,10 @@
 //! computed by hand, and prints each model's tensor count, naive size and lower bound
 //! (`cargo test --test plan_onnx -- --nocapture`).
 
-use std::path::PathBuf;
-use std::process::Command;
+mod onnx_models;
 
+use onnx_models::models_dir;
 use userdma::plan::{onnx, Kind, Tensor};
-
-/// The directory with the `.onnx` files: `$USERDMA_ONNX_MODELS`, or what the script prints.
-fn models_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("USERDMA_ONNX_MODELS") {
-        return dir.into();
-    }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/onnx-models.sh");
-    let out = Command::new("sh").arg(script).output().unwrap_or_else(|e| {
-        panic!("USERDMA_ONNX_MODELS is unset and running {script} failed ({e}); run it and export USERDMA_ONNX_MODELS=\"$(scripts/onnx-models.sh | tail -n 1)\"")
-    });
-    assert!(
-        out.status.success(),
-        "USERDMA_ONNX_MODELS is unset and {script} failed:\n{}\nfix that, then export USERDMA_ONNX_MODELS=\"$(scripts/onnx-models.sh | tail -n 1)\"",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).expect("script output is UTF-8");
-    PathBuf::from(
-        stdout
-            .lines()
-            .last()
-            .expect("the script prints the directory last"),
-    )
-}
 
 /// The arena alignment the planner defaults to.
 const ALIGN: u64 = 256;
