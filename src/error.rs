@@ -46,6 +46,14 @@ pub enum Error {
         /// What to do instead.
         hint: &'static str,
     },
+    /// A setting out of range (a pipeline depth, a model that does not fit its arena).
+    #[error("{what}: {hint}")]
+    Invalid {
+        /// What is wrong.
+        what: String,
+        /// What to do.
+        hint: &'static str,
+    },
 }
 
 /// What kind of failure an [`Error`] is: stable numbers, never reused (new kinds get new
@@ -93,6 +101,7 @@ impl Error {
             Error::Ring(e) => ring_code(e),
             Error::Pool(e) => pool_code(e),
             Error::Unsupported { .. } => Code::Unsupported,
+            Error::Invalid { .. } => Code::InvalidArgument,
         }
     }
 }

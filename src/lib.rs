@@ -68,6 +68,7 @@ pub mod irq;
 pub mod memory;
 pub mod mmio;
 pub mod pci;
+pub mod pipeline;
 pub mod plan;
 pub mod pool;
 pub mod ring;

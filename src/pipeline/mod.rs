@@ -1,0 +1,621 @@
+//! The inference pipeline: frames through preprocess → H2D → the model's device steps → D2H
+//! of the result → postprocess, over a ring of `depth` preallocated slots.
+//!
+//! Everything a frame needs is taken once, when the [`Pipeline`] is built: per slot a host
+//! input buffer and a host result buffer from a pool mapped into the device once, and the
+//! model's planned arena in device memory. A frame then costs no allocation and no DMA
+//! mapping: preprocessing writes straight into the slot's DMA buffer (no intermediate host
+//! copy), intermediate tensors never leave the device, and only the result comes back.
+//!
+//! **Ownership.** A slot's buffers travel as the payload of its frame's last descriptor: while
+//! the frame is in flight the slot is in the queue's hands, not the pipeline's, so nothing on
+//! the host can touch memory the device may still read or write; the slot comes back with the
+//! last completion (descriptors complete in order on a queue) and only then is it reused.
+//!
+//! **Back-pressure.** With all `depth` slots in flight, [`Pipeline::try_submit`] returns
+//! `Ok(None)` (the caller's choice what to do); [`Pipeline::run`] waits for the oldest frame.
+//! Results come out in frame order. A frame whose descriptor fails is reported with its frame
+//! number, the step and the device's code, and the frames after it go on. [`Pipeline::shutdown`]
+//! drains what is in flight and returns every buffer to the pool.
+//!
+//! Depth 1 is synchronous; depth 2 double buffering (the host prepares frame i+1 while the
+//! device runs frame i); deeper rings absorb jitter. [`naive`] is the per-frame-allocation
+//! path to compare against, in the same run.
+
+pub mod model;
+pub mod naive;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use model::{Model, ModelError, Span, Step};
+
+use crate::device::loopback::{self, Code, Descriptor};
+use crate::device::{Range, Wait};
+use crate::dma::{DeviceOffset, Iova};
+use crate::memory::PageSize;
+use crate::pool::{OwnedBuffer, Pool};
+use crate::ring::{self, Command};
+use crate::{Error, Runtime};
+
+/// How a pipeline is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Slots in the ring: frames in flight at most (1 = synchronous, 2 = double buffering).
+    pub depth: usize,
+    /// Frames per doorbell: the descriptors of this many frames are announced together.
+    pub batch: usize,
+    /// The hardware queue to use.
+    pub queue: u16,
+    /// Completions by interrupt or by polling.
+    pub wait: Wait,
+    /// How long a frame may take before [`Pipeline::run`] gives up with an error.
+    pub timeout: Duration,
+}
+
+impl Default for Config {
+    /// Depth 2, one doorbell per frame, queue 0, interrupts, 10 s.
+    fn default() -> Self {
+        Config {
+            depth: 2,
+            batch: 1,
+            queue: 0,
+            wait: Wait::Interrupt,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a frame failed on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "frame {frame}: step {step} ({what}) failed on the device with {code:?} (result {result:#x})"
+)]
+pub struct FrameError {
+    /// The frame.
+    pub frame: u64,
+    /// Which descriptor of the frame: 0 is the H2D copy, then the model's steps, then D2H.
+    pub step: u16,
+    /// What that descriptor was.
+    pub what: &'static str,
+    /// The device's completion code.
+    pub code: Code,
+    /// The completion's result field (an address or offset for range errors).
+    pub result: u64,
+}
+
+/// The slot's host input buffer, for preprocessing to write the frame into.
+#[derive(Debug)]
+pub struct Input<'a> {
+    buffer: &'a OwnedBuffer,
+}
+
+impl Input<'_> {
+    /// The input's length in bytes.
+    pub fn len(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// Whether the input is empty (never: a model's input is at least a word).
+    pub fn is_empty(&self) -> bool {
+        self.buffer.is_empty()
+    }
+
+    /// Writes `bytes` at `offset` of the input, straight into DMA memory.
+    ///
+    /// # Errors
+    /// [`Error::Pool`] if the range leaves the input.
+    pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<(), Error> {
+        Ok(self.buffer.write(offset, bytes)?)
+    }
+}
+
+/// The slot's host result buffer, after the frame's D2H completed.
+#[derive(Debug)]
+pub struct Output<'a> {
+    buffer: &'a OwnedBuffer,
+}
+
+impl Output<'_> {
+    /// The result's length in bytes.
+    pub fn len(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// Whether the result is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.buffer.is_empty()
+    }
+
+    /// Reads `dst.len()` bytes at `offset` of the result.
+    ///
+    /// # Errors
+    /// [`Error::Pool`] if the range leaves the result.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), Error> {
+        Ok(self.buffer.read(offset, dst)?)
+    }
+}
+
+/// When each part of a frame happened, as the host saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Times {
+    /// Preprocessing began.
+    pub preprocess: Instant,
+    /// The frame's descriptors were announced (its doorbell, or its batch's).
+    pub submitted: Instant,
+    /// The H2D copy's completion was seen.
+    pub to_device: Instant,
+    /// The last device step's completion was seen.
+    pub computed: Instant,
+    /// The D2H copy's completion was seen.
+    pub to_host: Instant,
+}
+
+/// One finished frame, handed to postprocessing.
+#[derive(Debug)]
+pub struct Finished<'a> {
+    /// The frame number (from 0, in submission order).
+    pub frame: u64,
+    /// The result, or why the device failed the frame.
+    pub result: Result<Output<'a>, FrameError>,
+    /// When its parts happened.
+    pub times: Times,
+}
+
+/// A slot: the frame's host buffers and its device arena.
+#[derive(Debug)]
+struct Slot {
+    index: usize,
+    input: OwnedBuffer,
+    result: OwnedBuffer,
+    arena: DeviceOffset,
+}
+
+/// A descriptor's payload: the frame's earlier descriptors carry its number, the last one the
+/// slot itself.
+#[derive(Debug)]
+enum Payload {
+    Step { slot: usize, step: u16 },
+    Last(Slot),
+}
+
+/// Per slot, what the frame in it has done so far.
+#[derive(Debug, Clone, Copy)]
+struct Progress {
+    frame: u64,
+    error: Option<FrameError>,
+    times: Times,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Summary {
+    /// Frames finished.
+    pub frames: u64,
+    /// Frames the device failed.
+    pub failed: u64,
+    /// Doorbells rung.
+    pub doorbells: u64,
+    /// Bytes copied to the device.
+    pub bytes_to_device: u64,
+    /// Bytes copied back.
+    pub bytes_to_host: u64,
+}
+
+/// An N-deep inference pipeline over one hardware queue.
+pub struct Pipeline {
+    model: Model,
+    config: Config,
+    queue: loopback::Queue<Payload>,
+    free: VecDeque<Slot>,
+    progress: Vec<Progress>,
+    next_frame: u64,
+    /// Frames pushed but not yet announced.
+    unannounced: usize,
+    /// Slots of frames pushed since the last doorbell.
+    pending: Vec<usize>,
+    summary: Summary,
+    in_flight: usize,
+    // Held for the pipeline's life: the pool the slots' buffers come from and the device
+    // ranges of the arenas (dropped after the queue, which may hold slots).
+    _pool: Arc<Pool>,
+    _arenas: Vec<Range>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("model", &self.model)
+            .field("config", &self.config)
+            .field("in_flight", &self.in_flight)
+            .field("next_frame", &self.next_frame)
+            .finish()
+    }
+}
+
+/// What descriptor `step` of a frame is, for error messages.
+fn step_name(step: u16, steps: usize) -> &'static str {
+    match usize::from(step) {
+        0 => "H2D copy of the input",
+        s if s <= steps => "model step",
+        _ => "D2H copy of the result",
+    }
+}
+
+impl Pipeline {
+    /// Builds a pipeline on `runtime`'s device for `model`: `config.depth` slots (host buffers
+    /// from one pool mapped once, one device arena each) and one queue deep enough for every
+    /// slot's descriptors.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a device without the loopback descriptor format or device
+    /// memory; [`Error::Device`] if device memory cannot hold `depth` arenas (lower the depth);
+    /// [`Error::Pool`]/[`Error::Memory`] for the host buffers; a depth or batch of 0 is
+    /// [`Error::Ring`] with a message saying so.
+    pub fn new(runtime: &Runtime, model: Model, config: Config) -> Result<Pipeline, Error> {
+        if config.depth == 0 || config.batch == 0 || config.depth > 1024 {
+            return Err(Error::Invalid {
+                what: format!("pipeline depth {} and batch {}", config.depth, config.batch),
+                hint: "use a depth of 1 to 1024 slots and a batch of at least 1 frame",
+            });
+        }
+        let per_frame = model.steps().len() + 2;
+        // Twice what the slots need: the SQ head the device writes back lags its completions
+        // by up to a burst.
+        let descriptors = (2 * config.depth * per_frame).next_power_of_two().max(2);
+        let ring_depth = u32::try_from(descriptors).unwrap_or(u32::MAX);
+        let queue = runtime.queue_with::<Payload>(
+            ring::Config::new(ring_depth).with_id(config.queue),
+            config.wait,
+        )?;
+        let (input_bytes, result_bytes) = (model.input().bytes, model.result().bytes);
+        let per_slot = input_bytes.div_ceil(4096) * 4096 + result_bytes.div_ceil(4096) * 4096;
+        // Room for the pool's alignment of its first chunk and for blocks rounded up to
+        // powers of two: twice the buffers, plus 4 MiB.
+        let pool_bytes = per_slot
+            .checked_mul(2 * config.depth as u64)
+            .and_then(|b| b.checked_add(4 << 20))
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(pool_too_big)?;
+        let pool = runtime.pool(pool_bytes, PageSize::Base)?;
+        let memory = runtime.device_memory()?;
+        let mut free = VecDeque::with_capacity(config.depth);
+        let mut arenas = Vec::with_capacity(config.depth);
+        for index in 0..config.depth {
+            let arena = memory.alloc(model.arena_bytes(), 256)?;
+            let slot = Slot {
+                index,
+                input: pool.alloc_owned(input_bytes as usize)?,
+                result: pool.alloc_owned(result_bytes as usize)?,
+                arena: arena.offset(),
+            };
+            arenas.push(arena);
+            free.push_back(slot);
+        }
+        let now = Instant::now();
+        let times = Times {
+            preprocess: now,
+            submitted: now,
+            to_device: now,
+            computed: now,
+            to_host: now,
+        };
+        Ok(Pipeline {
+            progress: vec![
+                Progress {
+                    frame: 0,
+                    error: None,
+                    times,
+                };
+                config.depth
+            ],
+            pending: Vec::with_capacity(config.depth),
+            model,
+            config,
+            queue,
+            free,
+            next_frame: 0,
+            unannounced: 0,
+            summary: Summary::default(),
+            in_flight: 0,
+            _pool: pool,
+            _arenas: arenas,
+        })
+    }
+
+    /// The model it runs.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// How it was built.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Frames in flight (submitted, not yet handed to postprocessing).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// What it has done so far.
+    pub fn summary(&self) -> Summary {
+        self.summary
+    }
+
+    /// Descriptor `k` of a frame in `slot`: 0 the H2D copy, then each step at the slot's
+    /// arena, then the D2H copy.
+    fn command(&self, slot: &Slot, k: usize) -> Command {
+        command(
+            &self.model,
+            slot.arena,
+            slot.input.iova(),
+            slot.result.iova(),
+            k,
+        )
+    }
+
+    /// Takes a free slot, lets `preprocess` write frame `n`'s input into it, and queues the
+    /// frame's descriptors (announced once `batch` frames are queued, or by
+    /// [`Pipeline::flush`]). Returns the frame number, or `None` when every slot is in flight
+    /// (back-pressure: reap results first).
+    ///
+    /// # Errors
+    /// What `preprocess` returns, and ring errors (the queue broke).
+    pub fn try_submit(
+        &mut self,
+        preprocess: impl FnOnce(u64, &Input<'_>) -> Result<(), Error>,
+    ) -> Result<Option<u64>, Error> {
+        let Some(slot) = self.free.pop_front() else {
+            return Ok(None);
+        };
+        let frame = self.next_frame;
+        let began = Instant::now();
+        if let Err(e) = preprocess(
+            frame,
+            &Input {
+                buffer: &slot.input,
+            },
+        ) {
+            self.free.push_front(slot);
+            return Err(e);
+        }
+        let index = slot.index;
+        let p = &mut self.progress[index];
+        p.frame = frame;
+        p.error = None;
+        p.times.preprocess = began;
+        let per_frame = self.model.steps().len() + 2;
+        let mut slot = Some(slot);
+        for k in 0..per_frame {
+            let command = self.command(slot.as_ref().expect("until the last"), k);
+            let payload = if k + 1 == per_frame {
+                Payload::Last(slot.take().expect("the last descriptor"))
+            } else {
+                Payload::Step {
+                    slot: index,
+                    step: k as u16,
+                }
+            };
+            push(&mut self.queue, command, payload, self.config.timeout)?;
+        }
+        self.summary.bytes_to_device += self.model.input().bytes;
+        self.next_frame += 1;
+        self.in_flight += 1;
+        self.unannounced += 1;
+        self.pending.push(index);
+        if self.unannounced >= self.config.batch {
+            self.flush()?;
+        }
+        Ok(Some(frame))
+    }
+
+    /// Announces every queued frame with one doorbell.
+    ///
+    /// # Errors
+    /// Ring errors.
+    pub fn flush(&mut self) -> Result<(), Error> {
+        if self.unannounced == 0 {
+            return Ok(());
+        }
+        self.queue.flush()?;
+        let now = Instant::now();
+        for &index in &self.pending {
+            self.progress[index].times.submitted = now;
+        }
+        self.pending.clear();
+        self.unannounced = 0;
+        self.summary.doorbells += 1;
+        Ok(())
+    }
+
+    /// Handles one completion; a frame's last one hands the frame to `postprocess` and frees
+    /// its slot. Returns whether a frame finished.
+    fn complete(
+        &mut self,
+        done: ring::Done<ring::Status, Payload>,
+        postprocess: &mut impl FnMut(Finished<'_>),
+    ) -> bool {
+        let now = Instant::now();
+        let steps = self.model.steps().len();
+        let code = done.entry.loopback_code().ok();
+        let (index, step) = match &done.payload {
+            Payload::Step { slot, step } => (*slot, *step),
+            Payload::Last(slot) => (slot.index, (steps + 1) as u16),
+        };
+        let p = &mut self.progress[index];
+        if code != Some(Code::Success) && p.error.is_none() {
+            p.error = Some(FrameError {
+                frame: p.frame,
+                step,
+                what: step_name(step, steps),
+                code: code.unwrap_or(Code::BadOpcode),
+                result: done.entry.result,
+            });
+        }
+        match usize::from(step) {
+            0 => p.times.to_device = now,
+            s if s == steps => p.times.computed = now,
+            _ => {}
+        }
+        if steps == 0 && step == 0 {
+            p.times.computed = now;
+        }
+        let Payload::Last(slot) = done.payload else {
+            return false;
+        };
+        p.times.to_host = now;
+        let progress = *p;
+        self.in_flight -= 1;
+        self.summary.frames += 1;
+        let result = match progress.error {
+            Some(e) => {
+                self.summary.failed += 1;
+                Err(e)
+            }
+            None => {
+                self.summary.bytes_to_host += self.model.result().bytes;
+                Ok(Output {
+                    buffer: &slot.result,
+                })
+            }
+        };
+        postprocess(Finished {
+            frame: progress.frame,
+            result,
+            times: progress.times,
+        });
+        self.free.push_back(slot);
+        true
+    }
+
+    /// Hands every frame whose last completion has arrived to `postprocess`, in frame order,
+    /// without waiting. Returns how many finished.
+    ///
+    /// # Errors
+    /// Ring errors (a completion the queue does not know).
+    pub fn poll(&mut self, mut postprocess: impl FnMut(Finished<'_>)) -> Result<usize, Error> {
+        let mut finished = 0;
+        while let Some(done) = self.queue.poll_one()? {
+            finished += usize::from(self.complete(done, &mut postprocess));
+        }
+        Ok(finished)
+    }
+
+    /// Waits until at least one frame finishes (announcing queued frames first), then hands
+    /// it and any others already done to `postprocess`. Returns how many finished (0 when
+    /// nothing is in flight).
+    ///
+    /// # Errors
+    /// [`Error::Ring`] when nothing completes within the configured timeout (the device
+    /// stopped answering), and ring errors.
+    pub fn wait(&mut self, mut postprocess: impl FnMut(Finished<'_>)) -> Result<usize, Error> {
+        self.flush()?;
+        let mut finished = 0;
+        while finished == 0 && self.in_flight > 0 {
+            let done = self.queue.wait(Some(self.config.timeout))?;
+            finished += usize::from(self.complete(done, &mut postprocess));
+            finished += self.poll(&mut postprocess)?;
+        }
+        Ok(finished)
+    }
+
+    /// Runs `frames` frames: each free slot is filled by `preprocess` and submitted, and each
+    /// finished frame handed to `postprocess`, in frame order, until all are done.
+    ///
+    /// # Errors
+    /// As [`Pipeline::try_submit`] and [`Pipeline::wait`]; a failed frame is not an error (it
+    /// reaches `postprocess` with its [`FrameError`]).
+    pub fn run(
+        &mut self,
+        frames: u64,
+        mut preprocess: impl FnMut(u64, &Input<'_>) -> Result<(), Error>,
+        mut postprocess: impl FnMut(Finished<'_>),
+    ) -> Result<Summary, Error> {
+        let start = self.next_frame;
+        let end = start + frames;
+        while self.next_frame < end || self.in_flight > 0 {
+            while self.next_frame < end {
+                if self.try_submit(|n, input| preprocess(n, input))?.is_none() {
+                    break;
+                }
+            }
+            self.flush()?;
+            self.poll(&mut postprocess)?;
+            if self.free.is_empty() || self.next_frame >= end {
+                self.wait(&mut postprocess)?;
+            }
+        }
+        Ok(self.summary)
+    }
+
+    /// Drains what is in flight (each frame to `postprocess`) and gives every buffer back to
+    /// the pool.
+    ///
+    /// # Errors
+    /// As [`Pipeline::wait`].
+    pub fn shutdown(mut self, mut postprocess: impl FnMut(Finished<'_>)) -> Result<Summary, Error> {
+        while self.in_flight > 0 {
+            self.wait(&mut postprocess)?;
+        }
+        Ok(self.summary)
+    }
+}
+
+/// Queues `command`. The ring holds every slot's descriptors, but the device writes its SQ
+/// head back after the completions of a burst, so right after the last completion of a frame
+/// the ring may still look full for a moment: then it retries until `timeout`.
+fn push<T: Send>(
+    queue: &mut loopback::Queue<T>,
+    command: Command,
+    payload: T,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let mut payload = payload;
+    let start = Instant::now();
+    loop {
+        match queue.push(command, payload) {
+            Ok(_) => return Ok(()),
+            Err(rejected) if matches!(rejected.error, ring::Error::Full { .. }) => {
+                if start.elapsed() >= timeout {
+                    return Err(rejected.into());
+                }
+                payload = rejected.payload;
+                std::thread::yield_now();
+            }
+            Err(rejected) => return Err(rejected.into()),
+        }
+    }
+}
+
+/// Descriptor `k` of a frame of `model` in the arena at `base`, with its input and result at
+/// host IOVAs `input` and `result`: 0 the H2D copy, then each step, then the D2H copy.
+fn command(model: &Model, base: DeviceOffset, input: Iova, result: Iova, k: usize) -> Command {
+    let steps = model.steps();
+    let d = if k == 0 {
+        let i = model.input();
+        Descriptor::to_device(input, base + i.offset, i.bytes)
+    } else if let Some(step) = steps.get(k - 1) {
+        match *step {
+            Step::Compute {
+                src,
+                dst,
+                len,
+                xor,
+                add,
+            } => Descriptor::compute(base + src, base + dst, len, xor, add),
+        }
+    } else {
+        let r = model.result();
+        Descriptor::to_host(base + r.offset, result, r.bytes)
+    };
+    d.build()
+}
+
+fn pool_too_big() -> Error {
+    Error::Invalid {
+        what: "the pipeline's host buffers".into(),
+        hint: "they do not fit the address space: lower the depth or the tensor sizes",
+    }
+}

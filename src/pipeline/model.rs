@@ -1,0 +1,324 @@
+//! A model as the pipeline runs it: where its input and its result live in one planned arena,
+//! and the device work between them, step by step at the planner's offsets.
+
+use std::fmt;
+
+use crate::plan::{self, Kind, Plan, Tensor};
+
+/// A range of the model's arena: an offset and a length in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// Its first byte, from the start of the arena.
+    pub offset: u64,
+    /// Its length.
+    pub bytes: u64,
+}
+
+impl Span {
+    fn end(&self) -> u64 {
+        self.offset + self.bytes
+    }
+}
+
+/// One step of device work, at offsets within the arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The loopback device's compute pass: each little-endian `u32` word `w` of `len` bytes
+    /// at `src` becomes `(w ^ xor).wrapping_add(add)` at `dst` (`src == dst` computes in
+    /// place). All multiples of 4.
+    Compute {
+        /// Where it reads.
+        src: u64,
+        /// Where it writes.
+        dst: u64,
+        /// Bytes.
+        len: u64,
+        /// The word mask.
+        xor: u32,
+        /// The word addend.
+        add: u32,
+    },
+}
+
+/// Why a model cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// A range leaves the arena.
+    #[error("{what} [{offset}, {offset}+{bytes}) leaves the {arena}-byte arena: plan the model again or fix the step")]
+    OutOfArena {
+        /// Which range.
+        what: String,
+        /// Its offset.
+        offset: u64,
+        /// Its length.
+        bytes: u64,
+        /// The arena's size.
+        arena: u64,
+    },
+    /// An offset or length is not a multiple of 4 (the device computes in 32-bit words).
+    #[error("{what}: offset {offset} or length {bytes} is not a multiple of 4; plan with an alignment of at least 4 and give tensors whole words")]
+    Misaligned {
+        /// Which range.
+        what: String,
+        /// Its offset.
+        offset: u64,
+        /// Its length.
+        bytes: u64,
+    },
+    /// A range is empty.
+    #[error("{what} is empty: the input, the result and every step need at least one word")]
+    Empty {
+        /// Which range.
+        what: String,
+    },
+    /// The graph has no tensor of a kind the pipeline needs.
+    #[error(
+        "the graph has no {0} tensor: mark one tensor as kind \"input\" and one as \"output\""
+    )]
+    Missing(&'static str),
+    /// A tensor of the graph is not in the plan.
+    #[error("tensor {0} is not in the plan: plan the same tensors the model is built from")]
+    Unplanned(u64),
+}
+
+/// A model the pipeline can run: an arena size, the input tensor (written by H2D), the result
+/// tensor (read back by D2H) and the device steps between.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Model {
+    arena_bytes: u64,
+    input: Span,
+    result: Span,
+    steps: Vec<Step>,
+}
+
+impl fmt::Debug for Model {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Model")
+            .field("arena_bytes", &self.arena_bytes)
+            .field("input", &self.input)
+            .field("result", &self.result)
+            .field("steps", &self.steps.len())
+            .finish()
+    }
+}
+
+fn check(what: impl Fn() -> String, span: Span, arena: u64) -> Result<(), ModelError> {
+    if span.bytes == 0 {
+        return Err(ModelError::Empty { what: what() });
+    }
+    if span.offset % 4 != 0 || span.bytes % 4 != 0 {
+        return Err(ModelError::Misaligned {
+            what: what(),
+            offset: span.offset,
+            bytes: span.bytes,
+        });
+    }
+    if span
+        .offset
+        .checked_add(span.bytes)
+        .is_none_or(|end| end > arena)
+    {
+        return Err(ModelError::OutOfArena {
+            what: what(),
+            offset: span.offset,
+            bytes: span.bytes,
+            arena,
+        });
+    }
+    Ok(())
+}
+
+impl Model {
+    /// A model from its parts, every range checked against the arena.
+    ///
+    /// # Errors
+    /// [`ModelError`] naming the range that is empty, misaligned or outside the arena.
+    pub fn new(
+        arena_bytes: u64,
+        input: Span,
+        result: Span,
+        steps: Vec<Step>,
+    ) -> Result<Model, ModelError> {
+        check(|| "the input".into(), input, arena_bytes)?;
+        check(|| "the result".into(), result, arena_bytes)?;
+        for (k, step) in steps.iter().enumerate() {
+            let Step::Compute { src, dst, len, .. } = *step;
+            check(
+                || format!("step {k}'s source"),
+                Span {
+                    offset: src,
+                    bytes: len,
+                },
+                arena_bytes,
+            )?;
+            check(
+                || format!("step {k}'s destination"),
+                Span {
+                    offset: dst,
+                    bytes: len,
+                },
+                arena_bytes,
+            )?;
+        }
+        Ok(Model {
+            arena_bytes,
+            input,
+            result,
+            steps,
+        })
+    }
+
+    /// The model of a planned graph: the first `input` tensor is the input, the last `output`
+    /// tensor the result, and every other tensor produced from an input is one compute step
+    /// from its first input at the plan's offsets (aliasing ops that share their input's
+    /// memory need none). Each step's mask and addend come from the tensor's id, so a wrong
+    /// placement (two live tensors sharing bytes) changes the result.
+    ///
+    /// # Errors
+    /// [`ModelError`] if the graph has no input or output tensor, a tensor is not in the plan,
+    /// or a range is misaligned (plan with an alignment of at least 4).
+    pub fn from_plan(tensors: &[Tensor], plan: &Plan) -> Result<Model, ModelError> {
+        let at = |id: u64| {
+            plan.placements
+                .iter()
+                .find(|p| p.id == id)
+                .map(|p| Span {
+                    offset: p.offset,
+                    bytes: p.bytes.div_ceil(4) * 4,
+                })
+                .ok_or(ModelError::Unplanned(id))
+        };
+        let input = tensors
+            .iter()
+            .find(|t| t.kind == Kind::Input)
+            .ok_or(ModelError::Missing("input"))?;
+        let output = tensors
+            .iter()
+            .rev()
+            .find(|t| t.kind == Kind::Output)
+            .ok_or(ModelError::Missing("output"))?;
+        let mut order: Vec<&Tensor> = tensors.iter().collect();
+        order.sort_by_key(|t| (t.first, t.id));
+        let mut steps = Vec::new();
+        for t in order {
+            let Some(&from) = t.inputs.first() else {
+                continue;
+            };
+            let (src, dst) = (at(from)?, at(t.id)?);
+            let alias = t.op.as_deref().is_some_and(plan::inplace::is_alias);
+            if alias && src.offset == dst.offset {
+                continue;
+            }
+            let len = src.bytes.min(dst.bytes);
+            // A fixed per-tensor mix, so each step's output differs from its input.
+            let id = t.id as u32;
+            steps.push(Step::Compute {
+                src: src.offset,
+                dst: dst.offset,
+                len,
+                xor: id.wrapping_mul(0x9e37_79b9) | 1,
+                add: id.wrapping_add(0x6d2b_79f5),
+            });
+        }
+        Model::new(
+            plan.arena_bytes.max(4),
+            at(input.id)?,
+            at(output.id)?,
+            steps,
+        )
+    }
+
+    /// A chain of `layers` compute steps over tensors of `bytes` each (rounded up to words),
+    /// planned into one arena: the input, `layers` activations, the result the last of them.
+    /// The synthetic model of `userdma pipeline`.
+    ///
+    /// # Errors
+    /// [`ModelError`] as [`Model::from_plan`] (not for `layers >= 1`, `bytes >= 1`).
+    pub fn chain(layers: u32, bytes: u64) -> Result<Model, ModelError> {
+        let layers = layers.max(1);
+        let bytes = bytes.div_ceil(4).max(1) * 4;
+        let tensors: Vec<Tensor> = (0..=layers)
+            .map(|k| {
+                let mut t = Tensor::new(u64::from(k), bytes, k, k + 1);
+                t.kind = if k == 0 {
+                    Kind::Input
+                } else if k == layers {
+                    Kind::Output
+                } else {
+                    Kind::Intermediate
+                };
+                if k > 0 {
+                    t.inputs = vec![u64::from(k - 1)];
+                    t.op = Some("Conv".into());
+                }
+                t
+            })
+            .collect();
+        let plan = plan::plan(
+            &tensors,
+            &plan::Options::default(),
+            plan::Strategy::GreedySize,
+            plan::Budget::Nodes(0),
+        )
+        .map_err(|_| ModelError::Missing("planned"))?;
+        Model::from_plan(&tensors, &plan)
+    }
+
+    /// The arena's size in bytes.
+    pub fn arena_bytes(&self) -> u64 {
+        self.arena_bytes
+    }
+
+    /// Where the input goes.
+    pub fn input(&self) -> Span {
+        self.input
+    }
+
+    /// Where the result is read from.
+    pub fn result(&self) -> Span {
+        self.result
+    }
+
+    /// The device steps, in order.
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    /// Bytes the device computes over per frame (each step's length).
+    pub fn compute_bytes(&self) -> u64 {
+        self.steps
+            .iter()
+            .map(|s| match *s {
+                Step::Compute { len, .. } => len,
+            })
+            .sum()
+    }
+
+    /// Runs the model on the host: `input` into a host copy of the arena (`arena`, at least
+    /// [`Model::arena_bytes`] long, its previous contents standing in for whatever the
+    /// device arena held), every step, and the result range copied into `result`. What the
+    /// device must produce for the same input; allocates nothing.
+    ///
+    /// # Panics
+    /// If `arena` is shorter than the arena or `input`/`result` shorter than their ranges.
+    pub fn reference(&self, input: &[u8], arena: &mut [u8], result: &mut [u8]) {
+        let (i, r) = (self.input, self.result);
+        arena[i.offset as usize..i.end() as usize].copy_from_slice(&input[..i.bytes as usize]);
+        for step in &self.steps {
+            let Step::Compute {
+                src,
+                dst,
+                len,
+                xor,
+                add,
+            } = *step;
+            for w in 0..(len / 4) as usize {
+                let s = src as usize + 4 * w;
+                let d = dst as usize + 4 * w;
+                let word = u32::from_le_bytes(arena[s..s + 4].try_into().expect("4 bytes"));
+                arena[d..d + 4].copy_from_slice(&(word ^ xor).wrapping_add(add).to_le_bytes());
+            }
+        }
+        result[..r.bytes as usize].copy_from_slice(&arena[r.offset as usize..r.end() as usize]);
+    }
+}

@@ -1,0 +1,119 @@
+//! The naive path, to compare the pipeline against in the same run: what a driver does when
+//! nothing is kept between frames. Per frame it allocates the host input and result on the
+//! heap, maps fresh memory into the device's DMA space for each (the mapping a driver must
+//! make before the device may touch new memory), copies the input through the heap buffer into
+//! the mapping, runs the frame synchronously (depth 1) in a fresh device arena, copies the
+//! result out through another heap buffer, and unmaps and frees everything.
+//!
+//! Same model, same descriptors, same checks as [`Pipeline`](super::Pipeline).
+
+use std::time::{Duration, Instant};
+
+use super::{step_name, FrameError, Model, Summary, Times};
+use crate::device::loopback::Code;
+use crate::device::Wait;
+use crate::dma::{Iova, Mapping};
+use crate::memory::PageSize;
+use crate::ring;
+use crate::{Error, Runtime};
+
+/// Runs `frames` frames of `model` the naive way on `runtime`'s device (queue `queue`),
+/// calling `preprocess` to fill each frame's heap input and `postprocess` with each frame's
+/// heap result (or its [`FrameError`]) and times.
+///
+/// # Errors
+/// Mapping, device-memory and ring errors; a frame that does not complete within `timeout`.
+pub fn run(
+    runtime: &Runtime,
+    model: &Model,
+    queue: u16,
+    frames: u64,
+    timeout: Duration,
+    mut preprocess: impl FnMut(u64, &mut [u8]),
+    mut postprocess: impl FnMut(u64, Result<&[u8], FrameError>, Times),
+) -> Result<Summary, Error> {
+    let per_frame = model.steps().len() + 2;
+    let depth = u32::try_from((2 * per_frame).next_power_of_two()).unwrap_or(u32::MAX);
+    let mut q =
+        runtime.queue_with::<u16>(ring::Config::new(depth).with_id(queue), Wait::Interrupt)?;
+    let memory = runtime.device_memory()?;
+    let (input, result) = (model.input(), model.result());
+    let mut summary = Summary::default();
+    for frame in 0..frames {
+        let began = Instant::now();
+        // A fresh heap buffer for the frame, filled by preprocessing.
+        let mut host_input = vec![0u8; input.bytes as usize];
+        preprocess(frame, &mut host_input);
+        // Fresh DMA-able memory: mapped now, unmapped when dropped at the end of the frame.
+        let in_map = runtime.map_memory(input.bytes as usize, PageSize::Base)?;
+        let out_map = runtime.map_memory(result.bytes as usize, PageSize::Base)?;
+        in_map.slice().write_from(0, &host_input)?;
+        let arena = memory.alloc(model.arena_bytes(), 256)?;
+        let base = arena.offset();
+        let (in_iova, out_iova) = (first_iova(&in_map)?, first_iova(&out_map)?);
+        for k in 0..per_frame {
+            let command = super::command(model, base, in_iova, out_iova, k);
+            super::push(&mut q, command, k as u16, timeout)?;
+        }
+        q.flush()?;
+        let submitted = Instant::now();
+        summary.doorbells += 1;
+        summary.bytes_to_device += input.bytes;
+        let mut error = None;
+        let mut times = Times {
+            preprocess: began,
+            submitted,
+            to_device: submitted,
+            computed: submitted,
+            to_host: submitted,
+        };
+        for _ in 0..per_frame {
+            let done = q.wait(Some(timeout))?;
+            let now = Instant::now();
+            let step = done.payload;
+            match usize::from(step) {
+                0 => times.to_device = now,
+                s if s == model.steps().len() => times.computed = now,
+                _ => {}
+            }
+            let code = done.entry.loopback_code().ok();
+            if code != Some(Code::Success) && error.is_none() {
+                error = Some(FrameError {
+                    frame,
+                    step,
+                    what: step_name(step, model.steps().len()),
+                    code: code.unwrap_or(Code::BadOpcode),
+                    result: done.entry.result,
+                });
+            }
+        }
+        times.to_host = Instant::now();
+        // Copied out through a heap buffer, as a driver returning results by value does.
+        let mut host_result = vec![0u8; result.bytes as usize];
+        out_map.slice().read_into(0, &mut host_result)?;
+        summary.frames += 1;
+        match error {
+            Some(e) => {
+                summary.failed += 1;
+                postprocess(frame, Err(e), times);
+            }
+            None => {
+                summary.bytes_to_host += result.bytes;
+                postprocess(frame, Ok(&host_result), times);
+            }
+        }
+        drop(arena);
+        drop(in_map);
+        drop(out_map);
+    }
+    q.shutdown(timeout)?;
+    Ok(summary)
+}
+
+/// The IOVA of a mapping's first byte.
+fn first_iova(mapping: &Mapping) -> Result<Iova, Error> {
+    mapping.iova(0).ok_or_else(|| Error::Invalid {
+        what: "an empty DMA mapping".into(),
+        hint: "the model's input and result must be at least one word",
+    })
+}

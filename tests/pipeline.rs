@@ -1,0 +1,256 @@
+//! The pipeline on the loopback device: every frame's result checked against the model run on
+//! the host, at several depths and batches, results in frame order, back-pressure, shutdown,
+//! bad settings, and the naive path giving the same results.
+
+use std::time::Duration;
+
+use userdma::device::loopback::{self, Cost};
+use userdma::device::Wait;
+use userdma::pipeline::{self, naive, Config, Model, Pipeline};
+use userdma::Runtime;
+
+fn runtime(cost: Cost) -> Runtime {
+    Runtime::loopback(loopback::Config::default().cost(cost)).expect("loopback device")
+}
+
+/// Frame `n`'s input: words that differ per frame and per position.
+fn fill(n: u64, input: &mut [u8]) {
+    for (j, w) in input.chunks_exact_mut(4).enumerate() {
+        let v = (n as u32).wrapping_mul(0x0100_0193) ^ (j as u32).wrapping_mul(0x9e37_79b9);
+        w.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// The result the device must produce for frame `n`.
+fn expected(model: &Model, n: u64) -> Vec<u8> {
+    let mut input = vec![0u8; model.input().bytes as usize];
+    fill(n, &mut input);
+    let mut arena = vec![0u8; model.arena_bytes() as usize];
+    let mut result = vec![0u8; model.result().bytes as usize];
+    model.reference(&input, &mut arena, &mut result);
+    result
+}
+
+fn run_checked(runtime: &Runtime, model: &Model, config: Config, frames: u64) {
+    let mut p = Pipeline::new(runtime, model.clone(), config).expect("pipeline");
+    let mut scratch = vec![0u8; model.input().bytes as usize];
+    let mut seen = Vec::new();
+    let summary = p
+        .run(
+            frames,
+            |n, input| {
+                fill(n, &mut scratch);
+                input.write(0, &scratch)
+            },
+            |done| {
+                let out = done.result.expect("no device error");
+                let mut got = vec![0u8; out.len()];
+                out.read(0, &mut got).unwrap();
+                assert_eq!(got, expected(model, done.frame), "frame {}", done.frame);
+                seen.push(done.frame);
+            },
+        )
+        .expect("run");
+    assert_eq!(summary.frames, frames);
+    assert_eq!(summary.failed, 0);
+    assert_eq!(seen, (0..frames).collect::<Vec<_>>(), "frame order");
+    let drained = p.shutdown(|_| panic!("nothing left in flight")).unwrap();
+    assert_eq!(drained.frames, frames);
+}
+
+#[test]
+fn every_frame_is_right_at_every_depth_and_batch() {
+    let rt = runtime(Cost::zero());
+    let model = Model::chain(4, 3000).unwrap();
+    assert_eq!(model.steps().len(), 4);
+    for depth in 1..=4 {
+        for batch in [1, 2] {
+            let config = Config {
+                depth,
+                batch,
+                ..Config::default()
+            };
+            run_checked(&rt, &model, config, 60);
+        }
+    }
+}
+
+#[test]
+fn polling_and_a_cost_model_give_the_same_results() {
+    let rt = runtime(Cost::npu());
+    let model = Model::chain(3, 16 << 10).unwrap();
+    let config = Config {
+        depth: 3,
+        wait: Wait::Poll,
+        ..Config::default()
+    };
+    run_checked(&rt, &model, config, 40);
+}
+
+#[test]
+fn a_full_ring_refuses_and_frees_up_in_order() {
+    let rt = runtime(Cost::zero());
+    let model = Model::chain(2, 256).unwrap();
+    let mut p = Pipeline::new(
+        &rt,
+        model,
+        Config {
+            depth: 3,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    for n in 0..3 {
+        assert_eq!(p.try_submit(|_, _| Ok(())).unwrap(), Some(n));
+    }
+    // Every slot is in flight until its result is taken.
+    assert_eq!(p.try_submit(|_, _| Ok(())).unwrap(), None);
+    assert_eq!(p.in_flight(), 3);
+    let mut order = Vec::new();
+    while order.is_empty() {
+        p.wait(|d| order.push(d.frame)).unwrap();
+    }
+    assert_eq!(order[0], 0);
+    assert_eq!(p.try_submit(|_, _| Ok(())).unwrap(), Some(3));
+    let summary = p.shutdown(|d| order.push(d.frame)).unwrap();
+    assert_eq!(order, vec![0, 1, 2, 3]);
+    assert_eq!(summary.frames, 4);
+}
+
+#[test]
+fn a_failing_preprocess_keeps_its_slot() {
+    let rt = runtime(Cost::zero());
+    let model = Model::chain(1, 64).unwrap();
+    let mut p = Pipeline::new(
+        &rt,
+        model,
+        Config {
+            depth: 1,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let err = p
+        .try_submit(|_, input| input.write(1 << 20, &[0u8; 4]))
+        .unwrap_err();
+    assert!(err.to_string().contains("out of"), "{err}");
+    assert_eq!(p.in_flight(), 0);
+    assert_eq!(p.try_submit(|_, _| Ok(())).unwrap(), Some(0));
+    p.shutdown(|d| assert!(d.result.is_ok())).unwrap();
+}
+
+#[test]
+fn bad_settings_are_errors_that_say_what_to_do() {
+    let rt = runtime(Cost::zero());
+    let model = Model::chain(1, 64).unwrap();
+    for (depth, batch) in [(0, 1), (2, 0), (5000, 1)] {
+        let err = Pipeline::new(
+            &rt,
+            model.clone(),
+            Config {
+                depth,
+                batch,
+                ..Config::default()
+            },
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("use a depth of 1 to 1024"),
+            "{err}"
+        );
+    }
+    // More arenas than device memory holds.
+    let huge = Model::chain(1, 8 << 20).unwrap();
+    let err = Pipeline::new(
+        &rt,
+        huge,
+        Config {
+            depth: 64,
+            ..Config::default()
+        },
+    )
+    .unwrap_err();
+    assert!(!err.to_string().is_empty());
+}
+
+#[test]
+fn models_with_bad_ranges_are_refused() {
+    use pipeline::{ModelError, Span, Step};
+    let span = |offset, bytes| Span { offset, bytes };
+    let step = |src, dst, len| Step::Compute {
+        src,
+        dst,
+        len,
+        xor: 0,
+        add: 0,
+    };
+    assert!(matches!(
+        Model::new(64, span(0, 64), span(0, 128), vec![]),
+        Err(ModelError::OutOfArena { .. })
+    ));
+    assert!(matches!(
+        Model::new(64, span(2, 8), span(0, 8), vec![]),
+        Err(ModelError::Misaligned { .. })
+    ));
+    assert!(matches!(
+        Model::new(64, span(0, 0), span(0, 8), vec![]),
+        Err(ModelError::Empty { .. })
+    ));
+    assert!(matches!(
+        Model::new(64, span(0, 8), span(0, 8), vec![step(0, 60, 8)]),
+        Err(ModelError::OutOfArena { .. })
+    ));
+    assert!(matches!(
+        Model::new(64, span(0, 8), span(0, 8), vec![step(u64::MAX - 3, 0, 8)]),
+        Err(ModelError::OutOfArena { .. })
+    ));
+}
+
+/// A wrong placement shows up as a wrong result: the reference of a model whose step writes
+/// over a tensor a later step still reads differs from the planned one.
+#[test]
+fn a_wrong_placement_changes_the_result() {
+    use pipeline::{Span, Step};
+    let span = |offset, bytes| Span { offset, bytes };
+    let mix = |src, dst| Step::Compute {
+        src,
+        dst,
+        len: 16,
+        xor: 0x55,
+        add: 7,
+    };
+    // Planned: a at 0, b at 16, c at 32; c = f(b) + the result reads c... a chain a->b->c.
+    let good = Model::new(48, span(0, 16), span(32, 16), vec![mix(0, 16), mix(16, 32)]).unwrap();
+    // Wrong: b placed over a's bytes shifted by one word, overlapping the input while read.
+    let bad = Model::new(48, span(0, 16), span(32, 16), vec![mix(0, 4), mix(4, 32)]).unwrap();
+    let input: Vec<u8> = (0..16).collect();
+    let (mut a1, mut a2) = (vec![0u8; 48], vec![0u8; 48]);
+    let (mut r1, mut r2) = (vec![0u8; 16], vec![0u8; 16]);
+    good.reference(&input, &mut a1, &mut r1);
+    bad.reference(&input, &mut a2, &mut r2);
+    assert_ne!(r1, r2);
+}
+
+#[test]
+fn the_naive_path_gives_the_same_results() {
+    let rt = runtime(Cost::zero());
+    let model = Model::chain(3, 4096).unwrap();
+    let maps_before = rt.dma_space().stats().maps;
+    let mut seen = 0;
+    let summary = naive::run(
+        &rt,
+        &model,
+        0,
+        20,
+        Duration::from_secs(10),
+        fill,
+        |n, result, _| {
+            assert_eq!(result.unwrap(), &expected(&model, n)[..], "frame {n}");
+            seen += 1;
+        },
+    )
+    .unwrap();
+    assert_eq!((summary.frames, seen), (20, 20));
+    // Two fresh mappings per frame, and one for the queue's rings.
+    assert_eq!(rt.dma_space().stats().maps - maps_before, 2 * 20 + 1);
+}

@@ -1,0 +1,102 @@
+//! Zero allocations in steady state: after warm-up, a pipeline frame makes no heap allocation
+//! and no DMA map or unmap (a counting global allocator and the DMA space's own counters), at
+//! depths 1 to 3, by interrupt and by polling, with every result still checked.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use userdma::device::loopback;
+use userdma::device::Wait;
+use userdma::pipeline::{Config, Model, Pipeline};
+use userdma::Runtime;
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // Relaxed: a statistic, read after the work it counts on the same thread.
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // Relaxed: as in `alloc`.
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn steady_state_frames_allocate_and_map_nothing() {
+    let rt = Runtime::loopback(loopback::Config::default()).unwrap();
+    let model = Model::chain(3, 8192).unwrap();
+    // Expected results computed up front for a few input patterns (the check allocates
+    // nothing either).
+    let patterns = 4u64;
+    let inputs: Vec<Vec<u8>> = (0..patterns)
+        .map(|p| (0..8192u32).map(|j| (j as u8) ^ (p as u8 * 37)).collect())
+        .collect();
+    let expected: Vec<Vec<u8>> = inputs
+        .iter()
+        .map(|input| {
+            let mut arena = vec![0u8; model.arena_bytes() as usize];
+            let mut result = vec![0u8; model.result().bytes as usize];
+            model.reference(input, &mut arena, &mut result);
+            result
+        })
+        .collect();
+    for (depth, wait) in [(1, Wait::Interrupt), (2, Wait::Interrupt), (3, Wait::Poll)] {
+        let config = Config {
+            depth,
+            wait,
+            ..Config::default()
+        };
+        let mut p = Pipeline::new(&rt, model.clone(), config).unwrap();
+        let mut got = vec![0u8; model.result().bytes as usize];
+        let mut wrong = 0u64;
+        let mut run = |p: &mut Pipeline, frames: u64| {
+            p.run(
+                frames,
+                |n, input| input.write(0, &inputs[(n % patterns) as usize]),
+                |done| match done.result {
+                    Ok(out) => {
+                        out.read(0, &mut got).unwrap();
+                        wrong += u64::from(got != expected[(done.frame % patterns) as usize]);
+                    }
+                    Err(_) => wrong += 1,
+                },
+            )
+            .unwrap();
+        };
+        run(&mut p, 100);
+        let (allocs, maps) = (
+            ALLOCATIONS.load(Ordering::Relaxed),
+            rt.dma_space().stats().maps + rt.dma_space().stats().unmaps,
+        );
+        run(&mut p, 2000);
+        let allocs = ALLOCATIONS.load(Ordering::Relaxed) - allocs;
+        let stats = rt.dma_space().stats();
+        let maps = stats.maps + stats.unmaps - maps;
+        assert_eq!(wrong, 0, "depth {depth}");
+        assert_eq!(
+            allocs, 0,
+            "heap allocations in 2000 frames at depth {depth}"
+        );
+        assert_eq!(
+            maps, 0,
+            "DMA maps and unmaps in 2000 frames at depth {depth}"
+        );
+        p.shutdown(|_| {}).unwrap();
+    }
+}
