@@ -58,6 +58,9 @@ pub(crate) enum Failure {
     /// Planning failed (bad input, exit 2).
     #[error(transparent)]
     Plan(#[from] crate::plan::Error),
+    /// The pipeline failed, or some frames came back wrong (exit 1).
+    #[error(transparent)]
+    Pipeline(#[from] crate::pipeline::Error),
     /// Writing the output failed.
     #[error("cannot write the output")]
     Output(#[source] io::Error),
@@ -82,6 +85,7 @@ impl Failure {
             Self::Hugepages(e) => e.exit_code(),
             Self::Demo(e) => e.exit_code(),
             Self::Plan(e) => e.exit_code(),
+            Self::Pipeline(e) => e.exit_code(),
             Self::Output(_) | Self::Json(_) => FAILURE,
         }
     }

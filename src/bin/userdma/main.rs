@@ -56,6 +56,7 @@ mod hugepages;
 mod info;
 mod list;
 mod names;
+mod pipeline;
 mod plan;
 mod unbind;
 
@@ -64,9 +65,41 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
 use userdma::pci::{Bdf, Sysfs};
 
 use crate::exit::Failure;
+
+/// Heap allocations of the whole process, for the per-frame figures `userdma pipeline`
+/// prints (measured, not assumed).
+pub(crate) static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// The system allocator, counting allocations.
+struct Counting;
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // Relaxed: a statistic; nothing is ordered by it.
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // Relaxed: as in `alloc`.
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 /// Find, inspect and bind PCIe devices for user-space DMA (VFIO / UIO).
 #[derive(Debug, Parser)]
@@ -102,6 +135,9 @@ enum Command {
     /// -> host across several queues, every byte verified; prints throughput, latency
     /// percentiles and the device counters.
     Demo(demo::DemoArgs),
+    /// Run frames through the N-deep inference pipeline on the loopback device, every result
+    /// checked, with the naive per-frame path beside it (`--naive`).
+    Pipeline(pipeline::PipelineArgs),
     /// Plan a model's tensors into one arena: offsets, arena size, lower bound, every
     /// strategy compared (`userdma plan FILE [--strategy S] [--svg FILE]`).
     Plan(plan::PlanArgs),
@@ -176,6 +212,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args, ctx.json).map_err(Failure::from),
         Command::LoopbackDevice => demo::serve_device().map_err(Failure::from),
         Command::Plan(args) => plan::run(&args, ctx.json).map_err(Failure::from),
+        Command::Pipeline(args) => pipeline::run(&args, ctx.json).map_err(Failure::from),
         Command::Hugepages(args) => {
             hugepages::run(&args, ctx.json, ctx.sysfs.root()).map_err(Failure::from)
         }

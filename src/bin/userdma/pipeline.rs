@@ -1,0 +1,477 @@
+//! `userdma pipeline [--depth N] [--frames N] [--layers L] [--size BYTES] [--batch B]
+//! [--naive] [--cost npu|zero] [--poll] [--json]`: frames through the N-deep pipeline on the
+//! loopback device, a chain model of `--layers` compute steps over `--size`-byte tensors
+//! planned into one arena; every frame's result checked against the model run on the host
+//! (exit code 1 on any mismatch). Prints frames/s, end-to-end latency percentiles, the time
+//! split per frame, heap allocations and DMA maps per frame (measured: the binary counts its
+//! allocations) and the device counters. `--naive` also runs the per-frame allocate, map and
+//! copy path on the same model in the same run, for comparison.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use userdma::device::loopback::{self, Cost};
+use userdma::device::Wait;
+use userdma::pipeline::{self, naive, Config, Model, Pipeline, Times};
+use userdma::Runtime;
+
+use crate::demo::CostModel;
+use crate::exit;
+
+/// Arguments of `userdma pipeline`.
+#[derive(Debug, Clone, clap::Args, Serialize)]
+pub(crate) struct PipelineArgs {
+    /// Slots in the ring: frames in flight at most (1 synchronous, 2 double buffering).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    depth: u16,
+    /// Frames to run.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    frames: u64,
+    /// Compute steps of the chain model.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    layers: u32,
+    /// Bytes of each tensor (the input, every activation and the result), rounded up to 4.
+    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(4..=(16 << 20)))]
+    size: u64,
+    /// Frames per doorbell.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    batch: u16,
+    /// Also run the naive path (heap buffers, a DMA map per buffer per frame, synchronous).
+    #[arg(long)]
+    naive: bool,
+    /// The device's cost model.
+    #[arg(long, value_enum, default_value = "npu")]
+    cost: CostModel,
+    /// Poll for completions instead of waiting for interrupts.
+    #[arg(long)]
+    poll: bool,
+}
+
+/// Why the command failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Error {
+    /// The library failed.
+    #[error(transparent)]
+    Library(#[from] userdma::Error),
+    /// The model could not be built.
+    #[error(transparent)]
+    Model(#[from] pipeline::ModelError),
+    /// Some frames came back wrong.
+    #[error("{wrong} of {frames} frames came back wrong (first: frame {first}); the device or the plan is broken")]
+    Wrong {
+        /// Wrong frames.
+        wrong: u64,
+        /// Frames run.
+        frames: u64,
+        /// The first wrong one.
+        first: u64,
+    },
+    /// Writing the output failed.
+    #[error("cannot write the output")]
+    Output(#[from] std::io::Error),
+    /// Encoding JSON failed.
+    #[error("cannot encode the output as JSON")]
+    Json(#[from] serde_json::Error),
+}
+
+impl Error {
+    /// The exit code: 1 for wrong frames and library failures, 2 for a model that cannot be
+    /// built from the arguments.
+    pub(crate) fn exit_code(&self) -> u8 {
+        match self {
+            Error::Model(_) => exit::USAGE,
+            Error::Library(e) if e.code() == userdma::Code::InvalidArgument => exit::USAGE,
+            _ => exit::FAILURE,
+        }
+    }
+}
+
+/// What one path measured.
+#[derive(Debug, Clone, Serialize)]
+struct PathReport {
+    path: &'static str,
+    depth: usize,
+    frames: u64,
+    wrong: u64,
+    failed: u64,
+    seconds: f64,
+    frames_per_sec: f64,
+    /// End-to-end latency percentiles (preprocess start to result seen), microseconds.
+    latency_us: Percentiles,
+    /// Mean time per frame in each part, microseconds.
+    split_us: Split,
+    allocations_per_frame: f64,
+    dma_maps_per_frame: f64,
+    doorbells_per_frame: f64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Default)]
+struct Percentiles {
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    p999: f64,
+    max: f64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Default)]
+struct Split {
+    /// Preprocessing and waiting to be announced.
+    preprocess: f64,
+    /// Announced to the H2D completion seen (queue wait plus the copy).
+    to_device: f64,
+    /// The device steps.
+    compute: f64,
+    /// The D2H copy.
+    to_host: f64,
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Collects frame times into preallocated storage.
+struct Timing {
+    latencies: Vec<f64>,
+    split: Split,
+}
+
+impl Timing {
+    fn new(frames: u64) -> Timing {
+        Timing {
+            latencies: Vec::with_capacity(usize::try_from(frames).unwrap_or(0)),
+            split: Split::default(),
+        }
+    }
+
+    fn add(&mut self, t: &Times) {
+        self.latencies
+            .push(micros(t.to_host.saturating_duration_since(t.preprocess)));
+        let s = &mut self.split;
+        s.preprocess += micros(t.submitted.saturating_duration_since(t.preprocess));
+        s.to_device += micros(t.to_device.saturating_duration_since(t.submitted));
+        s.compute += micros(t.computed.saturating_duration_since(t.to_device));
+        s.to_host += micros(t.to_host.saturating_duration_since(t.computed));
+    }
+
+    fn finish(mut self) -> (Percentiles, Split) {
+        let n = self.latencies.len().max(1) as f64;
+        self.latencies.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let l = &self.latencies;
+            if l.is_empty() {
+                return 0.0;
+            }
+            l[((q * l.len() as f64).ceil() as usize).clamp(1, l.len()) - 1]
+        };
+        let p = Percentiles {
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+            p999: at(0.999),
+            max: at(1.0),
+        };
+        let s = self.split;
+        (
+            p,
+            Split {
+                preprocess: s.preprocess / n,
+                to_device: s.to_device / n,
+                compute: s.compute / n,
+                to_host: s.to_host / n,
+            },
+        )
+    }
+}
+
+/// Frame `n`'s input, word by word.
+fn fill(n: u64, input: &mut [u8]) {
+    for (j, w) in input.chunks_exact_mut(4).enumerate() {
+        let v = (n as u32).wrapping_mul(0x0100_0193) ^ (j as u32).wrapping_mul(0x9e37_79b9);
+        w.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// The host's view of a frame: the model run on the host, in preallocated buffers.
+struct Checker {
+    model: Model,
+    input: Vec<u8>,
+    arena: Vec<u8>,
+    expected: Vec<u8>,
+    got: Vec<u8>,
+}
+
+impl Checker {
+    fn new(model: &Model) -> Checker {
+        Checker {
+            model: model.clone(),
+            input: vec![0u8; model.input().bytes as usize],
+            arena: vec![0u8; model.arena_bytes() as usize],
+            expected: vec![0u8; model.result().bytes as usize],
+            got: vec![0u8; model.result().bytes as usize],
+        }
+    }
+
+    /// Whether `got` (already in `self.got`) is frame `n`'s result.
+    fn is_right(&mut self, n: u64) -> bool {
+        fill(n, &mut self.input);
+        self.model
+            .reference(&self.input, &mut self.arena, &mut self.expected);
+        self.got == self.expected
+    }
+}
+
+fn pipelined(
+    rt: &Runtime,
+    model: &Model,
+    args: &PipelineArgs,
+    first_wrong: &mut Option<u64>,
+) -> Result<PathReport, Error> {
+    let config = Config {
+        depth: usize::from(args.depth),
+        batch: usize::from(args.batch),
+        wait: if args.poll {
+            Wait::Poll
+        } else {
+            Wait::Interrupt
+        },
+        ..Config::default()
+    };
+    let mut p = Pipeline::new(rt, model.clone(), config)?;
+    let mut checker = Checker::new(model);
+    let mut scratch = vec![0u8; model.input().bytes as usize];
+    // Warm-up: every slot used once, so the counted frames are steady state.
+    p.run(u64::from(args.depth), |_, _| Ok(()), |_| {})?;
+    let mut timing = Timing::new(args.frames);
+    let mut wrong = 0u64;
+    let (allocs, maps) = (allocations(), dma_maps(rt));
+    let before = p.summary();
+    let start = Instant::now();
+    let summary = p.run(
+        args.frames,
+        |n, input| {
+            fill(n - u64::from(args.depth), &mut scratch);
+            input.write(0, &scratch)
+        },
+        |done| {
+            let n = done.frame - u64::from(args.depth);
+            let right = match &done.result {
+                Ok(out) => out.read(0, &mut checker.got).is_ok() && checker.is_right(n),
+                Err(_) => false,
+            };
+            if !right {
+                wrong += 1;
+                first_wrong.get_or_insert(n);
+            }
+            timing.add(&done.times);
+        },
+    )?;
+    let seconds = start.elapsed().as_secs_f64();
+    let (allocs, maps) = (allocations() - allocs, dma_maps(rt) - maps);
+    p.shutdown(|_| {})?;
+    let frames = summary.frames - before.frames;
+    let (latency_us, split_us) = timing.finish();
+    Ok(PathReport {
+        path: "pipeline",
+        depth: config.depth,
+        frames,
+        wrong,
+        failed: summary.failed - before.failed,
+        seconds,
+        frames_per_sec: frames as f64 / seconds.max(1e-9),
+        latency_us,
+        split_us,
+        allocations_per_frame: allocs as f64 / frames.max(1) as f64,
+        dma_maps_per_frame: maps as f64 / frames.max(1) as f64,
+        doorbells_per_frame: (summary.doorbells - before.doorbells) as f64 / frames.max(1) as f64,
+    })
+}
+
+fn naive_path(
+    rt: &Runtime,
+    model: &Model,
+    args: &PipelineArgs,
+    first_wrong: &mut Option<u64>,
+) -> Result<PathReport, Error> {
+    let mut checker = Checker::new(model);
+    let mut timing = Timing::new(args.frames);
+    let mut wrong = 0u64;
+    let (allocs, maps) = (allocations(), dma_maps(rt));
+    let start = Instant::now();
+    let summary = naive::run(
+        rt,
+        model,
+        0,
+        args.frames,
+        Duration::from_secs(30),
+        fill,
+        |n, result, times| {
+            let right = match result {
+                Ok(bytes) => {
+                    checker.got.copy_from_slice(bytes);
+                    checker.is_right(n)
+                }
+                Err(_) => false,
+            };
+            if !right {
+                wrong += 1;
+                first_wrong.get_or_insert(n);
+            }
+            timing.add(&times);
+        },
+    )?;
+    let seconds = start.elapsed().as_secs_f64();
+    let (allocs, maps) = (allocations() - allocs, dma_maps(rt) - maps);
+    let frames = summary.frames;
+    let (latency_us, split_us) = timing.finish();
+    Ok(PathReport {
+        path: "naive",
+        depth: 1,
+        frames,
+        wrong,
+        failed: summary.failed,
+        seconds,
+        frames_per_sec: frames as f64 / seconds.max(1e-9),
+        latency_us,
+        split_us,
+        allocations_per_frame: allocs as f64 / frames.max(1) as f64,
+        dma_maps_per_frame: maps as f64 / frames.max(1) as f64,
+        doorbells_per_frame: summary.doorbells as f64 / frames.max(1) as f64,
+    })
+}
+
+fn allocations() -> u64 {
+    // Relaxed: a statistic read on the thread that did the work.
+    crate::ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+fn dma_maps(rt: &Runtime) -> u64 {
+    rt.dma_space().stats().maps
+}
+
+/// The whole run, for `--json`.
+#[derive(Debug, Serialize)]
+struct Report {
+    config: PipelineArgs,
+    arena_bytes: u64,
+    steps: usize,
+    /// Frames per second the device itself allows with this cost model (one frame per
+    /// modelled device time: every descriptor on one engine), 0 for the zero-cost model.
+    device_bound_fps: f64,
+    paths: Vec<PathReport>,
+    device: Option<loopback::Counters>,
+}
+
+/// The modelled device time of one frame in nanoseconds (the cost module's formula: a fixed
+/// cost per descriptor, DMA bytes at the DMA rate, compute bytes at the compute rate).
+fn device_ns(model: &Model, cost: &Cost) -> f64 {
+    let at = |bytes: u64, per_sec: u64| {
+        if per_sec == 0 {
+            0.0
+        } else {
+            bytes as f64 * 1e9 / per_sec as f64
+        }
+    };
+    let descriptors = (model.steps().len() + 2) as f64;
+    descriptors * cost.descriptor_ns as f64
+        + at(
+            model.input().bytes + model.result().bytes,
+            cost.dma_bytes_per_sec,
+        )
+        + at(model.compute_bytes(), cost.compute_bytes_per_sec)
+}
+
+/// Runs the command.
+pub(crate) fn run(args: &PipelineArgs, json: bool) -> Result<(), Error> {
+    let cost = match args.cost {
+        CostModel::Npu => Cost::npu(),
+        CostModel::Zero => Cost::zero(),
+    };
+    let memory = usize::try_from(
+        (args.size.div_ceil(4) * 4 * 3 + (1 << 20)) * (u64::from(args.depth) + 1) + (64 << 20),
+    )
+    .unwrap_or(usize::MAX);
+    let rt = Runtime::loopback(loopback::Config::default().cost(cost).memory_size(memory))?;
+    let model = Model::chain(args.layers, args.size)?;
+    let mut first_wrong = None;
+    let mut paths = vec![pipelined(&rt, &model, args, &mut first_wrong)?];
+    if args.naive {
+        paths.push(naive_path(&rt, &model, args, &mut first_wrong)?);
+    }
+    let device = rt
+        .loopback_device()
+        .map(|d| d.counters())
+        .transpose()
+        .map_err(|e| userdma::Error::Device(e.into()))?;
+    let report = Report {
+        config: args.clone(),
+        arena_bytes: model.arena_bytes(),
+        steps: model.steps().len(),
+        device_bound_fps: match device_ns(&model, &cost) {
+            ns if ns > 0.0 => 1e9 / ns,
+            _ => 0.0,
+        },
+        paths,
+        device,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_text(&report);
+    }
+    let wrong: u64 = report.paths.iter().map(|p| p.wrong).sum();
+    if let Some(first) = first_wrong {
+        return Err(Error::Wrong {
+            wrong,
+            frames: report.paths.iter().map(|p| p.frames).sum(),
+            first,
+        });
+    }
+    Ok(())
+}
+
+fn print_text(r: &Report) {
+    println!(
+        "model: {} compute steps over {} B tensors, arena {} B; cost {:?}; every frame checked",
+        r.steps, r.config.size, r.arena_bytes, r.config.cost
+    );
+    println!(
+        "{:<9} {:>5} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}  {:>8} {:>8} {:>8} {:>8}  {:>7} {:>6} {:>6}",
+        "path", "depth", "frames", "frames/s", "p50 us", "p90 us", "p99 us", "p99.9 us", "max us",
+        "pre us", "h2d us", "comp us", "d2h us", "alloc/f", "map/f", "wrong"
+    );
+    for p in &r.paths {
+        let (l, s) = (p.latency_us, p.split_us);
+        println!(
+            "{:<9} {:>5} {:>7} {:>10.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {:>8.1} {:>8.1} {:>8.1} {:>8.1}  {:>7.2} {:>6.2} {:>6}",
+            p.path, p.depth, p.frames, p.frames_per_sec, l.p50, l.p90, l.p99, l.p999, l.max,
+            s.preprocess, s.to_device, s.compute, s.to_host, p.allocations_per_frame,
+            p.dma_maps_per_frame, p.wrong
+        );
+    }
+    if r.device_bound_fps > 0.0 {
+        println!(
+            "device bound: {:.1} frames/s; the pipeline reaches {:.1} % of it",
+            r.device_bound_fps,
+            100.0 * r.paths[0].frames_per_sec / r.device_bound_fps
+        );
+    }
+    if let [p, n] = &r.paths[..] {
+        println!(
+            "pipeline / naive: {:.2}x the frames/s, {:.2}x the p50 latency",
+            p.frames_per_sec / n.frames_per_sec.max(1e-9),
+            p.latency_us.p50 / n.latency_us.p50.max(1e-9)
+        );
+    }
+    if let Some(d) = &r.device {
+        println!(
+            "device: {} descriptors, {} bytes, {} interrupts, {} errors, busy {:.1} ms",
+            d.descriptors,
+            d.bytes,
+            d.interrupts,
+            d.errors,
+            d.busy_ns as f64 / 1e6
+        );
+    }
+}
