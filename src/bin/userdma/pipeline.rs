@@ -403,7 +403,7 @@ pub(crate) fn run(args: &PipelineArgs, json: bool) -> Result<(), Error> {
         .loopback_device()
         .map(|d| d.counters())
         .transpose()
-        .map_err(|e| userdma::Error::Device(e.into()))?;
+        .map_err(userdma::Error::Device)?;
     let report = Report {
         config: args.clone(),
         arena_bytes: model.arena_bytes(),
