@@ -41,20 +41,20 @@ fn write(path: &Path, svg: &str) -> Result<(), Error> {
     })
 }
 
-/// The CDF points of a histogram: `(latency_ms, fraction at or below)`, starting at 0.
+/// The CDF of a histogram as a step line: `(latency_ms, fraction at or below)`, rising at each
+/// recorded value from the fraction below it.
 fn cdf(h: &hdrhistogram::Histogram<u64>) -> Vec<(f64, f64)> {
     let total = h.len() as f64;
     if total == 0.0 {
         return Vec::new();
     }
-    let mut points = vec![(h.min() as f64 / 1e6, 0.0)];
+    let mut points = Vec::new();
     let mut seen = 0u64;
     for v in h.iter_recorded() {
+        let x = h.highest_equivalent(v.value_iterated_to()) as f64 / 1e6;
+        points.push((x, seen as f64 / total));
         seen += v.count_since_last_iteration();
-        points.push((
-            h.highest_equivalent(v.value_iterated_to()) as f64 / 1e6,
-            seen as f64 / total,
-        ));
+        points.push((x, seen as f64 / total));
     }
     points
 }
@@ -135,9 +135,9 @@ pub fn timeline(recorder: &Recorder, path: impl AsRef<Path>) -> Result<(), Error
     let end = spans.iter().map(|(_, _, s)| s.end_ns).max().unwrap_or(0);
     let ms = |ns: u64| (ns - origin) as f64 / 1e6;
     let x_max = ms(end.max(origin)).max(1e-6);
-    let rows = Stage::ALL.len() as i32;
-    // Preprocess on top: row 0 is drawn at the top of the plot.
-    let row = |s: Stage| rows - 1 - s.index() as i32;
+    // Segments 0..=5 of the y axis, one per stage, preprocess at the top.
+    let top = Stage::Postprocess as i32;
+    let row = |s: Stage| top - s as i32;
 
     let mut svg = String::new();
     {
@@ -148,7 +148,7 @@ pub fn timeline(recorder: &Recorder, path: impl AsRef<Path>) -> Result<(), Error
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(100)
-            .build_cartesian_2d(0.0..x_max * 1.02, (0..rows).into_segmented())
+            .build_cartesian_2d(0.0..x_max * 1.02, (0..top).into_segmented())
             .map_err(draw_error(path))?;
         chart
             .configure_mesh()
@@ -157,7 +157,7 @@ pub fn timeline(recorder: &Recorder, path: impl AsRef<Path>) -> Result<(), Error
             .y_desc("stage")
             .y_labels(Stage::ALL.len())
             .y_label_formatter(&|v| match v {
-                SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => usize::try_from(rows - 1 - i)
+                SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => usize::try_from(top - i)
                     .ok()
                     .and_then(|i| Stage::ALL.get(i))
                     .map_or_else(String::new, |s| s.name().to_owned()),
