@@ -37,6 +37,9 @@ pub struct Recorder {
     /// Exact sums of the recorded durations per stage, saturating.
     stage_sums: [u64; 6],
     end_to_end_sum: u64,
+    /// Exact maxima of the recorded durations per stage.
+    stage_max: [u64; 6],
+    end_to_end_max: u64,
     frames: u64,
     failed: u64,
     first_start_ns: u64,
@@ -62,6 +65,8 @@ impl Recorder {
             end_to_end: histogram(),
             stage_sums: [0; 6],
             end_to_end_sum: 0,
+            stage_max: [0; 6],
+            end_to_end_max: 0,
             frames: 0,
             failed: 0,
             first_start_ns: u64::MAX,
@@ -100,12 +105,14 @@ impl Recorder {
                 let ns = span.duration_ns();
                 self.stages[i].saturating_record(ns);
                 self.stage_sums[i] = self.stage_sums[i].saturating_add(ns);
+                self.stage_max[i] = self.stage_max[i].max(ns);
             }
         }
         if let Some(all) = frame.end_to_end() {
             let ns = all.duration_ns();
             self.end_to_end.saturating_record(ns);
             self.end_to_end_sum = self.end_to_end_sum.saturating_add(ns);
+            self.end_to_end_max = self.end_to_end_max.max(ns);
             self.first_start_ns = self.first_start_ns.min(all.start_ns);
             self.last_end_ns = self.last_end_ns.max(all.end_ns);
         }
@@ -155,6 +162,18 @@ impl Recorder {
     #[must_use]
     pub fn end_to_end_sum_ns(&self) -> u64 {
         self.end_to_end_sum
+    }
+
+    /// The exact largest recorded duration of `stage`, in nanoseconds (0 when none).
+    #[must_use]
+    pub fn max_ns(&self, stage: Stage) -> u64 {
+        self.stage_max[stage.index()]
+    }
+
+    /// The exact largest recorded end-to-end latency, in nanoseconds (0 when none).
+    #[must_use]
+    pub fn end_to_end_max_ns(&self) -> u64 {
+        self.end_to_end_max
     }
 
     /// From the first span start to the last span end over all recorded frames, if any frame

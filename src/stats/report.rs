@@ -26,8 +26,8 @@ pub enum Verdict {
 
 /// Latency summary of one stage or of the whole frame, in nanoseconds.
 ///
-/// Quantiles and the maximum come from the histogram (within 0.1 %, values past one hour
-/// clamped); `sum_ns` and `mean_ns` are exact.
+/// Quantiles come from the histogram (within 0.1 %, values past one hour clamped, never above
+/// the maximum); `sum_ns`, `mean_ns` and `max_ns` are exact.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Latency {
     /// Values recorded.
@@ -49,20 +49,23 @@ pub struct Latency {
 }
 
 impl Latency {
-    fn new(h: &Histogram<u64>, sum_ns: u64) -> Latency {
+    fn new(h: &Histogram<u64>, sum_ns: u64, max_ns: u64) -> Latency {
         let count = h.len();
         if count == 0 {
             return Latency::default();
         }
+        // The histogram answers with the highest value equivalent to the bucket's, which can
+        // be a little above the largest value recorded.
+        let q = |q: f64| h.value_at_quantile(q).min(max_ns);
         Latency {
             count,
             sum_ns,
             mean_ns: ratio(sum_ns as f64, count as f64),
-            p50_ns: h.value_at_quantile(0.5),
-            p90_ns: h.value_at_quantile(0.9),
-            p99_ns: h.value_at_quantile(0.99),
-            p999_ns: h.value_at_quantile(0.999),
-            max_ns: h.max(),
+            p50_ns: q(0.5),
+            p90_ns: q(0.9),
+            p99_ns: q(0.99),
+            p999_ns: q(0.999),
+            max_ns,
         }
     }
 
@@ -205,12 +208,20 @@ impl Recorder {
     pub fn report(&self) -> Report {
         let frames = self.frames();
         let wall_ns = self.wall().map_or(0, |w| w.duration_ns());
-        let end_to_end = Latency::new(self.end_to_end_histogram(), self.end_to_end_sum_ns());
+        let end_to_end = Latency::new(
+            self.end_to_end_histogram(),
+            self.end_to_end_sum_ns(),
+            self.end_to_end_max_ns(),
+        );
         let stages: Vec<StageLatency> = Stage::ALL
             .iter()
             .map(|&stage| StageLatency {
                 stage,
-                latency: Latency::new(self.histogram(stage), self.sum_ns(stage)),
+                latency: Latency::new(
+                    self.histogram(stage),
+                    self.sum_ns(stage),
+                    self.max_ns(stage),
+                ),
             })
             .collect();
         let per_frame = |stages: &[Stage]| {
@@ -478,6 +489,9 @@ mod tests {
         assert!(l.p50_ns.abs_diff(50_000_000) <= 50_000, "{}", l.p50_ns);
         assert!(l.p99_ns.abs_diff(99_000_000) <= 99_000, "{}", l.p99_ns);
         assert_eq!(l.mean_ns, 50_500_000.0);
+        // The maximum is exact, and no quantile is above it.
+        assert_eq!(l.max_ns, 100_000_000);
+        assert_eq!(l.p999_ns, 100_000_000);
     }
 
     #[test]
