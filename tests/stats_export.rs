@@ -326,9 +326,31 @@ fn svg_plots_are_written() {
     svg::latency_cdf(&r, &cdf).unwrap();
     let text = std::fs::read_to_string(&cdf).unwrap();
     assert!(text.starts_with("<svg"));
-    // End to end and six stages: one line each.
-    let lines = text.matches("<polyline").count() + text.matches("<path").count();
-    assert!(lines >= 7, "{lines} lines");
+    // End to end and six stages: one line each, and one in the legend for each.
+    let lines: Vec<&str> = text
+        .split("<polyline")
+        .skip(1)
+        .filter(|l| {
+            l.split('>')
+                .next()
+                .unwrap_or("")
+                .contains("stroke-width=\"2\"")
+        })
+        .collect();
+    assert_eq!(lines.len(), 14, "{text}");
+    // The end-to-end line (black) steps up at 180 ns to 0.5 and at 200 ns to 1: four points.
+    let end_to_end = lines
+        .iter()
+        .find(|l| l.contains("stroke=\"#000000\"") && l.contains("points"))
+        .expect("no end-to-end line");
+    let points = end_to_end
+        .split("points=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap();
+    assert_eq!(points.split_whitespace().count(), 4, "{points}");
     assert!(text.contains("latency (ms)") && text.contains("Latency CDF"));
 
     // An empty recorder still draws (empty axes).
