@@ -93,7 +93,8 @@ impl Recorder {
     /// latency (first span start to last span end) to the end-to-end histogram, and the frame
     /// to the timeline ring (replacing the oldest once the ring is full).
     ///
-    /// A frame with no spans counts as a frame (and a failure if not `ok`) but adds no
+    /// A failed frame (`ok == false`) is counted in [`failed`](Recorder::failed) and its spans
+    /// are recorded like any other's; a frame with no spans counts as a frame but adds no
     /// latency. Does not allocate.
     pub fn record(&mut self, frame: &Frame) {
         self.frames += 1;

@@ -520,7 +520,7 @@ mod tests {
     }
 
     #[test]
-    fn overlap_of_the_brief_example() {
+    fn overlap_of_dma_0_10_and_compute_5_15() {
         let mut r = Recorder::new(Instant::now(), 4);
         r.record(&frame(0, &[(Stage::ToDevice, 0, 10)]));
         r.record(&frame(1, &[(Stage::Compute, 5, 15)]));
