@@ -74,6 +74,7 @@ pub mod pool;
 pub mod ring;
 #[cfg(not(loom))]
 pub mod runtime;
+pub mod stats;
 
 #[cfg(not(loom))]
 mod error;

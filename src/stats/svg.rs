@@ -1,0 +1,183 @@
+//! SVG plots of a [`Recorder`]: the latency CDF and the timeline of recent frames.
+//!
+//! Each plot is drawn into memory with `plotters`' SVG backend, then written to the path the
+//! caller names; nothing else touches the file system.
+
+use std::path::Path;
+
+use plotters::coord::ranged1d::SegmentValue;
+use plotters::prelude::*;
+
+use super::{Error, Recorder, Stage};
+
+/// Plot size in pixels.
+const SIZE: (u32, u32) = (1000, 600);
+
+/// One line per stage in the CDF plot and one bar colour per stage in the legend.
+fn stage_colour(stage: Stage) -> RGBColor {
+    match stage {
+        Stage::Preprocess => RGBColor(0x8c, 0x56, 0x4b),
+        Stage::QueueWait => RGBColor(0x7f, 0x7f, 0x7f),
+        Stage::ToDevice => RGBColor(0x1f, 0x77, 0xb4),
+        Stage::Compute => RGBColor(0xd6, 0x27, 0x28),
+        Stage::ToHost => RGBColor(0x2c, 0xa0, 0x2c),
+        Stage::Postprocess => RGBColor(0x94, 0x67, 0xbd),
+    }
+}
+
+fn draw_error<E: std::error::Error + Send + Sync>(
+    path: &Path,
+) -> impl FnOnce(DrawingAreaErrorKind<E>) -> Error + '_ {
+    move |e| Error::Draw {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
+fn write(path: &Path, svg: &str) -> Result<(), Error> {
+    std::fs::write(path, svg).map_err(|source| Error::Write {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The CDF of a histogram as a step line: `(latency_ms, fraction at or below)`, rising at each
+/// recorded value from the fraction below it.
+fn cdf(h: &hdrhistogram::Histogram<u64>) -> Vec<(f64, f64)> {
+    let total = h.len() as f64;
+    if total == 0.0 {
+        return Vec::new();
+    }
+    let mut points = Vec::new();
+    let mut seen = 0u64;
+    for v in h.iter_recorded() {
+        let x = h.highest_equivalent(v.value_iterated_to()) as f64 / 1e6;
+        points.push((x, seen as f64 / total));
+        seen += v.count_since_last_iteration();
+        points.push((x, seen as f64 / total));
+    }
+    points
+}
+
+/// Draws the end-to-end latency CDF, with one line per stage that has values, to `path`
+/// (x: latency in ms, y: fraction of frames at or below it).
+///
+/// An empty recorder gives empty axes.
+pub fn latency_cdf(recorder: &Recorder, path: impl AsRef<Path>) -> Result<(), Error> {
+    let path = path.as_ref();
+    let mut lines = vec![("end_to_end", BLACK, cdf(recorder.end_to_end_histogram()))];
+    for stage in Stage::ALL {
+        let points = cdf(recorder.histogram(stage));
+        if !points.is_empty() {
+            lines.push((stage.name(), stage_colour(stage), points));
+        }
+    }
+    let x_max = lines
+        .iter()
+        .flat_map(|(_, _, p)| p.iter().map(|&(x, _)| x))
+        .fold(0.0f64, f64::max)
+        .max(1e-6);
+
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_error(path))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Latency CDF", ("sans-serif", 24))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..x_max * 1.05, 0.0..1.0)
+            .map_err(draw_error(path))?;
+        chart
+            .configure_mesh()
+            .x_desc("latency (ms)")
+            .y_desc("fraction of frames")
+            .draw()
+            .map_err(draw_error(path))?;
+        for (name, colour, points) in lines {
+            chart
+                .draw_series(LineSeries::new(points, colour.stroke_width(2)))
+                .map_err(draw_error(path))?
+                .label(name)
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(draw_error(path))?;
+        root.present().map_err(draw_error(path))?;
+    }
+    write(path, &svg)
+}
+
+/// Draws the timeline frames to `path`: one row per stage, one bar per span, bars coloured by
+/// frame number (a cycling palette), x = time in ms since the first span start.
+///
+/// Where a DMA row's bar sits above a compute bar, data moved while the device computed; a
+/// column with no bar in the compute row is a bubble.
+pub fn timeline(recorder: &Recorder, path: impl AsRef<Path>) -> Result<(), Error> {
+    let path = path.as_ref();
+    let spans: Vec<(u64, Stage, super::Span)> = recorder
+        .timeline()
+        .flat_map(|f| {
+            Stage::ALL
+                .into_iter()
+                .filter_map(move |s| f.span(s).map(|span| (f.frame, s, span)))
+        })
+        .collect();
+    let origin = spans.iter().map(|(_, _, s)| s.start_ns).min().unwrap_or(0);
+    let end = spans.iter().map(|(_, _, s)| s.end_ns).max().unwrap_or(0);
+    let ms = |ns: u64| (ns - origin) as f64 / 1e6;
+    let x_max = ms(end.max(origin)).max(1e-6);
+    // Segments 0..=5 of the y axis, one per stage, preprocess at the top.
+    let top = Stage::Postprocess as i32;
+    let row = |s: Stage| top - s as i32;
+
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_error(path))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Pipeline timeline (last frames)", ("sans-serif", 24))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(100)
+            .build_cartesian_2d(0.0..x_max * 1.02, (0..top).into_segmented())
+            .map_err(draw_error(path))?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .x_desc("time (ms)")
+            .y_desc("stage")
+            .y_labels(Stage::ALL.len())
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => usize::try_from(top - i)
+                    .ok()
+                    .and_then(|i| Stage::ALL.get(i))
+                    .map_or_else(String::new, |s| s.name().to_owned()),
+                SegmentValue::Last => String::new(),
+            })
+            .draw()
+            .map_err(draw_error(path))?;
+        chart
+            .draw_series(spans.iter().map(|&(frame, stage, span)| {
+                let colour = Palette99::pick(usize::try_from(frame % 99).unwrap_or(0));
+                Rectangle::new(
+                    [
+                        (ms(span.start_ns), SegmentValue::Exact(row(stage))),
+                        (ms(span.end_ns), SegmentValue::Exact(row(stage) + 1)),
+                    ],
+                    colour.filled(),
+                )
+            }))
+            .map_err(draw_error(path))?;
+        root.present().map_err(draw_error(path))?;
+    }
+    write(path, &svg)
+}
