@@ -14,6 +14,7 @@ use serde::Serialize;
 use userdma::device::loopback::{self, Cost};
 use userdma::device::Wait;
 use userdma::pipeline::{self, naive, Config, Model, Pipeline, Times};
+use userdma::stats::{self, Recorder, Stage};
 use userdma::Runtime;
 
 use crate::demo::CostModel;
@@ -46,6 +47,13 @@ pub(crate) struct PipelineArgs {
     /// Poll for completions instead of waiting for interrupts.
     #[arg(long)]
     poll: bool,
+    /// Write SVG plots here: per path a latency CDF and a timeline (a row per stage, a bar per
+    /// frame) of the last frames.
+    #[arg(long, value_name = "DIR")]
+    svg: Option<std::path::PathBuf>,
+    /// Write the metrics in the Prometheus text format to this file.
+    #[arg(long, value_name = "FILE")]
+    metrics: Option<std::path::PathBuf>,
 }
 
 /// Why the command failed.
@@ -70,6 +78,9 @@ pub(crate) enum Error {
     /// Writing the output failed.
     #[error("cannot write the output")]
     Output(#[from] std::io::Error),
+    /// Drawing a plot failed.
+    #[error(transparent)]
+    Plot(#[from] stats::Error),
     /// Encoding JSON failed.
     #[error("cannot encode the output as JSON")]
     Json(#[from] serde_json::Error),
@@ -97,93 +108,42 @@ struct PathReport {
     failed: u64,
     seconds: f64,
     frames_per_sec: f64,
-    /// End-to-end latency percentiles (preprocess start to result seen), microseconds.
-    latency_us: Percentiles,
-    /// Mean time per frame in each part, microseconds.
-    split_us: Split,
+    /// Latencies per stage and end to end, the time split, the DMA/compute overlap, slot
+    /// occupancy and the data-movement share (the stats module's report).
+    stats: stats::Report,
     allocations_per_frame: f64,
     dma_maps_per_frame: f64,
     doorbells_per_frame: f64,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Default)]
-struct Percentiles {
-    p50: f64,
-    p90: f64,
-    p99: f64,
-    p999: f64,
-    max: f64,
+/// Records one finished frame's spans (host-side times) into `recorder`. On one in-order
+/// queue the device starts a frame's H2D copy only after the previous frame's last descriptor:
+/// the time from the doorbell to then (`previous`, the previous frame's D2H completion) is
+/// queue wait, not DMA.
+fn record(
+    recorder: &mut Recorder,
+    n: u64,
+    ok: bool,
+    t: &Times,
+    post: (Instant, Instant),
+    previous: &mut Option<Instant>,
+) {
+    let e = recorder.epoch();
+    let started = previous.map_or(t.submitted, |p| p.clamp(t.submitted, t.to_device));
+    let mut f = stats::Frame::new(n, 0);
+    f.set_instants(Stage::Preprocess, e, t.preprocess, t.submitted)
+        .set_instants(Stage::QueueWait, e, t.submitted, started)
+        .set_instants(Stage::ToDevice, e, started, t.to_device)
+        .set_instants(Stage::Compute, e, t.to_device, t.computed)
+        .set_instants(Stage::ToHost, e, t.computed, t.to_host)
+        .set_instants(Stage::Postprocess, e, post.0, post.1);
+    f.ok = ok;
+    recorder.record(&f);
+    *previous = Some(t.to_host);
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Default)]
-struct Split {
-    /// Preprocessing and waiting to be announced.
-    preprocess: f64,
-    /// Announced to the H2D completion seen (queue wait plus the copy).
-    to_device: f64,
-    /// The device steps.
-    compute: f64,
-    /// The D2H copy.
-    to_host: f64,
-}
-
-fn micros(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
-/// Collects frame times into preallocated storage.
-struct Timing {
-    latencies: Vec<f64>,
-    split: Split,
-}
-
-impl Timing {
-    fn new(frames: u64) -> Timing {
-        Timing {
-            latencies: Vec::with_capacity(usize::try_from(frames).unwrap_or(0)),
-            split: Split::default(),
-        }
-    }
-
-    fn add(&mut self, t: &Times) {
-        self.latencies
-            .push(micros(t.to_host.saturating_duration_since(t.preprocess)));
-        let s = &mut self.split;
-        s.preprocess += micros(t.submitted.saturating_duration_since(t.preprocess));
-        s.to_device += micros(t.to_device.saturating_duration_since(t.submitted));
-        s.compute += micros(t.computed.saturating_duration_since(t.to_device));
-        s.to_host += micros(t.to_host.saturating_duration_since(t.computed));
-    }
-
-    fn finish(mut self) -> (Percentiles, Split) {
-        let n = self.latencies.len().max(1) as f64;
-        self.latencies.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            let l = &self.latencies;
-            if l.is_empty() {
-                return 0.0;
-            }
-            l[((q * l.len() as f64).ceil() as usize).clamp(1, l.len()) - 1]
-        };
-        let p = Percentiles {
-            p50: at(0.5),
-            p90: at(0.9),
-            p99: at(0.99),
-            p999: at(0.999),
-            max: at(1.0),
-        };
-        let s = self.split;
-        (
-            p,
-            Split {
-                preprocess: s.preprocess / n,
-                to_device: s.to_device / n,
-                compute: s.compute / n,
-                to_host: s.to_host / n,
-            },
-        )
-    }
-}
+/// Frames the timeline keeps (the SVG's bars and the overlap figures).
+const TIMELINE: usize = 48;
 
 /// Frame `n`'s input, word by word.
 fn fill(n: u64, input: &mut [u8]) {
@@ -227,7 +187,7 @@ fn pipelined(
     model: &Model,
     args: &PipelineArgs,
     first_wrong: &mut Option<u64>,
-) -> Result<PathReport, Error> {
+) -> Result<(PathReport, Recorder), Error> {
     let config = Config {
         depth: usize::from(args.depth),
         batch: usize::from(args.batch),
@@ -243,7 +203,8 @@ fn pipelined(
     let mut scratch = vec![0u8; model.input().bytes as usize];
     // Warm-up: every slot used once, so the counted frames are steady state.
     p.run(u64::from(args.depth), |_, _| Ok(()), |_| {})?;
-    let mut timing = Timing::new(args.frames);
+    let mut recorder = Recorder::new(Instant::now(), TIMELINE);
+    let mut previous = None;
     let mut wrong = 0u64;
     let (allocs, maps) = (allocations(), dma_maps(rt));
     let before = p.summary();
@@ -255,6 +216,7 @@ fn pipelined(
             input.write(0, &scratch)
         },
         |done| {
+            let post = Instant::now();
             let n = done.frame - u64::from(args.depth);
             let right = match &done.result {
                 Ok(out) => out.read(0, &mut checker.got).is_ok() && checker.is_right(n),
@@ -264,28 +226,45 @@ fn pipelined(
                 wrong += 1;
                 first_wrong.get_or_insert(n);
             }
-            timing.add(&done.times);
+            record(
+                &mut recorder,
+                n,
+                right,
+                &done.times,
+                (post, Instant::now()),
+                &mut previous,
+            );
         },
     )?;
     let seconds = start.elapsed().as_secs_f64();
     let (allocs, maps) = (allocations() - allocs, dma_maps(rt) - maps);
     p.shutdown(|_| {})?;
     let frames = summary.frames - before.frames;
-    let (latency_us, split_us) = timing.finish();
-    Ok(PathReport {
-        path: "pipeline",
-        depth: config.depth,
-        frames,
-        wrong,
-        failed: summary.failed - before.failed,
-        seconds,
-        frames_per_sec: frames as f64 / seconds.max(1e-9),
-        latency_us,
-        split_us,
-        allocations_per_frame: allocs as f64 / frames.max(1) as f64,
-        dma_maps_per_frame: maps as f64 / frames.max(1) as f64,
-        doorbells_per_frame: (summary.doorbells - before.doorbells) as f64 / frames.max(1) as f64,
-    })
+    let c = &mut recorder.counters;
+    c.frames = frames;
+    c.allocations = allocs;
+    c.dma_maps = maps;
+    c.doorbells = summary.doorbells - before.doorbells;
+    c.bytes_to_device = summary.bytes_to_device - before.bytes_to_device;
+    c.bytes_to_host = summary.bytes_to_host - before.bytes_to_host;
+    c.errors = summary.failed - before.failed;
+    Ok((
+        PathReport {
+            path: "pipeline",
+            depth: config.depth,
+            frames,
+            wrong,
+            failed: summary.failed - before.failed,
+            seconds,
+            frames_per_sec: frames as f64 / seconds.max(1e-9),
+            stats: recorder.report(),
+            allocations_per_frame: allocs as f64 / frames.max(1) as f64,
+            dma_maps_per_frame: maps as f64 / frames.max(1) as f64,
+            doorbells_per_frame: (summary.doorbells - before.doorbells) as f64
+                / frames.max(1) as f64,
+        },
+        recorder,
+    ))
 }
 
 fn naive_path(
@@ -293,9 +272,10 @@ fn naive_path(
     model: &Model,
     args: &PipelineArgs,
     first_wrong: &mut Option<u64>,
-) -> Result<PathReport, Error> {
+) -> Result<(PathReport, Recorder), Error> {
     let mut checker = Checker::new(model);
-    let mut timing = Timing::new(args.frames);
+    let mut recorder = Recorder::new(Instant::now(), TIMELINE);
+    let mut previous = None;
     let mut wrong = 0u64;
     let (allocs, maps) = (allocations(), dma_maps(rt));
     let start = Instant::now();
@@ -307,6 +287,7 @@ fn naive_path(
         Duration::from_secs(30),
         fill,
         |n, result, times| {
+            let post = Instant::now();
             let right = match result {
                 Ok(bytes) => {
                     checker.got.copy_from_slice(bytes);
@@ -318,27 +299,43 @@ fn naive_path(
                 wrong += 1;
                 first_wrong.get_or_insert(n);
             }
-            timing.add(&times);
+            record(
+                &mut recorder,
+                n,
+                right,
+                &times,
+                (post, Instant::now()),
+                &mut previous,
+            );
         },
     )?;
     let seconds = start.elapsed().as_secs_f64();
     let (allocs, maps) = (allocations() - allocs, dma_maps(rt) - maps);
     let frames = summary.frames;
-    let (latency_us, split_us) = timing.finish();
-    Ok(PathReport {
-        path: "naive",
-        depth: 1,
-        frames,
-        wrong,
-        failed: summary.failed,
-        seconds,
-        frames_per_sec: frames as f64 / seconds.max(1e-9),
-        latency_us,
-        split_us,
-        allocations_per_frame: allocs as f64 / frames.max(1) as f64,
-        dma_maps_per_frame: maps as f64 / frames.max(1) as f64,
-        doorbells_per_frame: summary.doorbells as f64 / frames.max(1) as f64,
-    })
+    let c = &mut recorder.counters;
+    c.frames = frames;
+    c.allocations = allocs;
+    c.dma_maps = maps;
+    c.doorbells = summary.doorbells;
+    c.bytes_to_device = summary.bytes_to_device;
+    c.bytes_to_host = summary.bytes_to_host;
+    c.errors = summary.failed;
+    Ok((
+        PathReport {
+            path: "naive",
+            depth: 1,
+            frames,
+            wrong,
+            failed: summary.failed,
+            seconds,
+            frames_per_sec: frames as f64 / seconds.max(1e-9),
+            stats: recorder.report(),
+            allocations_per_frame: allocs as f64 / frames.max(1) as f64,
+            dma_maps_per_frame: maps as f64 / frames.max(1) as f64,
+            doorbells_per_frame: summary.doorbells as f64 / frames.max(1) as f64,
+        },
+        recorder,
+    ))
 }
 
 fn allocations() -> u64 {
@@ -395,9 +392,27 @@ pub(crate) fn run(args: &PipelineArgs, json: bool) -> Result<(), Error> {
     let rt = Runtime::loopback(loopback::Config::default().cost(cost).memory_size(memory))?;
     let model = Model::chain(args.layers, args.size)?;
     let mut first_wrong = None;
-    let mut paths = vec![pipelined(&rt, &model, args, &mut first_wrong)?];
+    let (report, recorder) = pipelined(&rt, &model, args, &mut first_wrong)?;
+    let mut paths = vec![report];
+    let mut recorders = vec![("pipeline", recorder)];
     if args.naive {
-        paths.push(naive_path(&rt, &model, args, &mut first_wrong)?);
+        let (report, recorder) = naive_path(&rt, &model, args, &mut first_wrong)?;
+        paths.push(report);
+        recorders.push(("naive", recorder));
+    }
+    if let Some(dir) = &args.svg {
+        std::fs::create_dir_all(dir)?;
+        for (name, r) in &recorders {
+            stats::svg::latency_cdf(r, dir.join(format!("{name}-latency.svg")))?;
+            stats::svg::timeline(r, dir.join(format!("{name}-timeline.svg")))?;
+        }
+    }
+    if let Some(file) = &args.metrics {
+        let mut text = String::new();
+        for (name, r) in &recorders {
+            text.push_str(&r.report().prometheus(&format!("userdma_{name}")));
+        }
+        std::fs::write(file, text)?;
     }
     let device = rt
         .loopback_device()
@@ -437,17 +452,32 @@ fn print_text(r: &Report) {
         r.steps, r.config.size, r.arena_bytes, r.config.cost
     );
     println!(
-        "{:<9} {:>5} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}  {:>8} {:>8} {:>8} {:>8}  {:>7} {:>6} {:>6}",
+        "{:<9} {:>5} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}  {:>8} {:>8} {:>8} {:>8} {:>8}  {:>7} {:>6} {:>6}",
         "path", "depth", "frames", "frames/s", "p50 us", "p90 us", "p99 us", "p99.9 us", "max us",
-        "pre us", "h2d us", "comp us", "d2h us", "alloc/f", "map/f", "wrong"
+        "pre us", "wait us", "h2d us", "comp us", "d2h us", "alloc/f", "map/f", "wrong"
     );
+    let us = |ns: u64| ns as f64 / 1e3;
     for p in &r.paths {
-        let (l, s) = (p.latency_us, p.split_us);
+        let l = &p.stats.end_to_end;
+        let mean = |stage| p.stats.stage(stage).mean_ns / 1e3;
         println!(
-            "{:<9} {:>5} {:>7} {:>10.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {:>8.1} {:>8.1} {:>8.1} {:>8.1}  {:>7.2} {:>6.2} {:>6}",
-            p.path, p.depth, p.frames, p.frames_per_sec, l.p50, l.p90, l.p99, l.p999, l.max,
-            s.preprocess, s.to_device, s.compute, s.to_host, p.allocations_per_frame,
-            p.dma_maps_per_frame, p.wrong
+            "{:<9} {:>5} {:>7} {:>10.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}  {:>7.2} {:>6.2} {:>6}",
+            p.path, p.depth, p.frames, p.frames_per_sec, us(l.p50_ns), us(l.p90_ns),
+            us(l.p99_ns), us(l.p999_ns), us(l.max_ns), mean(Stage::Preprocess),
+            mean(Stage::QueueWait), mean(Stage::ToDevice), mean(Stage::Compute), mean(Stage::ToHost),
+            p.allocations_per_frame, p.dma_maps_per_frame, p.wrong
+        );
+    }
+    for p in &r.paths {
+        let t = &p.stats.timeline;
+        println!(
+            "{}: DMA/compute overlap {:.2}, {:.2} frames in flight on average (max {}), {:.0} % of end-to-end time moving data ({:?})",
+            p.path,
+            t.dma_compute_overlap,
+            t.occupancy_mean,
+            t.occupancy_max,
+            100.0 * t.data_movement_share,
+            t.verdict
         );
     }
     if r.device_bound_fps > 0.0 {
@@ -461,7 +491,7 @@ fn print_text(r: &Report) {
         println!(
             "pipeline / naive: {:.2}x the frames/s, {:.2}x the p50 latency",
             p.frames_per_sec / n.frames_per_sec.max(1e-9),
-            p.latency_us.p50 / n.latency_us.p50.max(1e-9)
+            p.stats.end_to_end.p50_ns as f64 / (n.stats.end_to_end.p50_ns as f64).max(1e-9)
         );
     }
     if let Some(d) = &r.device {
