@@ -343,7 +343,7 @@ fn malformed_descriptors_get_their_code_and_change_nothing() {
         c
     };
     let cases: Vec<(Command, Code)> = vec![
-        (with(&|c| c.opcode = 6), Code::BadOpcode),
+        (with(&|c| c.opcode = 0x40), Code::BadOpcode),
         (with(&|c| c.opcode = 0xff), Code::BadOpcode),
         (with(&|c| c.flags = 0x80), Code::BadFlags),
         (with(&|c| c.context = 3), Code::BadContext),

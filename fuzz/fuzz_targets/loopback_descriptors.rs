@@ -8,7 +8,11 @@
 //! sequence of descriptors, some built from fields aimed at the interesting addresses (inside,
 //! across and past the mapping, an unmapped IOVA, device-memory bounds), some raw bytes, and
 //! remaps of the host memory between them (the device must stop reaching the old IOVAs at
-//! once, whatever it cached).
+//! once, whatever it cached). `Layer` and `Compact` descriptors are also built from tensor
+//! and record fields, mostly valid, each skewed on demand (misaligned, absent input with an
+//! offset, overlapping, out of bounds, overflowing); the model checks their fields on its own
+//! and takes a success's output from `loopback::reference`, so the device memory must hold
+//! exactly what the reference computes.
 
 #![no_main]
 
@@ -17,9 +21,10 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use userdma::device::loopback::{Code, Config, Cost, Loopback, Opcode, Wait};
+use userdma::device::loopback::reference::{self, Compact};
+use userdma::device::loopback::{Code, Config, Cost, Descriptor, Loopback, Opcode, Wait};
 use userdma::device::Device;
-use userdma::dma::Mapping;
+use userdma::dma::{DeviceOffset, Mapping};
 use userdma::memory::{PageSize, Region};
 use userdma::ring::{self, Command, Queue, Status};
 
@@ -46,6 +51,23 @@ enum Len {
     Raw(u64),
 }
 
+/// A device tensor: `4 * at` bytes in (maybe past the device memory's end), `4 * (len + 1)`
+/// bytes long.
+#[derive(Debug, Arbitrary, Clone, Copy)]
+struct Tensor {
+    at: u16,
+    len: u8,
+}
+
+impl Tensor {
+    fn offset(self) -> u64 {
+        4 * u64::from(self.at)
+    }
+    fn len(self) -> u64 {
+        4 * (u64::from(self.len) + 1)
+    }
+}
+
 #[derive(Debug, Arbitrary)]
 enum Desc {
     Fields {
@@ -60,6 +82,27 @@ enum Desc {
         keep_args: u8,
     },
     Raw([u8; 64]),
+    /// A `Layer`: input `k` present if bit `k` of `present` (input 0 always, unless `skew`
+    /// bit 7 drops it); `skew` bits make one field wrong.
+    Layer {
+        inputs: [Tensor; 3],
+        present: u8,
+        out: Tensor,
+        seed: u32,
+        skew: u8,
+    },
+    /// A `Compact` of `records + 1` records of `4 * (words % 32 + 1)` bytes, the score at word
+    /// `score % words`; `skew` bits make one field wrong.
+    Compact {
+        src: u16,
+        records: u8,
+        words: u8,
+        score: u8,
+        threshold: u32,
+        dst: u16,
+        capacity: u8,
+        skew: u8,
+    },
     /// Not a descriptor: the host memory moves to a new mapping (same bytes, new IOVAs) and
     /// the old one is unmapped, so the device's cached translation of it must go.
     Remap,
@@ -187,7 +230,7 @@ impl Fixture {
                     }
                 }
                 Command {
-                    opcode: opcode % 8,
+                    opcode: opcode % 10,
                     flags: if flags % 8 == 0 { *flags } else { 0 },
                     command_id: 0,
                     context: if *other_context { CONTEXT + 1 } else { CONTEXT },
@@ -204,7 +247,7 @@ impl Fixture {
             Desc::Raw(bytes) => {
                 let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
                 let mut command = Command {
-                    opcode: bytes[0] % 8,
+                    opcode: bytes[0] % 10,
                     flags: bytes[1],
                     command_id: 0,
                     context: u32::from_le_bytes(bytes[4..8].try_into().unwrap()),
@@ -218,6 +261,62 @@ impl Fixture {
                 } else {
                     command.context
                 };
+                command
+            }
+            Desc::Layer {
+                inputs,
+                present,
+                out,
+                seed,
+                skew,
+            } => layer_command(inputs, *present, *out, *seed, *skew),
+            Desc::Compact {
+                src,
+                records,
+                words,
+                score,
+                threshold,
+                dst,
+                capacity,
+                skew,
+            } => {
+                let words = u32::from(*words % 32) + 1;
+                let mut record = 4 * words;
+                let mut score_at = 4 * (u32::from(*score) % words);
+                let mut len = u64::from(record) * (u64::from(*records) + 1);
+                let mut src = 4 * u64::from(*src);
+                let mut dst = 4 * u64::from(*dst);
+                match skew % 16 {
+                    1 => record += 2,
+                    2 => record = 4100,
+                    3 => score_at = record,
+                    4 => score_at += 2,
+                    5 => len += 4,
+                    6 => src += 1,
+                    7 => dst = src + len / 2,
+                    8 => dst = u64::MAX - 16,
+                    9 => dst = DRAM as u64 - 8,
+                    10 => len = 0,
+                    _ => {}
+                }
+                if skew & 0x80 != 0 {
+                    // The output right after the input: adjacent, not overlapping.
+                    dst = src + len;
+                }
+                let mut command = Descriptor::compact(
+                    DeviceOffset(src),
+                    len,
+                    record,
+                    score_at,
+                    *threshold,
+                    DeviceOffset(dst),
+                    u32::from(*capacity % 32),
+                )
+                .context(CONTEXT)
+                .build();
+                if skew & 0x70 == 0x70 {
+                    command.args[3] = 1 << 32;
+                }
                 command
             }
         };
@@ -242,6 +341,11 @@ impl Fixture {
         }
         if c.context != CONTEXT {
             return (Code::BadContext, 0);
+        }
+        match op {
+            Opcode::Layer => return self.predict_layer(c),
+            Opcode::Compact => return self.predict_compact(c),
+            _ => {}
         }
         let a = c.args;
         let args_ok = match op {
@@ -338,7 +442,105 @@ impl Fixture {
                 (Code::Success, sum)
             }
             Opcode::Nop => unreachable!("handled above"),
+            Opcode::Layer | Opcode::Compact => unreachable!("predicted on their own"),
         }
+    }
+
+    /// `Layer`'s checks as documented, then the output from the reference.
+    fn predict_layer(&mut self, c: &Command) -> (Code, u64) {
+        let a = c.args;
+        let low = |w: u64| w & 0xffff_ffff;
+        let all = [(c.src, low(a[2])), (a[0], a[2] >> 32), (a[1], low(a[3]))];
+        let seed = (a[3] >> 32) as u32;
+        if all.iter().any(|&(o, l)| l == 0 && o != 0) {
+            return (Code::BadArgs, 0);
+        }
+        if c.len == 0 || all[0].1 == 0 {
+            return (Code::BadLength, 0);
+        }
+        let present: Vec<(u64, u64)> = all.into_iter().filter(|&(_, l)| l != 0).collect();
+        let out = (c.dst, c.len);
+        for &(o, l) in present.iter().chain([&out]) {
+            if o.checked_add(l).is_none() {
+                return (Code::AddressOverflow, o);
+            }
+        }
+        if present
+            .iter()
+            .chain([&out])
+            .any(|&(o, l)| o % 4 != 0 || l % 4 != 0)
+        {
+            return (Code::Misaligned, 0);
+        }
+        for &(o, l) in present.iter().chain([&out]) {
+            if o + l > DRAM as u64 {
+                return (Code::DeviceOutOfBounds, o);
+            }
+        }
+        for &(o, l) in &present {
+            if c.dst < o + l && o < c.dst + c.len {
+                return (Code::Overlap, o);
+            }
+        }
+        let inputs: Vec<&[u8]> = present
+            .iter()
+            .map(|&(o, l)| &self.model_dram[o as usize..(o + l) as usize])
+            .collect();
+        let mut written = vec![0; c.len as usize];
+        let sum = reference::layer(seed, &inputs, &mut written).expect("valid layer");
+        let d = c.dst as usize;
+        self.model_dram[d..d + written.len()].copy_from_slice(&written);
+        (Code::Success, sum)
+    }
+
+    /// `Compact`'s checks as documented, then the output from the reference.
+    fn predict_compact(&mut self, c: &Command) -> (Code, u64) {
+        let a = c.args;
+        if a.iter().any(|&w| w > u64::from(u32::MAX)) {
+            return (Code::BadArgs, 0);
+        }
+        let (record, score_at) = (a[0], a[1]);
+        if !(4..=4096).contains(&record) || score_at + 4 > record {
+            return (Code::BadArgs, 0);
+        }
+        if c.len == 0 || c.len % record != 0 {
+            return (Code::BadLength, 0);
+        }
+        let out_len = 8 + a[3] * record;
+        if c.src.checked_add(c.len).is_none() {
+            return (Code::AddressOverflow, c.src);
+        }
+        if c.dst.checked_add(out_len).is_none() {
+            return (Code::AddressOverflow, c.dst);
+        }
+        if c.src % 4 != 0 || c.dst % 4 != 0 || record % 4 != 0 || score_at % 4 != 0 {
+            return (Code::Misaligned, 0);
+        }
+        if c.src + c.len > DRAM as u64 {
+            return (Code::DeviceOutOfBounds, c.src);
+        }
+        if c.dst + out_len > DRAM as u64 {
+            return (Code::DeviceOutOfBounds, c.dst);
+        }
+        if c.dst < c.src + c.len && c.src < c.dst + out_len {
+            return (Code::Overlap, c.src);
+        }
+        let params = Compact {
+            record: record as u32,
+            score_at: score_at as u32,
+            threshold: a[2] as u32,
+            capacity: a[3] as u32,
+        };
+        let (s, d) = (c.src as usize, c.dst as usize);
+        let mut written = vec![0; out_len as usize];
+        let found = reference::compact(
+            &self.model_dram[s..s + c.len as usize],
+            params,
+            &mut written,
+        )
+        .expect("valid compact");
+        self.model_dram[d..d + written.len()].copy_from_slice(&written);
+        (Code::Success, found)
     }
 
     fn check_memory(&self) {
@@ -363,6 +565,64 @@ impl Fixture {
             "unmapped host memory was written"
         );
     }
+}
+
+/// A `Layer` command from tensor fields, one of them made wrong by `skew`; when the typed
+/// builder can express it, it must build the same command.
+fn layer_command(inputs: &[Tensor; 3], present: u8, out: Tensor, seed: u32, skew: u8) -> Command {
+    let mut fields = [(0u64, 0u64); 3];
+    for (k, (field, t)) in fields.iter_mut().zip(inputs).enumerate() {
+        if k == 0 || present & (1 << k) != 0 {
+            *field = (t.offset(), t.len());
+        }
+    }
+    if skew & 0x80 != 0 {
+        fields[0].1 = 0;
+    }
+    let (mut dst, mut len) = (out.offset(), out.len());
+    match skew % 16 {
+        1 => fields[0].0 += 2,
+        2 => len += 2,
+        3 => fields[2].1 += 1,
+        4 => fields[1] = (64, 0),
+        5 => dst = fields[0].0 + fields[0].1 / 2,
+        6 => dst = fields[0].0,
+        7 => fields[1].0 = u64::MAX - 7,
+        8 => dst = u64::MAX - 3,
+        9 => dst = DRAM as u64 - 4,
+        10 => len = 0,
+        11 => dst = fields[0].0 + fields[0].1,
+        _ => {}
+    }
+    let [(src, len0), (off1, len1), (off2, len2)] = fields;
+    let command = Command {
+        opcode: Opcode::Layer as u8,
+        flags: 0,
+        command_id: 0,
+        context: CONTEXT,
+        src,
+        dst,
+        len,
+        args: [off1, off2, len0 | len1 << 32, len2 | u64::from(seed) << 32],
+    };
+    // The builder takes the present inputs in order; it can say this command if the absent
+    // ones are the last and name no memory.
+    let given: Vec<(DeviceOffset, u64)> = fields
+        .iter()
+        .take_while(|&&(_, l)| l != 0)
+        .map(|&(o, l)| (DeviceOffset(o), l))
+        .collect();
+    let rest_absent = fields[given.len()..].iter().all(|&f| f == (0, 0));
+    if rest_absent && fields.iter().all(|&(_, l)| l <= u64::from(u32::MAX)) {
+        if let Ok(built) = Descriptor::layer(&given, DeviceOffset(dst), len, seed) {
+            assert_eq!(
+                built.context(CONTEXT).build(),
+                command,
+                "the builder's encoding"
+            );
+        }
+    }
+    command
 }
 
 fuzz_target!(|descs: Vec<Desc>| {

@@ -3,10 +3,14 @@
 //!
 //! A descriptor costs `descriptor_ns`, plus its DMA bytes at `dma_bytes_per_sec` (host<->device
 //! copies and fills move `len` bytes; a device-to-device copy reads and writes, `2 * len`), plus
-//! its compute bytes at `compute_bytes_per_sec` (`Compute` only), plus `context_switch_ns` when
-//! the engine takes it from a queue of another context than the previous descriptor's. The
-//! engine does the work at host speed, then holds the completion back until the modelled time
-//! has passed (sleeping for long waits, yielding for short ones), so the host measures the
+//! its compute bytes at `compute_bytes_per_sec`, plus `context_switch_ns` when the engine takes
+//! it from a queue of another context than the previous descriptor's. Compute bytes are the
+//! bytes the compute unit reads plus the bytes it writes: `len` for `Compute`; for `Layer`, each
+//! present input's length up to `len` (the input words the output uses, a shorter input read
+//! once and repeated) plus `len`; for `Compact`, `len` plus the whole output,
+//! `8 + capacity * record` (the slots left over are zeroed). The engine does the work at host
+//! speed, then holds the completion back until the modelled time has passed (sleeping for long
+//! waits, yielding for short ones), so the host measures the
 //! modelled device. A zero rate means "free": [`Cost::zero`] charges nothing and never waits.
 
 use std::time::{Duration, Instant};
@@ -20,7 +24,8 @@ pub struct Cost {
     pub dma_bytes_per_sec: u64,
     /// Fixed cost of fetching, decoding and completing one descriptor, in nanoseconds.
     pub descriptor_ns: u64,
-    /// Compute throughput in bytes per second for `Compute` descriptors (0: unlimited).
+    /// Compute throughput in bytes per second for `Compute`, `Layer` and `Compact` descriptors,
+    /// over the bytes each reads and writes (see the module docs; 0: unlimited).
     pub compute_bytes_per_sec: u64,
     /// Cost of moving from one context to another, in nanoseconds.
     pub context_switch_ns: u64,

@@ -10,6 +10,26 @@ use super::regs::{Code, Opcode};
 use crate::dma::{DeviceOffset, Iova};
 use crate::ring::{Command, Status};
 
+/// A descriptor the format cannot express (the device checks everything else itself).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A layer has 1 to 3 inputs.
+    #[error("a layer descriptor has 1 to 3 inputs, not {count}")]
+    LayerInputs {
+        /// The inputs given.
+        count: usize,
+    },
+    /// A layer input's length is 0 (that marks an absent input) or does not fit its 32 bits.
+    #[error("layer input {index} is {len} bytes: expected 1 to u32::MAX")]
+    LayerInputLength {
+        /// Which input.
+        index: usize,
+        /// Its length.
+        len: u64,
+    },
+}
+
 /// A loopback descriptor under construction (io-uring's opcode-builder habit): one constructor
 /// per [`Opcode`], then the optional context, then [`Descriptor::build`] (or `Command::from`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +93,51 @@ impl Descriptor {
         d
     }
 
+    /// A model layer ([`Opcode::Layer`]): `len` bytes of output at `out` mixed from `inputs`
+    /// (1 to 3 `(offset, length)` pairs, each length 1 to `u32::MAX`) with layer seed `seed`.
+    /// Alignment, bounds and overlap are the device's checks (an error completion).
+    pub fn layer(
+        inputs: &[(DeviceOffset, u64)],
+        out: DeviceOffset,
+        len: u64,
+        seed: u32,
+    ) -> Result<Descriptor, BuildError> {
+        if inputs.is_empty() || inputs.len() > 3 {
+            return Err(BuildError::LayerInputs {
+                count: inputs.len(),
+            });
+        }
+        let mut fields = [(0u64, 0u64); 3];
+        for (index, (&(offset, len), field)) in inputs.iter().zip(&mut fields).enumerate() {
+            if len == 0 || len > u64::from(u32::MAX) {
+                return Err(BuildError::LayerInputLength { index, len });
+            }
+            *field = (offset.raw(), len);
+        }
+        let [(src, len0), (off1, len1), (off2, len2)] = fields;
+        let mut d = Descriptor::new(Opcode::Layer, src, out.raw(), len);
+        d.command.args = [off1, off2, len0 | len1 << 32, len2 | u64::from(seed) << 32];
+        Ok(d)
+    }
+
+    /// Result filtering ([`Opcode::Compact`]): of the `len` bytes of `record`-byte records at
+    /// `src`, the ones whose `u32` score at byte `score_at` is at least `threshold`, at most
+    /// `capacity` of them, packed after a count header at `dst` (see
+    /// [`reference::compact`](super::reference::compact)).
+    pub fn compact(
+        src: DeviceOffset,
+        len: u64,
+        record: u32,
+        score_at: u32,
+        threshold: u32,
+        dst: DeviceOffset,
+        capacity: u32,
+    ) -> Descriptor {
+        let mut d = Descriptor::new(Opcode::Compact, src.raw(), dst.raw(), len);
+        d.command.args = [record, score_at, threshold, capacity].map(u64::from);
+        d
+    }
+
     /// Runs in device context `context` (it must be the queue's: a descriptor naming another
     /// completes with [`Code::BadContext`]). The default is 0.
     pub fn context(mut self, context: u32) -> Descriptor {
@@ -128,9 +193,65 @@ mod tests {
         assert_eq!((c.src, c.dst, c.args[0]), (0, 8, 0xab));
         let c = Descriptor::compute(DeviceOffset(0), DeviceOffset(4), 4, 7, 9).build();
         assert_eq!(c.args, [7, 9, 0, 0]);
+        let c = Descriptor::layer(
+            &[(DeviceOffset(0x10), 8), (DeviceOffset(0x20), 4)],
+            DeviceOffset(0x40),
+            16,
+            0xabcd,
+        )
+        .unwrap()
+        .build();
+        assert_eq!(
+            (c.opcode, c.src, c.dst, c.len),
+            (Opcode::Layer as u8, 0x10, 0x40, 16)
+        );
+        assert_eq!(c.args, [0x20, 0, 8 | 4 << 32, 0xabcd << 32]);
+        let c = Descriptor::layer(
+            &[
+                (DeviceOffset(4), 4),
+                (DeviceOffset(8), 8),
+                (DeviceOffset(12), 12),
+            ],
+            DeviceOffset(0),
+            4,
+            u32::MAX,
+        )
+        .unwrap()
+        .build();
+        assert_eq!(c.args, [8, 12, 4 | 8 << 32, 12 | 0xffff_ffff << 32]);
+        let c =
+            Descriptor::compact(DeviceOffset(0x100), 64, 16, 4, 77, DeviceOffset(0x200), 3).build();
+        assert_eq!(
+            (c.opcode, c.src, c.dst, c.len, c.args),
+            (Opcode::Compact as u8, 0x100, 0x200, 64, [16, 4, 77, 3])
+        );
         let c = Descriptor::device_copy(DeviceOffset(1), DeviceOffset(2), 3);
         assert_eq!(c.opcode(), Opcode::DeviceCopy);
         assert_eq!(Command::from(Descriptor::nop()), Command::default());
+    }
+
+    #[test]
+    fn layer_builder_refuses_what_the_format_cannot_say() {
+        let input = (DeviceOffset(0), 4);
+        assert_eq!(
+            Descriptor::layer(&[], DeviceOffset(0), 4, 0),
+            Err(BuildError::LayerInputs { count: 0 })
+        );
+        assert_eq!(
+            Descriptor::layer(&[input; 4], DeviceOffset(0), 4, 0),
+            Err(BuildError::LayerInputs { count: 4 })
+        );
+        assert_eq!(
+            Descriptor::layer(&[input, (DeviceOffset(8), 0)], DeviceOffset(0), 4, 0),
+            Err(BuildError::LayerInputLength { index: 1, len: 0 })
+        );
+        assert_eq!(
+            Descriptor::layer(&[(DeviceOffset(0), 1 << 32)], DeviceOffset(0), 4, 0),
+            Err(BuildError::LayerInputLength {
+                index: 0,
+                len: 1 << 32
+            })
+        );
     }
 
     #[test]

@@ -63,7 +63,11 @@
 //! See [`Opcode`]: `Nop`, `ToDevice` (host → device memory), `ToHost` (device memory → host),
 //! `DeviceCopy`, `Fill`, and `Compute` (per 32-bit word `(w ^ args[0]) + args[1]`, result the
 //! sum of the words written), the deterministic transform tests use to see data pass through
-//! the device. Status codes and the order in which fields are checked: [`Code`].
+//! the device. Two opcodes let a model run on the device layer by layer, deterministic and
+//! checkable on the host: `Layer` (one output tensor mixed from up to three input tensors)
+//! and `Compact` (the records whose score passes a threshold, packed);
+//! [`reference`](mod@reference) computes on the host exactly what they write. Status codes
+//! and the order in which fields are checked: [`Code`].
 //!
 //! # Waking the engine
 //!
@@ -128,12 +132,13 @@ mod engine;
 mod error;
 mod ops;
 mod process;
+pub mod reference;
 pub mod regs;
 mod shim;
 
 pub use self::config::{Config, Counters, Mode, QueueCounters};
 pub use self::cost::Cost;
-pub use self::descriptor::Descriptor;
+pub use self::descriptor::{BuildError, Descriptor};
 pub use self::error::Error;
 pub use self::process::{serve_process, Program, SOCKET_ENV};
 pub use self::regs::{Code, Fault, Opcode};

@@ -5,6 +5,7 @@
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
+use super::reference::{self, Compact};
 use super::regs::{Code, Opcode};
 use crate::dma;
 use crate::memory::{u64_of, Region};
@@ -215,6 +216,21 @@ pub(super) enum Plan {
         xor: u32,
         add: u32,
     },
+    /// The present inputs are `inputs[..count]`, each `(offset, len)`, `len > 0`.
+    Layer {
+        inputs: [(usize, usize); 3],
+        count: usize,
+        dst: usize,
+        len: usize,
+        seed: u32,
+    },
+    /// `len` bytes of records at `src`; the output (`params.output_len()` bytes) at `dst`.
+    Compact {
+        src: usize,
+        len: usize,
+        dst: usize,
+        params: Compact,
+    },
 }
 
 /// How a descriptor ended: status code, result word, and what the cost model charges.
@@ -225,6 +241,9 @@ pub(super) struct Outcome {
     /// The descriptor's `len` if it succeeded (what the `bytes` counter adds).
     pub(super) bytes: u64,
     pub(super) dma_bytes: u64,
+    /// What the compute unit reads and writes (the cost module's docs): `len` for `Compute`;
+    /// for `Layer` each present input's length up to `len`, plus `len`; for `Compact` `len`
+    /// plus the output's `8 + capacity * record`.
     pub(super) compute_bytes: u64,
 }
 
@@ -266,6 +285,13 @@ pub(super) fn check(cmd: &Command, context: u32, memory_size: u64) -> Result<Pla
     if cmd.context != context {
         return Err((Code::BadContext, 0));
     }
+    // Their fields are laid out otherwise: checked by their own functions, in the same order
+    // of codes.
+    match op {
+        Opcode::Layer => return check_layer(cmd, memory_size),
+        Opcode::Compact => return check_compact(cmd, memory_size),
+        _ => {}
+    }
     let args = cmd.args;
     let zero_from = |first: usize| args[first..].iter().all(|&a| a == 0);
     let args_ok = match op {
@@ -274,6 +300,7 @@ pub(super) fn check(cmd: &Command, context: u32, memory_size: u64) -> Result<Pla
         Opcode::Compute => {
             u32::try_from(args[0]).is_ok() && u32::try_from(args[1]).is_ok() && zero_from(2)
         }
+        Opcode::Layer | Opcode::Compact => unreachable!("checked by their own functions"),
     };
     // Address fields an opcode does not use must be zero too.
     let unused_ok = match op {
@@ -330,6 +357,109 @@ pub(super) fn check(cmd: &Command, context: u32, memory_size: u64) -> Result<Pla
             add: args[1] as u32,
         },
         Opcode::Nop => Plan::Nop,
+        Opcode::Layer | Opcode::Compact => unreachable!("checked by their own functions"),
+    })
+}
+
+/// The low and high 32 bits of an `args` word.
+fn halves(word: u64) -> (u32, u32) {
+    // The mask and the shift leave 32 bits each.
+    ((word & 0xffff_ffff) as u32, (word >> 32) as u32)
+}
+
+/// Whether `a..a + a_len` and `b..b + b_len` (device ranges, already checked) share a byte.
+fn overlaps(a: usize, a_len: usize, b: usize, b_len: usize) -> bool {
+    a < b + b_len && b < a + a_len
+}
+
+/// [`check`] for [`Opcode::Layer`] (the header fields already checked).
+fn check_layer(cmd: &Command, memory_size: u64) -> Result<Plan, (Code, u64)> {
+    let (len0, len1) = halves(cmd.args[2]);
+    let (len2, seed) = halves(cmd.args[3]);
+    let all = [(cmd.src, len0), (cmd.args[0], len1), (cmd.args[1], len2)]
+        .map(|(offset, len)| (offset, u64::from(len)));
+    // An absent input names no memory.
+    if all.iter().any(|&(offset, len)| len == 0 && offset != 0) {
+        return Err((Code::BadArgs, 0));
+    }
+    if cmd.len == 0 || len0 == 0 {
+        return Err((Code::BadLength, 0));
+    }
+    let ulen = usize::try_from(cmd.len).map_err(|_| (Code::BadLength, 0))?;
+    let present = || all.iter().copied().filter(|&(_, len)| len != 0);
+    for (offset, len) in present() {
+        end_of(offset, len)?;
+    }
+    end_of(cmd.dst, cmd.len)?;
+    let aligned = |v: u64| v % 4 == 0;
+    if !present()
+        .chain([(cmd.dst, cmd.len)])
+        .all(|(offset, len)| aligned(offset) && aligned(len))
+    {
+        return Err((Code::Misaligned, 0));
+    }
+    let mut inputs = [(0usize, 0usize); 3];
+    let mut count = 0;
+    for (offset, len) in present() {
+        let at = device_range(offset, len, memory_size)?;
+        let len = usize::try_from(len).map_err(|_| (Code::DeviceOutOfBounds, offset))?;
+        inputs[count] = (at, len);
+        count += 1;
+    }
+    let dst = device_range(cmd.dst, cmd.len, memory_size)?;
+    if let Some(&(at, _)) = inputs[..count]
+        .iter()
+        .find(|&&(at, len)| overlaps(dst, ulen, at, len))
+    {
+        return Err((Code::Overlap, u64_of(at)));
+    }
+    Ok(Plan::Layer {
+        inputs,
+        count,
+        dst,
+        len: ulen,
+        seed,
+    })
+}
+
+/// [`check`] for [`Opcode::Compact`] (the header fields already checked).
+fn check_compact(cmd: &Command, memory_size: u64) -> Result<Plan, (Code, u64)> {
+    let [record, score_at, threshold, capacity] = cmd.args.map(u32::try_from);
+    let (Ok(record), Ok(score_at), Ok(threshold), Ok(capacity)) =
+        (record, score_at, threshold, capacity)
+    else {
+        return Err((Code::BadArgs, 0));
+    };
+    if !(4..=Compact::MAX_RECORD).contains(&record) || u64::from(score_at) + 4 > u64::from(record) {
+        return Err((Code::BadArgs, 0));
+    }
+    if cmd.len == 0 || cmd.len % u64::from(record) != 0 {
+        return Err((Code::BadLength, 0));
+    }
+    let ulen = usize::try_from(cmd.len).map_err(|_| (Code::BadLength, 0))?;
+    let params = Compact {
+        record,
+        score_at,
+        threshold,
+        capacity,
+    };
+    let out_len = params.output_len();
+    end_of(cmd.src, cmd.len)?;
+    end_of(cmd.dst, out_len)?;
+    if cmd.src % 4 != 0 || cmd.dst % 4 != 0 || record % 4 != 0 || score_at % 4 != 0 {
+        return Err((Code::Misaligned, 0));
+    }
+    let src = device_range(cmd.src, cmd.len, memory_size)?;
+    let dst = device_range(cmd.dst, out_len, memory_size)?;
+    let out_ulen = usize::try_from(out_len).map_err(|_| (Code::DeviceOutOfBounds, cmd.dst))?;
+    if overlaps(dst, out_ulen, src, ulen) {
+        return Err((Code::Overlap, cmd.src));
+    }
+    Ok(Plan::Compact {
+        src,
+        len: ulen,
+        dst,
+        params,
     })
 }
 
@@ -418,6 +548,109 @@ fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
                 bytes: u64_of(len),
                 dma_bytes: 0,
                 compute_bytes: u64_of(len),
+            }
+        }
+        Plan::Layer {
+            inputs,
+            count,
+            dst,
+            len,
+            seed,
+        } => {
+            let inputs = &inputs[..count];
+            let mut words = [0u32; 3];
+            let mut sum = 0u64;
+            for j in 0..len / 4 {
+                for (w, &(at, in_len)) in words.iter_mut().zip(inputs) {
+                    let i = 4 * (j % (in_len / 4));
+                    // SAFETY: the input range is inside device memory and `i + 4 <= in_len`
+                    // (`in_len` is a positive multiple of 4); an unaligned read, so any
+                    // device-memory base will do.
+                    *w = u32::from_le(unsafe { base.add(at + i).cast::<u32>().read_unaligned() });
+                }
+                let out = reference::mix(seed, u64_of(j), &words[..count]);
+                // SAFETY: the output range is inside device memory and `4 * j + 4 <= len`; it
+                // overlaps no input (checked), so no word read above is written.
+                unsafe {
+                    base.add(dst + 4 * j)
+                        .cast::<u32>()
+                        .write_unaligned(out.to_le())
+                };
+                sum = sum.wrapping_add(u64::from(out));
+            }
+            // Each input word the output uses, read once (a shorter input repeats from the
+            // compute unit's buffer), and the output written.
+            let read: usize = inputs.iter().map(|&(_, in_len)| in_len.min(len)).sum();
+            Outcome {
+                code: Code::Success,
+                result: sum,
+                bytes: u64_of(len),
+                dma_bytes: 0,
+                compute_bytes: u64_of(read).saturating_add(u64_of(len)),
+            }
+        }
+        Plan::Compact {
+            src,
+            len,
+            dst,
+            params,
+        } => {
+            let record = params.record as usize;
+            let score_at = params.score_at as usize;
+            let capacity = params.capacity as usize;
+            let slots = dst + reference::COMPACT_HEADER as usize;
+            let (mut written, mut found) = (0usize, 0u64);
+            for r in (src..src + len).step_by(record) {
+                // SAFETY: the input range is inside device memory and `r + score_at + 4 <=
+                // r + record <= src + len` (checked: the score lies inside the record, `len`
+                // is a multiple of the record); an unaligned read.
+                let score =
+                    u32::from_le(unsafe { base.add(r + score_at).cast::<u32>().read_unaligned() });
+                if !params.survives(score) {
+                    continue;
+                }
+                found += 1;
+                if written < capacity {
+                    // SAFETY: the record is inside the input range; slot `written <
+                    // capacity` is inside the output range (`8 + capacity * record` bytes),
+                    // which does not overlap the input (checked).
+                    unsafe {
+                        ptr::copy_nonoverlapping(
+                            base.add(r),
+                            base.add(slots + written * record),
+                            record,
+                        )
+                    };
+                    written += 1;
+                }
+            }
+            // SAFETY: slots `written..capacity` are inside the output range.
+            unsafe {
+                ptr::write_bytes(
+                    base.add(slots + written * record),
+                    0,
+                    (capacity - written) * record,
+                )
+            };
+            let header = [
+                u32::try_from(written).unwrap_or(u32::MAX),
+                u32::try_from(found).unwrap_or(u32::MAX),
+            ];
+            for (i, h) in header.into_iter().enumerate() {
+                // SAFETY: the header's two words are the first 8 bytes of the output range.
+                unsafe {
+                    base.add(dst + 4 * i)
+                        .cast::<u32>()
+                        .write_unaligned(h.to_le())
+                };
+            }
+            let out_len = params.output_len();
+            Outcome {
+                code: Code::Success,
+                result: found,
+                bytes: u64_of(len),
+                dma_bytes: 0,
+                compute_bytes: u64_of(len).saturating_add(out_len),
             }
         }
     }
@@ -604,5 +837,276 @@ mod tests {
             assert_eq!(chunk, &word.to_le_bytes());
         }
         assert_eq!(&bytes[36..], &[0u8; 28]);
+    }
+
+    /// A Layer command: `inputs` as `(offset, len)` (up to 3), the output at `dst`.
+    fn layer(inputs: &[(u64, u64)], dst: u64, len: u64, seed: u32) -> Command {
+        let mut all = [(0, 0); 3];
+        all[..inputs.len()].copy_from_slice(inputs);
+        let mut c = cmd(Opcode::Layer, all[0].0, dst, len);
+        c.args = [
+            all[1].0,
+            all[2].0,
+            all[0].1 | all[1].1 << 32,
+            all[2].1 | u64::from(seed) << 32,
+        ];
+        c
+    }
+
+    fn compact(src: u64, len: u64, args: [u64; 4], dst: u64) -> Command {
+        Command {
+            args,
+            ..cmd(Opcode::Compact, src, dst, len)
+        }
+    }
+
+    /// Runs `c` on `dram` (its bytes as the device memory) and returns the outcome.
+    fn run_on(dram: &mut [u8], c: &Command) -> Outcome {
+        let memory = Dram {
+            ptr: NonNull::new(dram.as_mut_ptr()).unwrap(),
+            len: dram.len(),
+        };
+        let mut host = Host::new(Arc::new(dma::Loopback::new(32).unwrap()));
+        execute(c, 0, memory, &mut host)
+    }
+
+    fn words(words: &[u32]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn layer_writes_the_reference_and_charges_reads_and_writes() {
+        let mut dram = vec![0u8; 256];
+        dram[..16].copy_from_slice(&words(&[1, 2, 3, 4]));
+        dram[16..20].copy_from_slice(&words(&[0xdead_beef]));
+        dram[32..40].copy_from_slice(&words(&[10, 20]));
+        // Known answer, by hand: word j of a one-input layer, seed 0.
+        let out = run_on(&mut dram, &layer(&[(0, 16)], 64, 8, 0));
+        assert_eq!(out.code, Code::Success);
+        let by_hand = |j: u32, w: u32| {
+            (j.wrapping_mul(0x9e37_79b9) ^ w)
+                .wrapping_mul(0x85eb_ca6b)
+                .rotate_left(13)
+        };
+        assert_eq!(&dram[64..72], &words(&[by_hand(0, 1), by_hand(1, 2)])[..]);
+        assert_eq!(
+            out.result,
+            u64::from(by_hand(0, 1)) + u64::from(by_hand(1, 2))
+        );
+        assert_eq!((out.bytes, out.compute_bytes, out.dma_bytes), (8, 8 + 8, 0));
+        // Three inputs, two of them repeating, input 1 absent and input 2 present.
+        let c = layer(&[(0, 16), (0, 0), (32, 8)], 128, 32, 99);
+        assert_eq!(run_on(&mut dram, &c).code, Code::Success);
+        let c = layer(&[(0, 16), (16, 4), (32, 8)], 96, 32, 7);
+        let out = run_on(&mut dram, &c);
+        let mut expect = [0u8; 32];
+        let sum =
+            reference::layer(7, &[&dram[..16], &dram[16..20], &dram[32..40]], &mut expect).unwrap();
+        assert_eq!((out.code, out.result), (Code::Success, sum));
+        assert_eq!(&dram[96..128], &expect);
+        assert_eq!(out.compute_bytes, 16 + 4 + 8 + 32);
+        let mut absent = [0u8; 32];
+        reference::layer(99, &[&dram[..16], &dram[32..40]], &mut absent).unwrap();
+        assert_eq!(&dram[128..160], &absent);
+        assert_eq!(&dram[160..], &[0u8; 96]);
+    }
+
+    #[test]
+    fn layer_checks_every_field_and_touches_nothing_on_failure() {
+        let size = 0x1000;
+        let good = layer(&[(0, 16), (16, 8)], 64, 16, 1);
+        assert!(check(&good, 0, size).is_ok());
+        let with = |f: &dyn Fn(&mut Command)| {
+            let mut c = good;
+            f(&mut c);
+            check(&c, 0, size)
+        };
+        // An absent input names no memory; input 0 must be present.
+        assert_eq!(with(&|c| c.args[1] = 32), Err((Code::BadArgs, 0)));
+        assert_eq!(
+            with(&|c| {
+                c.src = 4;
+                c.args[2] = 8 << 32;
+            }),
+            Err((Code::BadArgs, 0)),
+            "input 0 absent but its offset set"
+        );
+        assert_eq!(
+            with(&|c| {
+                c.src = 0;
+                c.args[2] &= !0xffff_ffff;
+            }),
+            Err((Code::BadLength, 0))
+        );
+        assert_eq!(with(&|c| c.len = 0), Err((Code::BadLength, 0)));
+        // Overflow of an input range, then of the output range.
+        assert_eq!(
+            with(&|c| c.args[0] = u64::MAX - 3),
+            Err((Code::AddressOverflow, u64::MAX - 3))
+        );
+        assert_eq!(
+            with(&|c| c.dst = u64::MAX - 7),
+            Err((Code::AddressOverflow, u64::MAX - 7))
+        );
+        // Every offset and length.
+        for f in [
+            &|c: &mut Command| c.src = 2,
+            &|c: &mut Command| c.dst = 66,
+            &|c: &mut Command| c.len = 14,
+            &|c: &mut Command| c.args[0] = 17,
+            &|c: &mut Command| c.args[2] = 15 | 8 << 32,
+            &|c: &mut Command| c.args[2] = 16 | 9 << 32,
+            &|c: &mut Command| {
+                c.args[1] = 128;
+                c.args[3] = 6;
+            },
+        ] as [&dyn Fn(&mut Command); 7]
+        {
+            assert_eq!(with(f), Err((Code::Misaligned, 0)));
+        }
+        // Bounds: each input, then the output.
+        assert_eq!(
+            with(&|c| c.args[0] = size - 4),
+            Err((Code::DeviceOutOfBounds, size - 4))
+        );
+        assert_eq!(
+            with(&|c| {
+                c.args[1] = size;
+                c.args[3] = 4;
+            }),
+            Err((Code::DeviceOutOfBounds, size))
+        );
+        assert_eq!(
+            with(&|c| c.dst = size - 12),
+            Err((Code::DeviceOutOfBounds, size - 12))
+        );
+        // The output may touch an input's end but not overlap it; the first one it overlaps
+        // is named.
+        assert!(with(&|c| c.dst = 24).is_ok());
+        assert_eq!(with(&|c| c.dst = 20), Err((Code::Overlap, 16)));
+        assert_eq!(with(&|c| c.dst = 12), Err((Code::Overlap, 0)));
+        assert_eq!(
+            with(&|c| {
+                c.args[1] = 256;
+                c.args[3] = 16;
+                c.dst = 248;
+            }),
+            Err((Code::Overlap, 256))
+        );
+        // A failing layer writes nothing.
+        let mut dram: Vec<u8> = (0..=255).collect();
+        let before = dram.clone();
+        let out = run_on(&mut dram, &layer(&[(0, 16)], 8, 16, 1));
+        assert_eq!(
+            (out.code, out.result, out.compute_bytes),
+            (Code::Overlap, 0, 0)
+        );
+        assert_eq!(dram, before);
+    }
+
+    #[test]
+    fn compact_writes_the_reference_and_counts_past_the_capacity() {
+        let mut dram = vec![0xeeu8; 256];
+        // Four 8-byte records (score, id): scores 3, 8, 1, 9.
+        dram[..32].copy_from_slice(&words(&[3, 100, 8, 101, 1, 102, 9, 103]));
+        let out = run_on(&mut dram, &compact(0, 32, [8, 0, 3, 4], 64));
+        assert_eq!((out.code, out.result), (Code::Success, 3));
+        // Known answer: 3 written, 3 found, records 0, 1, 3, then a zeroed slot.
+        assert_eq!(
+            &dram[64..104],
+            &words(&[3, 3, 3, 100, 8, 101, 9, 103, 0, 0])[..]
+        );
+        assert_eq!(&dram[104..], &[0xeeu8; 152]);
+        assert_eq!((out.bytes, out.compute_bytes), (32, 32 + 40));
+        // Capacity 1: only the first survivor, the total still 3.
+        let out = run_on(&mut dram, &compact(0, 32, [8, 0, 3, 1], 128));
+        assert_eq!((out.code, out.result), (Code::Success, 3));
+        assert_eq!(&dram[128..144], &words(&[1, 3, 3, 100])[..]);
+        // The score at byte 4 (the id): ids 102 and 103 pass 102.
+        let out = run_on(&mut dram, &compact(0, 32, [8, 4, 102, 2], 160));
+        assert_eq!(out.result, 2);
+        let mut expect = [0u8; 24];
+        let params = Compact {
+            record: 8,
+            score_at: 4,
+            threshold: 102,
+            capacity: 2,
+        };
+        assert_eq!(reference::compact(&dram[..32], params, &mut expect), Ok(2));
+        assert_eq!(&dram[160..184], &expect);
+        // Capacity 0 only counts.
+        let out = run_on(&mut dram, &compact(0, 32, [8, 0, 0, 0], 200));
+        assert_eq!((out.code, out.result), (Code::Success, 4));
+        assert_eq!(&dram[200..208], &words(&[0, 4])[..]);
+        assert_eq!(&dram[208..], &[0xeeu8; 48]);
+    }
+
+    #[test]
+    fn compact_checks_every_field_and_touches_nothing_on_failure() {
+        let size = 0x1000;
+        let good = compact(0, 64, [16, 4, 10, 2], 0x100);
+        assert!(check(&good, 0, size).is_ok());
+        let with = |f: &dyn Fn(&mut Command)| {
+            let mut c = good;
+            f(&mut c);
+            check(&c, 0, size)
+        };
+        for f in [
+            &|c: &mut Command| c.args[0] = 0,
+            &|c: &mut Command| c.args[0] = 4100,
+            &|c: &mut Command| c.args[1] = 16,
+            &|c: &mut Command| c.args[1] = 13,
+            &|c: &mut Command| c.args[2] = 1 << 32,
+            &|c: &mut Command| c.args[3] = 1 << 32,
+        ] as [&dyn Fn(&mut Command); 6]
+        {
+            assert_eq!(with(f), Err((Code::BadArgs, 0)));
+        }
+        assert_eq!(with(&|c| c.len = 0), Err((Code::BadLength, 0)));
+        assert_eq!(with(&|c| c.len = 40), Err((Code::BadLength, 0)));
+        assert_eq!(
+            with(&|c| c.src = u64::MAX - 60),
+            Err((Code::AddressOverflow, u64::MAX - 60))
+        );
+        // The output is 8 + 2 * 16 = 40 bytes.
+        assert_eq!(
+            with(&|c| c.dst = u64::MAX - 36),
+            Err((Code::AddressOverflow, u64::MAX - 36))
+        );
+        for f in [
+            &|c: &mut Command| c.src = 2,
+            &|c: &mut Command| c.dst = 0x101,
+            &|c: &mut Command| {
+                c.args[0] = 18;
+                c.len = 72;
+            },
+            &|c: &mut Command| c.args[1] = 2,
+        ] as [&dyn Fn(&mut Command); 4]
+        {
+            assert_eq!(with(f), Err((Code::Misaligned, 0)));
+        }
+        assert_eq!(
+            with(&|c| c.src = size - 32),
+            Err((Code::DeviceOutOfBounds, size - 32))
+        );
+        assert!(with(&|c| c.dst = size - 40).is_ok());
+        assert_eq!(
+            with(&|c| c.dst = size - 36),
+            Err((Code::DeviceOutOfBounds, size - 36))
+        );
+        assert!(with(&|c| c.dst = 64).is_ok());
+        assert_eq!(with(&|c| c.dst = 60), Err((Code::Overlap, 0)));
+        assert_eq!(
+            with(&|c| {
+                c.src = 0x110;
+                c.dst = 0xec;
+            }),
+            Err((Code::Overlap, 0x110))
+        );
+        let mut dram: Vec<u8> = (0..=255).collect();
+        let before = dram.clone();
+        let out = run_on(&mut dram, &compact(0, 64, [16, 4, 0, 2], 32));
+        assert_eq!((out.code, out.result), (Code::Overlap, 0));
+        assert_eq!(dram, before);
     }
 }

@@ -321,6 +321,33 @@ raw_enum! {
         /// offset `dst` (`args[0]`, `args[1]` are `u32` values; `src`, `dst` and `len` multiples of
         /// 4; the ranges may be the same). Result: the wrapping `u64` sum of the words written.
         Compute = 5,
+        /// A model layer: one output tensor from up to three input tensors, each output word a
+        /// mix of the seed, its index and one word of every input
+        /// ([`reference::mix`](super::reference::mix)). Fields: `src` = device offset of input 0,
+        /// `dst` = device offset of the output, `len` = output length in bytes; `args[0]` =
+        /// device offset of input 1, `args[1]` = device offset of input 2, `args[2]` = input 0
+        /// length (bits 0..32) | input 1 length (bits 32..64), `args[3]` = input 2 length
+        /// (bits 0..32) | the layer's seed (bits 32..64). An input of length 0 is absent and
+        /// its offset must be 0 (else `BadArgs`); input 0 must be present and `len` non-zero
+        /// (else `BadLength`); every offset and length a multiple of 4 (else `Misaligned`).
+        /// Output word `j` (little-endian `u32`) is `mix(seed, j, [w_k])` over the present
+        /// inputs `k` in ascending order, `w_k` being input `k`'s word at index `j mod words_k`
+        /// (a shorter input repeats: a bias or a broadcast). The output range must not overlap
+        /// any input range (else `Overlap`): inputs are read word by word while the output is
+        /// written. Result: the wrapping `u64` sum of the output words.
+        Layer = 6,
+        /// Result filtering: keeps the fixed-size records whose score passes a threshold. Reads
+        /// the `len` bytes at device offset `src` as records of `args[0]` bytes (4 to 4096, a
+        /// multiple of 4; `len` a non-zero multiple of it); a record's score is the
+        /// little-endian `u32` at byte `args[1]` of it (a multiple of 4, with `args[1] + 4 <=
+        /// args[0]`); it survives if `score >= args[2]` (a `u32`). `args[3]` (a `u32`) is the
+        /// output capacity in records. Writes the `8 + args[3] * args[0]` bytes at device
+        /// offset `dst` (a multiple of 4, not overlapping the input, else `Overlap`): the
+        /// little-endian `u32` count of survivors written (at most the capacity), the `u32`
+        /// total of survivors found (saturating at `u32::MAX`), then the first survivors in
+        /// input order, packed, and zeros in the slots left over
+        /// ([`reference::compact`](super::reference::compact)). Result: the survivors found.
+        Compact = 7,
     }
 
     /// The opcode of a raw value.
@@ -342,18 +369,30 @@ raw_enum! {
         /// `context` differs from the queue's context register.
         BadContext = 3,
         /// An `args` word is out of range, a reserved one is not zero, or an address field the
-        /// opcode does not use (`src` and `dst` of `Nop`, `src` of `Fill`) is not zero.
+        /// opcode does not use (`src` and `dst` of `Nop`, `src` of `Fill`, the offset of an
+        /// absent `Layer` input) is not zero; for `Compact`, a record size outside 4..=4096 or
+        /// a score not inside the record.
         BadArgs = 4,
-        /// `len` is zero for a data operation, or not zero for `Nop`.
+        /// `len` is zero for a data operation, or not zero for `Nop`; `Layer` without input 0;
+        /// `Compact` with `len` not a multiple of the record size.
         BadLength = 5,
-        /// `src + len` or `dst + len` overflows 64 bits. Result: the address.
+        /// A range's end (offset plus length) overflows 64 bits: `src + len` or `dst + len`;
+        /// for `Layer` each present input, then the output; for `Compact` the input, then the
+        /// output. Result: the address.
         AddressOverflow = 6,
-        /// `Compute` with `src`, `dst` or `len` not a multiple of 4.
+        /// `Compute` with `src`, `dst` or `len` not a multiple of 4; `Layer` with any offset
+        /// or length not a multiple of 4; `Compact` with `src`, `dst`, the record size or the
+        /// score's offset not a multiple of 4.
         Misaligned = 7,
-        /// A device-memory range beyond the device memory. Result: the offset.
+        /// A device-memory range beyond the device memory (for `Layer` the inputs are checked
+        /// in order, then the output). Result: the offset.
         DeviceOutOfBounds = 8,
         /// A host range not inside one mapping of the device's DMA space. Result: the IOVA.
         HostUnmapped = 9,
+        /// `Layer` or `Compact` whose output range overlaps an input range (checked after
+        /// `DeviceOutOfBounds`; these opcodes touch no host memory). Result: the offset of the
+        /// first input it overlaps.
+        Overlap = 10,
     }
 
     /// The code of a raw value.
@@ -456,14 +495,14 @@ mod tests {
 
     #[test]
     fn raw_values_round_trip() {
-        for raw in 0..=5 {
+        for raw in 0..=7 {
             assert_eq!(Opcode::from_raw(raw).map(|op| op as u8), Some(raw));
         }
-        assert_eq!(Opcode::from_raw(6), None);
-        for raw in 0..=9 {
+        assert_eq!(Opcode::from_raw(0x40), None);
+        for raw in 0..=10 {
             assert_eq!(Code::from_raw(raw).map(|c| c as u16), Some(raw));
         }
-        assert_eq!(Code::from_raw(10), None);
+        assert_eq!(Code::from_raw(11), None);
         for raw in 0..=5 {
             assert_eq!(Fault::from_raw(raw).map(|f| f as u32), Some(raw));
         }
