@@ -12,7 +12,9 @@
 //! and record fields, mostly valid, each skewed on demand (misaligned, absent input with an
 //! offset, overlapping, out of bounds, overflowing); the model checks their fields on its own
 //! and takes a success's output from `loopback::reference`, so the device memory must hold
-//! exactly what the reference computes.
+//! exactly what the reference computes. `Wait` descriptors name the device's second queue,
+//! whose completed counter stands at `OTHER_COMPLETED` (their targets are kept at or below
+//! it, so none blocks forever), or a bad queue.
 
 #![no_main]
 
@@ -22,7 +24,7 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use userdma::device::loopback::reference::{self, Compact};
-use userdma::device::loopback::{Code, Config, Cost, Descriptor, Loopback, Opcode, Wait};
+use userdma::device::loopback::{Code, Config, Cost, Descriptor, Loopback, Opcode, Unit, Wait};
 use userdma::device::Device;
 use userdma::dma::{DeviceOffset, Mapping};
 use userdma::memory::{PageSize, Region};
@@ -31,6 +33,10 @@ use userdma::ring::{self, Command, Queue, Status};
 const HOST: usize = 16 << 10;
 const DRAM: usize = 64 << 10;
 const CONTEXT: u32 = 5;
+/// Descriptors the second queue (1) completed at set-up: what a `Wait` on it sees.
+const OTHER_COMPLETED: u64 = 3;
+/// Raw opcodes drawn: every opcode (up to `Wait`, 8) and two that are not defined.
+const OPCODES: u8 = 11;
 
 #[derive(Debug, Arbitrary)]
 enum Addr {
@@ -111,6 +117,8 @@ enum Desc {
 struct Fixture {
     device: Arc<Loopback>,
     queue: Queue<Command, Status, ()>,
+    /// Queue 1, on the compute unit, idle after `OTHER_COMPLETED` Nops.
+    _other: Queue<Command, Status, ()>,
     host: Mapping,
     /// Host memory never mapped into the device's space.
     guard: Region,
@@ -135,18 +143,31 @@ fn fixture() -> &'static Mutex<Fixture> {
     FIXTURE.get_or_init(|| {
         let config = Config::default()
             .cost(Cost::zero())
-            .queues(1)
+            .queues(2)
             .memory_size(DRAM)
             .idle_spin(Duration::from_micros(200));
         let device = Arc::new(Loopback::new(config).expect("device"));
         let queue = device
             .open_queue(ring::Config::new(64).with_context(CONTEXT), Wait::Poll)
             .expect("queue");
+        let mut other = device
+            .open_queue_on(ring::Config::new(16).with_id(1), Wait::Poll, Unit::Compute)
+            .expect("queue 1");
+        for _ in 0..OTHER_COMPLETED {
+            other
+                .submit(userdma::device::loopback::Descriptor::nop().build(), ())
+                .expect("submitted");
+            let done = other.wait(Some(Duration::from_secs(10))).expect("done");
+            assert_eq!(done.entry.code(), Code::Success as u16);
+        }
         // The ring memory is mapped in whole base pages, and the device may reach all of the
         // mapping, the padding past the ring included: that is the range to keep clear of.
-        let ring_start = queue.memory().iova().raw();
-        let ring_mapped = (queue.memory().len() as u64).next_multiple_of(4096);
-        let ring = (ring_start, ring_start + ring_mapped - 1);
+        // Both queues' rings (queue 1's is mapped after queue 0's) are kept clear of.
+        let last = |memory: &ring::Memory| {
+            memory.iova().raw() + (memory.len() as u64).next_multiple_of(4096) - 1
+        };
+        let ring_start = queue.memory().iova().raw().min(other.memory().iova().raw());
+        let ring = (ring_start, last(queue.memory()).max(last(other.memory())));
         let space = device.dma_space();
         let host = space.map(Arc::new(region(HOST))).expect("mapped");
         let gone = {
@@ -162,6 +183,7 @@ fn fixture() -> &'static Mutex<Fixture> {
         Mutex::new(Fixture {
             device,
             queue,
+            _other: other,
             host,
             guard,
             gone,
@@ -183,15 +205,22 @@ impl Fixture {
         }
     }
 
-    /// Never lets a host address aim at the queue's own ring: the model does not describe a
-    /// device that overwrites its ring. The ring is the lowest mapping, so every host address
-    /// up to its end moves to the unmapped range.
+    /// Never lets a host address aim at a queue's ring: the model does not describe a device
+    /// that overwrites a ring. The rings are the lowest mappings, so every host address up to
+    /// their end moves to the unmapped range.
     fn avoid_ring(&self, mut command: Command) -> Command {
         if command.opcode == Opcode::ToDevice as u8 && command.src <= self.ring.1 {
             command.src = self.gone;
         }
         if command.opcode == Opcode::ToHost as u8 && command.dst <= self.ring.1 {
             command.dst = self.gone;
+        }
+        // A Wait on queue 1 for more than it completed would never end: keep it reachable.
+        if command.opcode == Opcode::Wait as u8
+            && command.args[0] == 1
+            && command.args[1] > OTHER_COMPLETED
+        {
+            command.args[1] %= OTHER_COMPLETED + 1;
         }
         command
     }
@@ -230,7 +259,7 @@ impl Fixture {
                     }
                 }
                 Command {
-                    opcode: opcode % 10,
+                    opcode: opcode % OPCODES,
                     flags: if flags % 8 == 0 { *flags } else { 0 },
                     command_id: 0,
                     context: if *other_context { CONTEXT + 1 } else { CONTEXT },
@@ -247,7 +276,7 @@ impl Fixture {
             Desc::Raw(bytes) => {
                 let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
                 let mut command = Command {
-                    opcode: bytes[0] % 10,
+                    opcode: bytes[0] % OPCODES,
                     flags: bytes[1],
                     command_id: 0,
                     context: u32::from_le_bytes(bytes[4..8].try_into().unwrap()),
@@ -351,15 +380,27 @@ impl Fixture {
         let args_ok = match op {
             Opcode::Fill => a[0] <= 0xff && a[1] == 0 && a[2] == 0 && a[3] == 0,
             Opcode::Compute => a[0] <= 0xffff_ffff && a[1] <= 0xffff_ffff && a[2] == 0 && a[3] == 0,
+            Opcode::Wait => a[2] == 0 && a[3] == 0,
             _ => a == [0; 4],
         };
         let unused_ok = match op {
-            Opcode::Nop => c.src == 0 && c.dst == 0,
+            Opcode::Nop | Opcode::Wait => c.src == 0 && c.dst == 0,
             Opcode::Fill => c.src == 0,
             _ => true,
         };
         if !args_ok || !unused_ok {
             return (Code::BadArgs, 0);
+        }
+        if op == Opcode::Wait {
+            return match (c.len, a[0]) {
+                (0, 1) => {
+                    assert!(a[1] <= OTHER_COMPLETED, "an unreachable Wait was generated");
+                    (Code::Success, OTHER_COMPLETED)
+                }
+                // Its own queue (0) or no queue.
+                (0, _) => (Code::BadArgs, 0),
+                _ => (Code::BadLength, 0),
+            };
         }
         if op == Opcode::Nop {
             return if c.len == 0 {
@@ -441,7 +482,7 @@ impl Fixture {
                 }
                 (Code::Success, sum)
             }
-            Opcode::Nop => unreachable!("handled above"),
+            Opcode::Nop | Opcode::Wait => unreachable!("handled above"),
             Opcode::Layer | Opcode::Compact => unreachable!("predicted on their own"),
         }
     }

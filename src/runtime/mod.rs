@@ -207,11 +207,29 @@ impl Runtime {
         config: ring::Config,
         wait: Wait,
     ) -> Result<loopback::Queue<T>, Error> {
+        self.queue_on(config, wait, loopback::Unit::Copy)
+    }
+
+    /// [`Runtime::queue_with`] on a queue served by `unit` of the loopback device (its copy
+    /// engine or its compute unit, which run concurrently).
+    ///
+    /// # Errors
+    /// As [`Runtime::queue`].
+    pub fn queue_on<T: Send>(
+        &self,
+        config: ring::Config,
+        wait: Wait,
+        unit: loopback::Unit,
+    ) -> Result<loopback::Queue<T>, Error> {
         let device = self.built_in(
             "built-in queue format",
             "open its queues with Runtime::open_queue and the device::Format of its driver",
         )?;
-        self.open_queue(loopback::Format::new(Arc::clone(device)), config, wait)
+        self.open_queue(
+            loopback::Format::new(Arc::clone(device)).unit(unit),
+            config,
+            wait,
+        )
     }
 
     /// Opens queue `config.id()` in a driver-supplied `format` ([`device::open_queue`]).

@@ -17,12 +17,21 @@
 //! the value in the kernel, so no doorbell is lost, and a host that rings while the engine is
 //! busy makes no system call. The futex is shared (not `_PRIVATE`), so it works across
 //! processes mapping the same memfd.
+//!
+//! The device has two units ([`Unit`]), each its own thread, and each has its own `WAKE_SEQ`
+//! and `SLEEPING` pair (the copy engine's at the start of the page, the compute unit's on a
+//! cache line of its own), so each sleeps on its own futex. A doorbell wakes only the unit that
+//! serves its queue: the unit that starts a queue records itself in the queue's `OWNER` word
+//! (before it acknowledges the enable, so every doorbell the host rings after seeing
+//! `ENABLED` finds it); every other host write (control registers, enables, masks) and a
+//! shutdown wake both. A unit that completes descriptors another unit's `Wait` is waiting for
+//! wakes that unit the same way ([`RegisterFile::notify`]), so the waiting unit can sleep.
 
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::regs::{self, host_writable, REGISTER_BAR_SIZE};
+use super::regs::{self, host_writable, Unit, REGISTER_BAR_SIZE};
 use super::shim;
 use crate::device::loopback::Error as LoopbackError;
 use crate::device::Error;
@@ -32,10 +41,16 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// Offset of the private page (after the BAR).
 const PRIVATE: usize = REGISTER_BAR_SIZE;
-/// Host writes so far (the futex word).
+/// The copy engine's wake-up words: host writes so far (the futex word), then `SLEEPING` (1
+/// while the unit sleeps or is about to) 4 bytes after it; the compute unit's pair is
+/// `UNIT_WAKE_STRIDE` bytes further.
 const WAKE_SEQ: usize = PRIVATE;
-/// 1 while the engine sleeps or is about to.
-const SLEEPING: usize = PRIVATE + 4;
+/// `SLEEPING` is this far after its unit's `WAKE_SEQ`.
+const SLEEPING: usize = 4;
+/// Bytes between two units' wake-up words (the compute unit's on a cache line of its own).
+const UNIT_WAKE_STRIDE: usize = 128;
+/// Queue `q`'s `OWNER` word (the [`Unit`] serving it, as its raw value) is at `OWNER + 4 * q`.
+const OWNER: usize = PRIVATE + 256;
 /// 1 once the engine must stop.
 const SHUTDOWN: usize = PRIVATE + 8;
 /// Host writes to registers other than the doorbells so far. On a cache line of its own: the
@@ -43,6 +58,11 @@ const SHUTDOWN: usize = PRIVATE + 8;
 const CONTROL_SEQ: usize = PRIVATE + 64;
 /// Bytes of the register file: the BAR and the private page.
 const FILE_LEN: usize = 2 * REGISTER_BAR_SIZE;
+
+const _: () = {
+    assert!(WAKE_SEQ + UNIT_WAKE_STRIDE + SLEEPING < OWNER);
+    assert!(OWNER + 4 * regs::MAX_QUEUES as usize <= FILE_LEN);
+};
 
 /// Bytes of a region of `len` bytes of base pages (rounded up to the page size).
 pub(super) fn base_pages(len: usize) -> Option<usize> {
@@ -163,9 +183,28 @@ impl RegisterFile {
         self.u64(offset).store(value, Ordering::Release);
     }
 
-    /// The host-write counter.
-    pub(super) fn wake_seq(&self) -> &AtomicU32 {
-        self.u32(WAKE_SEQ)
+    /// `unit`'s wake-up counter (host writes that concern it, and completions it waits for).
+    pub(super) fn wake_seq(&self, unit: Unit) -> &AtomicU32 {
+        self.u32(WAKE_SEQ + unit as usize * UNIT_WAKE_STRIDE)
+    }
+
+    /// `unit`'s sleeping flag.
+    fn sleeping(&self, unit: Unit) -> &AtomicU32 {
+        self.u32(WAKE_SEQ + unit as usize * UNIT_WAKE_STRIDE + SLEEPING)
+    }
+
+    /// Engine: records that `unit` serves queue `q` (`q < MAX_QUEUES`), so its doorbells wake it.
+    pub(super) fn set_owner(&self, q: usize, unit: Unit) {
+        // Release: stored before the queue's ENABLED status (also Release); a host that saw
+        // ENABLED (Acquire) and rings reads this owner or a later one in `owner`.
+        self.u32(OWNER + 4 * q)
+            .store(unit as u32, Ordering::Release);
+    }
+
+    /// The unit serving queue `q` (`q < MAX_QUEUES`), the copy engine if none recorded.
+    fn owner(&self, q: usize) -> Unit {
+        // Acquire: pairs with the Release store in `set_owner`.
+        Unit::from_raw(self.u32(OWNER + 4 * q).load(Ordering::Acquire)).unwrap_or(Unit::Copy)
     }
 
     /// Host writes to registers other than the doorbells (the engine re-reads its control
@@ -174,42 +213,52 @@ impl RegisterFile {
         self.u32(CONTROL_SEQ)
     }
 
-    /// Host: tells the engine a control register (not a doorbell) changed, and wakes it.
+    /// Host: tells the engine a control register (not a doorbell) changed, and wakes both
+    /// units.
     pub(super) fn notify_control(&self) {
-        // Release: pairs with the engine's Acquire load of CONTROL_SEQ; the register written
+        // Release: pairs with the units' Acquire loads of CONTROL_SEQ; the register written
         // before is visible once the new count is.
         self.control_seq().fetch_add(1, Ordering::Release);
-        self.notify();
+        self.notify_all();
     }
 
-    /// Host: tells the engine a register changed, waking it if it sleeps (see the module docs).
-    pub(super) fn notify(&self) {
-        // SeqCst: one half of the Dekker handshake with `sleep` (the engine's SeqCst store of
+    /// Wakes both units.
+    pub(super) fn notify_all(&self) {
+        for unit in Unit::ALL {
+            self.notify(unit);
+        }
+    }
+
+    /// Tells `unit` something changed (a host register write, or a completion it may wait
+    /// for), waking it if it sleeps (see the module docs).
+    pub(super) fn notify(&self, unit: Unit) {
+        // SeqCst: one half of the Dekker handshake with `sleep` (the unit's SeqCst store of
         // SLEEPING then SeqCst load of WAKE_SEQ): this increment and the load below are in
         // the single total order with those, so one side sees the other's store.
-        self.wake_seq().fetch_add(1, Ordering::SeqCst);
-        if self.u32(SLEEPING).load(Ordering::SeqCst) != 0 {
-            shim::futex_wake(self.wake_seq());
+        self.wake_seq(unit).fetch_add(1, Ordering::SeqCst);
+        if self.sleeping(unit).load(Ordering::SeqCst) != 0 {
+            shim::futex_wake(self.wake_seq(unit));
         }
     }
 
-    /// Engine: sleeps until a host write after `seen` (or a shutdown), unless one happened.
-    pub(super) fn sleep(&self, seen: u32) {
+    /// Engine: `unit` sleeps until a write for it after `seen` (or a shutdown), unless one
+    /// happened. Only `unit`'s own thread calls this, so its flag has one writer.
+    pub(super) fn sleep(&self, unit: Unit, seen: u32) {
         // SeqCst: the other half of the handshake in `notify`.
-        self.u32(SLEEPING).store(1, Ordering::SeqCst);
-        if self.wake_seq().load(Ordering::SeqCst) == seen && !self.shutting_down() {
-            shim::futex_wait(self.wake_seq(), seen, None);
+        self.sleeping(unit).store(1, Ordering::SeqCst);
+        if self.wake_seq(unit).load(Ordering::SeqCst) == seen && !self.shutting_down() {
+            shim::futex_wait(self.wake_seq(unit), seen, None);
         }
         // Relaxed: only an optimisation hint for the host (it skips the futex wake while 0).
-        self.u32(SLEEPING).store(0, Ordering::Relaxed);
+        self.sleeping(unit).store(0, Ordering::Relaxed);
     }
 
-    /// Asks the engine to stop, waking it.
+    /// Asks the engine to stop, waking both units.
     pub(super) fn request_shutdown(&self) {
-        // Release: nothing is published by it, but the engine's Acquire load then sees every
-        // register write made before the shutdown (it stops after them).
+        // Release: nothing is published by it, but the units' Acquire loads then see every
+        // register write made before the shutdown (they stop after them).
         self.u32(SHUTDOWN).store(1, Ordering::Release);
-        self.notify();
+        self.notify_all();
     }
 
     /// Whether the engine must stop.
@@ -322,9 +371,10 @@ impl mmio::Backend for HostBar {
             o if o == mask_set || o == mask_clear => return Ok(()),
             o if is_doorbell(o) => {
                 write(&self.file, o, width, value);
-                // A doorbell only wakes the engine; it does not make it re-read its control
-                // registers (nor end a burst).
-                self.file.notify();
+                // A doorbell only wakes the unit serving its queue; it does not make it re-read
+                // its control registers (nor end a burst).
+                let q = (o - regs::QUEUE_BASE) / regs::QUEUE_STRIDE;
+                self.file.notify(self.file.owner(q));
                 return Ok(());
             }
             o => write(&self.file, o, width, value),
@@ -409,11 +459,12 @@ mod tests {
     fn host_writes_are_filtered_and_mask_bits_set_and_clear() {
         let file = Arc::new(RegisterFile::new().unwrap());
         let bar = HostBar::new(Arc::clone(&file));
-        let seq = file.wake_seq().load(Ordering::SeqCst);
+        let seq = file.wake_seq(Unit::Copy).load(Ordering::SeqCst);
+        let compute_seq = file.wake_seq(Unit::Compute).load(Ordering::SeqCst);
         bar.write(regs::ID.offset(), Width::U32, 7).unwrap();
         assert_eq!(bar.read(regs::ID.offset(), Width::U32).unwrap(), 0);
         assert_eq!(
-            file.wake_seq().load(Ordering::SeqCst),
+            file.wake_seq(Unit::Copy).load(Ordering::SeqCst),
             seq,
             "dropped writes wake nobody"
         );
@@ -430,7 +481,26 @@ mod tests {
         let doorbell = regs::queue_field(regs::Q_SQ_TAIL, 2).unwrap().offset();
         bar.write(doorbell, Width::U32, 9).unwrap();
         assert_eq!(file.get32(doorbell), 9);
-        assert_eq!(file.wake_seq().load(Ordering::SeqCst), seq.wrapping_add(4));
+        assert_eq!(
+            file.wake_seq(Unit::Copy).load(Ordering::SeqCst),
+            seq.wrapping_add(4)
+        );
+        assert_eq!(
+            file.wake_seq(Unit::Compute).load(Ordering::SeqCst),
+            compute_seq.wrapping_add(3),
+            "a doorbell of a copy queue wakes only the copy engine"
+        );
+        file.set_owner(2, Unit::Compute);
+        bar.write(doorbell, Width::U32, 10).unwrap();
+        assert_eq!(
+            file.wake_seq(Unit::Compute).load(Ordering::SeqCst),
+            compute_seq.wrapping_add(4),
+            "a compute queue's doorbell wakes the compute unit"
+        );
+        assert_eq!(
+            file.wake_seq(Unit::Copy).load(Ordering::SeqCst),
+            seq.wrapping_add(4)
+        );
         assert_eq!(
             file.control_seq().load(Ordering::SeqCst),
             3,

@@ -118,7 +118,7 @@ impl Config {
         self
     }
 
-    /// Runs the engine on CPU `cpu` only (its thread, or the device process), as a DMA engine
+    /// Runs the engine on CPU `cpu` only (both units' threads, or the device process), as a DMA engine
     /// is a piece of hardware of its own: the host's threads then never share its core, and
     /// measurements of it do not move with the scheduler. `cpu` must be one the process may
     /// run on (`taskset -p <pid>` lists them); [`Loopback::new`](super::Loopback::new) fails
@@ -227,7 +227,26 @@ pub struct QueueCounters {
     pub errors: u64,
 }
 
-/// The device's counters, read from its registers.
+/// One unit's counters ([`regs::UnitRegs`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct UnitCounters {
+    /// Descriptors the unit executed.
+    pub descriptors: u64,
+    /// Bytes moved or computed by the unit's successful descriptors.
+    pub bytes: u64,
+    /// Times the unit took a descriptor of another context than its previous one.
+    pub context_switches: u64,
+    /// The unit's error completions.
+    pub errors: u64,
+    /// Nanoseconds the unit spent executing: its utilisation over an interval is the growth
+    /// of this over the interval's length.
+    pub busy_ns: u64,
+    /// Interrupts the unit raised.
+    pub interrupts: u64,
+}
+
+/// The device's counters, read from its registers: each device-wide figure is the sum of the
+/// two units' ([`Counters::units`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Counters {
     /// Descriptors executed.
@@ -238,11 +257,14 @@ pub struct Counters {
     pub context_switches: u64,
     /// Error completions.
     pub errors: u64,
-    /// Nanoseconds spent executing (including modelled time; see [`regs::GlobalRegs::busy_ns`]
-    /// for when it is brought up to date).
+    /// Nanoseconds spent executing, summed over the units (including modelled time; see
+    /// [`regs::GlobalRegs::busy_ns`] for when it is brought up to date). With both units busy
+    /// it grows up to twice as fast as the wall clock.
     pub busy_ns: u64,
     /// Interrupts raised.
     pub interrupts: u64,
     /// Per queue.
     pub queues: Vec<QueueCounters>,
+    /// Per unit, indexed by [`Unit`](regs::Unit) (`units[Unit::Compute as usize]`).
+    pub units: [UnitCounters; 2],
 }

@@ -138,6 +138,17 @@ impl Descriptor {
         d
     }
 
+    /// Waits until queue `queue` of the device has completed at least `count` descriptors
+    /// ([`Opcode::Wait`]): the queue holding it serves nothing after it until then, and then
+    /// sees everything that queue's unit wrote to device memory before. The completion's
+    /// result is the count seen.
+    pub fn wait(queue: u16, count: u64) -> Descriptor {
+        let mut d = Descriptor::new(Opcode::Wait, 0, 0, 0);
+        d.command.args[0] = u64::from(queue);
+        d.command.args[1] = count;
+        d
+    }
+
     /// Runs in device context `context` (it must be the queue's: a descriptor naming another
     /// completes with [`Code::BadContext`]). The default is 0.
     pub fn context(mut self, context: u32) -> Descriptor {
@@ -224,6 +235,11 @@ mod tests {
         assert_eq!(
             (c.opcode, c.src, c.dst, c.len, c.args),
             (Opcode::Compact as u8, 0x100, 0x200, 64, [16, 4, 77, 3])
+        );
+        let c = Descriptor::wait(2, 1 << 40).build();
+        assert_eq!(
+            (c.opcode, c.src, c.dst, c.len, c.args),
+            (Opcode::Wait as u8, 0, 0, 0, [2, 1 << 40, 0, 0])
         );
         let c = Descriptor::device_copy(DeviceOffset(1), DeviceOffset(2), 3);
         assert_eq!(c.opcode(), Opcode::DeviceCopy);

@@ -10,18 +10,29 @@
 //!   writes to read-only registers are dropped.
 //! - **BAR 2, device memory** (the "NPU DRAM", [`Config::memory_size`] bytes), reached by the
 //!   host through [`mmio`](crate::mmio) (volatile accesses) or [`Loopback::device_memory`].
-//! - **A DMA engine** (a thread, or a separate process: [`Mode`]) that reads descriptors
-//!   ([`ring::Command`]) from the SQ in host memory by IOVA, translates every host address
-//!   through the device's own table ([`dma::Loopback`]: the device reaches only what was mapped
-//!   into [`Device::dma_space`]), executes the [`Opcode`], and writes a [`ring::Status`]
-//!   completion whose code is a [`Code`]. Every field is checked before anything is touched;
-//!   a malformed descriptor gets an error completion (and is counted), never a stray access.
+//! - **Two units that run concurrently** ([`Unit`]): a DMA (copy) engine and a compute unit,
+//!   each its own thread (of this process, or of a separate device process: [`Mode`]), each
+//!   serving only the queues assigned to it (the queue's `unit` register, set with
+//!   [`Format::unit`] or [`Loopback::open_queue_on`]; the copy engine by default), with its
+//!   own modelled clock, its own context-switch tracking and its own counters. A unit reads
+//!   descriptors ([`ring::Command`]) from the SQ in host memory by IOVA, translates every host
+//!   address through the device's own table ([`dma::Loopback`]: the device reaches only what
+//!   was mapped into [`Device::dma_space`]), executes the [`Opcode`] (any opcode runs on either
+//!   unit), and writes a [`ring::Status`] completion whose code is a [`Code`]. Every field is
+//!   checked before anything is touched; a malformed descriptor gets an error completion (and
+//!   is counted), never a stray access. So copies on a copy queue overlap computes on a
+//!   compute queue, as on an NPU; [`Opcode::Wait`] orders a queue after another's
+//!   completions. Both units reach device memory through raw pointers; two units touching the
+//!   same bytes at the same time is the host's ordering bug (as on hardware), which `Wait`
+//!   is there to prevent.
 //! - **Interrupts**: one eventfd per queue, signalled when the host armed the ring's interrupt
 //!   flag and the vector is not masked (a masked vector is remembered as pending and fires when
 //!   unmasked). Queues opened with [`Wait::Poll`] never arm it: pure polling.
 //! - **A cost model** ([`Cost`]): DMA bandwidth, per-descriptor overhead, compute rate and a
-//!   context-switch penalty, with counters of descriptors, bytes, switches, errors, busy time
-//!   and interrupts ([`Counters`], also readable as registers).
+//!   context-switch penalty, charged per unit on the unit's own clock, with counters of
+//!   descriptors, bytes, switches, errors, busy time and interrupts per unit ([`Counters`],
+//!   summed over the units, and [`Counters::units`]; also readable as registers), so the
+//!   host can compute each unit's utilisation from its busy time.
 //!
 //! # Register map (BAR 0, 4 KiB)
 //!
@@ -40,7 +51,8 @@
 //! | 0x2c | `irq_mask_set` | WO | write 1s to mask |
 //! | 0x30 | `irq_mask_clear` | WO | write 1s to unmask (a pending vector fires) |
 //! | 0x34 | `irq_pending` | RO | bit q: raised while masked |
-//! | 0x38..0x68 | `descriptors`, `bytes`, `context_switches`, `errors`, `busy_ns`, `interrupts` | RO, 64 | counters |
+//! | 0x38..0x68 | `descriptors`, `bytes`, `context_switches`, `errors`, `busy_ns`, `interrupts` | RO, 64 | the copy engine's counters |
+//! | 0x68..0x98 | the same six | RO, 64 | the compute unit's counters (the device's are the sums) |
 //! | 0x100 + 0x40·q | queue q's block: | | |
 //! | +0x00 | `ring_base` | RW, 64 | IOVA of the ring memory ([`ring::Layout`] for `Command`/`Status` at `depth`); 64-byte aligned |
 //! | +0x08 | `depth` | RW | entries per ring |
@@ -50,10 +62,11 @@
 //! | +0x18 | `sq_tail` | WO | SQ tail doorbell |
 //! | +0x1c | `cq_head` | WO | CQ head doorbell |
 //! | +0x20 | `fault` | RO | a [`Fault`] code |
+//! | +0x24 | `unit` | RW | the [`Unit`] serving the queue: 0 copy engine, 1 compute unit (read at enable; others fault it) |
 //! | +0x28 | `completed` | RO, 64 | descriptors executed |
 //! | +0x30 | `errors` | RO, 64 | error completions |
 //!
-//! Bringing a queue up: write `ring_base`, `depth`, `context`, then `control = ENABLE`; the
+//! Bringing a queue up: write `ring_base`, `depth`, `context`, `unit`, then `control = ENABLE`; the
 //! device answers `status = ENABLED`, or `FAULT` with a code. Stopping it: `control = 0`; once
 //! `status` reads 0 the device touches none of the queue's memory again (this is the
 //! [`ring::Quiesce`] hook). [`Loopback::open_queue`] does both for a [`ring::Queue`].
@@ -61,21 +74,26 @@
 //! # Opcodes
 //!
 //! See [`Opcode`]: `Nop`, `ToDevice` (host → device memory), `ToHost` (device memory → host),
-//! `DeviceCopy`, `Fill`, and `Compute` (per 32-bit word `(w ^ args[0]) + args[1]`, result the
+//! `DeviceCopy`, `Fill`, `Compute` (per 32-bit word `(w ^ args[0]) + args[1]`, result the
 //! sum of the words written), the deterministic transform tests use to see data pass through
-//! the device. Two opcodes let a model run on the device layer by layer, deterministic and
-//! checkable on the host: `Layer` (one output tensor mixed from up to three input tensors)
-//! and `Compact` (the records whose score passes a threshold, packed);
-//! [`reference`](mod@reference) computes on the host exactly what they write. Status codes
-//! and the order in which fields are checked: [`Code`].
+//! the device, and `Wait` (until another queue's completed counter reaches a target: the
+//! queue holding it serves nothing after it meanwhile, every other queue goes on, and the
+//! data the other queue's unit wrote before those completions is visible after it).
+//! Two opcodes let a model run on the device layer by layer, deterministic and checkable on
+//! the host: `Layer` (one output tensor mixed from up to three input tensors) and `Compact`
+//! (the records whose score passes a threshold, packed); [`reference`](mod@reference)
+//! computes on the host exactly what they write. Status codes and the order in which fields
+//! are checked: [`Code`].
 //!
 //! # Waking the engine
 //!
-//! The engine never polls when idle: after `idle_spin` without work it sleeps on a futex in the
-//! register file, and every host register write (the doorbells included) bumps a counter there
-//! and wakes it only if it sleeps (the handshake is in `bar.rs`). A busy engine costs the host
-//! no system call per doorbell. While it spins it looks at that counter after every pause and
-//! yields its core now and then, so a host thread sharing the core is not starved.
+//! A unit never polls when idle: after `idle_spin` without work it sleeps on its own futex in
+//! the register file, and every host register write that concerns it (a doorbell of one of its
+//! queues, any control write) bumps its counter there and wakes it only if it sleeps (the
+//! handshake is in `bar.rs`). A busy unit costs the host no system call per doorbell. While it
+//! spins it looks at that counter after every pause and yields its core now and then, so a
+//! host thread sharing the core is not starved. A unit whose queue holds an unsatisfied `Wait`
+//! idles the same way; the other unit wakes it when it completes descriptors.
 //!
 //! # What a descriptor costs the engine
 //!
@@ -90,7 +108,8 @@
 //! while one executes, and the word the engine checks for control writes after every
 //! descriptor sits on a cache line of its own, away from the one every doorbell bumps.
 //!
-//! [`Config::engine_cpu`] pins the engine (its thread, or the device process) to one CPU.
+//! [`Config::engine_cpu`] pins the engine (both units' threads, or the device process) to one
+//! CPU.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -136,12 +155,12 @@ pub mod reference;
 pub mod regs;
 mod shim;
 
-pub use self::config::{Config, Counters, Mode, QueueCounters};
+pub use self::config::{Config, Counters, Mode, QueueCounters, UnitCounters};
 pub use self::cost::Cost;
 pub use self::descriptor::{BuildError, Descriptor};
 pub use self::error::Error;
 pub use self::process::{serve_process, Program, SOCKET_ENV};
-pub use self::regs::{Code, Fault, Opcode};
+pub use self::regs::{Code, Fault, Opcode, Unit};
 pub use crate::device::Wait;
 
 use self::bar::{HostBar, MemoryBar, RegisterFile};
@@ -149,7 +168,7 @@ use self::engine::Engine;
 use self::error::Error as LoopbackError;
 use self::ops::{Dram, Translate};
 use self::process::{Remote, RemoteSpace};
-use self::regs::{queue_field, QueueControl, QueueStatus};
+use self::regs::{queue_field, unit_field, QueueControl, QueueStatus};
 use super::{Device, DoorbellRegs, Error as DeviceError, Identity, Kind};
 use crate::dma::{self, Slice};
 use crate::irq::EventFd;
@@ -383,14 +402,27 @@ impl Loopback {
                 })
             })
             .collect::<Result<Vec<_>, DeviceError>>()?;
+        let unit = |u: Unit| -> Result<UnitCounters, DeviceError> {
+            Ok(UnitCounters {
+                descriptors: self.get(unit_field(regs::DESCRIPTORS, u))?,
+                bytes: self.get(unit_field(regs::BYTES, u))?,
+                context_switches: self.get(unit_field(regs::CONTEXT_SWITCHES, u))?,
+                errors: self.get(unit_field(regs::ERRORS, u))?,
+                busy_ns: self.get(unit_field(regs::BUSY_NS, u))?,
+                interrupts: self.get(unit_field(regs::INTERRUPTS, u))?,
+            })
+        };
+        let units = [unit(Unit::Copy)?, unit(Unit::Compute)?];
+        let sum = |f: fn(&UnitCounters) -> u64| units.iter().map(f).fold(0u64, u64::wrapping_add);
         Ok(Counters {
-            descriptors: self.get(regs::DESCRIPTORS)?,
-            bytes: self.get(regs::BYTES)?,
-            context_switches: self.get(regs::CONTEXT_SWITCHES)?,
-            errors: self.get(regs::ERRORS)?,
-            busy_ns: self.get(regs::BUSY_NS)?,
-            interrupts: self.get(regs::INTERRUPTS)?,
+            descriptors: sum(|u| u.descriptors),
+            bytes: sum(|u| u.bytes),
+            context_switches: sum(|u| u.context_switches),
+            errors: sum(|u| u.errors),
+            busy_ns: sum(|u| u.busy_ns),
+            interrupts: sum(|u| u.interrupts),
             queues,
+            units,
         })
     }
 
@@ -437,16 +469,35 @@ impl Loopback {
         config: ring::Config,
         wait: Wait,
     ) -> Result<Queue<T>, DeviceError> {
-        let device: Arc<dyn Device> = Arc::clone(self) as Arc<dyn Device>;
-        crate::device::open_queue(&device, Format::new(Arc::clone(self)), config, wait)
+        self.open_queue_on(config, wait, Unit::Copy)
     }
 
-    /// Enables queue `config.id()` on the ring at `iova` (the [`Format`]'s enable).
-    fn enable_queue(&self, config: &ring::Config, iova: u64) -> Result<(), DeviceError> {
+    /// [`Loopback::open_queue`] for a queue served by `unit` (the [`Format`] with
+    /// [`Format::unit`]).
+    pub fn open_queue_on<T: Send>(
+        self: &Arc<Self>,
+        config: ring::Config,
+        wait: Wait,
+        unit: Unit,
+    ) -> Result<Queue<T>, DeviceError> {
+        let device: Arc<dyn Device> = Arc::clone(self) as Arc<dyn Device>;
+        let format = Format::new(Arc::clone(self)).unit(unit);
+        crate::device::open_queue(&device, format, config, wait)
+    }
+
+    /// Enables queue `config.id()` on the ring at `iova`, served by `unit` (the [`Format`]'s
+    /// enable).
+    fn enable_queue(
+        &self,
+        config: &ring::Config,
+        iova: u64,
+        unit: Unit,
+    ) -> Result<(), DeviceError> {
         let q = config.id();
         self.set(self.queue_reg(regs::Q_RING_BASE, q)?, iova)?;
         self.set(self.queue_reg(regs::Q_DEPTH, q)?, config.depth())?;
         self.set(self.queue_reg(regs::Q_CONTEXT, q)?, config.context())?;
+        self.set(self.queue_reg(regs::Q_UNIT, q)?, unit as u32)?;
         let control = self.queue_reg(regs::Q_CONTROL, q)?;
         self.set(control, QueueControl::ENABLE)?;
         let status = self.queue_reg(regs::Q_STATUS, q)?;
@@ -476,17 +527,30 @@ impl Loopback {
 
 /// The loopback device's queue format: [`Command`] descriptors, [`Status`] completions,
 /// doorbells in its queue register blocks (BAR 0), and the enable handshake of the register
-/// map (the module docs). Give it to [`device::open_queue`](crate::device::open_queue), or use
-/// [`Loopback::open_queue`].
+/// map (the module docs), on the [`Unit`] chosen with [`Format::unit`] (the copy engine by
+/// default). Give it to [`device::open_queue`](crate::device::open_queue) or
+/// [`Runtime::open_queue`](crate::Runtime::open_queue), or use [`Loopback::open_queue`].
 #[derive(Debug, Clone)]
 pub struct Format {
     device: Arc<Loopback>,
+    unit: Unit,
 }
 
 impl Format {
-    /// The format of `device`'s queues.
+    /// The format of `device`'s queues, served by the copy engine.
     pub fn new(device: Arc<Loopback>) -> Format {
-        Format { device }
+        Format {
+            device,
+            unit: Unit::Copy,
+        }
+    }
+
+    /// The unit that serves the queues opened with this format (written to the queue's
+    /// `unit` register before it is enabled).
+    #[must_use]
+    pub fn unit(mut self, unit: Unit) -> Format {
+        self.unit = unit;
+        self
     }
 }
 
@@ -520,7 +584,8 @@ impl crate::device::Format for Format {
         _: &Layout,
         memory: &Memory,
     ) -> Result<(), DeviceError> {
-        self.device.enable_queue(config, memory.iova().raw())
+        self.device
+            .enable_queue(config, memory.iova().raw(), self.unit)
     }
 }
 

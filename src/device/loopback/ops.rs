@@ -231,6 +231,12 @@ pub(super) enum Plan {
         dst: usize,
         params: Compact,
     },
+    /// Wait until queue `queue`'s completed counter reaches `target`: the engine evaluates it
+    /// (it knows the queues), `queue` unchecked here.
+    Wait {
+        queue: u64,
+        target: u64,
+    },
 }
 
 /// How a descriptor ended: status code, result word, and what the cost model charges.
@@ -248,7 +254,7 @@ pub(super) struct Outcome {
 }
 
 impl Outcome {
-    fn failed(code: Code, result: u64) -> Outcome {
+    pub(super) fn failed(code: Code, result: u64) -> Outcome {
         Outcome {
             code,
             result,
@@ -301,10 +307,11 @@ pub(super) fn check(cmd: &Command, context: u32, memory_size: u64) -> Result<Pla
             u32::try_from(args[0]).is_ok() && u32::try_from(args[1]).is_ok() && zero_from(2)
         }
         Opcode::Layer | Opcode::Compact => unreachable!("checked by their own functions"),
+        Opcode::Wait => zero_from(2),
     };
     // Address fields an opcode does not use must be zero too.
     let unused_ok = match op {
-        Opcode::Nop => cmd.src == 0 && cmd.dst == 0,
+        Opcode::Nop | Opcode::Wait => cmd.src == 0 && cmd.dst == 0,
         Opcode::Fill => cmd.src == 0,
         _ => true,
     };
@@ -314,7 +321,13 @@ pub(super) fn check(cmd: &Command, context: u32, memory_size: u64) -> Result<Pla
     let len = cmd.len;
     match (op, len) {
         (Opcode::Nop, 0) => return Ok(Plan::Nop),
-        (Opcode::Nop, _) | (_, 0) => return Err((Code::BadLength, 0)),
+        (Opcode::Wait, 0) => {
+            return Ok(Plan::Wait {
+                queue: args[0],
+                target: args[1],
+            })
+        }
+        (Opcode::Nop | Opcode::Wait, _) | (_, 0) => return Err((Code::BadLength, 0)),
         _ => {}
     }
     let ulen = usize::try_from(len).map_err(|_| (Code::BadLength, 0))?;
@@ -357,6 +370,10 @@ pub(super) fn check(cmd: &Command, context: u32, memory_size: u64) -> Result<Pla
             add: args[1] as u32,
         },
         Opcode::Nop => Plan::Nop,
+        Opcode::Wait => Plan::Wait {
+            queue: args[0],
+            target: args[1],
+        },
         Opcode::Layer | Opcode::Compact => unreachable!("checked by their own functions"),
     })
 }
@@ -469,7 +486,9 @@ pub(super) fn transform(word: u32, xor: u32, add: u32) -> u32 {
     (word ^ xor).wrapping_add(add)
 }
 
-/// Checks and runs `cmd`: the outcome to complete it with.
+/// Checks and runs `cmd`: the outcome to complete it with (the engine itself checks first, to
+/// evaluate a `Wait`, then runs).
+#[cfg(test)]
 pub(super) fn execute(cmd: &Command, context: u32, dram: Dram, host: &mut Host) -> Outcome {
     let plan = match check(cmd, context, u64_of(dram.len)) {
         Ok(plan) => plan,
@@ -478,8 +497,9 @@ pub(super) fn execute(cmd: &Command, context: u32, dram: Dram, host: &mut Host) 
     run(plan, dram, host)
 }
 
-/// Runs a checked plan.
-fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
+/// Runs a checked plan (a [`Plan::Wait`] is the engine's to evaluate: here it fails with
+/// [`Code::BadArgs`]).
+pub(super) fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
     let base = dram.ptr.as_ptr();
     let moved = |len: usize, dma: u64| Outcome {
         code: Code::Success,
@@ -497,6 +517,7 @@ fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
     // in-flight table), so the host does not access them meanwhile.
     match plan {
         Plan::Nop => moved(0, 0),
+        Plan::Wait { .. } => Outcome::failed(Code::BadArgs, 0),
         Plan::ToDevice { iova, dst, len } => {
             let Some(from) = host.resolve(iova, len) else {
                 return Outcome::failed(Code::HostUnmapped, iova);
@@ -729,6 +750,28 @@ mod tests {
             check(&cmd(Opcode::DeviceCopy, 0x1000, 0, 1), 0, size),
             Err((Code::DeviceOutOfBounds, 0x1000))
         );
+    }
+
+    #[test]
+    fn wait_fields() {
+        let size = 0x1000;
+        let mut w = cmd(Opcode::Wait, 0, 0, 0);
+        w.args = [3, 9, 0, 0];
+        assert_eq!(
+            check(&w, 0, size),
+            Ok(Plan::Wait {
+                queue: 3,
+                target: 9
+            })
+        );
+        w.args[3] = 1;
+        assert_eq!(check(&w, 0, size), Err((Code::BadArgs, 0)));
+        w.args[3] = 0;
+        w.src = 4;
+        assert_eq!(check(&w, 0, size), Err((Code::BadArgs, 0)));
+        w.src = 0;
+        w.len = 4;
+        assert_eq!(check(&w, 0, size), Err((Code::BadLength, 0)));
     }
 
     #[test]

@@ -54,21 +54,47 @@ pub struct GlobalRegs {
     pub irq_mask_clear: u32,
     /// RO: bit `q` set: vector `q` was raised while masked and fires when unmasked.
     pub irq_pending: u32,
-    /// RO: descriptors executed (successful or not).
+    /// RO: descriptors the copy engine executed (successful or not). This and the next five
+    /// are the copy engine's block ([`UnitRegs`]).
     pub descriptors: u64,
-    /// RO: bytes moved or computed by successful descriptors.
+    /// RO: bytes moved or computed by the copy engine's successful descriptors.
     pub bytes: u64,
-    /// RO: times the engine moved from one context to another.
+    /// RO: times the copy engine moved from one context to another.
     pub context_switches: u64,
-    /// RO: descriptors completed with an error status.
+    /// RO: the copy engine's descriptors completed with an error status.
     pub errors: u64,
-    /// RO: nanoseconds the engine spent executing descriptors (including modelled time). With
-    /// a cost model it grows before each completion; with [`Cost::zero`](super::Cost::zero),
-    /// once per burst, after the burst's completions.
+    /// RO: nanoseconds the copy engine spent executing descriptors (including modelled
+    /// time). With a cost model it grows before each completion; with
+    /// [`Cost::zero`](super::Cost::zero), once per burst, after the burst's completions.
     pub busy_ns: u64,
-    /// RO: interrupts raised (eventfd signals).
+    /// RO: interrupts the copy engine raised (eventfd signals).
     pub interrupts: u64,
-    _reserved: [u32; 38],
+    /// RO: the compute unit's counters; the six counters above are the copy engine's. Each
+    /// unit writes only its own block; the device's totals are the sums of the two
+    /// ([`Loopback::counters`](super::Loopback::counters) adds them up).
+    pub compute: UnitRegs,
+    _reserved: [u32; 26],
+}
+
+/// One unit's counters ([`Unit`]): the copy engine's at [`DESCRIPTORS`] (offset 0x38), the
+/// compute unit's [`UNIT_STRIDE`] bytes further ([`GlobalRegs::compute`]; see
+/// [`unit_field`]). Never instantiated.
+#[repr(C)]
+#[derive(Debug)]
+#[allow(dead_code)] // A layout description: the fields are read through `offset_of!` only.
+pub struct UnitRegs {
+    /// RO: descriptors the unit executed (successful or not).
+    pub descriptors: u64,
+    /// RO: bytes moved or computed by the unit's successful descriptors.
+    pub bytes: u64,
+    /// RO: times the unit took a descriptor of another context than its previous one.
+    pub context_switches: u64,
+    /// RO: the unit's descriptors completed with an error status.
+    pub errors: u64,
+    /// RO: nanoseconds the unit spent executing descriptors (as [`GlobalRegs::busy_ns`]).
+    pub busy_ns: u64,
+    /// RO: interrupts the unit raised.
+    pub interrupts: u64,
 }
 
 /// One queue's registers, at `QUEUE_BASE + q * QUEUE_STRIDE`. Never instantiated.
@@ -95,7 +121,9 @@ pub struct QueueRegs {
     pub cq_head: u32,
     /// RO: [`Fault`] code while [`QueueStatus::FAULT`] is set.
     pub fault: u32,
-    _reserved0: u32,
+    /// RW: the [`Unit`] that serves the queue (0: the copy engine, 1: the compute unit),
+    /// read when the queue is enabled; any other value faults it with [`Fault::BadUnit`].
+    pub unit: u32,
     /// RO: descriptors of this queue executed.
     pub completed: u64,
     /// RO: descriptors of this queue completed with an error status.
@@ -123,7 +151,14 @@ const _: () = {
     assert!(offset_of!(GlobalRegs, errors) == 0x50);
     assert!(offset_of!(GlobalRegs, busy_ns) == 0x58);
     assert!(offset_of!(GlobalRegs, interrupts) == 0x60);
+    assert!(offset_of!(GlobalRegs, compute) == 0x68);
     assert!(size_of::<GlobalRegs>() == QUEUE_BASE);
+    assert!(size_of::<UnitRegs>() == UNIT_STRIDE);
+    assert!(offset_of!(GlobalRegs, descriptors) + UNIT_STRIDE == offset_of!(GlobalRegs, compute));
+    assert!(
+        offset_of!(GlobalRegs, interrupts) - offset_of!(GlobalRegs, descriptors)
+            == offset_of!(UnitRegs, interrupts)
+    );
 
     assert!(offset_of!(QueueRegs, ring_base) == 0x00);
     assert!(offset_of!(QueueRegs, depth) == 0x08);
@@ -133,6 +168,7 @@ const _: () = {
     assert!(offset_of!(QueueRegs, sq_tail) == 0x18);
     assert!(offset_of!(QueueRegs, cq_head) == 0x1c);
     assert!(offset_of!(QueueRegs, fault) == 0x20);
+    assert!(offset_of!(QueueRegs, unit) == 0x24);
     assert!(offset_of!(QueueRegs, completed) == 0x28);
     assert!(offset_of!(QueueRegs, errors) == 0x30);
     assert!(size_of::<QueueRegs>() == 0x40);
@@ -181,6 +217,16 @@ pub const BUSY_NS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, busy
 /// [`GlobalRegs::interrupts`].
 pub const INTERRUPTS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, interrupts));
 
+/// Bytes between two units' counter blocks ([`UnitRegs`]).
+pub const UNIT_STRIDE: usize = size_of::<UnitRegs>();
+
+/// Unit `unit`'s copy of the counter register `field` (one of [`DESCRIPTORS`], [`BYTES`],
+/// [`CONTEXT_SWITCHES`], [`ERRORS`], [`BUSY_NS`], [`INTERRUPTS`], which are the copy
+/// engine's).
+pub const fn unit_field<V, A>(field: Field<V, A>, unit: Unit) -> Field<V, A> {
+    Field::new(field.offset() + unit as usize * UNIT_STRIDE)
+}
+
 /// Per-queue registers: `Q_*.at(q, QUEUE_STRIDE)` is queue `q`'s (see [`queue_field`]).
 const fn q<V, A>(offset: usize) -> Field<V, A> {
     Field::new(QUEUE_BASE + offset)
@@ -202,6 +248,8 @@ pub const Q_SQ_TAIL: Field<u32, WriteOnly> = q(offset_of!(QueueRegs, sq_tail));
 pub const Q_CQ_HEAD: Field<u32, WriteOnly> = q(offset_of!(QueueRegs, cq_head));
 /// Queue 0's [`QueueRegs::fault`].
 pub const Q_FAULT: Field<u32, ReadOnly> = q(offset_of!(QueueRegs, fault));
+/// Queue 0's [`QueueRegs::unit`].
+pub const Q_UNIT: Field<u32, ReadWrite> = q(offset_of!(QueueRegs, unit));
 /// Queue 0's [`QueueRegs::completed`].
 pub const Q_COMPLETED: Field<u64, ReadOnly> = q(offset_of!(QueueRegs, completed));
 /// Queue 0's [`QueueRegs::errors`].
@@ -348,6 +396,16 @@ raw_enum! {
         /// input order, packed, and zeros in the slots left over
         /// ([`reference::compact`](super::reference::compact)). Result: the survivors found.
         Compact = 7,
+        /// Waits for another queue: completes once the completed-descriptor counter of queue
+        /// `args[0]` ([`QueueRegs::completed`]) is at least `args[1]`. Until then its queue
+        /// serves nothing after it (in order), while every other queue goes on; once it
+        /// completes, everything the unit serving queue `args[0]` wrote to device memory
+        /// before those completions is visible to this queue's later descriptors. `args[0]`
+        /// must be another queue of the device (not this one) and `src`, `dst` and `len` must
+        /// be zero ([`Code::BadArgs`], [`Code::BadLength`] as for `Nop`). Stopping the queue or
+        /// resetting the device releases a pending wait (the queue is torn down). Result: the
+        /// counter value seen.
+        Wait = 8,
     }
 
     /// The opcode of a raw value.
@@ -415,10 +473,35 @@ raw_enum! {
         BadSqTail = 4,
         /// The host rang a CQ head behind the previous one or past the device's CQ tail.
         BadCqHead = 5,
+        /// [`QueueRegs::unit`] is not a [`Unit`].
+        BadUnit = 6,
     }
 
     /// The fault of a raw value.
     fn from_raw;
+}
+
+raw_enum! {
+    /// The device's execution units ([`QueueRegs::unit`]): each is its own thread with its own
+    /// modelled clock, serving only the queues assigned to it, so a copy queue and a compute
+    /// queue run concurrently as on an NPU. Any opcode runs on either; the unit only decides
+    /// which engine executes it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub enum Unit: u32 {
+        /// The DMA (copy) engine, the default.
+        #[default]
+        Copy = 0,
+        /// The compute unit.
+        Compute = 1,
+    }
+
+    /// The unit of a raw value.
+    fn from_raw;
+}
+
+impl Unit {
+    /// Both units, in register order.
+    pub const ALL: [Unit; 2] = [Unit::Copy, Unit::Compute];
 }
 
 impl std::fmt::Display for Fault {
@@ -430,6 +513,7 @@ impl std::fmt::Display for Fault {
             Fault::RingMisaligned => "the ring base IOVA is not 64-byte aligned",
             Fault::BadSqTail => "the host rang an impossible SQ tail",
             Fault::BadCqHead => "the host rang an impossible CQ head",
+            Fault::BadUnit => "the unit register names no unit of the device",
         })
     }
 }
@@ -446,6 +530,7 @@ pub(super) fn host_writable(offset: usize) -> bool {
             within < offset_of!(QueueRegs, status)
                 || within == offset_of!(QueueRegs, sq_tail)
                 || within == offset_of!(QueueRegs, cq_head)
+                || within == offset_of!(QueueRegs, unit)
         }
         _ => false,
     }
@@ -507,5 +592,18 @@ mod tests {
             assert_eq!(Fault::from_raw(raw).map(|f| f as u32), Some(raw));
         }
         assert_eq!(DEVICE_ID.to_le_bytes(), *b"UDLB");
+        assert_eq!(Opcode::from_raw(8), Some(Opcode::Wait));
+        assert_eq!(Fault::from_raw(6), Some(Fault::BadUnit));
+        assert_eq!(Unit::from_raw(1), Some(Unit::Compute));
+        assert_eq!(Unit::from_raw(2), None);
+    }
+
+    #[test]
+    fn unit_registers() {
+        assert!(host_writable(queue_field(Q_UNIT, 3).unwrap().offset()));
+        assert_eq!(unit_field(DESCRIPTORS, Unit::Copy).offset(), 0x38);
+        assert_eq!(unit_field(DESCRIPTORS, Unit::Compute).offset(), 0x68);
+        assert_eq!(unit_field(INTERRUPTS, Unit::Compute).offset(), 0x90);
+        assert!(!host_writable(unit_field(BUSY_NS, Unit::Compute).offset()));
     }
 }
