@@ -61,16 +61,19 @@ fn run_checked(runtime: &Runtime, model: &Model, config: Config, frames: u64) {
 #[test]
 fn every_frame_is_right_at_every_depth_and_batch() {
     let rt = runtime(Cost::zero());
-    let model = Model::chain(4, 3000).unwrap();
+    let model = Model::chain(4, 1000).unwrap();
     assert_eq!(model.steps().len(), 4);
-    for depth in 1..=4 {
-        for batch in [1, 2] {
-            let config = Config {
-                depth,
-                batch,
-                ..Config::default()
-            };
-            run_checked(&rt, &model, config, 60);
+    for split in [true, false] {
+        for depth in 1..=4 {
+            for batch in [1, 2] {
+                let config = Config {
+                    depth,
+                    batch,
+                    split,
+                    ..Config::default()
+                };
+                run_checked(&rt, &model, config, 30);
+            }
         }
     }
 }
@@ -287,4 +290,68 @@ fn cli_pipeline_checks_every_frame_and_reports_both_paths() {
         .output()
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
+}
+
+/// On-device filtering: only the records whose score passes come back, and they are the ones
+/// the host model keeps; a model planned from a graph with a three-input op runs as layers.
+#[test]
+fn filtered_results_and_multi_input_layers_are_right() {
+    use userdma::pipeline::Filter;
+    use userdma::plan::{self, Kind, Tensor};
+    let rt = runtime(Cost::zero());
+    // in -> a, in -> b, (a, b, in) -> c (three inputs), c -> out.
+    let mut t: Vec<Tensor> = vec![
+        Tensor::new(0, 4096, 0, 2),
+        Tensor::new(1, 4096, 1, 2),
+        Tensor::new(2, 2048, 1, 2),
+        Tensor::new(3, 8192, 2, 3),
+        Tensor::new(4, 8192, 3, 4),
+    ];
+    t[0].kind = Kind::Input;
+    t[4].kind = Kind::Output;
+    for (i, inputs) in [(1, vec![0]), (2, vec![0]), (3, vec![1, 2, 0]), (4, vec![3])] {
+        t[i].inputs = inputs;
+        t[i].op = Some("Conv".into());
+    }
+    let planned = plan::plan(
+        &t,
+        &plan::Options::default(),
+        plan::Strategy::Auto,
+        plan::Budget::Nodes(10_000),
+    )
+    .unwrap();
+    let model = Model::from_plan(&t, &planned).unwrap();
+    assert_eq!(model.steps().len(), 4);
+    let filter = Filter {
+        record: 32,
+        score_at: 4,
+        threshold: u32::MAX - u32::MAX / 8,
+        capacity: 64,
+    };
+    let model = model.with_filter(filter).unwrap();
+    assert_eq!(model.result().bytes, 8 + 64 * 32);
+    run_checked(
+        &rt,
+        &model,
+        Config {
+            depth: 3,
+            ..Config::default()
+        },
+        40,
+    );
+    // Some records survive and none beyond the capacity are written.
+    let r = expected(&model, 7);
+    let written = u32::from_le_bytes(r[0..4].try_into().unwrap());
+    let found = u32::from_le_bytes(r[4..8].try_into().unwrap());
+    assert!(
+        written > 0 && written <= 64 && written == found.min(64),
+        "{written} {found}"
+    );
+    // Bad filters are refused with what to do.
+    let bad = Filter {
+        record: 24,
+        ..filter
+    };
+    let err = Model::chain(1, 1000).unwrap().with_filter(bad).unwrap_err();
+    assert!(err.to_string().contains("dividing the result"), "{err}");
 }

@@ -29,7 +29,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use model::{Model, ModelError, Span, Step};
+pub use model::{Filter, Model, ModelError, Span, Step};
 
 use crate::device::loopback::{self, Code, Descriptor};
 use crate::device::{Range, Wait};
@@ -52,10 +52,15 @@ pub struct Config {
     pub wait: Wait,
     /// How long a frame may take before [`Pipeline::run`] gives up with an error.
     pub timeout: Duration,
+    /// Three queues on the loopback device's two units (H2D and D2H on the copy engine, the
+    /// model's steps on the compute unit, ordered by `Wait` descriptors), so copying and
+    /// computing overlap on the device; `false`: every descriptor on one queue, in order.
+    pub split: bool,
 }
 
 impl Default for Config {
-    /// Depth 2, one doorbell per frame, queue 0, interrupts, 10 s.
+    /// Depth 2, one doorbell per queue per frame, queues 0 to 2 split across the units,
+    /// interrupts, 10 s.
     fn default() -> Self {
         Config {
             depth: 2,
@@ -63,6 +68,7 @@ impl Default for Config {
             queue: 0,
             wait: Wait::Interrupt,
             timeout: Duration::from_secs(10),
+            split: true,
         }
     }
 }
@@ -172,13 +178,16 @@ struct Slot {
     arena: DeviceOffset,
 }
 
-/// A descriptor's payload: the frame's earlier descriptors carry its number, the last one the
-/// slot itself.
+/// A descriptor's payload: the frame's earlier descriptors carry its slot and step, the
+/// D2H copy the slot itself.
 #[derive(Debug)]
 enum Payload {
     Step { slot: usize, step: u16 },
     Last(Slot),
 }
+
+/// The step number of a `Wait` descriptor (for error messages).
+const WAIT_STEP: u16 = u16::MAX;
 
 /// Per slot, what the frame in it has done so far.
 #[derive(Debug, Clone, Copy)]
@@ -186,6 +195,8 @@ struct Progress {
     frame: u64,
     error: Option<FrameError>,
     times: Times,
+    /// Completions of the frame not yet seen.
+    outstanding: u32,
 }
 
 /// What a run did.
@@ -203,14 +214,30 @@ pub struct Summary {
     pub bytes_to_host: u64,
 }
 
-/// An N-deep inference pipeline over one hardware queue.
+/// Which queue of a split pipeline a descriptor goes to.
+const H2D: usize = 0;
+const COMPUTE: usize = 1;
+const D2H: usize = 2;
+
+/// An N-deep inference pipeline over one hardware queue, or three on the loopback device's
+/// two units (H2D and D2H on the copy engine, the model's steps on the compute unit, ordered
+/// by `Wait` descriptors) so the device copies one frame while it computes another.
 pub struct Pipeline {
     model: Model,
     config: Config,
-    queue: loopback::Queue<Payload>,
+    /// One queue, or [`H2D`], [`COMPUTE`], [`D2H`].
+    queues: Vec<loopback::Queue<Payload>>,
+    /// Per queue: its completed counter when the pipeline began, and descriptors pushed since.
+    base: Vec<u64>,
+    pushed: Vec<u64>,
     free: VecDeque<Slot>,
+    /// Per slot: a slot whose D2H came back while other completions of its frame were still
+    /// unseen, or whose frame is not the next to deliver.
+    held: Vec<Option<Slot>>,
     progress: Vec<Progress>,
     next_frame: u64,
+    /// The next frame to hand to postprocessing.
+    next_out: u64,
     /// Frames pushed but not yet announced.
     unannounced: usize,
     /// Slots of frames pushed since the last doorbell.
@@ -218,7 +245,7 @@ pub struct Pipeline {
     summary: Summary,
     in_flight: usize,
     // Held for the pipeline's life: the pool the slots' buffers come from and the device
-    // ranges of the arenas (dropped after the queue, which may hold slots).
+    // ranges of the arenas (dropped after the queues, which may hold slots).
     _pool: Arc<Pool>,
     _arenas: Vec<Range>,
 }
@@ -238,6 +265,7 @@ impl std::fmt::Debug for Pipeline {
 fn step_name(step: u16, steps: usize) -> &'static str {
     match usize::from(step) {
         0 => "H2D copy of the input",
+        _ if step == WAIT_STEP => "wait for the other unit",
         s if s <= steps => "model step",
         _ => "D2H copy of the result",
     }
@@ -245,14 +273,15 @@ fn step_name(step: u16, steps: usize) -> &'static str {
 
 impl Pipeline {
     /// Builds a pipeline on `runtime`'s device for `model`: `config.depth` slots (host buffers
-    /// from one pool mapped once, one device arena each) and one queue deep enough for every
-    /// slot's descriptors.
+    /// from one pool mapped once, one device arena each) and its queue(s) deep enough for
+    /// every slot's descriptors: queue `config.queue`, and with `config.split` also the next
+    /// two.
     ///
     /// # Errors
     /// [`Error::Unsupported`] for a device without the loopback descriptor format or device
-    /// memory; [`Error::Device`] if device memory cannot hold `depth` arenas (lower the depth);
-    /// [`Error::Pool`]/[`Error::Memory`] for the host buffers; a depth or batch of 0 is
-    /// [`Error::Ring`] with a message saying so.
+    /// memory; [`Error::Device`] if device memory cannot hold `depth` arenas (lower the depth)
+    /// or the queues do not exist; [`Error::Pool`]/[`Error::Memory`] for the host buffers;
+    /// [`Error::Invalid`] for a depth or batch out of range.
     pub fn new(runtime: &Runtime, model: Model, config: Config) -> Result<Pipeline, Error> {
         if config.depth == 0 || config.batch == 0 || config.depth > 1024 {
             return Err(Error::Invalid {
@@ -260,15 +289,50 @@ impl Pipeline {
                 hint: "use a depth of 1 to 1024 slots and a batch of at least 1 frame",
             });
         }
-        let per_frame = model.steps().len() + 2;
+        let per_frame = model.steps().len() + 4;
         // Twice what the slots need: the SQ head the device writes back lags its completions
         // by up to a burst.
         let descriptors = (2 * config.depth * per_frame).next_power_of_two().max(2);
         let ring_depth = u32::try_from(descriptors).unwrap_or(u32::MAX);
-        let queue = runtime.queue_with::<Payload>(
-            ring::Config::new(ring_depth).with_id(config.queue),
-            config.wait,
-        )?;
+        let units: &[loopback::Unit] = if config.split {
+            &[
+                loopback::Unit::Copy,
+                loopback::Unit::Compute,
+                loopback::Unit::Copy,
+            ]
+        } else {
+            &[loopback::Unit::Copy]
+        };
+        let device = runtime
+            .loopback_device()
+            .ok_or_else(|| Error::Unsupported {
+                device: runtime.device().identity().to_string(),
+                what: "loopback descriptor format",
+                hint: "the pipeline runs the loopback device's layer ops; use Runtime::loopback",
+            })?;
+        let counters = device.counters()?;
+        let mut queues = Vec::with_capacity(units.len());
+        let mut base = Vec::with_capacity(units.len());
+        for (k, &unit) in units.iter().enumerate() {
+            let id = config
+                .queue
+                .checked_add(k as u16)
+                .ok_or_else(|| Error::Invalid {
+                    what: format!("queue {} and the two after it", config.queue),
+                    hint: "use a lower first queue",
+                })?;
+            queues.push(runtime.queue_on::<Payload>(
+                ring::Config::new(ring_depth).with_id(id),
+                config.wait,
+                unit,
+            )?);
+            base.push(
+                counters
+                    .queues
+                    .get(usize::from(id))
+                    .map_or(0, |q| q.completed),
+            );
+        }
         let (input_bytes, result_bytes) = (model.input().bytes, model.result().bytes);
         let per_slot = input_bytes.div_ceil(4096) * 4096 + result_bytes.div_ceil(4096) * 4096;
         // Room for the pool's alignment of its first chunk and for blocks rounded up to
@@ -301,21 +365,27 @@ impl Pipeline {
             computed: now,
             to_host: now,
         };
+        let n = queues.len();
         Ok(Pipeline {
             progress: vec![
                 Progress {
                     frame: 0,
                     error: None,
                     times,
+                    outstanding: 0,
                 };
                 config.depth
             ],
+            held: (0..config.depth).map(|_| None).collect(),
             pending: Vec::with_capacity(config.depth),
             model,
             config,
-            queue,
+            queues,
+            base,
+            pushed: vec![0; n],
             free,
             next_frame: 0,
+            next_out: 0,
             unannounced: 0,
             summary: Summary::default(),
             in_flight: 0,
@@ -344,16 +414,17 @@ impl Pipeline {
         self.summary
     }
 
-    /// Descriptor `k` of a frame in `slot`: 0 the H2D copy, then each step at the slot's
-    /// arena, then the D2H copy.
-    fn command(&self, slot: &Slot, k: usize) -> Command {
-        command(
-            &self.model,
-            slot.arena,
-            slot.input.iova(),
-            slot.result.iova(),
-            k,
-        )
+    /// Pushes `command` with `payload` to queue `q`.
+    fn push_to(&mut self, q: usize, command: Command, payload: Payload) -> Result<(), Error> {
+        push(&mut self.queues[q], command, payload, self.config.timeout)?;
+        self.pushed[q] += 1;
+        Ok(())
+    }
+
+    /// A `Wait` on queue `on` until every descriptor pushed to it so far has completed.
+    fn wait_for(&self, on: usize) -> Command {
+        let id = self.queues[on].id();
+        Descriptor::wait(id, self.base[on] + self.pushed[on]).build()
     }
 
     /// Takes a free slot, lets `preprocess` write frame `n`'s input into it, and queues the
@@ -382,24 +453,49 @@ impl Pipeline {
             return Err(e);
         }
         let index = slot.index;
+        let steps = self.model.steps().len();
+        let split = self.queues.len() == 3;
         let p = &mut self.progress[index];
         p.frame = frame;
         p.error = None;
         p.times.preprocess = began;
-        let per_frame = self.model.steps().len() + 2;
-        let mut slot = Some(slot);
-        for k in 0..per_frame {
-            let command = self.command(slot.as_ref().expect("until the last"), k);
-            let payload = if k + 1 == per_frame {
-                Payload::Last(slot.take().expect("the last descriptor"))
-            } else {
+        p.outstanding = (steps + 2 + if split { 2 } else { 0 }) as u32;
+        let step = |k: usize| Payload::Step {
+            slot: index,
+            step: k as u16,
+        };
+        let wait = Payload::Step {
+            slot: index,
+            step: WAIT_STEP,
+        };
+        let (h2d, compute, d2h) = if split {
+            (H2D, COMPUTE, D2H)
+        } else {
+            (0, 0, 0)
+        };
+        let first = command_of(&self.model, &slot, 0);
+        self.push_to(h2d, first, step(0))?;
+        if split {
+            let w = self.wait_for(H2D);
+            self.push_to(COMPUTE, w, wait)?;
+        }
+        for k in 1..=steps {
+            let c = command_of(&self.model, &slot, k);
+            self.push_to(compute, c, step(k))?;
+        }
+        if split {
+            let w = self.wait_for(COMPUTE);
+            self.push_to(
+                D2H,
+                w,
                 Payload::Step {
                     slot: index,
-                    step: k as u16,
-                }
-            };
-            push(&mut self.queue, command, payload, self.config.timeout)?;
+                    step: WAIT_STEP,
+                },
+            )?;
         }
+        let last = command_of(&self.model, &slot, steps + 1);
+        self.push_to(d2h, last, Payload::Last(slot))?;
         self.summary.bytes_to_device += self.model.input().bytes;
         self.next_frame += 1;
         self.in_flight += 1;
@@ -411,7 +507,7 @@ impl Pipeline {
         Ok(Some(frame))
     }
 
-    /// Announces every queued frame with one doorbell.
+    /// Announces every queued frame: one doorbell per queue.
     ///
     /// # Errors
     /// Ring errors.
@@ -419,24 +515,26 @@ impl Pipeline {
         if self.unannounced == 0 {
             return Ok(());
         }
-        self.queue.flush()?;
+        for q in &mut self.queues {
+            q.flush()?;
+        }
         let now = Instant::now();
         for &index in &self.pending {
             self.progress[index].times.submitted = now;
         }
         self.pending.clear();
         self.unannounced = 0;
-        self.summary.doorbells += 1;
+        self.summary.doorbells += self.queues.len() as u64;
         Ok(())
     }
 
-    /// Handles one completion; a frame's last one hands the frame to `postprocess` and frees
-    /// its slot. Returns whether a frame finished.
+    /// Handles one completion. A frame is finished once all its completions were seen; it is
+    /// handed to `postprocess` in frame order. Returns how many frames were handed over.
     fn complete(
         &mut self,
         done: ring::Done<ring::Status, Payload>,
         postprocess: &mut impl FnMut(Finished<'_>),
-    ) -> bool {
+    ) -> usize {
         let now = Instant::now();
         let steps = self.model.steps().len();
         let code = done.entry.loopback_code().ok();
@@ -455,50 +553,73 @@ impl Pipeline {
             });
         }
         match usize::from(step) {
-            0 => p.times.to_device = now,
-            s if s == steps => p.times.computed = now,
+            0 => {
+                p.times.to_device = now;
+                if steps == 0 {
+                    p.times.computed = now;
+                }
+            }
+            s if s == steps && step != WAIT_STEP => p.times.computed = now,
             _ => {}
         }
-        if steps == 0 && step == 0 {
-            p.times.computed = now;
+        p.outstanding = p.outstanding.saturating_sub(1);
+        if let Payload::Last(slot) = done.payload {
+            p.times.to_host = now;
+            self.held[index] = Some(slot);
         }
-        let Payload::Last(slot) = done.payload else {
-            return false;
-        };
-        p.times.to_host = now;
-        let progress = *p;
-        self.in_flight -= 1;
-        self.summary.frames += 1;
-        let result = match progress.error {
-            Some(e) => {
-                self.summary.failed += 1;
-                Err(e)
-            }
-            None => {
-                self.summary.bytes_to_host += self.model.result().bytes;
-                Ok(Output {
-                    buffer: &slot.result,
-                })
-            }
-        };
-        postprocess(Finished {
-            frame: progress.frame,
-            result,
-            times: progress.times,
-        });
-        self.free.push_back(slot);
-        true
+        self.deliver(postprocess)
     }
 
-    /// Hands every frame whose last completion has arrived to `postprocess`, in frame order,
+    /// Hands every finished frame, from the next in order, to `postprocess`.
+    fn deliver(&mut self, postprocess: &mut impl FnMut(Finished<'_>)) -> usize {
+        let mut delivered = 0;
+        loop {
+            let next = self.next_out;
+            let Some(index) = (0..self.held.len()).find(|&i| {
+                self.held[i].is_some()
+                    && self.progress[i].frame == next
+                    && self.progress[i].outstanding == 0
+            }) else {
+                return delivered;
+            };
+            let slot = self.held[index].take().expect("found above");
+            let progress = self.progress[index];
+            self.in_flight -= 1;
+            self.next_out += 1;
+            self.summary.frames += 1;
+            let result = match progress.error {
+                Some(e) => {
+                    self.summary.failed += 1;
+                    Err(e)
+                }
+                None => {
+                    self.summary.bytes_to_host += self.model.result().bytes;
+                    Ok(Output {
+                        buffer: &slot.result,
+                    })
+                }
+            };
+            postprocess(Finished {
+                frame: progress.frame,
+                result,
+                times: progress.times,
+            });
+            self.free.push_back(slot);
+            delivered += 1;
+        }
+    }
+
+    /// Hands every frame whose completions have all arrived to `postprocess`, in frame order,
     /// without waiting. Returns how many finished.
     ///
     /// # Errors
     /// Ring errors (a completion the queue does not know).
     pub fn poll(&mut self, mut postprocess: impl FnMut(Finished<'_>)) -> Result<usize, Error> {
         let mut finished = 0;
-        while let Some(done) = self.queue.poll_one()? {
-            finished += usize::from(self.complete(done, &mut postprocess));
+        for q in 0..self.queues.len() {
+            while let Some(done) = self.queues[q].poll_one()? {
+                finished += self.complete(done, &mut postprocess);
+            }
         }
         Ok(finished)
     }
@@ -512,10 +633,17 @@ impl Pipeline {
     /// stopped answering), and ring errors.
     pub fn wait(&mut self, mut postprocess: impl FnMut(Finished<'_>)) -> Result<usize, Error> {
         self.flush()?;
-        let mut finished = 0;
+        let mut finished = self.poll(&mut postprocess)?;
+        // A frame's last completion is on the last queue: wait there, then take the others.
+        let last = self.queues.len() - 1;
         while finished == 0 && self.in_flight > 0 {
-            let done = self.queue.wait(Some(self.config.timeout))?;
-            finished += usize::from(self.complete(done, &mut postprocess));
+            if self.held.iter().any(Option::is_some) {
+                // Its D2H is back, another of its completions is not seen yet: moments away.
+                std::thread::yield_now();
+            } else {
+                let done = self.queues[last].wait(Some(self.config.timeout))?;
+                finished += self.complete(done, &mut postprocess);
+            }
             finished += self.poll(&mut postprocess)?;
         }
         Ok(finished)
@@ -563,6 +691,12 @@ impl Pipeline {
     }
 }
 
+/// Descriptor `k` of a frame in `slot`: 0 the H2D copy, then each step at the slot's arena,
+/// then the D2H copy.
+fn command_of(model: &Model, slot: &Slot, k: usize) -> Command {
+    command(model, slot.arena, slot.input.iova(), slot.result.iova(), k)
+}
+
 /// Queues `command`. The ring holds every slot's descriptors, but the device writes its SQ
 /// head back after the completions of a burst, so right after the last completion of a frame
 /// the ring may still look full for a moment: then it retries until `timeout`.
@@ -605,6 +739,35 @@ fn command(model: &Model, base: DeviceOffset, input: Iova, result: Iova, k: usiz
                 xor,
                 add,
             } => Descriptor::compute(base + src, base + dst, len, xor, add),
+            Step::Layer {
+                inputs,
+                count,
+                dst,
+                len,
+                seed,
+            } => {
+                let mut at = [(base, 0); 3];
+                for (a, &(offset, bytes)) in at.iter_mut().zip(&inputs) {
+                    *a = (base + offset, bytes);
+                }
+                // One to three inputs of at most 4 GiB each: checked when the model was built.
+                Descriptor::layer(&at[..usize::from(count)], base + dst, len, seed)
+                    .unwrap_or_else(|_| Descriptor::nop())
+            }
+            Step::Compact {
+                src,
+                len,
+                dst,
+                params,
+            } => Descriptor::compact(
+                base + src,
+                len,
+                params.record,
+                params.score_at,
+                params.threshold,
+                base + dst,
+                params.capacity,
+            ),
         }
     } else {
         let r = model.result();

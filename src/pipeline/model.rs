@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use crate::device::loopback::reference::{self, Compact};
 use crate::plan::{self, Kind, Plan, Tensor};
 
 /// A range of the model's arena: an offset and a length in bytes.
@@ -38,6 +39,97 @@ pub enum Step {
         /// The word addend.
         add: u32,
     },
+    /// A model layer (the loopback device's `Layer`): `len` bytes at `dst`, each word mixed
+    /// from the layer's seed, its index and one word of each of `inputs[..count]`
+    /// (`(offset, length)`; a shorter input repeats). The output overlaps no input.
+    Layer {
+        /// The inputs, `(offset, length)`; the first `count` are present.
+        inputs: [(u64, u64); 3],
+        /// How many inputs (1 to 3).
+        count: u8,
+        /// Where it writes.
+        dst: u64,
+        /// Bytes written.
+        len: u64,
+        /// The layer's seed.
+        seed: u32,
+    },
+    /// On-device result filtering (the loopback device's `Compact`): the `params.record`-byte
+    /// records of the `len` bytes at `src` whose score passes the threshold, packed after a
+    /// count header at `dst` (`params.output_len()` bytes).
+    Compact {
+        /// The records.
+        src: u64,
+        /// Their bytes.
+        len: u64,
+        /// Where the filtered output goes.
+        dst: u64,
+        /// Record size, score offset, threshold, capacity.
+        params: Compact,
+    },
+}
+
+impl Step {
+    /// The ranges it reads and the one it writes, as `(what, span)`.
+    fn ranges(&self) -> ([Option<Span>; 3], Span) {
+        let span = |offset, bytes| Span { offset, bytes };
+        match *self {
+            Step::Compute { src, dst, len, .. } => {
+                ([Some(span(src, len)), None, None], span(dst, len))
+            }
+            Step::Layer {
+                inputs,
+                count,
+                dst,
+                len,
+                ..
+            } => {
+                let mut r = [None; 3];
+                for (k, &(o, l)) in inputs.iter().enumerate().take(usize::from(count)) {
+                    r[k] = Some(span(o, l));
+                }
+                (r, span(dst, len))
+            }
+            Step::Compact {
+                src,
+                len,
+                dst,
+                params,
+            } => (
+                [Some(span(src, len)), None, None],
+                span(dst, params.output_len()),
+            ),
+        }
+    }
+
+    /// Bytes the device computes over (read plus written, as the cost model charges).
+    fn compute_bytes(&self) -> u64 {
+        let (reads, write) = self.ranges();
+        match self {
+            Step::Compute { len, .. } => *len,
+            _ => {
+                reads
+                    .iter()
+                    .flatten()
+                    .map(|r| r.bytes.min(write.bytes))
+                    .sum::<u64>()
+                    + write.bytes
+            }
+        }
+    }
+}
+
+/// On-device result filtering for [`Model::with_filter`]: the result tensor read as records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Filter {
+    /// Bytes per record (a multiple of 4, 4 to 4096, dividing the result's size).
+    pub record: u32,
+    /// Byte offset of the `u32` score in a record.
+    pub score_at: u32,
+    /// A record survives if its score is at least this.
+    pub threshold: u32,
+    /// Records copied back at most.
+    pub capacity: u32,
 }
 
 /// Why a model cannot be built.
@@ -79,6 +171,27 @@ pub enum ModelError {
     /// A tensor of the graph is not in the plan.
     #[error("tensor {0} is not in the plan: plan the same tensors the model is built from")]
     Unplanned(u64),
+    /// A step's output overlaps one of its inputs (only an element-wise compute step may work
+    /// in place).
+    #[error("step {step} writes [{offset}, {offset}+{bytes}) over one of its inputs: plan the model again (the planner reuses an input's memory only for element-wise ops)")]
+    Overlap {
+        /// The step.
+        step: usize,
+        /// Its output's offset.
+        offset: u64,
+        /// Its output's length.
+        bytes: u64,
+    },
+    /// A filter's parameters do not fit the result tensor.
+    #[error("the filter's records ({record} B, score at byte {score_at}) do not fit the {bytes}-byte result: use a record size of 4 to 4096 B, a multiple of 4 dividing the result, with the score inside it")]
+    Filter {
+        /// Record size.
+        record: u32,
+        /// Score offset.
+        score_at: u32,
+        /// The result's size.
+        bytes: u64,
+    },
 }
 
 /// A model the pipeline can run: an arena size, the input tensor (written by H2D), the result
@@ -142,23 +255,38 @@ impl Model {
         check(|| "the input".into(), input, arena_bytes)?;
         check(|| "the result".into(), result, arena_bytes)?;
         for (k, step) in steps.iter().enumerate() {
-            let Step::Compute { src, dst, len, .. } = *step;
-            check(
-                || format!("step {k}'s source"),
-                Span {
-                    offset: src,
-                    bytes: len,
-                },
-                arena_bytes,
-            )?;
-            check(
-                || format!("step {k}'s destination"),
-                Span {
-                    offset: dst,
-                    bytes: len,
-                },
-                arena_bytes,
-            )?;
+            let (reads, write) = step.ranges();
+            for (i, r) in reads.iter().flatten().enumerate() {
+                check(|| format!("step {k}'s input {i}"), *r, arena_bytes)?;
+            }
+            check(|| format!("step {k}'s output"), write, arena_bytes)?;
+            if let Step::Compact { len, params, .. } = *step {
+                let record = u64::from(params.record);
+                let fits = (4..=u64::from(Compact::MAX_RECORD)).contains(&record)
+                    && record % 4 == 0
+                    && len % record == 0
+                    && params.score_at % 4 == 0
+                    && params.score_at + 4 <= params.record;
+                if !fits {
+                    return Err(ModelError::Filter {
+                        record: params.record,
+                        score_at: params.score_at,
+                        bytes: len,
+                    });
+                }
+            }
+            let in_place = matches!(step, Step::Compute { .. });
+            if !in_place
+                && reads.iter().flatten().any(|r| {
+                    r.offset < write.offset + write.bytes && write.offset < r.offset + r.bytes
+                })
+            {
+                return Err(ModelError::Overlap {
+                    step: k,
+                    offset: write.offset,
+                    bytes: write.bytes,
+                });
+            }
         }
         Ok(Model {
             arena_bytes,
@@ -209,15 +337,38 @@ impl Model {
             if alias && src.offset == dst.offset {
                 continue;
             }
-            let len = src.bytes.min(dst.bytes);
-            // A fixed per-tensor mix, so each step's output differs from its input.
+            // A fixed per-tensor mix, so each step's output differs from its inputs.
             let id = t.id as u32;
-            steps.push(Step::Compute {
-                src: src.offset,
+            let taken = plan
+                .placements
+                .iter()
+                .find(|p| p.id == t.id)
+                .and_then(|p| p.inplace_of);
+            if taken.is_some() && src.offset == dst.offset {
+                // In place over its dying input: an element-wise compute step.
+                steps.push(Step::Compute {
+                    src: src.offset,
+                    dst: dst.offset,
+                    len: src.bytes.min(dst.bytes),
+                    xor: id.wrapping_mul(0x9e37_79b9) | 1,
+                    add: id.wrapping_add(0x6d2b_79f5),
+                });
+                continue;
+            }
+            // A layer over its first three inputs.
+            let mut inputs = [(0, 0); 3];
+            let mut count = 0;
+            for &i in t.inputs.iter().take(3) {
+                let span = at(i)?;
+                inputs[count] = (span.offset, span.bytes);
+                count += 1;
+            }
+            steps.push(Step::Layer {
+                inputs,
+                count: count as u8,
                 dst: dst.offset,
-                len,
-                xor: id.wrapping_mul(0x9e37_79b9) | 1,
-                add: id.wrapping_add(0x6d2b_79f5),
+                len: dst.bytes,
+                seed: id.wrapping_mul(0x85eb_ca6b) ^ 0x2545_f491,
             });
         }
         Model::new(
@@ -284,14 +435,50 @@ impl Model {
         &self.steps
     }
 
-    /// Bytes the device computes over per frame (each step's length).
+    /// Bytes the device computes over per frame (as its cost model charges them).
     pub fn compute_bytes(&self) -> u64 {
-        self.steps
-            .iter()
-            .map(|s| match *s {
-                Step::Compute { len, .. } => len,
-            })
-            .sum()
+        self.steps.iter().map(Step::compute_bytes).sum()
+    }
+
+    /// The model with on-device result filtering: a compact step over the result tensor
+    /// into a new range after the arena, which becomes the result (only the count header and
+    /// at most `filter.capacity` records come back).
+    ///
+    /// # Errors
+    /// [`ModelError::Filter`] if the records do not fit the result tensor.
+    pub fn with_filter(mut self, filter: Filter) -> Result<Model, ModelError> {
+        let bytes = self.result.bytes;
+        let record = u64::from(filter.record);
+        let fits = (4..=u64::from(Compact::MAX_RECORD)).contains(&record)
+            && record % 4 == 0
+            && bytes % record == 0
+            && filter.score_at % 4 == 0
+            && filter.score_at + 4 <= filter.record;
+        if !fits {
+            return Err(ModelError::Filter {
+                record: filter.record,
+                score_at: filter.score_at,
+                bytes,
+            });
+        }
+        let params = Compact {
+            record: filter.record,
+            score_at: filter.score_at,
+            threshold: filter.threshold,
+            capacity: filter.capacity,
+        };
+        let dst = self.arena_bytes.div_ceil(256) * 256;
+        self.steps.push(Step::Compact {
+            src: self.result.offset,
+            len: bytes,
+            dst,
+            params,
+        });
+        let result = Span {
+            offset: dst,
+            bytes: params.output_len(),
+        };
+        Model::new(dst + result.bytes, self.input, result, self.steps)
     }
 
     /// Runs the model on the host: `input` into a host copy of the arena (`arena`, at least
@@ -305,18 +492,64 @@ impl Model {
         let (i, r) = (self.input, self.result);
         arena[i.offset as usize..i.end() as usize].copy_from_slice(&input[..i.bytes as usize]);
         for step in &self.steps {
-            let Step::Compute {
-                src,
-                dst,
-                len,
-                xor,
-                add,
-            } = *step;
-            for w in 0..(len / 4) as usize {
-                let s = src as usize + 4 * w;
-                let d = dst as usize + 4 * w;
-                let word = u32::from_le_bytes(arena[s..s + 4].try_into().expect("4 bytes"));
-                arena[d..d + 4].copy_from_slice(&(word ^ xor).wrapping_add(add).to_le_bytes());
+            match *step {
+                Step::Compute {
+                    src,
+                    dst,
+                    len,
+                    xor,
+                    add,
+                } => {
+                    for w in 0..(len / 4) as usize {
+                        let s = src as usize + 4 * w;
+                        let d = dst as usize + 4 * w;
+                        let word = u32::from_le_bytes(arena[s..s + 4].try_into().expect("4 bytes"));
+                        arena[d..d + 4]
+                            .copy_from_slice(&(word ^ xor).wrapping_add(add).to_le_bytes());
+                    }
+                }
+                Step::Layer {
+                    inputs,
+                    count,
+                    dst,
+                    len,
+                    seed,
+                } => {
+                    let inputs = &inputs[..usize::from(count)];
+                    let mut words = [0u32; 3];
+                    // Each input's byte position (`4 * (j mod words)`, by wrapping).
+                    let mut pos = [0u64; 3];
+                    for j in 0..len / 4 {
+                        for (k, &(offset, bytes)) in inputs.iter().enumerate() {
+                            let at = (offset + pos[k]) as usize;
+                            words[k] =
+                                u32::from_le_bytes(arena[at..at + 4].try_into().expect("4 bytes"));
+                            pos[k] = if pos[k] + 4 == bytes { 0 } else { pos[k] + 4 };
+                        }
+                        let h = reference::mix(seed, j, &words[..inputs.len()]);
+                        let at = (dst + 4 * j) as usize;
+                        arena[at..at + 4].copy_from_slice(&h.to_le_bytes());
+                    }
+                }
+                Step::Compact {
+                    src,
+                    len,
+                    dst,
+                    params,
+                } => {
+                    // The two ranges do not overlap (`Model::new` checks it).
+                    let out_len = params.output_len() as usize;
+                    let (src, len, dst) = (src as usize, len as usize, dst as usize);
+                    let result = if dst >= src + len {
+                        let (low, high) = arena.split_at_mut(dst);
+                        reference::compact(&low[src..src + len], params, &mut high[..out_len])
+                    } else {
+                        let (low, high) = arena.split_at_mut(src);
+                        reference::compact(&high[..len], params, &mut low[dst..dst + out_len])
+                    };
+                    // The parameters were checked when the model was built.
+                    debug_assert!(result.is_ok());
+                }
             }
         }
         result[..r.bytes as usize].copy_from_slice(&arena[r.offset as usize..r.end() as usize]);

@@ -47,6 +47,14 @@ pub(crate) struct PipelineArgs {
     /// Poll for completions instead of waiting for interrupts.
     #[arg(long)]
     poll: bool,
+    /// Every descriptor on one queue of the copy engine (no copy/compute overlap on the
+    /// device), instead of H2D and D2H on the copy engine and the layers on the compute unit.
+    #[arg(long)]
+    single_queue: bool,
+    /// Filter the result on the device (32-byte records, about one in 16 passing, at most one
+    /// in 8 copied back) instead of copying the whole result tensor back.
+    #[arg(long)]
+    filter: bool,
     /// Write SVG plots here: per path a latency CDF and a timeline (a row per stage, a bar per
     /// frame) of the last frames.
     #[arg(long, value_name = "DIR")]
@@ -196,6 +204,7 @@ fn pipelined(
         } else {
             Wait::Interrupt
         },
+        split: !args.single_queue,
         ..Config::default()
     };
     let mut p = Pipeline::new(rt, model.clone(), config)?;
@@ -353,6 +362,8 @@ struct Report {
     config: PipelineArgs,
     arena_bytes: u64,
     steps: usize,
+    /// Bytes the D2H copy brings back per frame.
+    result_bytes: u64,
     /// Frames per second the device itself allows with this cost model (one frame per
     /// modelled device time: every descriptor on one engine), 0 for the zero-cost model.
     device_bound_fps: f64,
@@ -361,8 +372,10 @@ struct Report {
 }
 
 /// The modelled device time of one frame in nanoseconds (the cost module's formula: a fixed
-/// cost per descriptor, DMA bytes at the DMA rate, compute bytes at the compute rate).
-fn device_ns(model: &Model, cost: &Cost) -> f64 {
+/// cost per descriptor, DMA bytes at the DMA rate, compute bytes at the compute rate): on one
+/// queue the sum, split across the two units the busier unit's share (the copy engine: the
+/// two copies and a wait; the compute unit: a wait and the steps).
+fn device_ns(model: &Model, cost: &Cost, split: bool) -> f64 {
     let at = |bytes: u64, per_sec: u64| {
         if per_sec == 0 {
             0.0
@@ -370,13 +383,18 @@ fn device_ns(model: &Model, cost: &Cost) -> f64 {
             bytes as f64 * 1e9 / per_sec as f64
         }
     };
-    let descriptors = (model.steps().len() + 2) as f64;
-    descriptors * cost.descriptor_ns as f64
-        + at(
-            model.input().bytes + model.result().bytes,
-            cost.dma_bytes_per_sec,
-        )
-        + at(model.compute_bytes(), cost.compute_bytes_per_sec)
+    let d = cost.descriptor_ns as f64;
+    let steps = model.steps().len() as f64;
+    let copy = at(
+        model.input().bytes + model.result().bytes,
+        cost.dma_bytes_per_sec,
+    );
+    let compute = at(model.compute_bytes(), cost.compute_bytes_per_sec);
+    if split {
+        (3.0 * d + copy).max((1.0 + steps) * d + compute)
+    } else {
+        (2.0 + steps) * d + copy + compute
+    }
 }
 
 /// Runs the command.
@@ -390,7 +408,16 @@ pub(crate) fn run(args: &PipelineArgs, json: bool) -> Result<(), Error> {
     )
     .unwrap_or(usize::MAX);
     let rt = Runtime::loopback(loopback::Config::default().cost(cost).memory_size(memory))?;
-    let model = Model::chain(args.layers, args.size)?;
+    let mut model = Model::chain(args.layers, args.size)?;
+    if args.filter {
+        let records = (model.result().bytes / 32).max(1);
+        model = model.with_filter(pipeline::Filter {
+            record: 32,
+            score_at: 0,
+            threshold: u32::MAX - u32::MAX / 16,
+            capacity: u32::try_from(records.div_ceil(8)).unwrap_or(u32::MAX),
+        })?;
+    }
     let mut first_wrong = None;
     let (report, recorder) = pipelined(&rt, &model, args, &mut first_wrong)?;
     let mut paths = vec![report];
@@ -423,7 +450,8 @@ pub(crate) fn run(args: &PipelineArgs, json: bool) -> Result<(), Error> {
         config: args.clone(),
         arena_bytes: model.arena_bytes(),
         steps: model.steps().len(),
-        device_bound_fps: match device_ns(&model, &cost) {
+        result_bytes: model.result().bytes,
+        device_bound_fps: match device_ns(&model, &cost, !args.single_queue) {
             ns if ns > 0.0 => 1e9 / ns,
             _ => 0.0,
         },
@@ -448,8 +476,17 @@ pub(crate) fn run(args: &PipelineArgs, json: bool) -> Result<(), Error> {
 
 fn print_text(r: &Report) {
     println!(
-        "model: {} compute steps over {} B tensors, arena {} B; cost {:?}; every frame checked",
-        r.steps, r.config.size, r.arena_bytes, r.config.cost
+        "model: {} device steps over {} B tensors, arena {} B, {} B back per frame; cost {:?}; {}; every frame checked",
+        r.steps,
+        r.config.size,
+        r.arena_bytes,
+        r.result_bytes,
+        r.config.cost,
+        if r.config.single_queue {
+            "one queue"
+        } else {
+            "H2D/D2H on the copy engine, layers on the compute unit"
+        }
     );
     println!(
         "{:<9} {:>5} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}  {:>8} {:>8} {:>8} {:>8} {:>8}  {:>7} {:>6} {:>6}",

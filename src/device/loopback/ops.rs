@@ -581,13 +581,19 @@ pub(super) fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
             let inputs = &inputs[..count];
             let mut words = [0u32; 3];
             let mut sum = 0u64;
+            // Each input's byte position, `4 * (j mod words)` kept by wrapping (no division
+            // per word).
+            let mut pos = [0usize; 3];
             for j in 0..len / 4 {
-                for (w, &(at, in_len)) in words.iter_mut().zip(inputs) {
-                    let i = 4 * (j % (in_len / 4));
-                    // SAFETY: the input range is inside device memory and `i + 4 <= in_len`
-                    // (`in_len` is a positive multiple of 4); an unaligned read, so any
-                    // device-memory base will do.
-                    *w = u32::from_le(unsafe { base.add(at + i).cast::<u32>().read_unaligned() });
+                for ((w, &(at, in_len)), i) in words.iter_mut().zip(inputs).zip(&mut pos) {
+                    // SAFETY: the input range is inside device memory and `*i + 4 <= in_len`
+                    // (`in_len` is a positive multiple of 4, `*i` a multiple of 4 below it);
+                    // an unaligned read, so any device-memory base will do.
+                    *w = u32::from_le(unsafe { base.add(at + *i).cast::<u32>().read_unaligned() });
+                    *i += 4;
+                    if *i == in_len {
+                        *i = 0;
+                    }
                 }
                 let out = reference::mix(seed, u64_of(j), &words[..count]);
                 // SAFETY: the output range is inside device memory and `4 * j + 4 <= len`; it
