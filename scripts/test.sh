@@ -94,8 +94,9 @@ step "loom models (pool, ring)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=targ
 	cargo test --release --locked --lib -- pool:: ring::
 step "planner on the MiniMalloc instances, release" cargo test --release --locked --test plan
 step "loopback soak, release (10^6 transfers)" cargo test --release --locked --test loopback_soak
+step "pipeline soak, release (10^5 frames)" cargo test --release --locked --test pipeline_soak
 step "benchmarks, test mode (each once; ratio tables in one short round)" \
-	cargo bench --locked --bench pool --bench ring --bench loopback --bench plan -- --test
+	cargo bench --locked --bench pool --bench ring --bench loopback --bench plan --bench pipeline -- --test
 step "guest suite: real PCI devices (edu, NVMe) in QEMU guests" scripts/guest-test.sh
 step "main job (README)" cargo run --release --locked --quiet -- demo
 step "PCI listing (README)" cargo run --release --locked --quiet -- list
