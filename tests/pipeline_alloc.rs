@@ -2,40 +2,13 @@
 //! and no DMA map or unmap (a counting global allocator and the DMA space's own counters), at
 //! depths 1 to 3, by interrupt and by polling, with every result still checked.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use userdma::device::loopback;
 use userdma::device::Wait;
 use userdma::pipeline::{Config, Model, Pipeline};
 use userdma::Runtime;
 
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // Relaxed: a statistic, read after the work it counts on the same thread.
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract is the system allocator's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // Relaxed: as in `alloc`.
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: userdma::stats::CountingAllocator = userdma::stats::CountingAllocator;
 
 #[test]
 fn steady_state_frames_allocate_and_map_nothing() {
@@ -81,11 +54,11 @@ fn steady_state_frames_allocate_and_map_nothing() {
         };
         run(&mut p, 100);
         let (allocs, maps) = (
-            ALLOCATIONS.load(Ordering::Relaxed),
+            userdma::stats::allocations(),
             rt.dma_space().stats().maps + rt.dma_space().stats().unmaps,
         );
         run(&mut p, 2000);
-        let allocs = ALLOCATIONS.load(Ordering::Relaxed) - allocs;
+        let allocs = userdma::stats::allocations() - allocs;
         let stats = rt.dma_space().stats();
         let maps = stats.maps + stats.unmaps - maps;
         assert_eq!(wrong, 0, "depth {depth}");

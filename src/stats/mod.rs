@@ -56,6 +56,7 @@
 //! | [`svg`] | the latency CDF and timeline plots |
 //! | `error` | [`Error`]: which plot could not be drawn or written, and where |
 
+mod alloc;
 mod error;
 mod recorder;
 mod report;
@@ -64,6 +65,7 @@ mod sweep;
 
 use std::time::Instant;
 
+pub use alloc::{allocations, CountingAllocator};
 pub use error::Error;
 pub use recorder::Recorder;
 pub use report::{

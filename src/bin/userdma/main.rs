@@ -65,41 +65,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
 use userdma::pci::{Bdf, Sysfs};
 
 use crate::exit::Failure;
 
-/// Heap allocations of the whole process, for the per-frame figures `userdma pipeline`
-/// prints (measured, not assumed).
-pub(crate) static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-/// The system allocator, counting allocations.
-struct Counting;
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // Relaxed: a statistic; nothing is ordered by it.
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract is the system allocator's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // Relaxed: as in `alloc`.
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
+/// Heap allocations of the whole process are counted, for the per-frame figures `userdma
+/// pipeline` prints (measured, not assumed).
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: userdma::stats::CountingAllocator = userdma::stats::CountingAllocator;
 
 /// Find, inspect and bind PCIe devices for user-space DMA (VFIO / UIO).
 #[derive(Debug, Parser)]

@@ -7,7 +7,6 @@
 //! allocations) and the device counters. `--naive` also runs the per-frame allocate, map and
 //! copy path on the same model in the same run, for comparison.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -124,6 +123,42 @@ struct PathReport {
     doorbells_per_frame: f64,
 }
 
+/// What the paths' postprocessing keeps: the recorder, the wrong frames.
+struct Tally {
+    recorder: Recorder,
+    previous: Option<Instant>,
+    wrong: u64,
+    first_wrong: Option<u64>,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            recorder: Recorder::new(Instant::now(), TIMELINE),
+            previous: None,
+            wrong: 0,
+            first_wrong: None,
+        }
+    }
+
+    /// Frame `n` was checked (`right`); its postprocessing began at `post`.
+    fn frame(&mut self, n: u64, right: bool, times: &Times, post: Instant) {
+        if !right {
+            self.wrong += 1;
+            self.first_wrong.get_or_insert(n);
+        }
+        let post = (post, Instant::now());
+        record(
+            &mut self.recorder,
+            n,
+            right,
+            times,
+            post,
+            &mut self.previous,
+        );
+    }
+}
+
 /// Records one finished frame's spans (host-side times) into `recorder`. On one in-order
 /// queue the device starts a frame's H2D copy only after the previous frame's last descriptor:
 /// the time from the doorbell to then (`previous`, the previous frame's D2H completion) is
@@ -212,9 +247,7 @@ fn pipelined(
     let mut scratch = vec![0u8; model.input().bytes as usize];
     // Warm-up: every slot used once, so the counted frames are steady state.
     p.run(u64::from(args.depth), |_, _| Ok(()), |_| {})?;
-    let mut recorder = Recorder::new(Instant::now(), TIMELINE);
-    let mut previous = None;
-    let mut wrong = 0u64;
+    let mut tally = Tally::new();
     let (allocs, maps) = (allocations(), dma_maps(rt));
     let before = p.summary();
     let start = Instant::now();
@@ -231,22 +264,20 @@ fn pipelined(
                 Ok(out) => out.read(0, &mut checker.got).is_ok() && checker.is_right(n),
                 Err(_) => false,
             };
-            if !right {
-                wrong += 1;
-                first_wrong.get_or_insert(n);
-            }
-            record(
-                &mut recorder,
-                n,
-                right,
-                &done.times,
-                (post, Instant::now()),
-                &mut previous,
-            );
+            tally.frame(n, right, &done.times, post);
         },
     )?;
     let seconds = start.elapsed().as_secs_f64();
     let (allocs, maps) = (allocations() - allocs, dma_maps(rt) - maps);
+    let Tally {
+        mut recorder,
+        wrong,
+        first_wrong: first,
+        ..
+    } = tally;
+    if let Some(first) = first {
+        first_wrong.get_or_insert(first);
+    }
     p.shutdown(|_| {})?;
     let frames = summary.frames - before.frames;
     let c = &mut recorder.counters;
@@ -283,9 +314,7 @@ fn naive_path(
     first_wrong: &mut Option<u64>,
 ) -> Result<(PathReport, Recorder), Error> {
     let mut checker = Checker::new(model);
-    let mut recorder = Recorder::new(Instant::now(), TIMELINE);
-    let mut previous = None;
-    let mut wrong = 0u64;
+    let mut tally = Tally::new();
     let (allocs, maps) = (allocations(), dma_maps(rt));
     let start = Instant::now();
     let summary = naive::run(
@@ -304,22 +333,20 @@ fn naive_path(
                 }
                 Err(_) => false,
             };
-            if !right {
-                wrong += 1;
-                first_wrong.get_or_insert(n);
-            }
-            record(
-                &mut recorder,
-                n,
-                right,
-                &times,
-                (post, Instant::now()),
-                &mut previous,
-            );
+            tally.frame(n, right, &times, post);
         },
     )?;
     let seconds = start.elapsed().as_secs_f64();
     let (allocs, maps) = (allocations() - allocs, dma_maps(rt) - maps);
+    let Tally {
+        mut recorder,
+        wrong,
+        first_wrong: first,
+        ..
+    } = tally;
+    if let Some(first) = first {
+        first_wrong.get_or_insert(first);
+    }
     let frames = summary.frames;
     let c = &mut recorder.counters;
     c.frames = frames;
@@ -348,8 +375,7 @@ fn naive_path(
 }
 
 fn allocations() -> u64 {
-    // Relaxed: a statistic read on the thread that did the work.
-    crate::ALLOCATIONS.load(Ordering::Relaxed)
+    stats::allocations()
 }
 
 fn dma_maps(rt: &Runtime) -> u64 {

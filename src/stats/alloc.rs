@@ -1,0 +1,51 @@
+//! A counting global allocator: the system allocator, counting every allocation in the
+//! process, so a program can measure (not assume) that its steady state allocates nothing.
+//!
+//! ```text
+//! #[global_allocator]
+//! static ALLOCATOR: userdma::stats::CountingAllocator = userdma::stats::CountingAllocator;
+//! let before = userdma::stats::allocations();
+//! // ... the steady state ...
+//! assert_eq!(userdma::stats::allocations() - before, 0);
+//! ```
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Allocations (and reallocations) made through [`CountingAllocator`] so far.
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// The system allocator, counting allocations; install it with `#[global_allocator]`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CountingAllocator;
+
+// SAFETY: every call is forwarded unchanged to the system allocator, which upholds the
+// `GlobalAlloc` contract; the only addition is a relaxed counter increment.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // Relaxed: a statistic; nothing is ordered by it.
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // Relaxed: as in `alloc`.
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Allocations made through [`CountingAllocator`] in this process so far (0 when it is not
+/// the global allocator). Read it before and after a stretch of work; other threads'
+/// allocations count too.
+pub fn allocations() -> u64 {
+    // Relaxed: a statistic; read after the work it counts.
+    ALLOCATIONS.load(Ordering::Relaxed)
+}
