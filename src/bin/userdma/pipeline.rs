@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use userdma::device::loopback::{self, Cost};
 use userdma::device::Wait;
-use userdma::pipeline::{self, naive, Config, Model, Pipeline, Times};
+use userdma::pipeline::{self, naive, Config, Model, Pipeline, Summary, Times};
 use userdma::stats::{self, Recorder, Stage};
 use userdma::Runtime;
 
@@ -139,6 +139,42 @@ impl Tally {
             wrong: 0,
             first_wrong: None,
         }
+    }
+
+    /// The report of a path that ran `run` in `seconds`, with `(allocations, DMA maps)`
+    /// counted over it; the recorder; the first wrong frame.
+    fn finish(
+        mut self,
+        path: &'static str,
+        depth: usize,
+        run: Summary,
+        seconds: f64,
+        (allocs, maps): (u64, u64),
+    ) -> (PathReport, Recorder, Option<u64>) {
+        let frames = run.frames;
+        let c = &mut self.recorder.counters;
+        c.frames = frames;
+        c.allocations = allocs;
+        c.dma_maps = maps;
+        c.doorbells = run.doorbells;
+        c.bytes_to_device = run.bytes_to_device;
+        c.bytes_to_host = run.bytes_to_host;
+        c.errors = run.failed;
+        let per_frame = |v: u64| v as f64 / frames.max(1) as f64;
+        let report = PathReport {
+            path,
+            depth,
+            frames,
+            wrong: self.wrong,
+            failed: run.failed,
+            seconds,
+            frames_per_sec: frames as f64 / seconds.max(1e-9),
+            stats: self.recorder.report(),
+            allocations_per_frame: per_frame(allocs),
+            dma_maps_per_frame: per_frame(maps),
+            doorbells_per_frame: per_frame(run.doorbells),
+        };
+        (report, self.recorder, self.first_wrong)
     }
 
     /// Frame `n` was checked (`right`); its postprocessing began at `post`.
@@ -269,42 +305,19 @@ fn pipelined(
     )?;
     let seconds = start.elapsed().as_secs_f64();
     let (allocs, maps) = (allocations() - allocs, dma_maps(rt) - maps);
-    let Tally {
-        mut recorder,
-        wrong,
-        first_wrong: first,
-        ..
-    } = tally;
-    if let Some(first) = first {
+    p.shutdown(|_| {})?;
+    let run = Summary {
+        frames: summary.frames - before.frames,
+        failed: summary.failed - before.failed,
+        doorbells: summary.doorbells - before.doorbells,
+        bytes_to_device: summary.bytes_to_device - before.bytes_to_device,
+        bytes_to_host: summary.bytes_to_host - before.bytes_to_host,
+    };
+    let report = tally.finish("pipeline", config.depth, run, seconds, (allocs, maps));
+    if let Some(first) = report.2 {
         first_wrong.get_or_insert(first);
     }
-    p.shutdown(|_| {})?;
-    let frames = summary.frames - before.frames;
-    let c = &mut recorder.counters;
-    c.frames = frames;
-    c.allocations = allocs;
-    c.dma_maps = maps;
-    c.doorbells = summary.doorbells - before.doorbells;
-    c.bytes_to_device = summary.bytes_to_device - before.bytes_to_device;
-    c.bytes_to_host = summary.bytes_to_host - before.bytes_to_host;
-    c.errors = summary.failed - before.failed;
-    Ok((
-        PathReport {
-            path: "pipeline",
-            depth: config.depth,
-            frames,
-            wrong,
-            failed: summary.failed - before.failed,
-            seconds,
-            frames_per_sec: frames as f64 / seconds.max(1e-9),
-            stats: recorder.report(),
-            allocations_per_frame: allocs as f64 / frames.max(1) as f64,
-            dma_maps_per_frame: maps as f64 / frames.max(1) as f64,
-            doorbells_per_frame: (summary.doorbells - before.doorbells) as f64
-                / frames.max(1) as f64,
-        },
-        recorder,
-    ))
+    Ok((report.0, report.1))
 }
 
 fn naive_path(
@@ -338,40 +351,11 @@ fn naive_path(
     )?;
     let seconds = start.elapsed().as_secs_f64();
     let (allocs, maps) = (allocations() - allocs, dma_maps(rt) - maps);
-    let Tally {
-        mut recorder,
-        wrong,
-        first_wrong: first,
-        ..
-    } = tally;
-    if let Some(first) = first {
+    let report = tally.finish("naive", 1, summary, seconds, (allocs, maps));
+    if let Some(first) = report.2 {
         first_wrong.get_or_insert(first);
     }
-    let frames = summary.frames;
-    let c = &mut recorder.counters;
-    c.frames = frames;
-    c.allocations = allocs;
-    c.dma_maps = maps;
-    c.doorbells = summary.doorbells;
-    c.bytes_to_device = summary.bytes_to_device;
-    c.bytes_to_host = summary.bytes_to_host;
-    c.errors = summary.failed;
-    Ok((
-        PathReport {
-            path: "naive",
-            depth: 1,
-            frames,
-            wrong,
-            failed: summary.failed,
-            seconds,
-            frames_per_sec: frames as f64 / seconds.max(1e-9),
-            stats: recorder.report(),
-            allocations_per_frame: allocs as f64 / frames.max(1) as f64,
-            dma_maps_per_frame: maps as f64 / frames.max(1) as f64,
-            doorbells_per_frame: summary.doorbells as f64 / frames.max(1) as f64,
-        },
-        recorder,
-    ))
+    Ok((report.0, report.1))
 }
 
 fn allocations() -> u64 {
