@@ -6,17 +6,15 @@
 //! from the reference.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use userdma::device::loopback::reference::{self, Compact};
-use userdma::device::loopback::{Code, Config, Cost, Descriptor, Loopback, Wait};
-use userdma::device::Device;
+use userdma::device::loopback::{Code, Descriptor, Loopback, Wait};
 use userdma::dma::{DeviceOffset, Mapping};
-use userdma::memory::PageSize;
-use userdma::ring::{self, Command, Queue, Status};
+use userdma::ring;
 
-const MEMORY: usize = 1 << 20;
-const TIMEOUT: Option<Duration> = Some(Duration::from_secs(10));
+mod loopback_common;
+
+use loopback_common::{device_bytes, pattern, run, MEMORY};
 
 /// The model's tensors, in bytes: input `x`, `a = L1(x)`, `b = L2(a)` (half as long, so it
 /// repeats in layer 3), `c = L3(b, x, a)` read as 64 records of 64 bytes.
@@ -51,38 +49,6 @@ const GOOD: Placement = Placement {
     c: 0x6000,
     out: 0x8000,
 };
-
-fn device() -> Arc<Loopback> {
-    let config = Config::default().cost(Cost::zero()).memory_size(MEMORY);
-    Arc::new(Loopback::new(config).expect("loopback device"))
-}
-
-/// Deterministic bytes.
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
-}
-
-fn run(queue: &mut Queue<Command, Status, ()>, command: Command) -> Status {
-    queue.submit(command, ()).expect("submitted");
-    queue.wait(TIMEOUT).expect("completed").entry
-}
-
-fn device_bytes(device: &Loopback, offset: u64, len: usize) -> Vec<u8> {
-    let mut bytes = vec![0; len];
-    device
-        .device_memory()
-        .read_into(offset as usize, &mut bytes)
-        .expect("in bounds");
-    bytes
-}
 
 /// The model on the host: each tensor and each descriptor's expected result.
 struct Expected {
@@ -164,15 +130,10 @@ fn run_model(
     (out, [results[1], results[2], results[3], results[4]])
 }
 
-fn host_memory(device: &Loopback) -> Mapping {
-    userdma::runtime::map_memory(device.dma_space().as_ref(), 16 << 10, PageSize::Base)
-        .expect("host memory mapped into the device's DMA space")
-}
-
 #[test]
 fn a_three_layer_model_matches_the_host_reference() {
-    let device = device();
-    let host = host_memory(&device);
+    let device = loopback_common::device(4);
+    let host = loopback_common::host_memory(&device, 16 << 10);
     let x = pattern(X, 7);
     let expected = reference_model(&x);
     let (out, results) = run_model(&device, &host, &x, GOOD);
@@ -218,8 +179,8 @@ fn a_three_layer_model_matches_the_host_reference() {
 
 #[test]
 fn a_wrong_placement_shows_as_wrong_output() {
-    let device = device();
-    let host = host_memory(&device);
+    let device = loopback_common::device(4);
+    let host = loopback_common::host_memory(&device, 16 << 10);
     let x = pattern(X, 7);
     let expected = reference_model(&x);
     // Layer 2 writes `b` over the start of `x`, which layer 3 still reads: a planner that

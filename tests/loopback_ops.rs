@@ -2,44 +2,13 @@
 //! descriptor field (each bad descriptor gets its own error code and touches nothing), device
 //! memory bounds, unmapped host addresses, the register map, and the counters.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use userdma::device::loopback::{regs, Code, Config, Cost, Loopback, Opcode, Wait};
+use userdma::device::loopback::{regs, Code, Opcode, Wait};
 use userdma::device::Device;
-use userdma::dma::Mapping;
-use userdma::memory::PageSize;
 use userdma::ring::{self, Command, Queue, Status};
 
-const MEMORY: usize = 1 << 20;
-const TIMEOUT: Option<Duration> = Some(Duration::from_secs(10));
+mod loopback_common;
 
-fn device() -> Arc<Loopback> {
-    let config = Config::default()
-        .cost(Cost::zero())
-        .memory_size(MEMORY)
-        .queues(2);
-    Arc::new(Loopback::new(config).expect("loopback device"))
-}
-
-/// `len` bytes of host memory mapped into the device's DMA space.
-fn host_memory(device: &Loopback, len: usize) -> Mapping {
-    userdma::runtime::map_memory(device.dma_space().as_ref(), len, PageSize::Base)
-        .expect("host memory mapped into the device's DMA space")
-}
-
-/// Deterministic bytes.
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
-}
+use loopback_common::{device_bytes, host_bytes, host_memory, pattern, run, MEMORY, TIMEOUT};
 
 fn cmd(op: Opcode, src: u64, dst: u64, len: u64) -> Command {
     Command {
@@ -49,26 +18,6 @@ fn cmd(op: Opcode, src: u64, dst: u64, len: u64) -> Command {
         len,
         ..Command::default()
     }
-}
-
-fn run(queue: &mut Queue<Command, Status, ()>, command: Command) -> Status {
-    queue.submit(command, ()).expect("submitted");
-    queue.wait(TIMEOUT).expect("completed").entry
-}
-
-fn device_bytes(device: &Loopback, offset: usize, len: usize) -> Vec<u8> {
-    let mut bytes = vec![0; len];
-    device
-        .device_memory()
-        .read_into(offset, &mut bytes)
-        .expect("in bounds");
-    bytes
-}
-
-fn host_bytes(mapping: &Mapping) -> Vec<u8> {
-    let mut bytes = vec![0; mapping.len()];
-    mapping.slice().read_into(0, &mut bytes).expect("in bounds");
-    bytes
 }
 
 /// The compute transform, as documented on `Opcode::Compute`.
@@ -86,7 +35,7 @@ fn transform(bytes: &[u8], xor: u32, add: u32) -> (Vec<u8>, u64) {
 
 #[test]
 fn register_map_identifies_the_device() {
-    let device = device();
+    let device = loopback_common::device(2);
     assert_eq!(device.get(regs::ID).unwrap(), regs::DEVICE_ID);
     assert_eq!(device.get(regs::VERSION).unwrap(), regs::VERSION_1);
     assert_eq!(device.get(regs::QUEUES).unwrap(), 2);
@@ -118,7 +67,7 @@ fn register_map_identifies_the_device() {
 
 #[test]
 fn every_operation_byte_for_byte() {
-    let device = device();
+    let device = loopback_common::device(2);
     let host = host_memory(&device, 64 << 10);
     let mut queue = device
         .open_queue::<()>(ring::Config::new(64).with_context(7), Wait::Interrupt)
@@ -209,7 +158,7 @@ fn every_operation_byte_for_byte() {
 
 #[test]
 fn unmapped_host_addresses_fail_and_touch_nothing() {
-    let device = device();
+    let device = loopback_common::device(2);
     let mut queue = device
         .open_queue::<()>(ring::Config::new(16), Wait::Interrupt)
         .unwrap();
@@ -258,7 +207,7 @@ fn unmapped_host_addresses_fail_and_touch_nothing() {
 
 #[test]
 fn device_memory_bounds_and_overflow() {
-    let device = device();
+    let device = loopback_common::device(2);
     let host = host_memory(&device, 8 << 10);
     let iova = host.iova(0).unwrap();
     let mut queue = device
@@ -326,7 +275,7 @@ fn device_memory_bounds_and_overflow() {
 
 #[test]
 fn malformed_descriptors_get_their_code_and_change_nothing() {
-    let device = device();
+    let device = loopback_common::device(2);
     let host = host_memory(&device, 8 << 10);
     let iova = host.iova(0).unwrap();
     host.slice().write_from(0, &pattern(8 << 10, 3)).unwrap();
@@ -418,7 +367,7 @@ fn malformed_descriptors_get_their_code_and_change_nothing() {
 
 #[test]
 fn batches_on_two_queues_complete_in_order() {
-    let device = device();
+    let device = loopback_common::device(2);
     let host = host_memory(&device, 256 << 10);
     let data = pattern(128 << 10, 77);
     host.slice().write_from(0, &data).unwrap();
