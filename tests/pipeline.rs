@@ -173,7 +173,7 @@ fn bad_settings_are_errors_that_say_what_to_do() {
         },
     )
     .unwrap_err();
-    assert!(!err.to_string().is_empty());
+    assert_eq!(err.code(), userdma::Code::Exhausted, "{err}");
 }
 
 #[test]
