@@ -81,7 +81,34 @@ prerequisites() {
 	export USERDMA_ONNX_MODELS
 	echo "ONNX models: $USERDMA_ONNX_MODELS"
 }
+# hold_gigantic_page: two tests map a 1 GiB hugepage. The kernel can only build one from a free,
+# contiguous, aligned GiB of memory, which a machine that has been compiling for a while rarely
+# has (it then grants 0 pages). So one page is reserved here, before the installs and builds
+# fragment memory (dropping clean caches and compacting first), held for the run, and given back
+# at exit. The tests find it free and use it; they still reserve it themselves when run alone.
+GIGANTIC=/sys/kernel/mm/hugepages/hugepages-1048576kB
+GIGANTIC_BEFORE=
+hold_gigantic_page() {
+	[ "$(id -u)" = 0 ] && [ -d $GIGANTIC ] || return 0
+	local total free
+	total=$(cat $GIGANTIC/nr_hugepages)
+	free=$(cat $GIGANTIC/free_hugepages)
+	[ "$free" -ge 1 ] && return 0
+	sync
+	echo 3 >/proc/sys/vm/drop_caches
+	echo 1 >/proc/sys/vm/compact_memory
+	GIGANTIC_BEFORE=$total
+	echo $((total + 1)) >$GIGANTIC/nr_hugepages
+	trap 'echo "$GIGANTIC_BEFORE" >$GIGANTIC/nr_hugepages' EXIT
+	if [ "$(cat $GIGANTIC/free_hugepages)" -ge 1 ]; then
+		echo "holding one 1 GiB hugepage for the tests that map one (given back at exit)"
+	else
+		echo "the kernel granted no 1 GiB hugepage (memory too fragmented); the two tests that map one will fail" >&2
+	fi
+}
+
 log "prerequisites"
+hold_gigantic_page
 prerequisites
 
 # ---- checks ---------------------------------------------------------------------------------

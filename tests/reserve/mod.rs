@@ -3,11 +3,12 @@
 
 #![allow(dead_code)]
 
+use std::fs;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use userdma::memory::hugepages::Guard;
-use userdma::memory::{PageSize, SYSFS_ROOT};
+use userdma::memory::{Error, PageSize, SYSFS_ROOT};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -20,8 +21,24 @@ pub(crate) fn serial() -> MutexGuard<'static, ()> {
 
 /// Makes `count` pages of `size` available until the guard drops; fails the test, saying why,
 /// when that is impossible (not root, memory too fragmented).
+///
+/// When the kernel grants fewer pages than asked (free memory is there but not contiguous), the
+/// test asks it once to compact memory and tries again: a 1 GiB page needs a whole free,
+/// aligned GiB, which a busy machine rarely has until compaction moves pages out of the way.
 pub(crate) fn reserve(count: u64, size: PageSize) -> Guard {
-    Guard::ensure_available(Path::new(SYSFS_ROOT), count, size, None).unwrap_or_else(|err| {
+    let root = Path::new(SYSFS_ROOT);
+    let first = Guard::ensure_available(root, count, size, None);
+    let result = match first {
+        Err(Error::ReserveShort { .. }) => {
+            // The failed attempt's guard has already put the pool back. Compaction is a request
+            // to the kernel, harmless on a test machine; if it cannot be asked, the retry
+            // reports the same shortfall.
+            let _ = fs::write("/proc/sys/vm/compact_memory", "1");
+            Guard::ensure_available(root, count, size, None)
+        }
+        other => other,
+    };
+    result.unwrap_or_else(|err| {
         panic!("this test needs {count} free {size} hugepages and root to reserve them: {err}")
     })
 }
