@@ -516,20 +516,36 @@ impl Model {
                     seed,
                 } => {
                     let inputs = &inputs[..usize::from(count)];
-                    let mut words = [0u32; 3];
-                    // Each input's byte position (`4 * (j mod words)`, by wrapping).
-                    let mut pos = [0u64; 3];
-                    for j in 0..len / 4 {
-                        for (k, &(offset, bytes)) in inputs.iter().enumerate() {
-                            let at = (offset + pos[k]) as usize;
-                            words[k] =
-                                u32::from_le_bytes(arena[at..at + 4].try_into().expect("4 bytes"));
-                            pos[k] = if pos[k] + 4 == bytes { 0 } else { pos[k] + 4 };
-                        }
-                        let h = reference::mix(seed, j, &words[..inputs.len()]);
-                        let at = (dst + 4 * j) as usize;
-                        arena[at..at + 4].copy_from_slice(&h.to_le_bytes());
+                    let inside = |offset: u64, bytes: u64| {
+                        offset
+                            .checked_add(bytes)
+                            .is_some_and(|end| end <= arena.len() as u64)
+                    };
+                    assert!(
+                        inside(dst, len) && inputs.iter().all(|&(o, b)| inside(o, b)),
+                        "the arena given to Model::reference is shorter than the model's"
+                    );
+                    let base = arena.as_mut_ptr();
+                    let mut raw = [(std::ptr::null::<u8>(), 0usize); 3];
+                    for (r, &(offset, bytes)) in raw.iter_mut().zip(inputs) {
+                        // SAFETY: inside `arena` (asserted above).
+                        *r = (
+                            unsafe { base.add(offset as usize) }.cast_const(),
+                            bytes as usize,
+                        );
                     }
+                    // SAFETY: every input and the output are inside `arena` (asserted above),
+                    // their lengths positive multiples of 4 and the output disjoint from every
+                    // input (`Model::new` checks both); all pointers come from one borrow of
+                    // `arena`, held for the call, so no one else touches it.
+                    unsafe {
+                        reference::layer_raw(
+                            seed,
+                            &raw[..inputs.len()],
+                            base.add(dst as usize),
+                            len as usize,
+                        )
+                    };
                 }
                 Step::Compact {
                     src,

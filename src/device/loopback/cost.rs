@@ -87,9 +87,14 @@ impl Default for Cost {
 }
 
 /// Waits longer than this sleep (most of the time); shorter ones yield the CPU in a loop.
-const SLEEP_ABOVE: Duration = Duration::from_micros(200);
+/// The engine threads run with a timer slack of [`TIMER_SLACK_NS`], so a sleep ends a few
+/// microseconds late, and a late end costs no throughput inside a burst (the next
+/// descriptor's modelled time runs from this one's modelled end).
+const SLEEP_ABOVE: Duration = Duration::from_micros(40);
 /// How much of a long wait is left to the yielding loop (sleep overshoots).
-const SLEEP_MARGIN: Duration = Duration::from_micros(100);
+const SLEEP_MARGIN: Duration = Duration::from_micros(20);
+/// The engine threads' timer slack under a cost model, in nanoseconds.
+pub(super) const TIMER_SLACK_NS: u64 = 1_000;
 
 /// The modelled device's clock: when it will have finished what it was given.
 #[derive(Debug)]

@@ -50,7 +50,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::bar::{DeviceBar, RegisterFile};
-use super::cost::{Clock, Cost};
+use super::cost::{Clock, Cost, TIMER_SLACK_NS};
 use super::ops::{self, Dram, Host, Outcome, Plan, Span, Translate};
 use super::regs::{
     self, Code, Control, DeviceStatus, Fault, QueueControl, QueueStatus, Unit as UnitId,
@@ -293,6 +293,10 @@ impl<'a> Unit<'a> {
 
     /// Runs until the register file asks for shutdown.
     fn run(mut self) {
+        if !self.settings.cost.is_zero() {
+            // Best effort: with the default slack a modelled wait ends up to 50 µs late.
+            let _ = shim::set_timer_slack(TIMER_SLACK_NS);
+        }
         // Acquire (here and in the loop): pairs with the host's increments after its register
         // writes, so the registers read afterwards include those writes.
         let mut control = self.file.control_seq().load(Ordering::Acquire);
@@ -640,11 +644,16 @@ impl<'a> Unit<'a> {
         // Completions written since the last interrupt raised.
         let mut unsignalled = false;
         let (mut completed, mut errors) = self.queue_totals[q];
-        // With a cost model, one clock read per descriptor: each one's time runs from the end
-        // of the previous, and the modelled time is waited for. With none, the burst's time is
-        // read once at each end and added to the busy counter after the burst.
+        // With a cost model, one clock read per descriptor, and the modelled time is waited
+        // for. The first descriptor's modelled time runs from the start of the burst; each
+        // later one's from the modelled end of the previous (it was waiting in the ring, so a
+        // device would have started it then), so a late wake-up of this thread delays one
+        // completion but costs the modelled device no throughput. Measured busy time runs from
+        // clock read to clock read. With no cost model, the burst's time is read once at each
+        // end and added to the busy counter after the burst.
         let burst_began = Instant::now();
         let mut began = burst_began;
+        let mut modelled_from = burst_began;
         while done < self.settings.max_burst {
             match active.queue.cq_room() {
                 Ok(0) => break,
@@ -691,10 +700,12 @@ impl<'a> Unit<'a> {
             let t = &mut self.totals;
             if timed {
                 let modelled = cost.charge(outcome.dma_bytes, outcome.compute_bytes, switch);
-                Clock::wait_until(self.clock.charge(began, modelled));
+                let due = self.clock.charge(modelled_from, modelled);
+                Clock::wait_until(due);
                 let ended = Instant::now();
                 t.busy_ns = t.busy_ns.saturating_add(nanos(ended.duration_since(began)));
                 began = ended;
+                modelled_from = due;
                 file.set64(c.busy_ns, t.busy_ns);
             }
             t.descriptors += 1;

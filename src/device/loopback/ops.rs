@@ -579,32 +579,16 @@ pub(super) fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
             seed,
         } => {
             let inputs = &inputs[..count];
-            let mut words = [0u32; 3];
-            let mut sum = 0u64;
-            // Each input's byte position, `4 * (j mod words)` kept by wrapping (no division
-            // per word).
-            let mut pos = [0usize; 3];
-            for j in 0..len / 4 {
-                for ((w, &(at, in_len)), i) in words.iter_mut().zip(inputs).zip(&mut pos) {
-                    // SAFETY: the input range is inside device memory and `*i + 4 <= in_len`
-                    // (`in_len` is a positive multiple of 4, `*i` a multiple of 4 below it);
-                    // an unaligned read, so any device-memory base will do.
-                    *w = u32::from_le(unsafe { base.add(at + *i).cast::<u32>().read_unaligned() });
-                    *i += 4;
-                    if *i == in_len {
-                        *i = 0;
-                    }
-                }
-                let out = reference::mix(seed, u64_of(j), &words[..count]);
-                // SAFETY: the output range is inside device memory and `4 * j + 4 <= len`; it
-                // overlaps no input (checked), so no word read above is written.
-                unsafe {
-                    base.add(dst + 4 * j)
-                        .cast::<u32>()
-                        .write_unaligned(out.to_le())
-                };
-                sum = sum.wrapping_add(u64::from(out));
+            let mut raw = [(ptr::null::<u8>(), 0usize); 3];
+            for (r, &(at, in_len)) in raw.iter_mut().zip(inputs) {
+                // SAFETY: the input range is inside device memory (checked).
+                *r = (unsafe { base.add(at) }.cast_const(), in_len);
             }
+            // SAFETY: each input range and the output range are inside device memory, the
+            // lengths positive multiples of 4 (checked); the output overlaps no input
+            // (checked); the kernel reads and writes device memory through raw pointers only,
+            // making no reference to it.
+            let sum = unsafe { reference::layer_raw(seed, &raw[..count], base.add(dst), len) };
             // Each input word the output uses, read once (a shorter input repeats from the
             // compute unit's buffer), and the output written.
             let read: usize = inputs.iter().map(|&(_, in_len)| in_len.min(len)).sum();

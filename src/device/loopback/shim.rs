@@ -37,6 +37,15 @@ pub(super) fn pin_to_cpu(cpu: u32) -> io::Result<()> {
     check(unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) }).map(drop)
 }
 
+/// Sets the calling thread's timer slack (`prctl(PR_SET_TIMERSLACK)`): how late the kernel may
+/// end its sleeps to batch wake-ups (50 µs by default), here made small so a modelled wait
+/// ends when it should.
+pub(super) fn set_timer_slack(ns: u64) -> io::Result<()> {
+    let ns = libc::c_ulong::try_from(ns.max(1)).unwrap_or(libc::c_ulong::MAX);
+    // SAFETY: PR_SET_TIMERSLACK takes its value as the second argument and reads no memory.
+    check(unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns, 0, 0, 0) }).map(drop)
+}
+
 /// `FUTEX_WAIT` (shared, not `_PRIVATE`: the word may be in memory another process maps): sleeps
 /// while `*word == expected`, up to `timeout`. Returns normally on a wake-up, a changed value
 /// (`EAGAIN`), a signal (`EINTR`) or the timeout; callers re-check their condition.
