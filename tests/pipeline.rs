@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use userdma::device::loopback::{self, Cost};
 use userdma::device::Wait;
-use userdma::pipeline::{self, naive, Config, Model, Pipeline};
-use userdma::Runtime;
+use userdma::pipeline::{self, naive, Config, Model, Pipeline, Results};
+use userdma::{Error, Runtime};
 
 fn runtime(cost: Cost) -> Runtime {
     Runtime::loopback(loopback::Config::default().cost(cost)).expect("loopback device")
@@ -33,6 +33,15 @@ fn expected(model: &Model, n: u64) -> Vec<u8> {
 
 fn run_checked(runtime: &Runtime, model: &Model, config: Config, frames: u64) {
     let mut p = Pipeline::new(runtime, model.clone(), config).expect("pipeline");
+    let path = p.result_path();
+    match config.results {
+        Results::Copy => assert!(!path.in_place),
+        Results::InPlace => assert!(path.in_place),
+        Results::Auto => {
+            let (copy, read) = (path.copy_ns.unwrap(), path.in_place_ns.unwrap());
+            assert_eq!(path.in_place, read < copy, "{path:?}");
+        }
+    }
     let mut scratch = vec![0u8; model.input().bytes as usize];
     let mut seen = Vec::new();
     let summary = p
@@ -44,6 +53,7 @@ fn run_checked(runtime: &Runtime, model: &Model, config: Config, frames: u64) {
             },
             |done| {
                 let out = done.result.expect("no device error");
+                assert_eq!(out.in_place(), path.in_place);
                 let mut got = vec![0u8; out.len()];
                 out.read(0, &mut got).unwrap();
                 assert_eq!(got, expected(model, done.frame), "frame {}", done.frame);
@@ -76,6 +86,84 @@ fn every_frame_is_right_at_every_depth_and_batch() {
             }
         }
     }
+}
+
+#[test]
+fn results_read_in_place_and_copied_back_are_the_same() {
+    let rt = runtime(Cost::zero());
+    let filtered = Model::chain(3, 4096)
+        .unwrap()
+        .with_filter(pipeline::Filter {
+            record: 32,
+            score_at: 0,
+            threshold: u32::MAX / 2,
+            capacity: 16,
+        })
+        .unwrap();
+    for model in [
+        Model::chain(4, 1000).unwrap(),
+        filtered,
+        Model::chain(1, 4).unwrap(),
+    ] {
+        for results in [Results::Copy, Results::InPlace, Results::Auto] {
+            for split in [true, false] {
+                for depth in [1, 2, 3] {
+                    let config = Config {
+                        depth,
+                        split,
+                        results,
+                        ..Config::default()
+                    };
+                    run_checked(&rt, &model, config, 12);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn auto_measures_and_picks_copies_for_big_results_and_in_place_for_tiny_ones() {
+    let rt = runtime(Cost::npu());
+    let pick = |bytes| {
+        let model = Model::chain(1, bytes).unwrap();
+        Pipeline::new(&rt, model, Config::default())
+            .unwrap()
+            .result_path()
+    };
+    // 1 MiB in place is 131,072 BAR round trips of 1 µs: the copy wins by orders of magnitude.
+    let big = pick(1 << 20);
+    assert!(!big.in_place, "{big:?}");
+    assert!(big.in_place_ns.unwrap() >= 131_072_000, "{big:?}");
+    // One word: one round trip, against a descriptor, a wait and a completion.
+    let tiny = pick(4);
+    assert!(tiny.in_place, "{tiny:?}");
+    assert!(tiny.in_place_ns.unwrap() >= 1_000, "{tiny:?}");
+}
+
+#[test]
+fn an_in_place_result_refuses_reads_outside_it() {
+    let rt = runtime(Cost::zero());
+    let model = Model::chain(2, 64).unwrap();
+    let config = Config {
+        results: Results::InPlace,
+        ..Config::default()
+    };
+    let mut p = Pipeline::new(&rt, model, config).unwrap();
+    p.run(
+        1,
+        |_, _| Ok(()),
+        |done| {
+            let out = done.result.unwrap();
+            assert_eq!(out.len(), 64);
+            let mut word = [0u8; 4];
+            out.read(60, &mut word).unwrap();
+            let err = out.read(61, &mut word).unwrap_err();
+            assert!(matches!(err, Error::Invalid { .. }), "{err}");
+            assert!(err.to_string().contains("of a 64-byte result"), "{err}");
+            assert!(out.read(usize::MAX, &mut word).is_err());
+        },
+    )
+    .unwrap();
 }
 
 #[test]

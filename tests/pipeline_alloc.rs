@@ -1,10 +1,11 @@
 //! Zero allocations in steady state: after warm-up, a pipeline frame makes no heap allocation
 //! and no DMA map or unmap (a counting global allocator and the DMA space's own counters), at
-//! depths 1 to 3, by interrupt and by polling, with every result still checked.
+//! depths 1 to 3, by interrupt and by polling, results copied back and read in place, with
+//! every result still checked.
 
 use userdma::device::loopback;
 use userdma::device::Wait;
-use userdma::pipeline::{Config, Model, Pipeline};
+use userdma::pipeline::{Config, Model, Pipeline, Results};
 use userdma::Runtime;
 
 #[global_allocator]
@@ -29,10 +30,16 @@ fn steady_state_frames_allocate_and_map_nothing() {
             result
         })
         .collect();
-    for (depth, wait) in [(1, Wait::Interrupt), (2, Wait::Interrupt), (3, Wait::Poll)] {
+    for (depth, wait, results) in [
+        (1, Wait::Interrupt, Results::Copy),
+        (2, Wait::Interrupt, Results::Auto),
+        (2, Wait::Interrupt, Results::InPlace),
+        (3, Wait::Poll, Results::Copy),
+    ] {
         let config = Config {
             depth,
             wait,
+            results,
             ..Config::default()
         };
         let mut p = Pipeline::new(&rt, model.clone(), config).unwrap();

@@ -1,11 +1,11 @@
 //! A release soak of the pipeline: 10^5 frames over pipelines of random depth, batch, queue
-//! layout, tensor size and layer count (a fixed seed, so the same run everywhere); every
-//! frame's result checked against the model run on the host, and afterwards no buffer leaked
+//! layout, result path (copied, in place, measured), tensor size and layer count (a fixed
+//! seed, so the same run everywhere); every frame's result checked against the model run on the host, and afterwards no buffer leaked
 //! (the ring layer's leak counters at zero, all device memory free again) and the device's
 //! counters consistent, with no error completion.
 
 use userdma::device::loopback::{self, Cost};
-use userdma::pipeline::{Config, Model, Pipeline};
+use userdma::pipeline::{Config, Model, Pipeline, Results};
 use userdma::{ring, Runtime};
 
 #[test]
@@ -31,6 +31,7 @@ fn a_hundred_thousand_frames_all_right_nothing_leaked() {
             depth: 1 + next(4) as usize,
             batch: 1 + next(3) as usize,
             split: next(4) != 0,
+            results: [Results::Copy, Results::InPlace, Results::Auto][next(3) as usize],
             ..Config::default()
         };
         let count = 500 + next(3000);

@@ -11,7 +11,7 @@ use std::sync::{Mutex, OnceLock};
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use userdma::device::loopback::{self, Cost};
-use userdma::pipeline::{Config, Model, Pipeline};
+use userdma::pipeline::{Config, Model, Pipeline, Results};
 use userdma::{Error, Runtime};
 
 #[derive(Debug, Arbitrary)]
@@ -27,6 +27,7 @@ struct Input {
     depth: u8,
     batch: u8,
     split: bool,
+    in_place: bool,
     layers: u8,
     words: u8,
     ops: Vec<Op>,
@@ -80,6 +81,11 @@ fuzz_target!(|input: Input| {
         depth,
         batch: 1 + usize::from(input.batch % 3),
         split: input.split,
+        results: if input.in_place {
+            Results::InPlace
+        } else {
+            Results::Copy
+        },
         ..Config::default()
     };
     let mut p = Pipeline::new(&rt, model.clone(), config).unwrap();

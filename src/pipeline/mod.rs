@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 pub use model::{Filter, Model, ModelError, Span, Step};
 
-use crate::device::loopback::{self, Code, Descriptor};
+use crate::device::loopback::{self, Code, Descriptor, Loopback};
 use crate::device::{Range, Wait};
 use crate::dma::{DeviceOffset, Iova};
 use crate::memory::PageSize;
@@ -56,11 +56,40 @@ pub struct Config {
     /// model's steps on the compute unit, ordered by `Wait` descriptors), so copying and
     /// computing overlap on the device; `false`: every descriptor on one queue, in order.
     pub split: bool,
+    /// How results come back: a D2H copy, read in place through the device-memory BAR, or
+    /// whichever measured faster for the model's result size when the pipeline was built.
+    pub results: Results,
+}
+
+/// How a frame's result reaches the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub enum Results {
+    /// A D2H copy into the slot's host result buffer, read there.
+    Copy,
+    /// Read in place from device memory through the mapped BAR: no D2H descriptor, but every
+    /// 8 bytes is a PCIe round trip for the reading CPU. Pays for small results (a class, a
+    /// score, a count).
+    InPlace,
+    /// Measure both for the model's result size when the pipeline is built (a D2H round trip
+    /// and an in-place read, the best of a few of each) and use the faster.
+    #[default]
+    Auto,
+}
+
+/// How results come back in a built pipeline, and what was measured to choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ResultPath {
+    /// Read in place through the BAR (`false`: D2H copies).
+    pub in_place: bool,
+    /// With [`Results::Auto`]: the best measured D2H round trip of the result, in ns.
+    pub copy_ns: Option<u64>,
+    /// With [`Results::Auto`]: the best measured in-place read of the result, in ns.
+    pub in_place_ns: Option<u64>,
 }
 
 impl Default for Config {
     /// Depth 2, one doorbell per queue per frame, queues 0 to 2 split across the units,
-    /// interrupts, 10 s.
+    /// interrupts, 10 s, results by measurement.
     fn default() -> Self {
         Config {
             depth: 2,
@@ -69,6 +98,7 @@ impl Default for Config {
             wait: Wait::Interrupt,
             timeout: Duration::from_secs(10),
             split: true,
+            results: Results::Auto,
         }
     }
 }
@@ -117,29 +147,68 @@ impl Input<'_> {
     }
 }
 
-/// The slot's host result buffer, after the frame's D2H completed.
+/// A finished frame's result: the slot's host result buffer after its D2H copy, or the
+/// slot's result tensor in device memory, read in place.
 #[derive(Debug)]
 pub struct Output<'a> {
-    buffer: &'a OwnedBuffer,
+    source: Source<'a>,
+}
+
+#[derive(Debug)]
+enum Source<'a> {
+    Host(&'a OwnedBuffer),
+    Device {
+        device: &'a Loopback,
+        offset: usize,
+        len: usize,
+    },
 }
 
 impl Output<'_> {
     /// The result's length in bytes.
     pub fn len(&self) -> usize {
-        self.buffer.len()
+        match self.source {
+            Source::Host(buffer) => buffer.len(),
+            Source::Device { len, .. } => len,
+        }
     }
 
     /// Whether the result is empty (never).
     pub fn is_empty(&self) -> bool {
-        self.buffer.is_empty()
+        self.len() == 0
+    }
+
+    /// Whether the result is read in place from device memory (each read pays the BAR's
+    /// round trips) rather than from a host buffer.
+    pub fn in_place(&self) -> bool {
+        matches!(self.source, Source::Device { .. })
     }
 
     /// Reads `dst.len()` bytes at `offset` of the result.
     ///
     /// # Errors
-    /// [`Error::Pool`] if the range leaves the result.
+    /// [`Error::Pool`] (a host result) or [`Error::Invalid`] (in place) if the range leaves
+    /// the result.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), Error> {
-        Ok(self.buffer.read(offset, dst)?)
+        match self.source {
+            Source::Host(buffer) => Ok(buffer.read(offset, dst)?),
+            Source::Device {
+                device,
+                offset: base,
+                len,
+            } => {
+                if offset.checked_add(dst.len()).is_none_or(|end| end > len) {
+                    return Err(Error::Invalid {
+                        what: format!(
+                            "a read of {} bytes at {offset} of a {len}-byte result",
+                            dst.len()
+                        ),
+                        hint: "read inside the result (Output::len)",
+                    });
+                }
+                Ok(device.read_device_memory(base + offset, dst)?)
+            }
+        }
     }
 }
 
@@ -183,7 +252,18 @@ struct Slot {
 #[derive(Debug)]
 enum Payload {
     Step { slot: usize, step: u16 },
-    Last(Slot),
+    Last { slot: Slot, step: u16 },
+}
+
+/// One entry of a frame's descriptor plan in [`Pipeline::try_submit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Descriptor `k` of the frame (0 the H2D copy, `steps + 1` the D2H copy).
+    Step(usize),
+    /// Every model step, 1 to `steps`.
+    Steps,
+    /// A `Wait` until everything pushed to that queue so far has completed.
+    WaitOn(usize),
 }
 
 /// The step number of a `Wait` descriptor (for error messages).
@@ -210,7 +290,7 @@ pub struct Summary {
     pub doorbells: u64,
     /// Bytes copied to the device.
     pub bytes_to_device: u64,
-    /// Bytes copied back.
+    /// Bytes of results brought back to the host (copied, or read in place).
     pub bytes_to_host: u64,
 }
 
@@ -244,6 +324,10 @@ pub struct Pipeline {
     pending: Vec<usize>,
     summary: Summary,
     in_flight: usize,
+    /// How results come back.
+    path: ResultPath,
+    /// The device, for reading results in place.
+    device: Arc<Loopback>,
     // Held for the pipeline's life: the pool the slots' buffers come from and the device
     // ranges of the arenas (dropped after the queues, which may hold slots).
     _pool: Arc<Pool>,
@@ -357,6 +441,40 @@ impl Pipeline {
             arenas.push(arena);
             free.push_back(slot);
         }
+        let device = Arc::clone(device);
+        let mut queues = queues;
+        let mut base = base;
+        let mut pushed = vec![0; queues.len()];
+        let path = match config.results {
+            Results::Copy => ResultPath {
+                in_place: false,
+                copy_ns: None,
+                in_place_ns: None,
+            },
+            Results::InPlace => ResultPath {
+                in_place: true,
+                copy_ns: None,
+                in_place_ns: None,
+            },
+            Results::Auto => {
+                let slot = free.front().expect("depth >= 1");
+                let d2h = queues.len() - 1;
+                measure_result_paths(
+                    &model,
+                    slot,
+                    &device,
+                    &mut queues[d2h],
+                    &mut pushed[d2h],
+                    config.timeout,
+                )?
+            }
+        };
+        if path.in_place && config.split {
+            // The D2H queue is not used: results are read where the compute unit wrote them.
+            queues.truncate(2);
+            base.truncate(2);
+            pushed.truncate(2);
+        }
         let now = Instant::now();
         let times = Times {
             preprocess: now,
@@ -365,7 +483,6 @@ impl Pipeline {
             computed: now,
             to_host: now,
         };
-        let n = queues.len();
         Ok(Pipeline {
             progress: vec![
                 Progress {
@@ -382,13 +499,15 @@ impl Pipeline {
             config,
             queues,
             base,
-            pushed: vec![0; n],
+            pushed,
             free,
             next_frame: 0,
             next_out: 0,
             unannounced: 0,
             summary: Summary::default(),
             in_flight: 0,
+            path,
+            device,
             _pool: pool,
             _arenas: arenas,
         })
@@ -402,6 +521,11 @@ impl Pipeline {
     /// How it was built.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// How results come back (and, with [`Results::Auto`], what was measured to choose).
+    pub fn result_path(&self) -> ResultPath {
+        self.path
     }
 
     /// Frames in flight (submitted, not yet handed to postprocessing).
@@ -454,48 +578,76 @@ impl Pipeline {
         }
         let index = slot.index;
         let steps = self.model.steps().len();
-        let split = self.queues.len() == 3;
-        let p = &mut self.progress[index];
-        p.frame = frame;
-        p.error = None;
-        p.times.preprocess = began;
-        p.outstanding = (steps + 2 + if split { 2 } else { 0 }) as u32;
-        let step = |k: usize| Payload::Step {
-            slot: index,
-            step: k as u16,
-        };
-        let wait = Payload::Step {
-            slot: index,
-            step: WAIT_STEP,
-        };
+        let split = self.config.split;
+        let in_place = self.path.in_place;
+        // The frame's descriptors in order, as (queue, descriptor k or a Wait on a queue):
+        // H2D; with `split` a Wait on H2D ahead of the steps; the steps; unless results are
+        // read in place, with `split` a Wait on the steps, and the D2H copy. The last one
+        // carries the slot.
         let (h2d, compute, d2h) = if split {
             (H2D, COMPUTE, D2H)
         } else {
             (0, 0, 0)
         };
-        let first = command_of(&self.model, &slot, 0);
-        self.push_to(h2d, first, step(0))?;
+        let mut plan = [(0usize, Next::Step(0)); 5];
+        let mut n = 0;
+        let mut add = |q: usize, next: Next| {
+            plan[n] = (q, next);
+            n += 1;
+        };
+        add(h2d, Next::Step(0));
         if split {
-            let w = self.wait_for(H2D);
-            self.push_to(COMPUTE, w, wait)?;
+            add(compute, Next::WaitOn(H2D));
         }
-        for k in 1..=steps {
-            let c = command_of(&self.model, &slot, k);
-            self.push_to(compute, c, step(k))?;
+        add(compute, Next::Steps);
+        if !in_place {
+            if split {
+                add(d2h, Next::WaitOn(COMPUTE));
+            }
+            add(d2h, Next::Step(steps + 1));
         }
-        if split {
-            let w = self.wait_for(COMPUTE);
-            self.push_to(
-                D2H,
-                w,
-                Payload::Step {
-                    slot: index,
-                    step: WAIT_STEP,
-                },
-            )?;
+        let total = plan[..n]
+            .iter()
+            .map(|&(_, next)| if next == Next::Steps { steps } else { 1 })
+            .sum::<usize>();
+        let p = &mut self.progress[index];
+        p.frame = frame;
+        p.error = None;
+        p.times.preprocess = began;
+        p.outstanding = total as u32;
+        let mut slot = Some(slot);
+        let mut left = total;
+        for &(q, next) in &plan[..n] {
+            let (first, count) = match next {
+                Next::Step(k) => (k, 1),
+                Next::Steps => (1, steps),
+                Next::WaitOn(_) => (0, 1),
+            };
+            for k in first..first + count {
+                left -= 1;
+                let held = slot
+                    .as_ref()
+                    .expect("the slot goes with the last descriptor");
+                let command = match next {
+                    Next::WaitOn(on) => self.wait_for(on),
+                    _ => command_of(&self.model, held, k),
+                };
+                let step = if matches!(next, Next::WaitOn(_)) {
+                    WAIT_STEP
+                } else {
+                    k as u16
+                };
+                let payload = if left == 0 {
+                    Payload::Last {
+                        slot: slot.take().expect("taken once"),
+                        step,
+                    }
+                } else {
+                    Payload::Step { slot: index, step }
+                };
+                self.push_to(q, command, payload)?;
+            }
         }
-        let last = command_of(&self.model, &slot, steps + 1);
-        self.push_to(d2h, last, Payload::Last(slot))?;
         self.summary.bytes_to_device += self.model.input().bytes;
         self.next_frame += 1;
         self.in_flight += 1;
@@ -540,7 +692,7 @@ impl Pipeline {
         let code = done.entry.loopback_code().ok();
         let (index, step) = match &done.payload {
             Payload::Step { slot, step } => (*slot, *step),
-            Payload::Last(slot) => (slot.index, (steps + 1) as u16),
+            Payload::Last { slot, step } => (slot.index, *step),
         };
         let p = &mut self.progress[index];
         if code != Some(Code::Success) && p.error.is_none() {
@@ -563,7 +715,10 @@ impl Pipeline {
             _ => {}
         }
         p.outstanding = p.outstanding.saturating_sub(1);
-        if let Payload::Last(slot) = done.payload {
+        if let Payload::Last { slot, .. } = done.payload {
+            if self.path.in_place {
+                p.times.computed = now;
+            }
             p.times.to_host = now;
             self.held[index] = Some(slot);
         }
@@ -593,10 +748,18 @@ impl Pipeline {
                     Err(e)
                 }
                 None => {
-                    self.summary.bytes_to_host += self.model.result().bytes;
-                    Ok(Output {
-                        buffer: &slot.result,
-                    })
+                    let r = self.model.result();
+                    self.summary.bytes_to_host += r.bytes;
+                    let source = if self.path.in_place {
+                        Source::Device {
+                            device: &self.device,
+                            offset: (slot.arena + r.offset).raw() as usize,
+                            len: r.bytes as usize,
+                        }
+                    } else {
+                        Source::Host(&slot.result)
+                    };
+                    Ok(Output { source })
                 }
             };
             postprocess(Finished {
@@ -695,6 +858,70 @@ impl Pipeline {
 /// then the D2H copy.
 fn command_of(model: &Model, slot: &Slot, k: usize) -> Command {
     command(model, slot.arena, slot.input.iova(), slot.result.iova(), k)
+}
+
+/// Times of each result path [`Results::Auto`] measures: the best of this many.
+const MEASURE_ROUNDS: usize = 5;
+
+/// [`Results::Auto`]: measures a D2H round trip of the model's result (from `slot`'s arena
+/// into its host result buffer, on `queue`, whose pushed count `pushed` it advances) and an
+/// in-place read of the same bytes through the BAR, the best of [`MEASURE_ROUNDS`] each, and
+/// picks the faster.
+fn measure_result_paths(
+    model: &Model,
+    slot: &Slot,
+    device: &Loopback,
+    queue: &mut loopback::Queue<Payload>,
+    pushed: &mut u64,
+    timeout: Duration,
+) -> Result<ResultPath, Error> {
+    let r = model.result();
+    let steps = model.steps().len();
+    let copy = command_of(model, slot, steps + 1);
+    let offset = (slot.arena + r.offset).raw() as usize;
+    let mut bytes = vec![0u8; r.bytes as usize];
+    let (mut copy_ns, mut in_place_ns) = (u64::MAX, u64::MAX);
+    for _ in 0..MEASURE_ROUNDS {
+        let start = Instant::now();
+        push(
+            queue,
+            copy,
+            Payload::Step {
+                slot: slot.index,
+                step: (steps + 1) as u16,
+            },
+            timeout,
+        )?;
+        *pushed += 1;
+        queue.flush()?;
+        let done = queue.wait(Some(timeout))?;
+        if done.entry.loopback_code().ok() != Some(Code::Success) {
+            return Err(Error::Invalid {
+                what: format!(
+                    "the D2H copy of the {}-byte result, measured for Results::Auto (device code {})",
+                    r.bytes,
+                    done.entry.code()
+                ),
+                hint: "the device refused a copy of the model's result: check the model's result range",
+            });
+        }
+        // The host's side of a copied result: reading it out of the result buffer.
+        slot.result.read(0, &mut bytes)?;
+        copy_ns = copy_ns.min(nanos(start.elapsed()));
+        let start = Instant::now();
+        device.read_device_memory(offset, &mut bytes)?;
+        in_place_ns = in_place_ns.min(nanos(start.elapsed()));
+    }
+    Ok(ResultPath {
+        in_place: in_place_ns < copy_ns,
+        copy_ns: Some(copy_ns),
+        in_place_ns: Some(in_place_ns),
+    })
+}
+
+/// A duration in whole nanoseconds (saturating).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Queues `command`. The ring holds every slot's descriptors, but the device writes its SQ

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use userdma::device::loopback::{self, Cost};
 use userdma::device::Wait;
-use userdma::pipeline::{self, naive, Config, Finished, Input, Model, Pipeline, Summary, Times};
+use userdma::pipeline::{
+    self, naive, Config, Finished, Input, Model, Pipeline, ResultPath, Summary, Times,
+};
 use userdma::stats::{self, Recorder, Stage};
 use userdma::Runtime;
 
@@ -57,6 +59,11 @@ pub(crate) struct PipelineArgs {
     /// in 8 copied back) instead of copying the whole result tensor back.
     #[arg(long)]
     filter: bool,
+    /// How results come back: a D2H copy, read in place through the device-memory BAR (a
+    /// PCIe round trip per 8 bytes under the npu model), or whichever measured faster for
+    /// the result's size when the pipeline was built.
+    #[arg(long, value_enum, default_value = "auto")]
+    results: ResultsArg,
     /// Write SVG plots here: per path a latency CDF and a timeline (a row per stage, a bar per
     /// frame) of the last frames.
     #[arg(long, value_name = "DIR")]
@@ -64,6 +71,28 @@ pub(crate) struct PipelineArgs {
     /// Write the metrics in the Prometheus text format to this file.
     #[arg(long, value_name = "FILE")]
     metrics: Option<std::path::PathBuf>,
+}
+
+/// `--results`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum ResultsArg {
+    /// A D2H copy into a host buffer.
+    Copy,
+    /// Read in place through the device-memory BAR.
+    InPlace,
+    /// Measure both when the pipeline is built and use the faster.
+    Auto,
+}
+
+impl From<ResultsArg> for pipeline::Results {
+    fn from(r: ResultsArg) -> pipeline::Results {
+        match r {
+            ResultsArg::Copy => pipeline::Results::Copy,
+            ResultsArg::InPlace => pipeline::Results::InPlace,
+            ResultsArg::Auto => pipeline::Results::Auto,
+        }
+    }
 }
 
 /// Why the command failed.
@@ -295,6 +324,7 @@ fn pipelined(
     rt: &Runtime,
     model: &Model,
     args: &PipelineArgs,
+    path: &mut Option<ResultPath>,
     first_wrong: &mut Option<u64>,
 ) -> Result<(PathReport, Recorder), Error> {
     let config = Config {
@@ -306,9 +336,11 @@ fn pipelined(
             Wait::Interrupt
         },
         split: !args.single_queue,
+        results: args.results.into(),
         ..Config::default()
     };
     let mut p = Pipeline::new(rt, model.clone(), config)?;
+    *path = Some(p.result_path());
     let mut checker = Checker::new(model);
     let depth = u64::from(args.depth);
     // Frame `n`'s expected result in entry `n % depth`, computed on the host right after the
@@ -425,8 +457,10 @@ struct Report {
     config: PipelineArgs,
     arena_bytes: u64,
     steps: usize,
-    /// Bytes the D2H copy brings back per frame.
+    /// Bytes of result per frame.
     result_bytes: u64,
+    /// How the pipeline brought results back, and what it measured to choose.
+    result_path: Option<ResultPath>,
     /// Frames per second the device itself allows with this cost model (one frame per
     /// modelled device time: every descriptor on one engine), 0 for the zero-cost model.
     device_bound_fps: f64,
@@ -437,8 +471,9 @@ struct Report {
 /// The modelled device time of one frame in nanoseconds (the cost module's formula: a fixed
 /// cost per descriptor, DMA bytes at the DMA rate, compute bytes at the compute rate): on one
 /// queue the sum, split across the two units the busier unit's share (the copy engine: the
-/// two copies and a wait; the compute unit: a wait and the steps).
-fn device_ns(model: &Model, cost: &Cost, split: bool) -> f64 {
+/// H2D copy, and unless results are read in place a wait and the D2H copy; the compute unit:
+/// a wait and the steps).
+fn device_ns(model: &Model, cost: &Cost, split: bool, in_place: bool) -> f64 {
     let at = |bytes: u64, per_sec: u64| {
         if per_sec == 0 {
             0.0
@@ -448,15 +483,14 @@ fn device_ns(model: &Model, cost: &Cost, split: bool) -> f64 {
     };
     let d = cost.descriptor_ns as f64;
     let steps = model.steps().len() as f64;
-    let copy = at(
-        model.input().bytes + model.result().bytes,
-        cost.dma_bytes_per_sec,
-    );
+    let back = if in_place { 0 } else { model.result().bytes };
+    let copy = at(model.input().bytes + back, cost.dma_bytes_per_sec);
     let compute = at(model.compute_bytes(), cost.compute_bytes_per_sec);
+    let copies = if in_place { 1.0 } else { 2.0 };
     if split {
-        (3.0 * d + copy).max((1.0 + steps) * d + compute)
+        ((2.0 * copies - 1.0) * d + copy).max((1.0 + steps) * d + compute)
     } else {
-        (2.0 + steps) * d + copy + compute
+        (copies + steps) * d + copy + compute
     }
 }
 
@@ -482,7 +516,8 @@ pub(crate) fn run(args: &PipelineArgs, json: bool) -> Result<(), Error> {
         })?;
     }
     let mut first_wrong = None;
-    let (report, recorder) = pipelined(&rt, &model, args, &mut first_wrong)?;
+    let mut result_path = None;
+    let (report, recorder) = pipelined(&rt, &model, args, &mut result_path, &mut first_wrong)?;
     let mut paths = vec![report];
     let mut recorders = vec![("pipeline", recorder)];
     if args.naive {
@@ -514,7 +549,13 @@ pub(crate) fn run(args: &PipelineArgs, json: bool) -> Result<(), Error> {
         arena_bytes: model.arena_bytes(),
         steps: model.steps().len(),
         result_bytes: model.result().bytes,
-        device_bound_fps: match device_ns(&model, &cost, !args.single_queue) {
+        result_path,
+        device_bound_fps: match device_ns(
+            &model,
+            &cost,
+            !args.single_queue,
+            result_path.is_some_and(|p| p.in_place),
+        ) {
             ns if ns > 0.0 => 1e9 / ns,
             _ => 0.0,
         },
@@ -579,6 +620,22 @@ fn print_text(r: &Report) {
             100.0 * t.data_movement_share,
             t.verdict
         );
+    }
+    if let Some(p) = &r.result_path {
+        let how = if p.in_place {
+            "read in place through the BAR"
+        } else {
+            "copied back (D2H)"
+        };
+        match (p.copy_ns, p.in_place_ns) {
+            (Some(copy), Some(read)) => println!(
+                "results: {how}; measured for {} B: D2H round trip {:.1} us, in-place read {:.1} us",
+                r.result_bytes,
+                copy as f64 / 1e3,
+                read as f64 / 1e3
+            ),
+            _ => println!("results: {how} (as asked)"),
+        }
     }
     if r.device_bound_fps > 0.0 {
         println!(

@@ -29,6 +29,12 @@ pub struct Cost {
     pub compute_bytes_per_sec: u64,
     /// Cost of moving from one context to another, in nanoseconds.
     pub context_switch_ns: u64,
+    /// Cost to the host of one read of up to 8 bytes of device memory through the mapped
+    /// BAR, in nanoseconds: a PCIe non-posted read, whose round trip stalls the reading CPU
+    /// (of the order of 1 µs on PCIe 3 and 4 hosts). Charged by
+    /// [`Loopback::read_device_memory`](super::Loopback::read_device_memory), the host's
+    /// in-place read of device results; the engine never charges it.
+    pub mmio_read_ns: u64,
 }
 
 impl Cost {
@@ -39,18 +45,26 @@ impl Cost {
             descriptor_ns: 0,
             compute_bytes_per_sec: 0,
             context_switch_ns: 0,
+            mmio_read_ns: 0,
         }
     }
 
     /// A small NPU behind PCIe: 12 GB/s of DMA, 1 µs per descriptor, 8 GB/s of compute, 20 µs
-    /// per context switch.
+    /// per context switch, 1 µs per 8-byte host read of device memory through the BAR.
     pub const fn npu() -> Cost {
         Cost {
             dma_bytes_per_sec: 12_000_000_000,
             descriptor_ns: 1_000,
             compute_bytes_per_sec: 8_000_000_000,
             context_switch_ns: 20_000,
+            mmio_read_ns: 1_000,
         }
+    }
+
+    /// What the host pays to read `bytes` of device memory in place through the BAR: one
+    /// [`Cost::mmio_read_ns`] per 8 bytes or part of them.
+    pub fn mmio_read(&self, bytes: u64) -> Duration {
+        Duration::from_nanos(bytes.div_ceil(8).saturating_mul(self.mmio_read_ns))
     }
 
     /// Whether nothing is ever charged.

@@ -333,6 +333,24 @@ impl Loopback {
         Slice::from_region(&self.dram)
     }
 
+    /// Reads `dst.len()` bytes of device memory at `offset` the way a host reads results in
+    /// place through the memory BAR, paying what that costs on hardware: under a cost model
+    /// the call takes at least [`Cost::mmio_read`] of the length (one PCIe round trip per
+    /// 8 bytes, during which a real CPU stalls, so the wait spins). The engine writes device
+    /// memory behind the host's back: read only what no descriptor in flight targets.
+    ///
+    /// # Errors
+    /// [`dma::Error`] if the range leaves device memory.
+    pub fn read_device_memory(&self, offset: usize, dst: &mut [u8]) -> Result<(), dma::Error> {
+        let start = Instant::now();
+        self.device_memory().read_into(offset, dst)?;
+        let until = start + self.config.cost_model().mmio_read(dst.len() as u64);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+
     /// Whether the engine (thread or process) is running.
     pub fn is_running(&self) -> bool {
         match &self.runner {
