@@ -442,8 +442,6 @@ impl Pipeline {
             free.push_back(slot);
         }
         let device = Arc::clone(device);
-        let mut queues = queues;
-        let mut base = base;
         let mut pushed = vec![0; queues.len()];
         let path = match config.results {
             Results::Copy => ResultPath {
