@@ -1,6 +1,8 @@
 //! The inference pipeline against the naive per-frame path, in one run: frames/s and the
 //! driving thread's CPU time per frame, with the zero-cost and the npu cost models, printed as
-//! one table with the ratios, then criterion timings of one frame each way.
+//! one table with the ratios; then results copied back against read in place through the
+//! device-memory BAR by result size (and what `Results::Auto` picks); then criterion timings
+//! of one frame each way.
 //!
 //! ```text
 //! cargo bench --bench pipeline             # the table (2000 frames per cell) and the timings
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use userdma::device::loopback::{self, Cost};
-use userdma::pipeline::{naive, Config, Model, Pipeline};
+use userdma::pipeline::{naive, Config, Model, Pipeline, Results};
 use userdma::Runtime;
 
 /// CPU time of the calling thread.
@@ -36,7 +38,21 @@ fn pipelined(rt: &Runtime, model: &Model, depth: usize, frames: u64) -> (f64, f6
         depth,
         ..Config::default()
     };
+    let (fps, cpu, _, _) = pipelined_with(rt, model, config, frames);
+    (fps, cpu)
+}
+
+/// Frames/s, CPU µs per frame, mean µs from preprocessing to the result read, and whether
+/// results were read in place, of `frames` frames of a pipeline built with `config`.
+fn pipelined_with(
+    rt: &Runtime,
+    model: &Model,
+    config: Config,
+    frames: u64,
+) -> (f64, f64, f64, bool) {
     let mut p = Pipeline::new(rt, model.clone(), config).expect("pipeline");
+    let in_place = p.result_path().in_place;
+    let latency = std::cell::Cell::new(Duration::ZERO);
     let input = vec![7u8; model.input().bytes as usize];
     let mut out = vec![0u8; model.result().bytes as usize];
     let mut run = |p: &mut Pipeline, n| {
@@ -47,11 +63,13 @@ fn pipelined(rt: &Runtime, model: &Model, depth: usize, frames: u64) -> (f64, f6
                 if let Ok(o) = d.result {
                     o.read(0, &mut out).expect("read");
                 }
+                latency.set(latency.get() + d.times.preprocess.elapsed());
             },
         )
         .expect("run");
     };
-    run(&mut p, depth as u64 * 4);
+    run(&mut p, config.depth as u64 * 4);
+    latency.set(Duration::ZERO);
     let (t, c) = (Instant::now(), thread_cpu());
     run(&mut p, frames);
     let (wall, cpu) = (t.elapsed(), thread_cpu() - c);
@@ -59,6 +77,8 @@ fn pipelined(rt: &Runtime, model: &Model, depth: usize, frames: u64) -> (f64, f6
     (
         frames as f64 / wall.as_secs_f64(),
         cpu.as_secs_f64() * 1e6 / frames as f64,
+        latency.get().as_secs_f64() * 1e6 / frames as f64,
+        in_place,
     )
 }
 
@@ -115,9 +135,39 @@ fn table(frames: u64) {
     }
 }
 
+/// Results copied back against read in place through the BAR, by result size, under the npu
+/// model (1 µs per 8-byte BAR read), and what `Results::Auto` measured and chose.
+fn results_table(frames: u64) {
+    println!();
+    println!("results copied back vs read in place, npu cost, depth 2, {frames} frames per cell, one layer");
+    println!(
+        "{:>9} {:>11} {:>11} {:>13} {:>13} {:>10} {:>9}",
+        "result B", "copy fps", "place fps", "copy lat us", "place lat us", "auto", "auto fps"
+    );
+    let rt = runtime(Cost::npu());
+    for bytes in [8u64, 64, 512, 4096, 32 << 10] {
+        let model = Model::chain(1, bytes).expect("model");
+        let run = |results| {
+            let config = Config {
+                results,
+                ..Config::default()
+            };
+            pipelined_with(&rt, &model, config, frames)
+        };
+        let (cf, _, cl, _) = run(Results::Copy);
+        let (pf, _, pl, _) = run(Results::InPlace);
+        let (af, _, _, in_place) = run(Results::Auto);
+        println!(
+            "{bytes:>9} {cf:>11.0} {pf:>11.0} {cl:>13.1} {pl:>13.1} {:>10} {af:>9.0}",
+            if in_place { "in place" } else { "copy" }
+        );
+    }
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--test");
     table(if quick { 50 } else { 2000 });
+    results_table(if quick { 20 } else { 1000 });
     let mut c = Criterion::default().configure_from_args();
     let rt = runtime(Cost::zero());
     let model = Model::chain(2, 16 << 10).expect("model");
