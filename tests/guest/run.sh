@@ -99,7 +99,8 @@ apt_install qemu-system-x86 busybox-static xz-utils zstd cpio file binutils
 command -v python3 >/dev/null || apt_install python3-minimal
 command -v python3 >/dev/null || die "python3 is not on PATH after installing python3-minimal (needed to check the NVMe image)"
 command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 is not on PATH after installing qemu-system-x86"
-qemu-system-x86_64 -device help 2>/dev/null | grep -q '"edu"' || die "this QEMU has no edu device"
+# grep reads to the end (no -q): an early exit could kill QEMU with SIGPIPE and fail the pipeline.
+qemu-system-x86_64 -device help 2>/dev/null | grep '"edu"' >/dev/null || die "this QEMU has no edu device"
 file -L /bin/busybox | grep -qE 'static(-pie)? linked|statically linked' ||
 	die "/bin/busybox is not statically linked (apt-get install busybox-static)"
 
@@ -369,6 +370,17 @@ kvm) [ "$KVM_OK" = 1 ] || die "ACCEL=kvm but /dev/kvm is missing or not usable b
 *) die "ACCEL must be tcg, kvm or auto, not '$ACCEL'" ;;
 esac
 
+# Whether CASE is among the boot's planned cases. A loop, not `printf | grep -q`: under pipefail
+# grep -q's early exit can kill printf (which writes one line at a time) with SIGPIPE, and the
+# pipeline then fails although the case matched.
+planned_has() { # planned_has CASE
+	local c
+	for c in "${planned[@]}"; do
+		[ "$c" = "$1" ] && return 0
+	done
+	return 1
+}
+
 pass() { PASSED=$((PASSED + 1)); echo "PASS $*"; }
 fail() { FAILED=$((FAILED + 1)); echo "FAIL $*"; }
 
@@ -408,7 +420,7 @@ for name in $BOOTS; do
 		esac
 	done
 	# The disk image, checked on the host, in the boots whose nvme-vfio case wrote it.
-	if printf '%s\n' "${planned[@]}" | grep -qx nvme-vfio; then
+	if planned_has nvme-vfio; then
 		if why_image=$(check_image "$NVME_SEED" "$console" 2>&1); then
 			pass "$name/nvme-image (host): $why_image"
 		else
@@ -419,7 +431,7 @@ for name in $BOOTS; do
 	# Every reported case must have been planned.
 	while IFS= read -r line; do
 		c=$(echo "$line" | sed -E 's/^(PASS|FAIL) ([a-z0-9-]+).*/\2/')
-		printf '%s\n' "${planned[@]}" | grep -qx "$c" || { boot_ok=0; fail "$name/$c: reported but not planned"; }
+		planned_has "$c" || { boot_ok=0; fail "$name/$c: reported but not planned"; }
 	done < <(grep -E '^(PASS|FAIL) ' "$console" || true)
 	echo "    boot $name: ${BOOT_SECONDS}s, console log $console"
 	if [ "$boot_ok" = 0 ]; then

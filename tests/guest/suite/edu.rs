@@ -23,8 +23,10 @@ pub(crate) const BAR0_LEN: u64 = 1 << 20;
 pub(crate) const DMA_MASK_BITS: u32 = 28;
 /// Where the device's DMA buffer sits in its DMA address space.
 pub(crate) const BUFFER: u64 = 0x40000;
-/// The longest transfer. The buffer holds 4096 bytes, but QEMU 7.2 checks the range off by one
-/// and aborts on a transfer of exactly 4096 bytes (fixed in QEMU 8.2.1).
+/// How far into its buffer a transfer may reach, and so the longest transfer. The buffer holds
+/// 4096 bytes, but QEMU 7.2 checks a transfer's end off by one and aborts QEMU on one that
+/// reaches the buffer's last byte (from offset 0: a transfer of exactly 4096 bytes; fixed in
+/// QEMU 8.2.1).
 pub(crate) const MAX_TRANSFER: usize = 4095;
 /// How long a DMA may take before the case fails. The engine is timer-driven: a transfer ends
 /// about 100 ms after it starts; the margin covers a loaded machine under software emulation.
@@ -65,6 +67,21 @@ pub(crate) enum Direction {
     ToDevice,
     /// The device's buffer to host memory (the device writes host memory).
     FromDevice,
+}
+
+/// A transfer [`Edu::start`] programmed: what it moves, and when the command went out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Transfer {
+    /// Which way.
+    pub(crate) direction: Direction,
+    /// The host side's device address.
+    pub(crate) addr: u64,
+    /// Where in the device's buffer.
+    pub(crate) offset: usize,
+    /// Bytes.
+    pub(crate) len: usize,
+    /// Just before the command write that started it.
+    pub(crate) started: Instant,
 }
 
 /// An `edu` function, through its BAR0 register block (from `Device::bar(0)`).
@@ -129,30 +146,79 @@ impl Edu {
         Ok(id)
     }
 
-    /// Moves `len` bytes between the device's buffer and `addr` (an IOVA or physical address,
-    /// whatever the device's DMA path uses), waits for the engine to finish, and returns how
-    /// long that took. The engine finishes a transfer whether or not the IOMMU let it through:
-    /// whether the bytes arrived is for the caller to check.
+    /// Moves `len` bytes between the start of the device's buffer and `addr` (an IOVA or
+    /// physical address, whatever the device's DMA path uses), waits for the engine to finish,
+    /// and returns how long that took. The engine finishes a transfer whether or not the IOMMU
+    /// let it through: whether the bytes arrived is for the caller to check.
     pub(crate) fn dma(
         &self,
         direction: Direction,
         addr: u64,
         len: usize,
     ) -> Result<Duration, Failure> {
+        self.wait_idle("before starting a transfer")?;
+        let transfer = self.start(direction, addr, 0, len, false)?;
+        self.wait_idle("for the transfer to finish")?;
+        // Acquire: the loads that check the destination buffer must not be done before the load
+        // of DMA_CMD that saw the transfer finish; pairs with the device's writes to host memory
+        // before it clears DMA_START.
+        fence(Ordering::Acquire);
+        Ok(transfer.started.elapsed())
+    }
+
+    /// Like [`Edu::dma`], but asks edu to raise its interrupt when the transfer ends, and waits
+    /// for that interrupt on `vector` instead of polling the engine. Returns how long it took and
+    /// the eventfd's count. The interrupt is left for the caller to check and acknowledge.
+    pub(crate) fn dma_irq(
+        &self,
+        direction: Direction,
+        addr: u64,
+        len: usize,
+        vector: &EventFd,
+    ) -> Result<(Duration, u64), Failure> {
+        self.wait_idle("before starting a transfer")?;
+        let transfer = self.start(direction, addr, 0, len, true)?;
+        let (ended, fired) = self.wait_irq(&transfer, vector)?;
+        Ok((ended.duration_since(transfer.started), fired))
+    }
+
+    /// Starts moving `len` bytes between byte `offset` of the device's buffer and `addr`, with
+    /// the interrupt bit when `irq`, and returns without waiting. The engine must be idle: edu
+    /// runs one transfer at a time and ignores writes to its DMA registers while one runs, so a
+    /// busy engine is an error here rather than a transfer silently not programmed.
+    pub(crate) fn start(
+        &self,
+        direction: Direction,
+        addr: u64,
+        offset: usize,
+        len: usize,
+        irq: bool,
+    ) -> Result<Transfer, Failure> {
         ensure!(
-            (1..=MAX_TRANSFER).contains(&len),
-            "edu transfers 1..={MAX_TRANSFER} bytes, not {len}"
+            len >= 1 && offset.checked_add(len).is_some_and(|end| end <= MAX_TRANSFER),
+            "edu transfers 1..={MAX_TRANSFER} bytes within the first {MAX_TRANSFER} of its buffer, not {len} at offset {offset:#x}"
         );
         let count = u64::try_from(len).map_err(|_| Failure::Check(format!("length {len}")))?;
+        let inside = u64::try_from(offset)
+            .map_err(|_| Failure::Check(format!("offset {offset:#x}")))?
+            + BUFFER;
         ensure!(
             addr.checked_add(count - 1)
                 .is_some_and(|last| last >> DMA_MASK_BITS == 0),
             "address {addr:#x}+{len:#x} is beyond edu's {DMA_MASK_BITS}-bit DMA mask"
         );
-        self.wait_idle("before starting a transfer")?;
+        let cmd = self
+            .regs
+            .get(DMA_CMD)
+            .context(|| "read DMA command".to_owned())?;
+        ensure!(
+            cmd & DMA_START == 0,
+            "the DMA engine is busy (command {cmd:#x}): edu would ignore a {direction:?} DMA of {len} bytes at {addr:#x} programmed now"
+        );
+        let irq_bit = if irq { DMA_IRQ } else { 0 };
         let (src, dst, cmd) = match direction {
-            Direction::ToDevice => (addr, BUFFER, DMA_START),
-            Direction::FromDevice => (BUFFER, addr, DMA_START | DMA_TO_RAM),
+            Direction::ToDevice => (addr, inside, DMA_START | irq_bit),
+            Direction::FromDevice => (inside, addr, DMA_START | DMA_TO_RAM | irq_bit),
         };
         let what = || format!("program a {direction:?} DMA of {len} bytes at {addr:#x}");
         self.regs.set(DMA_SRC, src).context(what)?;
@@ -162,63 +228,49 @@ impl Edu {
         // the command write that starts it reading; pairs with the device's read of host memory
         // after it sees DMA_START.
         fence(Ordering::Release);
-        let start = Instant::now();
+        let started = Instant::now();
         self.regs.set(DMA_CMD, cmd).context(what)?;
-        self.wait_idle("for the transfer to finish")?;
-        // Acquire: the loads that check the destination buffer must not be done before the load
-        // of DMA_CMD that saw the transfer finish; pairs with the device's writes to host memory
-        // before it clears DMA_START.
-        fence(Ordering::Acquire);
-        Ok(start.elapsed())
+        Ok(Transfer {
+            direction,
+            addr,
+            offset,
+            len,
+            started,
+        })
     }
 
-    /// Like [`Edu::dma`], but asks edu to raise its interrupt when the transfer ends, and waits
-    /// for that interrupt on `vector` instead of polling the engine. Returns how long it took and
-    /// the eventfd's count.
-    pub(crate) fn dma_irq(
+    /// Waits on `vector` for the interrupt that ends `transfer` (started with the interrupt
+    /// bit), and returns when it arrived and the eventfd's count. A transfer that does not end
+    /// within the timeout is an error naming it and edu's interrupt status.
+    pub(crate) fn wait_irq(
         &self,
-        direction: Direction,
-        addr: u64,
-        len: usize,
+        transfer: &Transfer,
         vector: &EventFd,
-    ) -> Result<(Duration, u64), Failure> {
-        ensure!(
-            (1..=MAX_TRANSFER).contains(&len),
-            "edu transfers 1..={MAX_TRANSFER} bytes, not {len}"
-        );
-        let count = u64::try_from(len).map_err(|_| Failure::Check(format!("length {len}")))?;
-        ensure!(
-            addr.checked_add(count - 1)
-                .is_some_and(|last| last >> DMA_MASK_BITS == 0),
-            "address {addr:#x}+{len:#x} is beyond edu's {DMA_MASK_BITS}-bit DMA mask"
-        );
-        self.wait_idle("before starting a transfer")?;
-        let (src, dst, cmd) = match direction {
-            Direction::ToDevice => (addr, BUFFER, DMA_START | DMA_IRQ),
-            Direction::FromDevice => (BUFFER, addr, DMA_START | DMA_TO_RAM | DMA_IRQ),
-        };
-        let what = || format!("program a {direction:?} DMA of {len} bytes at {addr:#x}");
-        self.regs.set(DMA_SRC, src).context(what)?;
-        self.regs.set(DMA_DST, dst).context(what)?;
-        self.regs.set(DMA_COUNT, count).context(what)?;
-        // Release: as in `dma`, the source buffer's bytes before the command that starts the
-        // device reading them.
-        fence(Ordering::Release);
-        let start = Instant::now();
-        self.regs.set(DMA_CMD, cmd).context(what)?;
+    ) -> Result<(Instant, u64), Failure> {
         let fired = vector
             .wait(Some(DMA_TIMEOUT))
             .context(|| "wait for edu's DMA interrupt".to_owned())?;
+        let ended = Instant::now();
         let Some(fired) = fired else {
             let status = self.irq_status()?;
             return Err(Failure::Check(format!(
-                "no interrupt within {DMA_TIMEOUT:?} after a {direction:?} DMA with the interrupt bit (edu interrupt status {status:#x})"
+                "no interrupt within {DMA_TIMEOUT:?} after a {:?} DMA of {} bytes at {:#x} (device offset {:#x}) with the interrupt bit (edu interrupt status {status:#x})",
+                transfer.direction, transfer.len, transfer.addr, transfer.offset
             )));
         };
         // Acquire: the destination's bytes are read after the interrupt that says they are
         // there; pairs with the device's writes before it raised the interrupt.
         fence(Ordering::Acquire);
-        Ok((start.elapsed(), fired))
+        Ok((ended, fired))
+    }
+
+    /// Whether a transfer runs (`DMA_CMD` still has its start bit).
+    pub(crate) fn busy(&self) -> Result<bool, Failure> {
+        let cmd = self
+            .regs
+            .get(DMA_CMD)
+            .context(|| "read DMA command".to_owned())?;
+        Ok(cmd & DMA_START != 0)
     }
 
     /// Polls until no transfer runs.

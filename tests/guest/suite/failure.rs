@@ -97,6 +97,55 @@ impl Failure {
         }
         text.replace('\n', " ")
     }
+
+    /// The same failure with `what` (the step it happened in: a frame, a stage) put before
+    /// its text; the source is kept.
+    pub(crate) fn during(self, what: impl FnOnce() -> String) -> Failure {
+        let before = |text: String| format!("{}: {text}", what());
+        match self {
+            Failure::Check(text) => Failure::Check(before(text)),
+            Failure::Io { op, source } => Failure::Io {
+                op: before(op),
+                source,
+            },
+            Failure::Pci { op, source } => Failure::Pci {
+                op: before(op),
+                source,
+            },
+            Failure::Bind { op, source } => Failure::Bind {
+                op: before(op),
+                source,
+            },
+            Failure::Dma { op, source } => Failure::Dma {
+                op: before(op),
+                source,
+            },
+            Failure::Memory { op, source } => Failure::Memory {
+                op: before(op),
+                source,
+            },
+            Failure::Pool { op, source } => Failure::Pool {
+                op: before(op),
+                source,
+            },
+            Failure::Device { op, source } => Failure::Device {
+                op: before(op),
+                source,
+            },
+            Failure::Irq { op, source } => Failure::Irq {
+                op: before(op),
+                source,
+            },
+            Failure::Mmio { op, source } => Failure::Mmio {
+                op: before(op),
+                source,
+            },
+            Failure::Runtime { op, source } => Failure::Runtime {
+                op: before(op),
+                source,
+            },
+        }
+    }
 }
 
 /// Attaches the operation being done to a library error.
@@ -153,6 +202,18 @@ mod tests {
             .context(|| "open /dev/vfio/7".to_owned())
             .unwrap_err();
         assert_eq!(failure.chain(), "open /dev/vfio/7: inner cause");
+    }
+
+    #[test]
+    fn during_puts_the_step_first_and_keeps_the_source() {
+        let check = Failure::Check("byte 3 differs".to_owned()).during(|| "frame 7".to_owned());
+        assert_eq!(check.chain(), "frame 7: byte 3 differs");
+        let io: Result<(), _> = Err(io::Error::other("gone"));
+        let io = io
+            .context(|| "read BAR0".to_owned())
+            .unwrap_err()
+            .during(|| "frame 2, to device".to_owned());
+        assert_eq!(io.chain(), "frame 2, to device: read BAR0: gone");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::Boot;
 mod cli;
 mod nvme;
 mod pci;
+mod pipeline;
 mod uio;
 mod vfio;
 
@@ -109,6 +110,11 @@ pub(crate) const ALL: &[Case] = &[
         name: "vfio-noiommu-dma",
         boots: &[Boot::NoIommu],
         run: vfio::noiommu_dma,
+    },
+    Case {
+        name: "pipeline-edu-vfio",
+        boots: EVERY,
+        run: pipeline::edu_vfio,
     },
     Case {
         name: "uio-bar0-map",

@@ -37,14 +37,17 @@ const IRQ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The options every case opens edu with: its 28-bit mask, and no-IOMMU allowed in the boot
 /// that has no IOMMU.
-fn options(env: &Env) -> Options {
+pub(super) fn options(env: &Env) -> Options {
     Options::new()
         .dma_mask_bits(edu::DMA_MASK_BITS)
         .allow_noiommu(!env.boot.has_iommu())
 }
 
 /// edu bound to `vfio-pci` and opened with `options`, and its BAR0.
-fn open<'e>(env: &'e Env, options: &Options) -> Result<(Bound<'e>, Arc<Vfio>, Edu), Failure> {
+pub(super) fn open<'e>(
+    env: &'e Env,
+    options: &Options,
+) -> Result<(Bound<'e>, Arc<Vfio>, Edu), Failure> {
     let bound = env.bind(env.edu, Driver::VfioPci)?;
     let vfio =
         Vfio::open_with(env.edu, options).context(|| format!("open {} through VFIO", env.edu))?;
@@ -54,7 +57,7 @@ fn open<'e>(env: &'e Env, options: &Options) -> Result<(Bound<'e>, Arc<Vfio>, Ed
 }
 
 /// A runtime that owns `vfio` (the case keeps its own handle for what only VFIO has).
-fn runtime(vfio: &Arc<Vfio>) -> Runtime {
+pub(super) fn runtime(vfio: &Arc<Vfio>) -> Runtime {
     Runtime::from_device(Arc::clone(vfio) as Arc<dyn Device>)
 }
 
