@@ -1,8 +1,8 @@
 //! Sleeping on a futex word without sleeping through a wake-up: the two flag-and-fence
 //! (Dekker) handshakes of the loopback device's threads, written once over the crate's
-//! [`sync`](crate::sync) atomics, so that loom can check the text production runs. The device
-//! keeps the words in its register file and its units' shared state; this module owns only the
-//! steps and the reasons for their orderings.
+//! [`sync`](crate::sync) atomics, so that the loom models in `loom_tests.rs` check the text
+//! production runs. The device keeps the words in its register file and its units' shared
+//! state; this module owns only the steps and the reasons for their orderings.
 //!
 //! # A waker and a sleeper ([`Words`])
 //!
@@ -45,6 +45,9 @@
 //! so an increment made after the completing unit saw the flag is never part of it.
 
 use crate::sync::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+#[cfg(all(test, loom))]
+mod loom_tests;
 
 /// A futex: sleeping on a 32-bit word while it holds a value, and waking those sleepers.
 pub(crate) trait Futex {

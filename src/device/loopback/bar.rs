@@ -16,8 +16,9 @@
 //! or the engine sees the new `WAKE_SEQ` and does not sleep — and `FUTEX_WAIT` itself re-checks
 //! the value in the kernel, so no doorbell is lost, and a host that rings while the engine is
 //! busy makes no system call. The futex is shared (not `_PRIVATE`), so it works across
-//! processes mapping the same memfd. The handshake's steps are [`wake::Words`];
-//! [`RegisterFile::notify`] and [`RegisterFile::sleep`] run them on the register file's words.
+//! processes mapping the same memfd. The handshake's steps are [`wake::Words`], which loom
+//! checks (`src/wake/loom_tests.rs`); [`RegisterFile::notify`] and [`RegisterFile::sleep`] run
+//! them on the register file's words.
 //!
 //! The device has two units ([`Unit`]), each its own thread, and each has its own `WAKE_SEQ`
 //! and `SLEEPING` pair (the copy engine's at the start of the page, the compute unit's on a

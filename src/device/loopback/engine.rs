@@ -788,7 +788,7 @@ impl<'a> Unit<'a> {
 /// target may be one of those completions). Called once per burst, and with a cost model after
 /// every descriptor (so a long burst of modelled time does not hold back the waiting unit).
 ///
-/// The handshake with [`Unit::check_wait`] ([`wake::waiter_raised`]): this
+/// The handshake with [`Unit::check_wait`] ([`wake::waiter_raised`], which loom checks): this
 /// unit stored its completed counters (Release) and then runs `fence(SeqCst)` before loading
 /// the other's `waiting` flag; the waiting unit stores its flag and runs `fence(SeqCst)` before
 /// loading the counter. Of two SeqCst fences one precedes the other in the single total order,
