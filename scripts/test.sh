@@ -117,8 +117,8 @@ step "cargo fmt --check (fuzz)" cargo fmt --manifest-path fuzz/Cargo.toml -- --c
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo doc -D warnings" env RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 step "cargo test (unit, integration, kernel ABI)" cargo test --workspace --locked
-step "loom models (pool, ring)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-	cargo test --release --locked --lib -- pool:: ring::
+step "loom models (pool, ring, wake-up handshakes)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+	cargo test --release --locked --lib -- pool:: ring:: wake::
 step "planner on the MiniMalloc instances, release" cargo test --release --locked --test plan
 step "loopback soak, release (10^6 transfers)" cargo test --release --locked --test loopback_soak
 step "pipeline soak, release (10^5 frames)" cargo test --release --locked --test pipeline_soak

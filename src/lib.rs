@@ -83,6 +83,7 @@ pub mod stats;
 #[cfg(not(loom))]
 mod error;
 mod sync;
+mod wake;
 
 #[cfg(not(loom))]
 pub use self::error::{Code, Error};

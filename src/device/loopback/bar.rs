@@ -16,7 +16,9 @@
 //! or the engine sees the new `WAKE_SEQ` and does not sleep — and `FUTEX_WAIT` itself re-checks
 //! the value in the kernel, so no doorbell is lost, and a host that rings while the engine is
 //! busy makes no system call. The futex is shared (not `_PRIVATE`), so it works across
-//! processes mapping the same memfd.
+//! processes mapping the same memfd. The handshake's steps are [`wake::Words`], which loom
+//! checks (`src/wake/loom_tests.rs`); [`RegisterFile::notify`] and [`RegisterFile::sleep`] run
+//! them on the register file's words.
 //!
 //! The device has two units ([`Unit`]), each its own thread, and each has its own `WAKE_SEQ`
 //! and `SLEEPING` pair (the copy engine's at the start of the page, the compute unit's on a
@@ -38,6 +40,7 @@ use crate::device::Error;
 use crate::memory::{Backing, PageSize, Region};
 use crate::mmio::{self, Direct, Width};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::wake::{self, Futex};
 
 /// Offset of the private page (after the BAR).
 const PRIVATE: usize = REGISTER_BAR_SIZE;
@@ -229,28 +232,24 @@ impl RegisterFile {
         }
     }
 
+    /// `unit`'s wake-up words (`WAKE_SEQ` and `SLEEPING`).
+    fn words(&self, unit: Unit) -> wake::Words<'_> {
+        wake::Words::new(self.wake_seq(unit), self.sleeping(unit))
+    }
+
     /// Tells `unit` something changed (a host register write, or a completion it may wait
-    /// for), waking it if it sleeps (see the module docs).
+    /// for), waking it if it sleeps: the waker's half of the handshake ([`wake::Words::notify`],
+    /// where its orderings are explained; see the module docs).
     pub(super) fn notify(&self, unit: Unit) {
-        // SeqCst: one half of the Dekker handshake with `sleep` (the unit's SeqCst store of
-        // SLEEPING then SeqCst load of WAKE_SEQ): this increment and the load below are in
-        // the single total order with those, so one side sees the other's store.
-        self.wake_seq(unit).fetch_add(1, Ordering::SeqCst);
-        if self.sleeping(unit).load(Ordering::SeqCst) != 0 {
-            shim::futex_wake(self.wake_seq(unit));
-        }
+        self.words(unit).notify(&SharedFutex);
     }
 
     /// Engine: `unit` sleeps until a write for it after `seen` (or a shutdown), unless one
-    /// happened. Only `unit`'s own thread calls this, so its flag has one writer.
+    /// happened: the sleeper's half of the handshake ([`wake::Words::sleep`]). Only `unit`'s
+    /// own thread calls this, so its flag has one writer.
     pub(super) fn sleep(&self, unit: Unit, seen: u32) {
-        // SeqCst: the other half of the handshake in `notify`.
-        self.sleeping(unit).store(1, Ordering::SeqCst);
-        if self.wake_seq(unit).load(Ordering::SeqCst) == seen && !self.shutting_down() {
-            shim::futex_wait(self.wake_seq(unit), seen, None);
-        }
-        // Relaxed: only an optimisation hint for the host (it skips the futex wake while 0).
-        self.sleeping(unit).store(0, Ordering::Relaxed);
+        self.words(unit)
+            .sleep(seen, || self.shutting_down(), &SharedFutex);
     }
 
     /// Asks the engine to stop, waking both units.
@@ -265,6 +264,21 @@ impl RegisterFile {
     pub(super) fn shutting_down(&self) -> bool {
         // Acquire: pairs with the Release store in `request_shutdown`.
         self.u32(SHUTDOWN).load(Ordering::Acquire) != 0
+    }
+}
+
+/// The kernel's futex on words of the register file: shared (not `_PRIVATE`), since the device
+/// process maps the same memfd; no timeout.
+#[derive(Debug, Clone, Copy)]
+struct SharedFutex;
+
+impl Futex for SharedFutex {
+    fn wait(&self, word: &AtomicU32, expected: u32) {
+        shim::futex_wait(word, expected, None);
+    }
+
+    fn wake(&self, word: &AtomicU32) {
+        shim::futex_wake(word);
     }
 }
 

@@ -59,7 +59,8 @@ use super::shim;
 use crate::memory::u64_of;
 use crate::mmio::{Block, Field};
 use crate::ring::{self, Command, DeviceQueue, Doorbells, Layout, Memory, Status, POSTED};
-use crate::sync::{fence, AtomicBool, Condvar, Mutex, Ordering};
+use crate::sync::{AtomicBool, Condvar, Mutex, Ordering};
+use crate::wake;
 
 /// How the engine is set up (the parts of the device configuration it needs).
 #[derive(Debug, Clone)]
@@ -594,14 +595,13 @@ impl<'a> Unit<'a> {
         else {
             return Waited::Bad;
         };
-        // Relaxed store, then fence(SeqCst): the waiting side of the handshake in
-        // `wake_waiter` (the fence orders the store before the counter load below).
-        shared.waiting[id as usize].store(true, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-        // Acquire (in `get64`): pairs with the Release store of the counter by the unit that
-        // completed those descriptors, after their writes to device memory: this queue's
-        // later descriptors see that data.
-        let seen = file.get64(qf(regs::Q_COMPLETED, queue));
+        // The waiting side of the handshake in `wake_waiter` (`wake::check_progress`: this
+        // unit's flag, fence(SeqCst), then the counter). Its Acquire load of the counter pairs
+        // with the Release store of it (in `set64`) by the unit that completed those
+        // descriptors, after their writes to device memory: this queue's later descriptors see
+        // that data.
+        let counter = file.u64(qf(regs::Q_COMPLETED, queue));
+        let seen = wake::check_progress(&shared.waiting[id as usize], counter);
         if seen >= target {
             Waited::Done(seen)
         } else {
@@ -788,20 +788,19 @@ impl<'a> Unit<'a> {
 /// target may be one of those completions). Called once per burst, and with a cost model after
 /// every descriptor (so a long burst of modelled time does not hold back the waiting unit).
 ///
-/// The handshake with [`Unit::check_wait`]: this unit stored its completed counters (Release)
-/// and then runs `fence(SeqCst)` before loading the other's `waiting` flag; the waiting unit
-/// stores its flag and runs `fence(SeqCst)` before loading the counter. Of two SeqCst fences
-/// one precedes the other in the single total order, so either this load sees the flag (and
-/// the other unit is woken: its wake counter moves after it read the value it sleeps on), or
-/// the other unit's counter load sees the new count (and the Wait completes without sleeping).
+/// The handshake with [`Unit::check_wait`] ([`wake::waiter_raised`], which loom checks): this
+/// unit stored its completed counters (Release) and then runs `fence(SeqCst)` before loading
+/// the other's `waiting` flag; the waiting unit stores its flag and runs `fence(SeqCst)` before
+/// loading the counter. Of two SeqCst fences one precedes the other in the single total order,
+/// so either this load sees the flag (and the other unit is woken: its wake counter moves after
+/// it read the value it sleeps on), or the other unit's counter load sees the new count (and
+/// the Wait completes without sleeping).
 fn wake_waiter(file: &RegisterFile, shared: &Shared, id: UnitId) {
     let other = match id {
         UnitId::Copy => UnitId::Compute,
         UnitId::Compute => UnitId::Copy,
     };
-    fence(Ordering::SeqCst);
-    // Relaxed: ordered by the fence above (see the handshake).
-    if shared.waiting[other as usize].load(Ordering::Relaxed) {
+    if wake::waiter_raised(&shared.waiting[other as usize]) {
         file.notify(other);
     }
 }
