@@ -376,7 +376,7 @@ fn cost_model_charges_bandwidth_and_context_switches() {
         descriptor_ns: 0,
         compute_bytes_per_sec: 0,
         context_switch_ns: 2_000_000,
-        mmio_read_ns: 0,
+        ..Cost::zero()
     };
     let device = device_with(Config::default().cost(cost).max_burst(1));
     let host = host_memory(&device, 1 << 20);

@@ -124,7 +124,7 @@ fn copying_and_computing_overlap_on_two_units_and_not_on_one() {
         descriptor_ns: 1_000,
         compute_bytes_per_sec: rate,
         context_switch_ns: 0,
-        mmio_read_ns: 0,
+        ..Cost::zero()
     };
     let config = || Config::default().cost(cost).memory_size(FRAMES * FRAME);
     let serial = 2 * FRAMES as u32 * T;

@@ -140,6 +140,23 @@ struct Inner {
     counters: Counters,
     /// Moves on every change of the table (see [`Loopback::generation`]).
     generation: AtomicU64,
+    /// What mapping and unmapping one 4 KiB page costs the calling thread, in ns (see
+    /// [`Loopback::with_mapping_cost`]).
+    map_page_ns: AtomicU64,
+    unmap_page_ns: AtomicU64,
+}
+
+/// Spins for `per_page` ns for each 4 KiB page of `bytes`: the CPU time pinning and IOMMU
+/// page-table work take on hardware (a spin, not a sleep: that thread is busy meanwhile).
+fn pay_for_pages(bytes: u64, per_page: u64) {
+    if per_page == 0 {
+        return;
+    }
+    let ns = bytes.div_ceil(4096).saturating_mul(per_page);
+    let until = std::time::Instant::now() + std::time::Duration::from_nanos(ns);
+    while std::time::Instant::now() < until {
+        std::hint::spin_loop();
+    }
 }
 
 impl Inner {
@@ -164,6 +181,11 @@ impl Inner {
 
 impl Backend for Inner {
     fn unmap(&self, region: &Region, pieces: &[Piece]) -> Result<(), Error> {
+        // Relaxed: a setting (see `Loopback::with_mapping_cost`).
+        pay_for_pages(
+            pieces.iter().map(|p| p.len).sum(),
+            self.unmap_page_ns.load(Ordering::Relaxed),
+        );
         let result = self.with_table(|table| {
             let mut first = Ok(());
             for piece in pieces {
@@ -276,9 +298,24 @@ impl Loopback {
                 }),
                 counters: Counters::default(),
                 generation: AtomicU64::new(0),
+                map_page_ns: AtomicU64::new(0),
+                unmap_page_ns: AtomicU64::new(0),
             }),
             mask_bits: dma_mask_bits,
         })
+    }
+
+    /// Makes every later map and unmap cost the calling thread `map_page_ns` and
+    /// `unmap_page_ns` per 4 KiB page (the cost model's
+    /// [`Cost::map_page_ns`](crate::device::loopback::Cost::map_page_ns)), so a path that maps
+    /// per frame pays on the loopback device what it pays on hardware. Clones share it.
+    pub fn with_mapping_cost(self, map_page_ns: u64, unmap_page_ns: u64) -> Loopback {
+        // Relaxed: a setting, read by each map and unmap; no data is published with it.
+        self.inner.map_page_ns.store(map_page_ns, Ordering::Relaxed);
+        self.inner
+            .unmap_page_ns
+            .store(unmap_page_ns, Ordering::Relaxed);
+        self
     }
 
     /// Resolves `len` bytes at `iova` as the device would: `None` unless all of them lie in one
@@ -463,6 +500,13 @@ impl Loopback {
 impl Space for Loopback {
     fn map(&self, region: Arc<Region>) -> Result<Mapping, Error> {
         let placed = self.try_map(&region);
+        if placed.is_ok() {
+            // Relaxed: a setting (see `with_mapping_cost`).
+            pay_for_pages(
+                u64_of(region.len()),
+                self.inner.map_page_ns.load(Ordering::Relaxed),
+            );
+        }
         let inner = &self.inner;
         Mapping::from_placement(region, placed, Kind::Loopback, &inner.counters, inner)
     }

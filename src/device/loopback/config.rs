@@ -225,6 +225,18 @@ pub struct QueueCounters {
     pub completed: u64,
     /// Error completions.
     pub errors: u64,
+    /// Bytes its compute descriptors were served from device SRAM (with a working set
+    /// declared and the cost model's SRAM on).
+    pub sram_hits: u64,
+    /// Bytes its compute descriptors touched with a working set declared.
+    pub sram_touched: u64,
+}
+
+impl QueueCounters {
+    /// The context's SRAM hit rate, `sram_hits / sram_touched` (`None` before it touched any).
+    pub fn sram_hit_rate(&self) -> Option<f64> {
+        (self.sram_touched > 0).then(|| self.sram_hits as f64 / self.sram_touched as f64)
+    }
 }
 
 /// One unit's counters ([`regs::UnitRegs`]).
@@ -243,6 +255,10 @@ pub struct UnitCounters {
     pub busy_ns: u64,
     /// Interrupts the unit raised.
     pub interrupts: u64,
+    /// Nanoseconds of modelled time its descriptors were charged (0 with the zero-cost
+    /// model). Beside `busy_ns`: the two agree when the modelled device holds, that is when
+    /// the unit's own work at host speed is shorter than the model says.
+    pub modelled_ns: u64,
 }
 
 /// The device's counters, read from its registers: each device-wide figure is the sum of the
@@ -263,6 +279,8 @@ pub struct Counters {
     pub busy_ns: u64,
     /// Interrupts raised.
     pub interrupts: u64,
+    /// Modelled nanoseconds charged, summed over the units.
+    pub modelled_ns: u64,
     /// Per queue.
     pub queues: Vec<QueueCounters>,
     /// Per unit, indexed by [`Unit`](regs::Unit) (`units[Unit::Compute as usize]`).

@@ -50,12 +50,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::bar::{DeviceBar, RegisterFile};
-use super::cost::{Clock, Cost, TIMER_SLACK_NS};
+use super::cost::{Clock, Cost, Work, TIMER_SLACK_NS};
 use super::ops::{self, Dram, Host, Outcome, Plan, Span, Translate};
 use super::regs::{
     self, Code, Control, DeviceStatus, Fault, QueueControl, QueueStatus, Unit as UnitId,
 };
 use super::shim;
+use super::sram::{Sram, WorkingSet};
 use crate::memory::u64_of;
 use crate::mmio::{Block, Field};
 use crate::ring::{self, Command, DeviceQueue, Doorbells, Layout, Memory, Status, POSTED};
@@ -182,6 +183,11 @@ struct Active {
     /// The ring memory again, to peek at the host's interrupt flag without a fence.
     memory: Memory,
     context: u32,
+    /// The working set its context declared (read when it started).
+    working_set: WorkingSet,
+    /// Bytes its compute descriptors were served from SRAM, and touched (mirrored into its
+    /// `sram_hits` and `sram_touched` registers).
+    sram: (u64, u64),
     /// A `Wait` taken from the SQ whose target is not reached yet: the queue's next
     /// descriptor (its slot already released; this is the engine's copy).
     blocked: Option<Command>,
@@ -197,6 +203,7 @@ struct Totals {
     errors: u64,
     busy_ns: u64,
     interrupts: u64,
+    modelled_ns: u64,
 }
 
 /// The offsets of a unit's counter registers.
@@ -208,6 +215,7 @@ struct CounterRegs {
     errors: usize,
     busy_ns: usize,
     interrupts: usize,
+    modelled_ns: usize,
 }
 
 impl CounterRegs {
@@ -220,6 +228,7 @@ impl CounterRegs {
             errors: at(regs::ERRORS),
             busy_ns: at(regs::BUSY_NS),
             interrupts: at(regs::INTERRUPTS),
+            modelled_ns: at(regs::MODELLED_NS),
         }
     }
 }
@@ -251,6 +260,8 @@ struct Unit<'a> {
     totals: Totals,
     counters: CounterRegs,
     clock: Clock,
+    /// The device SRAM as this unit's compute sees it.
+    sram: Sram,
     last_context: Option<u32>,
     next_queue: usize,
     /// Queues of this unit with a pending `Wait`.
@@ -285,6 +296,7 @@ impl<'a> Unit<'a> {
             totals: Totals::default(),
             counters: CounterRegs::of(id),
             clock: Clock::new(),
+            sram: Sram::new(engine.settings.cost.sram_bytes),
             last_context: None,
             next_queue: 0,
             blocked: 0,
@@ -475,10 +487,22 @@ impl<'a> Unit<'a> {
             self.file.get64(qf(regs::Q_COMPLETED, q)),
             self.file.get64(qf(regs::Q_ERRORS, q)),
         );
+        let working_set = WorkingSet {
+            queue: q as u16,
+            private: self.file.get64(qf(regs::Q_WS_PRIVATE, q)),
+            shared: self.file.get64(qf(regs::Q_WS_SHARED, q)),
+            key: self.file.get32(qf(regs::Q_SHARE_KEY, q)),
+        };
+        let sram = (
+            self.file.get64(qf(regs::Q_SRAM_HITS, q)),
+            self.file.get64(qf(regs::Q_SRAM_TOUCHED, q)),
+        );
         self.queues[q] = Some(Active {
             queue,
             memory: peek,
             context,
+            working_set,
+            sram,
             blocked: None,
             _ring: span,
         });
@@ -503,6 +527,7 @@ impl<'a> Unit<'a> {
         self.totals = Totals::default();
         self.queue_totals.iter_mut().for_each(|t| *t = (0, 0));
         self.clock = Clock::new();
+        self.sram.clear();
         self.last_context = None;
         self.next_queue = 0;
         let shared = self.shared;
@@ -667,6 +692,7 @@ impl<'a> Unit<'a> {
             let Some(command) = active.blocked.take().or_else(|| active.queue.pop()) else {
                 break;
             };
+            let mut fence = false;
             let outcome = match ops::check(&command, active.context, u64_of(self.dram.len)) {
                 Err((code, result)) => Outcome::failed(code, result),
                 Ok(Plan::Wait { queue, target }) => {
@@ -675,6 +701,7 @@ impl<'a> Unit<'a> {
                             if was_blocked {
                                 self.blocked -= 1;
                             }
+                            fence = true;
                             Outcome {
                                 code: Code::Success,
                                 result: seen,
@@ -699,7 +726,27 @@ impl<'a> Unit<'a> {
             self.last_context = Some(active.context);
             let t = &mut self.totals;
             if timed {
-                let modelled = cost.charge(outcome.dma_bytes, outcome.compute_bytes, switch);
+                let mut work = Work {
+                    dma_bytes: outcome.dma_bytes,
+                    compute_bytes: outcome.compute_bytes,
+                    missed_bytes: 0,
+                    switch,
+                    fence,
+                };
+                if outcome.compute_bytes > 0 {
+                    if let Some(touch) = self.sram.touch(active.working_set, outcome.compute_bytes)
+                    {
+                        work.missed_bytes = touch.missed;
+                        let (hits, touched) = &mut active.sram;
+                        *hits += touch.hits;
+                        *touched += outcome.compute_bytes;
+                        file.set64(qf(regs::Q_SRAM_HITS, q), *hits);
+                        file.set64(qf(regs::Q_SRAM_TOUCHED, q), *touched);
+                    }
+                }
+                let modelled = cost.charge_work(work);
+                t.modelled_ns = t.modelled_ns.saturating_add(nanos(modelled));
+                file.set64(c.modelled_ns, t.modelled_ns);
                 let due = self.clock.charge(modelled_from, modelled);
                 Clock::wait_until(due);
                 let ended = Instant::now();
@@ -813,6 +860,7 @@ fn publish(file: &RegisterFile, c: CounterRegs, totals: &Totals) {
     file.set64(c.errors, totals.errors);
     file.set64(c.busy_ns, totals.busy_ns);
     file.set64(c.interrupts, totals.interrupts);
+    file.set64(c.modelled_ns, totals.modelled_ns);
 }
 
 /// Signals vector `q`'s eventfd, counting it first in the raising unit's counters (a host

@@ -154,9 +154,10 @@ mod process;
 pub mod reference;
 pub mod regs;
 mod shim;
+mod sram;
 
 pub use self::config::{Config, Counters, Mode, QueueCounters, UnitCounters};
-pub use self::cost::Cost;
+pub use self::cost::{Cost, Work};
 pub use self::descriptor::{BuildError, Descriptor};
 pub use self::error::Error;
 pub use self::process::{serve_process, Program, SOCKET_ENV};
@@ -207,11 +208,13 @@ impl Loopback {
         config.check()?;
         let file = Arc::new(RegisterFile::new()?);
         let dram = Arc::new(bar::shared_region("device memory", config.memory_size)?);
-        let table =
-            dma::Loopback::new(config.dma_mask_bits).map_err(|source| DeviceError::Map {
+        let cost = config.cost_model();
+        let table = dma::Loopback::new(config.dma_mask_bits)
+            .map_err(|source| DeviceError::Map {
                 what: "translation table",
                 source,
-            })?;
+            })?
+            .with_mapping_cost(cost.map_page_ns, cost.unmap_page_ns);
         let irqs = (0..u32::from(config.queues))
             .map(|vector| {
                 EventFd::new().map_err(|source| DeviceError::Interrupt { vector, source })
@@ -333,6 +336,26 @@ impl Loopback {
         Slice::from_region(&self.dram)
     }
 
+    /// Declares the working set of queue `queue`'s context for the cost model's device SRAM
+    /// (see [`Cost::sram_bytes`]): `private` bytes its own (hot activations), `shared` bytes
+    /// shared with every queue given the same nonzero `key` (the weights of one model). The
+    /// device reads it when the queue is enabled: declare it before opening the queue.
+    ///
+    /// # Errors
+    /// [`DeviceError::NoSuchQueue`] for a queue the device does not have, and register
+    /// access errors.
+    pub fn set_working_set(
+        &self,
+        queue: u16,
+        private: u64,
+        shared: u64,
+        key: u32,
+    ) -> Result<(), DeviceError> {
+        self.set(self.queue_reg(regs::Q_WS_PRIVATE, queue)?, private)?;
+        self.set(self.queue_reg(regs::Q_WS_SHARED, queue)?, shared)?;
+        self.set(self.queue_reg(regs::Q_SHARE_KEY, queue)?, key)
+    }
+
     /// Reads `dst.len()` bytes of device memory at `offset` the way a host reads results in
     /// place through the memory BAR, paying what that costs on hardware: under a cost model
     /// the call takes at least [`Cost::mmio_read`] of the length (one PCIe round trip per
@@ -417,6 +440,8 @@ impl Loopback {
                 Ok(QueueCounters {
                     completed: self.get(self.queue_reg(regs::Q_COMPLETED, q)?)?,
                     errors: self.get(self.queue_reg(regs::Q_ERRORS, q)?)?,
+                    sram_hits: self.get(self.queue_reg(regs::Q_SRAM_HITS, q)?)?,
+                    sram_touched: self.get(self.queue_reg(regs::Q_SRAM_TOUCHED, q)?)?,
                 })
             })
             .collect::<Result<Vec<_>, DeviceError>>()?;
@@ -428,6 +453,7 @@ impl Loopback {
                 errors: self.get(unit_field(regs::ERRORS, u))?,
                 busy_ns: self.get(unit_field(regs::BUSY_NS, u))?,
                 interrupts: self.get(unit_field(regs::INTERRUPTS, u))?,
+                modelled_ns: self.get(unit_field(regs::MODELLED_NS, u))?,
             })
         };
         let units = [unit(Unit::Copy)?, unit(Unit::Compute)?];
@@ -439,6 +465,7 @@ impl Loopback {
             errors: sum(|u| u.errors),
             busy_ns: sum(|u| u.busy_ns),
             interrupts: sum(|u| u.interrupts),
+            modelled_ns: sum(|u| u.modelled_ns),
             queues,
             units,
         })

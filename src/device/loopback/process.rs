@@ -269,9 +269,9 @@ pub(super) fn spawn(program: &Program, hello: Hello<'_>) -> Result<Remote, Error
         u64::try_from(s.idle_spin.as_nanos()).unwrap_or(u64::MAX),
         s.cpu.map_or(0, |cpu| u64::from(cpu) + 1),
         s.cost.mmio_read_ns,
-        0,
-        0,
-        0,
+        s.cost.sram_bytes,
+        s.cost.dram_bytes_per_sec,
+        s.cost.fence_ns,
     ];
     let (Some(file_fd), Some(dram_fd)) = (hello.file.region().fd(), hello.dram.fd()) else {
         return Err(LoopbackError::Protocol {
@@ -574,6 +574,12 @@ pub fn serve_process() -> Result<(), Error> {
             compute_bytes_per_sec: m[7],
             context_switch_ns: m[8],
             mmio_read_ns: m[12],
+            sram_bytes: m[13],
+            dram_bytes_per_sec: m[14],
+            fence_ns: m[15],
+            // Host-side costs: the mapping thread pays them, never the engine.
+            map_page_ns: 0,
+            unmap_page_ns: 0,
         },
         max_burst: u32::try_from(m[9]).map_err(|_| malformed("max burst"))?,
         idle_spin: Duration::from_nanos(m[10]),

@@ -69,11 +69,15 @@ pub struct GlobalRegs {
     pub busy_ns: u64,
     /// RO: interrupts the copy engine raised (eventfd signals).
     pub interrupts: u64,
-    /// RO: the compute unit's counters; the six counters above are the copy engine's. Each
+    /// RO: nanoseconds of modelled time the cost model charged the copy engine's
+    /// descriptors: beside [`GlobalRegs::busy_ns`] (the measured time), it shows whether the
+    /// modelled device held (the two agree when the host-speed work is shorter than the model).
+    pub modelled_ns: u64,
+    /// RO: the compute unit's counters; the seven counters above are the copy engine's. Each
     /// unit writes only its own block; the device's totals are the sums of the two
     /// ([`Loopback::counters`](super::Loopback::counters) adds them up).
     pub compute: UnitRegs,
-    _reserved: [u32; 26],
+    _reserved: [u32; 22],
 }
 
 /// One unit's counters ([`Unit`]): the copy engine's at [`DESCRIPTORS`] (offset 0x38), the
@@ -95,6 +99,9 @@ pub struct UnitRegs {
     pub busy_ns: u64,
     /// RO: interrupts the unit raised.
     pub interrupts: u64,
+    /// RO: modelled nanoseconds charged to the unit's descriptors (as
+    /// [`GlobalRegs::modelled_ns`]).
+    pub modelled_ns: u64,
 }
 
 /// One queue's registers, at `QUEUE_BASE + q * QUEUE_STRIDE`. Never instantiated.
@@ -128,7 +135,22 @@ pub struct QueueRegs {
     pub completed: u64,
     /// RO: descriptors of this queue completed with an error status.
     pub errors: u64,
-    _reserved1: u64,
+    /// RW: bytes of the queue's context's private working set in device SRAM (its hot
+    /// activations), read when the queue is enabled; 0 with [`QueueRegs::ws_shared`] 0: the
+    /// context declares none and the SRAM model leaves it alone (see
+    /// [`Cost::sram_bytes`](super::Cost::sram_bytes)).
+    pub ws_private: u64,
+    /// RW: bytes of the working set shared with every queue of the same
+    /// [`QueueRegs::share_key`] (the weights of one model), read when the queue is enabled.
+    pub ws_shared: u64,
+    /// RW: the share key of [`QueueRegs::ws_shared`]; 0: not shared (counted as private).
+    pub share_key: u32,
+    _reserved1: u32,
+    /// RO: bytes of this queue's compute descriptors served from SRAM (resident).
+    pub sram_hits: u64,
+    /// RO: bytes this queue's compute descriptors touched while it declared a working set;
+    /// `sram_hits / sram_touched` is the context's SRAM hit rate.
+    pub sram_touched: u64,
 }
 
 const _: () = {
@@ -151,13 +173,18 @@ const _: () = {
     assert!(offset_of!(GlobalRegs, errors) == 0x50);
     assert!(offset_of!(GlobalRegs, busy_ns) == 0x58);
     assert!(offset_of!(GlobalRegs, interrupts) == 0x60);
-    assert!(offset_of!(GlobalRegs, compute) == 0x68);
+    assert!(offset_of!(GlobalRegs, modelled_ns) == 0x68);
+    assert!(offset_of!(GlobalRegs, compute) == 0x70);
     assert!(size_of::<GlobalRegs>() == QUEUE_BASE);
     assert!(size_of::<UnitRegs>() == UNIT_STRIDE);
     assert!(offset_of!(GlobalRegs, descriptors) + UNIT_STRIDE == offset_of!(GlobalRegs, compute));
     assert!(
         offset_of!(GlobalRegs, interrupts) - offset_of!(GlobalRegs, descriptors)
             == offset_of!(UnitRegs, interrupts)
+    );
+    assert!(
+        offset_of!(GlobalRegs, modelled_ns) - offset_of!(GlobalRegs, descriptors)
+            == offset_of!(UnitRegs, modelled_ns)
     );
 
     assert!(offset_of!(QueueRegs, ring_base) == 0x00);
@@ -171,7 +198,12 @@ const _: () = {
     assert!(offset_of!(QueueRegs, unit) == 0x24);
     assert!(offset_of!(QueueRegs, completed) == 0x28);
     assert!(offset_of!(QueueRegs, errors) == 0x30);
-    assert!(size_of::<QueueRegs>() == 0x40);
+    assert!(offset_of!(QueueRegs, ws_private) == 0x38);
+    assert!(offset_of!(QueueRegs, ws_shared) == 0x40);
+    assert!(offset_of!(QueueRegs, share_key) == 0x48);
+    assert!(offset_of!(QueueRegs, sram_hits) == 0x50);
+    assert!(offset_of!(QueueRegs, sram_touched) == 0x58);
+    assert!(size_of::<QueueRegs>() == 0x60);
 
     assert!(QUEUE_BASE + MAX_QUEUES as usize * QUEUE_STRIDE <= REGISTER_BAR_SIZE);
 };
@@ -216,6 +248,8 @@ pub const ERRORS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, error
 pub const BUSY_NS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, busy_ns));
 /// [`GlobalRegs::interrupts`].
 pub const INTERRUPTS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, interrupts));
+/// [`GlobalRegs::modelled_ns`] (the copy engine's; see [`unit_field`]).
+pub const MODELLED_NS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, modelled_ns));
 
 /// Bytes between two units' counter blocks ([`UnitRegs`]).
 pub const UNIT_STRIDE: usize = size_of::<UnitRegs>();
@@ -254,6 +288,16 @@ pub const Q_UNIT: Field<u32, ReadWrite> = q(offset_of!(QueueRegs, unit));
 pub const Q_COMPLETED: Field<u64, ReadOnly> = q(offset_of!(QueueRegs, completed));
 /// Queue 0's [`QueueRegs::errors`].
 pub const Q_ERRORS: Field<u64, ReadOnly> = q(offset_of!(QueueRegs, errors));
+/// [`QueueRegs::ws_private`].
+pub const Q_WS_PRIVATE: Field<u64, ReadWrite> = q(offset_of!(QueueRegs, ws_private));
+/// [`QueueRegs::ws_shared`].
+pub const Q_WS_SHARED: Field<u64, ReadWrite> = q(offset_of!(QueueRegs, ws_shared));
+/// [`QueueRegs::share_key`].
+pub const Q_SHARE_KEY: Field<u32, ReadWrite> = q(offset_of!(QueueRegs, share_key));
+/// [`QueueRegs::sram_hits`].
+pub const Q_SRAM_HITS: Field<u64, ReadOnly> = q(offset_of!(QueueRegs, sram_hits));
+/// [`QueueRegs::sram_touched`].
+pub const Q_SRAM_TOUCHED: Field<u64, ReadOnly> = q(offset_of!(QueueRegs, sram_touched));
 
 /// Queue `queue`'s copy of the per-queue register `field` (one of the `Q_*` constants).
 /// `None` past [`MAX_QUEUES`].
@@ -531,6 +575,8 @@ pub(super) fn host_writable(offset: usize) -> bool {
                 || within == offset_of!(QueueRegs, sq_tail)
                 || within == offset_of!(QueueRegs, cq_head)
                 || within == offset_of!(QueueRegs, unit)
+                || (offset_of!(QueueRegs, ws_private)..offset_of!(QueueRegs, sram_hits))
+                    .contains(&within)
         }
         _ => false,
     }
@@ -543,10 +589,10 @@ mod tests {
     #[test]
     fn queue_fields_step_by_the_stride() {
         assert_eq!(queue_field(Q_SQ_TAIL, 0).unwrap().offset(), 0x118);
-        assert_eq!(queue_field(Q_SQ_TAIL, 1).unwrap().offset(), 0x158);
+        assert_eq!(queue_field(Q_SQ_TAIL, 1).unwrap().offset(), 0x178);
         assert_eq!(
             queue_field(Q_RING_BASE, 31).unwrap().offset(),
-            0x100 + 31 * 0x40
+            0x100 + 31 * 0x60
         );
         assert!(queue_field(Q_SQ_TAIL, MAX_QUEUES).is_none());
     }
@@ -575,6 +621,14 @@ mod tests {
         assert!(!host_writable(
             queue_field(Q_COMPLETED, 0).unwrap().offset()
         ));
+        for rw in [Q_WS_PRIVATE, Q_WS_SHARED] {
+            assert!(host_writable(queue_field(rw, 5).unwrap().offset()));
+            assert!(host_writable(queue_field(rw, 5).unwrap().offset() + 4));
+        }
+        assert!(host_writable(queue_field(Q_SHARE_KEY, 5).unwrap().offset()));
+        for ro in [Q_SRAM_HITS, Q_SRAM_TOUCHED] {
+            assert!(!host_writable(queue_field(ro, 5).unwrap().offset()));
+        }
         assert!(!host_writable(REGISTER_BAR_SIZE - 4));
     }
 
@@ -602,8 +656,10 @@ mod tests {
     fn unit_registers() {
         assert!(host_writable(queue_field(Q_UNIT, 3).unwrap().offset()));
         assert_eq!(unit_field(DESCRIPTORS, Unit::Copy).offset(), 0x38);
-        assert_eq!(unit_field(DESCRIPTORS, Unit::Compute).offset(), 0x68);
-        assert_eq!(unit_field(INTERRUPTS, Unit::Compute).offset(), 0x90);
+        assert_eq!(unit_field(DESCRIPTORS, Unit::Compute).offset(), 0x70);
+        assert_eq!(unit_field(INTERRUPTS, Unit::Compute).offset(), 0x98);
+        assert_eq!(unit_field(MODELLED_NS, Unit::Compute).offset(), 0xa0);
         assert!(!host_writable(unit_field(BUSY_NS, Unit::Compute).offset()));
+        assert!(!host_writable(unit_field(MODELLED_NS, Unit::Copy).offset()));
     }
 }
