@@ -15,6 +15,8 @@
 #   ACCEL=tcg|kvm|auto  how QEMU runs the guest (default tcg). auto boots a short probe guest
 #                       with KVM and falls back to tcg if it does not come up (some hosts' KVM
 #                       cannot boot a stock kernel); kvm fails if /dev/kvm is not usable.
+#                       The guest is told which one ran it (userdma.accel=tcg|kvm on its
+#                       command line), for the timings it reports (vfio-map-cost).
 #   BOOTS               boots to run (default: all)
 #   BOOT_TIMEOUT        seconds one boot may take before it fails (default 300)
 #   GUEST_OUT           build and work directory (default target/guest)
@@ -309,7 +311,7 @@ KVM_OK=0
 
 qemu_cmd() { # qemu_cmd ACCEL BOOT: sets QEMU_CMD to the QEMU command line
 	local accel=$1 boot=$2
-	local machine=q35 append="console=ttyS0 quiet panic=-1 userdma.boot=$2 userdma.nvme=${NVME_SEED:-1},$NVME_LBA,$NVME_BLOCKS"
+	local machine=q35 append="console=ttyS0 quiet panic=-1 userdma.boot=$2 userdma.accel=$1 userdma.nvme=${NVME_SEED:-1},$NVME_LBA,$NVME_BLOCKS"
 	local iommu=()
 	case "$boot" in
 	iommu-pt)

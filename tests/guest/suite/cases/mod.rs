@@ -12,6 +12,7 @@ use crate::failure::{ensure, Context, Failure};
 use crate::Boot;
 
 mod cli;
+mod map_cost;
 mod nvme;
 mod pci;
 mod pipeline;
@@ -110,6 +111,11 @@ pub(crate) const ALL: &[Case] = &[
         name: "vfio-noiommu-dma",
         boots: &[Boot::NoIommu],
         run: vfio::noiommu_dma,
+    },
+    Case {
+        name: "vfio-map-cost",
+        boots: EVERY,
+        run: map_cost::map_unmap,
     },
     Case {
         name: "pipeline-edu-vfio",
