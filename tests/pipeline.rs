@@ -443,3 +443,35 @@ fn filtered_results_and_multi_input_layers_are_right() {
     let err = Model::chain(1, 1000).unwrap().with_filter(bad).unwrap_err();
     assert!(err.to_string().contains("dividing the result"), "{err}");
 }
+
+#[test]
+fn the_yolov5s_like_model_runs_right_with_its_working_set_in_sram() {
+    let rt = runtime(Cost::npu());
+    let model = pipeline::zoo::yolov5s_like(300).unwrap();
+    let config = Config {
+        context: 5,
+        working_set: Some(pipeline::WorkingSet {
+            private: 2_400_000,
+            shared: pipeline::zoo::YOLOV5S_WEIGHTS,
+            key: 1,
+        }),
+        ..Config::default()
+    };
+    run_checked(&rt, &model, config, 3);
+    let counters = rt.loopback_device().unwrap().counters().unwrap();
+    // The compute queue (1) declared the working set: it counts its SRAM traffic, and after
+    // the first frame's refill most of it hits.
+    let compute = &counters.queues[1];
+    assert!(
+        compute.sram_touched >= 3 * model.compute_bytes() / 2,
+        "{compute:?}"
+    );
+    let rate = compute.sram_hit_rate().unwrap();
+    assert!((0.5..0.9).contains(&rate), "{rate}");
+    assert_eq!(counters.queues[0].sram_hit_rate(), None);
+    let unit = counters.units[loopback::Unit::Compute as usize];
+    assert!(
+        unit.modelled_ns > 0 && unit.busy_ns >= unit.modelled_ns,
+        "{unit:?}"
+    );
+}

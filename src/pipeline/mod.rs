@@ -24,6 +24,7 @@
 
 pub mod model;
 pub mod naive;
+pub mod zoo;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -59,6 +60,24 @@ pub struct Config {
     /// How results come back: a D2H copy, read in place through the device-memory BAR, or
     /// whichever measured faster for the model's result size when the pipeline was built.
     pub results: Results,
+    /// The device context of its queues (two pipelines in different contexts make the
+    /// device switch between them; the cost model charges it).
+    pub context: u32,
+    /// The working set its context keeps in device SRAM (see
+    /// [`Loopback::set_working_set`]), declared on the queue that runs the model's steps;
+    /// `None` declares nothing.
+    pub working_set: Option<WorkingSet>,
+}
+
+/// A context's working set in device SRAM: see [`Loopback::set_working_set`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct WorkingSet {
+    /// Bytes of its own (hot activations).
+    pub private: u64,
+    /// Bytes shared with the contexts of the same `key` (the weights of one model).
+    pub shared: u64,
+    /// The share key (0: nothing shared).
+    pub key: u32,
 }
 
 /// How a frame's result reaches the host.
@@ -99,6 +118,8 @@ impl Default for Config {
             timeout: Duration::from_secs(10),
             split: true,
             results: Results::Auto,
+            context: 0,
+            working_set: None,
         }
     }
 }
@@ -405,11 +426,19 @@ impl Pipeline {
                     what: format!("queue {} and the two after it", config.queue),
                     hint: "use a lower first queue",
                 })?;
-            queues.push(runtime.queue_on::<Payload>(
-                ring::Config::new(ring_depth).with_id(id),
-                config.wait,
-                unit,
-            )?);
+            let steps_here = if config.split { k == COMPUTE } else { k == 0 };
+            if let (true, Some(ws)) = (steps_here, config.working_set) {
+                device.set_working_set(id, ws.private, ws.shared, ws.key)?;
+            }
+            queues.push(
+                runtime.queue_on::<Payload>(
+                    ring::Config::new(ring_depth)
+                        .with_id(id)
+                        .with_context(config.context),
+                    config.wait,
+                    unit,
+                )?,
+            );
             base.push(
                 counters
                     .queues
@@ -463,7 +492,7 @@ impl Pipeline {
                     &device,
                     &mut queues[d2h],
                     &mut pushed[d2h],
-                    config.timeout,
+                    &config,
                 )?
             }
         };
@@ -538,6 +567,10 @@ impl Pipeline {
 
     /// Pushes `command` with `payload` to queue `q`.
     fn push_to(&mut self, q: usize, command: Command, payload: Payload) -> Result<(), Error> {
+        let command = Command {
+            context: self.config.context,
+            ..command
+        };
         push(&mut self.queues[q], command, payload, self.config.timeout)?;
         self.pushed[q] += 1;
         Ok(())
@@ -871,11 +904,15 @@ fn measure_result_paths(
     device: &Loopback,
     queue: &mut loopback::Queue<Payload>,
     pushed: &mut u64,
-    timeout: Duration,
+    config: &Config,
 ) -> Result<ResultPath, Error> {
+    let timeout = config.timeout;
     let r = model.result();
     let steps = model.steps().len();
-    let copy = command_of(model, slot, steps + 1);
+    let copy = Command {
+        context: config.context,
+        ..command_of(model, slot, steps + 1)
+    };
     let offset = (slot.arena + r.offset).raw() as usize;
     let mut bytes = vec![0u8; r.bytes as usize];
     let (mut copy_ns, mut in_place_ns) = (u64::MAX, u64::MAX);

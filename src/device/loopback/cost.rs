@@ -33,7 +33,8 @@
 //! rate means "free": [`Cost::zero`] charges nothing and never waits.
 //!
 //! [`Cost::npu`] is the default. Its rates are chosen so that a YOLOv5s-like frame
-//! (`userdma demo`: 640x640x3 input, a planned arena of about 50 MB of tensor traffic) costs
+//! ([`pipeline::zoo::yolov5s_like`](crate::pipeline::zoo::yolov5s_like): 640x640x3 input,
+//! about 77 MB of tensor traffic) costs
 //! about 18 ms of compute with its working set resident, as in the case study the demo
 //! reproduces.
 
@@ -113,11 +114,11 @@ impl Cost {
     /// |---|---|---|
     /// | `dma_bytes_per_sec` | 12 GB/s | PCIe 3 x16 / 4 x8 in practice |
     /// | `descriptor_ns` | 1 µs | fetch, decode, complete |
-    /// | `compute_bytes_per_sec` | 4 GB/s | tensor traffic with the working set in SRAM: a YOLOv5s-like frame, about 50 MB, in about 18 ms at 85 % hits (below) |
+    /// | `compute_bytes_per_sec` | 6 GB/s | tensor traffic with the working set in SRAM: a YOLOv5s-like frame, about 77 MB of it, in about 18 ms at 85 % hits (below) |
     /// | `context_switch_ns` | 20 µs | the explicit save and restore |
     /// | `mmio_read_ns` | 1 µs | one PCIe non-posted read |
     /// | `sram_bytes` | 8 MiB | the case study's on-chip SRAM |
-    /// | `dram_bytes_per_sec` | 1 GB/s | what compute gets from LPDDR4x for data it must fetch (a quarter of its SRAM-fed rate) |
+    /// | `dram_bytes_per_sec` | 1.5 GB/s | what compute gets from LPDDR4x for data it must fetch (a quarter of its SRAM-fed rate) |
     /// | `fence_ns` | 2 µs | a cross-queue event |
     /// | `map_page_ns` | 1.5 µs | pinning a 4 KiB page and writing its IOMMU entry |
     /// | `unmap_page_ns` | 1 µs | clearing it and the IOTLB invalidation |
@@ -128,11 +129,11 @@ impl Cost {
         Cost {
             dma_bytes_per_sec: 12_000_000_000,
             descriptor_ns: 1_000,
-            compute_bytes_per_sec: 4_000_000_000,
+            compute_bytes_per_sec: 6_000_000_000,
             context_switch_ns: 20_000,
             mmio_read_ns: 1_000,
             sram_bytes: 8 << 20,
-            dram_bytes_per_sec: 1_000_000_000,
+            dram_bytes_per_sec: 1_500_000_000,
             fence_ns: 2_000,
             map_page_ns: 1_500,
             unmap_page_ns: 1_000,
@@ -271,12 +272,12 @@ mod tests {
         let npu = Cost::npu();
         // 12 KB at 12 GB/s = 1 µs, plus 1 µs per descriptor.
         assert_eq!(npu.charge(12_000, 0, false), Duration::from_micros(2));
-        // 8 KB at 4 GB/s = 2 µs, plus the descriptor and a 20 µs switch.
-        assert_eq!(npu.charge(0, 8_000, true), Duration::from_micros(23));
-        // Half of it missed in SRAM: 4 KB at 4 GB/s and 4 KB at 1 GB/s; a fence adds 2 µs.
+        // 12 KB at 6 GB/s = 2 µs, plus the descriptor and a 20 µs switch.
+        assert_eq!(npu.charge(0, 12_000, true), Duration::from_micros(23));
+        // Half of it missed in SRAM: 6 KB at 6 GB/s and 6 KB at 1.5 GB/s; a fence adds 2 µs.
         let work = Work {
-            compute_bytes: 8_000,
-            missed_bytes: 4_000,
+            compute_bytes: 12_000,
+            missed_bytes: 6_000,
             fence: true,
             ..Work::default()
         };
