@@ -17,7 +17,8 @@
 //! JSON (`--json`): `{"config": {"size", "count", "batch", "queues", "cost", "process"},
 //! "transfers", "bytes", "seconds", "bytes_per_sec", "transfers_per_sec", "latency_ns": {"p50",
 //! "p99", "p999", "max"}, "device": {"descriptors", "bytes", "context_switches", "errors",
-//! "busy_ns", "interrupts", "queues": [{"completed", "errors"}]}, "pool": {"arena_bytes",
+//! "busy_ns", "interrupts", "modelled_ns", "queues": [{"completed", "errors", "sram_hits",
+//! "sram_touched"}], "units": [...]}, "pool": {"arena_bytes",
 //! "high_water_bytes"}}`. Exit code 1 if any byte differs or any descriptor fails.
 
 use std::fmt::Write as _;
@@ -481,13 +482,14 @@ fn render(r: &Report) -> String {
     let d = &r.device;
     let _ = writeln!(
         text,
-        "device:     {} descriptors, {} bytes, {} context switches, {} errors, busy {:.3} s, \
-         {} interrupts",
+        "device:     {} descriptors, {} bytes, {} context switches, {} errors, busy {:.3} s \
+         (modelled {:.3} s), {} interrupts",
         d.descriptors,
         d.bytes,
         d.context_switches,
         d.errors,
         d.busy_ns as f64 / 1e9,
+        d.modelled_ns as f64 / 1e9,
         d.interrupts
     );
     for (q, queue) in d.queues.iter().enumerate() {
