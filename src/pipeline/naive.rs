@@ -32,14 +32,86 @@ pub fn run(
     mut preprocess: impl FnMut(u64, &mut [u8]),
     mut postprocess: impl FnMut(u64, Result<&[u8], FrameError>, Times),
 ) -> Result<Summary, Error> {
-    let per_frame = model.steps().len() + 2;
-    let depth = u32::try_from((2 * per_frame).next_power_of_two()).unwrap_or(u32::MAX);
-    let mut q =
-        runtime.queue_with::<u16>(ring::Config::new(depth).with_id(queue), Wait::Interrupt)?;
-    let memory = runtime.device_memory()?;
-    let (input, result) = (model.input(), model.result());
-    let mut summary = Summary::default();
+    let mut naive = Naive::new(runtime, model.clone(), queue, 0, timeout)?;
     for frame in 0..frames {
+        naive.frame(frame, &mut preprocess, &mut postprocess)?;
+    }
+    naive.shutdown()
+}
+
+/// The naive path one frame at a time, on one queue in one device context: what a scheduler
+/// of several naive streams drives.
+pub struct Naive {
+    runtime: Runtime,
+    model: Model,
+    queue: ring::Queue<ring::Command, ring::Status, u16>,
+    context: u32,
+    timeout: Duration,
+    summary: Summary,
+}
+
+impl std::fmt::Debug for Naive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Naive")
+            .field("model", &self.model)
+            .field("context", &self.context)
+            .field("summary", &self.summary)
+            .finish()
+    }
+}
+
+impl Naive {
+    /// Opens queue `queue` of `runtime`'s device in device context `context` for `model`'s
+    /// frames.
+    ///
+    /// # Errors
+    /// Ring and device errors (the queue does not exist or is taken).
+    pub fn new(
+        runtime: &Runtime,
+        model: Model,
+        queue: u16,
+        context: u32,
+        timeout: Duration,
+    ) -> Result<Naive, Error> {
+        let per_frame = model.steps().len() + 2;
+        let depth = u32::try_from((2 * per_frame).next_power_of_two()).unwrap_or(u32::MAX);
+        let queue = runtime.queue_with::<u16>(
+            ring::Config::new(depth).with_id(queue).with_context(context),
+            Wait::Interrupt,
+        )?;
+        Ok(Naive {
+            runtime: runtime.clone(),
+            model,
+            queue,
+            context,
+            timeout,
+            summary: Summary::default(),
+        })
+    }
+
+    /// What it has done so far.
+    pub fn summary(&self) -> Summary {
+        self.summary
+    }
+
+    /// Runs frame `frame` synchronously: a heap input filled by `preprocess`, fresh mappings,
+    /// a fresh device arena, the result copied out to the heap for `postprocess`, everything
+    /// unmapped and freed again.
+    ///
+    /// # Errors
+    /// Mapping, device-memory and ring errors; a frame that does not complete in time.
+    pub fn frame(
+        &mut self,
+        frame: u64,
+        preprocess: &mut impl FnMut(u64, &mut [u8]),
+        postprocess: &mut impl FnMut(u64, Result<&[u8], FrameError>, Times),
+    ) -> Result<(), Error> {
+        let (model, runtime, timeout) = (&self.model, &self.runtime, self.timeout);
+        let per_frame = model.steps().len() + 2;
+        let memory = runtime.device_memory()?;
+        let (input, result) = (model.input(), model.result());
+        let summary = &mut self.summary;
+        let q = &mut self.queue;
         let began = Instant::now();
         // A fresh heap buffer for the frame, filled by preprocessing.
         let mut host_input = vec![0u8; input.bytes as usize];
@@ -52,8 +124,11 @@ pub fn run(
         let base = arena.offset();
         let (in_iova, out_iova) = (first_iova(&in_map)?, first_iova(&out_map)?);
         for k in 0..per_frame {
-            let command = super::command(model, base, in_iova, out_iova, k);
-            super::push(&mut q, command, k as u16, timeout)?;
+            let command = ring::Command {
+                context: self.context,
+                ..super::command(model, base, in_iova, out_iova, k)
+            };
+            super::push(q, command, k as u16, timeout)?;
         }
         q.flush()?;
         let submitted = Instant::now();
@@ -105,9 +180,23 @@ pub fn run(
         drop(arena);
         drop(in_map);
         drop(out_map);
+        Ok(())
     }
-    q.shutdown(timeout)?;
-    Ok(summary)
+
+    /// Stops the queue.
+    ///
+    /// # Errors
+    /// Ring errors.
+    pub fn shutdown(self) -> Result<Summary, Error> {
+        let Naive {
+            queue,
+            timeout,
+            summary,
+            ..
+        } = self;
+        queue.shutdown(timeout)?;
+        Ok(summary)
+    }
 }
 
 /// The IOVA of a mapping's first byte.
