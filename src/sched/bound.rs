@@ -17,7 +17,7 @@
 //!   below it, `s` included, or (when a stream above it waits) by a batch chosen by priority
 //!   from a higher level of `A`: so the batches of `A` come in runs of rising priority, at
 //!   most one per level, each run ended by a turn. Each stream of `Y` takes at most one turn
-//!   before `s`, so there are at most `|Y| + 1` runs. Each stream of `E` runs at most one
+//!   before `s`, so there are at most `#Y + 1` runs. Each stream of `E` runs at most one
 //!   batch before `s` (it takes part in the same choices as `s`), and each batch chosen by
 //!   priority at `s`'s level (an `E` stream's, or `s`'s own before `h`) may be followed by one
 //!   turn of a `B` stream; a batch of `B` chosen by priority before `h` is followed by `s`

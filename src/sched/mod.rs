@@ -77,16 +77,28 @@
 //! wait from its arrival). Notation: `T_k` is one frame's device time of stream `k`, `T_max`
 //! the largest, `C` the most one context switch costs. For a frame of stream `s`: `A` the
 //! streams of higher priority, `E` the other streams of equal priority, `B` those of lower
-//! priority, `Y` the streams other than `s` below the top priority, `T_ℓ` the largest `T` of
-//! the streams at priority level `ℓ`, `T_B` the largest in `B`. Every bound opens with
-//! `C + T_max`, the frame the device is running when the wait starts (non-preemptive).
+//! priority, `Y` the streams other than `s` below the top priority, `#X` the number of
+//! streams in a set `X`, `T_ℓ` the largest `T` of the streams at priority level `ℓ`, `T_B`
+//! the largest in `B`. Every bound opens with `C + T_max`, the frame the device is running
+//! when the wait starts (non-preemptive).
 //!
 //! | policy | a frame of `s` waits at most |
 //! |---|---|
 //! | `RoundRobin` | `Σ_k (C + T_k)`: one frame of every stream, `s`'s previous one included |
 //! | `StrictPriority` | `C + T_max + Σ_E (C + T_e)` if no stream has a higher priority than `s`; no bound otherwise |
-//! | `Batch { k }` | `C + T_max` + (if `A` is empty) `Σ_E (C + k·T_e)` + (if not) `(|Y|+1)·Σ_ℓ (C + k·T_ℓ) + Σ_Y (C + k·T_y)`, `ℓ` over the levels of `A` + (if `B` is not empty) `(|E|+1)·(C + k·T_B)` |
+//! | `Batch { k }` | `C + T_max + S_A + S_E + S_B` (below) |
 //! | max wait `W_s` | `W_s + C + T_max + Σ_{j≠s with a W} (C + T_j)`; with one max-wait stream, `W_s + C + T_max` |
+//!
+//! Under `Batch { k }`, where a batch of stream `x` holds the device for at most `C + k·T_x`
+//! of the wait:
+//! - `S_A`, the batches of higher streams: 0 if `A` is empty, else
+//!   `(#Y + 1)·Σ_ℓ (C + k·T_ℓ) + Σ_{y∈Y} (C + k·T_y)` with `ℓ` over the priority levels of
+//!   `A`: runs of batches of rising priority, each ended by a turn of a lower stream (`s`'s
+//!   own turn ends the last);
+//! - `S_E`, one batch of each equal stream: `Σ_{e∈E} (C + k·T_e)` if `A` is empty (otherwise
+//!   `E` is part of `Y`, counted in `S_A`);
+//! - `S_B`, a lower stream's turn after each batch at `s`'s level, `s`'s own previous one
+//!   included: `(#E + 1)·(C + k·T_B)` if `B` is not empty, else 0.
 //!
 //! With two streams under `Batch { k }` this is `W_hi ≤ 2C + T_max + k·T_lo` and
 //! `W_lo ≤ 2C + T_max + k·T_hi`: the running batch's `k` frames, the switch into it, and the
@@ -102,7 +114,9 @@
 //!
 //! The bounds assume the caller asks for a decision when the device becomes free (one frame
 //! on the device at a time, as the simulator does). A caller that keeps `q` frames queued
-//! ahead on the device decides earlier and adds up to `(q − 1)·(C + T_max)` to every bound.
+//! on the device decides earlier: up to `(q − 1)·(C + T_max)` more work is ahead of every
+//! decision, which adds that much to every bound, and a frame starts on the device up to that
+//! much after its decision.
 //!
 //! | module | owns |
 //! |---|---|

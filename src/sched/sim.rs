@@ -24,7 +24,7 @@
 //! ];
 //! let report = sim::run(&mut s, &loads, MS, 10_000 * MS)?;
 //! assert_eq!(report.switches, s.switches());
-//! assert!(report.fps(StreamId(0)) >= 24.9);
+//! assert!(report.fps(StreamId(0)) > 24.5); // 250 frames in 10 s, the last may still wait
 //! let bound = s.wait_bound(StreamId(0), &[18 * MS, 18 * MS], MS).unwrap();
 //! assert!(report.streams[0].max_wait <= bound);
 //! # Ok::<(), Box<dyn std::error::Error>>(())

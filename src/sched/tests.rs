@@ -285,12 +285,12 @@ fn bounds_of_batches_over_several_levels() {
     let t_max = 4;
     // top: no stream above or equal; one batch of the lowest below it.
     assert_eq!(s.wait_bound(StreamId(0), &t, c), Some(c + t_max + batch(4)));
-    // mid1: Y = {mid2, lo}; |Y|+1 batches of top, one of each in Y, then |E|+1 = 2 of lo.
+    // mid1: Y = {mid2, lo}; #Y+1 batches of top, one of each in Y, then #E+1 = 2 of lo.
     assert_eq!(
         s.wait_bound(StreamId(1), &t, c),
         Some(c + t_max + 3 * batch(1) + batch(3) + batch(4) + 2 * batch(4))
     );
-    // lo: A = {top, mid1, mid2} on two levels (T 1, and 3), Y = {mid1, mid2}: |Y|+1 runs of
+    // lo: A = {top, mid1, mid2} on two levels (T 1, and 3), Y = {mid1, mid2}: #Y+1 runs of
     // a batch per level, one of each in Y; nothing below.
     assert_eq!(
         s.wait_bound(StreamId(3), &t, c),
