@@ -189,12 +189,21 @@ fn random_case(rng: &mut Rng, n: usize, policy: Policy, waits: u32) -> Case {
     }
 }
 
-/// Random cases per stream count, policy and max-wait setting.
+/// Random cases per stream count, policy and max-wait setting (`USERDMA_SCHED_REPEATS`
+/// overrides it, `USERDMA_SCHED_SEED` the generator's seed, for longer sweeps).
 const REPEATS: usize = 12;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).map_or(default, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v} is not a number"))
+    })
+}
 
 #[test]
 fn no_frame_waits_longer_than_its_bound_over_random_cases() {
-    let mut rng = Rng(0x5eed_0015);
+    let mut rng = Rng(env_or("USERDMA_SCHED_SEED", 0x5eed_0015));
+    let repeats = env_or("USERDMA_SCHED_REPEATS", REPEATS);
     let mut policies = vec![Policy::RoundRobin, Policy::StrictPriority];
     policies.extend((1..=8).map(|k| Policy::Batch { k }));
     let mut tight: Vec<Tightness> = policies.iter().map(|_| Tightness::default()).collect();
@@ -202,7 +211,7 @@ fn no_frame_waits_longer_than_its_bound_over_random_cases() {
     for n in 2..=4 {
         for (p, &policy) in policies.iter().enumerate() {
             for waits in 0..=2 {
-                for _ in 0..REPEATS {
+                for _ in 0..repeats {
                     let case = random_case(&mut rng, n, policy, waits);
                     let (report, worst) = check(&case);
                     let t = &mut tight[p];
@@ -222,7 +231,7 @@ fn no_frame_waits_longer_than_its_bound_over_random_cases() {
             t.worst * 100.0
         );
     }
-    assert_eq!(runs, 3 * policies.len() * 3 * REPEATS);
+    assert_eq!(runs, 3 * policies.len() * 3 * repeats);
 }
 
 /// Two saturating streams under batch switching, double-buffered (a frame waits from its
