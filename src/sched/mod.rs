@@ -39,6 +39,8 @@
 //!   unless a stream of higher priority than that batch's is waiting (it goes first, and the
 //!   turn comes after its batch). So the top stream runs up to `k` frames in a row before a
 //!   lower one may run, gets every other batch while lower ones wait, and no stream starves.
+//!   Two streams that both always have frames alternate batches of `k`: priority decides who
+//!   goes first, and with three or more levels it gives the top stream every other batch.
 //!
 //!   Frames a stream ran forced by its maximum wait (below) outside its own batch count
 //!   towards its next batch, which still runs at least one frame: a maximum wait changes
