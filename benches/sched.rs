@@ -7,6 +7,7 @@
 //! ```text
 //! cargo bench --bench sched                # the table (10^6 decisions per round) and the timings
 //! cargo bench --bench sched -- --test      # quick: 10^4 decisions per round, each bench once
+//! cargo bench --bench sched -- table-only  # the table alone (a filter no criterion bench matches)
 //! ```
 //!
 //! The load is the worst case for the scans: every stream always has a frame waiting (a new
