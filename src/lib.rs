@@ -52,6 +52,7 @@
 //! | [`ring`] | descriptor rings: submission/completion queues in DMA memory, doorbells, phase-bit completions, ownership of in-flight buffers, waiting (poll, interrupt, future) |
 //! | [`plan`] | static buffer planning: tensor lifetimes to offsets in one arena, in-place reuse, an exact solver; tensor-usage JSON, MiniMalloc CSV and ONNX readers |
 //! | [`pipeline`] | the N-deep inference pipeline: slots of host buffers and device arenas made once, frames through H2D, a planned model's layers, on-device filtering and D2H across the loopback device's copy engine and compute unit; the naive per-frame path to compare |
+//! | [`sched`] | several streams on one device: round-robin, strict priority, priority with batch switching (K), a maximum wait (W), context affinity, the stated bound on a frame's wait, switch counting; a simulator that checks the bounds |
 //! | [`stats`] | counters, latency histograms per stage, the time split, DMA/compute overlap, slot occupancy; JSON, Prometheus text and SVG plots |
 //! | [`pool`] | the DMA buffer pool: size classes, buddy blocks, per-thread caches, lock-free shared lists, borrowed and owned buffers, sharing between processes |
 //!
@@ -78,6 +79,7 @@ pub mod pool;
 pub mod ring;
 #[cfg(not(loom))]
 pub mod runtime;
+pub mod sched;
 pub mod stats;
 
 #[cfg(not(loom))]

@@ -1,0 +1,61 @@
+//! `Scheduler::decide` allocates nothing: a counting global allocator around many decisions,
+//! under every policy, for 2 to 64 streams, with and without maximum waits (forced frames
+//! included), with streams coming and going and time going backwards now and then.
+
+use userdma::sched::{Nanos, Policy, Scheduler, StreamSpec};
+
+#[global_allocator]
+static GLOBAL: userdma::stats::CountingAllocator = userdma::stats::CountingAllocator;
+
+#[test]
+fn decide_allocates_nothing() {
+    for n in [2, 4, 16, 64] {
+        for policy in [
+            Policy::RoundRobin,
+            Policy::StrictPriority,
+            Policy::Batch { k: 1 },
+            Policy::Batch { k: 4 },
+        ] {
+            let specs = (0..n)
+                .map(|i| {
+                    let s = StreamSpec::new(format!("s{i}"), (i % 3) as u8, (i % 5) as u32);
+                    if i % 2 == 1 {
+                        s.with_max_wait(20_000 + 1_000 * i as Nanos)
+                    } else {
+                        s
+                    }
+                })
+                .collect();
+            let mut s = Scheduler::new(policy, specs).unwrap();
+            let mut oldest: Vec<Option<Nanos>> = vec![Some(0); n];
+            let before = userdma::stats::allocations();
+            let mut forced = 0u64;
+            for step in 0..20_000u64 {
+                let now = if step % 997 == 0 {
+                    step * 100
+                } else {
+                    step * 1_000
+                };
+                // Now and then a stream has nothing waiting.
+                let idle = (step as usize * 7) % (2 * n);
+                if idle < n {
+                    oldest[idle] = None;
+                }
+                if let Some(d) = s.decide(now, &oldest) {
+                    forced += u64::from(d.forced);
+                    oldest[d.stream.0] = Some(now);
+                }
+                if idle < n {
+                    oldest[idle] = Some(now);
+                }
+            }
+            let allocs = userdma::stats::allocations() - before;
+            assert_eq!(allocs, 0, "{policy}, {n} streams");
+            assert_eq!(s.decisions(), 20_000);
+            assert!(
+                forced > 0,
+                "{policy}, {n} streams: the max-wait path was exercised"
+            );
+        }
+    }
+}
