@@ -76,7 +76,9 @@ impl Naive {
         let per_frame = model.steps().len() + 2;
         let depth = u32::try_from((2 * per_frame).next_power_of_two()).unwrap_or(u32::MAX);
         let queue = runtime.queue_with::<u16>(
-            ring::Config::new(depth).with_id(queue).with_context(context),
+            ring::Config::new(depth)
+                .with_id(queue)
+                .with_context(context),
             Wait::Interrupt,
         )?;
         Ok(Naive {

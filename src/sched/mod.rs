@@ -128,6 +128,8 @@
 
 mod bound;
 pub mod sim;
+#[cfg(not(loom))]
+pub mod streams;
 #[cfg(test)]
 mod tests;
 
