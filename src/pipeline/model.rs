@@ -405,14 +405,24 @@ impl Model {
                 t
             })
             .collect();
+        Model::planned(&tensors)
+    }
+
+    /// The model of `tensors` planned into one arena by the planner's greedy-by-size
+    /// strategy with the default options (256-byte alignment): [`Model::from_plan`] of that
+    /// plan.
+    ///
+    /// # Errors
+    /// [`ModelError`] as [`Model::from_plan`], and if the planner refuses the graph.
+    pub fn planned(tensors: &[Tensor]) -> Result<Model, ModelError> {
         let plan = plan::plan(
-            &tensors,
+            tensors,
             &plan::Options::default(),
             plan::Strategy::GreedySize,
             plan::Budget::Nodes(0),
         )
         .map_err(|_| ModelError::Missing("planned"))?;
-        Model::from_plan(&tensors, &plan)
+        Model::from_plan(tensors, &plan)
     }
 
     /// The arena's size in bytes.

@@ -10,7 +10,7 @@
 //! [`YOLOV5S_WEIGHTS`]).
 
 use super::model::{Filter, Model, ModelError};
-use crate::plan::{self, Kind, Tensor};
+use crate::plan::{Kind, Tensor};
 
 /// YOLOv5s's weights at one byte per parameter (7.2 M parameters): what a context running it
 /// keeps resident in device SRAM besides its hot activations.
@@ -134,15 +134,7 @@ pub fn yolov5s_graph() -> Vec<Tensor> {
 /// # Errors
 /// [`ModelError`] if the plan or the filter is refused (not for `max_detections >= 1`).
 pub fn yolov5s_like(max_detections: u32) -> Result<Model, ModelError> {
-    let tensors = yolov5s_graph();
-    let plan = plan::plan(
-        &tensors,
-        &plan::Options::default(),
-        plan::Strategy::GreedySize,
-        plan::Budget::Nodes(0),
-    )
-    .map_err(|_| ModelError::Missing("planned"))?;
-    Model::from_plan(&tensors, &plan)?.with_filter(Filter {
+    Model::planned(&yolov5s_graph())?.with_filter(Filter {
         record: DETECTION_RECORD,
         score_at: 0,
         threshold: u32::MAX - u32::MAX / 256,

@@ -216,20 +216,31 @@ fn mapped_again(space: &dyn Space, memory: Memory) -> Result<Again, Failure> {
     };
     for round in 0..WARMUP + ROUNDS {
         let start = Instant::now();
-        let mapping = space
-            .map(Arc::clone(&region))
-            .context(|| format!("round {round}: map {len:#x} bytes of {page_size} pages"))?;
-        let mapped = Instant::now();
-        mapping
-            .unmap()
-            .context(|| format!("round {round}: unmap {len:#x} bytes of {page_size} pages"))?;
-        let unmapped = Instant::now();
+        let (mapped, unmapped) = map_and_unmap(space, &region, memory, round)?;
         if round >= WARMUP {
             again.map.record(mapped - start);
             again.unmap.record(unmapped - mapped);
         }
     }
     Ok(again)
+}
+
+/// Maps `region` (of `memory`) into `space` and unmaps it again: when each ended.
+fn map_and_unmap(
+    space: &dyn Space,
+    region: &Arc<Region>,
+    memory: Memory,
+    round: u32,
+) -> Result<(Instant, Instant), Failure> {
+    let Memory { page_size, len } = memory;
+    let mapping = space
+        .map(Arc::clone(region))
+        .context(|| format!("round {round}: map {len:#x} bytes of {page_size} pages"))?;
+    let mapped = Instant::now();
+    mapping
+        .unmap()
+        .context(|| format!("round {round}: unmap {len:#x} bytes of {page_size} pages"))?;
+    Ok((mapped, Instant::now()))
 }
 
 /// Builds a region of `memory`, maps, unmaps and frees it, [`WARMUP`] + [`ROUNDS`] times.
@@ -247,14 +258,7 @@ fn per_frame(space: &dyn Space, memory: Memory) -> Result<PerFrame, Failure> {
         let start = Instant::now();
         let region = region(len, page_size).map_err(|f| f.during(|| format!("round {round}")))?;
         let built = Instant::now();
-        let mapping = space
-            .map(Arc::clone(&region))
-            .context(|| format!("round {round}: map {len:#x} bytes of {page_size} pages"))?;
-        let mapped = Instant::now();
-        mapping
-            .unmap()
-            .context(|| format!("round {round}: unmap {len:#x} bytes of {page_size} pages"))?;
-        let unmapped = Instant::now();
+        let (mapped, unmapped) = map_and_unmap(space, &region, memory, round)?;
         // Untimed, after the unmap (so that its page-table walk warms nothing the map or the
         // unmap does) and before the free.
         let runs = runs_of(&region).map_err(|f| f.during(|| format!("round {round}")))?;
