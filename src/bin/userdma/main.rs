@@ -50,6 +50,7 @@
 //! * `unbind`: `{"bdf", "from", "to", "changed"}`.
 
 mod bind;
+mod case;
 mod demo;
 mod exit;
 mod hugepages;
@@ -104,10 +105,12 @@ enum Command {
     Unbind(unbind::Args),
     /// Show hugepage pools per size and NUMA node, or reserve pages (`--reserve N`).
     Hugepages(hugepages::HugepagesArgs),
-    /// Run the main job on the software loopback device: pool buffers host -> device -> compute
-    /// -> host across several queues, every byte verified; prints throughput, latency
-    /// percentiles and the device counters.
-    Demo(demo::DemoArgs),
+    /// Run the main job on the software loopback device: the two-stream video-analytics case
+    /// (a live and a playback YOLOv5s-like stream on one modelled NPU), before (per-frame
+    /// allocation and mapping, synchronous, round-robin) and after (pool, planned arena,
+    /// double buffering, priority with batch switching), every frame checked, side by side
+    /// with the published figures. `demo transfers`: the transfer demo.
+    Demo(DemoCommand),
     /// Run frames through the N-deep inference pipeline on the loopback device, every result
     /// checked, with the naive per-frame path beside it (`--naive`).
     Pipeline(pipeline::PipelineArgs),
@@ -149,6 +152,23 @@ pub(crate) fn parse_bdf(text: &str) -> Result<Bdf, Failure> {
     Ok(text.parse()?)
 }
 
+/// `userdma demo [transfers]`.
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct DemoCommand {
+    #[command(subcommand)]
+    what: Option<DemoWhat>,
+    #[command(flatten)]
+    case: case::CaseArgs,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum DemoWhat {
+    /// Pool buffers host -> device -> compute -> host across several queues, every byte
+    /// verified; prints throughput, latency percentiles and the device counters.
+    Transfers(demo::DemoArgs),
+}
+
 /// clap's error text on one line: without the `error: ` prefix and the usage block.
 fn usage_line(e: &clap::Error) -> String {
     let text = e.render().to_string();
@@ -182,7 +202,13 @@ fn main() -> ExitCode {
         Command::Info(args) => info::run(&ctx, &args),
         Command::Bind(args) => bind::run(&ctx, &args),
         Command::Unbind(args) => unbind::run(&ctx, &args),
-        Command::Demo(args) => demo::run(&args, ctx.json).map_err(Failure::from),
+        Command::Demo(DemoCommand {
+            what: Some(DemoWhat::Transfers(args)),
+            ..
+        }) => demo::run(&args, ctx.json).map_err(Failure::from),
+        Command::Demo(DemoCommand { what: None, case }) => {
+            case::run(&case, ctx.json).map_err(Failure::from)
+        }
         Command::LoopbackDevice => demo::serve_device().map_err(Failure::from),
         Command::Plan(args) => plan::run(&args, ctx.json).map_err(Failure::from),
         Command::Pipeline(args) => pipeline::run(&args, ctx.json).map_err(Failure::from),

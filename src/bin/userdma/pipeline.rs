@@ -478,7 +478,7 @@ fn naive_path(
     Ok((report.0, report.1))
 }
 
-fn allocations() -> u64 {
+pub(crate) fn allocations() -> u64 {
     stats::allocations()
 }
 
