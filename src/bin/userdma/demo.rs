@@ -1,4 +1,4 @@
-//! `userdma demo [--size 64K] [--count N] [--batch B] [--queues Q] [--cost npu|zero]
+//! `userdma demo transfers [--size 64K] [--count N] [--batch B] [--queues Q] [--cost npu|zero]
 //! [--process]`: the main job on the software loopback device.
 //!
 //! Opens a loopback device, maps one memfd region into its DMA space and builds a buffer pool
@@ -51,7 +51,7 @@ pub(crate) enum CostModel {
     Zero,
 }
 
-/// Arguments of `userdma demo`.
+/// Arguments of `userdma demo transfers`.
 #[derive(Debug, Clone, clap::Args, Serialize)]
 pub(crate) struct DemoArgs {
     /// Bytes per transfer (a multiple of 4; K and M suffixes), at most 1M.
@@ -101,7 +101,7 @@ fn parse_size(text: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
-/// Why `userdma demo` failed.
+/// Why `userdma demo transfers` failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DemoError {
     /// Starting or driving the loopback device, its memory or its pool failed.
@@ -341,7 +341,7 @@ fn drive(
     Ok(latencies)
 }
 
-/// Runs `userdma demo`.
+/// Runs `userdma demo transfers`.
 pub(crate) fn run(args: &DemoArgs, json: bool) -> Result<(), DemoError> {
     let mode = if args.process {
         Mode::Process(Program::current_exe().map_err(DemoError::Executable)?)
