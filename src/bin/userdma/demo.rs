@@ -1,5 +1,5 @@
 //! `userdma demo transfers [--size 64K] [--count N] [--batch B] [--queues Q] [--cost npu|zero]
-//! [--process]`: the main job on the software loopback device.
+//! [--process]`: the transfer demo on the software loopback device.
 //!
 //! Opens a loopback device, maps one memfd region into its DMA space and builds a buffer pool
 //! over it, then runs `--count` transfers split over `--queues` queues (one host thread and one
