@@ -491,6 +491,18 @@ impl Model {
         Model::new(dst + result.bytes, self.input, result, self.steps)
     }
 
+    /// The result the device must produce for `input`: [`Model::reference`] over a fresh,
+    /// zeroed arena, into a new buffer (allocates both; for setting up checks).
+    ///
+    /// # Panics
+    /// If `input` is shorter than the model's input.
+    pub fn expected(&self, input: &[u8]) -> Vec<u8> {
+        let mut arena = vec![0u8; self.arena_bytes() as usize];
+        let mut result = vec![0u8; self.result().bytes as usize];
+        self.reference(input, &mut arena, &mut result);
+        result
+    }
+
     /// Runs the model on the host: `input` into a host copy of the arena (`arena`, at least
     /// [`Model::arena_bytes`] long, its previous contents standing in for whatever the
     /// device arena held), every step, and the result range copied into `result`. What the

@@ -136,15 +136,7 @@ impl Frames {
         let inputs: Vec<Vec<u8>> = (0..PATTERNS)
             .map(|p| pattern(p, model.input().bytes as usize))
             .collect();
-        let expected = inputs
-            .iter()
-            .map(|input| {
-                let mut arena = vec![0u8; model.arena_bytes() as usize];
-                let mut result = vec![0u8; model.result().bytes as usize];
-                model.reference(input, &mut arena, &mut result);
-                result
-            })
-            .collect();
+        let expected = inputs.iter().map(|input| model.expected(input)).collect();
         Frames { inputs, expected }
     }
 
