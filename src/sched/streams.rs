@@ -51,16 +51,104 @@ pub struct Stream {
 /// Arrival times waiting per stream at most; later arrivals are dropped (and counted).
 pub const MAX_WAITING: usize = 256;
 
+/// One stream's frames that have arrived and wait for dispatch, by arrival time: what a
+/// driver passes [`Scheduler::decide`] as the stream's oldest. Preallocated; arrivals beyond
+/// [`MAX_WAITING`] are dropped and counted.
+#[derive(Debug, Clone)]
+pub struct ArrivalQueue {
+    arrivals: Arrivals,
+    waiting: VecDeque<Nanos>,
+    next: Nanos,
+    dropped: u64,
+}
+
+impl ArrivalQueue {
+    /// An empty queue whose first periodic frame arrives at time 0.
+    pub fn new(arrivals: Arrivals) -> ArrivalQueue {
+        ArrivalQueue {
+            arrivals,
+            waiting: VecDeque::with_capacity(MAX_WAITING),
+            next: 0,
+            dropped: 0,
+        }
+    }
+
+    /// Starts the clock again: nothing waits, the next periodic frame arrives at time 0
+    /// (allocates nothing).
+    pub fn restart(&mut self) {
+        self.waiting.clear();
+        self.next = 0;
+    }
+
+    /// Frames arriving up to `now`; an as-fast-as-possible stream gets its next frame once
+    /// nothing of it waits and none of it is `busy` on the device.
+    pub fn arrive(&mut self, now: Nanos, busy: bool) {
+        match self.arrivals {
+            Arrivals::Periodic { period } => {
+                while self.next <= now {
+                    if self.waiting.len() < MAX_WAITING {
+                        self.waiting.push_back(self.next);
+                    } else {
+                        self.dropped += 1;
+                    }
+                    self.next = self.next.saturating_add(period.max(1));
+                }
+            }
+            Arrivals::Asap => {
+                if self.waiting.is_empty() && !busy {
+                    self.waiting.push_back(now);
+                }
+            }
+        }
+    }
+
+    /// The arrival time of the oldest waiting frame.
+    pub fn oldest(&self) -> Option<Nanos> {
+        self.waiting.front().copied()
+    }
+
+    /// Takes the oldest waiting frame's arrival time.
+    pub fn take(&mut self) -> Option<Nanos> {
+        self.waiting.pop_front()
+    }
+
+    /// Puts back a frame taken but not dispatched.
+    pub fn put_back(&mut self, arrival: Nanos) {
+        self.waiting.push_front(arrival);
+    }
+
+    /// When the next periodic frame arrives (`None` for an as-fast-as-possible stream).
+    pub fn next_arrival(&self) -> Option<Nanos> {
+        match self.arrivals {
+            Arrivals::Periodic { .. } => Some(self.next),
+            Arrivals::Asap => None,
+        }
+    }
+
+    /// Frames waiting.
+    pub fn len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// Frames dropped because [`MAX_WAITING`] were waiting.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
 struct State {
     stream: Stream,
-    waiting: VecDeque<Nanos>,
-    next_arrival: Nanos,
+    queue: ArrivalQueue,
     /// Per frame in flight, in frame order: (arrival, dispatch).
     dispatched: VecDeque<(Nanos, Nanos)>,
     latency: hdrhistogram::Histogram<u64>,
     frames: u64,
     failed: u64,
-    dropped: u64,
     max_wait: Nanos,
 }
 
@@ -170,15 +258,13 @@ impl Streams {
         let states = streams
             .into_iter()
             .map(|stream| State {
+                queue: ArrivalQueue::new(stream.arrivals),
                 stream,
-                waiting: VecDeque::with_capacity(MAX_WAITING),
-                next_arrival: 0,
                 dispatched: VecDeque::with_capacity(1024),
                 latency: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
                     .expect("valid bounds"),
                 frames: 0,
                 failed: 0,
-                dropped: 0,
                 max_wait: 0,
             })
             .collect();
@@ -211,7 +297,7 @@ impl Streams {
         let end = nanos(duration);
         let (switches0, decisions0) = (self.scheduler.switches(), self.scheduler.decisions());
         for s in &mut self.states {
-            s.next_arrival = 0;
+            s.queue.restart();
         }
         loop {
             let now = nanos(start.elapsed());
@@ -222,12 +308,12 @@ impl Streams {
             let busy: usize = self.states.iter().map(|s| s.dispatched.len()).sum();
             if open && busy < self.in_flight {
                 for (o, s) in self.oldest.iter_mut().zip(&self.states) {
-                    *o = s.waiting.front().copied();
+                    *o = s.queue.oldest();
                 }
                 if let Some(d) = self.scheduler.decide(now, &self.oldest) {
                     let i = d.stream.0;
                     let s = &mut self.states[i];
-                    let arrival = s.waiting.pop_front().unwrap_or(now);
+                    let arrival = s.queue.take().unwrap_or(now);
                     let submitted = s
                         .stream
                         .pipeline
@@ -239,7 +325,7 @@ impl Streams {
                         continue;
                     }
                     // Its pipeline is full (depth below in_flight): the frame waits again.
-                    s.waiting.push_front(arrival);
+                    s.queue.put_back(arrival);
                 }
             }
             if busy == 0 {
@@ -250,10 +336,7 @@ impl Streams {
                 let next = self
                     .states
                     .iter()
-                    .filter_map(|s| match s.stream.arrivals {
-                        Arrivals::Periodic { .. } => Some(s.next_arrival),
-                        Arrivals::Asap => None,
-                    })
+                    .filter_map(|s| s.queue.next_arrival())
                     .min()
                     .unwrap_or(now + 100_000)
                     .min(end);
@@ -283,14 +366,14 @@ impl Streams {
                     name: s.stream.spec.name.clone(),
                     frames: s.frames,
                     failed: s.failed,
-                    dropped: s.dropped,
+                    dropped: s.queue.dropped(),
                     fps: s.frames as f64 / seconds.max(1e-9),
                     latency_mean_ns: s.latency.mean(),
                     latency_p50_ns: s.latency.value_at_quantile(0.5),
                     latency_p99_ns: s.latency.value_at_quantile(0.99),
                     latency_max_ns: s.latency.max(),
                     max_wait_ns: s.max_wait,
-                    left_waiting: s.waiting.len() as u64,
+                    left_waiting: s.queue.len() as u64,
                 })
                 .collect(),
             switches: self.scheduler.switches() - switches0,
@@ -301,23 +384,7 @@ impl Streams {
     /// Frames arriving up to `now`.
     fn arrive(&mut self, now: Nanos) {
         for s in &mut self.states {
-            match s.stream.arrivals {
-                Arrivals::Periodic { period } => {
-                    while s.next_arrival <= now {
-                        if s.waiting.len() < MAX_WAITING {
-                            s.waiting.push_back(s.next_arrival);
-                        } else {
-                            s.dropped += 1;
-                        }
-                        s.next_arrival += period;
-                    }
-                }
-                Arrivals::Asap => {
-                    if s.waiting.is_empty() && s.dispatched.is_empty() {
-                        s.waiting.push_back(now);
-                    }
-                }
-            }
+            s.queue.arrive(now, !s.dispatched.is_empty());
         }
     }
 

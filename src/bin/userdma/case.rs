@@ -17,13 +17,12 @@
 //! context's SRAM hit rate; the device bound from what the device charged; the published
 //! figures of the case in their own column, labelled as published.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use userdma::device::loopback::{self, Cost, Unit};
 use userdma::pipeline::{naive::Naive, zoo, Config, Model, Pipeline, WorkingSet};
-use userdma::sched::streams::{Arrivals, Stream, Streams};
+use userdma::sched::streams::{ArrivalQueue, Arrivals, Stream, Streams};
 use userdma::sched::{Policy, Scheduler, StreamId, StreamSpec};
 use userdma::Runtime;
 
@@ -223,8 +222,8 @@ fn before(args: &CaseArgs, model: &Model, frames: &Frames) -> Result<RunFigures,
     }
     let mut scheduler = Scheduler::new(Policy::RoundRobin, specs.clone())
         .map_err(|e| Error::Library(invalid(e)))?;
-    let mut waiting: Vec<VecDeque<u64>> = vec![VecDeque::new(); n];
-    let mut next_arrival = vec![0u64; n];
+    let mut queues: Vec<ArrivalQueue> = arrivals.iter().map(|&a| ArrivalQueue::new(a)).collect();
+    let mut oldest = vec![None; n];
     let mut latency: Vec<_> = (0..n).map(|_| histogram()).collect();
     let mut done = vec![0u64; n];
     let mut longest = vec![0u64; n];
@@ -238,29 +237,23 @@ fn before(args: &CaseArgs, model: &Model, frames: &Frames) -> Result<RunFigures,
         if now >= end {
             break;
         }
-        for i in 0..n {
-            match arrivals[i] {
-                Arrivals::Periodic { period } => {
-                    while next_arrival[i] <= now {
-                        waiting[i].push_back(next_arrival[i]);
-                        next_arrival[i] += period;
-                    }
-                }
-                Arrivals::Asap => {
-                    if waiting[i].is_empty() {
-                        waiting[i].push_back(now);
-                    }
-                }
-            }
+        // Frames run synchronously: nothing of any stream is on the device here.
+        for (q, o) in queues.iter_mut().zip(&mut oldest) {
+            q.arrive(now, false);
+            *o = q.oldest();
         }
-        let oldest: Vec<Option<u64>> = waiting.iter().map(|w| w.front().copied()).collect();
         let Some(d) = scheduler.decide(now, &oldest) else {
-            let next = next_arrival.iter().copied().min().unwrap_or(now).min(end);
+            let next = queues
+                .iter()
+                .filter_map(ArrivalQueue::next_arrival)
+                .min()
+                .unwrap_or(now)
+                .min(end);
             std::thread::sleep(Duration::from_nanos(next.saturating_sub(now).max(1000)));
             continue;
         };
         let i = d.stream.0;
-        let arrival = waiting[i].pop_front().unwrap_or(now);
+        let arrival = queues[i].take().unwrap_or(now);
         longest[i] = longest[i].max(now - arrival);
         let frame = sent[i];
         sent[i] += 1;
