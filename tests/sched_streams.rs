@@ -161,3 +161,155 @@ fn bad_settings_are_errors_that_say_what_to_do() {
     let err = Streams::new(Policy::Batch { k: 0 }, one(), 1).unwrap_err();
     assert!(matches!(err, Error::Invalid { .. }), "{err}");
 }
+
+#[test]
+fn streams_on_two_devices_each_decide_alone_and_match_their_devices() {
+    let model = Model::chain(2, 4096).unwrap();
+    let (a, b) = (runtime(), runtime());
+    // Streams 0 and 2 on device a, 1 and 3 on device b: given interleaved, grouped by device.
+    let mut streams = Vec::new();
+    for s in 0..4usize {
+        let rt = if s % 2 == 0 { &a } else { &b };
+        let context = s as u32 + 1;
+        let config = Config {
+            queue: 3 * (s as u16 / 2),
+            context,
+            ..Config::default()
+        };
+        let arrivals = if s < 2 {
+            Arrivals::Periodic { period: 5_000_000 }
+        } else {
+            Arrivals::Asap
+        };
+        streams.push(Stream {
+            spec: StreamSpec::new(format!("s{s}"), u8::from(s < 2), context),
+            arrivals,
+            pipeline: Pipeline::new(rt, model.clone(), config).expect("pipeline"),
+        });
+    }
+    let switches = |rt: &Runtime| {
+        rt.loopback_device().unwrap().counters().unwrap().units[Unit::Compute as usize]
+            .context_switches
+    };
+    let mut s = Streams::new(Policy::Batch { k: 2 }, streams, 1)
+        .expect("streams")
+        .with_timeline(100_000);
+    assert_eq!(s.schedulers().count(), 2);
+    assert_eq!(
+        (0..4).map(|i| s.device_of(StreamId(i))).collect::<Vec<_>>(),
+        [0, 1, 0, 1]
+    );
+    let mut scratch = vec![0u8; model.input().bytes as usize];
+    let mut got = vec![0u8; model.result().bytes as usize];
+    let mut wrong = 0u64;
+    let report = s
+        .run(
+            Duration::from_millis(400),
+            |id: StreamId, n, input| {
+                fill(id.0, n, &mut scratch);
+                input.write(0, &scratch)
+            },
+            |id, done| {
+                let out = done.result.expect("no device error");
+                out.read(0, &mut got).unwrap();
+                wrong += u64::from(got != expected(&model, id.0, done.frame));
+            },
+        )
+        .expect("run");
+    assert_eq!(wrong, 0);
+    assert_eq!(report.devices.len(), 2);
+    assert_eq!(report.devices[0].streams, ["s0", "s2"]);
+    assert_eq!(report.devices[1].streams, ["s1", "s3"]);
+    assert_eq!(report.devices[0].switches, switches(&a), "device a");
+    assert_eq!(report.devices[1].switches, switches(&b), "device b");
+    assert_eq!(
+        report.switches,
+        report.devices[0].switches + report.devices[1].switches
+    );
+    for (i, st) in report.streams.iter().enumerate() {
+        assert_eq!(st.device, i % 2);
+        assert!(st.frames > 0, "{st:?}");
+    }
+    // Both devices worked at once: some frame of one was dispatched while the other's ran.
+    let spans: Vec<_> = s.timeline().copied().collect();
+    let total: u64 = report.streams.iter().map(|st| st.frames).sum();
+    assert_eq!(spans.len() as u64, total);
+    let overlap = spans.iter().any(|x| {
+        spans
+            .iter()
+            .any(|y| x.device != y.device && x.dispatch_ns < y.done_ns && y.dispatch_ns < x.done_ns)
+    });
+    assert!(overlap, "the two devices never ran at the same time");
+    // One frame in flight per device: a device's frames never overlap.
+    for d in 0..2 {
+        let mut on: Vec<_> = spans.iter().filter(|x| x.device == d).collect();
+        on.sort_by_key(|x| x.dispatch_ns);
+        for w in on.windows(2) {
+            assert!(
+                w[0].done_ns <= w[1].dispatch_ns,
+                "{:?} then {:?}",
+                w[0],
+                w[1]
+            );
+        }
+        for x in &on {
+            assert!(x.arrival_ns <= x.dispatch_ns && x.dispatch_ns <= x.done_ns && x.ok);
+            assert_eq!(x.device, s.device_of(x.stream));
+        }
+    }
+    for st in s.into_streams() {
+        st.pipeline.shutdown(|_| {}).unwrap();
+    }
+}
+
+#[test]
+fn a_timeline_keeps_the_last_frames_and_a_second_run_starts_its_counts_again() {
+    let rt = runtime();
+    let model = Model::chain(1, 1024).unwrap();
+    let streams = vec![
+        stream(&rt, &model, 0, 1, Arrivals::Asap),
+        stream(&rt, &model, 1, 0, Arrivals::Asap),
+    ];
+    let mut s = Streams::new(Policy::RoundRobin, streams, 1)
+        .unwrap()
+        .with_timeline(8);
+    let mut reports = Vec::new();
+    for _ in 0..2 {
+        let r = s
+            .run(
+                Duration::from_millis(100),
+                |_, _, _| Ok(()),
+                |_, done| assert!(done.result.is_ok()),
+            )
+            .unwrap();
+        let frames: u64 = r.streams.iter().map(|st| st.frames).sum();
+        assert!(frames > 8, "{r:?}");
+        assert_eq!(s.timeline().count(), 8);
+        let last: Vec<_> = s.timeline().map(|f| f.done_ns).collect();
+        assert!(last.windows(2).all(|w| w[0] <= w[1]), "{last:?}");
+        let hist: u64 = (0..2).map(|i| s.latency(StreamId(i)).len()).sum();
+        assert_eq!(hist, frames, "the histograms hold this run only");
+        reports.push(r);
+    }
+    // Counts of the second run are its own, not the sum of both.
+    for r in &reports {
+        let frames: u64 = r.streams.iter().map(|st| st.frames).sum();
+        assert_eq!(r.decisions, frames, "{r:?}");
+    }
+    for st in s.into_streams() {
+        st.pipeline.shutdown(|_| {}).unwrap();
+    }
+}
+
+#[test]
+fn two_streams_with_one_name_are_refused() {
+    let (a, b) = (runtime(), runtime());
+    let model = Model::chain(1, 64).unwrap();
+    let mut x = stream(&a, &model, 0, 0, Arrivals::Asap);
+    let y = stream(&b, &model, 1, 0, Arrivals::Asap);
+    x.spec.name = "cam".into();
+    let mut y = y;
+    y.spec.name = "cam".into();
+    let err = Streams::new(Policy::RoundRobin, vec![x, y], 1).unwrap_err();
+    assert!(err.to_string().contains("both named \"cam\""), "{err}");
+}

@@ -560,6 +560,34 @@ impl Pipeline {
         self.in_flight
     }
 
+    /// The device it runs on (pipelines on one device share its engine; a driver of several
+    /// devices groups them by it).
+    pub fn device(&self) -> &Arc<Loopback> {
+        &self.device
+    }
+
+    /// The interrupt of the queue a frame's last completion arrives on, to sleep on several
+    /// pipelines at once with an [`crate::irq::Waiter`] and [`ring::wait_any`] over
+    /// [`Pipeline::waitable`]; `None` when the device gave the queue no interrupt.
+    pub fn interrupt(&self) -> Option<&crate::irq::EventFd> {
+        self.queues.last().and_then(|q| q.interrupt())
+    }
+
+    /// The queue a frame's last completion arrives on, for [`ring::wait_any`]. Once it is
+    /// ready, [`Pipeline::poll`] hands over what finished (a frame may still need a moment
+    /// for its other completions: [`Pipeline::wait`] covers that).
+    pub fn waitable(&mut self) -> &mut dyn ring::Waitable {
+        let last = self.queues.len() - 1;
+        &mut self.queues[last]
+    }
+
+    /// Whether a frame's last completion is in but the frame is not handed over yet (another
+    /// of its completions is moments away, or an earlier frame is still out): a driver that
+    /// sleeps on [`Pipeline::waitable`] polls again instead of sleeping.
+    pub fn finishing(&self) -> bool {
+        self.held.iter().any(Option::is_some)
+    }
+
     /// What it has done so far.
     pub fn summary(&self) -> Summary {
         self.summary

@@ -12,15 +12,25 @@
 //! waiting frame goes, submits it to that stream's pipeline, and hands every finished frame
 //! to postprocessing with its arrival time, so latency counts from arrival.
 //!
+//! Streams may run on several devices (several loopback devices stand in for a machine with
+//! several NPUs): the streams whose pipelines share a device share that device's scheduler,
+//! each device decides on its own (`in_flight` is per device), and one thread drives them
+//! all, sleeping on every busy pipeline's interrupt at once.
+//!
 //! What a run reports per stream ([`StreamReport`]): frames, frames per second, latency
 //! from arrival to the result (mean, p50, p99, max), the longest wait from arrival to
-//! dispatch, frames dropped because its arrival queue was full; and the scheduler's switch
-//! count beside the device's.
+//! dispatch, frames dropped because its arrival queue was full; per device
+//! ([`DeviceReport`]) the switches its scheduler caused, to set beside the device's own
+//! count. With [`Streams::with_timeline`] it also keeps each frame's arrival, dispatch and
+//! result times ([`FrameSpan`]), for a picture of which context ran when.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Nanos, Policy, Scheduler, StreamId, StreamSpec};
+use crate::device::loopback::Loopback;
+use crate::irq::Waiter;
 use crate::pipeline::{Finished, Input, Pipeline};
 use crate::Error;
 
@@ -144,6 +154,8 @@ impl ArrivalQueue {
 struct State {
     stream: Stream,
     queue: ArrivalQueue,
+    /// Which device group it belongs to.
+    group: usize,
     /// Per frame in flight, in frame order: (arrival, dispatch).
     dispatched: VecDeque<(Nanos, Nanos)>,
     latency: hdrhistogram::Histogram<u64>,
@@ -152,11 +164,45 @@ struct State {
     max_wait: Nanos,
 }
 
+/// The streams of one device and the scheduler that picks among them (the device is
+/// non-preemptive, so each device decides on its own).
+struct Group {
+    scheduler: Scheduler,
+    /// Indices into `Streams::states`, in the order given.
+    members: Vec<usize>,
+    /// Per member: the arrival of its oldest waiting frame (the scheduler's input).
+    oldest: Vec<Option<Nanos>>,
+    /// The scheduler's switches and decisions when the current run began.
+    at_start: (u64, u64),
+}
+
+/// One frame in a run's timeline: when it arrived, when the scheduler dispatched it to its
+/// device, when its result was handed over. Times in ns from the run's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct FrameSpan {
+    /// Its stream.
+    pub stream: StreamId,
+    /// The device its stream runs on (index into [`RunReport::devices`]).
+    pub device: usize,
+    /// Its number within its stream's pipeline.
+    pub frame: u64,
+    /// When it arrived.
+    pub arrival_ns: Nanos,
+    /// When it was dispatched.
+    pub dispatch_ns: Nanos,
+    /// When its result was handed to postprocessing.
+    pub done_ns: Nanos,
+    /// Whether the device completed it without error.
+    pub ok: bool,
+}
+
 /// What one stream did in a run.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct StreamReport {
     /// Its name.
     pub name: String,
+    /// The device it ran on (index into [`RunReport::devices`]).
+    pub device: usize,
     /// Frames finished.
     pub frames: u64,
     /// Frames the device failed.
@@ -179,6 +225,17 @@ pub struct StreamReport {
     pub left_waiting: u64,
 }
 
+/// What one device's scheduler did in a run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeviceReport {
+    /// The streams on it, by name.
+    pub streams: Vec<String>,
+    /// Context switches its scheduler's decisions caused.
+    pub switches: u64,
+    /// Decisions its scheduler made.
+    pub decisions: u64,
+}
+
 /// What a run did.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct RunReport {
@@ -188,25 +245,31 @@ pub struct RunReport {
     pub seconds: f64,
     /// Per stream, in the order given.
     pub streams: Vec<StreamReport>,
-    /// Context switches the scheduler's decisions caused.
+    /// Per device, in the order its first stream was given.
+    pub devices: Vec<DeviceReport>,
+    /// Context switches the scheduler's decisions caused, over all devices.
     pub switches: u64,
-    /// Decisions it made.
+    /// Decisions made, over all devices.
     pub decisions: u64,
 }
 
-/// Streams on one device under one scheduler.
+/// Streams on one or more devices, one scheduler per device.
 pub struct Streams {
-    scheduler: Scheduler,
+    groups: Vec<Group>,
     states: Vec<State>,
     in_flight: usize,
-    oldest: Vec<Option<Nanos>>,
+    /// Sleeps on every pipeline's interrupt at once, when there are several devices.
+    waiter: Option<Waiter>,
+    timeline: VecDeque<FrameSpan>,
+    timeline_capacity: usize,
 }
 
 impl std::fmt::Debug for Streams {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Streams")
-            .field("policy", self.scheduler.policy())
+            .field("policy", self.groups[0].scheduler.policy())
             .field("streams", &self.states.len())
+            .field("devices", &self.groups.len())
             .field("in_flight", &self.in_flight)
             .finish()
     }
@@ -216,13 +279,25 @@ fn nanos(d: Duration) -> Nanos {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+fn histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds")
+}
+
+/// How long a wait on several devices sleeps at most before it looks again (the pipelines'
+/// own timeout still decides when a device is declared stuck).
+const MAX_SLEEP: Duration = Duration::from_millis(100);
+
 impl Streams {
-    /// Schedules `streams` with `policy`, at most `in_flight` frames on the device at once.
+    /// Schedules `streams` with `policy`, at most `in_flight` frames on each device at once.
+    ///
+    /// Streams whose pipelines run on one device ([`Pipeline::device`]) share that device's
+    /// scheduler; each device decides on its own, so a stream stays on its device and its
+    /// queue (context affinity), and the bounds of the [`super`] docs hold per device.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for no streams, an `in_flight` of 0, a stream whose context is not
-    /// its pipeline's, a periodic stream with a period of 0, and what the scheduler refuses
-    /// (its message says what to change).
+    /// [`Error::Invalid`] for no streams, an `in_flight` of 0, two streams with one name, a
+    /// stream whose context is not its pipeline's, a periodic stream with a period of 0, and
+    /// what a device's scheduler refuses (its message says what to change).
     pub fn new(policy: Policy, streams: Vec<Stream>, in_flight: usize) -> Result<Streams, Error> {
         if in_flight == 0 {
             return Err(Error::Invalid {
@@ -230,7 +305,13 @@ impl Streams {
                 hint: "allow at least 1 frame on the device (1 keeps the scheduler's bounds)",
             });
         }
-        for s in &streams {
+        if streams.is_empty() {
+            return Err(Error::Invalid {
+                what: super::Error::NoStreams.to_string(),
+                hint: "give Streams::new at least one stream",
+            });
+        }
+        for (i, s) in streams.iter().enumerate() {
             if s.spec.context != s.pipeline.config().context {
                 return Err(Error::Invalid {
                     what: format!(
@@ -248,42 +329,127 @@ impl Streams {
                     hint: "give a periodic stream a period of at least 1 ns, or make it Asap",
                 });
             }
+            if let Some(j) = streams[..i].iter().position(|o| o.spec.name == s.spec.name) {
+                return Err(Error::Invalid {
+                    what: format!("streams {j} and {i} are both named {:?}", s.spec.name),
+                    hint: "give each stream its own name, reports use the names",
+                });
+            }
         }
-        let specs = streams.iter().map(|s| s.spec.clone()).collect();
-        let scheduler = Scheduler::new(policy, specs).map_err(|e| Error::Invalid {
-            what: e.to_string(),
-            hint: "fix the streams or the policy as the message says",
-        })?;
-        let n = streams.len();
+        // Group by device, in the order each device's first stream comes.
+        let mut device_of = Vec::with_capacity(streams.len());
+        let mut devices: Vec<&Arc<Loopback>> = Vec::new();
+        for s in &streams {
+            let d = s.pipeline.device();
+            let g = match devices.iter().position(|o| Arc::ptr_eq(o, d)) {
+                Some(g) => g,
+                None => {
+                    devices.push(d);
+                    devices.len() - 1
+                }
+            };
+            device_of.push(g);
+        }
+        let mut groups = Vec::with_capacity(devices.len());
+        for g in 0..devices.len() {
+            let members: Vec<usize> = (0..streams.len()).filter(|&i| device_of[i] == g).collect();
+            let specs = members.iter().map(|&i| streams[i].spec.clone()).collect();
+            let scheduler = Scheduler::new(policy, specs).map_err(|e| Error::Invalid {
+                what: if devices.len() > 1 {
+                    format!("device {g}: {e}")
+                } else {
+                    e.to_string()
+                },
+                hint: "fix the streams or the policy as the message says",
+            })?;
+            groups.push(Group {
+                at_start: (0, 0),
+                scheduler,
+                oldest: vec![None; members.len()],
+                members,
+            });
+        }
+        let waiter = if groups.len() > 1 && streams.iter().all(|s| s.pipeline.interrupt().is_some())
+        {
+            let mut waiter = Waiter::new()?;
+            for (i, s) in streams.iter().enumerate() {
+                if let Some(fd) = s.pipeline.interrupt() {
+                    waiter.add(fd, i as u64)?;
+                }
+            }
+            Some(waiter)
+        } else {
+            None
+        };
         let states = streams
             .into_iter()
-            .map(|stream| State {
-                queue: ArrivalQueue::new(stream.arrivals),
-                stream,
-                dispatched: VecDeque::with_capacity(1024),
-                latency: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
-                    .expect("valid bounds"),
-                frames: 0,
-                failed: 0,
-                max_wait: 0,
+            .enumerate()
+            .map(|(i, stream)| {
+                let group = device_of[i];
+                State {
+                    queue: ArrivalQueue::new(stream.arrivals),
+                    stream,
+                    group,
+                    dispatched: VecDeque::with_capacity(1024),
+                    latency: histogram(),
+                    frames: 0,
+                    failed: 0,
+                    max_wait: 0,
+                }
             })
             .collect();
         Ok(Streams {
-            scheduler,
+            groups,
             states,
             in_flight,
-            oldest: vec![None; n],
+            waiter,
+            timeline: VecDeque::new(),
+            timeline_capacity: 0,
         })
     }
 
-    /// The scheduler (its switch count, its policy).
-    pub fn scheduler(&self) -> &Scheduler {
-        &self.scheduler
+    /// Keeps the last `frames` frames of each run in a timeline ([`Streams::timeline`]),
+    /// allocated here once: recording allocates nothing. 0 (the default) records none.
+    #[must_use]
+    pub fn with_timeline(mut self, frames: usize) -> Streams {
+        self.timeline = VecDeque::with_capacity(frames);
+        self.timeline_capacity = frames;
+        self
     }
 
-    /// Runs for `duration`: frames arrive, the scheduler picks, `preprocess(stream, frame,
-    /// input)` fills each dispatched frame's input, `postprocess(stream, finished)` gets each
-    /// result; then the frames in flight are drained. Returns what each stream did.
+    /// The last run's frames (the last [`Streams::with_timeline`] of them), in the order
+    /// their results were handed over.
+    pub fn timeline(&self) -> impl Iterator<Item = &FrameSpan> + '_ {
+        self.timeline.iter()
+    }
+
+    /// The last run's latencies of `stream`, from arrival to the result handed over, in ns.
+    ///
+    /// # Panics
+    /// For a stream that is not one of these.
+    pub fn latency(&self, stream: StreamId) -> &hdrhistogram::Histogram<u64> {
+        &self.states[stream.0].latency
+    }
+
+    /// The devices' schedulers (their switch counts, their policy), in the order of
+    /// [`RunReport::devices`].
+    pub fn schedulers(&self) -> impl Iterator<Item = &Scheduler> + '_ {
+        self.groups.iter().map(|g| &g.scheduler)
+    }
+
+    /// Which device (index into [`RunReport::devices`]) `stream` runs on.
+    ///
+    /// # Panics
+    /// For a stream that is not one of these.
+    pub fn device_of(&self, stream: StreamId) -> usize {
+        self.states[stream.0].group
+    }
+
+    /// Runs for `duration`: frames arrive, each device's scheduler picks whenever the device
+    /// can take a frame, `preprocess(stream, frame, input)` fills each dispatched frame's
+    /// input, `postprocess(stream, finished)` gets each result; then the frames in flight
+    /// are drained. Returns what each stream and each device did in this run (the counts
+    /// start again at every run).
     ///
     /// # Errors
     /// What the pipelines return (a broken queue, a device that stopped answering).
@@ -295,75 +461,85 @@ impl Streams {
     ) -> Result<RunReport, Error> {
         let start = Instant::now();
         let end = nanos(duration);
-        let (switches0, decisions0) = (self.scheduler.switches(), self.scheduler.decisions());
+        // Nothing here allocates: a run's steady state allocates nothing.
+        for g in &mut self.groups {
+            g.at_start = (g.scheduler.switches(), g.scheduler.decisions());
+        }
         for s in &mut self.states {
             s.queue.restart();
+            s.latency.reset();
+            (s.frames, s.failed, s.max_wait) = (0, 0, 0);
         }
+        self.timeline.clear();
         loop {
             let now = nanos(start.elapsed());
             let open = now < end;
             if open {
                 self.arrive(now);
+                if self.dispatch(now, &mut preprocess)? {
+                    continue;
+                }
             }
             let busy: usize = self.states.iter().map(|s| s.dispatched.len()).sum();
-            if open && busy < self.in_flight {
-                for (o, s) in self.oldest.iter_mut().zip(&self.states) {
-                    *o = s.queue.oldest();
-                }
-                if let Some(d) = self.scheduler.decide(now, &self.oldest) {
-                    let i = d.stream.0;
-                    let s = &mut self.states[i];
-                    let arrival = s.queue.take().unwrap_or(now);
-                    let submitted = s
-                        .stream
-                        .pipeline
-                        .try_submit(|n, input| preprocess(d.stream, n, input))?;
-                    if submitted.is_some() {
-                        s.stream.pipeline.flush()?;
-                        s.max_wait = s.max_wait.max(now.saturating_sub(arrival));
-                        s.dispatched.push_back((arrival, now));
-                        continue;
-                    }
-                    // Its pipeline is full (depth below in_flight): the frame waits again.
-                    s.queue.put_back(arrival);
-                }
-            }
             if busy == 0 {
                 if !open {
                     break;
                 }
-                // Nothing on the device: sleep until the next arrival (or a little).
-                let next = self
-                    .states
-                    .iter()
-                    .filter_map(|s| s.queue.next_arrival())
-                    .min()
-                    .unwrap_or(now + 100_000)
-                    .min(end);
+                // Nothing on any device: sleep until the next arrival (or a little).
+                let next = self.next_arrival().unwrap_or(now + 100_000).min(end);
                 if next > now {
                     std::thread::sleep(Duration::from_nanos(next - now));
                 }
                 continue;
             }
-            // Wait for the oldest frame on the device, then take whatever else finished.
-            let oldest = (0..self.states.len())
-                .filter(|&i| !self.states[i].dispatched.is_empty())
-                .min_by_key(|&i| self.states[i].dispatched[0].1)
-                .expect("busy > 0");
-            self.reap(oldest, start, true, &mut postprocess)?;
+            match self.waiter.is_some() {
+                false => {
+                    // One device: wait for its oldest frame (it can take nothing more until
+                    // one finishes, or it would have been given it above).
+                    let oldest = (0..self.states.len())
+                        .filter(|&i| !self.states[i].dispatched.is_empty())
+                        .min_by_key(|&i| self.states[i].dispatched[0].1)
+                        .expect("busy > 0");
+                    self.reap(oldest, start, true, &mut postprocess)?;
+                }
+                true => {
+                    // Several devices: sleep on every busy pipeline until one finishes or a
+                    // frame arrives for a device that could take it.
+                    let wake = if open { self.next_arrival() } else { None };
+                    let left = wake.map_or(MAX_SLEEP, |w| {
+                        Duration::from_nanos(w.saturating_sub(nanos(start.elapsed())))
+                    });
+                    self.sleep_any(left.min(MAX_SLEEP))?;
+                }
+            }
             for i in 0..self.states.len() {
                 self.reap(i, start, false, &mut postprocess)?;
             }
         }
         let seconds = start.elapsed().as_secs_f64();
+        let devices: Vec<DeviceReport> = self
+            .groups
+            .iter()
+            .map(|g| (g, g.at_start))
+            .map(|(g, (s0, d0))| DeviceReport {
+                streams: g
+                    .members
+                    .iter()
+                    .map(|&i| self.states[i].stream.spec.name.clone())
+                    .collect(),
+                switches: g.scheduler.switches() - s0,
+                decisions: g.scheduler.decisions() - d0,
+            })
+            .collect();
         Ok(RunReport {
-            policy: *self.scheduler.policy(),
+            policy: *self.groups[0].scheduler.policy(),
             seconds,
             streams: self
                 .states
                 .iter()
                 .map(|s| StreamReport {
                     name: s.stream.spec.name.clone(),
+                    device: s.group,
                     frames: s.frames,
                     failed: s.failed,
                     dropped: s.queue.dropped(),
@@ -376,8 +552,9 @@ impl Streams {
                     left_waiting: s.queue.len() as u64,
                 })
                 .collect(),
-            switches: self.scheduler.switches() - switches0,
-            decisions: self.scheduler.decisions() - decisions0,
+            switches: devices.iter().map(|d| d.switches).sum(),
+            decisions: devices.iter().map(|d| d.decisions).sum(),
+            devices,
         })
     }
 
@@ -386,6 +563,92 @@ impl Streams {
         for s in &mut self.states {
             s.queue.arrive(now, !s.dispatched.is_empty());
         }
+    }
+
+    /// When the next periodic frame arrives for a device with room for it.
+    fn next_arrival(&self) -> Option<Nanos> {
+        self.states
+            .iter()
+            .filter(|s| self.busy(s.group) < self.in_flight)
+            .filter_map(|s| s.queue.next_arrival())
+            .min()
+    }
+
+    /// Frames in flight on device group `g`.
+    fn busy(&self, g: usize) -> usize {
+        self.groups[g]
+            .members
+            .iter()
+            .map(|&i| self.states[i].dispatched.len())
+            .sum()
+    }
+
+    /// Gives each device with room a frame, if its scheduler picks one. Returns whether any
+    /// was dispatched.
+    fn dispatch(
+        &mut self,
+        now: Nanos,
+        preprocess: &mut impl FnMut(StreamId, u64, &Input<'_>) -> Result<(), Error>,
+    ) -> Result<bool, Error> {
+        let mut any = false;
+        for g in 0..self.groups.len() {
+            if self.busy(g) >= self.in_flight {
+                continue;
+            }
+            let group = &mut self.groups[g];
+            for (o, &i) in group.oldest.iter_mut().zip(&group.members) {
+                *o = self.states[i].queue.oldest();
+            }
+            let Some(d) = group.scheduler.decide(now, &group.oldest) else {
+                continue;
+            };
+            let i = group.members[d.stream.0];
+            let s = &mut self.states[i];
+            let arrival = s.queue.take().unwrap_or(now);
+            let submitted = s
+                .stream
+                .pipeline
+                .try_submit(|n, input| preprocess(StreamId(i), n, input))?;
+            if submitted.is_some() {
+                s.stream.pipeline.flush()?;
+                s.max_wait = s.max_wait.max(now.saturating_sub(arrival));
+                s.dispatched.push_back((arrival, now));
+                any = true;
+            } else {
+                // Its pipeline is full (depth below in_flight): the frame waits again.
+                s.queue.put_back(arrival);
+            }
+        }
+        Ok(any)
+    }
+
+    /// Sleeps until a busy pipeline has a completion, or `timeout` passes.
+    fn sleep_any(&mut self, timeout: Duration) -> Result<(), Error> {
+        let busy = |s: &State| !s.dispatched.is_empty();
+        if self
+            .states
+            .iter()
+            .any(|s| busy(s) && (s.stream.pipeline.finishing()))
+        {
+            std::thread::yield_now();
+            return Ok(());
+        }
+        let mut ready = false;
+        for s in self.states.iter_mut().filter(|s| busy(s)) {
+            // A completion that came in while arming: no need to sleep.
+            if s.stream.pipeline.waitable().arm_interrupt()? {
+                ready = true;
+                break;
+            }
+        }
+        let slept = match (&mut self.waiter, ready) {
+            (Some(waiter), false) => waiter.wait(Some(timeout)).map(|_| ()),
+            _ => Ok(()),
+        };
+        for s in self.states.iter_mut().filter(|s| busy(s)) {
+            s.stream.pipeline.waitable().disarm_interrupt();
+        }
+        slept.map_err(Error::from)
     }
 
     /// Hands stream `i`'s finished frames to `postprocess` (waiting for one if `block`).
@@ -403,13 +666,31 @@ impl Streams {
         let dispatched = &mut s.dispatched;
         let latency = &mut s.latency;
         let (frames, failed) = (&mut s.frames, &mut s.failed);
+        let timeline = &mut self.timeline;
+        let capacity = self.timeline_capacity;
+        let device = s.group;
         let mut each = |done: Finished<'_>| {
-            let (arrival, _) = dispatched.pop_front().unwrap_or((0, 0));
+            let (arrival, dispatch) = dispatched.pop_front().unwrap_or((0, 0));
             let now = nanos(start.elapsed());
             let _ = latency.record(now.saturating_sub(arrival).max(1));
             *frames += 1;
-            if done.result.is_err() {
+            let ok = done.result.is_ok();
+            if !ok {
                 *failed += 1;
+            }
+            if capacity > 0 {
+                if timeline.len() == capacity {
+                    timeline.pop_front();
+                }
+                timeline.push_back(FrameSpan {
+                    stream: StreamId(i),
+                    device,
+                    frame: done.frame,
+                    arrival_ns: arrival,
+                    dispatch_ns: dispatch,
+                    done_ns: now,
+                    ok,
+                });
             }
             postprocess(StreamId(i), done);
         };
