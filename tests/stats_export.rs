@@ -371,3 +371,63 @@ fn an_unwritable_path_names_the_file() {
         "{text}"
     );
 }
+
+#[test]
+fn cdfs_and_lanes_draw_what_they_are_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 1_000_000_000, 3).unwrap();
+    let mut b = a.clone();
+    for v in [10_000_000u64, 20_000_000] {
+        a.record(v).unwrap();
+    }
+    b.record(5_000_000).unwrap();
+    let empty = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+    let path = dir.path().join("cdfs.svg");
+    let lines = [
+        svg::Cdf {
+            label: "live before",
+            histogram: &a,
+            colour: 0,
+            dashed: true,
+        },
+        svg::Cdf {
+            label: "live after",
+            histogram: &b,
+            colour: 0,
+            dashed: false,
+        },
+        svg::Cdf {
+            label: "none",
+            histogram: &empty,
+            colour: 1,
+            dashed: false,
+        },
+    ];
+    svg::cdfs("Latency per stream", &lines, &path).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.starts_with("<svg") && text.contains("Latency per stream"));
+    for label in ["live before", "live after", "none"] {
+        assert!(text.contains(label), "{label} missing");
+    }
+    // The dashed line is drawn as many short pieces, the solid one as one polyline.
+    assert!(text.matches("<polyline").count() > 4, "{text:.400}");
+
+    let names = vec!["dev0 live".to_owned(), "dev0 playback".to_owned()];
+    let bars: Vec<svg::Bar> = (0..10u64)
+        .map(|i| svg::Bar {
+            lane: (i % 2) as usize,
+            span: stats::Span::new(i * 20_000_000, i * 20_000_000 + 18_000_000),
+            colour: (i % 2) as usize,
+        })
+        .collect();
+    let path = dir.path().join("lanes.svg");
+    svg::lanes("Who ran when", &names, &bars, &path).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("Who ran when") && text.contains("dev0 playback"));
+    assert!(text.matches("<rect").count() >= 10);
+    // A bar in a lane with no name is refused, naming the file.
+    let bad = [svg::Bar { lane: 2, ..bars[0] }];
+    let err = svg::lanes("x", &names, &bad, dir.path().join("bad.svg")).unwrap_err();
+    assert!(err.to_string().contains("lane 2"), "{err}");
+    assert!(!dir.path().join("bad.svg").exists());
+}

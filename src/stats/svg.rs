@@ -181,3 +181,169 @@ pub fn timeline(recorder: &Recorder, path: impl AsRef<Path>) -> Result<(), Error
     }
     write(path, &svg)
 }
+
+/// One line of a [`cdfs`] plot.
+#[derive(Debug, Clone, Copy)]
+pub struct Cdf<'a> {
+    /// Its legend.
+    pub label: &'a str,
+    /// The values (ns).
+    pub histogram: &'a hdrhistogram::Histogram<u64>,
+    /// Its colour, an index into a fixed palette (equal indices, equal colours).
+    pub colour: usize,
+    /// Drawn dashed (e.g. the baseline of a before/after pair).
+    pub dashed: bool,
+}
+
+/// Draws several latency CDFs on one pair of axes to `path` (x: latency in ms, y: fraction of
+/// frames at or below it): e.g. each stream before and after a change. Lines with no values
+/// are left out of the plot but keep their legend.
+pub fn cdfs(title: &str, lines: &[Cdf<'_>], path: impl AsRef<Path>) -> Result<(), Error> {
+    let path = path.as_ref();
+    let points: Vec<Vec<(f64, f64)>> = lines.iter().map(|l| cdf(l.histogram)).collect();
+    let x_max = points
+        .iter()
+        .flat_map(|p| p.iter().map(|&(x, _)| x))
+        .fold(0.0f64, f64::max)
+        .max(1e-6);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_error(path))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 24))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..x_max * 1.05, 0.0..1.0)
+            .map_err(draw_error(path))?;
+        chart
+            .configure_mesh()
+            .x_desc("latency (ms)")
+            .y_desc("fraction of frames")
+            .draw()
+            .map_err(draw_error(path))?;
+        for (line, points) in lines.iter().zip(points) {
+            let colour = Palette99::pick(line.colour).to_rgba();
+            let style = colour.stroke_width(2);
+            let series = if line.dashed {
+                chart.draw_series(DashedLineSeries::new(points, 8, 5, style))
+            } else {
+                chart.draw_series(LineSeries::new(points, style))
+            };
+            let dashed = line.dashed;
+            series
+                .map_err(draw_error(path))?
+                .label(line.label)
+                .legend(move |(x, y)| {
+                    let end = if dashed { x + 8 } else { x + 20 };
+                    PathElement::new([(x, y), (end, y)], style)
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(draw_error(path))?;
+        root.present().map_err(draw_error(path))?;
+    }
+    write(path, &svg)
+}
+
+/// One bar of a [`lanes`] plot: `[start_ns, end_ns)` in lane `lane`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bar {
+    /// Its lane (index into the lane names).
+    pub lane: usize,
+    /// Its span (ns on any common clock).
+    pub span: super::Span,
+    /// Its colour, an index into the palette of [`cdfs`].
+    pub colour: usize,
+}
+
+/// Draws bars in named lanes to `path` (x: time in ms from the earliest bar, one row per lane,
+/// the first at the top): e.g. which stream's frame held the device when, one lane per
+/// stream, so a change of lane is a context switch and a gap is an idle device.
+///
+/// # Errors
+/// [`Error::Draw`] for a bar whose lane has no name; [`Error::Write`] when the file cannot
+/// be written.
+pub fn lanes(
+    title: &str,
+    names: &[String],
+    bars: &[Bar],
+    path: impl AsRef<Path>,
+) -> Result<(), Error> {
+    let path = path.as_ref();
+    if let Some(b) = bars.iter().find(|b| b.lane >= names.len()) {
+        return Err(Error::Draw {
+            path: path.to_owned(),
+            reason: format!(
+                "a bar in lane {} of {} named lanes: name every lane",
+                b.lane,
+                names.len()
+            ),
+        });
+    }
+    let origin = bars.iter().map(|b| b.span.start_ns).min().unwrap_or(0);
+    let end = bars.iter().map(|b| b.span.end_ns).max().unwrap_or(0);
+    let ms = |ns: u64| ns.saturating_sub(origin) as f64 / 1e6;
+    let x_max = ms(end).max(1e-6);
+    let rows = i32::try_from(names.len().max(1)).unwrap_or(i32::MAX);
+    let row = |lane: usize| rows - 1 - i32::try_from(lane).unwrap_or(0);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_error(path))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 24))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(160)
+            // Segments 0..=rows-1, one per lane (a segmented range holds its end too).
+            .build_cartesian_2d(0.0..x_max * 1.02, (0..(rows - 1).max(1)).into_segmented())
+            .map_err(draw_error(path))?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .x_desc("time (ms)")
+            .y_labels(names.len().max(1))
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => usize::try_from(rows - 1 - i)
+                    .ok()
+                    .and_then(|i| names.get(i))
+                    .cloned()
+                    .unwrap_or_default(),
+                SegmentValue::Last => String::new(),
+            })
+            .draw()
+            .map_err(draw_error(path))?;
+        chart
+            .draw_series(bars.iter().map(|b| {
+                Rectangle::new(
+                    [
+                        (ms(b.span.start_ns), SegmentValue::Exact(row(b.lane))),
+                        (ms(b.span.end_ns), SegmentValue::Exact(row(b.lane) + 1)),
+                    ],
+                    Palette99::pick(b.colour).filled(),
+                )
+            }))
+            .map_err(draw_error(path))?;
+        // A thin white edge, so back-to-back bars stay apart.
+        chart
+            .draw_series(bars.iter().map(|b| {
+                Rectangle::new(
+                    [
+                        (ms(b.span.start_ns), SegmentValue::Exact(row(b.lane))),
+                        (ms(b.span.end_ns), SegmentValue::Exact(row(b.lane) + 1)),
+                    ],
+                    WHITE.stroke_width(1),
+                )
+            }))
+            .map_err(draw_error(path))?;
+        root.present().map_err(draw_error(path))?;
+    }
+    write(path, &svg)
+}
