@@ -1,31 +1,43 @@
-//! `userdma demo`, the two-stream case study: both runs check every frame, "after" maps
-//! nothing per frame where "before" maps two buffers per frame, and each run's switch count
-//! from the scheduler equals the device's.
+//! `userdma demo`, the two-stream case study: every run checks every frame, "after" maps
+//! nothing per frame where "before" maps two buffers per frame, each run's switch count from
+//! the schedulers equals the devices', the targets are reported per run, a mix of one's own
+//! (streams, priorities, rates, devices) runs, the plots are written, bad settings are usage
+//! errors.
 
 use std::process::Command;
 
-#[test]
-fn the_case_study_runs_both_ways_and_reports_what_it_measured() {
+fn demo(args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_userdma"))
-        .args(["demo", "--seconds", "1", "--json"])
+        .arg("demo")
+        .args(args)
+        .arg("--json")
         .output()
         .expect("userdma runs");
     assert!(
         out.status.success(),
-        "{}",
+        "{args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    for run in ["before", "after"] {
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+fn frames(run: &serde_json::Value) -> u64 {
+    run["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["frames"].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn the_case_study_runs_every_way_and_reports_what_it_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = demo(&["--seconds", "1", "--svg", dir.path().to_str().unwrap()]);
+    for run in ["before", "after", "strict"] {
         let r = &report[run];
         assert_eq!(r["wrong"], 0, "{run}: {r}");
-        let frames: u64 = r["streams"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["frames"].as_u64().unwrap())
-            .sum();
-        assert!(frames >= 1, "{run}: {r}");
+        assert!(frames(r) >= 1, "{run}: {r}");
         assert_eq!(
             r["scheduler_switches"], r["device_switches"],
             "{run}: the scheduler's switches against the device's"
@@ -33,17 +45,98 @@ fn the_case_study_runs_both_ways_and_reports_what_it_measured() {
     }
     assert!(report["before"]["dma_maps_per_sec"].as_f64().unwrap() > 0.0);
     assert_eq!(report["after"]["dma_maps_per_sec"].as_f64().unwrap(), 0.0);
+    assert_eq!(report["strict"]["policy"], "StrictPriority");
     assert_eq!(report["published"]["fps_after"].as_f64().unwrap(), 27.0);
+    // Six targets per "after" run (one rate target for the live stream, one wait target
+    // for the playback stream), each with what was measured.
+    let targets = report["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 12, "{targets:?}");
+    assert!(targets
+        .iter()
+        .all(|t| t["met"].is_boolean() && !t["measured"].as_str().unwrap().is_empty()));
+    // The plots: one CDF with a line per stream and run, a timeline per run.
+    let svg: Vec<String> = report["svg"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(svg.len(), 4, "{svg:?}");
+    let cdf = std::fs::read_to_string(dir.path().join("latency.svg")).unwrap();
+    for label in ["live before", "playback1 after", "live strict"] {
+        assert!(cdf.contains(label), "{label} missing from the CDF");
+    }
+    for run in ["before", "after", "strict"] {
+        let t = std::fs::read_to_string(dir.path().join(format!("timeline-{run}.svg"))).unwrap();
+        assert!(
+            t.contains("device 0 live") && t.contains("device 0 playback1"),
+            "{run}"
+        );
+        // A bar per frame of its last second (at least one per stream here).
+        assert!(t.matches("<rect").count() >= 3, "{run}");
+    }
+}
+
+#[test]
+fn a_mix_of_ones_own_runs_on_several_devices() {
+    let report = demo(&[
+        "--seconds",
+        "1",
+        "--devices",
+        "2",
+        "--stream",
+        "cam1:2:20",
+        "--stream",
+        "cam2:2:10:300",
+        "--stream",
+        "archive:0:asap",
+    ]);
+    let streams = report["after"]["streams"].as_array().unwrap();
+    let names: Vec<&str> = streams
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["cam1", "cam2", "archive"]);
+    // Stream i on device i mod 2.
+    let devices: Vec<u64> = streams
+        .iter()
+        .map(|s| s["device"].as_u64().unwrap())
+        .collect();
+    assert_eq!(devices, [0, 1, 0]);
+    // W as given, the default for a stream below the top priority, none for the other.
+    let waits: Vec<Option<u64>> = streams.iter().map(|s| s["max_wait_ms"].as_u64()).collect();
+    assert_eq!(waits, [None, Some(300), Some(250)]);
+    assert_eq!(streams[1]["target_fps"], 10);
+    for run in ["before", "after", "strict"] {
+        let r = &report[run];
+        assert_eq!(r["wrong"], 0, "{run}");
+        assert_eq!(r["scheduler_switches"], r["device_switches"], "{run}");
+        assert!(frames(r) >= 3, "{run}: {r}");
+    }
 }
 
 #[test]
 fn bad_case_settings_are_usage_errors() {
-    for args in [["--k", "0"], ["--live-fps", "0"], ["--playback", "10"]] {
+    let cases: &[&[&str]] = &[
+        &["--k", "0"],
+        &["--live-fps", "0"],
+        &["--playback", "10"],
+        &["--devices", "0"],
+        &["--stream", "live"],
+        &["--stream", "live:high:25"],
+        &["--stream", "live:1:0"],
+        &["--stream", "live:1:25:0"],
+        &["--stream", "a:1:25", "--stream", "a:0:asap"],
+    ];
+    for args in cases {
         let out = Command::new(env!("CARGO_BIN_EXE_userdma"))
             .arg("demo")
-            .args(args)
+            .args(*args)
+            .args(["--seconds", "1"])
             .output()
             .expect("userdma runs");
         assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("userdma: error:"), "{args:?}: {err}");
     }
 }

@@ -1,65 +1,148 @@
 //! `userdma demo`: the two-stream video-analytics case on the loopback device, run "before" and
 //! "after" in one invocation.
 //!
-//! Two (or more) YOLOv5s-like streams share one modelled NPU: a live stream arriving at
-//! `--live-fps` with high priority, and playback streams as fast as the device allows at low
-//! priority, each in its own device context with its working set declared in the SRAM model.
+//! YOLOv5s-like streams share modelled NPUs: by default a live stream arriving at `--live-fps`
+//! with high priority and playback streams as fast as the device allows at low priority
+//! (`--stream NAME:PRIORITY:FPS|asap[:WAIT_MS]`, repeated, gives any other mix), each in its
+//! own device context with its working set declared in the SRAM model, spread over
+//! `--devices` loopback devices (stream i on device i mod N, each device its own scheduler).
 //!
 //! - **before**: per frame a heap input, fresh DMA mappings and a fresh device arena, the
 //!   stages synchronous (`pipeline::naive::Naive`), streams taken round-robin per frame;
 //! - **after**: the buffer pool, the planned arena, double-buffered pipelines, priority with
-//!   batch switching (`--k`) and a maximum wait on the playback streams (`--max-wait-ms`).
+//!   batch switching (`--k`) and a maximum wait on the lower-priority streams (`--max-wait-ms`);
+//! - **strict**: the same pipelines under strict priority (the lower streams keep their maximum
+//!   wait), the setting that puts the top stream's latency before fewer context switches. On
+//!   a device that runs each frame to its end, a periodic stream cannot both keep its latency
+//!   within one period and cause fewer than two switches per frame against a stream that
+//!   always has work: fewer switches means its frames gather into batches and wait for each
+//!   other. The two "after" runs measure both sides of that trade.
 //!
 //! Every frame's detections are checked against the model run on the host (frames cycle through
 //! a few input patterns, each computed once), exit code 1 on a wrong one. Printed side by side:
 //! per stream frames/s, mean and p99 latency from arrival, the longest wait; per run
-//! allocations/s, DMA maps/s, context switches/s (the scheduler's and the device's) and each
-//! context's SRAM hit rate; the device bound from what the device charged; the published
-//! figures of the case in their own column, labelled as published.
+//! allocations/s, DMA maps/s, context switches/s (the schedulers' and the devices') and each
+//! context's SRAM hit rate; the device bound from what the devices charged; the case's targets,
+//! met or not, per run; the published figures of the case in their own column, labelled as
+//! published. `--svg DIR` draws the latency CDF of every stream in every run and, per run, a
+//! timeline of which stream's frame held each device when.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use userdma::device::loopback::{self, Cost, Unit};
 use userdma::pipeline::{naive::Naive, zoo, Config, Model, Pipeline, WorkingSet};
-use userdma::sched::streams::{ArrivalQueue, Arrivals, Stream, Streams};
+use userdma::sched::streams::{ArrivalQueue, Arrivals, FrameSpan, Stream, Streams};
 use userdma::sched::{Policy, Scheduler, StreamId, StreamSpec};
+use userdma::stats::{self, svg};
 use userdma::Runtime;
 
 use crate::pipeline::Error;
 
+/// One stream of the mix, as `--stream` gives it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct StreamArg {
+    name: String,
+    priority: u8,
+    /// Frames per second; `None`: as fast as the device allows.
+    fps: Option<u32>,
+    /// Its maximum wait in ms in the "after" runs; `None`: `--max-wait-ms` if it is below
+    /// the top priority, else none.
+    max_wait_ms: Option<u64>,
+}
+
+/// Parses `NAME:PRIORITY:FPS|asap[:WAIT_MS]`.
+fn parse_stream(text: &str) -> Result<StreamArg, String> {
+    let form = "give NAME:PRIORITY:FPS|asap[:WAIT_MS], e.g. live:1:25 or playback:0:asap:250";
+    let parts: Vec<&str> = text.split(':').collect();
+    if !(3..=4).contains(&parts.len()) {
+        return Err(format!("{text:?} has {} fields: {form}", parts.len()));
+    }
+    let name = parts[0].trim();
+    if name.is_empty() || name.len() > 32 {
+        return Err(format!(
+            "stream name {name:?}: use 1 to 32 characters; {form}"
+        ));
+    }
+    let priority = parts[1]
+        .parse::<u8>()
+        .map_err(|_| format!("priority {:?}: use 0 to 255 (higher runs first)", parts[1]))?;
+    let fps = match parts[2] {
+        "asap" => None,
+        f => match f.parse::<u32>() {
+            Ok(n) if (1..=1000).contains(&n) => Some(n),
+            _ => return Err(format!("rate {f:?}: use 1 to 1000 frames/s, or asap")),
+        },
+    };
+    let max_wait_ms = match parts.get(3) {
+        None => None,
+        Some(w) => match w.parse::<u64>() {
+            Ok(n) if (1..=60_000).contains(&n) => Some(n),
+            _ => return Err(format!("maximum wait {w:?}: use 1 to 60000 ms")),
+        },
+    };
+    Ok(StreamArg {
+        name: name.to_owned(),
+        priority,
+        fps,
+        max_wait_ms,
+    })
+}
+
 /// Arguments of `userdma demo` (the case study).
 #[derive(Debug, Clone, clap::Args, Serialize)]
 pub(crate) struct CaseArgs {
-    /// Seconds each of the two runs lasts.
+    /// Seconds each run lasts.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=3600))]
     seconds: u64,
-    /// Frames per second of the live stream.
+    /// Frames per second of the live stream (the default mix).
     #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u32).range(1..=1000))]
     live_fps: u32,
-    /// Playback streams beside the live one (each as fast as the device allows).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=9))]
+    /// Playback streams beside the live one (the default mix).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=9))]
     playback: u8,
+    /// Frames per second of each playback stream; 0: as fast as the device allows.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    playback_fps: u32,
+    /// A stream of your own mix, NAME:PRIORITY:FPS|asap[:WAIT_MS] (repeat it; replaces the
+    /// live and playback streams). Higher priority runs first; WAIT_MS is its maximum wait.
+    #[arg(long = "stream", value_name = "SPEC", value_parser = parse_stream)]
+    streams: Vec<StreamArg>,
+    /// Loopback devices (modelled NPUs) the streams are spread over: stream i on device i mod N.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=8))]
+    devices: u8,
     /// "after": frames one stream may run in a row while another waits (batch switching).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     k: u32,
-    /// "after": the longest a playback frame may wait before it runs, whatever its priority.
+    /// "after": the longest a lower-priority frame may wait before it runs, whatever its
+    /// priority (for streams whose --stream gives no WAIT_MS).
     #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     max_wait_ms: u64,
     /// The contexts share the model's weights in device SRAM (one model, one copy).
     #[arg(long)]
     share_weights: bool,
+    /// Write plots to this directory: latency.svg (every stream's latency CDF in every run)
+    /// and timeline-<run>.svg (which stream's frame held each device when).
+    #[arg(long, value_name = "DIR")]
+    svg: Option<PathBuf>,
 }
 
 /// One stream's figures in one run.
 #[derive(Debug, Clone, Serialize)]
 struct StreamFigures {
     name: String,
+    device: usize,
+    priority: u8,
+    /// Its arrival rate; `None`: as fast as the device allows.
+    target_fps: Option<u32>,
     frames: u64,
     fps: f64,
     latency_mean_ms: f64,
     latency_p99_ms: f64,
     longest_wait_ms: f64,
+    /// Its maximum wait W in this run.
+    max_wait_ms: Option<u64>,
     sram_hit_rate: Option<f64>,
 }
 
@@ -76,17 +159,39 @@ struct RunFigures {
     switches_per_sec: f64,
     device_switches: u64,
     scheduler_switches: u64,
-    /// Total frames/s the device allows from what it charged in this run.
+    /// Total frames/s the devices allow from what they charged in this run.
     device_bound_fps: f64,
     wrong: u64,
+}
+
+/// A run's figures and what its plots need.
+struct Run {
+    figures: RunFigures,
+    latency: Vec<hdrhistogram::Histogram<u64>>,
+    timeline: Vec<FrameSpan>,
+}
+
+/// One of the case's targets, for one run.
+#[derive(Debug, Clone, Serialize)]
+struct Target {
+    target: String,
+    run: &'static str,
+    measured: String,
+    met: bool,
 }
 
 #[derive(Debug, Serialize)]
 struct Report {
     config: CaseArgs,
+    streams: Vec<StreamArg>,
     model_arena_bytes: u64,
     before: RunFigures,
     after: RunFigures,
+    /// "after" under strict priority (the lower streams' maximum wait kept).
+    strict: RunFigures,
+    targets: Vec<Target>,
+    /// The plots written (`--svg`).
+    svg: Vec<PathBuf>,
     /// The case's published figures (not measured here).
     published: Published,
 }
@@ -118,6 +223,8 @@ const PUBLISHED: Published = Published {
 const PATTERNS: u64 = 4;
 /// Hot activations per context besides the weights.
 const ACTIVATIONS: u64 = 2_400_000;
+/// Streams one device takes: three queues each, of the loopback device's 32.
+const STREAMS_PER_DEVICE: usize = 10;
 
 fn pattern(p: u64, len: usize) -> Vec<u8> {
     (0..len)
@@ -144,20 +251,127 @@ impl Frames {
     }
 }
 
-fn specs(args: &CaseArgs, max_wait: bool) -> (Vec<StreamSpec>, Vec<Arrivals>) {
-    let mut specs = vec![StreamSpec::new("live", 1, 1)];
-    let mut arrivals = vec![Arrivals::Periodic {
-        period: 1_000_000_000 / u64::from(args.live_fps),
-    }];
-    for p in 0..args.playback {
-        let mut s = StreamSpec::new(format!("playback{}", p + 1), 0, u32::from(p) + 2);
-        if max_wait {
-            s = s.with_max_wait(args.max_wait_ms * 1_000_000);
+/// The streams of a run and where each runs.
+struct Mix {
+    streams: Vec<StreamArg>,
+    /// Per stream: its device, and its first queue on that device.
+    device: Vec<usize>,
+    queue: Vec<u16>,
+    /// Streams per device.
+    on_device: Vec<usize>,
+    top: u8,
+    max_wait_ms: u64,
+}
+
+fn usage(what: String, hint: &'static str) -> Error {
+    Error::Library(userdma::Error::Invalid { what, hint })
+}
+
+impl Mix {
+    fn new(args: &CaseArgs) -> Result<Mix, Error> {
+        let streams = if args.streams.is_empty() {
+            let mut s = vec![StreamArg {
+                name: "live".into(),
+                priority: 1,
+                fps: Some(args.live_fps),
+                max_wait_ms: None,
+            }];
+            s.extend((0..args.playback).map(|p| StreamArg {
+                name: format!("playback{}", p + 1),
+                priority: 0,
+                fps: (args.playback_fps > 0).then_some(args.playback_fps),
+                max_wait_ms: None,
+            }));
+            s
+        } else {
+            args.streams.clone()
+        };
+        for (i, s) in streams.iter().enumerate() {
+            if streams[..i].iter().any(|o| o.name == s.name) {
+                return Err(usage(
+                    format!("two streams named {:?}", s.name),
+                    "give each --stream its own name",
+                ));
+            }
         }
-        specs.push(s);
-        arrivals.push(Arrivals::Asap);
+        let devices = usize::from(args.devices);
+        let device: Vec<usize> = (0..streams.len()).map(|i| i % devices).collect();
+        let mut on_device = vec![0usize; devices];
+        let mut queue = Vec::with_capacity(streams.len());
+        for &d in &device {
+            queue.push(u16::try_from(3 * on_device[d]).unwrap_or(u16::MAX));
+            on_device[d] += 1;
+        }
+        if let Some(n) = on_device.iter().find(|&&n| n > STREAMS_PER_DEVICE) {
+            return Err(usage(
+                format!("{n} streams on one device: a device takes at most {STREAMS_PER_DEVICE}"),
+                "use fewer streams or more --devices",
+            ));
+        }
+        let top = streams.iter().map(|s| s.priority).max().unwrap_or(0);
+        Ok(Mix {
+            streams,
+            device,
+            queue,
+            on_device,
+            top,
+            max_wait_ms: args.max_wait_ms,
+        })
     }
-    (specs, arrivals)
+
+    fn len(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Stream `i`'s maximum wait in the "after" runs.
+    fn max_wait_ms(&self, i: usize) -> Option<u64> {
+        let s = &self.streams[i];
+        s.max_wait_ms
+            .or((s.priority < self.top).then_some(self.max_wait_ms))
+    }
+
+    /// Stream `i`'s scheduling parameters (context i + 1), with its maximum wait if `wait`.
+    fn spec(&self, i: usize, wait: bool) -> StreamSpec {
+        let s = &self.streams[i];
+        let spec = StreamSpec::new(s.name.clone(), s.priority, i as u32 + 1);
+        match self.max_wait_ms(i).filter(|_| wait) {
+            Some(w) => spec.with_max_wait(w * 1_000_000),
+            None => spec,
+        }
+    }
+
+    fn arrivals(&self, i: usize) -> Arrivals {
+        match self.streams[i].fps {
+            Some(fps) => Arrivals::Periodic {
+                period: 1_000_000_000 / u64::from(fps),
+            },
+            None => Arrivals::Asap,
+        }
+    }
+
+    /// One loopback device per `--devices`, each with room for its streams.
+    fn runtimes(&self, model: &Model) -> Result<Vec<Runtime>, Error> {
+        self.on_device
+            .iter()
+            .map(|&n| {
+                let n = n.max(1);
+                let memory = usize::try_from((model.arena_bytes() + (1 << 20)) * 4 * n as u64)
+                    .unwrap_or(usize::MAX)
+                    + (64 << 20);
+                let config = loopback::Config::default()
+                    .cost(Cost::npu())
+                    .queues(u16::try_from(3 * n).unwrap_or(u16::MAX).min(32))
+                    .memory_size(memory);
+                Ok(Runtime::loopback(config)?)
+            })
+            .collect()
+    }
+
+    /// Room for every frame a run of `seconds` can finish (preallocated: recording allocates
+    /// nothing during the run).
+    fn timeline_capacity(&self, seconds: u64) -> usize {
+        usize::try_from(seconds).unwrap_or(3600) * 200 * self.on_device.len() + 1024
+    }
 }
 
 fn working_set(args: &CaseArgs) -> WorkingSet {
@@ -168,17 +382,6 @@ fn working_set(args: &CaseArgs) -> WorkingSet {
     }
 }
 
-fn runtime(model: &Model, streams: usize) -> Result<Runtime, Error> {
-    let memory = usize::try_from((model.arena_bytes() + (1 << 20)) * 4 * streams as u64)
-        .unwrap_or(usize::MAX)
-        + (64 << 20);
-    let config = loopback::Config::default()
-        .cost(Cost::npu())
-        .queues(u16::try_from(3 * streams).unwrap_or(u16::MAX).min(32))
-        .memory_size(memory);
-    Ok(Runtime::loopback(config)?)
-}
-
 fn histogram() -> hdrhistogram::Histogram<u64> {
     hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds")
 }
@@ -187,57 +390,103 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Device-side figures of a run: (context switches of `unit`, the unit that runs the models'
-/// steps, total modelled ns of the busiest unit, per-queue hit rates).
-fn device_figures(rt: &Runtime, unit: Unit) -> Result<(u64, u64, Vec<Option<f64>>), Error> {
-    let c = rt
-        .loopback_device()
-        .expect("a loopback runtime")
-        .counters()
-        .map_err(userdma::Error::Device)?;
-    let switches = c.units[unit as usize].context_switches;
-    let modelled = c.units.iter().map(|u| u.modelled_ns).max().unwrap_or(0);
-    Ok((
-        switches,
-        modelled,
-        c.queues.iter().map(|q| q.sram_hit_rate()).collect(),
-    ))
+/// What the devices counted in a run: context switches of `unit` summed over devices, the
+/// bound on total frames/s from each device's busiest unit's modelled time and the frames it
+/// ran, and per stream the SRAM hit rate of its queue `queue + offset`.
+fn device_figures(
+    rts: &[Runtime],
+    mix: &Mix,
+    unit: Unit,
+    offset: u16,
+    frames: &[u64],
+) -> Result<(u64, f64, Vec<Option<f64>>), Error> {
+    let mut switches = 0;
+    let mut bound = 0.0;
+    let mut counters = Vec::with_capacity(rts.len());
+    for (d, rt) in rts.iter().enumerate() {
+        let c = rt
+            .loopback_device()
+            .expect("a loopback runtime")
+            .counters()
+            .map_err(userdma::Error::Device)?;
+        switches += c.units[unit as usize].context_switches;
+        let modelled = c.units.iter().map(|u| u.modelled_ns).max().unwrap_or(0);
+        let ran: u64 = (0..mix.len())
+            .filter(|&i| mix.device[i] == d)
+            .map(|i| frames[i])
+            .sum();
+        if modelled > 0 {
+            bound += ran as f64 * 1e9 / modelled as f64;
+        }
+        counters.push(c);
+    }
+    let rates = (0..mix.len())
+        .map(|i| {
+            counters[mix.device[i]]
+                .queues
+                .get(usize::from(mix.queue[i] + offset))
+                .and_then(|q| q.sram_hit_rate())
+        })
+        .collect();
+    Ok((switches, bound, rates))
+}
+
+fn invalid(e: userdma::sched::Error) -> userdma::Error {
+    userdma::Error::Invalid {
+        what: e.to_string(),
+        hint: "change --k, --max-wait-ms or the streams",
+    }
 }
 
 /// "before": naive frames, round-robin, synchronous.
-fn before(args: &CaseArgs, model: &Model, frames: &Frames) -> Result<RunFigures, Error> {
-    let (specs, arrivals) = specs(args, false);
-    let n = specs.len();
-    let rt = runtime(model, n)?;
-    let device = rt.loopback_device().expect("a loopback runtime").clone();
+fn before(args: &CaseArgs, mix: &Mix, model: &Model, frames: &Frames) -> Result<Run, Error> {
+    let n = mix.len();
+    let specs: Vec<StreamSpec> = (0..n).map(|i| mix.spec(i, false)).collect();
+    let rts = mix.runtimes(model)?;
     let timeout = Duration::from_secs(30);
     let mut naive = Vec::with_capacity(n);
     for (i, s) in specs.iter().enumerate() {
-        let queue = 3 * i as u16;
+        let rt = &rts[mix.device[i]];
         let ws = working_set(args);
-        device
-            .set_working_set(queue, ws.private, ws.shared, ws.key)
+        rt.loopback_device()
+            .expect("a loopback runtime")
+            .set_working_set(mix.queue[i], ws.private, ws.shared, ws.key)
             .map_err(userdma::Error::Device)?;
-        naive.push(Naive::new(&rt, model.clone(), queue, s.context, timeout)?);
+        naive.push(Naive::new(
+            rt,
+            model.clone(),
+            mix.queue[i],
+            s.context,
+            timeout,
+        )?);
     }
     let mut scheduler = Scheduler::new(Policy::RoundRobin, specs.clone())
         .map_err(|e| Error::Library(invalid(e)))?;
-    let mut queues: Vec<ArrivalQueue> = arrivals.iter().map(|&a| ArrivalQueue::new(a)).collect();
+    let mut queues: Vec<ArrivalQueue> =
+        (0..n).map(|i| ArrivalQueue::new(mix.arrivals(i))).collect();
     let mut oldest = vec![None; n];
     let mut latency: Vec<_> = (0..n).map(|_| histogram()).collect();
     let mut done = vec![0u64; n];
     let mut longest = vec![0u64; n];
-    let mut sent = vec![0u64; n];
     let mut wrong = 0u64;
+    // The context each device ran last: a frame in another one is a switch on that device.
+    let mut last: Vec<Option<u32>> = vec![None; mix.on_device.len()];
+    let mut switches = 0u64;
+    let mut timeline = Vec::with_capacity(mix.timeline_capacity(args.seconds));
     let end = args.seconds * 1_000_000_000;
-    let (allocs0, maps0) = (crate::pipeline::allocations(), rt.dma_space().stats().maps);
+    let (allocs0, maps0) = (
+        crate::pipeline::allocations(),
+        rts.iter()
+            .map(|rt| rt.dma_space().stats().maps)
+            .sum::<u64>(),
+    );
     let start = Instant::now();
     loop {
         let now = nanos(start.elapsed());
         if now >= end {
             break;
         }
-        // Frames run synchronously: nothing of any stream is on the device here.
+        // Frames run synchronously: nothing of any stream is on a device here.
         for (q, o) in queues.iter_mut().zip(&mut oldest) {
             q.arrive(now, false);
             *o = q.oldest();
@@ -253,95 +502,124 @@ fn before(args: &CaseArgs, model: &Model, frames: &Frames) -> Result<RunFigures,
             continue;
         };
         let i = d.stream.0;
+        let device = mix.device[i];
+        let context = specs[i].context;
+        switches += u64::from(last[device].is_some_and(|c| c != context));
+        last[device] = Some(context);
         let arrival = queues[i].take().unwrap_or(now);
         longest[i] = longest[i].max(now - arrival);
-        let frame = sent[i];
-        sent[i] += 1;
+        let frame = done[i];
         let p = Frames::of(i, frame);
+        let mut ok = true;
         naive[i].frame(
             frame,
             &mut |_, input: &mut [u8]| input.copy_from_slice(&frames.inputs[p]),
             &mut |_, result, _| {
-                wrong += u64::from(result.map_or(true, |r| r != frames.expected[p].as_slice()));
+                ok = result.is_ok_and(|r| r == frames.expected[p].as_slice());
             },
         )?;
-        let _ = latency[i].record(nanos(start.elapsed()).saturating_sub(arrival).max(1));
+        wrong += u64::from(!ok);
+        let finished = nanos(start.elapsed());
+        let _ = latency[i].record(finished.saturating_sub(arrival).max(1));
+        if timeline.len() < timeline.capacity() {
+            timeline.push(FrameSpan {
+                stream: StreamId(i),
+                device,
+                frame,
+                arrival_ns: arrival,
+                dispatch_ns: now,
+                done_ns: finished,
+                ok,
+            });
+        }
         done[i] += 1;
     }
     let seconds = start.elapsed().as_secs_f64();
     let allocs = crate::pipeline::allocations() - allocs0;
-    let maps = rt.dma_space().stats().maps - maps0;
+    let maps = rts
+        .iter()
+        .map(|rt| rt.dma_space().stats().maps)
+        .sum::<u64>()
+        - maps0;
     // The naive queues are the copy engine's (every step of a frame on one queue).
-    let (device_switches, modelled, rates) = device_figures(&rt, Unit::Copy)?;
+    let (device_switches, bound, rates) = device_figures(&rts, mix, Unit::Copy, 0, &done)?;
     for q in naive {
         q.shutdown()?;
     }
     let total: u64 = done.iter().sum();
-    Ok(RunFigures {
+    let figures = RunFigures {
         name: "before",
         policy: Policy::RoundRobin,
         seconds,
         streams: (0..n)
             .map(|i| StreamFigures {
                 name: specs[i].name.clone(),
+                device: mix.device[i],
+                priority: specs[i].priority,
+                target_fps: mix.streams[i].fps,
                 frames: done[i],
                 fps: done[i] as f64 / seconds,
                 latency_mean_ms: latency[i].mean() / 1e6,
                 latency_p99_ms: latency[i].value_at_quantile(0.99) as f64 / 1e6,
                 longest_wait_ms: longest[i] as f64 / 1e6,
-                sram_hit_rate: rates.get(3 * i).copied().flatten(),
+                max_wait_ms: None,
+                sram_hit_rate: rates[i],
             })
             .collect(),
         total_fps: total as f64 / seconds,
         allocations_per_sec: allocs as f64 / seconds,
         dma_maps_per_sec: maps as f64 / seconds,
-        switches_per_sec: scheduler.switches() as f64 / seconds,
+        switches_per_sec: switches as f64 / seconds,
         device_switches,
-        scheduler_switches: scheduler.switches(),
-        device_bound_fps: bound(total, modelled),
+        scheduler_switches: switches,
+        device_bound_fps: bound,
         wrong,
+    };
+    Ok(Run {
+        figures,
+        latency,
+        timeline,
     })
 }
 
-fn bound(frames: u64, modelled_ns: u64) -> f64 {
-    if modelled_ns == 0 {
-        0.0
-    } else {
-        frames as f64 * 1e9 / modelled_ns as f64
-    }
-}
-
-fn invalid(e: userdma::sched::Error) -> userdma::Error {
-    userdma::Error::Invalid {
-        what: e.to_string(),
-        hint: "change --k, --max-wait-ms or the stream counts",
-    }
-}
-
-/// "after": pipelines, priority with batch switching and a maximum wait.
-fn after(args: &CaseArgs, model: &Model, frames: &Frames) -> Result<RunFigures, Error> {
-    let (specs, arrivals) = specs(args, true);
-    let n = specs.len();
-    let rt = runtime(model, n)?;
+/// "after": pipelines under `policy` (priority with batch switching, or strict priority),
+/// the lower streams with a maximum wait.
+fn after(
+    name: &'static str,
+    policy: Policy,
+    args: &CaseArgs,
+    mix: &Mix,
+    model: &Model,
+    frames: &Frames,
+) -> Result<Run, Error> {
+    let n = mix.len();
+    let rts = mix.runtimes(model)?;
     let mut streams = Vec::with_capacity(n);
-    for (i, (spec, arrivals)) in specs.iter().zip(&arrivals).enumerate() {
+    for i in 0..n {
+        let spec = mix.spec(i, true);
         let config = Config {
             depth: 2,
-            queue: 3 * i as u16,
+            queue: mix.queue[i],
             context: spec.context,
             working_set: Some(working_set(args)),
             ..Config::default()
         };
         streams.push(Stream {
-            spec: spec.clone(),
-            arrivals: *arrivals,
-            pipeline: Pipeline::new(&rt, model.clone(), config)?,
+            spec,
+            arrivals: mix.arrivals(i),
+            pipeline: Pipeline::new(&rts[mix.device[i]], model.clone(), config)?,
         });
     }
-    let mut streams = Streams::new(Policy::Batch { k: args.k }, streams, 1)?;
+    let mut streams =
+        Streams::new(policy, streams, 1)?.with_timeline(mix.timeline_capacity(args.seconds));
     let mut wrong = 0u64;
     let mut got = vec![0u8; model.result().bytes as usize];
-    let (allocs0, maps0) = (crate::pipeline::allocations(), rt.dma_space().stats().maps);
+    let maps = |rts: &[Runtime]| {
+        rts.iter()
+            .map(|rt| rt.dma_space().stats().maps)
+            .sum::<u64>()
+    };
+    let (allocs0, maps0) = (crate::pipeline::allocations(), maps(&rts));
     // Allocations up to the last frame handed over (building the run's report allocates).
     let mut allocs_at_last = allocs0;
     let report = streams.run(
@@ -357,14 +635,19 @@ fn after(args: &CaseArgs, model: &Model, frames: &Frames) -> Result<RunFigures, 
         },
     )?;
     let allocs = allocs_at_last - allocs0;
-    let maps = rt.dma_space().stats().maps - maps0;
-    let (device_switches, modelled, rates) = device_figures(&rt, Unit::Compute)?;
+    let maps = maps(&rts) - maps0;
+    let done: Vec<u64> = report.streams.iter().map(|s| s.frames).collect();
+    let (device_switches, bound, rates) = device_figures(&rts, mix, Unit::Compute, 1, &done)?;
+    let latency = (0..n)
+        .map(|i| streams.latency(StreamId(i)).clone())
+        .collect();
+    let timeline = streams.timeline().copied().collect();
     for s in streams.into_streams() {
         s.pipeline.shutdown(|_| {})?;
     }
-    let total: u64 = report.streams.iter().map(|s| s.frames).sum();
-    Ok(RunFigures {
-        name: "after",
+    let total: u64 = done.iter().sum();
+    let figures = RunFigures {
+        name,
         policy: report.policy,
         seconds: report.seconds,
         streams: report
@@ -373,12 +656,16 @@ fn after(args: &CaseArgs, model: &Model, frames: &Frames) -> Result<RunFigures, 
             .enumerate()
             .map(|(i, s)| StreamFigures {
                 name: s.name.clone(),
+                device: s.device,
+                priority: mix.streams[i].priority,
+                target_fps: mix.streams[i].fps,
                 frames: s.frames,
                 fps: s.fps,
                 latency_mean_ms: s.latency_mean_ns / 1e6,
                 latency_p99_ms: s.latency_p99_ns as f64 / 1e6,
                 longest_wait_ms: s.max_wait_ns as f64 / 1e6,
-                sram_hit_rate: rates.get(3 * i + 1).copied().flatten(),
+                max_wait_ms: mix.max_wait_ms(i),
+                sram_hit_rate: rates[i],
             })
             .collect(),
         total_fps: total as f64 / report.seconds,
@@ -387,28 +674,198 @@ fn after(args: &CaseArgs, model: &Model, frames: &Frames) -> Result<RunFigures, 
         switches_per_sec: report.switches as f64 / report.seconds,
         device_switches,
         scheduler_switches: report.switches,
-        device_bound_fps: bound(total, modelled),
+        device_bound_fps: bound,
         wrong,
+    };
+    Ok(Run {
+        figures,
+        latency,
+        timeline,
     })
+}
+
+/// The case's targets for an "after" run against "before".
+fn targets(b: &RunFigures, a: &RunFigures) -> Vec<Target> {
+    let mut t = Vec::new();
+    let mut add = |target: String, measured: String, met: bool| {
+        t.push(Target {
+            target,
+            run: a.name,
+            measured,
+            met,
+        });
+    };
+    let ratio = a.total_fps / b.total_fps.max(1e-9);
+    add(
+        "total frames/s at least 2x before".into(),
+        format!("{ratio:.2}x"),
+        ratio >= 2.0,
+    );
+    let share = a.total_fps / a.device_bound_fps.max(1e-9);
+    add(
+        "total frames/s at least 0.95x the device bound".into(),
+        format!("{share:.3}x"),
+        share >= 0.95,
+    );
+    add(
+        "0 allocations/s and 0 DMA maps/s".into(),
+        format!("{:.0} / {:.0}", a.allocations_per_sec, a.dma_maps_per_sec),
+        a.allocations_per_sec == 0.0 && a.dma_maps_per_sec == 0.0,
+    );
+    let fewer = 1.0 - a.switches_per_sec / b.switches_per_sec.max(1e-9);
+    add(
+        "context switches down at least 70 %".into(),
+        format!("{:.0} %", 100.0 * fewer),
+        b.switches_per_sec > 0.0 && fewer >= 0.70,
+    );
+    for s in &a.streams {
+        if let Some(fps) = s.target_fps {
+            // The first and last frame of a run fall at its edges: 1 frame of slack.
+            let keeps = s.fps * a.seconds + 1.0 >= f64::from(fps) * a.seconds;
+            let budget = 1000.0 / f64::from(fps);
+            add(
+                format!("{} keeps {fps} FPS with p99 under {budget:.0} ms", s.name),
+                format!("{:.1} FPS, p99 {:.1} ms", s.fps, s.latency_p99_ms),
+                keeps && s.latency_p99_ms < budget,
+            );
+        }
+        if let Some(w) = s.max_wait_ms {
+            add(
+                format!("no {} frame waits longer than W = {w} ms", s.name),
+                format!("longest {:.1} ms", s.longest_wait_ms),
+                s.longest_wait_ms <= w as f64,
+            );
+        }
+    }
+    t
+}
+
+/// Writes the plots of `runs` to `dir`; returns their paths.
+fn plots(dir: &Path, mix: &Mix, runs: &[&Run]) -> Result<Vec<PathBuf>, Error> {
+    std::fs::create_dir_all(dir)?;
+    let mut written = Vec::new();
+    let labels: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            mix.streams
+                .iter()
+                .map(|s| format!("{} {}", s.name, r.figures.name))
+                .collect()
+        })
+        .collect();
+    let mut lines = Vec::new();
+    for (r, run) in runs.iter().enumerate() {
+        for (i, h) in run.latency.iter().enumerate() {
+            lines.push(svg::Cdf {
+                label: &labels[r][i],
+                histogram: h,
+                colour: r * mix.len() + i,
+                dashed: r == 0,
+            });
+        }
+    }
+    let path = dir.join("latency.svg");
+    svg::cdfs(
+        "Latency from arrival per stream (dashed: before)",
+        &lines,
+        &path,
+    )?;
+    written.push(path);
+    let lanes: Vec<String> = (0..mix.len())
+        .map(|i| format!("device {} {}", mix.device[i], mix.streams[i].name))
+        .collect();
+    for run in runs {
+        // The last second of the run (or all of it): frames from dispatch to result.
+        let end = run.timeline.iter().map(|f| f.done_ns).max().unwrap_or(0);
+        let from = end.saturating_sub(1_000_000_000);
+        let bars: Vec<svg::Bar> = run
+            .timeline
+            .iter()
+            .filter(|f| f.done_ns >= from)
+            .map(|f| svg::Bar {
+                lane: f.stream.0,
+                span: stats::Span::new(f.dispatch_ns.max(from), f.done_ns),
+                colour: f.stream.0,
+            })
+            .collect();
+        let path = dir.join(format!("timeline-{}.svg", run.figures.name));
+        let title = format!(
+            "{} ({}): which stream held its device, last second",
+            run.figures.name, run.figures.policy
+        );
+        svg::lanes(&title, &lanes, &bars, &path)?;
+        written.push(path);
+    }
+    Ok(written)
 }
 
 /// Runs the case study.
 pub(crate) fn run(args: &CaseArgs, json: bool) -> Result<(), Error> {
+    let mix = Mix::new(args)?;
+    if mix.len() == 0 {
+        return Err(usage(
+            "no streams".into(),
+            "give at least one stream (--playback 1, or --stream)",
+        ));
+    }
     let model = zoo::yolov5s_like(300)?;
     let frames = Frames::new(&model);
     if !json {
+        let each: Vec<String> = mix
+            .streams
+            .iter()
+            .map(|s| match s.fps {
+                Some(f) => format!("{} ({f} FPS, priority {})", s.name, s.priority),
+                None => format!("{} (as fast as it can, priority {})", s.name, s.priority),
+            })
+            .collect();
         eprintln!(
-            "case study: 1 live stream at {} FPS and {} playback stream(s), YOLOv5s-like; {} s before, {} s after",
-            args.live_fps, args.playback, args.seconds, args.seconds
+            "case study: {} on {} device(s), YOLOv5s-like; {} runs of {} s",
+            each.join(", "),
+            args.devices,
+            3,
+            args.seconds
         );
+        eprintln!("  before: naive frames, round-robin ...");
     }
-    let before = before(args, &model, &frames)?;
-    let after = after(args, &model, &frames)?;
+    let before = before(args, &mix, &model, &frames)?;
+    if !json {
+        eprintln!("  after: pipelines, batch K={} ...", args.k);
+    }
+    let after = after(
+        "after",
+        Policy::Batch { k: args.k },
+        args,
+        &mix,
+        &model,
+        &frames,
+    )?;
+    if !json {
+        eprintln!("  after, strict priority ...");
+    }
+    let strict = self::after(
+        "strict",
+        Policy::StrictPriority,
+        args,
+        &mix,
+        &model,
+        &frames,
+    )?;
+    let mut targets = targets(&before.figures, &after.figures);
+    targets.extend(self::targets(&before.figures, &strict.figures));
+    let svg = match &args.svg {
+        Some(dir) => plots(dir, &mix, &[&before, &after, &strict])?,
+        None => Vec::new(),
+    };
     let report = Report {
         config: args.clone(),
+        streams: mix.streams.clone(),
         model_arena_bytes: model.arena_bytes(),
-        before,
-        after,
+        before: before.figures,
+        after: after.figures,
+        strict: strict.figures,
+        targets,
+        svg,
         published: PUBLISHED,
     };
     if json {
@@ -416,9 +873,10 @@ pub(crate) fn run(args: &CaseArgs, json: bool) -> Result<(), Error> {
     } else {
         print_text(&report);
     }
-    let wrong = report.before.wrong + report.after.wrong;
+    let runs = [&report.before, &report.after, &report.strict];
+    let wrong: u64 = runs.iter().map(|r| r.wrong).sum();
     if wrong > 0 {
-        let frames = report.before.streams.iter().chain(&report.after.streams);
+        let frames = runs.iter().flat_map(|r| &r.streams);
         return Err(Error::Wrong {
             wrong,
             frames: frames.map(|s| s.frames).sum(),
@@ -429,35 +887,46 @@ pub(crate) fn run(args: &CaseArgs, json: bool) -> Result<(), Error> {
 }
 
 fn print_text(r: &Report) {
-    let (b, a, p) = (&r.before, &r.after, &r.published);
-    println!(
-        "{:<34} {:>14} {:>14}   {:>16}",
-        "",
-        "before (RR)",
-        format!("after ({})", a.policy),
-        "published b -> a"
-    );
-    let row = |name: &str, x: String, y: String, published: String| {
-        println!("{name:<34} {x:>14} {y:>14}   {published:>16}");
+    let p = &r.published;
+    let runs = [&r.before, &r.after, &r.strict];
+    let head: Vec<String> = runs
+        .iter()
+        .map(|f| format!("{} ({})", f.name, f.policy))
+        .collect();
+    let row = |name: &str, cells: Vec<String>, published: String| {
+        let cells: String = cells.iter().map(|c| format!(" {c:>20}")).collect();
+        println!("{name:<34}{cells}   {published:>18}");
     };
+    row("", head, "published b -> a".into());
+    let each = |f: &dyn Fn(&RunFigures) -> String| runs.iter().map(|r| f(r)).collect::<Vec<_>>();
     row(
         "total frames/s",
-        format!("{:.1}", b.total_fps),
-        format!("{:.1}", a.total_fps),
+        each(&|r| format!("{:.1}", r.total_fps)),
         format!("{} -> {}", p.fps_before, p.fps_after),
     );
-    for (sb, sa) in b.streams.iter().zip(&a.streams) {
+    let rate = |r: Option<f64>| r.map_or("-".into(), |r| format!("{:.1} %", 100.0 * r));
+    for (i, s) in r.before.streams.iter().enumerate() {
+        let top = s.priority
+            == r.before
+                .streams
+                .iter()
+                .map(|s| s.priority)
+                .max()
+                .unwrap_or(0);
         row(
-            &format!("{} frames/s", sb.name),
-            format!("{:.1}", sb.fps),
-            format!("{:.1}", sa.fps),
+            &format!("{} frames/s", s.name),
+            each(&|r| format!("{:.1}", r.streams[i].fps)),
             String::new(),
         );
         row(
-            &format!("{} latency mean / p99 ms", sb.name),
-            format!("{:.0} / {:.0}", sb.latency_mean_ms, sb.latency_p99_ms),
-            format!("{:.0} / {:.0}", sa.latency_mean_ms, sa.latency_p99_ms),
-            if sb.name == "live" {
+            &format!("{} latency mean / p99 ms", s.name),
+            each(&|r| {
+                format!(
+                    "{:.0} / {:.0}",
+                    r.streams[i].latency_mean_ms, r.streams[i].latency_p99_ms
+                )
+            }),
+            if top {
                 format!(
                     "{} -> {} (mean)",
                     p.latency_mean_ms_before, p.latency_mean_ms_after
@@ -467,17 +936,14 @@ fn print_text(r: &Report) {
             },
         );
         row(
-            &format!("{} longest wait ms", sb.name),
-            format!("{:.0}", sb.longest_wait_ms),
-            format!("{:.0}", sa.longest_wait_ms),
+            &format!("{} longest wait ms", s.name),
+            each(&|r| format!("{:.0}", r.streams[i].longest_wait_ms)),
             String::new(),
         );
-        let rate = |r: Option<f64>| r.map_or("-".into(), |r| format!("{:.1} %", 100.0 * r));
         row(
-            &format!("{} SRAM hit rate", sb.name),
-            rate(sb.sram_hit_rate),
-            rate(sa.sram_hit_rate),
-            if sb.name == "live" {
+            &format!("{} SRAM hit rate", s.name),
+            each(&|r| rate(r.streams[i].sram_hit_rate)),
+            if top {
                 "85 -> >82 %".into()
             } else {
                 String::new()
@@ -486,8 +952,7 @@ fn print_text(r: &Report) {
     }
     row(
         "allocations/s",
-        format!("{:.0}", b.allocations_per_sec),
-        format!("{:.0}", a.allocations_per_sec),
+        each(&|r| format!("{:.0}", r.allocations_per_sec)),
         format!(
             "{} -> {}",
             p.allocations_per_sec_before, p.allocations_per_sec_after
@@ -495,14 +960,12 @@ fn print_text(r: &Report) {
     );
     row(
         "DMA maps/s",
-        format!("{:.0}", b.dma_maps_per_sec),
-        format!("{:.0}", a.dma_maps_per_sec),
+        each(&|r| format!("{:.0}", r.dma_maps_per_sec)),
         String::new(),
     );
     row(
         "context switches/s (device count)",
-        format!("{:.1} ({})", b.switches_per_sec, b.device_switches),
-        format!("{:.1} ({})", a.switches_per_sec, a.device_switches),
+        each(&|r| format!("{:.1} ({})", r.switches_per_sec, r.device_switches)),
         format!(
             "~{} -> ~{}",
             p.switches_per_sec_before, p.switches_per_sec_after
@@ -510,23 +973,31 @@ fn print_text(r: &Report) {
     );
     row(
         "device bound frames/s (ratio)",
-        format!(
-            "{:.1} ({:.2})",
-            b.device_bound_fps,
-            b.total_fps / b.device_bound_fps.max(1e-9)
-        ),
-        format!(
-            "{:.1} ({:.2})",
-            a.device_bound_fps,
-            a.total_fps / a.device_bound_fps.max(1e-9)
-        ),
+        each(&|r| {
+            format!(
+                "{:.1} ({:.2})",
+                r.device_bound_fps,
+                r.total_fps / r.device_bound_fps.max(1e-9)
+            )
+        }),
         String::new(),
     );
     println!(
-        "after / before: {:.2}x the frames/s, {:.0} % fewer context switches; every frame checked: {} wrong",
-        a.total_fps / b.total_fps.max(1e-9),
-        100.0 * (1.0 - a.switches_per_sec / b.switches_per_sec.max(1e-9)),
-        a.wrong + b.wrong
+        "every frame checked: {} wrong; published figures: the case study's own, not measured here",
+        runs.iter().map(|r| r.wrong).sum::<u64>()
     );
-    println!("published figures: the case study's own, not measured here");
+    println!();
+    println!("{:<52} {:>10} {:>26}  met", "target", "run", "measured");
+    for t in &r.targets {
+        println!(
+            "{:<52} {:>10} {:>26}  {}",
+            t.target,
+            t.run,
+            t.measured,
+            if t.met { "yes" } else { "NO" }
+        );
+    }
+    for p in &r.svg {
+        println!("wrote {}", p.display());
+    }
 }
