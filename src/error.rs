@@ -130,7 +130,7 @@ fn memory_code(e: &memory::Error) -> Code {
         }
         E::HugepagesUnavailable { .. } | E::ReserveShort { .. } => Code::Exhausted,
         E::Lock { .. } => Code::Refused,
-        E::NoSuchPool { .. } => Code::NotFound,
+        E::NoSuchPool { .. } | E::NoSuchNode { .. } => Code::NotFound,
         E::NotContiguous { .. } | E::PhysicalAddressHidden => Code::Unsupported,
         _ => Code::System,
     }

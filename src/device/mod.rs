@@ -14,6 +14,7 @@
 //! | [`Device::dma_space`] | [`dma::Loopback`] (or its out-of-process twin) | [`dma::Type1`] / [`dma::Iommufd`] / [`dma::Physical`] (no-IOMMU, opt-in) | [`dma::Physical`], refused behind a translating IOMMU |
 //! | [`Device::interrupt`] | an eventfd the engine signals | the eventfds given to `VFIO_DEVICE_SET_IRQS` (INTx, MSI, MSI-X) | an eventfd a relay thread signals on each `/dev/uioN` interrupt |
 //! | [`Device::set_masked`] | the mask registers | `VFIO_IRQ_SET_ACTION_MASK` / `UNMASK` (INTx; MSI/MSI-X where VFIO allows) | `INTX_DISABLE` in the command register |
+//! | [`Device::numa_node`] | [`loopback::Config::numa_node`] | sysfs `numa_node`, when that node has memory | as VFIO |
 //! | [`Device::reset`] | the reset register | `VFIO_DEVICE_RESET` (the hot-reset info names what a bus reset would touch when there is none) | sysfs `reset`, when the kernel offers one |
 //! | [`Device::stop_queue`] | clears the queue's enable bit and waits for the acknowledgement | the default: resets the function | as VFIO |
 //!
@@ -111,6 +112,15 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Resets the device and waits for it to come back: every queue stopped, interrupts
     /// unmasked.
     fn reset(&self) -> Result<(), Error>;
+
+    /// The NUMA node host memory for this device goes on: the node a PCI function sits on
+    /// (sysfs `numa_node`) when that node has memory, the loopback device's
+    /// [`Config::numa_node`](loopback::Config::numa_node). [`Runtime`](crate::Runtime) places
+    /// the memory it maps for the device (pools, mappings, host arenas) and its queues' rings
+    /// there. The default, for devices that do not say: `None`, no placement.
+    fn numa_node(&self) -> Option<u32> {
+        None
+    }
 
     /// Makes the device stop touching queue `queue`'s ring and buffers, waiting up to `timeout`
     /// for it to acknowledge. The default resets the whole device (a device that cannot stop

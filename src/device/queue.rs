@@ -94,7 +94,8 @@ pub trait Format: Send + Sync + 'static {
 
 /// Opens queue `config.id()` of `device` in `format`: ring memory for `config.depth()` entries
 /// (a memfd of base pages, so an out-of-process device can share it; locked on a
-/// physical-address space, where nothing else pins it) mapped into the device's DMA space, the
+/// physical-address space, where nothing else pins it; on the device's NUMA node,
+/// [`Device::numa_node`], when it has one) mapped into the device's DMA space, the
 /// doorbells, the interrupt vector `wait` names, and the format's enable. The queue holds the device: dropping it with work
 /// in flight asks the format to stop the device queue before any buffer it names is freed,
 /// and dropping it in any case turns the device queue off.
@@ -116,7 +117,7 @@ pub fn open_queue<F: Format, T: Send>(
         .layout::<F::Submission, F::Completion>()
         .map_err(ring_error)?;
     let lock = device.dma_space().kind() == crate::dma::Kind::Physical;
-    let region = ring_region(layout.size(), lock)?;
+    let region = ring_region(layout.size(), lock, device.numa_node())?;
     let mapping = device
         .dma_space()
         .map(Arc::new(region))
@@ -145,8 +146,8 @@ pub fn open_queue<F: Format, T: Send>(
 
 /// Ring memory: `len` bytes rounded up to base pages, a memfd (shareable with a device
 /// process), locked when `lock` (an IOMMU or the loopback table pins or holds what it maps;
-/// a physical-address space does not).
-fn ring_region(len: usize, lock: bool) -> Result<Region, Error> {
+/// a physical-address space does not), on NUMA node `node` when there is one (the device's).
+fn ring_region(len: usize, lock: bool, node: Option<u32>) -> Result<Region, Error> {
     let page = PageSize::Base.bytes();
     let rounded = len.checked_next_multiple_of(page).ok_or(Error::Memory {
         what: "ring memory",
@@ -161,6 +162,7 @@ fn ring_region(len: usize, lock: bool) -> Result<Region, Error> {
         .page_size(PageSize::Base)
         .memfd()
         .lock(lock)
+        .node(node)
         .build()
         .map_err(|source| Error::Memory {
             what: "ring memory",

@@ -4,6 +4,7 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+use super::numa::NodeList;
 use super::PageSize;
 
 /// An `RLIMIT_MEMLOCK` value, shown the way `ulimit -l` would show it.
@@ -215,6 +216,21 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// The NUMA node asked for does not exist.
+    #[error(
+        "NUMA node {node} does not exist: {} lists the online nodes as {online}; ask for one of \
+         those, or for no node",
+        path.display()
+    )]
+    NoSuchNode {
+        /// The node asked for.
+        node: u32,
+        /// The nodes that are online (empty on a kernel without NUMA).
+        online: NodeList,
+        /// The sysfs list read.
+        path: PathBuf,
+    },
+
     /// `mbind` to the NUMA node failed.
     #[error(
         "binding the region to NUMA node {node} failed: check that the node exists and has memory \
@@ -259,6 +275,16 @@ pub enum Error {
     #[error("querying the NUMA node of the region's pages failed")]
     NodeQuery {
         /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The kernel reported no node for a page (`move_pages` status, a negative errno).
+    #[error("the kernel reports no NUMA node for the page at offset {offset:#x}")]
+    PageNode {
+        /// Byte offset of the page in the region.
+        offset: usize,
+        /// The status `move_pages` gave for the page.
         #[source]
         source: io::Error,
     },

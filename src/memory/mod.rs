@@ -22,13 +22,15 @@
 //! ```
 //!
 //! The hugepage pools themselves (how many pages of each size are reserved and free, per NUMA
-//! node) are read and resized through [`hugepages`].
+//! node) are read and resized through [`hugepages`]; the NUMA nodes a region can be placed on are
+//! listed by [`numa`].
 
 use std::fmt;
 use std::str::FromStr;
 
 mod error;
 pub mod hugepages;
+pub mod numa;
 mod pagemap;
 mod region;
 mod shim;

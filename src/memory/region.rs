@@ -79,10 +79,17 @@ impl Builder {
         self.backing(Backing::Memfd)
     }
 
-    /// Binds the pages to a NUMA node (`mbind(MPOL_BIND)` before they are faulted in); building
-    /// checks that every page landed there.
-    pub fn node(mut self, node: u32) -> Self {
-        self.node = Some(node);
+    /// Binds the pages to a NUMA node, or (`None`, the default) places them nowhere in
+    /// particular. Takes a node number or an `Option` of one.
+    ///
+    /// The node must be online ([`numa::online`](super::numa::online)); building checks that
+    /// first ([`Error::NoSuchNode`] names the online nodes), binds the fresh mapping with
+    /// `mbind(MPOL_BIND)` before any page is faulted in (hugetlb pages too: they are taken from
+    /// the node's pool at fault time), faults the pages in and checks that every one landed
+    /// there ([`Region::page_nodes`]). A node short of free pages is an error, never pages from
+    /// another node.
+    pub fn node(mut self, node: impl Into<Option<u32>>) -> Self {
+        self.node = node.into();
         self
     }
 
@@ -116,6 +123,9 @@ impl Builder {
                 page_size,
                 suggested: len.max(1).div_ceil(page).saturating_mul(page),
             });
+        }
+        if let Some(node) = node {
+            super::numa::check(&sysfs_root, node)?;
         }
         let fd = open_backing(backing, len, page_size)?;
         let share = if fd.is_some() {
@@ -405,15 +415,7 @@ impl Region {
 
     /// Checks with `move_pages` that every page is on `node`.
     fn check_node(&self, node: u32) -> Result<(), Error> {
-        let pages: Vec<*mut libc::c_void> = (0..self.page_count())
-            .map(|index| {
-                self.ptr
-                    .as_ptr()
-                    .wrapping_add(index * self.page_size.bytes())
-                    .cast()
-            })
-            .collect();
-        let found = shim::page_nodes(&pages).map_err(|source| Error::NodeQuery { source })?;
+        let found = super::numa::raw_page_nodes(self.ptr.as_ptr(), self.len, self.page_size)?;
         for (index, &page_node) in found.iter().enumerate() {
             if u32::try_from(page_node) != Ok(node) {
                 return Err(Error::WrongNode {
@@ -424,6 +426,17 @@ impl Region {
             }
         }
         Ok(())
+    }
+
+    /// The NUMA node each page is on now, in order, as the kernel reports it
+    /// ([`numa::page_nodes`](super::numa::page_nodes): `move_pages` with no target nodes,
+    /// which moves nothing). Works for any region, bound or not: it is how a caller checks
+    /// where memory placed for a device actually is.
+    ///
+    /// # Errors
+    /// As [`numa::page_nodes`](super::numa::page_nodes).
+    pub fn page_nodes(&self) -> Result<Vec<u32>, Error> {
+        super::numa::page_nodes(self.ptr.as_ptr(), self.len, self.page_size)
     }
 
     /// The start of the mapping. A raw pointer: the memory may change under the process (a device

@@ -99,6 +99,12 @@ pub(super) unsafe fn munmap(addr: NonNull<u8>, len: usize) -> io::Result<()> {
 
 /// `mbind(addr, len, MPOL_BIND, {node}, ...)`: future faults in the range allocate on `node`.
 ///
+/// `MPOL_BIND`, not `MPOL_PREFERRED`: memory placed for a device must be on its node or not be
+/// had at all, so that a shortage on that node is an error naming the node's hugepage pool,
+/// not pages silently taken from another node (which a preferred policy does, hugetlb faults
+/// included). The policy applies to the pages faulted in after this call, so the caller binds
+/// before touching the range.
+///
 /// # Safety
 /// `[addr, addr + len)` must be a mapping the caller owns. Changing its policy does not change its
 /// contents, so there are no further obligations.
@@ -114,6 +120,7 @@ pub(super) unsafe fn mbind(addr: NonNull<u8>, len: usize, node: u32) -> io::Resu
     *word = 1 << (node % WORD_BITS);
     // maxnode counts bits; the kernel reads maxnode - 1 of them, so pass one more than we fill.
     let maxnode = libc::c_ulong::from(WORD_BITS) * libc::c_ulong::from(node / WORD_BITS + 1) + 1;
+    // The libc crate has no `mbind` (glibc leaves it to libnuma), hence the raw syscall.
     // SAFETY: the range is the caller's mapping; `mask` lives across the call and holds
     // `maxnode - 1` bits; flags 0 moves no existing pages.
     let ret = unsafe {

@@ -3,8 +3,9 @@
 //! `'static`, `Send` handles the layers above (a pipeline, a scheduler, a C handle) can hold.
 //!
 //! ```text
-//!   Runtime::loopback(config) | Runtime::open(bdf)     device + its DMA space
-//!     .pool(bytes, page size)   -> Arc<Pool>          memory allocated, mapped once, carved
+//!   Runtime::loopback(config) | Runtime::open(bdf)     device + its DMA space (+ NUMA node)
+//!     .pool(bytes, page size)   -> Arc<Pool>          memory allocated on the device's node,
+//!                                                     mapped once, carved
 //!     .queue(ring config)       -> loopback::Queue    ring memory, doorbells, vector, enabled
 //!     .device_memory()          -> DeviceMemory       ranges of the device's own memory
 //!   pool.alloc_owned(len)       -> OwnedBuffer        no lifetime: keeps its pool alive
@@ -69,6 +70,8 @@ struct Inner {
     /// The same device, when it is the loopback device (its queue format is built in).
     loopback: Option<Arc<Loopback>>,
     space: Arc<dyn dma::Space>,
+    /// The NUMA node the runtime's memory goes on (the device's).
+    numa_node: Option<u32>,
     /// The device's memory, made on first use.
     device_memory: OnceLock<DeviceMemory>,
 }
@@ -120,11 +123,13 @@ impl Runtime {
 
     fn build(device: Arc<dyn Device>, loopback: Option<Arc<Loopback>>) -> Runtime {
         let space = device.dma_space();
+        let numa_node = device.numa_node();
         Runtime {
             inner: Arc::new(Inner {
                 device,
                 loopback,
                 space,
+                numa_node,
                 device_memory: OnceLock::new(),
             }),
         }
@@ -145,15 +150,41 @@ impl Runtime {
         &self.inner.space
     }
 
+    /// The NUMA node the runtime places the memory it maps for the device on
+    /// ([`Device::numa_node`]: a PCI function's node when that node has memory, the loopback
+    /// device's configured node), or `None` for no placement.
+    pub fn numa_node(&self) -> Option<u32> {
+        self.inner.numa_node
+    }
+
     /// `bytes` of pinned host memory (rounded up to whole `page_size` pages) mapped once into
-    /// the device's DMA space. A memfd, so an out-of-process device can share it; locked only
-    /// where nothing else pins it (a physical-address space: UIO, no-IOMMU VFIO), since an
-    /// IOMMU mapping pins the pages itself.
+    /// the device's DMA space, on the device's NUMA node when it has one
+    /// ([`Runtime::numa_node`]; the pages must come from that node). A memfd, so an
+    /// out-of-process device can share it; locked only where nothing else pins it (a
+    /// physical-address space: UIO, no-IOMMU VFIO), since an IOMMU mapping pins the pages
+    /// itself. Pools ([`Runtime::pool`]) and host arenas ([`Runtime::host_arena`]) are made of
+    /// this memory.
     ///
     /// # Errors
-    /// [`Error::Memory`] (no such hugepages, the lock limit), [`Error::Dma`] (no IOVA space).
+    /// [`Error::Memory`] (no such hugepages, on the device's node when it has one; the lock
+    /// limit), [`Error::Dma`] (no IOVA space).
     pub fn map_memory(&self, bytes: usize, page_size: PageSize) -> Result<dma::Mapping, Error> {
-        map_memory(self.inner.space.as_ref(), bytes, page_size)
+        self.map_memory_on(bytes, page_size, self.inner.numa_node)
+    }
+
+    /// [`Runtime::map_memory`] on NUMA node `node` instead of the device's (`None`: no
+    /// placement), for memory another node's CPUs work on.
+    ///
+    /// # Errors
+    /// As [`Runtime::map_memory`]; [`memory::Error::NoSuchNode`](crate::memory::Error::NoSuchNode)
+    /// for a node that does not exist.
+    pub fn map_memory_on(
+        &self,
+        bytes: usize,
+        page_size: PageSize,
+        node: Option<u32>,
+    ) -> Result<dma::Mapping, Error> {
+        map_memory_on(self.inner.space.as_ref(), bytes, page_size, node)
     }
 
     /// A buffer pool over `bytes` of fresh memory ([`Runtime::map_memory`]) with the default
@@ -259,7 +290,8 @@ impl Runtime {
         DeviceArena::new(self.device_memory()?, plan)
     }
 
-    /// A planned model's arena in host memory mapped once into the device's DMA space; each
+    /// A planned model's arena in host memory (on the device's NUMA node, as
+    /// [`Runtime::map_memory`]) mapped once into the device's DMA space; each
     /// tensor's host address and IOVA from [`HostArena::tensor`].
     ///
     /// # Errors
@@ -318,6 +350,21 @@ pub fn map_memory(
     bytes: usize,
     page_size: PageSize,
 ) -> Result<dma::Mapping, Error> {
+    map_memory_on(space, bytes, page_size, None)
+}
+
+/// [`map_memory`] with the pages bound to NUMA node `node` (`None`: no placement), as
+/// [`Runtime::map_memory_on`] does.
+///
+/// # Errors
+/// As [`map_memory`]; [`memory::Error::NoSuchNode`](crate::memory::Error::NoSuchNode) for a
+/// node that does not exist, and a hugepage shortage is one on that node.
+pub fn map_memory_on(
+    space: &dyn dma::Space,
+    bytes: usize,
+    page_size: PageSize,
+    node: Option<u32>,
+) -> Result<dma::Mapping, Error> {
     let page = page_size.bytes();
     let len =
         bytes
@@ -333,6 +380,7 @@ pub fn map_memory(
         .page_size(page_size)
         .memfd()
         .lock(lock)
+        .node(node)
         .build()?;
     Ok(space.map(Arc::new(region))?)
 }

@@ -7,7 +7,8 @@
 #   BOOTS=iommu-pt tests/guest/run.sh   # some boots only (space-separated names)
 #
 # The boots (their cases are listed by `guest_suite --list BOOT`):
-#   iommu-pt      q35 + emulated Intel IOMMU, intel_iommu=on iommu=pt (VFIO type1, UIO physical DMA)
+#   iommu-pt      q35 + emulated Intel IOMMU, intel_iommu=on iommu=pt (VFIO type1, UIO physical DMA);
+#                 two NUMA nodes, a second edu on node 1 behind a pxb-pcie expander bridge
 #   iommu-strict  q35 + emulated Intel IOMMU, translated (isolation: unmapped DMA is refused)
 #   noiommu       q35 without IOMMU, vfio rebuilt with CONFIG_VFIO_NOIOMMU (no-IOMMU VFIO, UIO)
 #
@@ -312,11 +313,21 @@ KVM_OK=0
 qemu_cmd() { # qemu_cmd ACCEL BOOT: sets QEMU_CMD to the QEMU command line
 	local accel=$1 boot=$2
 	local machine=q35 append="console=ttyS0 quiet panic=-1 userdma.boot=$2 userdma.accel=$1 userdma.nvme=${NVME_SEED:-1},$NVME_LBA,$NVME_BLOCKS"
-	local iommu=()
+	local iommu=() numa=() numa_devices=() smp=2
 	case "$boot" in
 	iommu-pt)
 		iommu=(-device "intel-iommu,intremap=on,caching-mode=on")
 		append="$append intel_iommu=on iommu=pt"
+		# Two NUMA nodes of 128 MiB and one CPU each (the same 256 MiB in all), and a second
+		# edu on node 1: behind a pxb-pcie expander bridge (its own bus 0x80, whose ACPI
+		# proximity gives the functions under it numa_node 1) and a root port on it.
+		numa=(-object memory-backend-ram,id=m0,size=128M -object memory-backend-ram,id=m1,size=128M
+			-numa node,nodeid=0,memdev=m0,cpus=0 -numa node,nodeid=1,memdev=m1,cpus=1)
+		numa_devices=(-device pxb-pcie,id=pxb1,bus_nr=128,numa_node=1,bus=pcie.0
+			-device pcie-root-port,id=rp1,bus=pxb1,chassis=1 -device edu,bus=rp1)
+		# One socket per node: two cores of one socket on two nodes make the kernel warn
+		# (topology_sane) at boot.
+		smp=2,sockets=2,cores=1,threads=1
 		;;
 	iommu-strict)
 		iommu=(-device "intel-iommu,intremap=on,caching-mode=on")
@@ -332,10 +343,12 @@ qemu_cmd() { # qemu_cmd ACCEL BOOT: sets QEMU_CMD to the QEMU command line
 		[ ${#iommu[@]} -gt 0 ] && machine=q35,kernel-irqchip=split
 	fi
 	# -m 256M keeps every guest-physical page under edu's 28-bit DMA mask (physical-address DMA).
-	# The IOMMU must come before the devices it translates.
-	QEMU_CMD=(qemu-system-x86_64 "${cpu[@]}" -machine "$machine" -smp 2 -m 256M -nodefaults \
+	# The IOMMU must come before the devices it translates; the expander bridge after the devices
+	# on pcie.0 (a device given no bus goes on the last bus made).
+	QEMU_CMD=(qemu-system-x86_64 "${cpu[@]}" -machine "$machine" -smp "$smp" -m 256M "${numa[@]}" -nodefaults \
 		"${iommu[@]}" -device edu \
 		-drive "file=$OUT/nvme.img,if=none,id=nvm,format=raw" -device "nvme,serial=userdma0,drive=nvm" \
+		"${numa_devices[@]}" \
 		-kernel "$KDIR/vmlinux" -initrd "$OUT/initramfs.cpio" -append "$append" \
 		-display none -serial stdio -no-reboot)
 }

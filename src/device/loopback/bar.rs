@@ -74,8 +74,13 @@ pub(super) fn base_pages(len: usize) -> Option<usize> {
 }
 
 /// A shared, memfd-backed region of `len` base pages, unlocked (the device's own memory is not
-/// DMA memory: it needs no pinning, and locking it would count against RLIMIT_MEMLOCK).
-pub(super) fn shared_region(what: &'static str, len: usize) -> Result<Region, Error> {
+/// DMA memory: it needs no pinning, and locking it would count against RLIMIT_MEMLOCK), bound to
+/// NUMA node `node` when there is one.
+pub(super) fn shared_region(
+    what: &'static str,
+    len: usize,
+    node: Option<u32>,
+) -> Result<Region, Error> {
     let len = base_pages(len).ok_or(LoopbackError::Config {
         field: what,
         value: len as u64,
@@ -85,6 +90,7 @@ pub(super) fn shared_region(what: &'static str, len: usize) -> Result<Region, Er
         .page_size(PageSize::Base)
         .memfd()
         .lock(false)
+        .node(node)
         .build()
         .map_err(|source| Error::Memory { what, len, source })
 }
@@ -114,7 +120,7 @@ impl RegisterFile {
     /// A zeroed register file in a new memfd.
     pub(super) fn new() -> Result<RegisterFile, Error> {
         Ok(RegisterFile {
-            region: shared_region("register file", FILE_LEN)?,
+            region: shared_region("register file", FILE_LEN, None)?,
         })
     }
 

@@ -38,11 +38,13 @@ pub struct Config {
     idle_spin: Duration,
     pub(super) engine_cpu: Option<u32>,
     pub(super) mode: Mode,
+    pub(super) numa_node: Option<u32>,
 }
 
 impl Default for Config {
     /// `loopback0`: 4 queues, 64 MiB of device memory, depth up to 4096, a 48-bit DMA mask, the
-    /// [`Cost::npu`] model, bursts of 32, 50 µs of idle spinning, a thread on any CPU.
+    /// [`Cost::npu`] model, bursts of 32, 50 µs of idle spinning, a thread on any CPU, memory
+    /// on no particular NUMA node.
     fn default() -> Config {
         Config {
             name: "loopback0".into(),
@@ -55,6 +57,7 @@ impl Default for Config {
             idle_spin: Duration::from_micros(50),
             engine_cpu: None,
             mode: Mode::Thread,
+            numa_node: None,
         }
     }
 }
@@ -136,6 +139,20 @@ impl Config {
         self
     }
 
+    /// The NUMA node the device sits on, as an NPU on that node would: the device's own memory
+    /// (BAR 2, host RAM here) is bound there, and [`Device::numa_node`](crate::device::Device)
+    /// reports it, so a [`Runtime`](crate::Runtime) places the pools, mappings, host arenas and
+    /// queue rings it makes for the device there too. Several loopback devices on different
+    /// nodes stand in for a machine with one NPU per node. `None` (the default): no placement.
+    /// [`Loopback::new`](super::Loopback::new) fails with
+    /// [`memory::Error::NoSuchNode`](crate::memory::Error::NoSuchNode), naming the online
+    /// nodes, for a node that does not exist.
+    #[must_use]
+    pub fn numa_node(mut self, node: Option<u32>) -> Config {
+        self.numa_node = node;
+        self
+    }
+
     /// The cost model.
     pub fn cost_model(&self) -> Cost {
         self.cost
@@ -159,6 +176,11 @@ impl Config {
     /// The CPU the engine is pinned to, if any.
     pub fn engine_cpu_pin(&self) -> Option<u32> {
         self.engine_cpu
+    }
+
+    /// The NUMA node the device's memory goes on, if one was set ([`Config::numa_node`]).
+    pub fn memory_node(&self) -> Option<u32> {
+        self.numa_node
     }
 
     pub(super) fn check(&self) -> Result<(), Error> {

@@ -207,7 +207,11 @@ impl Loopback {
     pub fn new(config: Config) -> Result<Loopback, DeviceError> {
         config.check()?;
         let file = Arc::new(RegisterFile::new()?);
-        let dram = Arc::new(bar::shared_region("device memory", config.memory_size)?);
+        let dram = Arc::new(bar::shared_region(
+            "device memory",
+            config.memory_size,
+            config.numa_node,
+        )?);
         let cost = config.cost_model();
         let table = dma::Loopback::new(config.dma_mask_bits)
             .map_err(|source| DeviceError::Map {
@@ -641,6 +645,10 @@ pub type Queue<T = crate::pool::OwnedBuffer> = ring::Queue<Command, Status, T>;
 impl Device for Loopback {
     fn identity(&self) -> &Identity {
         &self.identity
+    }
+
+    fn numa_node(&self) -> Option<u32> {
+        self.config.numa_node
     }
 
     fn bar(&self, index: usize) -> Result<DynBlock, DeviceError> {

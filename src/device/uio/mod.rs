@@ -82,6 +82,8 @@ pub struct Uio {
     space: Arc<dyn Space>,
     refusal: Option<(u32, String)>,
     relay: Relay,
+    /// Where host memory for the device goes ([`Device::numa_node`]).
+    numa_node: Option<u32>,
 }
 
 impl Uio {
@@ -160,6 +162,7 @@ impl Uio {
             node_path,
             number,
             bars: Mutex::new((0..6).map(|_| None).collect()),
+            numa_node: crate::memory::numa::placement(sysfs.root(), info.numa_node),
             info,
             config,
             space,
@@ -281,6 +284,10 @@ impl Uio {
 impl Device for Uio {
     fn identity(&self) -> &Identity {
         &self.identity
+    }
+
+    fn numa_node(&self) -> Option<u32> {
+        self.numa_node
     }
 
     fn bar(&self, index: usize) -> Result<mmio::DynBlock, DeviceError> {

@@ -184,6 +184,8 @@ pub struct Vfio {
     device: Arc<OwnedFd>,
     space: Arc<dyn dma::Space>,
     attachment: Attachment,
+    /// Where host memory for the device goes ([`Device::numa_node`]).
+    numa_node: Option<u32>,
 }
 
 /// How the device reaches its IOMMU ([`Vfio::mode`]).
@@ -303,7 +305,8 @@ impl Vfio {
                 (device, space, Attachment::Group(group), path)
             }
         };
-        let vfio = Vfio::from_fd(host, bdf, identity, device, space, attachment, path)?;
+        let mut vfio = Vfio::from_fd(host, bdf, identity, device, space, attachment, path)?;
+        vfio.numa_node = crate::memory::numa::placement(host.sysfs.root(), info.numa_node);
         if options.bus_master {
             vfio.set_bus_master(true)?;
         }
@@ -375,6 +378,7 @@ impl Vfio {
             device,
             space,
             attachment,
+            numa_node: None,
         })
     }
 
@@ -505,6 +509,10 @@ impl Vfio {
 impl Device for Vfio {
     fn identity(&self) -> &Identity {
         &self.identity
+    }
+
+    fn numa_node(&self) -> Option<u32> {
+        self.numa_node
     }
 
     fn bar(&self, index: usize) -> Result<mmio::DynBlock, DeviceError> {

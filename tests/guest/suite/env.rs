@@ -20,27 +20,47 @@ pub(crate) struct Env {
     pub(crate) sysfs: Sysfs,
     /// Binding through `/sys`.
     pub(crate) binder: Binder<LiveKernel>,
-    /// The `edu` function.
+    /// The `edu` function (on bus 0, on no NUMA node).
     pub(crate) edu: Bdf,
+    /// The second `edu`, behind a `pxb-pcie` expander bridge on NUMA node 1, in the boots
+    /// that have two nodes ([`Boot::has_numa`]); `None` elsewhere.
+    pub(crate) numa_edu: Option<Bdf>,
     /// The NVMe controller.
     pub(crate) nvme: Bdf,
 }
 
 impl Env {
-    /// Finds the devices: exactly one `edu` and one NVMe controller, neither bound to a driver
-    /// (the guest loads no driver for them).
+    /// Finds the devices: exactly one `edu` on bus 0 and one NVMe controller, and in the boots
+    /// with two NUMA nodes exactly one more `edu` behind the expander bridge (on a bus of its
+    /// own), none of them bound to a driver (the guest loads no driver for them).
     pub(crate) fn discover(boot: Boot) -> Result<Env, Failure> {
         let sysfs = Sysfs::system();
         let devices = sysfs
             .devices()
             .context(|| "list PCI devices in /sys".to_owned())?;
-        let edu = only(&devices, "edu (1234:11e8)", |d| {
-            d.vendor == edu::VENDOR && d.device == edu::DEVICE
+        let is_edu = |d: &DeviceInfo| d.vendor == edu::VENDOR && d.device == edu::DEVICE;
+        let edu = only(&devices, "edu (1234:11e8) on bus 0", |d| {
+            is_edu(d) && d.bdf.bus() == 0
         })?;
+        let behind = |d: &DeviceInfo| is_edu(d) && d.bdf.bus() != 0;
+        let numa_edu = if boot.has_numa() {
+            Some(only(
+                &devices,
+                "edu (1234:11e8) behind the pxb-pcie expander bridge (a bus other than 0)",
+                behind,
+            )?)
+        } else {
+            let extra = devices.iter().filter(|d| behind(d)).count();
+            ensure!(
+                extra == 0,
+                "found {extra} edu functions off bus 0; boot {boot} should have one edu only"
+            );
+            None
+        };
         let nvme = only(&devices, "an NVMe controller (class 010802)", |d| {
             d.class == NVME_CLASS
         })?;
-        for dev in [edu, nvme] {
+        for dev in [Some(edu), Some(nvme), numa_edu].into_iter().flatten() {
             ensure!(
                 dev.driver.is_none(),
                 "{} starts bound to {:?}; the guest should load no driver for it",
@@ -52,6 +72,7 @@ impl Env {
             boot,
             binder: Binder::system(),
             edu: edu.bdf,
+            numa_edu: numa_edu.map(|d| d.bdf),
             nvme: nvme.bdf,
             sysfs,
         })

@@ -46,7 +46,7 @@ static ALLOCATOR: userdma::stats::CountingAllocator = userdma::stats::CountingAl
 pub(crate) enum Boot {
     /// Emulated Intel IOMMU, `intel_iommu=on iommu=pt`: devices on no driver are in a
     /// passthrough (identity) domain, so UIO DMA with physical addresses works; a device given
-    /// to `vfio-pci` gets a translated domain of its own.
+    /// to `vfio-pci` gets a translated domain of its own. Two NUMA nodes ([`Boot::has_numa`]).
     IommuPt,
     /// Emulated Intel IOMMU in translated mode (`intel_iommu=on`): every device's DMA is
     /// translated, so physical-address DMA is refused.
@@ -72,6 +72,13 @@ impl Boot {
     /// Whether the guest has an IOMMU.
     pub(crate) fn has_iommu(self) -> bool {
         self != Boot::NoIommu
+    }
+
+    /// Whether the guest has two NUMA nodes (128 MiB each, one CPU each) and a second edu
+    /// behind a `pxb-pcie` expander bridge on node 1 (`iommu-pt`; the others have one node and
+    /// one edu).
+    pub(crate) fn has_numa(self) -> bool {
+        self == Boot::IommuPt
     }
 }
 
@@ -208,6 +215,14 @@ mod tests {
             sorted.sort_unstable();
             sorted.dedup();
             assert_eq!(sorted.len(), names.len(), "duplicate case in boot {boot}");
+        }
+    }
+
+    #[test]
+    fn the_numa_case_runs_in_the_boots_with_two_nodes() {
+        for boot in Boot::ALL {
+            let planned = cases::for_boot(boot).any(|case| case.name == "numa-placement");
+            assert_eq!(planned, boot.has_numa(), "boot {boot}");
         }
     }
 

@@ -13,6 +13,7 @@ use crate::Boot;
 
 mod cli;
 mod map_cost;
+mod numa;
 mod nvme;
 mod pci;
 mod pipeline;
@@ -151,6 +152,11 @@ pub(crate) const ALL: &[Case] = &[
         name: "nvme-vfio",
         boots: IOMMU,
         run: nvme::nvme_vfio,
+    },
+    Case {
+        name: "numa-placement",
+        boots: &[Boot::IommuPt],
+        run: numa::placement,
     },
 ];
 
