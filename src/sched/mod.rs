@@ -120,6 +120,27 @@
 //! decision, which adds that much to every bound, and a frame starts on the device up to that
 //! much after its decision.
 //!
+//! # Latency against switches
+//!
+//! A periodic stream (period `P`, frame time `T`) sharing a non-preemptive device with a
+//! stream that always has work (frame time `T'`) cannot have both a latency under `P` and
+//! fewer than two switches per frame of its own:
+//! - its frames run in batches of `b` between the other stream's frames, two switches per
+//!   batch: `2 / (b·P)` switches per second. The first frame of a batch waits for the other
+//!   `b − 1` to arrive, so its latency is at least `(b − 1)·P + T`: under `P` only for
+//!   `b = 1`, which is two switches per frame (50 a second at 25 FPS);
+//! - even at `b = 1` (strict priority), a frame that arrives just after the other stream's
+//!   frame began waits for it and a switch, then runs after another: up to
+//!   `2C + T' + T`, under `P` only if `2C < P − T − T'`. With 18 ms frames at 25 FPS that
+//!   leaves 4 ms for two switches, each of which also refills the device SRAM the other
+//!   context evicted (several ms for an 8 MiB SRAM refilled at 1.5 GB/s), unless both
+//!   contexts share their weights.
+//!
+//! So "switches down by 70 %" (live batches of three or more) and "live p99 within one
+//! period" (batches of one) exclude each other on such a device without idling it or
+//! starving the other stream. `userdma demo` runs both settings, batch switching and
+//! strict priority, and reports which targets each meets.
+//!
 //! | module | owns |
 //! |---|---|
 //! | this one | [`StreamSpec`], [`Policy`], [`Decision`], [`Scheduler`], [`Error`] |

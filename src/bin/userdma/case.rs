@@ -5,7 +5,8 @@
 //! with high priority and playback streams as fast as the device allows at low priority
 //! (`--stream NAME:PRIORITY:FPS|asap[:WAIT_MS]`, repeated, gives any other mix), each in its
 //! own device context with its working set declared in the SRAM model, spread over
-//! `--devices` loopback devices (stream i on device i mod N, each device its own scheduler).
+//! `--devices` loopback devices (stream i on device i mod N, each device its own scheduler,
+//! device d's memory on the d-th of the machine's NUMA nodes in turn).
 //!
 //! - **before**: per frame a heap input, fresh DMA mappings and a fresh device arena, the
 //!   stages synchronous (`pipeline::naive::Naive`), streams taken round-robin per frame;
@@ -32,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use userdma::device::loopback::{self, Cost, Unit};
+use userdma::memory::numa;
 use userdma::pipeline::{naive::Naive, zoo, Config, Model, Pipeline, WorkingSet};
 use userdma::sched::streams::{ArrivalQueue, Arrivals, FrameSpan, Stream, Streams};
 use userdma::sched::{Policy, Scheduler, StreamId, StreamSpec};
@@ -133,6 +135,8 @@ pub(crate) struct CaseArgs {
 struct StreamFigures {
     name: String,
     device: usize,
+    /// Its device's NUMA node, where its memory is.
+    numa_node: Option<u32>,
     priority: u8,
     /// Its arrival rate; `None`: as fast as the device allows.
     target_fps: Option<u32>,
@@ -261,6 +265,8 @@ struct Mix {
     on_device: Vec<usize>,
     top: u8,
     max_wait_ms: u64,
+    /// The machine's NUMA nodes with memory (`None`: sysfs does not say).
+    nodes: Option<numa::NodeList>,
 }
 
 fn usage(what: String, hint: &'static str) -> Error {
@@ -316,6 +322,9 @@ impl Mix {
             on_device,
             top,
             max_wait_ms: args.max_wait_ms,
+            nodes: numa::with_memory(Path::new("/sys"))
+                .ok()
+                .filter(|n| !n.as_slice().is_empty()),
         })
     }
 
@@ -349,11 +358,20 @@ impl Mix {
         }
     }
 
-    /// One loopback device per `--devices`, each with room for its streams.
+    /// The NUMA node of device `d`: the machine's nodes with memory in turn, as NPUs spread
+    /// over the sockets of a machine would be (`None` where sysfs does not say).
+    fn node(&self, d: usize) -> Option<u32> {
+        let nodes = self.nodes.as_ref()?;
+        nodes.as_slice().get(d % nodes.as_slice().len().max(1)).copied()
+    }
+
+    /// One loopback device per `--devices`, each with room for its streams, its memory on its
+    /// NUMA node.
     fn runtimes(&self, model: &Model) -> Result<Vec<Runtime>, Error> {
         self.on_device
             .iter()
-            .map(|&n| {
+            .enumerate()
+            .map(|(d, &n)| {
                 let n = n.max(1);
                 let memory = usize::try_from((model.arena_bytes() + (1 << 20)) * 4 * n as u64)
                     .unwrap_or(usize::MAX)
@@ -361,7 +379,8 @@ impl Mix {
                 let config = loopback::Config::default()
                     .cost(Cost::npu())
                     .queues(u16::try_from(3 * n).unwrap_or(u16::MAX).min(32))
-                    .memory_size(memory);
+                    .memory_size(memory)
+                    .numa_node(self.node(d));
                 Ok(Runtime::loopback(config)?)
             })
             .collect()
@@ -555,6 +574,7 @@ fn before(args: &CaseArgs, mix: &Mix, model: &Model, frames: &Frames) -> Result<
             .map(|i| StreamFigures {
                 name: specs[i].name.clone(),
                 device: mix.device[i],
+                numa_node: mix.node(mix.device[i]),
                 priority: specs[i].priority,
                 target_fps: mix.streams[i].fps,
                 frames: done[i],
@@ -657,6 +677,7 @@ fn after(
             .map(|(i, s)| StreamFigures {
                 name: s.name.clone(),
                 device: s.device,
+                numa_node: mix.node(s.device),
                 priority: mix.streams[i].priority,
                 target_fps: mix.streams[i].fps,
                 frames: s.frames,
