@@ -109,7 +109,10 @@ fn a_mix_of_ones_own_runs_on_several_devices() {
     assert_eq!(streams[1]["target_fps"], 10);
     // Each device's memory on a NUMA node of this machine, where sysfs lists them.
     if std::path::Path::new("/sys/devices/system/node/has_memory").exists() {
-        assert!(streams.iter().all(|s| s["numa_node"].is_u64()), "{streams:?}");
+        assert!(
+            streams.iter().all(|s| s["numa_node"].is_u64()),
+            "{streams:?}"
+        );
     }
     for run in ["before", "after", "strict"] {
         let r = &report[run];

@@ -362,7 +362,10 @@ impl Mix {
     /// over the sockets of a machine would be (`None` where sysfs does not say).
     fn node(&self, d: usize) -> Option<u32> {
         let nodes = self.nodes.as_ref()?;
-        nodes.as_slice().get(d % nodes.as_slice().len().max(1)).copied()
+        nodes
+            .as_slice()
+            .get(d % nodes.as_slice().len().max(1))
+            .copied()
     }
 
     /// One loopback device per `--devices`, each with room for its streams, its memory on its
