@@ -21,8 +21,9 @@
 //! is shorter and the engine thread ran late. By default the engine has a CPU of its own (the
 //! last one the process may use, or `--engine-cpu`) and the host threads run on the others: on a
 //! two-CPU machine, two host threads checking every byte beside an unpinned engine keep it from
-//! its CPU past its modelled waits (`--no-pin`: busy about 1.3–2× modelled there; pinned,
-//! within 1 %; one run each, an otherwise idle two-CPU machine).
+//! its CPU past its modelled waits. Runs of the defaults on a two-CPU machine: `--no-pin`, busy
+//! 1.3–3.7× modelled; pinned, 1.00–1.01 while no other process ran, more (reported as `late`)
+//! while another process's build shared the engine's CPU.
 //!
 //! `--cost npu` (default) runs the device's small-NPU cost model; `--cost zero` runs it as fast
 //! as the host can. `--process` runs the device engine in a child process (this binary's hidden
