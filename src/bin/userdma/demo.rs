@@ -1,25 +1,44 @@
-//! `userdma demo transfers [--size 64K] [--count N] [--batch B] [--queues Q] [--cost npu|zero]
-//! [--process]`: the transfer demo on the software loopback device.
+//! `userdma demo transfers [--size 64K] [--count N] [--batch B] [--depth D] [--queues Q]
+//! [--cost npu|zero] [--process] [--engine-cpu CPU | --no-pin]`: the transfer demo on the
+//! software loopback device.
 //!
 //! Opens a loopback device, maps one memfd region into its DMA space and builds a buffer pool
 //! over it, then runs `--count` transfers split over `--queues` queues (one host thread and one
 //! device context each). Every transfer is three descriptors — host to device, a compute pass
-//! in device memory (`(w ^ 0x5a5a5a5a) + 0x01010101` per 32-bit word), device to host — and
-//! every byte that comes back is checked against the same transform computed on the host. A
-//! batch of `--batch` transfers goes out with one doorbell per queue. It prints the throughput,
-//! the latency of a transfer (from its batch's doorbell to its last completion) at p50, p99 and
-//! p99.9, and the device's counters.
+//! in device memory (`(w ^ 0x5a5a5a5a) + 0x01010101` per 32-bit word, the device's
+//! vectorised kernel), device to host — and every byte that comes back is checked against the
+//! same transform computed on the host (while the device works). A batch of `--batch`
+//! transfers goes out with one doorbell, and each queue keeps `--depth` batches in flight (2:
+//! the next is written while the host checks the last). It prints the throughput, the latency
+//! of a transfer (from its batch's doorbell to its last completion) at p50, p99 and p99.9, the
+//! device's counters, and the device's measured busy time against its modelled time.
+//!
+//! **Modelled against measured.** The engine holds each completion until its modelled time has
+//! passed, so busy time matches modelled time when the engine's own work at host speed is
+//! shorter and its thread runs when its waits end. The demo prints both, their ratio, and, when
+//! they are more than 5 % apart, why: `host` if the engine's work (one transfer's copies and
+//! compute timed on host buffers in the same run) is longer than the modelled time, `late` if it
+//! is shorter and the engine thread ran late. By default the engine has a CPU of its own (the
+//! last one the process may use, or `--engine-cpu`) and the host threads run on the others: on a
+//! two-CPU machine, two host threads checking every byte beside an unpinned engine keep it from
+//! its CPU past its modelled waits. Runs of the defaults on a two-CPU machine: `--no-pin`, busy
+//! 1.3–3.7× modelled; pinned, 1.00–1.01 while no other process ran, more (reported as `late`)
+//! while another process's build shared the engine's CPU.
 //!
 //! `--cost npu` (default) runs the device's small-NPU cost model; `--cost zero` runs it as fast
 //! as the host can. `--process` runs the device engine in a child process (this binary's hidden
 //! `loopback-device` subcommand) that reaches host memory only through the shared mappings.
 //!
-//! JSON (`--json`): `{"config": {"size", "count", "batch", "queues", "cost", "process"},
-//! "transfers", "bytes", "seconds", "bytes_per_sec", "transfers_per_sec", "latency_ns": {"p50",
-//! "p99", "p999", "max"}, "device": {"descriptors", "bytes", "context_switches", "errors",
-//! "busy_ns", "interrupts", "modelled_ns", "queues": [{"completed", "errors", "sram_hits",
-//! "sram_touched"}], "units": [...]}, "pool": {"arena_bytes",
-//! "high_water_bytes"}}`. Exit code 1 if any byte differs or any descriptor fails.
+//! JSON (`--json`): `{"config": {"size", "count", "batch", "depth", "queues", "cost",
+//! "process", "engine_cpu", "no_pin"}, "transfers", "bytes", "seconds", "bytes_per_sec",
+//! "transfers_per_sec", "latency_ns": {"p50", "p99", "p999", "max"}, "device": {"descriptors",
+//! "bytes", "context_switches", "errors", "busy_ns", "interrupts", "modelled_ns", "queues":
+//! [{"completed", "errors", "sram_hits", "sram_touched"}], "units": [...]}, "timing":
+//! {"busy_ns", "modelled_ns", "ratio", "within_5_percent", "bound" (model, host, late or
+//! unmodelled), "engine_work_ns_per_transfer", "modelled_ns_per_transfer", "placement":
+//! {"engine_cpu", "host_cpus"}, "cpus", "load_average", "units": [{"unit", "busy_ns",
+//! "modelled_ns", "ratio"}]}, "pool": {"arena_bytes", "high_water_bytes"}}`. Exit code 1 if
+//! any byte differs or any descriptor fails.
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
@@ -28,6 +47,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use userdma::device::loopback::{self, Code, Cost, Descriptor, Mode, Program, Wait};
+use userdma::device::Range;
 use userdma::memory::{self, PageSize};
 use userdma::pool::{self, OwnedBuffer, Pool};
 use userdma::{ring, Runtime};
@@ -62,9 +82,13 @@ pub(crate) struct DemoArgs {
     #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
 
-    /// Transfers per doorbell (each queue keeps one batch in flight).
+    /// Transfers per doorbell.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=16))]
     batch: u32,
+
+    /// Batches each queue keeps in flight: the next goes out while the host checks the last.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=4))]
+    depth: u32,
 
     /// Queues, each driven by its own thread in its own device context.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=8))]
@@ -78,9 +102,16 @@ pub(crate) struct DemoArgs {
     #[arg(long)]
     process: bool,
 
-    /// Pin the device engine to this CPU (one the process may use; `taskset -p <pid>`).
-    #[arg(long, value_name = "CPU")]
+    /// Pin the device engine to this CPU (one the process may use; `taskset -p <pid>`), and
+    /// the host threads to the others. Default: the last CPU the process may use, if it may
+    /// use more than one.
+    #[arg(long, value_name = "CPU", conflicts_with = "no_pin")]
     engine_cpu: Option<u32>,
+
+    /// Pin nothing: the engine and the host threads share every CPU (a host thread then
+    /// delays the engine past its modelled time whenever the CPUs are all busy).
+    #[arg(long)]
+    no_pin: bool,
 }
 
 /// Parses `4096`, `64K`, `1M` (binary multiples), a multiple of 4 from 4 bytes to 1 MiB.
@@ -135,6 +166,22 @@ pub(crate) enum DemoError {
         transfer: u64,
         /// The first wrong byte.
         offset: usize,
+    },
+    /// The host's reference computation refused a transfer (its size is not a positive
+    /// multiple of 4 bytes).
+    #[error("cannot compute the expected bytes of a transfer on the host")]
+    Reference(#[source] loopback::reference::Error),
+    /// Reading or setting a thread's CPU affinity failed.
+    #[error(
+        "cannot restrict the host threads to CPUs {cpus:?}, away from the engine's: check \
+         the CPUs this process may use (`taskset -p <pid>`), or pass --no-pin"
+    )]
+    Affinity {
+        /// The CPUs asked for (empty: reading the allowed set failed).
+        cpus: Vec<usize>,
+        /// The cause.
+        #[source]
+        source: io::Error,
     },
     /// Finding this executable (for `--process`) failed.
     #[error("cannot find this executable to run the device process")]
@@ -209,6 +256,150 @@ struct PoolReport {
     high_water_bytes: u64,
 }
 
+/// How far measured busy time may be from modelled before the demo says so.
+const TOLERANCE: f64 = 0.05;
+
+/// What bound the device's busy time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Bound {
+    /// Busy within 5 % of modelled: the modelled device held.
+    Model,
+    /// The engine's own work at host speed is longer than the modelled time: the host
+    /// cannot run the model this fast.
+    Host,
+    /// The engine's own work fits in the modelled time, yet busy is longer: the engine thread
+    /// was not running when its modelled waits ended (the host's CPUs were busy).
+    Late,
+    /// The zero-cost model charges nothing: busy is the host's work.
+    Unmodelled,
+}
+
+/// Measured against modelled busy time, for the device and for each unit that worked.
+#[derive(Debug, Serialize)]
+struct Timing {
+    busy_ns: u64,
+    modelled_ns: u64,
+    /// `busy_ns / modelled_ns` (absent under the zero-cost model).
+    ratio: Option<f64>,
+    /// The ratio is within 5 % of 1.
+    within_5_percent: bool,
+    bound: Bound,
+    /// The engine's own work per transfer at host speed (copy in, compute, copy out timed
+    /// on host buffers in this run), and the modelled time per transfer.
+    engine_work_ns_per_transfer: u64,
+    modelled_ns_per_transfer: u64,
+    /// Where the engine and the host threads ran.
+    placement: Placement,
+    /// The host's CPUs, and its one-minute load average at the end of the run (if known).
+    cpus: usize,
+    load_average: Option<f64>,
+    units: Vec<UnitTiming>,
+}
+
+/// One unit's busy and modelled time.
+#[derive(Debug, Serialize)]
+struct UnitTiming {
+    unit: &'static str,
+    busy_ns: u64,
+    modelled_ns: u64,
+    ratio: Option<f64>,
+}
+
+/// `busy / modelled`, if anything was modelled.
+fn ratio(busy_ns: u64, modelled_ns: u64) -> Option<f64> {
+    (modelled_ns > 0).then(|| busy_ns as f64 / modelled_ns as f64)
+}
+
+impl Timing {
+    fn of(
+        device: &loopback::Counters,
+        transfers: u64,
+        engine_work_ns_per_transfer: u64,
+        placement: Placement,
+    ) -> Timing {
+        let ratio_all = ratio(device.busy_ns, device.modelled_ns);
+        let within = ratio_all.is_some_and(|r| (r - 1.0).abs() <= TOLERANCE);
+        let modelled_ns_per_transfer = device.modelled_ns / transfers.max(1);
+        let bound = match ratio_all {
+            None => Bound::Unmodelled,
+            Some(_) if within => Bound::Model,
+            Some(_) if engine_work_ns_per_transfer > modelled_ns_per_transfer => Bound::Host,
+            Some(_) => Bound::Late,
+        };
+        let units = [loopback::Unit::Copy, loopback::Unit::Compute]
+            .into_iter()
+            .map(|unit| (unit, &device.units[unit as usize]))
+            .filter(|(_, c)| c.descriptors > 0)
+            .map(|(unit, c)| UnitTiming {
+                unit: match unit {
+                    loopback::Unit::Copy => "copy",
+                    loopback::Unit::Compute => "compute",
+                },
+                busy_ns: c.busy_ns,
+                modelled_ns: c.modelled_ns,
+                ratio: ratio(c.busy_ns, c.modelled_ns),
+            })
+            .collect();
+        Timing {
+            busy_ns: device.busy_ns,
+            modelled_ns: device.modelled_ns,
+            ratio: ratio_all,
+            within_5_percent: within,
+            bound,
+            engine_work_ns_per_transfer,
+            modelled_ns_per_transfer,
+            placement,
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            load_average: load_average(),
+            units,
+        }
+    }
+
+    /// The verdict, for humans.
+    fn verdict(&self) -> String {
+        let work = micros(self.engine_work_ns_per_transfer);
+        let modelled = micros(self.modelled_ns_per_transfer);
+        let load = self
+            .load_average
+            .map_or_else(String::new, |l| format!(", load average {l:.1}"));
+        match self.bound {
+            Bound::Model => "within 5 %: the device ran as modelled".to_owned(),
+            Bound::Host => format!(
+                "MORE than 5 % apart: the host is the bound (the engine's own work, {work} a \
+                 transfer on host buffers, exceeds the modelled {modelled}); try larger \
+                 --size or a slower cost model"
+            ),
+            Bound::Late => format!(
+                "MORE than 5 % apart, not for the engine's work ({work} a transfer on host \
+                 buffers fits in the modelled {modelled}): its thread was not running when \
+                 modelled waits ended, the host's {} CPUs being busy ({}{load}); {}",
+                self.cpus,
+                if self.placement.engine_cpu.is_some() {
+                    "other processes on the engine's CPU"
+                } else {
+                    "the engine shares them with this demo's host threads"
+                },
+                if self.placement.engine_cpu.is_some() {
+                    "run it on an idle machine or another --engine-cpu"
+                } else {
+                    "leave the engine a CPU of its own (no --no-pin)"
+                },
+            ),
+            Bound::Unmodelled => {
+                "nothing modelled (zero-cost model): busy is the engine's work at host speed"
+                    .to_owned()
+            }
+        }
+    }
+}
+
+/// The one-minute load average, from `/proc/loadavg` (none if unreadable).
+fn load_average() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
 /// The JSON document.
 #[derive(Debug, Serialize)]
 struct Report {
@@ -220,40 +411,153 @@ struct Report {
     transfers_per_sec: f64,
     latency_ns: Latency,
     device: loopback::Counters,
+    timing: Timing,
     pool: PoolReport,
 }
 
-/// What rides with each descriptor.
+/// What rides with each descriptor, with the number of its transfer.
 enum Payload {
     /// The source buffer (host to device), held until the device has read it.
-    Source(#[allow(dead_code)] OwnedBuffer),
+    Source(#[allow(dead_code)] OwnedBuffer, u64),
     /// Nothing host-side (the compute pass).
-    Compute,
-    /// The destination buffer, the transfer's number, and its batch's doorbell time.
-    Destination(OwnedBuffer, u64, Instant),
+    Compute(u64),
+    /// The destination buffer, the transfer's slot, and its batch's doorbell time.
+    Destination(OwnedBuffer, u64, usize, Instant),
 }
 
-/// Deterministic input bytes of transfer `n`.
-fn input(n: u64, bytes: &mut [u8]) {
-    let mut x = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for chunk in bytes.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+impl Payload {
+    /// The transfer the descriptor belongs to.
+    fn transfer(&self) -> u64 {
+        match *self {
+            Payload::Source(_, n) | Payload::Compute(n) | Payload::Destination(_, n, _, _) => n,
+        }
     }
 }
 
-/// The bytes the device must give back for `bytes` (the compute pass).
-fn expected(bytes: &mut [u8]) {
-    for word in bytes.chunks_exact_mut(4) {
-        let w = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
-        word.copy_from_slice(&(w ^ XOR).wrapping_add(ADD).to_le_bytes());
+/// The input of the layer kernel that makes the demo's data (any constant will do; 4 KiB, so
+/// the kernel's runs between wraps of it are long).
+static PATTERN: [u8; 4096] = [0; 4096];
+
+/// Deterministic input bytes of transfer `n` (`bytes` a positive multiple of 4 long): word `j`
+/// is the layer mixing function of `n` and `j` ([`loopback::reference::mix`]), different for
+/// every transfer and every word, made by the host's vectorised layer kernel.
+fn input(n: u64, bytes: &mut [u8]) -> Result<(), DemoError> {
+    // Transfers 2^32 apart share a pattern: far beyond any run's count.
+    let seed = n as u32 ^ (n >> 32) as u32;
+    loopback::reference::layer(seed, &[&PATTERN[..]], bytes)
+        .map(drop)
+        .map_err(DemoError::Reference)
+}
+
+/// Into `out`, the bytes the device must give back for `input` (the compute pass), by the
+/// host's reference of the device's kernel.
+fn expected(input: &[u8], out: &mut [u8]) -> Result<(), DemoError> {
+    loopback::reference::compute(XOR, ADD, input, out)
+        .map(drop)
+        .map_err(DemoError::Reference)
+}
+
+/// One queue's host side: its ring, its slots of device memory (one per transfer in flight,
+/// `depth` groups of `batch`), and the bytes each slot's transfer must come back as.
+struct Driver<'a> {
+    q: u16,
+    context: u32,
+    size: usize,
+    batch: usize,
+    depth: usize,
+    pool: &'a Arc<Pool>,
+    queue: loopback::Queue<Payload>,
+    window: Range,
+    scratch: Vec<u8>,
+    /// Per slot: what its transfer must come back as (computed while the device works).
+    want: Vec<Vec<u8>>,
+}
+
+impl Driver<'_> {
+    fn ring_error(&self, source: ring::Error) -> DemoError {
+        DemoError::Ring {
+            queue: self.q,
+            source,
+        }
+    }
+
+    /// Writes batch number `b` (transfers `transfers`) into the ring, in slot group
+    /// `b % depth` (free: the batch that used it last has completed), and rings the doorbell
+    /// once. Returns its descriptor count.
+    fn submit(&mut self, b: usize, transfers: &[u64]) -> Result<usize, DemoError> {
+        let (size, context) = (self.size, self.context);
+        let group = (b % self.depth) * self.batch;
+        let mut holding = Vec::with_capacity(3 * transfers.len());
+        for (i, &n) in transfers.iter().enumerate() {
+            let slot = group + i;
+            input(n, &mut self.scratch)?;
+            let source = self.pool.alloc_owned(size)?;
+            source.write(0, &self.scratch)?;
+            expected(&self.scratch, &mut self.want[slot])?;
+            let destination = self.pool.alloc_owned(size)?;
+            let at = self
+                .window
+                .at((slot * size) as u64)
+                .expect("inside the window");
+            let len = size as u64;
+            let to_device = Descriptor::to_device(source.iova(), at, len).context(context);
+            let compute = Descriptor::compute(at, at, len, XOR, ADD).context(context);
+            let to_host = Descriptor::to_host(at, destination.iova(), len).context(context);
+            holding.push((to_device.build(), Payload::Source(source, n)));
+            holding.push((compute.build(), Payload::Compute(n)));
+            let done = Payload::Destination(destination, n, slot, Instant::now());
+            holding.push((to_host.build(), done));
+        }
+        // The clock starts at the doorbell, once the batch is written.
+        let rung = Instant::now();
+        let descriptors = holding.len();
+        for (descriptor, payload) in holding {
+            let payload = match payload {
+                Payload::Destination(buffer, n, slot, _) => {
+                    Payload::Destination(buffer, n, slot, rung)
+                }
+                other => other,
+            };
+            self.queue
+                .push_wait(descriptor, payload, TIMEOUT)
+                .map_err(|rejected| self.ring_error(rejected.error))?;
+        }
+        self.queue.flush().map_err(|e| self.ring_error(e))?;
+        Ok(descriptors)
+    }
+
+    /// Takes the next completion; for a transfer's last descriptor, checks every byte that
+    /// came back and returns its latency.
+    fn complete(&mut self, check: &mut [u8]) -> Result<Option<u64>, DemoError> {
+        let done = self.queue.wait(TIMEOUT).map_err(|e| self.ring_error(e))?;
+        if !done.entry.is_success() {
+            return Err(DemoError::Failed {
+                queue: self.q,
+                transfer: done.payload.transfer(),
+                code: done.entry.code(),
+            });
+        }
+        let Payload::Destination(buffer, n, slot, rung) = done.payload else {
+            return Ok(None);
+        };
+        let latency = u64::try_from(rung.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        buffer.read(0, check)?;
+        let want = &self.want[slot];
+        if check != &want[..] {
+            let offset = check.iter().zip(want).position(|(a, b)| a != b);
+            return Err(DemoError::Corrupted {
+                queue: self.q,
+                transfer: n,
+                offset: offset.unwrap_or(0),
+            });
+        }
+        Ok(Some(latency))
     }
 }
 
-/// Drives queue `q`: transfers `first, first + stride, ...` below `count`, one batch in flight.
-/// Returns the latencies of its transfers.
+/// Drives queue `q`: transfers `first, first + stride, ...` below `count`, `--depth` batches
+/// in flight (the next written while the host checks what came back). Returns the latencies
+/// of its transfers.
 fn drive(
     runtime: &Runtime,
     pool: &Arc<Pool>,
@@ -261,84 +565,164 @@ fn drive(
     q: u16,
 ) -> Result<Vec<u64>, DemoError> {
     let context = u32::from(q) + 1;
-    let ring_error = |source| DemoError::Ring { queue: q, source };
-    let config = ring::Config::new(64).with_id(q).with_context(context);
-    let mut queue: loopback::Queue<Payload> = runtime.queue_with(config, Wait::Interrupt)?;
-    let size = args.size;
-    let batch = args.batch as usize;
-    // This queue's slots in device memory: one per transfer of a batch.
+    let (size, batch, depth) = (args.size, args.batch as usize, args.depth as usize);
+    // Room for every descriptor in flight (three a transfer).
+    let entries = u32::try_from(3 * batch * depth)
+        .unwrap_or(u32::MAX)
+        .next_power_of_two()
+        .max(64);
+    let config = ring::Config::new(entries).with_id(q).with_context(context);
     let window = runtime
         .device_memory()?
-        .alloc((batch * size) as u64, pool::MIN_ALIGN as u64)?;
-    let mut latencies = Vec::new();
-    let mut scratch = vec![0u8; size];
+        .alloc((depth * batch * size) as u64, pool::MIN_ALIGN as u64)?;
+    let mut driver = Driver {
+        q,
+        context,
+        size,
+        batch,
+        depth,
+        pool,
+        queue: runtime.queue_with(config, Wait::Interrupt)?,
+        window,
+        scratch: vec![0u8; size],
+        want: vec![vec![0u8; size]; depth * batch],
+    };
     let mut check = vec![0u8; size];
+    let mut latencies = Vec::new();
     let mine: Vec<u64> = (u64::from(q)..args.count)
         .step_by(usize::from(args.queues))
         .collect();
-    for transfers in mine.chunks(batch) {
-        let mut pending = 0usize;
-        let mut holding = Vec::with_capacity(transfers.len());
-        for (i, &n) in transfers.iter().enumerate() {
-            input(n, &mut scratch);
-            let source = pool.alloc_owned(size)?;
-            source.write(0, &scratch)?;
-            let destination = pool.alloc_owned(size)?;
-            let slot = window.at((i * size) as u64).expect("inside the window");
-            let len = size as u64;
-            let to_device = Descriptor::to_device(source.iova(), slot, len).context(context);
-            let compute = Descriptor::compute(slot, slot, len, XOR, ADD).context(context);
-            let to_host = Descriptor::to_host(slot, destination.iova(), len).context(context);
-            holding.push((to_device.build(), Payload::Source(source)));
-            holding.push((compute.build(), Payload::Compute));
-            holding.push((
-                to_host.build(),
-                Payload::Destination(destination, n, Instant::now()),
-            ));
-        }
-        // The clock starts at the doorbell, once the batch is written.
-        let rung = Instant::now();
-        for (descriptor, payload) in holding {
-            let payload = match payload {
-                Payload::Destination(buffer, n, _) => Payload::Destination(buffer, n, rung),
-                other => other,
-            };
-            queue
-                .push_wait(descriptor, payload, TIMEOUT)
-                .map_err(|rejected| ring_error(rejected.error))?;
-            pending += 1;
-        }
-        queue.flush().map_err(ring_error)?;
-        while pending > 0 {
-            let done = queue.wait(TIMEOUT).map_err(ring_error)?;
-            pending -= 1;
-            if !done.entry.is_success() {
-                let transfer = match &done.payload {
-                    Payload::Destination(_, n, _) => *n,
-                    _ => transfers[0],
-                };
-                return Err(DemoError::Failed {
-                    queue: q,
-                    transfer,
-                    code: done.entry.code(),
-                });
-            }
-            if let Payload::Destination(buffer, n, rung) = done.payload {
-                latencies.push(u64::try_from(rung.elapsed().as_nanos()).unwrap_or(u64::MAX));
-                buffer.read(0, &mut check)?;
-                input(n, &mut scratch);
-                expected(&mut scratch);
-                if let Some(offset) = check.iter().zip(&scratch).position(|(a, b)| a != b) {
-                    return Err(DemoError::Corrupted {
-                        queue: q,
-                        transfer: n,
-                        offset,
-                    });
-                }
+    let batches: Vec<&[u64]> = mine.chunks(batch).collect();
+    // Descriptors still to complete of each batch in flight, oldest first (a queue completes
+    // in order).
+    let mut open = std::collections::VecDeque::with_capacity(depth);
+    let mut next = 0usize;
+    while next < batches.len() && open.len() < depth {
+        open.push_back(driver.submit(next, batches[next])?);
+        next += 1;
+    }
+    while let Some(left) = open.front_mut() {
+        *left -= 1;
+        let last_of_batch = *left == 0;
+        let latency = driver.complete(&mut check)?;
+        latencies.extend(latency);
+        if last_of_batch {
+            open.pop_front();
+            if next < batches.len() {
+                open.push_back(driver.submit(next, batches[next])?);
+                next += 1;
             }
         }
     }
     Ok(latencies)
+}
+
+/// The CPUs the calling thread may run on (`sched_getaffinity`), in ascending order.
+fn allowed_cpus() -> io::Result<Vec<usize>> {
+    // SAFETY: an all-zero cpu_set_t is a valid (empty) set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes at most `size_of::<cpu_set_t>()` bytes into `set`, which lives
+    // for the call.
+    let ret =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: CPU_ISSET reads a bit inside the set (`cpu < CPU_SETSIZE`).
+    let cpus = (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) });
+    Ok(cpus.collect())
+}
+
+/// Restricts the calling thread to `cpus` (`sched_setaffinity`; each below `CPU_SETSIZE`).
+fn pin_to(cpus: &[usize]) -> io::Result<()> {
+    // SAFETY: an all-zero cpu_set_t is a valid (empty) set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: `cpu < CPU_SETSIZE`: CPU_SET writes a bit inside the set.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: the kernel reads `size_of::<cpu_set_t>()` bytes of `set`, which lives for the
+    // call.
+    let ret = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Where the engine and the host threads run: the engine on a CPU of its own (`--engine-cpu`,
+/// or the last allowed one), the host threads on the other allowed CPUs; nothing pinned with
+/// `--no-pin` or a single allowed CPU.
+#[derive(Debug, Clone, Default, Serialize)]
+struct Placement {
+    engine_cpu: Option<u32>,
+    /// The host threads' CPUs (empty: wherever the scheduler puts them).
+    host_cpus: Vec<usize>,
+}
+
+impl Placement {
+    fn of(args: &DemoArgs) -> Result<Placement, DemoError> {
+        if args.no_pin {
+            return Ok(Placement::default());
+        }
+        let allowed = allowed_cpus().map_err(|source| DemoError::Affinity {
+            cpus: Vec::new(),
+            source,
+        })?;
+        let engine = match args.engine_cpu {
+            Some(cpu) => Some(cpu),
+            None if allowed.len() > 1 => allowed.last().and_then(|&c| u32::try_from(c).ok()),
+            None => None,
+        };
+        let host_cpus = match engine {
+            Some(cpu) => allowed
+                .into_iter()
+                .filter(|&c| u32::try_from(c).ok() != Some(cpu))
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(Placement {
+            engine_cpu: engine,
+            host_cpus,
+        })
+    }
+
+    /// Pins the calling host thread (nothing if no CPUs are left for it).
+    fn pin_host_thread(&self) -> Result<(), DemoError> {
+        if self.host_cpus.is_empty() {
+            return Ok(());
+        }
+        pin_to(&self.host_cpus).map_err(|source| DemoError::Affinity {
+            cpus: self.host_cpus.clone(),
+            source,
+        })
+    }
+}
+
+/// How much of a modelled run the engine's own work at host speed would take: one transfer's
+/// device work (a copy in, the compute pass, a copy out, as the engine runs them) timed on
+/// host buffers, the median of a few, in nanoseconds. An estimate made in this run, to tell a
+/// host that cannot keep up with the model from one that runs the engine late.
+fn engine_work_per_transfer(size: usize) -> Result<u64, DemoError> {
+    const RUNS: usize = 9;
+    let mut source = vec![0u8; size];
+    input(1, &mut source)?;
+    let (mut slot, mut computed, mut destination) =
+        (vec![0u8; size], vec![0u8; size], vec![0u8; size]);
+    let mut times = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        let start = Instant::now();
+        slot.copy_from_slice(&source);
+        expected(&slot, &mut computed)?;
+        destination.copy_from_slice(&computed);
+        times.push(u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        std::hint::black_box(&destination);
+    }
+    times.sort_unstable();
+    Ok(times[RUNS / 2])
 }
 
 /// Runs `userdma demo transfers`.
@@ -352,14 +736,16 @@ pub(crate) fn run(args: &DemoArgs, json: bool) -> Result<(), DemoError> {
         CostModel::Npu => Cost::npu(),
         CostModel::Zero => Cost::zero(),
     };
-    let in_flight = usize::from(args.queues) * args.batch as usize * args.size;
+    let in_flight =
+        usize::from(args.queues) * args.depth as usize * args.batch as usize * args.size;
     let config = loopback::Config::default()
         .name("demo0")
         .queues(args.queues)
         .cost(cost)
         .memory_size(in_flight)
         .mode(mode);
-    let config = match args.engine_cpu {
+    let placement = Placement::of(args)?;
+    let config = match placement.engine_cpu {
         Some(cpu) => config.engine_cpu(cpu),
         None => config,
     };
@@ -367,15 +753,22 @@ pub(crate) fn run(args: &DemoArgs, json: bool) -> Result<(), DemoError> {
     // Two buffers per transfer in flight, rounded up to their size class, plus room for the
     // pool's alignment and slabs.
     let class = args.size.next_power_of_two().max(pool::MIN_ALIGN);
-    let host_len = (2 * usize::from(args.queues) * args.batch as usize * class + (8 << 20))
-        .next_multiple_of(2 << 20);
+    let host_len =
+        (2 * usize::from(args.queues) * args.depth as usize * args.batch as usize * class
+            + (8 << 20))
+            .next_multiple_of(2 << 20);
     let pool = runtime.pool_with(host_len, PageSize::Base, pool::Config::default())?;
+    let engine_work = engine_work_per_transfer(args.size)?;
 
     let start = Instant::now();
     let threads: Vec<_> = (0..args.queues)
         .map(|q| {
             let (runtime, pool, args) = (runtime.clone(), Arc::clone(&pool), args.clone());
-            std::thread::spawn(move || drive(&runtime, &pool, &args, q))
+            let placement = placement.clone();
+            std::thread::spawn(move || {
+                placement.pin_host_thread()?;
+                drive(&runtime, &pool, &args, q)
+            })
         })
         .collect();
     let results: Vec<Result<Vec<u64>, DemoError>> = threads
@@ -406,6 +799,7 @@ pub(crate) fn run(args: &DemoArgs, json: bool) -> Result<(), DemoError> {
         bytes_per_sec: bytes as f64 / seconds,
         transfers_per_sec: transfers as f64 / seconds,
         latency_ns: Latency::of(latencies),
+        timing: Timing::of(&counters, transfers, engine_work, placement),
         device: counters,
         pool: PoolReport {
             arena_bytes: stats.arena_bytes,
@@ -492,6 +886,16 @@ fn render(r: &Report) -> String {
         d.modelled_ns as f64 / 1e9,
         d.interrupts
     );
+    let t = &r.timing;
+    let _ = writeln!(
+        text,
+        "modelled:   busy {:.3} s against {:.3} s modelled{}: {}",
+        t.busy_ns as f64 / 1e9,
+        t.modelled_ns as f64 / 1e9,
+        t.ratio
+            .map_or_else(String::new, |r| format!(", ratio {r:.2}")),
+        t.verdict()
+    );
     for (q, queue) in d.queues.iter().enumerate() {
         let _ = writeln!(
             text,
@@ -523,8 +927,12 @@ mod tests {
     fn arguments_parse_with_defaults() {
         let args = Cli::try_parse_from(["demo"]).unwrap().args;
         assert_eq!(
-            (args.size, args.count, args.batch, args.queues, args.cost),
-            (64 << 10, 2048, 8, 2, CostModel::Npu)
+            (args.size, args.count, args.batch, args.depth, args.queues),
+            (64 << 10, 2048, 8, 2, 2)
+        );
+        assert_eq!(
+            (args.cost, args.engine_cpu, args.no_pin),
+            (CostModel::Npu, None, false)
         );
         let args = Cli::try_parse_from(["demo", "--size", "1M", "--cost", "zero", "--process"])
             .unwrap()
@@ -540,6 +948,8 @@ mod tests {
             );
         }
         assert!(Cli::try_parse_from(["demo", "--batch", "0"]).is_err());
+        assert!(Cli::try_parse_from(["demo", "--depth", "5"]).is_err());
+        assert!(Cli::try_parse_from(["demo", "--no-pin", "--engine-cpu", "0"]).is_err());
         assert!(Cli::try_parse_from(["demo", "--queues", "9"]).is_err());
     }
 

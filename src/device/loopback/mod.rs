@@ -82,8 +82,8 @@
 //! Two opcodes let a model run on the device layer by layer, deterministic and checkable on
 //! the host: `Layer` (one output tensor mixed from up to three input tensors) and `Compact`
 //! (the records whose score passes a threshold, packed); [`reference`](mod@reference)
-//! computes on the host exactly what they write. Status codes and the order in which fields
-//! are checked: [`Code`].
+//! computes on the host exactly what they and `Compute` write. Status codes and the order in
+//! which fields are checked: [`Code`].
 //!
 //! # Waking the engine
 //!

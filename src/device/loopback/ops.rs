@@ -480,12 +480,6 @@ fn check_compact(cmd: &Command, memory_size: u64) -> Result<Plan, (Code, u64)> {
     })
 }
 
-/// The compute transform of one word.
-#[inline]
-pub(super) fn transform(word: u32, xor: u32, add: u32) -> u32 {
-    (word ^ xor).wrapping_add(add)
-}
-
 /// Checks and runs `cmd`: the outcome to complete it with (the engine itself checks first, to
 /// evaluate a `Wait`, then runs).
 #[cfg(test)]
@@ -552,17 +546,12 @@ pub(super) fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
             xor,
             add,
         } => {
-            let mut sum = 0u64;
-            for i in (0..len).step_by(4) {
-                // SAFETY: both ranges are inside device memory, and `i + 4 <= len` (`len` is
-                // a multiple of 4); unaligned accesses, so any device-memory base will do.
-                // Word by word in ascending order, which defines overlapping ranges.
-                let word = unsafe { base.add(src + i).cast::<u32>().read_unaligned() };
-                let out = transform(u32::from_le(word), xor, add);
-                // SAFETY: as above.
-                unsafe { base.add(dst + i).cast::<u32>().write_unaligned(out.to_le()) };
-                sum = sum.wrapping_add(u64::from(out));
-            }
+            // SAFETY: both ranges are inside device memory, `len` a multiple of 4 (checked);
+            // the kernel keeps the ascending word order that defines overlapping ranges, and
+            // reads and writes device memory through raw pointers only, making no reference
+            // to it.
+            let sum =
+                unsafe { reference::compute_raw(xor, add, base.add(src), base.add(dst), len) };
             Outcome {
                 code: Code::Success,
                 result: sum,
@@ -854,7 +843,7 @@ mod tests {
         let mut compute = cmd(Opcode::Compute, 0, 16, 16);
         compute.args = [0xff, 2, 0, 0];
         let out = execute(&compute, 0, dram, &mut table);
-        let word = transform(0x0101_0101, 0xff, 2);
+        let word = reference::transform(0x0101_0101, 0xff, 2);
         assert_eq!(out.result, 4 * u64::from(word));
         assert_eq!(out.compute_bytes, 16);
         let copy = cmd(Opcode::DeviceCopy, 16, 20, 16);

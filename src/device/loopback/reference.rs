@@ -1,11 +1,13 @@
-//! What the model opcodes compute, on host memory: [`layer`] for
+//! What the computing opcodes compute, on host memory: [`compute`] for
+//! [`Opcode::Compute`](super::Opcode::Compute), [`layer`] for
 //! [`Opcode::Layer`](super::Opcode::Layer) and [`compact`] for
 //! [`Opcode::Compact`](super::Opcode::Compact), byte for byte what the device writes, so an
 //! application or a test can check a model's device output on the host.
 //!
-//! The device runs the same functions' cores ([`mix`], [`Compact::survives`],
+//! The device runs the same functions' cores ([`transform`], [`mix`], [`Compact::survives`],
 //! [`Compact::output_len`]) over device memory through raw pointers; these run them over
-//! slices.
+//! slices. The `Compute` and `Layer` kernels are compiled twice, for any x86-64 and for AVX2,
+//! and the CPU picks one at run time.
 
 /// Why a reference computation was refused (the device refuses the same fields with an error
 /// completion).
@@ -31,6 +33,18 @@ pub enum Error {
     OutputLength {
         /// Its length.
         len: usize,
+    },
+    /// A compute's input and output differ in length, or are empty or not a whole number of
+    /// 32-bit words.
+    #[error(
+        "compute: an input of {input} bytes into an output of {out}: \
+         give both the same length, a positive multiple of 4"
+    )]
+    ComputeLength {
+        /// The input's length.
+        input: usize,
+        /// The output's length.
+        out: usize,
     },
     /// A compact's record size or score offset is out of range.
     #[error(
@@ -61,6 +75,148 @@ pub enum Error {
         /// What the parameters need.
         expected: u64,
     },
+}
+
+/// The compute transform of one word: `(word ^ xor).wrapping_add(add)`.
+#[inline]
+pub fn transform(word: u32, xor: u32, add: u32) -> u32 {
+    (word ^ xor).wrapping_add(add)
+}
+
+/// What [`Opcode::Compute`](super::Opcode::Compute) writes: each little-endian word `w` of
+/// `input` becomes [`transform(w, xor, add)`](transform) in the same word of `out` (both the
+/// same length, a positive multiple of 4). Returns the completion's result, the wrapping sum
+/// of the words written.
+pub fn compute(xor: u32, add: u32, input: &[u8], out: &mut [u8]) -> Result<u64, Error> {
+    if input.is_empty() || input.len() % 4 != 0 || input.len() != out.len() {
+        return Err(Error::ComputeLength {
+            input: input.len(),
+            out: out.len(),
+        });
+    }
+    // SAFETY: `input` is valid for reads and `out` for writes of `out.len()` bytes, a multiple
+    // of 4; `out`, being a `&mut`, overlaps nothing else; nothing else touches them while the
+    // borrows last.
+    Ok(unsafe { compute_raw(xor, add, input.as_ptr(), out.as_mut_ptr(), out.len()) })
+}
+
+/// Words the compute kernel reads, transforms and writes at a time (two AVX2 registers).
+const BLOCK: usize = 16;
+
+/// The compute transform over raw memory, shared by [`compute`] (host slices) and the device
+/// (device memory, which it never makes references to): `len` bytes at `src` into `len` bytes
+/// at `dst`, word by word in ascending order, which defines overlapping ranges. Returns the
+/// wrapping sum of the words written.
+///
+/// Ascending order lets the kernel read a block of words before writing it wherever no word
+/// depends on one written in the same block: always, unless `dst` starts inside the source
+/// past its start (`src < dst < src + len`). Then word `i` reads what word `i - gap / 4`
+/// wrote (`gap = dst - src`), so the kernel goes in runs of `gap` bytes, each reading only
+/// what earlier runs wrote, and blocks within a run.
+///
+/// # Safety
+/// `src` is valid for reads and `dst` for writes of `len` bytes, a multiple of 4, and no one
+/// else writes either range during the call.
+pub(crate) unsafe fn compute_raw(
+    xor: u32,
+    add: u32,
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (detected); the caller's promises are passed on.
+        return unsafe { compute_raw_avx2(xor, add, src, dst, len) };
+    }
+    // SAFETY: the caller's promises are passed on.
+    unsafe { compute_raw_any(xor, add, src, dst, len) }
+}
+
+/// [`compute_raw`] compiled for AVX2: eight words per instruction instead of four.
+///
+/// # Safety
+/// As [`compute_raw`], and the CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn compute_raw_avx2(xor: u32, add: u32, src: *const u8, dst: *mut u8, len: usize) -> u64 {
+    // SAFETY: the caller's promises are passed on.
+    unsafe { compute_raw_any(xor, add, src, dst, len) }
+}
+
+/// [`compute_raw`] for any CPU; inlined into each compiled variant.
+///
+/// # Safety
+/// As [`compute_raw`].
+#[inline(always)]
+unsafe fn compute_raw_any(xor: u32, add: u32, src: *const u8, dst: *mut u8, len: usize) -> u64 {
+    // Addresses compared, never dereferenced as such.
+    let (from, to) = (src as usize, dst as usize);
+    let run = if from < to && to - from < len {
+        to - from
+    } else {
+        len
+    };
+    let mut sum = 0u64;
+    let mut at = 0usize;
+    while at < len {
+        let bytes = run.min(len - at);
+        // SAFETY: `at + bytes <= len`: inside both ranges. Either the ranges of this run do not
+        // overlap (a run of `gap` bytes), or `dst <= src`, where each word a block writes lies
+        // at or below the words it has read, so a block never overwrites a word not yet read.
+        let part = unsafe { compute_run(xor, add, src.add(at), dst.add(at), bytes) };
+        sum = sum.wrapping_add(part);
+        at += bytes;
+    }
+    sum
+}
+
+/// One run of [`compute_raw`]: blocks of [`BLOCK`] words, each read whole, transformed and
+/// written whole, then the last words one at a time. Returns the wrapping sum of the words
+/// written.
+///
+/// # Safety
+/// `src` is valid for reads and `dst` for writes of `len` bytes, a multiple of 4; no one else
+/// writes them during the call; and reading a block before writing it gives what word by word
+/// would (the ranges do not overlap, or `dst <= src`).
+#[inline(always)]
+unsafe fn compute_run(xor: u32, add: u32, src: *const u8, dst: *mut u8, len: usize) -> u64 {
+    let words = len / 4;
+    // One sum per word of a block, added up at the end (a wrapping sum in any order is the
+    // same), so the blocks need no horizontal add.
+    let mut lanes = [0u64; BLOCK];
+    let mut t = 0usize;
+    while t + BLOCK <= words {
+        let mut block = [0u32; BLOCK];
+        for (k, w) in block.iter_mut().enumerate() {
+            // SAFETY: `t + k < words`: inside the source; unaligned reads, so any base will do.
+            *w = u32::from_le(unsafe { src.add(4 * (t + k)).cast::<u32>().read_unaligned() });
+        }
+        for (w, lane) in block.iter_mut().zip(&mut lanes) {
+            *w = transform(*w, xor, add);
+            *lane = lane.wrapping_add(u64::from(*w));
+        }
+        for (k, &w) in block.iter().enumerate() {
+            // SAFETY: `t + k < words`: inside the destination (the caller's promise covers
+            // any overlap with the source).
+            unsafe {
+                dst.add(4 * (t + k))
+                    .cast::<u32>()
+                    .write_unaligned(w.to_le())
+            };
+        }
+        t += BLOCK;
+    }
+    let mut sum = lanes.iter().fold(0u64, |a, &b| a.wrapping_add(b));
+    for t in t..words {
+        // SAFETY: `t < words`: inside both ranges; one word read, then written.
+        let w = u32::from_le(unsafe { src.add(4 * t).cast::<u32>().read_unaligned() });
+        let h = transform(w, xor, add);
+        // SAFETY: as above.
+        unsafe { dst.add(4 * t).cast::<u32>().write_unaligned(h.to_le()) };
+        sum = sum.wrapping_add(u64::from(h));
+    }
+    sum
 }
 
 /// The layer's mixing function: output word `index` of a layer seeded `seed` whose present
@@ -388,6 +544,81 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Compute by its definition: word by word in ascending order over one memory, so
+    /// overlapping ranges read what earlier words wrote.
+    fn compute_by_definition(memory: &mut [u8], src: usize, dst: usize, len: usize) -> u64 {
+        let (xor, add) = (0x5a5a_5a5a, 0x0101_0101);
+        let mut sum = 0u64;
+        for i in (0..len).step_by(4) {
+            let h = transform(word(memory, (src + i) / 4), xor, add);
+            memory[dst + i..dst + i + 4].copy_from_slice(&h.to_le_bytes());
+            sum = sum.wrapping_add(u64::from(h));
+        }
+        sum
+    }
+
+    #[test]
+    fn compute_matches_the_definition_for_every_overlap() {
+        // Lengths around the block size; the destination below, at, just above and far above
+        // the source, so runs of every gap occur; both compiled variants.
+        let bytes: Vec<u8> = (0..2048u32)
+            .flat_map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes())
+            .collect();
+        let (xor, add) = (0x5a5a_5a5a, 0x0101_0101);
+        for words in [1usize, 15, 16, 17, 33, 100, 256] {
+            let len = 4 * words;
+            for src in [0usize, 4, 256, 1024] {
+                for dst in [0usize, 4, 8, 60, 64, 68, 252, 256, 260, 320, 1028, 2048] {
+                    let mut want = bytes.clone();
+                    let want_sum = compute_by_definition(&mut want, src, dst, len);
+                    for variant in 0..2 {
+                        let mut got = bytes.clone();
+                        let base = got.as_mut_ptr();
+                        // SAFETY: both ranges lie inside `got` (at most 3072 of its 8192
+                        // bytes), which nothing else touches meanwhile.
+                        let sum = unsafe {
+                            let (from, to) = (base.add(src).cast_const(), base.add(dst));
+                            if variant == 0 {
+                                compute_raw(xor, add, from, to, len)
+                            } else {
+                                compute_raw_any(xor, add, from, to, len)
+                            }
+                        };
+                        assert_eq!(
+                            (sum, &got),
+                            (want_sum, &want),
+                            "{words} words from {src} to {dst}, variant {variant}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn compute_known_answer_and_refusals() {
+        let input: Vec<u8> = [0u32, 0x5a5a_5a5a, 0xffff_ffff]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        let mut out = vec![0u8; 12];
+        let sum = compute(0x5a5a_5a5a, 0x0101_0101, &input, &mut out).unwrap();
+        let expect = [
+            0x5b5b_5b5bu32,
+            0x0101_0101,
+            0xa5a5_a5a5u32.wrapping_add(0x0101_0101),
+        ];
+        let bytes: Vec<u8> = expect.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(out, bytes);
+        assert_eq!(sum, expect.iter().map(|&w| u64::from(w)).sum::<u64>());
+        for (input, out) in [(0usize, 0usize), (6, 6), (8, 12), (12, 8)] {
+            assert_eq!(
+                compute(0, 0, &vec![0u8; input], &mut vec![0u8; out]),
+                Err(Error::ComputeLength { input, out })
+            );
         }
     }
 
