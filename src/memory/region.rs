@@ -82,8 +82,10 @@ impl Builder {
     /// Binds the pages to a NUMA node, or (`None`, the default) places them nowhere in
     /// particular. Takes a node number or an `Option` of one.
     ///
-    /// The node must be online ([`numa::online`](super::numa::online)); building checks that
-    /// first ([`Error::NoSuchNode`] names the online nodes), binds the fresh mapping with
+    /// The node must be online ([`numa::online`](super::numa::online)): when the kernel
+    /// refuses the binding, building reads the online nodes and, for a node not among them,
+    /// fails with [`Error::NoSuchNode`] naming them (no sysfs read when it works). It binds
+    /// the fresh mapping with
     /// `mbind(MPOL_BIND)` before any page is faulted in (hugetlb pages too: they are taken from
     /// the node's pool at fault time), faults the pages in and checks that every one landed
     /// there ([`Region::page_nodes`]). A node short of free pages is an error, never pages from
@@ -123,9 +125,6 @@ impl Builder {
                 page_size,
                 suggested: len.max(1).div_ceil(page).saturating_mul(page),
             });
-        }
-        if let Some(node) = node {
-            super::numa::check(&sysfs_root, node)?;
         }
         let fd = open_backing(backing, len, page_size)?;
         let share = if fd.is_some() {
@@ -367,8 +366,12 @@ impl Region {
     fn settle(mut self, context: &Context<'_>, lock: bool) -> Result<Region, Error> {
         if let Some(node) = self.node {
             // SAFETY: the range is this region's own mapping.
-            unsafe { shim::mbind(self.ptr, self.len, node) }
-                .map_err(|source| Error::Bind { node, source })?;
+            if let Err(source) = unsafe { shim::mbind(self.ptr, self.len, node) } {
+                // A node that does not exist is the likely cause: say which ones do. Read
+                // only on failure, so placing a region reads no sysfs file.
+                super::numa::check(context.sysfs_root, node)?;
+                return Err(Error::Bind { node, source });
+            }
             // SAFETY: the range is this region's own writable mapping.
             unsafe { shim::populate_write(self.ptr, self.len) }
                 .map_err(|source| context.populate_error(source))?;
