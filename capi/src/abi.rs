@@ -75,7 +75,7 @@ pub(crate) unsafe fn read<T: Sized>(ptr: *const T, what: &str, defaults: T) -> R
     unsafe {
         std::ptr::copy_nonoverlapping(
             ptr.cast::<u8>(),
-            (&raw mut value).cast::<u8>(),
+            (std::ptr::addr_of_mut!(value)).cast::<u8>(),
             size.min(ours),
         );
     }
@@ -96,7 +96,7 @@ pub(crate) unsafe fn write<T: Sized>(out: *mut T, what: &str, value: T) -> Resul
     // readable in `value` (`len + skip <= size_of::<T>()`); distinct regions.
     unsafe {
         std::ptr::copy_nonoverlapping(
-            (&raw const value).cast::<u8>().add(skip),
+            (std::ptr::addr_of!(value)).cast::<u8>().add(skip),
             out.cast::<u8>().add(skip),
             len,
         );

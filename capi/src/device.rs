@@ -147,7 +147,7 @@ pub enum udma_device_kind {
     UDMA_DEVICE_UIO = 2,
 }
 
-/// What a device is (`udma_device_info`).
+/// What a device is (`udma_device_get_info`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct udma_device_info {
@@ -214,7 +214,10 @@ fn loopback_config(o: &udma_loopback_options) -> Result<loopback::Config, Fail> 
 }
 
 fn register(runtime: Runtime, out: *mut *mut udma_device) -> Result<(), Fail> {
-    let name = runtime.device().identity().to_string();
+    let identity = runtime.device().identity();
+    let name = identity
+        .bdf
+        .map_or_else(|| identity.name.clone(), |bdf| bdf.to_string());
     let key = DEVICES.insert(Arc::new(Device { runtime, name }))?;
     // SAFETY: `out` was checked non-null by the caller; C promises it is writable.
     unsafe { out.write(key.to_ptr(Kind::Device)) };
@@ -382,11 +385,11 @@ pub unsafe extern "C" fn udma_device_close(device: *mut udma_device) -> udma_sta
 /// # Safety
 /// `info` points to `info->size` writable bytes (set `info->size = sizeof *info`).
 #[no_mangle]
-pub unsafe extern "C" fn udma_device_info(
+pub unsafe extern "C" fn udma_device_get_info(
     device: *const udma_device,
     info: *mut udma_device_info,
 ) -> udma_status {
-    call("udma_device_info", || {
+    call("udma_device_get_info", || {
         let d = self::device(device)?;
         let dev = d.runtime.device();
         let kind = match dev.identity().kind {
@@ -417,7 +420,7 @@ pub unsafe extern "C" fn udma_device_info(
 
 /// A new file descriptor for interrupt vector `vector` of the device (an eventfd, readable
 /// when the vector fires), for the caller's own epoll loop; the caller closes it. A queue's
-/// own interrupt is `udma_queue_interrupt_fd`, which also arms it.
+/// own interrupt is `udma_queue_interrupt_fd` (armed by `udma_queue_arm`).
 ///
 /// Errors: `UDMA_ERR_NOT_FOUND` for a vector the device does not have.
 ///

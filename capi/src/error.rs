@@ -63,18 +63,18 @@ impl udma_status {
 
     fn name(self) -> &'static std::ffi::CStr {
         match self {
-            udma_status::UDMA_OK => c"UDMA_OK",
-            udma_status::UDMA_ERR_INVALID_ARGUMENT => c"UDMA_ERR_INVALID_ARGUMENT",
-            udma_status::UDMA_ERR_NOT_FOUND => c"UDMA_ERR_NOT_FOUND",
-            udma_status::UDMA_ERR_REFUSED => c"UDMA_ERR_REFUSED",
-            udma_status::UDMA_ERR_BUSY => c"UDMA_ERR_BUSY",
-            udma_status::UDMA_ERR_EXHAUSTED => c"UDMA_ERR_EXHAUSTED",
-            udma_status::UDMA_ERR_TIMEOUT => c"UDMA_ERR_TIMEOUT",
-            udma_status::UDMA_ERR_DEVICE => c"UDMA_ERR_DEVICE",
-            udma_status::UDMA_ERR_UNSUPPORTED => c"UDMA_ERR_UNSUPPORTED",
-            udma_status::UDMA_ERR_SYSTEM => c"UDMA_ERR_SYSTEM",
-            udma_status::UDMA_ERR_INVALID_HANDLE => c"UDMA_ERR_INVALID_HANDLE",
-            udma_status::UDMA_ERR_INTERNAL => c"UDMA_ERR_INTERNAL",
+            udma_status::UDMA_OK => cstr(b"UDMA_OK\0"),
+            udma_status::UDMA_ERR_INVALID_ARGUMENT => cstr(b"UDMA_ERR_INVALID_ARGUMENT\0"),
+            udma_status::UDMA_ERR_NOT_FOUND => cstr(b"UDMA_ERR_NOT_FOUND\0"),
+            udma_status::UDMA_ERR_REFUSED => cstr(b"UDMA_ERR_REFUSED\0"),
+            udma_status::UDMA_ERR_BUSY => cstr(b"UDMA_ERR_BUSY\0"),
+            udma_status::UDMA_ERR_EXHAUSTED => cstr(b"UDMA_ERR_EXHAUSTED\0"),
+            udma_status::UDMA_ERR_TIMEOUT => cstr(b"UDMA_ERR_TIMEOUT\0"),
+            udma_status::UDMA_ERR_DEVICE => cstr(b"UDMA_ERR_DEVICE\0"),
+            udma_status::UDMA_ERR_UNSUPPORTED => cstr(b"UDMA_ERR_UNSUPPORTED\0"),
+            udma_status::UDMA_ERR_SYSTEM => cstr(b"UDMA_ERR_SYSTEM\0"),
+            udma_status::UDMA_ERR_INVALID_HANDLE => cstr(b"UDMA_ERR_INVALID_HANDLE\0"),
+            udma_status::UDMA_ERR_INTERNAL => cstr(b"UDMA_ERR_INTERNAL\0"),
         }
     }
 }
@@ -136,6 +136,12 @@ pub(crate) fn lib<E: Into<udma::Error>>(error: E) -> Fail {
     Fail::from(error.into())
 }
 
+/// A static C string from its NUL-terminated bytes (written out so that the header generator's
+/// parser, which predates `c"..."` literals, reads this crate).
+pub(crate) fn cstr(bytes: &'static [u8]) -> &'static std::ffi::CStr {
+    std::ffi::CStr::from_bytes_with_nul(bytes).unwrap_or_default()
+}
+
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
@@ -184,9 +190,9 @@ pub extern "C" fn udma_last_error() -> *const c_char {
     catch_unwind(|| {
         LAST_ERROR
             .try_with(|last| last.borrow().as_ptr())
-            .unwrap_or(c"".as_ptr())
+            .unwrap_or(cstr(b"\0").as_ptr())
     })
-    .unwrap_or(c"".as_ptr())
+    .unwrap_or(cstr(b"\0").as_ptr())
 }
 
 /// The name of `status` (`"UDMA_ERR_TIMEOUT"`), a static string; `"UDMA_ERR_UNKNOWN"` for a
@@ -209,7 +215,7 @@ pub extern "C" fn udma_status_name(status: i32) -> *const c_char {
     ];
     all.into_iter()
         .find(|s| *s as i32 == status)
-        .map_or(c"UDMA_ERR_UNKNOWN".as_ptr(), |s| s.name().as_ptr())
+        .map_or(cstr(b"UDMA_ERR_UNKNOWN\0").as_ptr(), |s| s.name().as_ptr())
 }
 
 #[cfg(test)]

@@ -216,7 +216,10 @@ impl<T> Registry<T> {
         let key = self.decode(ptr)?;
         let mut slots = self.lock();
         let slot = self.slot(&mut slots, key, ptr.addr() as u64)?;
-        let value = slot.value.as_mut().ok_or_else(|| self.stale(ptr.addr() as u64))?;
+        let value = slot
+            .value
+            .as_mut()
+            .ok_or_else(|| self.stale(ptr.addr() as u64))?;
         f(key, value)
     }
 
@@ -343,7 +346,9 @@ mod tests {
         let ptr: *mut u8 = key.to_ptr(Kind::Pool);
         assert_eq!(pools.with(ptr, |_, v| Ok(*v)).expect("live"), 7);
 
-        let null = pools.with(std::ptr::null::<u8>(), |_, v| Ok(*v)).unwrap_err();
+        let null = pools
+            .with(std::ptr::null::<u8>(), |_, v| Ok(*v))
+            .unwrap_err();
         assert!(null.message.contains("NULL"), "{}", null.message);
         let queue: *mut u8 = key.to_ptr(Kind::Queue);
         let other = pools.with(queue, |_, v| Ok(*v)).unwrap_err();
@@ -351,11 +356,19 @@ mod tests {
         let foreign = pools
             .with(0x7fff_1234_5678usize as *const u8, |_, v| Ok(*v))
             .unwrap_err();
-        assert!(foreign.message.contains("not a pool handle"), "{}", foreign.message);
+        assert!(
+            foreign.message.contains("not a pool handle"),
+            "{}",
+            foreign.message
+        );
 
         assert_eq!(pools.remove_if(ptr, |_| Ok(())).expect("removed"), 7);
         let stale = pools.with(ptr, |_, v| Ok(*v)).unwrap_err();
-        assert!(stale.message.contains("destroyed already"), "{}", stale.message);
+        assert!(
+            stale.message.contains("destroyed already"),
+            "{}",
+            stale.message
+        );
         assert_eq!(stale.status, udma_status::UDMA_ERR_INVALID_HANDLE);
         // The slot is reused with a new generation: the old handle still does not match.
         let again = pools.insert(8).expect("insert");

@@ -36,7 +36,8 @@ pub const UDMA_VERSION_MINOR: u32 = 1;
 pub const UDMA_VERSION_PATCH: u32 = 0;
 /// The header's version as one number, `major << 16 | minor << 8 | patch`: compare it with
 /// `udma_version()`.
-pub const UDMA_VERSION: u32 = UDMA_VERSION_MAJOR << 16 | UDMA_VERSION_MINOR << 8 | UDMA_VERSION_PATCH;
+pub const UDMA_VERSION: u32 =
+    UDMA_VERSION_MAJOR << 16 | UDMA_VERSION_MINOR << 8 | UDMA_VERSION_PATCH;
 
 /// A timeout that never passes.
 pub const UDMA_TIMEOUT_INFINITE: u64 = u64::MAX;
@@ -60,8 +61,17 @@ mod tests {
     #[test]
     fn the_version_constants_are_the_package_version() {
         let v = |s: &str| s.parse::<u32>().expect("a number");
-        assert_eq!(super::UDMA_VERSION_MAJOR, v(env!("CARGO_PKG_VERSION_MAJOR")));
-        assert_eq!(super::UDMA_VERSION_MINOR, v(env!("CARGO_PKG_VERSION_MINOR")));
-        assert_eq!(super::UDMA_VERSION_PATCH, v(env!("CARGO_PKG_VERSION_PATCH")));
+        assert_eq!(
+            super::UDMA_VERSION_MAJOR,
+            v(env!("CARGO_PKG_VERSION_MAJOR"))
+        );
+        assert_eq!(
+            super::UDMA_VERSION_MINOR,
+            v(env!("CARGO_PKG_VERSION_MINOR"))
+        );
+        assert_eq!(
+            super::UDMA_VERSION_PATCH,
+            v(env!("CARGO_PKG_VERSION_PATCH"))
+        );
     }
 }

@@ -46,7 +46,9 @@ fn page_size(raw: u32) -> Result<PageSize, Fail> {
 
 fn bytes(raw: u64, what: &str) -> Result<usize, Fail> {
     if raw == 0 {
-        return Err(Fail::invalid(format!("{what} is 0: ask for at least one byte")));
+        return Err(Fail::invalid(format!(
+            "{what} is 0: ask for at least one byte"
+        )));
     }
     usize::try_from(raw).map_err(|_| Fail::invalid(format!("{what} {raw} is too large")))
 }
@@ -129,11 +131,11 @@ pub unsafe extern "C" fn udma_memory_map(
 /// # Safety
 /// `info` points to `info->size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn udma_mapping_info(
+pub unsafe extern "C" fn udma_mapping_get_info(
     mapping: *const udma_mapping,
     info: *mut udma_mapping_info,
 ) -> udma_status {
-    call("udma_mapping_info", || {
+    call("udma_mapping_get_info", || {
         let m = MAPPINGS.with(mapping, |_, m| Ok(Arc::clone(m)))?;
         let value = udma_mapping_info {
             size: 0,
@@ -260,7 +262,7 @@ unsafe impl abi::Sized for udma_pool_options {
     const NAME: &'static str = "udma_pool_options";
 }
 
-/// A snapshot of a pool's counters (`udma_pool_stats`).
+/// A snapshot of a pool's counters (`udma_pool_get_stats`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct udma_pool_stats {
@@ -303,7 +305,7 @@ pub enum udma_buffer_state {
     UDMA_BUFFER_IN_QUEUE = 1,
 }
 
-/// A buffer's addresses (`udma_buffer_info`).
+/// A buffer's addresses (`udma_buffer_get_info`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct udma_buffer_info {
@@ -604,15 +606,17 @@ pub unsafe extern "C" fn udma_pool_free_bulk(
                     let b = table.get(key, value)?;
                     freeable(b, &p, value)?;
                     if !seen.insert(key) {
-                        return Err(Fail::invalid(format!(
-                            "buffer {value:#x} is listed twice"
-                        )));
+                        return Err(Fail::invalid(format!("buffer {value:#x} is listed twice")));
                     }
                     Ok(key)
                 });
                 keys.push(check.map_err(|f| f.context(format!("buffers[{i}]")))?);
             }
-            Ok::<_, Fail>(keys.into_iter().map(|k| table.remove(k)).collect::<Vec<_>>())
+            Ok::<_, Fail>(
+                keys.into_iter()
+                    .map(|k| table.remove(k))
+                    .collect::<Vec<_>>(),
+            )
         })?;
         p.out.fetch_sub(freed.len() as u64, Ordering::AcqRel);
         drop(freed);
@@ -625,11 +629,11 @@ pub unsafe extern "C" fn udma_pool_free_bulk(
 /// # Safety
 /// `stats` points to `stats->size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn udma_pool_stats(
+pub unsafe extern "C" fn udma_pool_get_stats(
     pool: *const udma_pool,
     stats: *mut udma_pool_stats,
 ) -> udma_status {
-    call("udma_pool_stats", || {
+    call("udma_pool_get_stats", || {
         let p = pool_entry(pool)?;
         let s = p.pool.stats();
         let sum = |f: fn(&pool::ClassStats) -> u64| s.classes.iter().map(f).sum::<u64>();
@@ -657,11 +661,11 @@ pub unsafe extern "C" fn udma_pool_stats(
 /// # Safety
 /// `info` points to `info->size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn udma_buffer_info(
+pub unsafe extern "C" fn udma_buffer_get_info(
     buffer: *const udma_buffer,
     info: *mut udma_buffer_info,
 ) -> udma_status {
-    call("udma_buffer_info", || {
+    call("udma_buffer_get_info", || {
         let value = BUFFERS.with(buffer, |_, b| {
             Ok(udma_buffer_info {
                 size: 0,

@@ -1,5 +1,5 @@
 //! Planning: a tensor list in, every tensor's offset in one arena out, with the figures to
-//! judge the plan by (`udma_plan_report`). Pure: no device involved.
+//! judge the plan by (`udma_plan_get_report`). Pure: no device involved.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -115,7 +115,7 @@ unsafe impl abi::Sized for udma_plan_options {
     const NAME: &'static str = "udma_plan_options";
 }
 
-/// What a plan achieved (`udma_plan_report`).
+/// What a plan achieved (`udma_plan_get_report`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct udma_plan_report {
@@ -237,8 +237,8 @@ pub unsafe extern "C" fn udma_plan_create(
         } else {
             o.search_nodes
         });
-        let made = plan::plan(&list, &opts, strategy, budget)
-            .map_err(|e| Fail::invalid(e.to_string()))?;
+        let made =
+            plan::plan(&list, &opts, strategy, budget).map_err(|e| Fail::invalid(e.to_string()))?;
         made.validate(&list).map_err(|e| {
             Fail::new(
                 udma_status::UDMA_ERR_INTERNAL,
@@ -322,11 +322,11 @@ pub unsafe extern "C" fn udma_plan_offsets(
 /// # Safety
 /// `report` points to `report->size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn udma_plan_report(
+pub unsafe extern "C" fn udma_plan_get_report(
     plan: *const udma_plan,
     report: *mut udma_plan_report,
 ) -> udma_status {
-    call("udma_plan_report", || {
+    call("udma_plan_get_report", || {
         let p = entry(plan)?;
         let r = &p.plan;
         let strategy = STRATEGIES

@@ -20,7 +20,7 @@ use udma::{irq, ring};
 
 use crate::abi;
 use crate::device::{device, timeout, udma_device, Device};
-use crate::error::{call, lib, udma_status, Fail};
+use crate::error::{call, cstr, lib, udma_status, Fail};
 use crate::handle::{Key, Kind, Registry};
 use crate::memory::{self, udma_buffer};
 
@@ -213,7 +213,7 @@ unsafe impl abi::Sized for udma_completion {
     const NAME: &'static str = "udma_completion";
 }
 
-/// A queue's state (`udma_queue_info`).
+/// A queue's state (`udma_queue_get_info`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct udma_queue_info {
@@ -403,7 +403,9 @@ unsafe fn submit(queue: *mut udma_queue, op: *const udma_op, ring: bool) -> Resu
     with_queue(queue, |entry, q| {
         let wants_buffer = matches!(op.opcode, 1 | 2);
         let taken = match (wants_buffer, op.buffer.is_null()) {
-            (true, true) => return Err(Fail::invalid("op->buffer is NULL: the op moves host bytes")),
+            (true, true) => {
+                return Err(Fail::invalid("op->buffer is NULL: the op moves host bytes"))
+            }
             (false, false) => {
                 return Err(Fail::invalid(
                     "op->buffer is set for an op that names no host memory: leave it NULL",
@@ -473,7 +475,10 @@ pub unsafe extern "C" fn udma_queue_submit(
 /// # Safety
 /// `op` points to `op->size` readable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn udma_queue_push(queue: *mut udma_queue, op: *const udma_op) -> udma_status {
+pub unsafe extern "C" fn udma_queue_push(
+    queue: *mut udma_queue,
+    op: *const udma_op,
+) -> udma_status {
     // SAFETY: per this function's contract.
     call("udma_queue_push", || unsafe { submit(queue, op, false) })
 }
@@ -714,11 +719,11 @@ pub unsafe extern "C" fn udma_queue_disarm(queue: *mut udma_queue) -> udma_statu
 /// # Safety
 /// `info` points to `info->size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn udma_queue_info(
+pub unsafe extern "C" fn udma_queue_get_info(
     queue: *const udma_queue,
     info: *mut udma_queue_info,
 ) -> udma_status {
-    call("udma_queue_info", || {
+    call("udma_queue_get_info", || {
         let value = with_queue(queue, |_, q| {
             let s = q.stats();
             Ok(udma_queue_info {
@@ -740,18 +745,18 @@ pub unsafe extern "C" fn udma_queue_info(
 #[no_mangle]
 pub extern "C" fn udma_op_status_name(status: u32) -> *const std::ffi::c_char {
     let name: &'static std::ffi::CStr = match status {
-        0 => c"success",
-        1 => c"bad-opcode",
-        2 => c"bad-flags",
-        3 => c"bad-context",
-        4 => c"bad-args",
-        5 => c"bad-length",
-        6 => c"address-overflow",
-        7 => c"misaligned",
-        8 => c"device-out-of-bounds",
-        9 => c"host-unmapped",
-        10 => c"overlap",
-        _ => c"unknown",
+        0 => cstr(b"success\0"),
+        1 => cstr(b"bad-opcode\0"),
+        2 => cstr(b"bad-flags\0"),
+        3 => cstr(b"bad-context\0"),
+        4 => cstr(b"bad-args\0"),
+        5 => cstr(b"bad-length\0"),
+        6 => cstr(b"address-overflow\0"),
+        7 => cstr(b"misaligned\0"),
+        8 => cstr(b"device-out-of-bounds\0"),
+        9 => cstr(b"host-unmapped\0"),
+        10 => cstr(b"overlap\0"),
+        _ => cstr(b"unknown\0"),
     };
     name.as_ptr()
 }
