@@ -6,7 +6,9 @@
 #
 # Steps: install prerequisites, fmt check, clippy -D warnings, docs -D warnings, unit + integration
 # tests (with the kernel ABI check against three uapi header sets: the system's, Debian 13's and
-# Debian 13 backports'; and tests on real hugepages, which reserve and restore them), the loom
+# Debian 13 backports'; and tests on real hugepages, which reserve and restore them), the C API
+# (scripts/capi-test.sh: the generated header and the exported symbols checked, C tests under
+# sanitizers and Valgrind, the C example through pkg-config), the loom
 # models, the release soak of the loopback device, every benchmark once in criterion's test mode
 # (that they run, not how fast: speed is read from `cargo bench`), the guest suite (real PCI device models behind
 # an emulated IOMMU in QEMU guests, scripts/guest-test.sh), the main job, and a short run of every
@@ -70,6 +72,9 @@ prerequisites() {
 	# python3-pip: scripts/onnx-models.sh downloads the onnx wheel (its model-zoo graphs are the
 	# ONNX reader's test data).
 	apt_install gcc libc6-dev linux-libc-dev pci.ids dpkg-dev xz-utils python3-pip
+	# The C API step: its header generator, the C++17 header check, Valgrind, pkg-config for
+	# the C example (binutils' nm and readelf come with dpkg-dev).
+	apt_install g++ cbindgen valgrind pkg-config
 	rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 	cargo_tool cargo-fuzz cargo-fuzz
 	# The newest uapi headers (with iommufd), fetched without installing them.
@@ -117,6 +122,7 @@ step "cargo fmt --check (fuzz)" cargo fmt --manifest-path fuzz/Cargo.toml -- --c
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo doc -D warnings" env RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 step "cargo test (unit, integration, kernel ABI)" cargo test --workspace --locked
+step "C API (header, symbols, C tests under ASan+UBSan and Valgrind, examples/c)" scripts/capi-test.sh
 step "loom models (pool, ring, wake-up handshakes)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 	cargo test --release --locked --lib -- pool:: ring:: wake::
 step "planner on the MiniMalloc instances, release" cargo test --release --locked --test plan

@@ -1,0 +1,114 @@
+//! Structs that may grow: each starts with `size_t size`, the `sizeof` the caller was built
+//! with. The library reads (or writes) only that many bytes, so a program built against an
+//! older, smaller version of a struct keeps working: fields it does not have take their
+//! defaults. A larger size (a newer header than this library) is accepted when the bytes this
+//! library does not know are zero (the new fields at their defaults), and refused otherwise
+//! (`UDMA_ERR_UNSUPPORTED`: the caller asked for something this version cannot do).
+
+use std::mem::size_of;
+
+use crate::error::{udma_status, Fail};
+
+/// A `#[repr(C)]` struct whose first field is `size: usize` and whose every field is an
+/// integer or a raw pointer, with no padding.
+///
+/// # Safety
+/// Every byte pattern must be a valid value of the type (it is filled from bytes the caller
+/// wrote), it must have no padding bytes (they would be read as initialised), and its first
+/// field must be the `usize` size.
+pub(crate) unsafe trait Sized: Copy {
+    /// The C name, for messages.
+    const NAME: &'static str;
+}
+
+/// The size a caller's struct at `ptr` declares (`what`: the parameter, for messages).
+///
+/// # Safety
+/// `ptr` is NULL or points to at least `size_of::<usize>()` readable bytes.
+unsafe fn declared<T>(ptr: *const T, what: &str, name: &str) -> Result<usize, Fail> {
+    if ptr.is_null() {
+        return Err(Fail::null(what));
+    }
+    // SAFETY: non-null, and the caller's promise: the first field is readable. Unaligned read:
+    // C aligns it, but a misaligned pointer must not be undefined behaviour here.
+    let size = unsafe { ptr.cast::<usize>().read_unaligned() };
+    if size < size_of::<usize>() {
+        return Err(Fail::invalid(format!(
+            "{what}->size is {size}: set it to sizeof({name}) (it is {} in this library)",
+            size_of::<T>()
+        )));
+    }
+    Ok(size)
+}
+
+/// Reads the caller's struct at `ptr` over `defaults`: the first `min(size, sizeof)` bytes
+/// come from the caller, the rest are the defaults'.
+///
+/// # Safety
+/// `ptr` is NULL or points to `ptr->size` readable bytes.
+pub(crate) unsafe fn read<T: Sized>(ptr: *const T, what: &str, defaults: T) -> Result<T, Fail> {
+    // SAFETY: as promised by our caller.
+    let size = unsafe { declared(ptr, what, T::NAME)? };
+    let ours = size_of::<T>();
+    if size > ours {
+        // SAFETY: the caller declared `size` readable bytes at `ptr`.
+        let extra = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>().add(ours), size - ours) };
+        if let Some(at) = extra.iter().position(|&b| b != 0) {
+            return Err(Fail::new(
+                udma_status::UDMA_ERR_UNSUPPORTED,
+                format!(
+                    "{what} is a {}-byte {} with byte {} set, but this library (version {}) \
+                     knows its first {ours} bytes only: link the library of the header you \
+                     compiled against, or leave the newer fields zero",
+                    size,
+                    T::NAME,
+                    ours + at,
+                    env!("CARGO_PKG_VERSION")
+                ),
+            ));
+        }
+    }
+    let mut value = defaults;
+    // SAFETY: `min(size, ours)` bytes are readable at `ptr` (the caller's promise) and
+    // writable in `value`; any byte pattern is a valid `T` (`Sized`'s contract); the regions
+    // are distinct (`value` is a local).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            ptr.cast::<u8>(),
+            (std::ptr::addr_of_mut!(value)).cast::<u8>(),
+            size.min(ours),
+        );
+    }
+    Ok(value)
+}
+
+/// Writes `value` into the caller's struct at `out`: its first `min(size, sizeof)` bytes,
+/// keeping the caller's `size`.
+///
+/// # Safety
+/// `out` is NULL or points to `out->size` writable bytes.
+pub(crate) unsafe fn write<T: Sized>(out: *mut T, what: &str, value: T) -> Result<(), Fail> {
+    // SAFETY: as promised by our caller.
+    let size = unsafe { declared(out.cast_const(), what, T::NAME)? };
+    let skip = size_of::<usize>();
+    let len = size.min(size_of::<T>()) - skip;
+    // SAFETY: `skip + len <= size` bytes are writable at `out` (the caller's promise) and
+    // readable in `value` (`len + skip <= size_of::<T>()`); distinct regions.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (std::ptr::addr_of!(value)).cast::<u8>().add(skip),
+            out.cast::<u8>().add(skip),
+            len,
+        );
+    }
+    Ok(())
+}
+
+/// Checks an out-parameter for NULL.
+pub(crate) fn out<T>(ptr: *mut T, what: &str) -> Result<*mut T, Fail> {
+    if ptr.is_null() {
+        Err(Fail::null(what))
+    } else {
+        Ok(ptr)
+    }
+}

@@ -1,0 +1,77 @@
+//! The C API of userdma: `libuserdma.so` / `libuserdma.a`, declared by `include/userdma.h`
+//! (generated from this crate by cbindgen, see `capi/gen-header.sh`).
+//!
+//! | module | owns |
+//! |---|---|
+//! | `error` | `udma_status`, the thread's last error, the boundary every call goes through |
+//! | `handle` | handles: tagged, generation-checked keys, never dereferenced |
+//! | `abi` | structs that grow: `size` first, older sizes accepted |
+//! | `device` | the loopback device, PCI functions (VFIO, UIO), interrupt fds |
+//! | `memory` | mappings, pools, buffers |
+//! | `queue` | queues: submit, poll, wait, wait on many |
+//! | `plan` | the static buffer planner |
+//!
+//! Every C name (`udma_*`) is spelled here as C spells it.
+#![allow(non_camel_case_types)]
+
+mod abi;
+mod device;
+mod error;
+mod handle;
+mod memory;
+mod plan;
+mod queue;
+
+pub use device::*;
+pub use error::{udma_last_error, udma_status, udma_status_name};
+pub use memory::*;
+pub use plan::*;
+pub use queue::*;
+
+/// The major version of the header (the library's is `udma_version() >> 16`).
+pub const UDMA_VERSION_MAJOR: u32 = 0;
+/// The minor version of the header.
+pub const UDMA_VERSION_MINOR: u32 = 1;
+/// The patch version of the header.
+pub const UDMA_VERSION_PATCH: u32 = 0;
+/// The header's version as one number, `major << 16 | minor << 8 | patch`: compare it with
+/// `udma_version()`.
+pub const UDMA_VERSION: u32 =
+    UDMA_VERSION_MAJOR << 16 | UDMA_VERSION_MINOR << 8 | UDMA_VERSION_PATCH;
+
+/// A timeout that never passes.
+pub const UDMA_TIMEOUT_INFINITE: u64 = u64::MAX;
+
+/// The library's version, `major << 16 | minor << 8 | patch` (as `UDMA_VERSION`). A program
+/// built against major version M runs with a library of the same M and a minor version at
+/// least its own.
+#[no_mangle]
+pub extern "C" fn udma_version() -> u32 {
+    UDMA_VERSION
+}
+
+/// The library's version as text (`"0.1.0"`), a static string.
+#[no_mangle]
+pub extern "C" fn udma_version_string() -> *const std::ffi::c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_version_constants_are_the_package_version() {
+        let v = |s: &str| s.parse::<u32>().expect("a number");
+        assert_eq!(
+            super::UDMA_VERSION_MAJOR,
+            v(env!("CARGO_PKG_VERSION_MAJOR"))
+        );
+        assert_eq!(
+            super::UDMA_VERSION_MINOR,
+            v(env!("CARGO_PKG_VERSION_MINOR"))
+        );
+        assert_eq!(
+            super::UDMA_VERSION_PATCH,
+            v(env!("CARGO_PKG_VERSION_PATCH"))
+        );
+    }
+}

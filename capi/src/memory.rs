@@ -1,0 +1,853 @@
+//! Memory: regions mapped into a device's DMA space (`udma_mapping`), buffer pools
+//! (`udma_pool`) and their buffers (`udma_buffer`).
+//!
+//! A buffer handle names a slot that holds either the buffer (on the host: the caller may read
+//! and write it, free it, submit it) or the queue it was submitted to (the device owns it: it
+//! cannot be freed, read or written through the library until its completion hands it back,
+//! under the same handle).
+
+use std::collections::HashSet;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use udma::dma;
+use udma::memory::PageSize;
+use udma::pool::{self, OwnedBuffer, Pool};
+
+use crate::abi;
+use crate::device::{device, udma_device};
+use crate::error::{call, lib, udma_status, Fail};
+use crate::handle::{Key, Kind, Registry};
+
+/// `udma_memory_map`'s and `udma_pool_options`' page size.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum udma_page_size {
+    /// The CPU's base pages (4 KiB): no hugepages needed, IOVA-contiguous per page only.
+    UDMA_PAGE_BASE = 0,
+    /// 2 MiB hugepages (reserve them first: `userdma hugepages`).
+    UDMA_PAGE_2M = 1,
+    /// 1 GiB hugepages.
+    UDMA_PAGE_1G = 2,
+}
+
+fn page_size(raw: u32) -> Result<PageSize, Fail> {
+    match raw {
+        0 => Ok(PageSize::Base),
+        1 => Ok(PageSize::Huge2M),
+        2 => Ok(PageSize::Huge1G),
+        other => Err(Fail::invalid(format!(
+            "page size {other} is not a udma_page_size (UDMA_PAGE_BASE 0, UDMA_PAGE_2M 1, \
+             UDMA_PAGE_1G 2)"
+        ))),
+    }
+}
+
+fn bytes(raw: u64, what: &str) -> Result<usize, Fail> {
+    if raw == 0 {
+        return Err(Fail::invalid(format!(
+            "{what} is 0: ask for at least one byte"
+        )));
+    }
+    usize::try_from(raw).map_err(|_| Fail::invalid(format!("{what} {raw} is too large")))
+}
+
+// ---- mappings --------------------------------------------------------------------------
+
+/// Pinned host memory mapped into a device's DMA space, made by `udma_memory_map`, destroyed
+/// (unmapped) by `udma_mapping_destroy`.
+#[derive(Debug)]
+pub struct udma_mapping {
+    _opaque: [u8; 0],
+}
+
+struct MappingEntry {
+    mapping: dma::Mapping,
+    device: String,
+}
+
+static MAPPINGS: Registry<Arc<MappingEntry>> = Registry::new(Kind::Mapping);
+
+/// A mapping's addresses.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct udma_mapping_info {
+    /// `sizeof(udma_mapping_info)`.
+    pub size: usize,
+    /// The host address of byte 0 (the device writes this memory: treat it as volatile).
+    pub host: *mut c_void,
+    /// Its length in bytes (the request rounded up to whole pages).
+    pub len: u64,
+    /// The IOVA (device address) of byte 0.
+    pub iova: u64,
+    /// Bytes from byte 0 that are contiguous in IOVA space (the whole length on hugepages
+    /// or behind an IOMMU; at least one page). `udma_mapping_iova` gives the IOVA of any byte.
+    pub contiguous: u64,
+}
+
+// SAFETY: `repr(C)`, a pointer and integers, 8 * 5 = 40 bytes with no padding, `size` first.
+unsafe impl abi::Sized for udma_mapping_info {
+    const NAME: &'static str = "udma_mapping_info";
+}
+
+/// Maps `bytes` of fresh pinned memory (rounded up to whole pages of `page_size`, a
+/// `udma_page_size`) into the device's DMA space, on the device's NUMA node when it has one.
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for 0 bytes or a bad page size; `UDMA_ERR_EXHAUSTED`
+/// for too few hugepages (the message says how many to reserve) or IOVA space;
+/// `UDMA_ERR_REFUSED` for the memory-lock limit.
+///
+/// # Safety
+/// `mapping` points to a writable `udma_mapping *`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_memory_map(
+    device: *const udma_device,
+    bytes: u64,
+    page_size: u32,
+    mapping: *mut *mut udma_mapping,
+) -> udma_status {
+    call("udma_memory_map", || {
+        let out = abi::out(mapping, "mapping")?;
+        let d = self::device(device)?;
+        let len = self::bytes(bytes, "bytes")?;
+        let page = self::page_size(page_size)?;
+        let m = d
+            .runtime
+            .map_memory(len, page)
+            .map_err(|e| Fail::from(e).context(&d.name))?;
+        let key = MAPPINGS.insert(Arc::new(MappingEntry {
+            mapping: m,
+            device: d.name.clone(),
+        }))?;
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { out.write(key.to_ptr(Kind::Mapping)) };
+        Ok(())
+    })
+}
+
+/// The mapping's host address, length and IOVA.
+///
+/// # Safety
+/// `info` points to `info->size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn udma_mapping_get_info(
+    mapping: *const udma_mapping,
+    info: *mut udma_mapping_info,
+) -> udma_status {
+    call("udma_mapping_get_info", || {
+        let m = MAPPINGS.with(mapping, |_, m| Ok(Arc::clone(m)))?;
+        let value = udma_mapping_info {
+            size: 0,
+            host: m.mapping.as_ptr().as_ptr().cast(),
+            len: m.mapping.len() as u64,
+            iova: m.mapping.iova(0).map_or(0, |i| i.raw()),
+            contiguous: m.mapping.contiguous_len(0) as u64,
+        };
+        // SAFETY: per this function's contract.
+        unsafe { abi::write(info, "info", value) }
+    })
+}
+
+/// The IOVA of byte `offset` of the mapping, and how many bytes from there are contiguous in
+/// IOVA space (`contiguous` may be NULL).
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an offset past the end.
+///
+/// # Safety
+/// `iova` points to a writable `uint64_t`; `contiguous` is NULL or does.
+#[no_mangle]
+pub unsafe extern "C" fn udma_mapping_iova(
+    mapping: *const udma_mapping,
+    offset: u64,
+    iova: *mut u64,
+    contiguous: *mut u64,
+) -> udma_status {
+    call("udma_mapping_iova", || {
+        let out = abi::out(iova, "iova")?;
+        let m = MAPPINGS.with(mapping, |_, m| Ok(Arc::clone(m)))?;
+        let at = usize::try_from(offset)
+            .ok()
+            .and_then(|o| m.mapping.iova(o).map(|i| (o, i)));
+        let Some((o, i)) = at else {
+            return Err(Fail::invalid(format!(
+                "offset {offset} is past the end of the {}-byte mapping on {}",
+                m.mapping.len(),
+                m.device
+            )));
+        };
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { out.write(i.raw()) };
+        if !contiguous.is_null() {
+            // SAFETY: non-null; writable per this function's contract.
+            unsafe { contiguous.write(m.mapping.contiguous_len(o) as u64) };
+        }
+        Ok(())
+    })
+}
+
+/// Unmaps the memory from the device's DMA space and frees it. The device must not be
+/// using it any more (this library submits only pool buffers, which a mapping is not).
+///
+/// # Safety
+/// None (any value is checked, none is dereferenced).
+#[no_mangle]
+pub unsafe extern "C" fn udma_mapping_destroy(mapping: *mut udma_mapping) -> udma_status {
+    call("udma_mapping_destroy", || {
+        drop(MAPPINGS.remove_if(mapping, |_| Ok(()))?);
+        Ok(())
+    })
+}
+
+// ---- pools -----------------------------------------------------------------------------
+
+/// A buffer pool over memory mapped once into a device's DMA space, made by
+/// `udma_pool_create`, destroyed by `udma_pool_destroy` once every buffer is freed.
+#[derive(Debug)]
+pub struct udma_pool {
+    _opaque: [u8; 0],
+}
+
+/// One buffer from a pool: a host address, an IOVA and a length. Made by `udma_pool_alloc`,
+/// freed by `udma_pool_free`.
+#[derive(Debug)]
+pub struct udma_buffer {
+    _opaque: [u8; 0],
+}
+
+pub(crate) struct PoolEntry {
+    pool: Arc<Pool>,
+    device: String,
+    /// Buffers of this pool with a live handle (on the host or in a queue).
+    out: AtomicU64,
+}
+
+/// Where a buffer is.
+pub(crate) enum State {
+    /// On the host: the caller's.
+    Host(OwnedBuffer),
+    /// In queue `queue` (its handle value): the device's until the completion.
+    Queued { queue: u64, name: String },
+}
+
+pub(crate) struct BufferEntry {
+    pool: Arc<PoolEntry>,
+    pub(crate) state: State,
+    host: usize,
+    iova: u64,
+    len: u64,
+    capacity: u64,
+}
+
+static POOLS: Registry<Arc<PoolEntry>> = Registry::new(Kind::Pool);
+pub(crate) static BUFFERS: Registry<BufferEntry> = Registry::new(Kind::Buffer);
+
+/// How to make a pool. Zero is the default for every field but `bytes`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct udma_pool_options {
+    /// `sizeof(udma_pool_options)`.
+    pub size: usize,
+    /// Bytes of memory for the pool (required): mapped once, carved into buffers.
+    pub bytes: u64,
+    /// A `udma_page_size`; 0: base pages.
+    pub page_size: u32,
+    /// When nothing is free: 0 fails at once with `UDMA_ERR_EXHAUSTED`; otherwise waits up to
+    /// this many microseconds for a buffer to be freed first.
+    pub wait_us: u32,
+}
+
+// SAFETY: `repr(C)`, integers only, 8 + 8 + 4 + 4 = 24 bytes with no padding, `size` first.
+unsafe impl abi::Sized for udma_pool_options {
+    const NAME: &'static str = "udma_pool_options";
+}
+
+/// A snapshot of a pool's counters (`udma_pool_get_stats`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct udma_pool_stats {
+    /// `sizeof(udma_pool_stats)`.
+    pub size: usize,
+    /// Bytes buffers are carved from.
+    pub arena_bytes: u64,
+    /// The pool's chunk (slab) size.
+    pub chunk_bytes: u64,
+    /// The largest length `udma_pool_alloc` can ever satisfy.
+    pub max_len: u64,
+    /// Allocations, all sizes (this process).
+    pub allocs: u64,
+    /// Frees, all sizes (this process).
+    pub frees: u64,
+    /// Buffers in use now: `allocs - frees`.
+    pub in_use: u64,
+    /// Allocations served from the thread's cache.
+    pub cache_hits: u64,
+    /// Allocations above the largest size class (whole chunks).
+    pub large_allocs: u64,
+    /// Bytes held by such large buffers now.
+    pub large_in_use_bytes: u64,
+    /// Buffer handles alive now (on the host or in a queue): what `udma_pool_destroy` waits for.
+    pub handles: u64,
+}
+
+// SAFETY: `repr(C)`, integers only, 8 * 11 = 88 bytes with no padding, `size` first.
+unsafe impl abi::Sized for udma_pool_stats {
+    const NAME: &'static str = "udma_pool_stats";
+}
+
+/// Where a buffer is (`udma_buffer_info.state`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum udma_buffer_state {
+    /// On the host: read it, write it, submit it, free it.
+    UDMA_BUFFER_HOST = 0,
+    /// In a queue: the device's until its completion; not to be touched.
+    UDMA_BUFFER_IN_QUEUE = 1,
+}
+
+/// A buffer's addresses (`udma_buffer_get_info`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct udma_buffer_info {
+    /// `sizeof(udma_buffer_info)`.
+    pub size: usize,
+    /// The host address of byte 0. Read and write it only while `state` is
+    /// `UDMA_BUFFER_HOST`: the device may write it while it is in a queue.
+    pub host: *mut c_void,
+    /// The IOVA (device address) of byte 0; the buffer is contiguous in IOVA space.
+    pub iova: u64,
+    /// The length asked for.
+    pub len: u64,
+    /// Bytes it can hold (its block size).
+    pub capacity: u64,
+    /// A `udma_buffer_state`.
+    pub state: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+// SAFETY: `repr(C)`, a pointer and integers, 8 * 5 + 4 + 4 = 48 bytes with no padding, `size`
+// first.
+unsafe impl abi::Sized for udma_buffer_info {
+    const NAME: &'static str = "udma_buffer_info";
+}
+
+/// Makes a pool over `options->bytes` of fresh memory mapped into the device's DMA space.
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for 0 bytes, too few for a pool, or a bad page size;
+/// as `udma_memory_map` otherwise.
+///
+/// # Safety
+/// `options` points to `options->size` readable bytes; `pool` to a writable `udma_pool *`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_pool_create(
+    device: *const udma_device,
+    options: *const udma_pool_options,
+    pool: *mut *mut udma_pool,
+) -> udma_status {
+    call("udma_pool_create", || {
+        let out = abi::out(pool, "pool")?;
+        // SAFETY: per this function's contract.
+        let o = unsafe { abi::read(options, "options", udma_pool_options::default())? };
+        let d = self::device(device)?;
+        let len = bytes(o.bytes, "options->bytes")?;
+        let page = page_size(o.page_size)?;
+        let made = if o.wait_us == 0 {
+            d.runtime.pool(len, page)
+        } else {
+            let wait = std::time::Duration::from_micros(u64::from(o.wait_us));
+            let config = match page {
+                PageSize::Base => pool::Config::default().chunk_size(64 << 10),
+                _ => pool::Config::default(),
+            }
+            .exhaustion(pool::Exhaustion::Wait(wait));
+            d.runtime.pool_with(len, page, config)
+        };
+        let made = made.map_err(|e| Fail::from(e).context(&d.name))?;
+        let key = POOLS.insert(Arc::new(PoolEntry {
+            pool: made,
+            device: d.name.clone(),
+            out: AtomicU64::new(0),
+        }))?;
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { out.write(key.to_ptr(Kind::Pool)) };
+        Ok(())
+    })
+}
+
+/// Destroys a pool. Every buffer of it must be freed first (a buffer in a queue comes back
+/// with its completion, or with `udma_queue_destroy`).
+///
+/// Errors: `UDMA_ERR_BUSY` while buffers are out (the message says how many).
+///
+/// # Safety
+/// None (any value is checked, none is dereferenced).
+#[no_mangle]
+pub unsafe extern "C" fn udma_pool_destroy(pool: *mut udma_pool) -> udma_status {
+    call("udma_pool_destroy", || {
+        let entry = POOLS.remove_if(pool, |p| match p.out.load(Ordering::Acquire) {
+            0 => Ok(()),
+            n => Err(Fail::new(
+                udma_status::UDMA_ERR_BUSY,
+                format!(
+                    "the pool on {} has {n} buffers out (on the host or in queues): free \
+                     them first (udma_pool_free)",
+                    p.device
+                ),
+            )),
+        })?;
+        drop(entry);
+        Ok(())
+    })
+}
+
+fn pool_entry(ptr: *const udma_pool) -> Result<Arc<PoolEntry>, Fail> {
+    POOLS.with(ptr, |_, p| Ok(Arc::clone(p)))
+}
+
+fn alloc_one(p: &PoolEntry, len: u64) -> Result<OwnedBuffer, Fail> {
+    let max = p.pool.max_len() as u64;
+    if len == 0 || len > max {
+        return Err(Fail::invalid(format!(
+            "len {len} is out of range for the pool on {}: ask for 1 to {max} bytes",
+            p.device
+        )));
+    }
+    p.pool
+        .alloc_owned(len as usize)
+        .map_err(|e| lib(e).context(&p.device))
+}
+
+fn entry(pool: &Arc<PoolEntry>, buffer: OwnedBuffer) -> BufferEntry {
+    BufferEntry {
+        pool: Arc::clone(pool),
+        host: buffer.as_ptr().as_ptr().expose_provenance(),
+        iova: buffer.iova().raw(),
+        len: buffer.len() as u64,
+        capacity: buffer.capacity() as u64,
+        state: State::Host(buffer),
+    }
+}
+
+/// Allocates a buffer of `len` bytes (1 to the pool's `max_len`). No system call and no lock
+/// of the pool's on the fast path; the handle table takes one short lock.
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a length out of range; `UDMA_ERR_EXHAUSTED` when
+/// nothing is free (after waiting, with `wait_us`).
+///
+/// # Safety
+/// `buffer` points to a writable `udma_buffer *`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_pool_alloc(
+    pool: *const udma_pool,
+    len: u64,
+    buffer: *mut *mut udma_buffer,
+) -> udma_status {
+    call("udma_pool_alloc", || {
+        let out = abi::out(buffer, "buffer")?;
+        let p = pool_entry(pool)?;
+        // Counted first, so a concurrent destroy sees it.
+        p.out.fetch_add(1, Ordering::AcqRel);
+        let made = alloc_one(&p, len).and_then(|b| BUFFERS.insert(entry(&p, b)));
+        match made {
+            Ok(key) => {
+                // SAFETY: checked non-null; writable per this function's contract.
+                unsafe { out.write(key.to_ptr(Kind::Buffer)) };
+                Ok(())
+            }
+            Err(fail) => {
+                p.out.fetch_sub(1, Ordering::AcqRel);
+                Err(fail)
+            }
+        }
+    })
+}
+
+/// Allocates `count` buffers of `len` bytes each into `buffers[0..count]`: all or nothing
+/// (on an error no buffer is allocated and `buffers` is untouched).
+///
+/// Errors: as `udma_pool_alloc`.
+///
+/// # Safety
+/// `buffers` points to `count` writable `udma_buffer *`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_pool_alloc_bulk(
+    pool: *const udma_pool,
+    len: u64,
+    count: usize,
+    buffers: *mut *mut udma_buffer,
+) -> udma_status {
+    call("udma_pool_alloc_bulk", || {
+        let out = abi::out(buffers, "buffers")?;
+        let p = pool_entry(pool)?;
+        p.out.fetch_add(count as u64, Ordering::AcqRel);
+        let mut made = Vec::with_capacity(count);
+        let mut result = Ok(());
+        for i in 0..count {
+            match alloc_one(&p, len) {
+                Ok(b) => made.push(b),
+                Err(fail) => {
+                    result = Err(fail.context(format!("buffer {i} of {count}")));
+                    break;
+                }
+            }
+        }
+        let keys = result.and_then(|()| {
+            BUFFERS.with_all(|table| {
+                let mut keys: Vec<Key> = Vec::with_capacity(count);
+                for b in made.drain(..) {
+                    match table.insert(entry(&p, b)) {
+                        Ok(k) => keys.push(k),
+                        Err(fail) => {
+                            for k in keys {
+                                drop(table.remove(k));
+                            }
+                            return Err(fail);
+                        }
+                    }
+                }
+                Ok(keys)
+            })
+        });
+        match keys {
+            Ok(keys) => {
+                for (i, key) in keys.into_iter().enumerate() {
+                    // SAFETY: `i < count`, and `count` entries are writable per this
+                    // function's contract.
+                    unsafe { out.add(i).write(key.to_ptr(Kind::Buffer)) };
+                }
+                Ok(())
+            }
+            Err(fail) => {
+                drop(made);
+                p.out.fetch_sub(count as u64, Ordering::AcqRel);
+                Err(fail)
+            }
+        }
+    })
+}
+
+/// Checks that `b` (the handle `value`) may be freed into `p`.
+fn freeable(b: &BufferEntry, p: &Arc<PoolEntry>, value: u64) -> Result<(), Fail> {
+    if let State::Queued { name, .. } = &b.state {
+        return Err(Fail::new(
+            udma_status::UDMA_ERR_BUSY,
+            format!(
+                "buffer {value:#x} (IOVA {:#x}) is in {name}, which the device owns until its \
+                 completion: wait for it (udma_queue_wait, udma_queue_poll), which hands the \
+                 buffer back, then free it",
+                b.iova
+            ),
+        ));
+    }
+    if !Arc::ptr_eq(&b.pool, p) {
+        return Err(Fail::invalid(format!(
+            "buffer {value:#x} belongs to another pool (on {}): free it into its own pool",
+            b.pool.device
+        )));
+    }
+    Ok(())
+}
+
+/// Frees a buffer back into its pool. The handle is invalid from then on.
+///
+/// Errors: `UDMA_ERR_INVALID_HANDLE` for a buffer freed already (or not a buffer);
+/// `UDMA_ERR_BUSY` for a buffer in a queue (the device owns it until its completion);
+/// `UDMA_ERR_INVALID_ARGUMENT` for a buffer of another pool.
+///
+/// # Safety
+/// None (any value is checked, none is dereferenced).
+#[no_mangle]
+pub unsafe extern "C" fn udma_pool_free(
+    pool: *const udma_pool,
+    buffer: *mut udma_buffer,
+) -> udma_status {
+    call("udma_pool_free", || {
+        let p = pool_entry(pool)?;
+        let value = buffer.addr() as u64;
+        let freed = BUFFERS.remove_if(buffer, |b| freeable(b, &p, value))?;
+        p.out.fetch_sub(1, Ordering::AcqRel);
+        // Back to the pool outside the table's lock.
+        drop(freed);
+        Ok(())
+    })
+}
+
+/// Frees `count` buffers: all or nothing (if any one cannot be freed, none is, and the
+/// message names its index).
+///
+/// Errors: as `udma_pool_free`; `UDMA_ERR_INVALID_ARGUMENT` for a buffer listed twice.
+///
+/// # Safety
+/// `buffers` points to `count` readable `udma_buffer *`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_pool_free_bulk(
+    pool: *const udma_pool,
+    buffers: *const *mut udma_buffer,
+    count: usize,
+) -> udma_status {
+    call("udma_pool_free_bulk", || {
+        if buffers.is_null() && count > 0 {
+            return Err(Fail::null("buffers"));
+        }
+        let p = pool_entry(pool)?;
+        let list: &[*mut udma_buffer] = if count == 0 {
+            &[]
+        } else {
+            // SAFETY: non-null, `count` readable entries per this function's contract.
+            unsafe { std::slice::from_raw_parts(buffers, count) }
+        };
+        let freed = BUFFERS.with_all(|table| {
+            let mut keys = Vec::with_capacity(count);
+            let mut seen = HashSet::with_capacity(count);
+            for (i, &ptr) in list.iter().enumerate() {
+                let value = ptr.addr() as u64;
+                let check = table.decode(ptr).and_then(|key| {
+                    let b = table.get(key, value)?;
+                    freeable(b, &p, value)?;
+                    if !seen.insert(key) {
+                        return Err(Fail::invalid(format!("buffer {value:#x} is listed twice")));
+                    }
+                    Ok(key)
+                });
+                keys.push(check.map_err(|f| f.context(format!("buffers[{i}]")))?);
+            }
+            Ok::<_, Fail>(
+                keys.into_iter()
+                    .map(|k| table.remove(k))
+                    .collect::<Vec<_>>(),
+            )
+        })?;
+        p.out.fetch_sub(freed.len() as u64, Ordering::AcqRel);
+        drop(freed);
+        Ok(())
+    })
+}
+
+/// A snapshot of the pool's counters.
+///
+/// # Safety
+/// `stats` points to `stats->size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn udma_pool_get_stats(
+    pool: *const udma_pool,
+    stats: *mut udma_pool_stats,
+) -> udma_status {
+    call("udma_pool_get_stats", || {
+        let p = pool_entry(pool)?;
+        let s = p.pool.stats();
+        let sum = |f: fn(&pool::ClassStats) -> u64| s.classes.iter().map(f).sum::<u64>();
+        let large_live = s.large.allocs.saturating_sub(s.large.frees);
+        let value = udma_pool_stats {
+            size: 0,
+            arena_bytes: s.arena_bytes,
+            chunk_bytes: s.chunk_bytes,
+            max_len: p.pool.max_len() as u64,
+            allocs: sum(|c| c.allocs) + s.large.allocs,
+            frees: sum(|c| c.frees) + s.large.frees,
+            in_use: sum(|c| c.in_use) + large_live,
+            cache_hits: sum(|c| c.cache_hits),
+            large_allocs: s.large.allocs,
+            large_in_use_bytes: s.large.in_use_bytes,
+            handles: p.out.load(Ordering::Acquire),
+        };
+        // SAFETY: per this function's contract.
+        unsafe { abi::write(stats, "stats", value) }
+    })
+}
+
+/// The buffer's host address, IOVA, length and state.
+///
+/// # Safety
+/// `info` points to `info->size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn udma_buffer_get_info(
+    buffer: *const udma_buffer,
+    info: *mut udma_buffer_info,
+) -> udma_status {
+    call("udma_buffer_get_info", || {
+        let value = BUFFERS.with(buffer, |_, b| {
+            Ok(udma_buffer_info {
+                size: 0,
+                host: std::ptr::with_exposed_provenance_mut(b.host),
+                iova: b.iova,
+                len: b.len,
+                capacity: b.capacity,
+                state: match b.state {
+                    State::Host(_) => udma_buffer_state::UDMA_BUFFER_HOST as u32,
+                    State::Queued { .. } => udma_buffer_state::UDMA_BUFFER_IN_QUEUE as u32,
+                },
+                reserved: 0,
+            })
+        })?;
+        // SAFETY: per this function's contract.
+        unsafe { abi::write(info, "info", value) }
+    })
+}
+
+/// Runs `f` on a buffer that is on the host.
+fn on_host<R>(
+    buffer: *const udma_buffer,
+    f: impl FnOnce(&OwnedBuffer) -> Result<R, Fail>,
+) -> Result<R, Fail> {
+    BUFFERS.with(buffer, |key, b| match &b.state {
+        State::Host(owned) => f(owned),
+        State::Queued { name, .. } => Err(Fail::new(
+            udma_status::UDMA_ERR_BUSY,
+            format!(
+                "buffer {:#x} (IOVA {:#x}) is in {name}: the device owns it until its \
+                 completion hands it back",
+                key.value(Kind::Buffer),
+                b.iova
+            ),
+        )),
+    })
+}
+
+fn range(owned: &OwnedBuffer, offset: u64, len: usize) -> Result<usize, Fail> {
+    let end = offset.checked_add(len as u64);
+    match end {
+        Some(end) if end <= owned.len() as u64 => Ok(offset as usize),
+        _ => Err(Fail::invalid(format!(
+            "{len} bytes at offset {offset} run past the buffer's {} bytes (IOVA {:#x})",
+            owned.len(),
+            owned.iova().raw()
+        ))),
+    }
+}
+
+/// Copies `len` bytes from `src` into the buffer at `offset`.
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a range past the buffer's length; `UDMA_ERR_BUSY`
+/// for a buffer in a queue.
+///
+/// # Safety
+/// `src` points to `len` readable bytes (or `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn udma_buffer_write(
+    buffer: *const udma_buffer,
+    offset: u64,
+    src: *const c_void,
+    len: usize,
+) -> udma_status {
+    call("udma_buffer_write", || {
+        if src.is_null() && len > 0 {
+            return Err(Fail::null("src"));
+        }
+        on_host(buffer, |owned| {
+            let at = range(owned, offset, len)?;
+            if len == 0 {
+                return Ok(());
+            }
+            // SAFETY: non-null, `len` readable bytes per this function's contract.
+            let bytes = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) };
+            owned.write(at, bytes).map_err(lib)
+        })
+    })
+}
+
+/// Copies `len` bytes of the buffer at `offset` into `dst`.
+///
+/// Errors: as `udma_buffer_write`.
+///
+/// # Safety
+/// `dst` points to `len` writable bytes (or `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn udma_buffer_read(
+    buffer: *const udma_buffer,
+    offset: u64,
+    dst: *mut c_void,
+    len: usize,
+) -> udma_status {
+    call("udma_buffer_read", || {
+        if dst.is_null() && len > 0 {
+            return Err(Fail::null("dst"));
+        }
+        on_host(buffer, |owned| {
+            let at = range(owned, offset, len)?;
+            if len == 0 {
+                return Ok(());
+            }
+            // SAFETY: non-null, `len` writable bytes per this function's contract; not
+            // aliased by the buffer (the pool's memory is not the caller's `dst`... unless the
+            // caller passes the buffer's own host address, which `read` copies through
+            // volatile loads into it byte-wise: still defined).
+            let bytes = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), len) };
+            owned.read(at, bytes).map_err(lib)
+        })
+    })
+}
+
+// ---- for the queue module ------------------------------------------------------------------
+
+/// Takes the buffer `ptr` out of its slot for queue `queue` (named `name`), checking that it
+/// is on the host and that `[offset, offset + len)` lies inside it; returns its key, its
+/// buffer and the IOVA of `offset`.
+pub(crate) fn take_for_queue(
+    ptr: *const udma_buffer,
+    offset: u64,
+    len: u64,
+    queue: u64,
+    name: &str,
+) -> Result<(Key, OwnedBuffer, u64), Fail> {
+    BUFFERS.with(ptr, |key, b| {
+        let State::Host(owned) = &b.state else {
+            let State::Queued { name: other, .. } = &b.state else {
+                unreachable!()
+            };
+            return Err(Fail::new(
+                udma_status::UDMA_ERR_BUSY,
+                format!(
+                    "buffer {:#x} is in {other} already: submit it again after its completion",
+                    key.value(Kind::Buffer)
+                ),
+            ));
+        };
+        let end = offset.checked_add(len);
+        let iova = match end {
+            Some(end) if end <= owned.len() as u64 => owned.iova_at(offset as usize),
+            _ => None,
+        };
+        let Some(iova) = iova else {
+            return Err(Fail::invalid(format!(
+                "{len} bytes at offset {offset} run past buffer {:#x}'s {} bytes (IOVA {:#x})",
+                key.value(Kind::Buffer),
+                owned.len(),
+                owned.iova().raw()
+            )));
+        };
+        let queued = State::Queued {
+            queue,
+            name: name.to_owned(),
+        };
+        let State::Host(owned) = std::mem::replace(&mut b.state, queued) else {
+            unreachable!()
+        };
+        Ok((key, owned, iova.raw()))
+    })
+}
+
+/// Puts a buffer back on the host, under its handle (a completion, a refused submission).
+pub(crate) fn give_back(key: Key, buffer: OwnedBuffer) {
+    BUFFERS.with_all(|table| {
+        if let Ok(b) = table.get(key, key.value(Kind::Buffer)) {
+            b.state = State::Host(buffer);
+        }
+    });
+}
+
+/// Forgets the buffers queue `queue` held when the device could not be stopped: their
+/// memory stays with the device (leaked on purpose), their handles become invalid.
+pub(crate) fn forget_queued(queue: u64) {
+    BUFFERS.with_all(|table| {
+        let keys: Vec<Key> = table
+            .iter_mut()
+            .filter(|(_, b)| matches!(&b.state, State::Queued { queue: q, .. } if *q == queue))
+            .map(|(k, _)| k)
+            .collect();
+        for k in keys {
+            let b = table.remove(k);
+            b.pool.out.fetch_sub(1, Ordering::AcqRel);
+        }
+    });
+}

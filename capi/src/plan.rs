@@ -1,0 +1,363 @@
+//! Planning: a tensor list in, every tensor's offset in one arena out, with the figures to
+//! judge the plan by (`udma_plan_get_report`). Pure: no device involved.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use udma::plan::{self, Budget, Kind as TensorKind, Options, Strategy, Tensor};
+
+use crate::abi;
+use crate::error::{call, udma_status, Fail};
+use crate::handle::{Kind, Registry};
+
+/// A plan, made by `udma_plan_create`, destroyed by `udma_plan_destroy`.
+#[derive(Debug)]
+pub struct udma_plan {
+    _opaque: [u8; 0],
+}
+
+struct PlanEntry {
+    plan: plan::Plan,
+    by_id: HashMap<u64, usize>,
+}
+
+static PLANS: Registry<Arc<PlanEntry>> = Registry::new(Kind::Plan);
+
+/// `udma_tensor.kind`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum udma_tensor_kind {
+    /// Produced and consumed inside the model (the default).
+    UDMA_TENSOR_INTERMEDIATE = 0,
+    /// A graph input, written by the application.
+    UDMA_TENSOR_INPUT = 1,
+    /// A graph output, read by the application after the run.
+    UDMA_TENSOR_OUTPUT = 2,
+}
+
+/// `udma_tensor.flags`: the tensor is pinned at `offset`.
+pub const UDMA_TENSOR_FIXED: u32 = 1;
+
+/// One tensor of the list to plan. Zero is the default for every field but `bytes` and the
+/// interval.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct udma_tensor {
+    /// `sizeof(udma_tensor)`: also the stride of the array (every element's `size` must be
+    /// the first's).
+    pub size: usize,
+    /// Unique id within the list.
+    pub id: u64,
+    /// Size in bytes (more than zero).
+    pub bytes: u64,
+    /// With `UDMA_TENSOR_FIXED`: its offset in the arena (a multiple of the alignment).
+    pub offset: u64,
+    /// The step that produces it.
+    pub first: u32,
+    /// The last step that reads it (`first <= last`).
+    pub last: u32,
+    /// A `udma_tensor_kind`.
+    pub kind: u32,
+    /// `UDMA_TENSOR_FIXED` or 0.
+    pub flags: u32,
+}
+
+// SAFETY: `repr(C)`, integers only, 8 * 4 + 4 * 4 = 48 bytes with no padding, `size` first.
+unsafe impl abi::Sized for udma_tensor {
+    const NAME: &'static str = "udma_tensor";
+}
+
+/// `udma_plan_options.strategy` (and `udma_plan_report.strategy`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum udma_plan_strategy {
+    /// Every heuristic, then the exact search; the report names the winner (the default).
+    UDMA_PLAN_AUTO = 0,
+    /// Conflict graph and greedy colouring.
+    UDMA_PLAN_COLOUR = 1,
+    /// Non-increasing size, smallest fitting gap (TFLite's arena planner).
+    UDMA_PLAN_GREEDY_SIZE = 2,
+    /// In production order, the lowest fitting offset.
+    UDMA_PLAN_FIRST_FIT = 3,
+    /// Online best fit.
+    UDMA_PLAN_BEST_FIT = 4,
+    /// Branch and bound from the best heuristic, to the lower bound or the budget.
+    UDMA_PLAN_EXACT = 5,
+}
+
+const STRATEGIES: [Strategy; 6] = [
+    Strategy::Auto,
+    Strategy::Colour,
+    Strategy::GreedySize,
+    Strategy::FirstFit,
+    Strategy::BestFit,
+    Strategy::Exact,
+];
+
+/// How to plan. Zero is the default for every field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct udma_plan_options {
+    /// `sizeof(udma_plan_options)`.
+    pub size: usize,
+    /// Every offset and size is rounded to this (a power of two); 0: 256.
+    pub align: u64,
+    /// Search nodes the exact search may visit (reproducible on any machine); 0: 100000.
+    pub search_nodes: u64,
+    /// A `udma_plan_strategy`; 0: `UDMA_PLAN_AUTO`.
+    pub strategy: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+// SAFETY: `repr(C)`, integers only, 8 * 3 + 4 + 4 = 32 bytes with no padding, `size` first.
+unsafe impl abi::Sized for udma_plan_options {
+    const NAME: &'static str = "udma_plan_options";
+}
+
+/// What a plan achieved (`udma_plan_get_report`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct udma_plan_report {
+    /// `sizeof(udma_plan_report)`.
+    pub size: usize,
+    /// The arena size: the end of the highest tensor.
+    pub arena_bytes: u64,
+    /// No arena can be smaller than this (the peak of live bytes).
+    pub lower_bound_bytes: u64,
+    /// Every tensor in its own range.
+    pub naive_bytes: u64,
+    /// The alignment of every offset.
+    pub align: u64,
+    /// How long planning took, in nanoseconds.
+    pub elapsed_ns: u64,
+    /// The step at which the lower bound's bytes are live.
+    pub lower_bound_step: u32,
+    /// The `udma_plan_strategy` that produced the offsets.
+    pub strategy: u32,
+    /// 1: proven that no smaller arena exists; 0: not proven.
+    pub optimal: u32,
+    /// Tensors planned.
+    pub tensors: u32,
+}
+
+// SAFETY: `repr(C)`, integers only, 8 * 6 + 4 * 4 = 64 bytes with no padding, `size` first.
+unsafe impl abi::Sized for udma_plan_report {
+    const NAME: &'static str = "udma_plan_report";
+}
+
+fn tensor(t: &udma_tensor, i: usize) -> Result<Tensor, Fail> {
+    let at = |f: Fail| f.context(format!("tensors[{i}]"));
+    let kind = match t.kind {
+        0 => TensorKind::Intermediate,
+        1 => TensorKind::Input,
+        2 => TensorKind::Output,
+        other => {
+            return Err(at(Fail::invalid(format!(
+                "kind {other} is not a udma_tensor_kind (0 to 2)"
+            ))))
+        }
+    };
+    if t.flags & !UDMA_TENSOR_FIXED != 0 {
+        return Err(at(Fail::invalid(format!(
+            "flags {:#x} has bits that are not UDMA_TENSOR_* flags",
+            t.flags
+        ))));
+    }
+    let mut tensor = Tensor::new(t.id, t.bytes, t.first, t.last).kind(kind);
+    if t.flags & UDMA_TENSOR_FIXED != 0 {
+        tensor = tensor.fixed(t.offset);
+    }
+    Ok(tensor)
+}
+
+/// Plans `tensors[0..count]` (each element `tensors[0].size` bytes apart) into one arena.
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a malformed list (the message names the tensor: a
+/// zero size, an interval backwards, an id used twice, a fixed offset misaligned or
+/// colliding) or options.
+///
+/// # Safety
+/// `tensors` points to `count` elements of `tensors[0].size` readable bytes each; `options`
+/// is NULL or points to `options->size` readable bytes; `plan` to a writable `udma_plan *`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_plan_create(
+    tensors: *const udma_tensor,
+    count: usize,
+    options: *const udma_plan_options,
+    plan: *mut *mut udma_plan,
+) -> udma_status {
+    call("udma_plan_create", || {
+        let out = abi::out(plan, "plan")?;
+        if count == 0 {
+            return Err(Fail::invalid("count is 0: pass at least one tensor"));
+        }
+        // SAFETY: per this function's contract (checks NULL).
+        let first = unsafe { abi::read(tensors, "tensors[0]", udma_tensor::default())? };
+        let stride = first.size;
+        let mut list = Vec::with_capacity(count);
+        for i in 0..count {
+            // SAFETY: element `i` lies `i * stride` bytes in, readable per this function's
+            // contract.
+            let ptr = unsafe { tensors.cast::<u8>().add(i * stride) }.cast::<udma_tensor>();
+            // SAFETY: as above; `read` reads the element's own `size` bytes at most.
+            let size = unsafe { ptr.cast::<usize>().read_unaligned() };
+            if size != stride {
+                return Err(Fail::invalid(format!(
+                    "tensors[{i}].size is {size}, tensors[0].size {stride}: set every size \
+                     to sizeof(udma_tensor)"
+                )));
+            }
+            // SAFETY: as above.
+            let t = unsafe { abi::read(ptr, "tensor", udma_tensor::default())? };
+            list.push(tensor(&t, i)?);
+        }
+        let o = if options.is_null() {
+            udma_plan_options::default()
+        } else {
+            // SAFETY: non-null; readable per this function's contract.
+            unsafe { abi::read(options, "options", udma_plan_options::default())? }
+        };
+        let strategy = *STRATEGIES.get(o.strategy as usize).ok_or_else(|| {
+            Fail::invalid(format!(
+                "strategy {} is not a udma_plan_strategy (0 to 5)",
+                o.strategy
+            ))
+        })?;
+        let opts = Options {
+            align: if o.align == 0 {
+                plan::DEFAULT_ALIGN
+            } else {
+                o.align
+            },
+            ..Options::default()
+        };
+        let budget = Budget::Nodes(if o.search_nodes == 0 {
+            100_000
+        } else {
+            o.search_nodes
+        });
+        let made =
+            plan::plan(&list, &opts, strategy, budget).map_err(|e| Fail::invalid(e.to_string()))?;
+        made.validate(&list).map_err(|e| {
+            Fail::new(
+                udma_status::UDMA_ERR_INTERNAL,
+                format!("the planner's result failed its own check: {e}"),
+            )
+        })?;
+        let by_id = made
+            .placements
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.id, i))
+            .collect();
+        let key = PLANS.insert(Arc::new(PlanEntry { plan: made, by_id }))?;
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { out.write(key.to_ptr(Kind::Plan)) };
+        Ok(())
+    })
+}
+
+fn entry(ptr: *const udma_plan) -> Result<Arc<PlanEntry>, Fail> {
+    PLANS.with(ptr, |_, p| Ok(Arc::clone(p)))
+}
+
+/// The arena offset of tensor `id`.
+///
+/// Errors: `UDMA_ERR_NOT_FOUND` for an id the plan does not have.
+///
+/// # Safety
+/// `offset` points to a writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_plan_offset(
+    plan: *const udma_plan,
+    id: u64,
+    offset: *mut u64,
+) -> udma_status {
+    call("udma_plan_offset", || {
+        let out = abi::out(offset, "offset")?;
+        let p = entry(plan)?;
+        let &i = p.by_id.get(&id).ok_or_else(|| {
+            Fail::new(
+                udma_status::UDMA_ERR_NOT_FOUND,
+                format!("the plan has no tensor {id}"),
+            )
+        })?;
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { out.write(p.plan.placements[i].offset) };
+        Ok(())
+    })
+}
+
+/// Every tensor's offset, in the order given to `udma_plan_create`, into
+/// `offsets[0..count]`; `count` must be the number of tensors.
+///
+/// # Safety
+/// `offsets` points to `count` writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_plan_offsets(
+    plan: *const udma_plan,
+    offsets: *mut u64,
+    count: usize,
+) -> udma_status {
+    call("udma_plan_offsets", || {
+        let out = abi::out(offsets, "offsets")?;
+        let p = entry(plan)?;
+        let n = p.plan.placements.len();
+        if count != n {
+            return Err(Fail::invalid(format!(
+                "count is {count}, but the plan has {n} tensors"
+            )));
+        }
+        for (i, placement) in p.plan.placements.iter().enumerate() {
+            // SAFETY: `i < count` writable entries per this function's contract.
+            unsafe { out.add(i).write(placement.offset) };
+        }
+        Ok(())
+    })
+}
+
+/// The plan's figures: arena size, lower bound, naive size, strategy, optimality.
+///
+/// # Safety
+/// `report` points to `report->size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn udma_plan_get_report(
+    plan: *const udma_plan,
+    report: *mut udma_plan_report,
+) -> udma_status {
+    call("udma_plan_get_report", || {
+        let p = entry(plan)?;
+        let r = &p.plan;
+        let strategy = STRATEGIES
+            .iter()
+            .position(|s| *s == r.strategy)
+            .unwrap_or(0) as u32;
+        let value = udma_plan_report {
+            size: 0,
+            arena_bytes: r.arena_bytes,
+            lower_bound_bytes: r.lower_bound.bytes,
+            naive_bytes: r.naive_bytes,
+            align: r.align,
+            elapsed_ns: u64::try_from(r.elapsed.as_nanos()).unwrap_or(u64::MAX),
+            lower_bound_step: r.lower_bound.step,
+            strategy,
+            optimal: u32::from(r.optimal),
+            tensors: r.placements.len() as u32,
+        };
+        // SAFETY: per this function's contract.
+        unsafe { abi::write(report, "report", value) }
+    })
+}
+
+/// Destroys a plan.
+///
+/// # Safety
+/// None (any value is checked, none is dereferenced).
+#[no_mangle]
+pub unsafe extern "C" fn udma_plan_destroy(plan: *mut udma_plan) -> udma_status {
+    call("udma_plan_destroy", || {
+        drop(PLANS.remove_if(plan, |_| Ok(()))?);
+        Ok(())
+    })
+}

@@ -1,0 +1,730 @@
+/* The C API's tests, against the loopback device: every call's success path and every error
+ * path the header documents, each error checked for its status and its message. Built with
+ * -std=c11 -Wall -Wextra -Wpedantic -Werror; run under ASan+UBSan and under Valgrind
+ * (scripts/capi-test.sh). */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static const uint64_t SECOND = 1000000000ull;
+
+static udma_device *loopback(void)
+{
+	udma_loopback_options o = {.size = sizeof o, .cost_model = UDMA_COST_ZERO,
+				   .memory_bytes = 1 << 20, .queues = 4};
+	udma_device *dev = NULL;
+	OK(udma_device_open_loopback(&o, &dev));
+	return dev;
+}
+
+static udma_pool *pool_of(udma_device *dev, uint64_t bytes)
+{
+	udma_pool_options o = {.size = sizeof o, .bytes = bytes};
+	udma_pool *pool = NULL;
+	OK(udma_pool_create(dev, &o, &pool));
+	return pool;
+}
+
+static udma_buffer_info info_of(const udma_buffer *b)
+{
+	udma_buffer_info info = {.size = sizeof info};
+	OK(udma_buffer_get_info(b, &info));
+	return info;
+}
+
+/* ---- versions, statuses ------------------------------------------------------------- */
+
+static void test_version(void)
+{
+	CHECK(udma_version() == UDMA_VERSION);
+	CHECK(UDMA_VERSION == ((UDMA_VERSION_MAJOR << 16) | (UDMA_VERSION_MINOR << 8) |
+			       UDMA_VERSION_PATCH));
+	char text[32];
+	snprintf(text, sizeof text, "%d.%d.%d", UDMA_VERSION_MAJOR, UDMA_VERSION_MINOR,
+		 UDMA_VERSION_PATCH);
+	CHECK(strcmp(udma_version_string(), text) == 0);
+	CHECK(strcmp(udma_status_name(UDMA_OK), "UDMA_OK") == 0);
+	CHECK(strcmp(udma_status_name(UDMA_ERR_INTERNAL), "UDMA_ERR_INTERNAL") == 0);
+	CHECK(strcmp(udma_status_name(12345), "UDMA_ERR_UNKNOWN") == 0);
+	CHECK(strcmp(udma_op_status_name(9), "host-unmapped") == 0);
+	CHECK(strcmp(udma_op_status_name(999), "unknown") == 0);
+	CHECK(UDMA_ERR_INVALID_ARGUMENT == 1 && UDMA_ERR_SYSTEM == 9);
+}
+
+/* ---- devices ------------------------------------------------------------------------ */
+
+static void test_device_loopback(void)
+{
+	udma_device *dev = NULL;
+	OK(udma_device_open_loopback(NULL, &dev)); /* the defaults: the NPU cost model */
+	udma_device_info info = {.size = sizeof info};
+	OK(udma_device_get_info(dev, &info));
+	CHECK(info.kind == UDMA_DEVICE_LOOPBACK);
+	CHECK(info.vectors == 4);
+	CHECK(info.memory_bytes == 64u << 20);
+	CHECK(info.numa_node == -1);
+	CHECK(strcmp(info.name, "loopback0") == 0);
+	OK(udma_device_close(dev));
+	FAILS(udma_device_close(dev), UDMA_ERR_INVALID_HANDLE, "destroyed already");
+	FAILS(udma_device_get_info(dev, &info), UDMA_ERR_INVALID_HANDLE, "destroyed already");
+
+	udma_loopback_options o = {.size = sizeof o, .cost_model = UDMA_COST_ZERO, .queues = 2,
+				   .memory_bytes = 1 << 20};
+	OK(udma_device_open_loopback(&o, &dev));
+	OK(udma_device_get_info(dev, &info));
+	CHECK(info.vectors == 2 && info.memory_bytes == 1 << 20);
+	int fd = -1;
+	OK(udma_device_interrupt_fd(dev, 1, &fd));
+	CHECK(fd >= 0);
+	if (fd >= 0)
+		close(fd);
+	FAILS(udma_device_interrupt_fd(dev, 7, &fd), UDMA_ERR_NOT_FOUND, "loopback0");
+	FAILS(udma_device_interrupt_fd(dev, 0, NULL), UDMA_ERR_INVALID_ARGUMENT, "fd is NULL");
+	OK(udma_device_close(dev));
+}
+
+static void test_device_options(void)
+{
+	udma_device *dev = NULL;
+	FAILS(udma_device_open_loopback(NULL, NULL), UDMA_ERR_INVALID_ARGUMENT, "device is NULL");
+	udma_loopback_options o = {.size = 0};
+	FAILS(udma_device_open_loopback(&o, &dev), UDMA_ERR_INVALID_ARGUMENT,
+	      "set it to sizeof(udma_loopback_options)");
+	o = (udma_loopback_options){.size = sizeof o, .cost_model = 7};
+	FAILS(udma_device_open_loopback(&o, &dev), UDMA_ERR_INVALID_ARGUMENT, "cost_model 7");
+	o = (udma_loopback_options){.size = sizeof o, .queues = 1000};
+	FAILS(udma_device_open_loopback(&o, &dev), UDMA_ERR_INVALID_ARGUMENT, "1000");
+	o = (udma_loopback_options){.size = sizeof o, .flags = 0x80};
+	FAILS(udma_device_open_loopback(&o, &dev), UDMA_ERR_INVALID_ARGUMENT, "flags 0x80");
+
+	/* A program built against an older, smaller struct: only `size` and `memory_bytes`. */
+	struct {
+		size_t size;
+		uint64_t memory_bytes;
+	} old = {sizeof old, 2 << 20};
+	OK(udma_device_open_loopback((const udma_loopback_options *)(const void *)&old, &dev));
+	udma_device_info info = {.size = sizeof info};
+	OK(udma_device_get_info(dev, &info));
+	CHECK(info.memory_bytes == 2 << 20 && info.vectors == 4);
+	/* An older, smaller info struct gets its prefix only. */
+	struct {
+		size_t size;
+		uint64_t memory_bytes;
+		uint32_t kind;
+		uint32_t sentinel;
+	} small = {offsetof(udma_device_info, vectors), 0, 99, 0xabcdu};
+	OK(udma_device_get_info(dev, (udma_device_info *)(void *)&small));
+	CHECK(small.memory_bytes == 2 << 20 && small.kind == UDMA_DEVICE_LOOPBACK);
+	CHECK(small.sentinel == 0xabcdu);
+	OK(udma_device_close(dev));
+
+	/* A newer, larger struct: unknown bytes at zero are fine, set ones are refused. */
+	struct {
+		udma_loopback_options current;
+		uint64_t newer;
+	} big = {{.size = sizeof big, .cost_model = UDMA_COST_ZERO}, 0};
+	OK(udma_device_open_loopback(&big.current, &dev));
+	OK(udma_device_close(dev));
+	big.newer = 1;
+	FAILS(udma_device_open_loopback(&big.current, &dev), UDMA_ERR_UNSUPPORTED,
+	      "knows its first 40 bytes only");
+}
+
+static void test_device_pci(void)
+{
+	udma_device *dev = NULL;
+	FAILS(udma_device_open_pci(NULL, NULL, &dev), UDMA_ERR_INVALID_ARGUMENT, "bdf is NULL");
+	FAILS(udma_device_open_pci("not-a-bdf", NULL, &dev), UDMA_ERR_INVALID_ARGUMENT,
+	      "is not a PCI address");
+	/* No such function on any machine (bus 0xff, device 0x1f, function 7 of domain 0xfffe). */
+	FAILS(udma_device_open_pci("fffe:ff:1f.7", NULL, &dev), UDMA_ERR_NOT_FOUND, "fffe:ff:1f.7");
+	udma_pci_options o = {.size = sizeof o, .backend = 9};
+	FAILS(udma_device_open_pci("fffe:ff:1f.7", &o, &dev), UDMA_ERR_INVALID_ARGUMENT,
+	      "backend 9");
+	o = (udma_pci_options){.size = sizeof o, .backend = UDMA_PCI_UIO,
+			       .flags = UDMA_PCI_ALLOW_NOIOMMU};
+	FAILS(udma_device_open_pci("fffe:ff:1f.7", &o, &dev), UDMA_ERR_INVALID_ARGUMENT,
+	      "UIO takes no flags");
+	o = (udma_pci_options){.size = sizeof o, .flags = 0x40};
+	FAILS(udma_device_open_pci("fffe:ff:1f.7", &o, &dev), UDMA_ERR_INVALID_ARGUMENT,
+	      "flags 0x40");
+	o = (udma_pci_options){.size = sizeof o, .backend = UDMA_PCI_VFIO, .irq_kind = 8};
+	FAILS(udma_device_open_pci("fffe:ff:1f.7", &o, &dev), UDMA_ERR_INVALID_ARGUMENT,
+	      "irq_kind 8");
+}
+
+static void test_handles(void)
+{
+	udma_device_info info = {.size = sizeof info};
+	FAILS(udma_device_get_info(NULL, &info), UDMA_ERR_INVALID_HANDLE, "device handle is NULL");
+	int local = 0;
+	const udma_device *foreign = (const udma_device *)(const void *)&local;
+	FAILS(udma_device_get_info(foreign, &info), UDMA_ERR_INVALID_HANDLE,
+	      "not a device handle made by this library");
+	udma_device *dev = loopback();
+	udma_pool *pool = pool_of(dev, 4 << 20);
+	/* A handle of one kind passed as another. */
+	FAILS(udma_device_get_info((const udma_device *)(const void *)pool, &info),
+	      UDMA_ERR_INVALID_HANDLE, "is a pool handle, not a device handle");
+	FAILS(udma_device_get_info(dev, NULL), UDMA_ERR_INVALID_ARGUMENT, "info is NULL");
+	/* Closing the device first is fine: the pool keeps what it needs. */
+	OK(udma_device_close(dev));
+	udma_buffer *b = NULL;
+	OK(udma_pool_alloc(pool, 100, &b));
+	OK(udma_pool_free(pool, b));
+	OK(udma_pool_destroy(pool));
+	FAILS(udma_pool_destroy(pool), UDMA_ERR_INVALID_HANDLE, "pool handle");
+}
+
+/* ---- memory ------------------------------------------------------------------------- */
+
+static void test_mapping(void)
+{
+	udma_device *dev = loopback();
+	udma_mapping *m = NULL;
+	OK(udma_memory_map(dev, 60000, UDMA_PAGE_BASE, &m));
+	udma_mapping_info info = {.size = sizeof info};
+	OK(udma_mapping_get_info(m, &info));
+	CHECK(info.len == 61440); /* whole 4 KiB pages */
+	CHECK(info.host != NULL && info.contiguous >= 4096 && info.contiguous <= info.len);
+	memset(info.host, 0x5a, (size_t)info.len);
+	uint64_t iova = 0, contiguous = 0;
+	OK(udma_mapping_iova(m, 4096, &iova, &contiguous));
+	CHECK(contiguous >= 1 && contiguous <= info.len - 4096);
+	OK(udma_mapping_iova(m, 0, &iova, NULL));
+	CHECK(iova == info.iova);
+	FAILS(udma_mapping_iova(m, info.len, &iova, NULL), UDMA_ERR_INVALID_ARGUMENT,
+	      "past the end of the 61440-byte mapping on loopback0");
+	FAILS(udma_memory_map(dev, 0, UDMA_PAGE_BASE, &m), UDMA_ERR_INVALID_ARGUMENT, "bytes is 0");
+	FAILS(udma_memory_map(dev, 4096, 7, &m), UDMA_ERR_INVALID_ARGUMENT, "page size 7");
+	OK(udma_mapping_destroy(m));
+	FAILS(udma_mapping_destroy(m), UDMA_ERR_INVALID_HANDLE, "destroyed already");
+	/* Hugepages: mapped if the machine has them reserved, otherwise a message saying so. */
+	enum udma_status s = udma_memory_map(dev, 2 << 20, UDMA_PAGE_2M, &m);
+	if (s == UDMA_OK) {
+		OK(udma_mapping_get_info(m, &info));
+		CHECK(info.len == 2 << 20 && info.contiguous == info.len);
+		OK(udma_mapping_destroy(m));
+	} else {
+		CHECK(s == UDMA_ERR_EXHAUSTED || s == UDMA_ERR_REFUSED || s == UDMA_ERR_SYSTEM);
+		CHECK(strstr(udma_last_error(), "udma_memory_map: loopback0") != NULL);
+	}
+	OK(udma_device_close(dev));
+}
+
+static void test_pool(void)
+{
+	udma_device *dev = loopback();
+	udma_pool *pool = pool_of(dev, 4 << 20);
+	udma_buffer *b = NULL;
+	OK(udma_pool_alloc(pool, 4000, &b));
+	udma_buffer_info info = info_of(b);
+	CHECK(info.len == 4000 && info.capacity == 4096 && info.state == UDMA_BUFFER_HOST);
+	CHECK(info.host != NULL && info.iova % 256 == 0);
+	/* Through the host address (zero-copy) and through the library. */
+	memset(info.host, 0xab, 4000);
+	const char text[] = "through the library";
+	OK(udma_buffer_write(b, 100, text, sizeof text));
+	char back[sizeof text];
+	OK(udma_buffer_read(b, 100, back, sizeof back));
+	CHECK(memcmp(back, text, sizeof text) == 0);
+	CHECK(((unsigned char *)info.host)[99] == 0xab);
+	FAILS(udma_buffer_write(b, 3990, text, sizeof text), UDMA_ERR_INVALID_ARGUMENT,
+	      "run past the buffer's 4000 bytes");
+	FAILS(udma_buffer_read(b, UINT64_MAX, back, 2), UDMA_ERR_INVALID_ARGUMENT, "run past");
+	FAILS(udma_buffer_read(b, 0, NULL, 2), UDMA_ERR_INVALID_ARGUMENT, "dst is NULL");
+
+	/* Sizes out of range. */
+	udma_buffer *none = NULL;
+	FAILS(udma_pool_alloc(pool, 0, &none), UDMA_ERR_INVALID_ARGUMENT, "len 0 is out of range");
+	FAILS(udma_pool_alloc(pool, 1ull << 40, &none), UDMA_ERR_INVALID_ARGUMENT,
+	      "ask for 1 to");
+	FAILS(udma_pool_alloc(pool, 64, NULL), UDMA_ERR_INVALID_ARGUMENT, "buffer is NULL");
+	CHECK(none == NULL);
+
+	/* Freed twice; freed into another pool. */
+	udma_pool *other = pool_of(dev, 4 << 20);
+	FAILS(udma_pool_free(other, b), UDMA_ERR_INVALID_ARGUMENT, "belongs to another pool");
+	FAILS(udma_pool_destroy(pool), UDMA_ERR_BUSY, "has 1 buffers out");
+	OK(udma_pool_free(pool, b));
+	FAILS(udma_pool_free(pool, b), UDMA_ERR_INVALID_HANDLE, "freed already");
+	FAILS(udma_buffer_get_info(b, &info), UDMA_ERR_INVALID_HANDLE, "freed already");
+	FAILS(udma_pool_free(pool, NULL), UDMA_ERR_INVALID_HANDLE, "buffer handle is NULL");
+
+	/* Bulk: all or nothing. */
+	udma_buffer *many[16] = {0};
+	OK(udma_pool_alloc_bulk(pool, 1024, 16, many));
+	for (int i = 0; i < 16; i++) {
+		CHECK(many[i] != NULL);
+		for (int j = 0; j < i; j++)
+			CHECK(info_of(many[i]).iova != info_of(many[j]).iova);
+	}
+	udma_buffer *twice[3] = {many[0], many[1], many[0]};
+	FAILS(udma_pool_free_bulk(pool, twice, 3), UDMA_ERR_INVALID_ARGUMENT,
+	      "buffers[2]: buffer");
+	CHECK(strstr(udma_last_error(), "listed twice") != NULL);
+	CHECK(info_of(many[0]).state == UDMA_BUFFER_HOST); /* nothing was freed */
+	udma_pool_stats stats = {.size = sizeof stats};
+	OK(udma_pool_get_stats(pool, &stats));
+	CHECK(stats.handles == 16 && stats.in_use == 16);
+	CHECK(stats.allocs == 17 && stats.frees == 1);
+	CHECK(stats.arena_bytes > 0 && stats.max_len >= stats.chunk_bytes);
+	OK(udma_pool_free_bulk(pool, many, 16));
+	FAILS(udma_pool_free_bulk(pool, many, 1), UDMA_ERR_INVALID_HANDLE, "buffers[0]");
+	FAILS(udma_pool_alloc_bulk(pool, 0, 4, many), UDMA_ERR_INVALID_ARGUMENT, "buffer 0 of 4");
+	OK(udma_pool_get_stats(pool, &stats));
+	CHECK(stats.handles == 0 && stats.in_use == 0);
+
+	/* Exhaustion: a small pool runs out, with a message; the batch that failed took nothing. */
+	udma_buffer *big[128] = {0};
+	FAILS(udma_pool_alloc_bulk(other, 64 << 10, 128, big), UDMA_ERR_EXHAUSTED, "");
+	CHECK(big[0] == NULL);
+	OK(udma_pool_get_stats(other, &stats));
+	CHECK(stats.handles == 0);
+	FAILS(udma_pool_create(dev, NULL, &other), UDMA_ERR_INVALID_ARGUMENT, "options is NULL");
+	udma_pool_options zero = {.size = sizeof zero};
+	FAILS(udma_pool_create(dev, &zero, &other), UDMA_ERR_INVALID_ARGUMENT,
+	      "options->bytes is 0");
+	OK(udma_pool_destroy(other));
+	OK(udma_pool_destroy(pool));
+	OK(udma_device_close(dev));
+}
+
+/* ---- transfers ---------------------------------------------------------------------- */
+
+static void fill_pattern(udma_buffer *b, size_t len, unsigned seed)
+{
+	unsigned char *p = info_of(b).host;
+	for (size_t i = 0; i < len; i++)
+		p[i] = (unsigned char)(i * 31u + seed);
+}
+
+static void test_round_trip(void)
+{
+	udma_device *dev = loopback();
+	udma_pool *pool = pool_of(dev, 4 << 20);
+	udma_queue *q = NULL;
+	OK(udma_queue_create(dev, NULL, &q));
+	enum { LEN = 65536 };
+	udma_buffer *out = NULL, *in = NULL;
+	OK(udma_pool_alloc(pool, LEN, &out));
+	OK(udma_pool_alloc(pool, LEN, &in));
+	fill_pattern(out, LEN, 7);
+	memset(info_of(in).host, 0, LEN);
+
+	udma_op h2d = {.size = sizeof h2d, .opcode = UDMA_OP_TO_DEVICE, .buffer = out,
+		       .device_offset = 4096, .len = LEN, .user_data = 11};
+	OK(udma_queue_submit(q, &h2d));
+	/* The device owns it now: not freed, read, written or submitted again. */
+	CHECK(info_of(out).state == UDMA_BUFFER_IN_QUEUE);
+	FAILS(udma_pool_free(pool, out), UDMA_ERR_BUSY, "loopback0 queue 0, which the device owns");
+	char byte;
+	FAILS(udma_buffer_read(out, 0, &byte, 1), UDMA_ERR_BUSY, "the device owns it");
+	FAILS(udma_queue_submit(q, &h2d), UDMA_ERR_BUSY, "is in loopback0 queue 0 already");
+	udma_buffer *pair[2] = {in, out};
+	FAILS(udma_pool_free_bulk(pool, pair, 2), UDMA_ERR_BUSY, "buffers[1]");
+	CHECK(info_of(in).state == UDMA_BUFFER_HOST);
+
+	udma_completion c = {.size = sizeof c};
+	OK(udma_queue_wait(q, 5 * SECOND, &c));
+	CHECK(c.status == 0 && c.user_data == 11 && c.buffer == out);
+	CHECK(info_of(out).state == UDMA_BUFFER_HOST);
+
+	udma_op d2h = {.size = sizeof d2h, .opcode = UDMA_OP_TO_HOST, .buffer = in,
+		       .device_offset = 4096, .len = LEN, .user_data = 12};
+	OK(udma_queue_push(q, &d2h));
+	OK(udma_queue_flush(q));
+	OK(udma_queue_wait(q, 5 * SECOND, &c));
+	CHECK(c.status == 0 && c.user_data == 12 && c.buffer == in);
+	CHECK(memcmp(info_of(in).host, info_of(out).host, LEN) == 0);
+
+	udma_queue_info qi = {.size = sizeof qi};
+	OK(udma_queue_get_info(q, &qi));
+	CHECK(qi.submitted == 2 && qi.completed == 2 && qi.in_flight == 0 && qi.depth == 64);
+
+	/* Nothing in flight: poll says so, a wait times out with a message. */
+	bool ready = true;
+	OK(udma_queue_poll(q, &c, &ready));
+	CHECK(!ready);
+	FAILS(udma_queue_wait(q, 2000000, &c), UDMA_ERR_TIMEOUT, "queue 0");
+	FAILS(udma_queue_poll(q, &c, NULL), UDMA_ERR_INVALID_ARGUMENT, "ready is NULL");
+	udma_completion bad = {.size = 0};
+	FAILS(udma_queue_wait(q, 0, &bad), UDMA_ERR_INVALID_ARGUMENT, "completion->size is 0");
+
+	OK(udma_pool_free(pool, out));
+	OK(udma_pool_free(pool, in));
+	OK(udma_queue_destroy(q));
+	FAILS(udma_queue_flush(q), UDMA_ERR_INVALID_HANDLE, "queue handle");
+	OK(udma_pool_destroy(pool));
+	OK(udma_device_close(dev));
+}
+
+static void test_submit_errors(void)
+{
+	udma_device *dev = loopback();
+	udma_pool *pool = pool_of(dev, 4 << 20);
+	udma_queue *q = NULL;
+	udma_queue_options qo = {.size = sizeof qo, .index = 1, .depth = 8};
+	OK(udma_queue_create(dev, &qo, &q));
+	udma_queue *again = NULL;
+	FAILS(udma_queue_create(dev, &qo, &again), UDMA_ERR_BUSY, "queue 1");
+	qo.index = 99;
+	FAILS(udma_queue_create(dev, &qo, &again), UDMA_ERR_NOT_FOUND, "loopback0 queue 99");
+	qo = (udma_queue_options){.size = sizeof qo, .index = 2, .depth = 3};
+	FAILS(udma_queue_create(dev, &qo, &again), UDMA_ERR_INVALID_ARGUMENT, "3");
+	qo = (udma_queue_options){.size = sizeof qo, .index = 2, .unit = 5};
+	FAILS(udma_queue_create(dev, &qo, &again), UDMA_ERR_INVALID_ARGUMENT, "unit 5");
+
+	udma_buffer *b = NULL;
+	OK(udma_pool_alloc(pool, 512, &b));
+	udma_op op = {.size = sizeof op, .opcode = UDMA_OP_TO_DEVICE, .buffer = b, .len = 513};
+	FAILS(udma_queue_submit(q, &op), UDMA_ERR_INVALID_ARGUMENT,
+	      "513 bytes at offset 0 run past buffer");
+	op.len = 16;
+	op.buffer_offset = UINT64_MAX;
+	FAILS(udma_queue_submit(q, &op), UDMA_ERR_INVALID_ARGUMENT, "run past");
+	CHECK(info_of(b).state == UDMA_BUFFER_HOST);
+	op = (udma_op){.size = sizeof op, .opcode = UDMA_OP_TO_HOST, .len = 16};
+	FAILS(udma_queue_submit(q, &op), UDMA_ERR_INVALID_ARGUMENT, "op->buffer is NULL");
+	op = (udma_op){.size = sizeof op, .opcode = UDMA_OP_NOP, .buffer = b};
+	FAILS(udma_queue_submit(q, &op), UDMA_ERR_INVALID_ARGUMENT, "names no host memory");
+	op = (udma_op){.size = sizeof op, .opcode = 99};
+	FAILS(udma_queue_submit(q, &op), UDMA_ERR_INVALID_ARGUMENT, "opcode 99");
+	op = (udma_op){.size = sizeof op, .opcode = UDMA_OP_FILL, .len = 4, .arg0 = 256};
+	FAILS(udma_queue_submit(q, &op), UDMA_ERR_INVALID_ARGUMENT, "above 0xff");
+	FAILS(udma_queue_submit(q, NULL), UDMA_ERR_INVALID_ARGUMENT, "op is NULL");
+	/* A buffer freed already, in an op. */
+	udma_buffer *gone = NULL;
+	OK(udma_pool_alloc(pool, 64, &gone));
+	OK(udma_pool_free(pool, gone));
+	op = (udma_op){.size = sizeof op, .opcode = UDMA_OP_TO_DEVICE, .buffer = gone, .len = 8};
+	FAILS(udma_queue_submit(q, &op), UDMA_ERR_INVALID_HANDLE, "freed already");
+
+	/* The ring is full: depth 8 takes 8 commands, the ninth is refused with a message and
+	 * its buffer stays the caller's. */
+	udma_buffer *bs[9];
+	OK(udma_pool_alloc_bulk(pool, 64, 9, bs));
+	int pushed = 0;
+	enum udma_status s = UDMA_OK;
+	for (int i = 0; i < 9 && s == UDMA_OK; i++) {
+		udma_op o = {.size = sizeof o, .opcode = UDMA_OP_TO_DEVICE, .buffer = bs[i],
+			     .len = 64, .user_data = (uint64_t)i};
+		s = udma_queue_push(q, &o);
+		if (s == UDMA_OK)
+			pushed++;
+	}
+	CHECK(s == UDMA_ERR_EXHAUSTED && pushed >= 1 && pushed <= 8);
+	CHECK(strstr(udma_last_error(), "loopback0 queue 1") != NULL);
+	CHECK(info_of(bs[pushed]).state == UDMA_BUFFER_HOST);
+	OK(udma_queue_flush(q));
+	for (int i = 0; i < pushed; i++) {
+		udma_completion c = {.size = sizeof c};
+		OK(udma_queue_wait(q, 5 * SECOND, &c));
+		CHECK(c.user_data == (uint64_t)i && c.buffer == bs[i] && c.status == 0);
+	}
+	OK(udma_pool_free_bulk(pool, bs, 9));
+	OK(udma_pool_free(pool, b));
+	OK(udma_queue_destroy(q));
+	OK(udma_pool_destroy(pool));
+	OK(udma_device_close(dev));
+}
+
+static void test_device_ops(void)
+{
+	udma_device *dev = loopback();
+	udma_pool *pool = pool_of(dev, 4 << 20);
+	udma_queue *q = NULL;
+	OK(udma_queue_create(dev, NULL, &q));
+	udma_buffer *b = NULL;
+	OK(udma_pool_alloc(pool, 256, &b));
+	udma_op ops[] = {
+		{.size = sizeof(udma_op), .opcode = UDMA_OP_FILL, .device_offset = 0, .len = 256,
+		 .arg0 = 0x11},
+		{.size = sizeof(udma_op), .opcode = UDMA_OP_DEVICE_COPY, .device_src = 0,
+		 .device_offset = 1024, .len = 256},
+		{.size = sizeof(udma_op), .opcode = UDMA_OP_COMPUTE, .device_src = 1024,
+		 .device_offset = 2048, .len = 256, .arg0 = 0x01010101, .arg1 = 1},
+		{.size = sizeof(udma_op), .opcode = UDMA_OP_NOP},
+		{.size = sizeof(udma_op), .opcode = UDMA_OP_TO_HOST, .buffer = b,
+		 .device_offset = 2048, .len = 256},
+	};
+	for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+		OK(udma_queue_push(q, &ops[i]));
+	OK(udma_queue_flush(q));
+	uint64_t sum = 0;
+	for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+		udma_completion c = {.size = sizeof c};
+		OK(udma_queue_wait(q, 5 * SECOND, &c));
+		CHECK(c.status == 0);
+		if (i == 2)
+			sum = c.result;
+	}
+	/* Each word 0x11111111 ^ 0x01010101 = 0x10101010, plus 1. */
+	uint32_t words[64];
+	OK(udma_buffer_read(b, 0, words, sizeof words));
+	for (int i = 0; i < 64; i++)
+		CHECK(words[i] == 0x10101011u);
+	CHECK(sum == 64ull * 0x10101011u);
+
+	/* The device refuses what is out of its memory: an error completion, never a stray write;
+	 * the buffer still comes back. */
+	udma_op far = {.size = sizeof far, .opcode = UDMA_OP_TO_HOST, .buffer = b,
+		       .device_offset = 1 << 20, .len = 256};
+	OK(udma_queue_submit(q, &far));
+	udma_completion c = {.size = sizeof c};
+	OK(udma_queue_wait(q, 5 * SECOND, &c));
+	CHECK(c.status != 0 && c.buffer == b);
+	CHECK(strcmp(udma_op_status_name(c.status), "device-out-of-bounds") == 0);
+	CHECK(info_of(b).state == UDMA_BUFFER_HOST);
+	OK(udma_pool_free(pool, b));
+	OK(udma_queue_destroy(q));
+	OK(udma_pool_destroy(pool));
+	OK(udma_device_close(dev));
+}
+
+static void test_wait_many_and_epoll(void)
+{
+	udma_device *dev = loopback();
+	udma_queue *q[2] = {NULL, NULL};
+	for (uint32_t i = 0; i < 2; i++) {
+		udma_queue_options o = {.size = sizeof o, .index = i};
+		OK(udma_queue_create(dev, &o, &q[i]));
+	}
+	udma_op nop = {.size = sizeof nop, .opcode = UDMA_OP_NOP, .user_data = 5};
+	OK(udma_queue_submit(q[1], &nop));
+	size_t ready = 99;
+	OK(udma_queue_wait_any(q, 2, 5 * SECOND, &ready));
+	CHECK(ready == 1);
+	udma_completion c = {.size = sizeof c};
+	bool got = false;
+	OK(udma_queue_poll(q[1], &c, &got));
+	CHECK(got && c.user_data == 5 && c.buffer == NULL);
+	FAILS(udma_queue_wait_any(q, 2, 1000000, &ready), UDMA_ERR_TIMEOUT,
+	      "none of the 2 queues");
+	udma_queue *same[2] = {q[0], q[0]};
+	FAILS(udma_queue_wait_any(same, 2, 0, &ready), UDMA_ERR_INVALID_ARGUMENT,
+	      "queues[1] is listed twice");
+	FAILS(udma_queue_wait_any(q, 0, 0, &ready), UDMA_ERR_INVALID_ARGUMENT, "count is 0");
+	udma_queue *polled = NULL;
+	udma_queue_options po = {.size = sizeof po, .index = 2, .flags = UDMA_QUEUE_POLL};
+	OK(udma_queue_create(dev, &po, &polled));
+	udma_queue *mixed[2] = {q[0], polled};
+	FAILS(udma_queue_wait_any(mixed, 2, 0, &ready), UDMA_ERR_UNSUPPORTED, "UDMA_QUEUE_POLL");
+	int fd = -1;
+	FAILS(udma_queue_interrupt_fd(polled, &fd), UDMA_ERR_UNSUPPORTED, "no interrupt");
+	OK(udma_queue_submit(polled, &nop));
+	OK(udma_queue_wait(polled, 5 * SECOND, &c)); /* polls */
+	CHECK(c.user_data == 5);
+
+	/* The caller's own epoll loop on queue 0's interrupt. */
+	OK(udma_queue_interrupt_fd(q[0], &fd));
+	int ep = epoll_create1(0);
+	struct epoll_event ev = {.events = EPOLLIN, .data = {.u64 = 0}};
+	CHECK(ep >= 0 && epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0);
+	bool armed_ready = true;
+	OK(udma_queue_arm(q[0], &armed_ready));
+	CHECK(!armed_ready);
+	OK(udma_queue_submit(q[0], &nop));
+	int n = epoll_wait(ep, &ev, 1, 5000);
+	CHECK(n == 1);
+	OK(udma_queue_disarm(q[0]));
+	OK(udma_queue_poll(q[0], &c, &got));
+	CHECK(got && c.user_data == 5);
+	close(ep);
+
+	OK(udma_queue_destroy(polled));
+	OK(udma_queue_destroy(q[0]));
+	OK(udma_queue_destroy(q[1]));
+	OK(udma_device_close(dev));
+}
+
+static void test_destroy_with_work_in_flight(void)
+{
+	/* The NPU cost model holds each completion back: the ops are in flight when the queue is
+	 * destroyed, and their buffers come back to the host under their handles. */
+	udma_loopback_options o = {.size = sizeof o, .memory_bytes = 1 << 20};
+	udma_device *dev = NULL;
+	OK(udma_device_open_loopback(&o, &dev));
+	udma_pool *pool = pool_of(dev, 4 << 20);
+	udma_queue *q = NULL;
+	OK(udma_queue_create(dev, NULL, &q));
+	udma_buffer *bs[4];
+	OK(udma_pool_alloc_bulk(pool, 4096, 4, bs));
+	for (int i = 0; i < 4; i++) {
+		udma_op op = {.size = sizeof op, .opcode = UDMA_OP_TO_DEVICE, .buffer = bs[i],
+			      .len = 4096};
+		OK(udma_queue_submit(q, &op));
+	}
+	OK(udma_queue_destroy(q));
+	for (int i = 0; i < 4; i++)
+		CHECK(info_of(bs[i]).state == UDMA_BUFFER_HOST);
+	OK(udma_pool_free_bulk(pool, bs, 4));
+	OK(udma_pool_destroy(pool));
+	OK(udma_device_close(dev));
+}
+
+/* Two threads, each with its own queue, sharing one pool and one device. */
+struct worker {
+	udma_device *dev;
+	udma_pool *pool;
+	uint32_t index;
+	int failures;
+};
+
+static void *work(void *arg)
+{
+	struct worker *w = arg;
+	udma_queue_options o = {.size = sizeof o, .index = w->index};
+	udma_queue *q = NULL;
+	if (udma_queue_create(w->dev, &o, &q) != UDMA_OK)
+		return (w->failures++, NULL);
+	for (int i = 0; i < 200; i++) {
+		udma_buffer *b = NULL;
+		if (udma_pool_alloc(w->pool, 512, &b) != UDMA_OK) {
+			w->failures++;
+			break;
+		}
+		fill_pattern(b, 512, (unsigned)i);
+		udma_op op = {.size = sizeof op, .opcode = UDMA_OP_TO_DEVICE, .buffer = b,
+			      .device_offset = (uint64_t)w->index * 4096, .len = 512};
+		udma_completion c = {.size = sizeof c};
+		if (udma_queue_submit(q, &op) != UDMA_OK ||
+		    udma_queue_wait(q, 5 * SECOND, &c) != UDMA_OK || c.status != 0 ||
+		    c.buffer != b || udma_pool_free(w->pool, b) != UDMA_OK)
+			w->failures++;
+	}
+	if (udma_queue_destroy(q) != UDMA_OK)
+		w->failures++;
+	/* A failure on this thread does not change the other thread's last error. */
+	udma_device_info info = {.size = sizeof info};
+	if (udma_device_get_info(NULL, &info) != UDMA_ERR_INVALID_HANDLE ||
+	    strstr(udma_last_error(), "NULL") == NULL)
+		w->failures++;
+	return NULL;
+}
+
+static void test_threads(void)
+{
+	udma_device *dev = loopback();
+	udma_pool *pool = pool_of(dev, 4 << 20);
+	FAILS(udma_pool_free(pool, NULL), UDMA_ERR_INVALID_HANDLE, "buffer handle is NULL");
+	struct worker w[2] = {{dev, pool, 0, 0}, {dev, pool, 1, 0}};
+	pthread_t t[2];
+	for (int i = 0; i < 2; i++)
+		CHECK(pthread_create(&t[i], NULL, work, &w[i]) == 0);
+	for (int i = 0; i < 2; i++) {
+		pthread_join(t[i], NULL);
+		CHECK(w[i].failures == 0);
+	}
+	CHECK(strstr(udma_last_error(), "udma_pool_free: the buffer handle is NULL") != NULL);
+	OK(udma_pool_destroy(pool));
+	OK(udma_device_close(dev));
+}
+
+/* ---- planning ----------------------------------------------------------------------- */
+
+static void test_plan(void)
+{
+	udma_tensor t[3] = {
+		{.size = sizeof(udma_tensor), .id = 10, .bytes = 1000, .first = 0, .last = 1,
+		 .kind = UDMA_TENSOR_INPUT},
+		{.size = sizeof(udma_tensor), .id = 11, .bytes = 500, .first = 1, .last = 2},
+		{.size = sizeof(udma_tensor), .id = 12, .bytes = 1000, .first = 2, .last = 3,
+		 .kind = UDMA_TENSOR_OUTPUT},
+	};
+	udma_plan *plan = NULL;
+	OK(udma_plan_create(t, 3, NULL, &plan));
+	udma_plan_report r = {.size = sizeof r};
+	OK(udma_plan_get_report(plan, &r));
+	CHECK(r.arena_bytes == 1536 && r.lower_bound_bytes == 1536 && r.optimal == 1);
+	CHECK(r.naive_bytes == 1024 + 512 + 1024 && r.align == 256 && r.tensors == 3);
+	uint64_t offsets[3];
+	OK(udma_plan_offsets(plan, offsets, 3));
+	CHECK(offsets[0] != offsets[1] && offsets[1] != offsets[2]);
+	uint64_t at = 1;
+	OK(udma_plan_offset(plan, 11, &at));
+	CHECK(at == offsets[1]);
+	FAILS(udma_plan_offset(plan, 99, &at), UDMA_ERR_NOT_FOUND, "no tensor 99");
+	FAILS(udma_plan_offsets(plan, offsets, 2), UDMA_ERR_INVALID_ARGUMENT, "has 3 tensors");
+	OK(udma_plan_destroy(plan));
+	FAILS(udma_plan_destroy(plan), UDMA_ERR_INVALID_HANDLE, "destroyed already");
+
+	udma_plan_options o = {.size = sizeof o, .strategy = UDMA_PLAN_FIRST_FIT, .align = 64};
+	OK(udma_plan_create(t, 3, &o, &plan));
+	OK(udma_plan_get_report(plan, &r));
+	CHECK(r.strategy == UDMA_PLAN_FIRST_FIT && r.align == 64);
+	OK(udma_plan_destroy(plan));
+
+	o.strategy = 42;
+	FAILS(udma_plan_create(t, 3, &o, &plan), UDMA_ERR_INVALID_ARGUMENT, "strategy 42");
+	o = (udma_plan_options){.size = sizeof o, .align = 100};
+	FAILS(udma_plan_create(t, 3, &o, &plan), UDMA_ERR_INVALID_ARGUMENT,
+	      "alignment 100 is not a power of two");
+	t[1].bytes = 0;
+	FAILS(udma_plan_create(t, 3, NULL, &plan), UDMA_ERR_INVALID_ARGUMENT,
+	      "tensor 11: size is zero");
+	t[1].bytes = 500;
+	t[2].id = 10;
+	FAILS(udma_plan_create(t, 3, NULL, &plan), UDMA_ERR_INVALID_ARGUMENT, "used twice");
+	t[2].id = 12;
+	t[2].size = 8;
+	FAILS(udma_plan_create(t, 3, NULL, &plan), UDMA_ERR_INVALID_ARGUMENT,
+	      "tensors[2].size is 8");
+	t[2].size = sizeof(udma_tensor);
+	t[0].kind = 9;
+	FAILS(udma_plan_create(t, 3, NULL, &plan), UDMA_ERR_INVALID_ARGUMENT, "tensors[0]: kind 9");
+	t[0].kind = 0;
+	FAILS(udma_plan_create(t, 0, NULL, &plan), UDMA_ERR_INVALID_ARGUMENT, "count is 0");
+	FAILS(udma_plan_create(NULL, 3, NULL, &plan), UDMA_ERR_INVALID_ARGUMENT,
+	      "tensors[0] is NULL");
+	/* A fixed tensor sits where it is pinned. */
+	t[0].flags = UDMA_TENSOR_FIXED;
+	t[0].offset = 4096;
+	OK(udma_plan_create(t, 3, NULL, &plan));
+	OK(udma_plan_offset(plan, 10, &at));
+	CHECK(at == 4096);
+	OK(udma_plan_destroy(plan));
+}
+
+int main(void)
+{
+	struct {
+		const char *name;
+		void (*run)(void);
+	} tests[] = {
+		{"version", test_version},
+		{"device_loopback", test_device_loopback},
+		{"device_options", test_device_options},
+		{"device_pci", test_device_pci},
+		{"handles", test_handles},
+		{"mapping", test_mapping},
+		{"pool", test_pool},
+		{"round_trip", test_round_trip},
+		{"submit_errors", test_submit_errors},
+		{"device_ops", test_device_ops},
+		{"wait_many_and_epoll", test_wait_many_and_epoll},
+		{"destroy_with_work_in_flight", test_destroy_with_work_in_flight},
+		{"threads", test_threads},
+		{"plan", test_plan},
+	};
+	int passed = 0, failed = 0;
+	for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+		int before = check_failures;
+		tests[i].run();
+		if (check_failures == before) {
+			passed++;
+			printf("ok %s\n", tests[i].name);
+		} else {
+			failed++;
+			printf("FAILED %s\n", tests[i].name);
+		}
+	}
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,3 @@
+#include "userdma.h"
+#include "userdma.h"
+int main(void) { return udma_version() == UDMA_VERSION ? 0 : 1; }

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The C API's checks, against the loopback device (scripts/test.sh runs this as its "C API"
+# step; needs gcc, g++, cbindgen, valgrind, pkg-config):
+#   1. the committed header is what cbindgen generates from capi/src now;
+#   2. libuserdma.so has SONAME libuserdma.so.<major> and exports exactly capi/symbols.txt;
+#   3. the header alone compiles as C11 and as C++17, included twice, with -Werror;
+#   4. the C tests (capi/tests/capi_test.c), -std=c11 -Wall -Wextra -Wpedantic -Werror, under
+#      AddressSanitizer + UndefinedBehaviorSanitizer, then once under Valgrind;
+#   5. examples/c/round_trip.c, built through an install (scripts/capi-install.sh) and
+#      pkg-config, linked against the shared and the static library, and run.
+# The debug build of the library is used: it shares its dependencies with `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target=${CARGO_TARGET_DIR:-target}
+out=$target/capi
+mkdir -p "$out"
+CFLAGS=(-std=c11 -Wall -Wextra -Wpedantic -Werror -g)
+
+echo "--- build"
+cargo build --locked --quiet -p userdma-capi
+lib=$target/debug/libuserdma.so
+major=$(sed -n 's/^version = "\([0-9]*\)\..*/\1/p' Cargo.toml | head -n 1)
+mkdir -p "$out/lib"
+ln -sf "$(realpath "$lib")" "$out/lib/libuserdma.so.$major"
+ln -sf "$(realpath "$lib")" "$out/lib/libuserdma.so"
+
+echo "--- header is generated"
+capi/gen-header.sh --verify
+
+echo "--- SONAME and exported symbols"
+soname=$(readelf -d "$lib" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+[ "$soname" = "libuserdma.so.$major" ] || { echo "SONAME is '$soname', expected libuserdma.so.$major" >&2; exit 1; }
+nm -D --defined-only "$lib" | awk '{print $3}' | sort >"$out/symbols.txt"
+if ! diff -u <(grep -v '^#' capi/symbols.txt) "$out/symbols.txt"; then
+	echo "libuserdma.so exports other symbols than capi/symbols.txt lists (+ added, - removed):" \
+		"update the list for an addition; a removal breaks programs linked against it" >&2
+	exit 1
+fi
+echo "SONAME $soname, $(wc -l <"$out/symbols.txt") symbols as listed"
+
+echo "--- header alone: C11, C++17, included twice"
+gcc "${CFLAGS[@]}" -Icapi/include -c capi/tests/header_twice.c -o "$out/header_c.o"
+g++ -std=c++17 -Wall -Wextra -Wpedantic -Werror -Icapi/include -c capi/tests/header_twice.cpp -o "$out/header_cpp.o"
+g++ "$out/header_cpp.o" -o "$out/header_cpp" -L"$out/lib" -luserdma
+LD_LIBRARY_PATH=$out/lib "$out/header_cpp"
+
+echo "--- C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+gcc "${CFLAGS[@]}" -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+	-Icapi/include capi/tests/capi_test.c -o "$out/capi_test_asan" -L"$out/lib" -luserdma -lpthread
+LD_LIBRARY_PATH=$out/lib ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	"$out/capi_test_asan"
+
+echo "--- C tests under Valgrind"
+gcc "${CFLAGS[@]}" -Icapi/include capi/tests/capi_test.c -o "$out/capi_test" -L"$out/lib" -luserdma -lpthread
+LD_LIBRARY_PATH=$out/lib valgrind -q --error-exitcode=1 --leak-check=full --show-possibly-lost=no \
+	--errors-for-leak-kinds=definite "$out/capi_test"
+
+echo "--- examples/c through an install and pkg-config"
+prefix=$(realpath "$out")/prefix
+rm -rf "$prefix"
+PROFILE=debug scripts/capi-install.sh "$prefix" >/dev/null
+export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+# shellcheck disable=SC2046 # pkg-config prints several words on purpose
+gcc "${CFLAGS[@]}" examples/c/round_trip.c -o "$out/round_trip" $(pkg-config --cflags --libs userdma)
+LD_LIBRARY_PATH=$prefix/lib "$out/round_trip"
+# shellcheck disable=SC2046
+gcc "${CFLAGS[@]}" $(pkg-config --cflags userdma) examples/c/round_trip.c -o "$out/round_trip_static" \
+	"$prefix/lib/libuserdma.a" $(pkg-config --libs-only-l --static userdma | sed 's/-luserdma//')
+"$out/round_trip_static"
+echo "C API: every check passed"
