@@ -69,7 +69,9 @@ prerequisites() {
 	# pci.ids: vendor and device names in `userdma list`.
 	# python3-pip: scripts/onnx-models.sh downloads the onnx wheel (its model-zoo graphs are the
 	# ONNX reader's test data).
-	apt_install gcc libc6-dev linux-libc-dev pci.ids dpkg-dev xz-utils python3-pip
+	# libdpdk-dev + pkg-config: the benchmarks' DPDK baseline (bench-support/, a dev-dependency
+	# only: the library never links DPDK).
+	apt_install gcc libc6-dev linux-libc-dev pci.ids dpkg-dev xz-utils python3-pip libdpdk-dev pkg-config
 	rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 	cargo_tool cargo-fuzz cargo-fuzz
 	# The newest uapi headers (with iommufd), fetched without installing them.
