@@ -19,6 +19,10 @@
 //! `malloc`/`free`, `posix_memalign(4096)`, mimalloc, and a pool of preallocated blocks in a
 //! crossbeam `ArrayQueue`. The pool runs over a 256 MiB loopback DMA mapping of base pages;
 //! DPDK on 2 MiB hugepages if 256 are free, else `--no-huge` (the output says which).
+//! DPDK runs twice: `dpdk`, its default layout (4 KiB objects 4160 bytes apart, so their first
+//! lines spread over the L1 cache sets), and `dpdk_4k_stride`, objects 4096 bytes apart, the
+//! layout of page-aligned 4 KiB buffers like the pool's, whose first lines all fall into one L1
+//! set: writing the first line of 32 of them misses L1, in either allocator.
 //!
 //! After criterion's report (or alone, with the filter `ratios-only`), the userdma ÷ DPDK table:
 //! every case in nine alternating rounds of 60 ms (fresh threads for each two-thread round),
