@@ -2,38 +2,64 @@
 //!
 //! | group | what one iteration is |
 //! |---|---|
-//! | `alloc_free/4KiB`, `alloc_free/64KiB` | one allocation and its free, on one thread |
+//! | `alloc_free/4KiB`, `alloc_free/64KiB` | one allocation, 8 bytes written at offset 0, its free, on one thread |
 //! | `in_flight_256/4KiB` | free the oldest of 256 live buffers, allocate a new one |
-//! | `bulk_32/4KiB` | allocate 32, free 32 (bulk calls where the allocator has them) |
-//! | `pipeline/4KiB`, `pipeline_burst_32/4KiB` | allocate on one thread, pass through an SPSC ring to another, free there (per object; bursts of 32 use the ring's chunk API and the pool's bulk calls) |
+//! | `bulk_32/4KiB` | allocate 32, write 8 bytes into each, free 32 (batch or bulk calls where the allocator has them) |
+//! | `pipeline/4KiB`, `pipeline_burst_32/4KiB` | allocate on CPU 0 and write 8 bytes, pass through an SPSC ring to CPU 1, read them there and free (per object) |
 //!
 //! `pool` is the borrowed [`Buffer`] path, `pool_owned` the [`OwnedBuffer`] one (the same
-//! allocation plus the pool's reference count).
+//! allocation plus the pool's reference count), `pool_batch` a [`Batch`] of 32 (allocated and
+//! freed as one; in the pipeline the batch is what crosses the ring, one slot per burst of a
+//! 32-slot ring: the same 1024 buffers in flight as the other cases' 1024 slots), `pool_vec` the
+//! older `alloc_bulk` / `free_bulk` calls on a `Vec`.
 //!
-//! Baselines: glibc `malloc`/`free`, `posix_memalign(4096)`, mimalloc, and a pool of
-//! preallocated blocks in a crossbeam `ArrayQueue`. The pool runs over a 256 MiB loopback DMA
-//! mapping of base pages. Criterion prints times; divide to get the ratios.
+//! Baselines: DPDK 22.11's `rte_mempool` (cache 256, 8191 objects of 4 KiB; get/put, bulk
+//! get/put of 32, and the pipeline over an SP/SC `rte_ring` of 1024 slots, run from C by
+//! `userdma-bench-support` with the same loops, CPUs and buffer writes), glibc
+//! `malloc`/`free`, `posix_memalign(4096)`, mimalloc, and a pool of preallocated blocks in a
+//! crossbeam `ArrayQueue`. The pool runs over a 256 MiB loopback DMA mapping of base pages;
+//! DPDK on 2 MiB hugepages if 256 are free, else `--no-huge` (the output says which).
+//! DPDK runs twice: `dpdk`, its default layout (4 KiB objects 4160 bytes apart, so their first
+//! lines spread over the L1 cache sets), and `dpdk_4k_stride`, objects 4096 bytes apart, the
+//! layout of page-aligned 4 KiB buffers like the pool's, whose first lines all fall into one L1
+//! set: writing the first line of 32 of them misses L1, in either allocator.
+//!
+//! After criterion's report (or alone, with the filter `ratios-only`), the userdma ÷ DPDK table:
+//! every case in nine alternating rounds of 60 ms (fresh threads for each two-thread round),
+//! the median with the range over the rounds, and the ratio of each round to the DPDK round
+//! next to it. The two-thread lines come with the CPU 0 <-> CPU 1 cache-line ping-pong taken
+//! before and after them: compare two runs only when it agrees (a VM can switch between a fast
+//! and a slow state for cross-core traffic).
 //!
 //! ```text
 //! cargo bench --bench pool -- --warm-up-time 1 --measurement-time 3
+//! cargo bench --bench pool -- ratios-only
+//! chrt -f 50 target/release/deps/pool-<hash> --bench ratios-only
 //! ```
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
-use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
+use criterion::{BenchmarkGroup, Criterion};
 use crossbeam_queue::ArrayQueue;
 use mimalloc::MiMalloc;
 use userdma::dma::{Loopback, Space};
 use userdma::memory::{PageSize, Region};
-use userdma::pool::{Buffer, Config, OwnedBuffer, Pool};
+use userdma::pool::{Batch, Buffer, Config, OwnedBuffer, Pool};
+use userdma_bench_support::cpu::{self, Line};
+use userdma_bench_support::dpdk::{self, Mempool, Pair};
 
 const KIB4: usize = 4 << 10;
 const KIB64: usize = 64 << 10;
+/// The burst of the bulk and burst cases.
+const BURST: usize = 32;
+/// Slots of the pipeline's SPSC ring (per-object cases; batches take `RING / BURST`).
+const RING: usize = 1024;
 
 fn pool() -> Pool {
     let region = Region::builder(256 << 20)
@@ -50,12 +76,27 @@ trait Allocator: Sync {
     type Block: Send;
     fn alloc(&self) -> Self::Block;
     fn free(&self, block: Self::Block);
+    /// Writes `value` into the block's first 8 bytes (what a user filling a buffer does first).
+    fn touch(&self, block: &Self::Block, value: u64);
+    /// Reads the block's first 8 bytes (what the consumer of a filled buffer does).
+    fn peek(&self, block: &Self::Block) -> u64;
 }
 
 /// A raw block from a C-style allocator; `Send` so it can cross the pipeline's ring.
 struct Raw(*mut u8);
 // SAFETY: a heap block may be freed by any thread.
 unsafe impl Send for Raw {}
+
+impl Raw {
+    fn touch(&self, value: u64) {
+        // SAFETY: every block here is at least 4 KiB and aligned to at least 8 bytes.
+        unsafe { self.0.cast::<u64>().write_volatile(value) }
+    }
+    fn peek(&self) -> u64 {
+        // SAFETY: as for `touch`; the block was written first.
+        unsafe { self.0.cast::<u64>().read_volatile() }
+    }
+}
 
 struct Malloc(usize);
 impl Allocator for Malloc {
@@ -71,6 +112,12 @@ impl Allocator for Malloc {
     fn free(&self, block: Raw) {
         // SAFETY: `block` came from malloc and is freed once.
         unsafe { libc::free(block.0.cast()) }
+    }
+    fn touch(&self, block: &Raw, value: u64) {
+        block.touch(value)
+    }
+    fn peek(&self, block: &Raw) -> u64 {
+        block.peek()
     }
 }
 
@@ -90,6 +137,12 @@ impl Allocator for Memalign {
         // SAFETY: `block` came from posix_memalign and is freed once.
         unsafe { libc::free(block.0.cast()) }
     }
+    fn touch(&self, block: &Raw, value: u64) {
+        block.touch(value)
+    }
+    fn peek(&self, block: &Raw) -> u64 {
+        block.peek()
+    }
 }
 
 struct Mimalloc(Layout);
@@ -107,16 +160,22 @@ impl Allocator for Mimalloc {
         // SAFETY: `block` came from MiMalloc with this layout and is freed once.
         unsafe { MiMalloc.dealloc(block.0, self.0) }
     }
+    fn touch(&self, block: &Raw, value: u64) {
+        block.touch(value)
+    }
+    fn peek(&self, block: &Raw) -> u64 {
+        block.peek()
+    }
 }
 
 /// Preallocated blocks handed out from a lock-free bounded queue.
 struct QueuePool {
     queue: ArrayQueue<usize>,
-    _memory: Vec<u8>,
+    _memory: Vec<u64>,
 }
 impl QueuePool {
     fn new(size: usize, count: usize) -> Self {
-        let memory = vec![0u8; size * count];
+        let memory = vec![0u64; size / 8 * count];
         let queue = ArrayQueue::new(count);
         for i in 0..count {
             queue
@@ -139,6 +198,12 @@ impl Allocator for QueuePool {
     fn free(&self, block: usize) {
         self.queue.push(block).expect("room for the returned block");
     }
+    fn touch(&self, block: &usize, value: u64) {
+        Raw(*block as *mut u8).touch(value)
+    }
+    fn peek(&self, block: &usize) -> u64 {
+        Raw(*block as *mut u8).peek()
+    }
 }
 
 struct PoolAllocator<'p>(&'p Pool, usize);
@@ -151,6 +216,14 @@ impl<'p> Allocator for PoolAllocator<'p> {
     #[inline]
     fn free(&self, block: Buffer<'p>) {
         drop(block);
+    }
+    #[inline]
+    fn touch(&self, block: &Buffer<'p>, value: u64) {
+        block.slice().write(0, value).expect("8 bytes at 0");
+    }
+    #[inline]
+    fn peek(&self, block: &Buffer<'p>) -> u64 {
+        block.slice().read(0).expect("8 bytes at 0")
     }
 }
 
@@ -167,15 +240,76 @@ impl Allocator for OwnedAllocator<'_> {
     fn free(&self, block: OwnedBuffer) {
         drop(block);
     }
+    #[inline]
+    fn touch(&self, block: &OwnedBuffer, value: u64) {
+        block.slice().write(0, value).expect("8 bytes at 0");
+    }
+    #[inline]
+    fn peek(&self, block: &OwnedBuffer) -> u64 {
+        block.slice().read(0).expect("8 bytes at 0")
+    }
+}
+
+/// `iters` of: allocate, write, free.
+fn alloc_free_loop<A: Allocator>(a: &A, iters: u64) -> Duration {
+    let start = Instant::now();
+    for i in 0..iters {
+        let block = black_box(a.alloc());
+        a.touch(&block, i);
+        a.free(block);
+    }
+    start.elapsed()
+}
+
+/// `iters` of: allocate a batch of 32, write each, free the batch.
+fn batch_loop(pool: &Pool, iters: u64) -> Duration {
+    let start = Instant::now();
+    for i in 0..iters {
+        let batch = pool
+            .alloc_batch::<BURST>(KIB4, BURST)
+            .expect("a pool batch");
+        for buffer in batch.iter() {
+            buffer.slice().write(0, i).expect("8 bytes at 0");
+        }
+        black_box(&batch);
+        drop(batch);
+    }
+    start.elapsed()
+}
+
+/// `iters` of: `alloc_bulk` 32 into a `Vec`, write each, `free_bulk` them.
+fn vec_loop<'p>(pool: &'p Pool, buffers: &mut Vec<Buffer<'p>>, iters: u64) -> Duration {
+    let start = Instant::now();
+    for i in 0..iters {
+        pool.alloc_bulk(KIB4, BURST, buffers).expect("a pool batch");
+        for buffer in buffers.iter() {
+            buffer.slice().write(0, i).expect("8 bytes at 0");
+        }
+        black_box(&*buffers);
+        pool.free_bulk(buffers.drain(..));
+    }
+    start.elapsed()
+}
+
+/// `iters` of: allocate 32 one by one, write each, free each.
+fn bulk_loop<A: Allocator>(a: &A, blocks: &mut Vec<A::Block>, iters: u64) -> Duration {
+    let start = Instant::now();
+    for i in 0..iters {
+        for _ in 0..BURST {
+            let block = a.alloc();
+            a.touch(&block, i);
+            blocks.push(block);
+        }
+        black_box(&*blocks);
+        for block in blocks.drain(..) {
+            a.free(block);
+        }
+    }
+    start.elapsed()
 }
 
 fn alloc_free<A: Allocator>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, a: &A) {
-    group.bench_function(name, |b| {
-        b.iter(|| {
-            let block = black_box(a.alloc());
-            a.free(block);
-        })
-    });
+    group.bench_function(name, |b| b.iter_custom(|iters| alloc_free_loop(a, iters)));
 }
 
 fn in_flight<A: Allocator>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, a: &A) {
@@ -195,17 +329,9 @@ fn in_flight<A: Allocator>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str,
 }
 
 fn bulk<A: Allocator>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, a: &A) {
-    let mut blocks: Vec<A::Block> = Vec::with_capacity(32);
+    let mut blocks: Vec<A::Block> = Vec::with_capacity(BURST);
     group.bench_function(name, |b| {
-        b.iter(|| {
-            for _ in 0..32 {
-                blocks.push(a.alloc());
-            }
-            black_box(&blocks);
-            for block in blocks.drain(..) {
-                a.free(block);
-            }
-        })
+        b.iter_custom(|iters| bulk_loop(a, &mut blocks, iters))
     });
 }
 
@@ -223,73 +349,408 @@ fn wait_until(ready: impl Fn() -> bool) {
     }
 }
 
-/// Allocates on this thread, frees on a consumer thread, through an SPSC ring of 1024 slots.
-/// The consumer lives for the whole benchmark; each sample times `iters` objects from the first
-/// allocation to the last free. `burst` objects move per ring operation.
-fn pipeline<T: Send>(
-    group: &mut BenchmarkGroup<'_, WallTime>,
-    name: &str,
-    burst: usize,
-    mut produce: impl FnMut(usize, &mut dyn FnMut(T)),
-    consume: impl Fn(&mut dyn Iterator<Item = T>) + Sync,
-) {
-    let (mut tx, mut rx) = rtrb::RingBuffer::<T>::new(1024);
-    let freed = AtomicU64::new(0);
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        s.spawn(|| loop {
-            let n = rx.slots().min(burst);
-            if n == 0 {
+/// A running pipeline: the producer side of an SPSC ring (the caller, on CPU 0) and a consumer
+/// thread on CPU 1 that takes what arrives, reads and frees it, and counts the objects freed.
+struct Pipe<T: Send + 'static> {
+    tx: rtrb::Producer<T>,
+    freed: Arc<Line<AtomicU64>>,
+    stop: Arc<Line<AtomicBool>>,
+    handle: Option<thread::JoinHandle<()>>,
+}
+
+impl<T: Send + 'static> Pipe<T> {
+    /// A ring of `slots`; the consumer calls `consume` on the ring, which takes what it finds
+    /// and returns how many objects it freed (0: nothing there).
+    fn new(
+        slots: usize,
+        mut consume: impl FnMut(&mut rtrb::Consumer<T>) -> u64 + Send + 'static,
+    ) -> Self {
+        let (tx, mut rx) = rtrb::RingBuffer::<T>::new(slots);
+        let freed = Arc::new(Line(AtomicU64::new(0)));
+        let stop = Arc::new(Line(AtomicBool::new(false)));
+        let handle = {
+            let (freed, stop) = (Arc::clone(&freed), Arc::clone(&stop));
+            cpu::spawn_device(move || loop {
+                let n = consume(&mut rx);
+                if n > 0 {
+                    // Release: the producer's Acquire load sees every free before the count.
+                    freed.fetch_add(n, Ordering::Release);
+                    continue;
+                }
                 if stop.load(Ordering::Relaxed) {
                     return;
                 }
                 wait_until(|| rx.slots() > 0 || stop.load(Ordering::Relaxed));
-                continue;
-            }
-            let chunk = rx.read_chunk(n).expect("n slots are readable");
-            consume(&mut chunk.into_iter());
-            // Release: the producer's Acquire load sees every free before the count.
-            freed.fetch_add(n as u64, Ordering::Release);
-        });
-        group.bench_function(name, |b| {
-            b.iter_custom(|iters| {
-                let target = freed.load(Ordering::Acquire) + iters;
-                let start = Instant::now();
-                let mut left = iters;
-                while left > 0 {
-                    let n = burst.min(left as usize);
-                    wait_until(|| tx.slots() >= n);
-                    let mut chunk = tx.write_chunk_uninit(n).expect("n slots are writable");
-                    let (first, second) = chunk.as_mut_slices();
-                    let mut slots = first.iter_mut().chain(second.iter_mut());
-                    produce(n, &mut |item| {
-                        slots.next().expect("a slot per item").write(item);
-                    });
-                    // SAFETY: `produce` wrote exactly `n` items, one into each slot.
-                    unsafe { chunk.commit_all() };
-                    left -= n as u64;
-                }
-                wait_until(|| freed.load(Ordering::Acquire) >= target);
-                start.elapsed()
             })
-        });
-        stop.store(true, Ordering::Relaxed);
+        };
+        Pipe {
+            tx,
+            freed,
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Sends `objects` objects in bursts of up to `burst` (`produce(n, ring)` allocates,
+    /// writes and enqueues `n`), and returns the time until the consumer has freed them all.
+    fn run(
+        &mut self,
+        objects: u64,
+        burst: usize,
+        mut produce: impl FnMut(usize, &mut rtrb::Producer<T>),
+    ) -> Duration {
+        let target = self.freed.load(Ordering::Acquire) + objects;
+        let start = Instant::now();
+        let mut left = objects;
+        while left > 0 {
+            let n = burst.min(left as usize);
+            produce(n, &mut self.tx);
+            left -= n as u64;
+        }
+        wait_until(|| self.freed.load(Ordering::Acquire) >= target);
+        start.elapsed()
+    }
+}
+
+impl<T: Send + 'static> Drop for Pipe<T> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(handle) = self.handle.take() {
+            handle.join().expect("pipeline consumer");
+        }
+    }
+}
+
+/// One measured side of a case: `run(objects)` moves that many objects and returns the time.
+type Run = Box<dyn FnMut(u64) -> Duration>;
+/// Makes a fresh [`Run`] (with fresh threads, for the two-thread cases).
+type Maker<'a> = Box<dyn Fn() -> Run + 'a>;
+
+/// The pipeline with one allocation and free per object: the producer waits for room for the
+/// burst, allocates and writes each object into a write chunk; the consumer takes up to a
+/// burst, reads and frees each.
+fn piped<A: Allocator + 'static>(a: &'static A, burst: usize) -> Run
+where
+    A::Block: 'static,
+{
+    let mut pipe = Pipe::<A::Block>::new(RING, move |rx| {
+        let n = rx.slots().min(burst);
+        if n == 0 {
+            return 0;
+        }
+        let mut sum = 0;
+        for block in rx.read_chunk(n).expect("n slots are readable") {
+            sum += a.peek(&block);
+            a.free(block);
+        }
+        black_box(sum);
+        n as u64
     });
+    let mut seq = 0u64;
+    Box::new(move |objects| {
+        pipe.run(objects, burst, |n, tx| {
+            wait_until(|| tx.slots() >= n);
+            let chunk = tx.write_chunk_uninit(n).expect("n slots are writable");
+            let written = chunk.fill_from_iter((0..n).map(|k| {
+                let block = a.alloc();
+                a.touch(&block, seq + k as u64);
+                block
+            }));
+            debug_assert_eq!(written, n);
+            seq += n as u64;
+        })
+    })
 }
 
-/// [`pipeline`] with one allocation or free per object.
-fn piped<A: Allocator>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, a: &A, burst: usize) {
-    pipeline(
-        group,
-        name,
-        burst,
-        |n, push| (0..n).for_each(|_| push(a.alloc())),
-        |blocks| blocks.for_each(|block| a.free(block)),
+/// The pipeline in batches: the producer allocates a [`Batch`] of the burst, writes each
+/// buffer, and enqueues the batch (one slot); the consumer takes a batch, reads each buffer and
+/// frees the batch.
+fn piped_batch(pool: &'static Pool, burst: usize) -> Run {
+    let mut pipe = Pipe::<Batch<'static, BURST>>::new(RING / BURST, |rx| {
+        let Ok(batch) = rx.pop() else {
+            return 0;
+        };
+        let mut sum = 0u64;
+        for buffer in batch.iter() {
+            sum += buffer.slice().read::<u64>(0).expect("8 bytes at 0");
+        }
+        black_box(sum);
+        let n = batch.len() as u64;
+        drop(batch);
+        n
+    });
+    let mut seq = 0u64;
+    Box::new(move |objects| {
+        pipe.run(objects, burst, |n, tx| {
+            wait_until(|| tx.slots() >= 1);
+            let batch = pool.alloc_batch::<BURST>(KIB4, n).expect("a pool batch");
+            for (k, buffer) in batch.iter().enumerate() {
+                buffer
+                    .slice()
+                    .write(0, seq + k as u64)
+                    .expect("8 bytes at 0");
+            }
+            seq += n as u64;
+            if tx.push(batch).is_err() {
+                unreachable!("a slot was free");
+            }
+        })
+    })
+}
+
+/// The pipeline with the older bulk calls: `alloc_bulk` into a `Vec`, moved into the ring per
+/// buffer; the consumer `free_bulk`s what it takes.
+fn piped_vec(pool: &'static Pool, burst: usize) -> Run {
+    let mut pipe = Pipe::<Buffer<'static>>::new(RING, move |rx| {
+        let n = rx.slots().min(burst);
+        if n == 0 {
+            return 0;
+        }
+        let chunk = rx.read_chunk(n).expect("n slots are readable");
+        let (a, b) = chunk.as_slices();
+        let sum: u64 = a
+            .iter()
+            .chain(b)
+            .map(|buffer| buffer.slice().read::<u64>(0).expect("8 bytes at 0"))
+            .sum();
+        black_box(sum);
+        pool.free_bulk(chunk);
+        n as u64
+    });
+    let mut batch = Vec::with_capacity(burst);
+    let mut seq = 0u64;
+    Box::new(move |objects| {
+        pipe.run(objects, burst, |n, tx| {
+            wait_until(|| tx.slots() >= n);
+            pool.alloc_bulk(KIB4, n, &mut batch).expect("a pool batch");
+            for (k, buffer) in batch.iter().enumerate() {
+                buffer
+                    .slice()
+                    .write(0, seq + k as u64)
+                    .expect("8 bytes at 0");
+            }
+            seq += n as u64;
+            let chunk = tx.write_chunk_uninit(n).expect("n slots are writable");
+            chunk.fill_from_iter(batch.drain(..));
+        })
+    })
+}
+
+/// DPDK's pipeline: `rte_mempool_get_bulk` -> SP/SC `rte_ring` -> `rte_mempool_put_bulk`.
+fn piped_dpdk(mp: &'static Mempool, burst: usize) -> Run {
+    let mut pair = Pair::pipeline(mp, burst as u32).expect("DPDK pipeline on lcore 1");
+    Box::new(move |objects| pair.run(objects))
+}
+
+/// The two `rte_mempool`s the DPDK cases use, 8191 objects with a cache of 256 each: 4 KiB
+/// objects at DPDK's default stride, and objects 4096 bytes apart (the layout of page-aligned
+/// 4 KiB buffers, like the pool's).
+type Mempools = (&'static Mempool, &'static Mempool);
+
+fn mempools() -> Mempools {
+    let mp = Mempool::new("userdma_bench", 8191, KIB4 as u32, 256).expect("rte_mempool");
+    // The object header is 64 bytes: 4032-byte objects then start 4096 bytes apart.
+    let mp4k =
+        Mempool::unspread("userdma_bench_4k", 8191, KIB4 as u32 - 64, 256).expect("rte_mempool");
+    assert_eq!(
+        mp4k.stride(),
+        KIB4 as u32,
+        "DPDK's object header is not 64 bytes"
     );
+    (Box::leak(Box::new(mp)), Box::leak(Box::new(mp4k)))
 }
 
-fn benches(c: &mut Criterion) {
-    let pool = Arc::new(pool());
+/// How many alternating rounds the ratio table takes, and how long each: nine of 60 ms, or in
+/// criterion's test mode (`-- --test`, which runs every benchmark once to check it works) one
+/// of 2 ms.
+fn rounds() -> (usize, Duration) {
+    if std::env::args().any(|arg| arg == "--test") {
+        (1, Duration::from_millis(2))
+    } else {
+        (9, Duration::from_millis(60))
+    }
+}
+
+/// Nanoseconds per object of one round of about `time`: warmed up, then timed over whole calls
+/// of about a millisecond.
+fn round(run: &mut Run, time: Duration) -> f64 {
+    let mut objects = 64u64;
+    let call = time.min(Duration::from_millis(1));
+    loop {
+        if run(objects) >= call || objects >= 1 << 26 {
+            break;
+        }
+        objects *= 2;
+    }
+    let (mut total, mut done) = (Duration::ZERO, 0u64);
+    while total < time {
+        total += run(objects);
+        done += objects;
+    }
+    total.as_nanos() as f64 / done as f64
+}
+
+/// Median, minimum and maximum.
+fn spread(values: &mut [f64]) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    };
+    (median, values[0], values[n - 1])
+}
+
+/// One line of the table: every side (ours, then DPDK's) in alternating rounds (each round a
+/// fresh `make()`), ns per object as median [min-max], then each of ours over each DPDK side,
+/// round by round (median [min-max] of the ratios of rounds run next to each other).
+fn table_line(label: &str, ours: Vec<(&str, Maker<'_>)>, dpdk: Vec<(&str, Maker<'_>)>) {
+    let (count, time) = rounds();
+    let mine = ours.len();
+    let sides: Vec<(&str, Maker<'_>)> = ours.into_iter().chain(dpdk).collect();
+    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
+    for _ in 0..count {
+        for (k, (_, make)) in sides.iter().enumerate() {
+            let mut run = make();
+            ns[k].push(round(&mut run, time));
+        }
+    }
+    let parts: Vec<String> = sides
+        .iter()
+        .zip(&ns)
+        .map(|((name, _), values)| {
+            let (m, lo, hi) = spread(&mut values.clone());
+            format!("{name} {m:.2} ns [{lo:.2}-{hi:.2}]")
+        })
+        .collect();
+    println!("  {label}: {}", parts.join(", "));
+    for d in mine..sides.len() {
+        let ratios: Vec<String> = (0..mine)
+            .map(|k| {
+                let mut per_round: Vec<f64> =
+                    ns[k].iter().zip(&ns[d]).map(|(a, b)| a / b).collect();
+                let (r, lo, hi) = spread(&mut per_round);
+                format!("{} {r:.2}x [{lo:.2}-{hi:.2}]", sides[k].0)
+            })
+            .collect();
+        println!(
+            "  {:width$}  ÷ {}: {}",
+            "",
+            sides[d].0,
+            ratios.join(", "),
+            width = label.len()
+        );
+    }
+}
+
+/// The userdma ÷ DPDK table.
+fn ratios(pool: &'static Arc<Pool>, (mp, mp4k): Mempools, eal: &dpdk::Eal) {
+    let (count, time) = rounds();
+    if count == 1 {
+        println!("\n(test mode: one short round each, to check the table runs; not a measurement)");
+    }
+    println!(
+        "\nuserdma ÷ DPDK, ns per 4 KiB buffer, median [min-max] of {count} alternating rounds \
+         of {time:?}; each buffer written once (8 bytes at offset 0), read back by the consumer \
+         in the pipeline.\n  {}; rte_mempool {} cache 256, 8191 objects, `dpdk` at DPDK's \
+         default {}-byte stride (first lines spread over cache sets), `dpdk_4k_stride` at {} \
+         bytes (4032-byte objects, no spread: the layout of page-aligned 4 KiB buffers, every \
+         first line in one L1 set).\n  userdma: pool over 256 MiB of base pages, default \
+         config; its 4 KiB buffers are 4 KiB-aligned (IOVA), so 4096 bytes apart.",
+        eal.memory(),
+        mp.ops(),
+        mp.stride(),
+        mp4k.stride(),
+    );
+    let single: &'static PoolAllocator<'static> = Box::leak(Box::new(PoolAllocator(pool, KIB4)));
+    let owned: &'static OwnedAllocator<'static> = Box::leak(Box::new(OwnedAllocator(pool, KIB4)));
+    cpu::pin(cpu::HOST);
+    table_line(
+        "one thread, get + put",
+        vec![
+            (
+                "pool",
+                Box::new(move || Box::new(move |n| alloc_free_loop(single, n))),
+            ),
+            (
+                "pool_owned",
+                Box::new(move || Box::new(move |n| alloc_free_loop(owned, n))),
+            ),
+        ],
+        vec![
+            (
+                "dpdk",
+                Box::new(move || Box::new(move |n| mp.get_put(n, 1))),
+            ),
+            (
+                "dpdk_4k_stride",
+                Box::new(move || Box::new(move |n| mp4k.get_put(n, 1))),
+            ),
+        ],
+    );
+    // The bulk loops time `n / 32` batches of 32 for `n` objects: per object as the rest.
+    let per_batch = BURST as u64;
+    table_line(
+        "one thread, bulk of 32, per buffer",
+        vec![
+            (
+                "pool_batch",
+                Box::new(move || Box::new(move |n| batch_loop(pool, n.div_ceil(per_batch)))),
+            ),
+            (
+                "pool_vec",
+                Box::new(move || {
+                    let mut buffers = Vec::with_capacity(BURST);
+                    Box::new(move |n| vec_loop(pool, &mut buffers, n.div_ceil(per_batch)))
+                }),
+            ),
+        ],
+        vec![
+            (
+                "dpdk",
+                Box::new(move || {
+                    Box::new(move |n| mp.get_put(n.div_ceil(per_batch), BURST as u32))
+                }),
+            ),
+            (
+                "dpdk_4k_stride",
+                Box::new(move || {
+                    Box::new(move |n| mp4k.get_put(n.div_ceil(per_batch), BURST as u32))
+                }),
+            ),
+        ],
+    );
+    let before = cpu::pingpong(Duration::from_millis(20));
+    println!("  two threads, alloc on CPU 0 -> SPSC ring -> free on CPU 1; ping-pong {before:.0} ns before:");
+    table_line(
+        "  burst 1",
+        vec![
+            ("pool", Box::new(move || piped(single, 1))),
+            ("pool_owned", Box::new(move || piped(owned, 1))),
+        ],
+        vec![
+            ("dpdk", Box::new(move || piped_dpdk(mp, 1))),
+            ("dpdk_4k_stride", Box::new(move || piped_dpdk(mp4k, 1))),
+        ],
+    );
+    table_line(
+        "  burst 32",
+        vec![
+            ("pool_batch", Box::new(move || piped_batch(pool, BURST))),
+            ("pool", Box::new(move || piped(single, BURST))),
+            ("pool_vec", Box::new(move || piped_vec(pool, BURST))),
+        ],
+        vec![
+            ("dpdk", Box::new(move || piped_dpdk(mp, BURST))),
+            ("dpdk_4k_stride", Box::new(move || piped_dpdk(mp4k, BURST))),
+        ],
+    );
+    let after = cpu::pingpong(Duration::from_millis(20));
+    println!("  ping-pong {after:.0} ns after (CPU 0 <-> CPU 1 round trip of one cache line)");
+}
+
+fn benches(c: &mut Criterion, pool: &'static Arc<Pool>, (mp, mp4k): Mempools) {
     // One second of traffic before the first measurement, so that the first group (the pool's)
     // does not pay for the process warming up (clock ramp, first touches of the code).
     let warm = Instant::now();
@@ -299,8 +760,16 @@ fn benches(c: &mut Criterion) {
     }
     for (label, size) in [("4KiB", KIB4), ("64KiB", KIB64)] {
         let mut group = c.benchmark_group(format!("alloc_free/{label}"));
-        alloc_free(&mut group, "pool", &PoolAllocator(&pool, size));
-        alloc_free(&mut group, "pool_owned", &OwnedAllocator(&pool, size));
+        alloc_free(&mut group, "pool", &PoolAllocator(pool, size));
+        alloc_free(&mut group, "pool_owned", &OwnedAllocator(pool, size));
+        if size == KIB4 {
+            group.bench_function("dpdk_mempool", |b| {
+                b.iter_custom(|iters| mp.get_put(iters, 1))
+            });
+            group.bench_function("dpdk_mempool_4k_stride", |b| {
+                b.iter_custom(|iters| mp4k.get_put(iters, 1))
+            });
+        }
         alloc_free(&mut group, "malloc", &Malloc(size));
         alloc_free(&mut group, "posix_memalign_4096", &Memalign(size));
         alloc_free(
@@ -313,8 +782,8 @@ fn benches(c: &mut Criterion) {
     }
 
     let mut group = c.benchmark_group("in_flight_256/4KiB");
-    in_flight(&mut group, "pool", &PoolAllocator(&pool, KIB4));
-    in_flight(&mut group, "pool_owned", &OwnedAllocator(&pool, KIB4));
+    in_flight(&mut group, "pool", &PoolAllocator(pool, KIB4));
+    in_flight(&mut group, "pool_owned", &OwnedAllocator(pool, KIB4));
     in_flight(&mut group, "malloc", &Malloc(KIB4));
     in_flight(&mut group, "posix_memalign_4096", &Memalign(KIB4));
     in_flight(
@@ -326,17 +795,22 @@ fn benches(c: &mut Criterion) {
     group.finish();
 
     let mut group = c.benchmark_group("bulk_32/4KiB");
+    group.bench_function("pool_batch", |b| {
+        b.iter_custom(|iters| batch_loop(pool, iters))
+    });
     {
-        let mut buffers = Vec::with_capacity(32);
-        group.bench_function("pool", |b| {
-            b.iter(|| {
-                pool.alloc_bulk(KIB4, 32, &mut buffers)
-                    .expect("a pool batch");
-                black_box(&buffers);
-                pool.free_bulk(buffers.drain(..));
-            })
+        let mut buffers = Vec::with_capacity(BURST);
+        group.bench_function("pool_vec", |b| {
+            b.iter_custom(|iters| vec_loop(pool, &mut buffers, iters))
         });
     }
+    group.bench_function("dpdk_mempool", |b| {
+        b.iter_custom(|iters| mp.get_put(iters, BURST as u32))
+    });
+    group.bench_function("dpdk_mempool_4k_stride", |b| {
+        b.iter_custom(|iters| mp4k.get_put(iters, BURST as u32))
+    });
+    bulk(&mut group, "pool", &PoolAllocator(pool, KIB4));
     bulk(&mut group, "malloc", &Malloc(KIB4));
     bulk(&mut group, "posix_memalign_4096", &Memalign(KIB4));
     bulk(
@@ -347,43 +821,45 @@ fn benches(c: &mut Criterion) {
     bulk(&mut group, "array_queue", &QueuePool::new(KIB4, 64));
     group.finish();
 
-    for burst in [1usize, 32] {
+    let single: &'static PoolAllocator<'static> = Box::leak(Box::new(PoolAllocator(pool, KIB4)));
+    let owned: &'static OwnedAllocator<'static> = Box::leak(Box::new(OwnedAllocator(pool, KIB4)));
+    let malloc: &'static Malloc = Box::leak(Box::new(Malloc(KIB4)));
+    let memalign: &'static Memalign = Box::leak(Box::new(Memalign(KIB4)));
+    let mi: &'static Mimalloc = Box::leak(Box::new(Mimalloc(
+        Layout::from_size_align(KIB4, 256).expect("layout"),
+    )));
+    let queue: &'static QueuePool = Box::leak(Box::new(QueuePool::new(KIB4, 4096)));
+    for burst in [1usize, BURST] {
         let name = if burst == 1 {
             "pipeline/4KiB".to_owned()
         } else {
             format!("pipeline_burst_{burst}/4KiB")
         };
         let mut group = c.benchmark_group(name);
-        piped(&mut group, "pool", &PoolAllocator(&pool, KIB4), burst);
-        piped(
-            &mut group,
-            "pool_owned",
-            &OwnedAllocator(&pool, KIB4),
-            burst,
-        );
+        let mut cases: Vec<(&str, Run)> = Vec::new();
         if burst > 1 {
-            let mut batch = Vec::with_capacity(burst);
-            pipeline(
-                &mut group,
-                "pool_bulk",
-                burst,
-                |n, push| {
-                    pool.alloc_bulk(KIB4, n, &mut batch).expect("a pool batch");
-                    batch.drain(..).for_each(&mut *push);
-                },
-                |buffers| pool.free_bulk(buffers),
-            );
+            cases.push(("pool_batch", piped_batch(pool, burst)));
         }
-        piped(&mut group, "malloc", &Malloc(KIB4), burst);
-        piped(&mut group, "posix_memalign_4096", &Memalign(KIB4), burst);
-        let mi = Mimalloc(Layout::from_size_align(KIB4, 256).expect("layout"));
-        piped(&mut group, "mimalloc", &mi, burst);
-        piped(
-            &mut group,
-            "array_queue",
-            &QueuePool::new(KIB4, 4096),
-            burst,
-        );
+        cases.push(("pool", piped(single, burst)));
+        cases.push(("pool_owned", piped(owned, burst)));
+        if burst > 1 {
+            cases.push(("pool_vec", piped_vec(pool, burst)));
+        }
+        for (name, mut run) in cases {
+            group.bench_function(name, |b| b.iter_custom(&mut run));
+        }
+        {
+            let mut run = piped_dpdk(mp, burst);
+            group.bench_function("dpdk_mempool", |b| b.iter_custom(&mut run));
+        }
+        for (name, mut run) in [
+            ("malloc", piped(malloc, burst)),
+            ("posix_memalign_4096", piped(memalign, burst)),
+            ("mimalloc", piped(mi, burst)),
+            ("array_queue", piped(queue, burst)),
+        ] {
+            group.bench_function(name, |b| b.iter_custom(&mut run));
+        }
         group.finish();
     }
     let stats = pool.stats();
@@ -393,5 +869,50 @@ fn benches(c: &mut Criterion) {
     );
 }
 
-criterion_group!(pool_benches, benches);
-criterion_main!(pool_benches);
+fn main() {
+    // DPDK first: the EAL makes this thread lcore 0 and pins it to CPU 0 (the host side).
+    let eal = dpdk::eal().expect("DPDK EAL (-l 0-1 --no-pci -m 512)");
+    cpu::pin(cpu::HOST);
+    let pool: &'static Arc<Pool> = Box::leak(Box::new(Arc::new(pool())));
+    let mempools = mempools();
+    let mut criterion = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .configure_from_args();
+    benches(&mut criterion, pool, mempools);
+    criterion.final_summary();
+    if wants_ratios() {
+        ratios(pool, mempools, eal);
+    }
+}
+
+/// Whether to print the ratio table: with no benchmark filter, or the filter `ratios-only`
+/// (which no criterion benchmark matches).
+fn wants_ratios() -> bool {
+    // Criterion's options that take a value.
+    const VALUED: [&str; 14] = [
+        "--warm-up-time",
+        "--measurement-time",
+        "--sample-size",
+        "--save-baseline",
+        "--baseline",
+        "--load-baseline",
+        "--output-format",
+        "--plotting-backend",
+        "--profile-time",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--nresamples",
+        "--color",
+    ];
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if VALUED.contains(&arg.as_str()) {
+            args.next();
+        } else if !arg.starts_with('-') {
+            return arg == "ratios-only";
+        }
+    }
+    true
+}

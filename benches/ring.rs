@@ -10,8 +10,11 @@
 //!   both measured: `ring` takes the run at once (`DeviceQueue::pop_burst`: plain loads the
 //!   compiler vectorises), `ring-pop` one at a time (`DeviceQueue::pop`: volatile loads, the
 //!   loopback engine's way). Baselines carrying the same bytes per item: `rtrb` (a wait-free
-//!   SPSC ring; the consumer takes a read chunk, or with `rtrb-pop` one `pop` per item) and
-//!   crossbeam's `ArrayQueue` (MPMC). One iteration is one burst; the throughput line gives
+//!   SPSC ring; the consumer takes a read chunk, or with `rtrb-pop` one `pop` per item),
+//!   crossbeam's `ArrayQueue` (MPMC), and DPDK 22.11's `rte_ring` (SP/SC, 256 slots of the
+//!   descriptor's size, driven from C by `userdma-bench-support` with the same loop: one
+//!   enqueue, or room for the burst then one bulk enqueue; its consumer on CPU 1 dequeues up to
+//!   32 at a time). One iteration is one burst; the throughput line gives
 //!   the time per descriptor.
 //!
 //!   Which way of consuming is faster depends on the burst. With bursts of 32 the consumer's
@@ -35,7 +38,9 @@
 //!
 //! After criterion's report (or alone, with the filter `ratios-only`, which no criterion
 //! benchmark matches), two ratio tables: ring / rtrb (each with its faster consumer, both
-//! shown) and ring / ArrayQueue per handoff case, and each round trip against the floor. For
+//! shown), ring / ArrayQueue and ring / DPDK per handoff case, with the CPU 0 <-> CPU 1
+//! cache-line ping-pong before and after it (compare runs only when it agrees), and each round
+//! trip against the floor. For
 //! those, every side runs in nine alternating rounds of 60 ms (a fresh pair of threads each)
 //! and the best round of each is kept, so a burst of load from elsewhere hits every side
 //! alike; criterion's figures, taken one benchmark after another, can swing several-fold on a
@@ -64,6 +69,7 @@ use userdma::mmio::{Block, Shared, Width};
 use userdma::ring::{
     Command, Config, DeviceQueue, Doorbells, Error, Layout, Memory, Pod, Queue, Status, Submission,
 };
+use userdma_bench_support::{cpu, dpdk};
 
 const DEPTH: u32 = 256;
 
@@ -365,6 +371,20 @@ fn rtrb_handoff<D: Item, const EACH: bool>(burst: u64) -> Handoff {
     })
 }
 
+/// DPDK's `rte_ring` (SP/SC, 256 slots, elements of `D`'s size): `rte_ring_sp_enqueue_elem`,
+/// or waiting for room for the burst and one `rte_ring_sp_enqueue_bulk_elem`; the consumer on
+/// lcore 1 (CPU 1) dequeues up to 32 at a time and adds up a field of each (see
+/// `userdma-bench-support`).
+fn dpdk_handoff<D: Item>(burst: u64) -> Handoff {
+    let size = std::mem::size_of::<D>() as u32;
+    let mut pair = dpdk::Pair::handoff(burst as u32, size).expect("DPDK handoff on lcore 1");
+    Handoff {
+        run: Box::new(move |iters| pair.run(iters * burst)),
+        stop: Arc::new(Line(AtomicBool::new(false))),
+        handle: None,
+    }
+}
+
 /// crossbeam's `ArrayQueue`: one `push` per item; the consumer pops until empty.
 fn array_queue_handoff<D: Item>(burst: u64) -> Handoff {
     let queue = Arc::new(ArrayQueue::<D>::new(DEPTH as usize));
@@ -394,14 +414,16 @@ fn array_queue_handoff<D: Item>(burst: u64) -> Handoff {
 type Maker = (&'static str, fn(u64) -> Handoff);
 
 /// The handoffs of descriptor type `D`, by name: the ring and rtrb each with both ways of
-/// consuming (the whole run at once, or one descriptor at a time), and `ArrayQueue`.
-fn handoffs<D: Item>() -> [Maker; 5] {
+/// consuming (the whole run at once, or one descriptor at a time), `ArrayQueue`, and DPDK's
+/// `rte_ring`.
+fn handoffs<D: Item>() -> [Maker; 6] {
     [
         ("ring", ring_handoff::<D, false>),
         ("ring-pop", ring_handoff::<D, true>),
         ("rtrb", rtrb_handoff::<D, false>),
         ("rtrb-pop", rtrb_handoff::<D, true>),
         ("ArrayQueue", array_queue_handoff::<D>),
+        ("dpdk", dpdk_handoff::<D>),
     ]
 }
 
@@ -468,23 +490,24 @@ fn handoff_round(make: fn(u64) -> Handoff, burst: u64, time: Duration) -> f64 {
 /// elsewhere hits every side, not one).
 fn handoff_ratios<D: Item>(burst: u64) {
     let cases = handoffs::<D>();
-    let mut best = [f64::INFINITY; 5];
+    let mut best = [f64::INFINITY; 6];
     let (count, time) = rounds();
     for _ in 0..count {
         for (k, (_, make)) in cases.iter().enumerate() {
             best[k] = best[k].min(handoff_round(*make, burst, time));
         }
     }
-    let [burst_read, popped, chunk, rtrb_popped, array_queue] = best;
+    let [burst_read, popped, chunk, rtrb_popped, array_queue, dpdk] = best;
     let (ring, rtrb) = (burst_read.min(popped), chunk.min(rtrb_popped));
     println!(
         "  {:>3} burst {burst:>2}: ring {ring:6.2} ns (pop_burst {burst_read:.2}, pop \
          {popped:.2}), rtrb {rtrb:6.2} ns (read chunk {chunk:.2}, pop {rtrb_popped:.2}), \
-         ArrayQueue {array_queue:6.2} ns per descriptor; ring / rtrb {:.2}, ring / ArrayQueue \
-         {:.2}",
+         ArrayQueue {array_queue:6.2} ns, DPDK rte_ring {dpdk:6.2} ns per descriptor; ring / \
+         rtrb {:.2}, ring / ArrayQueue {:.2}, ring / DPDK {:.2}",
         D::NAME,
         ring / rtrb,
         ring / array_queue,
+        ring / dpdk,
     );
 }
 
@@ -669,11 +692,19 @@ fn ratios() {
     if count == 1 {
         println!("\n(test mode: one short round each, to check the tables run; not a measurement)");
     }
-    println!("\ndescriptor handoff, best of {count} alternating rounds (CPU 0 -> CPU 1):");
+    let eal = dpdk::eal().expect("DPDK EAL");
+    let before = cpu::pingpong(Duration::from_millis(20));
+    println!(
+        "\ndescriptor handoff, best of {count} alternating rounds (CPU 0 -> CPU 1; {}); \
+         ping-pong {before:.0} ns before:",
+        eal.memory()
+    );
     for burst in [1, 32] {
         handoff_ratios::<Desc8>(burst);
         handoff_ratios::<Command>(burst);
     }
+    let after = cpu::pingpong(Duration::from_millis(20));
+    println!("  ping-pong {after:.0} ns after (CPU 0 <-> CPU 1 round trip of one cache line)");
     println!(
         "submit -> complete round trip, best of {count} alternating rounds, against the floor:"
     );
@@ -713,6 +744,9 @@ fn doorbell(c: &mut Criterion) {
 }
 
 fn main() {
+    // DPDK first: the EAL makes this thread lcore 0 (pinned to CPU 0, the host side) and keeps
+    // lcore 1 (CPU 1) for its consumers.
+    dpdk::eal().expect("DPDK EAL (-l 0-1 --no-pci -m 512)");
     let mut criterion = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))

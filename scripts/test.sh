@@ -71,7 +71,9 @@ prerequisites() {
 	# pci.ids: vendor and device names in `userdma list`.
 	# python3-pip: scripts/onnx-models.sh downloads the onnx wheel (its model-zoo graphs are the
 	# ONNX reader's test data).
-	apt_install gcc libc6-dev linux-libc-dev pci.ids dpkg-dev xz-utils python3-pip
+	# libdpdk-dev + pkg-config: the benchmarks' DPDK baseline (bench-support/, a dev-dependency
+	# only: the library never links DPDK).
+	apt_install gcc libc6-dev linux-libc-dev pci.ids dpkg-dev xz-utils python3-pip libdpdk-dev pkg-config
 	# The C API step: its header generator, the C++17 header check, Valgrind, pkg-config for
 	# the C example (binutils' nm and readelf come with dpkg-dev).
 	apt_install g++ cbindgen valgrind pkg-config

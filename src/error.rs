@@ -261,7 +261,9 @@ fn pool_code(e: &pool::Error) -> Code {
         | E::Misaligned { .. }
         | E::NotContiguous { .. }
         | E::Length { .. }
-        | E::TooLarge { .. } => Code::InvalidArgument,
+        | E::TooLarge { .. }
+        | E::Unbatchable { .. }
+        | E::BatchFull { .. } => Code::InvalidArgument,
         E::Exhausted { .. } => Code::Exhausted,
         E::NotShareable | E::NotAPool { .. } | E::Version { .. } | E::Incompatible { .. } => {
             Code::Unsupported

@@ -1,5 +1,6 @@
-//! The buffer pool against a reference model: alloc / free / bulk alloc / bulk free / free on
-//! another thread / cache flush, on a small pool whose thread caches, cache slots and classes
+//! The buffer pool against a reference model: alloc / free / bulk alloc / bulk free / batch
+//! alloc, fill, push, pop, free (here, or whole on another thread) / free on another thread /
+//! cache flush, on a small pool whose thread caches, cache slots and classes
 //! come from the input. After every step: no two live buffers overlap, every buffer is aligned
 //! to its class (IOVA and host address), its contents are intact, the per-class and large-buffer
 //! counters equal the model's, and every byte of the arena is accounted for. At the end, with
@@ -15,7 +16,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use userdma::dma::{Loopback, Space};
 use userdma::memory::{PageSize, Region};
-use userdma::pool::{Buffer, Config, Error, Pool, MIN_ALIGN};
+use userdma::pool::{Batch, Buffer, Config, Error, Pool, MIN_ALIGN};
 
 const REGION: usize = 2 << 20;
 const CHUNK: usize = 64 << 10;
@@ -38,7 +39,23 @@ enum Op {
     AllocBulk(u16, u8),
     FreeBulk(u8),
     FreeElsewhere(u8),
+    /// A new batch of `count % 40` buffers (a batch holds 32: more is refused).
+    AllocBatch(u16, u8),
+    /// `count % 40` more into a held batch.
+    FillBatch(u8, u8),
+    /// A live buffer into a held batch (refused unless of its class, or if full).
+    PushBatch(u8, u8),
+    /// The last buffer of a held batch out, as a live buffer.
+    PopBatch(u8),
+    /// A held batch freed here, or whole on the helper thread.
+    FreeBatch(u8, bool),
     Flush,
+}
+
+/// A batch the model holds, with the tag of each of its buffers.
+struct HeldBatch<'p> {
+    batch: Batch<'p, 32>,
+    tags: Vec<u64>,
 }
 
 /// A request length from fuzz input: mostly small, sometimes above the largest class.
@@ -56,11 +73,80 @@ struct Live<'p> {
 struct Model<'p> {
     pool: &'p Pool,
     live: Vec<Live<'p>>,
+    batches: Vec<HeldBatch<'p>>,
     next_tag: u64,
 }
 
 impl<'p> Model<'p> {
+    /// Checks a buffer against the buffers of the batches the model holds (`adopt` checks it
+    /// against the live ones).
+    fn check_new(&self, buffer: &Buffer<'p>) {
+        let (start, capacity) = (buffer.offset(), buffer.capacity());
+        for held in &self.batches {
+            for other in held.batch.iter() {
+                let (s, c) = (other.offset(), other.capacity());
+                assert!(
+                    start + capacity <= s || s + c <= start,
+                    "overlap with a batch: {start:#x}+{capacity:#x} and {s:#x}+{c:#x}"
+                );
+            }
+        }
+    }
+
+    /// Tags the buffers `from..` of held batch `b`, checking each against the rest first.
+    fn adopt_batch(&mut self, b: usize, from: usize) {
+        let len = self.batches[b].batch.buffer_len();
+        for i in from..self.batches[b].batch.len() {
+            let tag = self.next_tag;
+            self.next_tag += 1;
+            {
+                let held = &self.batches[b];
+                let buffer = held.batch.get(i).expect("in the batch");
+                assert_eq!(buffer.len(), len);
+                assert!(buffer.capacity().is_power_of_two() && buffer.capacity() >= len.max(1));
+                assert_eq!(buffer.iova() % buffer.capacity().min(CHUNK) as u64, 0);
+                // Against the live buffers and the other batches' (and this one's earlier).
+                for other in &self.live {
+                    let (s, c) = (other.buffer.offset(), other.buffer.capacity());
+                    assert!(buffer.offset() + buffer.capacity() <= s || s + c <= buffer.offset());
+                }
+                for (k, h) in self.batches.iter().enumerate() {
+                    let upto = if k == b { i } else { h.batch.len() };
+                    for other in h.batch.iter().take(upto) {
+                        let (s, c) = (other.offset(), other.capacity());
+                        assert!(
+                            buffer.offset() + buffer.capacity() <= s || s + c <= buffer.offset(),
+                            "batch buffers overlap"
+                        );
+                    }
+                }
+                if len >= 8 {
+                    buffer.write(0, &tag.to_le_bytes()).unwrap();
+                }
+            }
+            self.batches[b].tags.push(tag);
+        }
+    }
+
+    /// Checks every buffer of held batch `b` still holds its tag.
+    fn verify_batch(&self, b: usize) {
+        let held = &self.batches[b];
+        assert_eq!(held.batch.len(), held.tags.len());
+        if held.batch.buffer_len() >= 8 {
+            for (buffer, &tag) in held.batch.iter().zip(&held.tags) {
+                let mut bytes = [0u8; 8];
+                buffer.read(0, &mut bytes).unwrap();
+                assert_eq!(
+                    u64::from_le_bytes(bytes),
+                    tag,
+                    "batch buffer changed under us"
+                );
+            }
+        }
+    }
+
     fn adopt(&mut self, buffer: Buffer<'p>, len: usize) {
+        self.check_new(&buffer);
         assert_eq!(buffer.len(), len);
         let capacity = buffer.capacity();
         assert!(capacity >= len.max(1));
@@ -143,6 +229,11 @@ impl<'p> Model<'p> {
                 large += capacity;
             }
         }
+        for held in &self.batches {
+            if let Some(first) = held.batch.get(0) {
+                *in_use.entry(first.capacity() as u64).or_default() += held.batch.len() as u64;
+            }
+        }
         for class in &stats.classes {
             let expected = in_use.get(&class.size).copied().unwrap_or(0);
             assert_eq!(class.in_use, expected, "class {} in use", class.size);
@@ -173,6 +264,8 @@ fuzz_target!(|input: Input| {
     let mapping = Loopback::new(48).unwrap().map(Arc::new(region)).unwrap();
     let pool = Pool::new(mapping, config).unwrap();
     let (to_helper, inbox) = mpsc::sync_channel::<Buffer<'_>>(0);
+    let (batch_to_helper, batch_inbox) = mpsc::sync_channel::<Batch<'_, 32>>(0);
+    let (batch_acks, batch_acked) = mpsc::sync_channel::<()>(0);
     let (acks, acked) = mpsc::sync_channel::<()>(0);
     std::thread::scope(|s| {
         let helper = s.spawn(move || {
@@ -181,9 +274,16 @@ fuzz_target!(|input: Input| {
                 acks.send(()).unwrap();
             }
         });
+        let batch_helper = s.spawn(move || {
+            for batch in batch_inbox {
+                drop(batch);
+                batch_acks.send(()).unwrap();
+            }
+        });
         let mut model = Model {
             pool: &pool,
             live: Vec::new(),
+            batches: Vec::new(),
             next_tag: 1,
         };
         for op in input.ops.iter().take(512) {
@@ -221,6 +321,96 @@ fuzz_target!(|input: Input| {
                         acked.recv().unwrap();
                     }
                 }
+                Op::AllocBatch(selector, count) => {
+                    let len = len_of(selector);
+                    let count = usize::from(count % 40);
+                    match pool.alloc_batch::<32>(len, count) {
+                        Ok(batch) => {
+                            assert_eq!(batch.len(), count);
+                            assert!(len <= pool.config().largest_class());
+                            model.batches.push(HeldBatch {
+                                batch,
+                                tags: Vec::new(),
+                            });
+                            model.adopt_batch(model.batches.len() - 1, 0);
+                        }
+                        Err(Error::Unbatchable { .. }) => {
+                            assert!(len > pool.config().largest_class())
+                        }
+                        Err(Error::BatchFull { .. }) => assert!(count > 32),
+                        Err(Error::Exhausted { .. }) => {}
+                        Err(other) => panic!("unexpected error {other}"),
+                    }
+                }
+                Op::FillBatch(which, count) if !model.batches.is_empty() => {
+                    let b = usize::from(which) % model.batches.len();
+                    let count = usize::from(count % 40);
+                    let before = model.batches[b].batch.len();
+                    match model.batches[b].batch.fill(count) {
+                        Ok(()) => {
+                            assert_eq!(model.batches[b].batch.len(), before + count);
+                            model.adopt_batch(b, before);
+                        }
+                        Err(Error::BatchFull { room, .. }) => {
+                            assert!(before + count > 32);
+                            assert_eq!(room, 32 - before);
+                        }
+                        Err(Error::Exhausted { .. }) => {}
+                        Err(other) => panic!("unexpected error {other}"),
+                    }
+                    assert!(
+                        model.batches[b].batch.len() == before
+                            || model.batches[b].batch.len() == before + count
+                    );
+                    model.verify_batch(b);
+                }
+                Op::PushBatch(which, selector) if !model.batches.is_empty() => {
+                    let b = usize::from(which) % model.batches.len();
+                    if let Some(buffer) = model.take(selector) {
+                        let (capacity, len) = (buffer.capacity(), buffer.len());
+                        let held = &model.batches[b];
+                        let class_size = held.batch.buffer_len().max(MIN_ALIGN).next_power_of_two();
+                        let fits = held.batch.len() < 32
+                            && len <= pool.config().largest_class()
+                            && capacity == class_size;
+                        match model.batches[b].batch.push(buffer) {
+                            Ok(()) => {
+                                assert!(fits, "a buffer of another class joined");
+                                // It has the batch's length now: tag it as a batch buffer.
+                                let at = model.batches[b].batch.len() - 1;
+                                model.adopt_batch(b, at);
+                            }
+                            Err(back) => {
+                                assert!(!fits, "a fitting buffer was refused");
+                                model.adopt(back, len);
+                            }
+                        }
+                    }
+                }
+                Op::PopBatch(which) if !model.batches.is_empty() => {
+                    let b = usize::from(which) % model.batches.len();
+                    model.verify_batch(b);
+                    let len = model.batches[b].batch.buffer_len();
+                    if let Some(buffer) = model.batches[b].batch.pop() {
+                        model.batches[b].tags.pop();
+                        model.adopt(buffer, len);
+                    }
+                }
+                Op::FreeBatch(which, elsewhere) if !model.batches.is_empty() => {
+                    let b = usize::from(which) % model.batches.len();
+                    model.verify_batch(b);
+                    let HeldBatch { mut batch, .. } = model.batches.swap_remove(b);
+                    if elsewhere {
+                        batch_to_helper.send(batch).unwrap();
+                        batch_acked.recv().unwrap();
+                    } else if batch.len() % 2 == 0 {
+                        batch.free();
+                        assert!(batch.is_empty());
+                    } else {
+                        drop(batch);
+                    }
+                }
+                Op::FillBatch(..) | Op::PushBatch(..) | Op::PopBatch(_) | Op::FreeBatch(..) => {}
                 Op::Flush => pool.flush_thread_cache(),
             }
             model.check();
@@ -228,10 +418,13 @@ fuzz_target!(|input: Input| {
         while let Some(buffer) = model.take(0) {
             drop(buffer);
         }
+        model.batches.clear();
         model.check();
         drop(to_helper);
-        // An explicit join waits for the helper's thread-local destructors (its cache flush).
+        drop(batch_to_helper);
+        // An explicit join waits for the helpers' thread-local destructors (their cache flush).
         helper.join().unwrap();
+        batch_helper.join().unwrap();
     });
     pool.flush_thread_cache();
     let stats = pool.stats();

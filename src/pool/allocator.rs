@@ -305,6 +305,42 @@ impl Pool {
             }));
     }
 
+    /// The number of size classes (a [`Batch`](super::Batch) holds blocks of one of them).
+    #[inline(always)]
+    pub(super) fn classes(&self) -> usize {
+        self.classes
+    }
+
+    /// Fills `out` with blocks of class `c < classes()`, all or nothing (see
+    /// `Arena::alloc_units`); `len` is only for the error.
+    #[inline(always)]
+    pub(super) fn alloc_units(&self, c: usize, out: &mut [u32], len: usize) -> Result<(), Error> {
+        let done = cache::with_home(self.id, |mine| mine.pop_into(c, out)).unwrap_or(0);
+        if done == out.len() {
+            return Ok(());
+        }
+        self.arena
+            .alloc_units_slow(c, out, done)
+            .map_err(|failure| self.error(failure, len))
+    }
+
+    /// Frees `units`, blocks of class `c` of this pool owned by the caller (see
+    /// `Arena::free_units`).
+    #[inline(always)]
+    pub(super) fn free_units(&self, c: usize, units: &[u32]) {
+        // SAFETY: `waiters` points into the arena's metadata, alive as long as `self`.
+        let waiters = unsafe { self.waiters.as_ref() };
+        // Relaxed: see `Arena::someone_waits`.
+        let done = if waiters.load(Ordering::Relaxed) == 0 {
+            cache::with_home(self.id, |mine| mine.push_from(c, units)).unwrap_or(0)
+        } else {
+            0
+        };
+        if done < units.len() {
+            self.arena.free_units_slow(c, &units[done..]);
+        }
+    }
+
     /// Wraps a block of this pool; `len <= max_len() <= u32::MAX` (checked by the callers, or
     /// implied by a size class).
     #[inline(always)]

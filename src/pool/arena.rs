@@ -488,6 +488,111 @@ impl Arena {
         }
     }
 
+    /// Fills `out` with blocks of class `c` (a class of this arena): one copy from this
+    /// thread's cache when it holds enough, else refilled from the shared level a batch at a
+    /// time. All or nothing: on failure the blocks taken so far go back and the failure is
+    /// returned (after waiting, if the arena waits). `Pool::alloc_units` is the same path with
+    /// the pool's copy of the id; this entry is the one the loom models and unit tests drive.
+    #[cfg(test)]
+    pub(crate) fn alloc_units(&self, c: usize, out: &mut [u32]) -> Result<(), Failure> {
+        let done = cache::with_home(self.id, |mine| mine.pop_into(c, out)).unwrap_or(0);
+        if done == out.len() {
+            return Ok(());
+        }
+        self.alloc_units_slow(c, out, done)
+    }
+
+    /// [`Arena::alloc_units`] once its fast path took the first `done` blocks.
+    #[cold]
+    pub(crate) fn alloc_units_slow(
+        &self,
+        c: usize,
+        out: &mut [u32],
+        mut done: usize,
+    ) -> Result<(), Failure> {
+        cache::with_slot(self, |mine| {
+            let Some(mine) = mine.filter(|mine| mine.enabled(c)) else {
+                return;
+            };
+            let mut batch = [0u32; BATCH_MAX];
+            loop {
+                done += mine.pop_into(c, &mut out[done..]);
+                if done == out.len() {
+                    return;
+                }
+                let n = self.central().take(c, mine.batch(c), &mut batch);
+                if n == 0 {
+                    return;
+                }
+                // Counts one miss; the pop that follows is that allocation.
+                mine.refill(c, &batch[..n]);
+            }
+        });
+        // Uncached, or the shared level ran dry: one at a time, waiting if the arena waits.
+        while done < out.len() {
+            match self.alloc_small_slow(c) {
+                Ok(block) => {
+                    out[done] = block.unit();
+                    done += 1;
+                }
+                Err(failure) => {
+                    self.free_units(c, &out[..done]);
+                    return Err(failure);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees `units`, blocks of class `c` this arena allocated: one copy into this thread's
+    /// cache when it has room, else flushing a batch to the shared level as needed.
+    #[inline]
+    pub(crate) fn free_units(&self, c: usize, units: &[u32]) {
+        if !self.someone_waits() {
+            let done = cache::with_home(self.id, |mine| mine.push_from(c, units)).unwrap_or(0);
+            if done == units.len() {
+                return;
+            }
+            self.free_units_slow(c, &units[done..]);
+        } else {
+            self.free_units_slow(c, units);
+        }
+    }
+
+    /// [`Arena::free_units`] for what its fast path could not take.
+    #[cold]
+    pub(crate) fn free_units_slow(&self, c: usize, mut units: &[u32]) {
+        if !self.someone_waits() {
+            cache::with_slot(self, |mine| {
+                let Some(mine) = mine.filter(|mine| mine.enabled(c)) else {
+                    return;
+                };
+                let mut batch = [0u32; BATCH_MAX];
+                loop {
+                    units = &units[mine.push_from(c, units)..];
+                    if units.is_empty() {
+                        return;
+                    }
+                    let n = mine.take(c, mine.batch(c) as usize, &mut batch);
+                    if n == 0 {
+                        return;
+                    }
+                    self.give(c, &batch[..n]);
+                }
+            });
+        }
+        // Uncached, or someone waits (so the blocks must be where waiters look): straight to
+        // the shared level, a batch at a time.
+        let batch = (self.g.class[c].batch as usize).clamp(1, BATCH_MAX);
+        for chunk in units.chunks(batch) {
+            self.give(c, chunk);
+            // Relaxed: statistics.
+            self.direct[c]
+                .frees
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        }
+    }
+
     /// Flushes a slot's magazines into the shared level: its owner releasing it, or `Drop`.
     pub(crate) fn drain_slot(&self, mine: Mine<'_>) {
         let mut batch = [0u32; BATCH_MAX];

@@ -198,6 +198,38 @@ impl<'pool> Buffer<'pool> {
         Ok(self.slice().read_into(offset, dst)?)
     }
 
+    /// The buffer's tagged pool pointer (pool and size class, or buddy order, in one word):
+    /// equal for two buffers exactly when they share pool and kind.
+    #[inline(always)]
+    pub(super) fn tagged(&self) -> *const u8 {
+        self.tagged
+    }
+
+    /// A buffer of class `class` at `unit` of `pool`, built from the parts a
+    /// [`Batch`](super::Batch) keeps: `tagged` is `Buffer::tagged` of a buffer of that pool and
+    /// class, and `len` at most the class size.
+    #[inline(always)]
+    pub(super) fn from_parts(tagged: *const u8, unit: u32, len: u32) -> Self {
+        Self {
+            tagged,
+            word: u64::from(unit) | (u64::from(len) << 32),
+            pool: PhantomData,
+        }
+    }
+
+    /// Gives up a buffer that owns no block (built to learn its tag) and returns its tagged
+    /// pointer.
+    #[inline(always)]
+    pub(super) fn tagged_and_forget(self) -> *const u8 {
+        ManuallyDrop::new(self).tagged
+    }
+
+    /// Gives up the buffer without freeing its block; returns its unit (for a batch).
+    #[inline(always)]
+    pub(super) fn into_unit(self) -> u32 {
+        ManuallyDrop::new(self).unit()
+    }
+
     /// Gives up the buffer without freeing its block (for the pool's bulk free).
     #[inline(always)]
     pub(super) fn into_block(self) -> Block {

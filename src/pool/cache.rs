@@ -190,6 +190,73 @@ impl<'a> Mine<'a> {
         n
     }
 
+    /// Moves up to `out.len()` cached blocks of class `c` into `out` (the magazine's top, in
+    /// its order), returns how many. One copy and one counter update for the whole batch: what
+    /// a [`Batch`](super::Batch) allocates with.
+    #[inline(always)]
+    pub(crate) fn pop_into(&self, c: usize, out: &mut [u32]) -> usize {
+        let cache = self.cache(c);
+        // SAFETY: `Mine` proves ownership; `out` is the caller's memory, not the magazine.
+        let n = unsafe {
+            cache.with(|m| {
+                let len = m.len as usize;
+                let n = len.min(out.len());
+                let start = len - n;
+                // `len <= cap <= MAG_MAX`: in bounds; `get` spares the panic path all the same.
+                let Some(items) = m.items.get(start..len) else {
+                    return 0;
+                };
+                // Top first, as single pops would hand them out. A reversed copy is also one
+                // the compiler inlines (vector loads, shuffles, stores) rather than a call to
+                // `memcpy`, which costs more than the copy at these sizes.
+                for (slot, &unit) in out[..n].iter_mut().zip(items.iter().rev()) {
+                    *slot = unit;
+                }
+                m.len = start as u32;
+                n
+            })
+        };
+        // Relaxed: statistics; single writer (see `bump`).
+        let allocs = &cache.allocs;
+        allocs.store(
+            allocs.load(Ordering::Relaxed).wrapping_add(n as u64),
+            Ordering::Relaxed,
+        );
+        n
+    }
+
+    /// Pushes as many of `units` (freed blocks of class `c`) as the magazine has room for, in
+    /// one copy; returns how many (a prefix of `units`).
+    #[inline(always)]
+    pub(crate) fn push_from(&self, c: usize, units: &[u32]) -> usize {
+        let cache = self.cache(c);
+        // SAFETY: `Mine` proves ownership; `units` is the caller's memory, not the magazine.
+        let n = unsafe {
+            cache.with(|m| {
+                let len = m.len as usize;
+                let n = (m.cap as usize).saturating_sub(len).min(units.len());
+                // `len + n <= cap <= MAG_MAX`: in bounds; `get_mut` spares the panic path.
+                let Some(items) = m.items.get_mut(len..len + n) else {
+                    return 0;
+                };
+                // Reversed, so that `pop_into` (which takes the top first) hands a batch back in
+                // the order it was freed; and inlined, as there (see `pop_into`).
+                for (slot, &unit) in items.iter_mut().rev().zip(&units[..n]) {
+                    *slot = unit;
+                }
+                m.len = (len + n) as u32;
+                n
+            })
+        };
+        // Relaxed: statistics; single writer (see `bump`).
+        let frees = &cache.frees;
+        frees.store(
+            frees.load(Ordering::Relaxed).wrapping_add(n as u64),
+            Ordering::Relaxed,
+        );
+        n
+    }
+
     /// Pushes a freed block of class `c`; `false` (and nothing pushed) if the magazine is full.
     #[inline(always)]
     pub(crate) fn push(&self, c: usize, unit: u32) -> bool {

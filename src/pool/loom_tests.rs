@@ -249,3 +249,46 @@ fn one_cache_slot_handed_from_thread_to_thread() {
         assert_eq!((stats.classes[0].allocs, stats.classes[0].frees), (4, 4));
     });
 }
+
+#[test]
+fn batches_allocated_on_one_thread_and_freed_on_another_are_never_shared() {
+    model(|| {
+        let arena = arena(2, 2);
+        // Three blocks into a caller's batch: more than the two-block magazine holds, so the
+        // batch path refills from the shared level on the way.
+        let mut batch = [0u32; 3];
+        arena.alloc_units(0, &mut batch).expect("room");
+        let freer = {
+            let arena = Arc::clone(&arena);
+            thread::spawn(move || {
+                // Three into an empty two-block magazine: the batch free flushes a batch.
+                arena.free_units(0, &batch);
+                let mut mine = [0u32; 2];
+                arena.alloc_units(0, &mut mine).expect("room");
+                arena.flush_current_thread();
+                mine
+            })
+        };
+        // Meanwhile this thread allocates a batch of its own.
+        let mut ours = [0u32; 2];
+        arena.alloc_units(0, &mut ours).expect("room");
+        let theirs = freer.join().unwrap();
+        let g = arena.geometry();
+        let all: Vec<Block> = ours
+            .iter()
+            .chain(&theirs)
+            .map(|&unit| Block::small(unit, 0))
+            .collect();
+        for (i, x) in all.iter().enumerate() {
+            for y in &all[i + 1..] {
+                assert!(!overlap(x, y, g), "{x:?} and {y:?} overlap");
+            }
+        }
+        arena.free_units(0, &ours);
+        arena.free_units(0, &theirs);
+        arena.flush_current_thread();
+        assert_quiescent(&arena);
+        let stats = arena.stats();
+        assert_eq!((stats.classes[0].allocs, stats.classes[0].frees), (7, 7));
+    });
+}

@@ -104,6 +104,7 @@ use std::time::Duration;
 
 mod allocator;
 mod arena;
+mod batch;
 mod buddy;
 mod buffer;
 mod cache;
@@ -121,6 +122,7 @@ mod wait;
 mod loom_tests;
 
 pub use self::allocator::{leaked_mappings, Pool};
+pub use self::batch::{Batch, Entry, IntoIter, Iter};
 pub use self::buffer::Buffer;
 pub use self::owned::OwnedBuffer;
 pub use self::stats::{ClassStats, LargeStats, Stats};
@@ -318,6 +320,26 @@ pub enum Error {
         len: usize,
         /// The largest block of the arena.
         max: u64,
+    },
+    /// A [`Batch`] for buffers above the largest size class (those are whole chunks of the
+    /// buddy allocator, allocated one at a time).
+    #[error(
+        "a batch holds buffers of one size class, at most {max_class} bytes; {len} bytes is \
+         above it: allocate such buffers one by one"
+    )]
+    Unbatchable {
+        /// Bytes requested per buffer.
+        len: usize,
+        /// The pool's largest size class.
+        max_class: usize,
+    },
+    /// More buffers asked of a [`Batch`] than it has room for.
+    #[error("{count} more buffers do not fit the batch: room for {room}")]
+    BatchFull {
+        /// Buffers asked for.
+        count: usize,
+        /// Places left in the batch.
+        room: usize,
     },
     /// `Buffer::set_len` beyond the capacity.
     #[error("buffer length {len} exceeds its capacity {capacity}")]

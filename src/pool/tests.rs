@@ -564,3 +564,172 @@ fn a_mapping_in_pieces_gets_per_chunk_iovas() {
     let err = Pool::new(mapping, small_config().chunk_size(16 << 10)).unwrap_err();
     assert!(matches!(err, Error::NotContiguous { .. }), "{err}");
 }
+
+// ---- batches -------------------------------------------------------------------------------
+
+#[test]
+fn arena_units_are_all_or_nothing_and_refill_and_flush_through_the_cache() {
+    let config = small_config();
+    let arena = arena_with(4 << 20, &config);
+    let g = arena.geometry().clone();
+    let mut live = Live::default();
+    // More than a magazine holds: refills from the shared level, then the caller owns them all.
+    let mut units = vec![0u32; 300];
+    arena.alloc_units(4, &mut units).unwrap();
+    for &unit in &units {
+        live.insert(&Block::small(unit, 4), &g);
+    }
+    // And back: more than a magazine has room for, so it flushes batches to the shared level.
+    arena.free_units(4, &units);
+    let stats = arena.stats();
+    assert_eq!(
+        (stats.classes[4].allocs, stats.classes[4].frees),
+        (300, 300)
+    );
+    // The 4 MiB arena has 64 blocks of 64 KiB; asking for more fails and keeps nothing.
+    let mut too_many = vec![0u32; 65];
+    assert_eq!(arena.alloc_units(8, &mut too_many), Err(Failure::Exhausted));
+    assert_eq!(arena.stats().classes[8].in_use, 0, "nothing kept");
+    arena.flush_current_thread();
+    assert_all_free(&arena.stats());
+}
+
+#[test]
+fn a_batch_allocates_distinct_buffers_and_frees_them_once() {
+    let pool = Pool::new(mapping(4 << 20), small_config()).unwrap();
+    let mut batch: Batch<'_> = pool.alloc_batch(3000, 32).unwrap();
+    assert_eq!(
+        (batch.len(), batch.capacity(), batch.buffer_len()),
+        (32, 32, 3000)
+    );
+    let mut offsets: Vec<usize> = batch.iter().map(|b| b.offset()).collect();
+    for (i, buffer) in batch.iter().enumerate() {
+        assert_eq!((buffer.len(), buffer.capacity()), (3000, 4096));
+        assert_eq!(buffer.iova().raw() % 4096, 0);
+        buffer.write(0, &(i as u64).to_le_bytes()).unwrap();
+    }
+    for (i, buffer) in batch.iter().enumerate() {
+        let mut bytes = [0u8; 8];
+        buffer.read(0, &mut bytes).unwrap();
+        assert_eq!(
+            u64::from_le_bytes(bytes),
+            i as u64,
+            "buffers do not overlap"
+        );
+    }
+    assert_eq!(batch.get(31).map(|b| b.offset()), Some(offsets[31]));
+    assert!(batch.get(32).is_none());
+    offsets.sort_unstable();
+    offsets.dedup();
+    assert_eq!(offsets.len(), 32, "32 distinct blocks");
+    assert_eq!(pool.stats().classes[4].in_use, 32);
+    batch.free();
+    assert!(batch.is_empty());
+    assert_eq!(pool.stats().classes[4].in_use, 0);
+    // Refilled, the batch takes the same blocks back from this thread's cache.
+    batch.fill(32).unwrap();
+    let mut again: Vec<usize> = batch.iter().map(|b| b.offset()).collect();
+    again.sort_unstable();
+    assert_eq!(again, offsets);
+    drop(batch);
+    assert_eq!(pool.stats().classes[4].in_use, 0);
+    pool.flush_thread_cache();
+    assert_all_free(&pool.stats());
+}
+
+#[test]
+fn a_batch_refuses_what_it_cannot_hold() {
+    let pool = Pool::new(mapping(4 << 20), small_config()).unwrap();
+    let other = Pool::new(mapping(2 << 20), small_config()).unwrap();
+    assert!(matches!(
+        Batch::<'_, 8>::new(&pool, (64 << 10) + 1),
+        Err(Error::Unbatchable { max_class, .. }) if max_class == 64 << 10
+    ));
+    let mut batch = pool.alloc_batch::<8>(4096, 6).unwrap();
+    assert!(matches!(
+        batch.fill(3),
+        Err(Error::BatchFull { count: 3, room: 2 })
+    ));
+    assert_eq!(batch.len(), 6, "a refused fill keeps the batch as it was");
+    // Exhaustion (in a pool of its own: carved 64 KiB blocks stay in their class): 32 blocks
+    // of 64 KiB in 2 MiB; the failed fill keeps nothing.
+    let third = Pool::new(mapping(2 << 20), small_config()).unwrap();
+    let mut big = third.alloc_batch::<128>(64 << 10, 30).unwrap();
+    assert!(matches!(big.fill(10), Err(Error::Exhausted { .. })));
+    assert_eq!(big.len(), 30);
+    assert_eq!(third.stats().classes[8].in_use, 30);
+    drop(big);
+    third.flush_thread_cache();
+    assert_all_free(&third.stats());
+    // Only buffers of the same pool and class join; the others come back untouched.
+    let foreign = other.alloc(4096).unwrap();
+    let foreign = batch.push(foreign).unwrap_err();
+    assert!(std::ptr::eq(foreign.pool(), &other));
+    let small = batch.push(pool.alloc(256).unwrap()).unwrap_err();
+    assert_eq!(small.capacity(), 256);
+    drop((foreign, small));
+    let single = pool.alloc(3000).unwrap();
+    let iova = single.iova();
+    batch.push(single).unwrap();
+    assert_eq!(batch.len(), 7);
+    batch.push(pool.alloc(4096).unwrap()).unwrap();
+    let full = batch.push(pool.alloc(4096).unwrap()).unwrap_err();
+    drop(full);
+    // Out again: the pushed buffer has the batch's length now.
+    batch.pop().unwrap();
+    let popped = batch.pop().unwrap();
+    assert_eq!((popped.iova(), popped.len()), (iova, 4096));
+    drop(popped);
+    let owned: Vec<Buffer<'_>> = batch.into_iter().take(2).collect();
+    assert_eq!(owned.len(), 2);
+    assert_eq!(
+        pool.stats().classes[4].in_use,
+        2,
+        "the iterator freed the rest"
+    );
+    drop(owned);
+    pool.flush_thread_cache();
+    other.flush_thread_cache();
+    assert_all_free(&pool.stats());
+    assert_all_free(&other.stats());
+}
+
+#[test]
+fn a_batch_freed_on_another_thread_goes_to_that_thread_and_back() {
+    let pool = Pool::new(mapping(4 << 20), small_config()).unwrap();
+    std::thread::scope(|s| {
+        let (tx, rx) = mpsc::sync_channel::<Batch<'_>>(4);
+        let consumer = s.spawn(move || {
+            let mut freed = 0;
+            for batch in rx {
+                freed += batch.len();
+            }
+            freed
+        });
+        for _ in 0..100 {
+            let batch = pool.alloc_batch(4096, 32).unwrap();
+            for buffer in batch.iter() {
+                buffer.write(0, &[7; 8]).unwrap();
+            }
+            tx.send(batch).unwrap();
+        }
+        drop(tx);
+        assert_eq!(consumer.join().unwrap(), 3200);
+    });
+    pool.flush_thread_cache();
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.classes[4].allocs, stats.classes[4].frees),
+        (3200, 3200)
+    );
+    assert_all_free(&stats);
+}
+
+#[test]
+fn batches_work_without_thread_caches() {
+    let pool = Pool::new(mapping(4 << 20), small_config().thread_cache(0)).unwrap();
+    let batch = pool.alloc_batch::<32>(4096, 32).unwrap();
+    assert_eq!(batch.len(), 32);
+    drop(batch);
+    assert_all_free(&pool.stats());
+}

@@ -1,0 +1,335 @@
+//! [`Batch`]: up to `N` buffers of one pool and one size class, allocated and freed as one.
+//!
+//! What a batch stores is what the thread cache stores: block units (`u32`), plus, once for
+//! all of them, the pool, the size class and the length. Allocating `n` copies `n` units off
+//! the top of this thread's magazine with one thread-local lookup (DPDK's `rte_mempool` does
+//! the same with pointers out of its per-lcore cache); freeing copies them back. Nothing is
+//! done per buffer: no handle is built or pushed, and no buffer's pool is checked, because the
+//! batch's type says which pool (`'pool`) and its construction which class — a buffer enters a
+//! batch only by being allocated into it, or through [`Batch::push`], which checks that one
+//! buffer once. So a block in a batch can be freed only once (the batch owns it; taking it out
+//! with [`Batch::pop`] moves it) and only into its own pool and class.
+//!
+//! A batch is a plain value (for `N = 32`: 152 bytes, no heap), so it can be handed to another
+//! thread whole, through a channel or an SPSC ring, and freed there as one.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::ops::Deref;
+
+use super::allocator::Pool;
+use super::arena::Block;
+use super::buffer::Buffer;
+use super::geometry::class_of;
+use super::Error;
+
+/// Up to `N` buffers of `len` bytes each, of one size class of one [`Pool`], owned together:
+/// allocated with one copy out of this thread's cache ([`Pool::alloc_batch`],
+/// [`Batch::fill`]) and freed with one copy back ([`Batch::free`], or dropping the batch, on
+/// any thread).
+///
+/// Every buffer of a batch has the batch's length ([`Batch::buffer_len`]). Read and write the
+/// buffers through [`Batch::get`] / [`Batch::iter`] (each a [`Buffer`] view, borrowed from the
+/// batch), take one out with [`Batch::pop`] or all with `into_iter`, and add one allocated
+/// elsewhere with [`Batch::push`].
+pub struct Batch<'pool, const N: usize = 32> {
+    pool: &'pool Pool,
+    /// `Buffer::tagged` of every buffer of the batch: the pool's address plus the class.
+    tagged: *const u8,
+    class: u32,
+    len: u32,
+    count: u32,
+    units: [u32; N],
+}
+
+// SAFETY: the batch owns its blocks exclusively, like a `Buffer` (which is Send): freeing them
+// on another thread goes through that thread's cache, which is correct for any thread. The
+// tagged pointer stands for the `&'pool Pool` next to it (`Pool: Sync`).
+unsafe impl<const N: usize> Send for Batch<'_, N> {}
+// SAFETY: `&Batch` only reads the fields and hands out `Buffer` views, which are Sync.
+unsafe impl<const N: usize> Sync for Batch<'_, N> {}
+
+impl<const N: usize> fmt::Debug for Batch<'_, N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batch")
+            .field("len", &self.len())
+            .field("capacity", &N)
+            .field("buffer_len", &self.buffer_len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    /// Allocates `count` buffers of `len` bytes (at most the largest size class) as one batch:
+    /// one thread-cache lookup and one copy when the cache holds them, which is the common
+    /// case. All or nothing.
+    ///
+    /// # Errors
+    /// [`Error::Unbatchable`] above the largest size class, [`Error::BatchFull`] if `count`
+    /// exceeds `N`, otherwise as [`Pool::alloc`].
+    #[inline(always)]
+    pub fn alloc_batch<const N: usize>(
+        &self,
+        len: usize,
+        count: usize,
+    ) -> Result<Batch<'_, N>, Error> {
+        let mut batch = Batch::new(self, len)?;
+        batch.fill(count)?;
+        Ok(batch)
+    }
+}
+
+impl<'pool, const N: usize> Batch<'pool, N> {
+    /// Batches hold at most 65536 buffers (their counts are `u32`s, and a batch is a value).
+    const SIZE_OK: () = assert!(N <= 1 << 16, "a batch holds at most 65536 buffers");
+
+    /// An empty batch for buffers of `len` bytes of `pool`.
+    ///
+    /// # Errors
+    /// [`Error::Unbatchable`] if `len` is above the pool's largest size class (such buffers
+    /// are whole chunks of the buddy allocator, allocated one by one).
+    #[inline(always)]
+    pub fn new(pool: &'pool Pool, len: usize) -> Result<Self, Error> {
+        #[allow(clippy::let_unit_value)]
+        let () = Self::SIZE_OK;
+        let class = class_of(len);
+        if class >= pool.classes() {
+            return Err(Error::Unbatchable {
+                len,
+                max_class: pool.config().largest_class(),
+            });
+        }
+        // The tag and pointer every buffer of this class of `pool` carries; `class` is below
+        // the pool's classes, and `len` (at most the class size) fits a `u32`.
+        let tagged = Buffer::new(pool, Block::small(0, class), 0).tagged_and_forget();
+        Ok(Self {
+            pool,
+            tagged,
+            class: class as u32,
+            len: len as u32,
+            count: 0,
+            units: [0; N],
+        })
+    }
+
+    /// Allocates `count` more buffers into the batch. All or nothing.
+    ///
+    /// # Errors
+    /// [`Error::BatchFull`] if fewer than `count` places are left, otherwise as
+    /// [`Pool::alloc`].
+    #[inline(always)]
+    pub fn fill(&mut self, count: usize) -> Result<(), Error> {
+        let held = self.count as usize;
+        let Some(out) = self.units.get_mut(held..held + count) else {
+            return Err(Error::BatchFull {
+                count,
+                room: N - held,
+            });
+        };
+        self.pool
+            .alloc_units(self.class as usize, out, self.len as usize)?;
+        // `held + count <= N <= 2^16`.
+        self.count = (held + count) as u32;
+        Ok(())
+    }
+
+    /// Frees every buffer of the batch (one copy into this thread's cache when it has room);
+    /// the batch stays, empty, for [`Batch::fill`] or [`Batch::push`].
+    #[inline(always)]
+    pub fn free(&mut self) {
+        let held = self.count as usize;
+        // Emptied before the blocks go back: whatever happens below, none is freed twice.
+        self.count = 0;
+        if let Some(units) = self.units.get(..held) {
+            self.pool.free_units(self.class as usize, units);
+        }
+    }
+
+    /// Buffers in the batch.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    /// Whether the batch holds no buffer.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Buffers the batch can hold: `N`.
+    pub fn capacity(&self) -> usize {
+        N
+    }
+
+    /// The length of each of the batch's buffers.
+    #[inline]
+    pub fn buffer_len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// The pool the batch's buffers belong to.
+    pub fn pool(&self) -> &'pool Pool {
+        self.pool
+    }
+
+    /// A view of buffer `i` (below [`Batch::len`]), borrowed from the batch.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<Entry<'_, 'pool>> {
+        let unit = *self.units.get(..self.count as usize)?.get(i)?;
+        Some(self.entry(unit))
+    }
+
+    /// Views of the batch's buffers, in order.
+    #[inline]
+    pub fn iter(&self) -> Iter<'_, 'pool> {
+        Iter {
+            units: self.units[..self.count as usize].iter(),
+            tagged: self.tagged,
+            len: self.len,
+            _batch: PhantomData,
+        }
+    }
+
+    #[inline(always)]
+    fn entry(&self, unit: u32) -> Entry<'_, 'pool> {
+        Entry {
+            buffer: ManuallyDrop::new(Buffer::from_parts(self.tagged, unit, self.len)),
+            _batch: PhantomData,
+        }
+    }
+
+    /// Adds `buffer` (of this batch's pool and size class: one check, for this buffer) at the
+    /// end; its length becomes the batch's. Gives it back if it is of another pool or class, or
+    /// if the batch is full.
+    ///
+    /// # Errors
+    /// The buffer itself, untouched, when it cannot join the batch.
+    #[inline]
+    pub fn push(&mut self, buffer: Buffer<'pool>) -> Result<(), Buffer<'pool>> {
+        let held = self.count as usize;
+        if buffer.tagged() != self.tagged || held >= N {
+            return Err(buffer);
+        }
+        self.units[held] = buffer.into_unit();
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Takes the last buffer out of the batch.
+    #[inline]
+    pub fn pop(&mut self) -> Option<Buffer<'pool>> {
+        let last = self.count.checked_sub(1)?;
+        self.count = last;
+        let unit = self.units[last as usize];
+        Some(Buffer::from_parts(self.tagged, unit, self.len))
+    }
+}
+
+impl<const N: usize> Drop for Batch<'_, N> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.free();
+    }
+}
+
+impl<'pool, const N: usize> IntoIterator for Batch<'pool, N> {
+    type Item = Buffer<'pool>;
+    type IntoIter = IntoIter<'pool, N>;
+
+    /// The batch's buffers as owned [`Buffer`]s, in order; those not taken are freed with the
+    /// iterator.
+    fn into_iter(self) -> IntoIter<'pool, N> {
+        IntoIter {
+            batch: self,
+            next: 0,
+        }
+    }
+}
+
+/// A view of one buffer of a [`Batch`]: the [`Buffer`] API by `Deref`, for as long as the
+/// batch is borrowed. Dropping it frees nothing.
+pub struct Entry<'b, 'pool> {
+    buffer: ManuallyDrop<Buffer<'pool>>,
+    _batch: PhantomData<&'b ()>,
+}
+
+impl<'pool> Deref for Entry<'_, 'pool> {
+    type Target = Buffer<'pool>;
+    #[inline(always)]
+    fn deref(&self) -> &Buffer<'pool> {
+        &self.buffer
+    }
+}
+
+impl fmt::Debug for Entry<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.buffer, f)
+    }
+}
+
+/// The buffers of a [`Batch`] as [`Entry`] views ([`Batch::iter`]).
+#[derive(Debug)]
+pub struct Iter<'b, 'pool> {
+    units: std::slice::Iter<'b, u32>,
+    tagged: *const u8,
+    len: u32,
+    _batch: PhantomData<&'b Batch<'pool>>,
+}
+
+impl<'b, 'pool> Iterator for Iter<'b, 'pool> {
+    type Item = Entry<'b, 'pool>;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Entry<'b, 'pool>> {
+        let &unit = self.units.next()?;
+        Some(Entry {
+            buffer: ManuallyDrop::new(Buffer::from_parts(self.tagged, unit, self.len)),
+            _batch: PhantomData,
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.units.size_hint()
+    }
+}
+
+impl ExactSizeIterator for Iter<'_, '_> {}
+
+/// The buffers of a [`Batch`] as owned [`Buffer`]s (`into_iter`).
+#[derive(Debug)]
+pub struct IntoIter<'pool, const N: usize> {
+    batch: Batch<'pool, N>,
+    next: usize,
+}
+
+impl<'pool, const N: usize> Iterator for IntoIter<'pool, N> {
+    type Item = Buffer<'pool>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Buffer<'pool>> {
+        let batch = &self.batch;
+        let &unit = batch.units[..batch.count as usize].get(self.next)?;
+        self.next += 1;
+        Some(Buffer::from_parts(batch.tagged, unit, batch.len))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.batch.count as usize - self.next;
+        (left, Some(left))
+    }
+}
+
+impl<const N: usize> ExactSizeIterator for IntoIter<'_, N> {}
+
+impl<const N: usize> Drop for IntoIter<'_, N> {
+    fn drop(&mut self) {
+        // The buffers handed out are the caller's now: free only the rest.
+        let batch = &mut self.batch;
+        let (held, next) = (batch.count as usize, self.next);
+        batch.units.copy_within(next..held, 0);
+        batch.count = (held - next) as u32;
+        // `batch` is dropped next, freeing those.
+    }
+}
