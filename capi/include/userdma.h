@@ -68,9 +68,6 @@
 // `udma_version()`.
 #define UDMA_VERSION (((UDMA_VERSION_MAJOR << 16) | (UDMA_VERSION_MINOR << 8)) | UDMA_VERSION_PATCH)
 
-// A timeout that never passes.
-#define UDMA_TIMEOUT_INFINITE UINT64_MAX
-
 // `udma_loopback_options.flags`: pin the engine to `engine_cpu`.
 #define UDMA_LOOPBACK_PIN_ENGINE 1
 
@@ -81,6 +78,9 @@
 
 // `udma_pci_options.flags`: use VFIO's container interface even where iommufd exists.
 #define UDMA_PCI_NO_IOMMUFD 2
+
+// A timeout that never passes.
+#define UDMA_TIMEOUT_INFINITE UINT64_MAX
 
 // `udma_tensor.flags`: the tensor is pinned at `offset`.
 #define UDMA_TENSOR_FIXED 1
@@ -368,7 +368,8 @@ typedef struct udma_pool_stats {
   uint64_t large_allocs;
   // Bytes held by such large buffers now.
   uint64_t large_in_use_bytes;
-  // Buffer handles alive now (on the host or in a queue): what `udma_pool_destroy` waits for.
+  // Buffer handles alive now (on the host or in a queue), and calls on the pool in progress
+  // on other threads: what `udma_pool_destroy` waits for.
   uint64_t handles;
 } udma_pool_stats;
 
@@ -672,7 +673,7 @@ enum udma_status udma_pool_create(const struct udma_device *device,
 enum udma_status udma_pool_destroy(struct udma_pool *pool);
 
 // Allocates a buffer of `len` bytes (1 to the pool's `max_len`). No system call and no lock
-// of the pool's on the fast path; the handle table takes one short lock.
+// on the fast path.
 //
 // Errors: `UDMA_ERR_INVALID_ARGUMENT` for a length out of range; `UDMA_ERR_EXHAUSTED` when
 // nothing is free (after waiting, with `wait_us`).
@@ -686,7 +687,8 @@ enum udma_status udma_pool_alloc(const struct udma_pool *pool,
 // Allocates `count` buffers of `len` bytes each into `buffers[0..count]`: all or nothing
 // (on an error no buffer is allocated and `buffers` is untouched).
 //
-// Errors: as `udma_pool_alloc`.
+// Errors: as `udma_pool_alloc`; `UDMA_ERR_INVALID_ARGUMENT` for a count above 2^24 (the
+// most live buffer handles).
 //
 // # Safety
 // `buffers` points to `count` writable `udma_buffer *`.
