@@ -40,12 +40,16 @@ mod error;
 mod handle;
 #[path = "../src/memory.rs"]
 mod memory;
+#[path = "../src/pipeline.rs"]
+mod pipeline;
 #[path = "../src/plan.rs"]
 mod plan;
 #[path = "../src/queue.rs"]
 mod queue;
 #[path = "../src/slots.rs"]
 mod slots;
+#[path = "../src/streams.rs"]
+mod streams;
 #[path = "../src/sync.rs"]
 mod sync;
 

@@ -42,16 +42,22 @@ pub(crate) enum Kind {
     Buffer = 0xd4,
     Queue = 0xd5,
     Plan = 0xd6,
+    Model = 0xd7,
+    Pipeline = 0xd8,
+    Streams = 0xd9,
 }
 
 impl Kind {
-    const ALL: [Kind; 6] = [
+    const ALL: [Kind; 9] = [
         Kind::Device,
         Kind::Mapping,
         Kind::Pool,
         Kind::Buffer,
         Kind::Queue,
         Kind::Plan,
+        Kind::Model,
+        Kind::Pipeline,
+        Kind::Streams,
     ];
 
     /// The C type's name without the prefix, for messages.
@@ -63,6 +69,9 @@ impl Kind {
             Kind::Buffer => "buffer",
             Kind::Queue => "queue",
             Kind::Plan => "plan",
+            Kind::Model => "model",
+            Kind::Pipeline => "pipeline",
+            Kind::Streams => "streams",
         }
     }
 
@@ -79,6 +88,9 @@ impl Kind {
             Kind::Buffer => "udma_pool_alloc",
             Kind::Queue => "udma_queue_create",
             Kind::Plan => "udma_plan_create",
+            Kind::Model => "udma_model_create_chain or udma_model_create_yolov5s",
+            Kind::Pipeline => "udma_pipeline_create",
+            Kind::Streams => "udma_streams_create",
         }
     }
 }

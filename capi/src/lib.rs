@@ -12,6 +12,8 @@
 //! | `memory` | mappings, pools, buffers |
 //! | `queue` | queues: submit, poll, wait, wait on many |
 //! | `plan` | the static buffer planner |
+//! | `pipeline` | models, pipelines, the frame views callbacks get |
+//! | `streams` | streams of pipelines under a scheduler |
 //!
 //! Every C name (`udma_*`) is spelled here as C spells it.
 #![allow(non_camel_case_types)]
@@ -28,10 +30,14 @@ mod handle;
 #[cfg(not(loom))]
 mod memory;
 #[cfg(not(loom))]
+mod pipeline;
+#[cfg(not(loom))]
 mod plan;
 #[cfg(not(loom))]
 mod queue;
 mod slots;
+#[cfg(not(loom))]
+mod streams;
 mod sync;
 
 #[cfg(not(loom))]
@@ -40,9 +46,13 @@ pub use error::{udma_last_error, udma_status, udma_status_name};
 #[cfg(not(loom))]
 pub use memory::*;
 #[cfg(not(loom))]
+pub use pipeline::*;
+#[cfg(not(loom))]
 pub use plan::*;
 #[cfg(not(loom))]
 pub use queue::*;
+#[cfg(not(loom))]
+pub use streams::*;
 
 /// The major version of the header (the library's is `udma_version() >> 16`).
 pub const UDMA_VERSION_MAJOR: u32 = 0;
