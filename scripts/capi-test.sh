@@ -7,8 +7,12 @@
 #   4. the C tests (capi/tests/capi_test.c), -std=c11 -Wall -Wextra -Wpedantic -Werror, under
 #      AddressSanitizer + UndefinedBehaviorSanitizer, then once under Valgrind;
 #   5. examples/c/round_trip.c, built through an install (scripts/capi-install.sh) and
-#      pkg-config, linked against the shared and the static library, and run.
-# The debug build of the library is used: it shares its dependencies with `cargo test`.
+#      pkg-config, linked against the shared and the static library, and run;
+#   6. examples/c/two_streams.c (YOLOv5s-like frames on the NPU cost model, every result
+#      checked), through an install of the release build, run for 1.5 s.
+# Steps 1 to 5 use the debug build of the library: it shares its dependencies with `cargo
+# test`. Step 6 needs the release build (the loopback device computes each layer on the host,
+# which a debug build does a hundred times slower than the cost model's frame time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
@@ -67,4 +71,13 @@ LD_LIBRARY_PATH=$prefix/lib "$out/round_trip"
 gcc "${CFLAGS[@]}" $(pkg-config --cflags userdma) examples/c/round_trip.c -o "$out/round_trip_static" \
 	"$prefix/lib/libuserdma.a" $(pkg-config --libs-only-l --static userdma | sed 's/-luserdma//')
 "$out/round_trip_static"
+
+echo "--- examples/c/two_streams.c through a release install"
+release=$(realpath "$out")/prefix-release
+rm -rf "$release"
+PROFILE=release scripts/capi-install.sh "$release" >/dev/null
+# shellcheck disable=SC2046
+gcc "${CFLAGS[@]}" examples/c/two_streams.c -o "$out/two_streams" \
+	$(PKG_CONFIG_PATH=$release/lib/pkgconfig pkg-config --cflags --libs userdma)
+LD_LIBRARY_PATH=$release/lib "$out/two_streams" 1500
 echo "C API: every check passed"

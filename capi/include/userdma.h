@@ -12,7 +12,9 @@
  *     only by the library, in pairs: udma_device_open_* / udma_device_close,
  *     udma_memory_map / udma_mapping_destroy, udma_pool_create / udma_pool_destroy,
  *     udma_pool_alloc / udma_pool_free, udma_queue_create / udma_queue_destroy,
- *     udma_plan_create / udma_plan_destroy.
+ *     udma_plan_create / udma_plan_destroy, udma_model_create_* / udma_model_destroy,
+ *     udma_pipeline_create / udma_pipeline_destroy (or udma_streams_create, which takes the
+ *     pipelines over), udma_streams_create / udma_streams_destroy.
  *
  * Handles
  *   A handle is a pointer type, but its value is not an address and is never dereferenced:
@@ -33,6 +35,17 @@
  *     udma_queue_destroy hands back what was still in flight.
  *   - udma_pool_destroy returns UDMA_ERR_BUSY while any of its buffers is out. Closing a
  *     device does not invalidate what was made from it: each handle keeps what it needs.
+ *
+ * Callbacks
+ *   Pipelines and streams call back into the program to write a frame's input and to take
+ *   its result (udma_pipeline_fill_fn, udma_pipeline_result_fn, udma_preprocess_fn,
+ *   udma_postprocess_fn), on the calling thread, inside the call that runs them. The
+ *   udma_frame_input / udma_frame_output a callback gets is valid during that callback only
+ *   (the library checks its token: a view kept past it is refused). A callback must return
+ *   normally: no longjmp out of it, no C++ exception through it (either would skip the
+ *   library's frames: undefined behaviour, or an abort). Inside a callback, the frame calls
+ *   (udma_frame_input_write, udma_frame_output_read), the model, buffer and error calls are
+ *   allowed; pipeline and streams calls return UDMA_ERR_BUSY.
  *
  * Structs that grow
  *   Option, info and op structs start with `size_t size`: set it to sizeof the struct. The
@@ -68,9 +81,6 @@
 // `udma_version()`.
 #define UDMA_VERSION (((UDMA_VERSION_MAJOR << 16) | (UDMA_VERSION_MINOR << 8)) | UDMA_VERSION_PATCH)
 
-// A timeout that never passes.
-#define UDMA_TIMEOUT_INFINITE UINT64_MAX
-
 // `udma_loopback_options.flags`: pin the engine to `engine_cpu`.
 #define UDMA_LOOPBACK_PIN_ENGINE 1
 
@@ -81,6 +91,16 @@
 
 // `udma_pci_options.flags`: use VFIO's container interface even where iommufd exists.
 #define UDMA_PCI_NO_IOMMUFD 2
+
+// A timeout that never passes.
+#define UDMA_TIMEOUT_INFINITE UINT64_MAX
+
+// `udma_pipeline_options.flags`: every descriptor on one queue, in order (by default three
+// queues on the device's two units, so copying and computing overlap).
+#define UDMA_PIPELINE_ONE_QUEUE 1
+
+// `udma_pipeline_options.flags`: poll for completions instead of sleeping on interrupts.
+#define UDMA_PIPELINE_POLL 2
 
 // `udma_tensor.flags`: the tensor is pinned at `offset`.
 #define UDMA_TENSOR_FIXED 1
@@ -186,6 +206,28 @@ typedef enum udma_plan_strategy {
   UDMA_PLAN_EXACT = 5,
 } udma_plan_strategy;
 
+// `udma_streams_options.policy`: how the next stream is chosen.
+typedef enum udma_policy {
+  // One frame per stream in turn, priorities ignored (the default).
+  UDMA_POLICY_ROUND_ROBIN = 0,
+  // The highest priority first, equal priorities in turn; lower streams can starve.
+  UDMA_POLICY_STRICT_PRIORITY = 1,
+  // Priority with batch switching: a stream keeps the device for up to `batch_k` frames
+  // while another waits, then a waiting lower stream gets a batch; none starves.
+  UDMA_POLICY_BATCH = 2,
+} udma_policy;
+
+// `udma_pipeline_options.results`: how results reach the host.
+typedef enum udma_results {
+  // Measure both ways for the model's result size when the pipeline is made, use the
+  // faster (the default).
+  UDMA_RESULTS_AUTO = 0,
+  // A D2H copy into a host buffer.
+  UDMA_RESULTS_COPY = 1,
+  // Read in place from device memory through the BAR (no D2H descriptor).
+  UDMA_RESULTS_IN_PLACE = 2,
+} udma_results;
+
 // What a call returns: `UDMA_OK` (0), or why it failed. The values 1 to 9 are those of
 // userdma's error codes and never change; a new kind of failure gets a new value.
 typedef enum udma_status {
@@ -249,6 +291,17 @@ typedef struct udma_device udma_device;
 // (unmapped) by `udma_mapping_destroy`.
 typedef struct udma_mapping udma_mapping;
 
+// A model a pipeline runs: an arena of device memory, the input tensor, the result tensor
+// and the device steps between. Made by `udma_model_create_chain` or
+// `udma_model_create_yolov5s`, destroyed by `udma_model_destroy` (a pipeline keeps its own
+// copy).
+typedef struct udma_model udma_model;
+
+// A pipeline: a model's frames through preallocated slots on a loopback device. Made by
+// `udma_pipeline_create`, destroyed by `udma_pipeline_destroy` or moved into a
+// `udma_streams` by `udma_streams_create`.
+typedef struct udma_pipeline udma_pipeline;
+
 // A plan, made by `udma_plan_create`, destroyed by `udma_plan_destroy`.
 typedef struct udma_plan udma_plan;
 
@@ -259,6 +312,10 @@ typedef struct udma_pool udma_pool;
 // A hardware queue of a device, made by `udma_queue_create`, destroyed by
 // `udma_queue_destroy`.
 typedef struct udma_queue udma_queue;
+
+// Streams of pipelines under a scheduler, made by `udma_streams_create` (which takes the
+// pipelines over), destroyed by `udma_streams_destroy`.
+typedef struct udma_streams udma_streams;
 
 // How to start the loopback device. Zero is the default for every field: a zeroed struct with
 // `size` set is the default device.
@@ -368,7 +425,8 @@ typedef struct udma_pool_stats {
   uint64_t large_allocs;
   // Bytes held by such large buffers now.
   uint64_t large_in_use_bytes;
-  // Buffer handles alive now (on the host or in a queue): what `udma_pool_destroy` waits for.
+  // Buffer handles alive now (on the host or in a queue), and calls on the pool in progress
+  // on other threads: what `udma_pool_destroy` waits for.
   uint64_t handles;
 } udma_pool_stats;
 
@@ -390,6 +448,121 @@ typedef struct udma_buffer_info {
   // Zero.
   uint32_t reserved;
 } udma_buffer_info;
+
+// What a model is (`udma_model_get_info`).
+typedef struct udma_model_info {
+  // `sizeof(udma_model_info)`.
+  size_t size;
+  // Bytes of a frame's input.
+  uint64_t input_bytes;
+  // Bytes of a frame's result.
+  uint64_t result_bytes;
+  // Bytes of device memory one frame's arena takes (a pipeline takes one per slot).
+  uint64_t arena_bytes;
+  // Bytes the device computes over per frame (read plus written).
+  uint64_t compute_bytes;
+  // Device steps per frame.
+  uint32_t steps;
+  // Zero.
+  uint32_t reserved;
+} udma_model_info;
+
+// A frame's input, inside a fill or preprocess callback: write it with
+// `udma_frame_input_write`. Valid for that callback only.
+typedef struct udma_frame_input {
+  // `sizeof(udma_frame_input)` of the library.
+  size_t size;
+  // The frame's number in its pipeline (from 0).
+  uint64_t frame;
+  // Bytes of the input: write all of them (what is not written keeps an earlier frame's
+  // bytes).
+  uint64_t len;
+  // The library's check that the view belongs to the running callback.
+  uint64_t token;
+} udma_frame_input;
+
+// A finished frame, inside a result or postprocess callback: read its result with
+// `udma_frame_output_read`. Valid for that callback only.
+typedef struct udma_frame_output {
+  // `sizeof(udma_frame_output)` of the library.
+  size_t size;
+  // The frame's number in its pipeline (from 0, in order).
+  uint64_t frame;
+  // Bytes of the result (0 for a failed frame).
+  uint64_t len;
+  // Nanoseconds from the start of its preprocessing to its result.
+  uint64_t latency_ns;
+  // The completion's result field of the failed step (an address or offset), or 0.
+  uint64_t fault;
+  // 0: the device ran the frame; otherwise the loopback device's code of the step that
+  // failed (`udma_op_status_name` names it), and the frame has no result.
+  uint32_t status;
+  // The step that failed: 0 the H2D copy, then the model's steps, then the D2H copy.
+  uint32_t step;
+  // The library's check that the view belongs to the running callback.
+  uint64_t token;
+} udma_frame_output;
+
+// How to make a pipeline. Zero is the default for every field.
+typedef struct udma_pipeline_options {
+  // `sizeof(udma_pipeline_options)`.
+  size_t size;
+  // Slots (frames in flight at most), 1 to 1024; 0: 2 (double buffering).
+  uint32_t depth;
+  // Frames per doorbell; 0: 1.
+  uint32_t batch;
+  // The first of its queues (it takes three, or one with `UDMA_PIPELINE_ONE_QUEUE`).
+  uint32_t queue;
+  // The device context its queues run in (streams on different contexts make the device
+  // switch between them).
+  uint32_t context;
+  // `UDMA_PIPELINE_ONE_QUEUE`, `UDMA_PIPELINE_POLL`, or 0.
+  uint32_t flags;
+  // A `udma_results`; 0: `UDMA_RESULTS_AUTO`.
+  uint32_t results;
+  // How long a wait for a frame may take before it fails; 0: 10 s.
+  uint64_t timeout_ns;
+  // The context's working set in device SRAM: bytes of its own (0 with `shared` 0:
+  // nothing declared).
+  uint64_t working_set_private;
+  // Bytes shared with contexts of the same `working_set_key` (one model's weights).
+  uint64_t working_set_shared;
+  // The share key (0: nothing shared).
+  uint32_t working_set_key;
+  // Zero.
+  uint32_t reserved;
+} udma_pipeline_options;
+
+// Writes a frame's input (`udma_pipeline_submit_with`): `input` is valid during the call.
+typedef void (*udma_pipeline_fill_fn)(void *user, uint64_t frame, struct udma_frame_input *input);
+
+// Takes a finished frame (`udma_pipeline_poll`, `udma_pipeline_wait`): `output` is valid
+// during the call.
+typedef void (*udma_pipeline_result_fn)(void *user, const struct udma_frame_output *output);
+
+// A pipeline's state (`udma_pipeline_get_info`).
+typedef struct udma_pipeline_info {
+  // `sizeof(udma_pipeline_info)`.
+  size_t size;
+  // Frames finished (handed to a result callback, or discarded by destroy).
+  uint64_t frames;
+  // Frames the device failed.
+  uint64_t failed;
+  // Doorbells rung.
+  uint64_t doorbells;
+  // Bytes copied to the device.
+  uint64_t bytes_to_device;
+  // Bytes of results brought back.
+  uint64_t bytes_to_host;
+  // Frames in flight now.
+  uint32_t in_flight;
+  // Slots.
+  uint32_t depth;
+  // 1 if results are read in place from device memory, 0 if copied back.
+  uint32_t in_place;
+  // Zero.
+  uint32_t reserved;
+} udma_pipeline_info;
 
 // One tensor of the list to plan. Zero is the default for every field but `bytes` and the
 // interval.
@@ -530,6 +703,87 @@ typedef struct udma_queue_info {
   // Zero.
   uint32_t reserved;
 } udma_queue_info;
+
+// How to schedule the streams. Zero is the default for every field.
+typedef struct udma_streams_options {
+  // `sizeof(udma_streams_options)`.
+  size_t size;
+  // A `udma_policy`; 0: round-robin.
+  uint32_t policy;
+  // Frames per batch under `UDMA_POLICY_BATCH` (at least 1).
+  uint32_t batch_k;
+  // Frames on each device at once; 0: 1 (the scheduler decides every frame as the device
+  // becomes free, so its wait bounds hold).
+  uint32_t in_flight;
+  // Zero.
+  uint32_t reserved;
+} udma_streams_options;
+
+// One stream (`udma_streams_create` takes an array of them). Zero is the default for every
+// field but `name` and `pipeline`.
+typedef struct udma_stream_options {
+  // `sizeof(udma_stream_options)`.
+  size_t size;
+  // Its name in reports and messages, unique among the streams (copied).
+  const char *name;
+  // The pipeline its frames run through, with nothing in flight: the streams take it
+  // over (its handle is destroyed when `udma_streams_create` succeeds). The stream runs in
+  // the pipeline's device context.
+  struct udma_pipeline *pipeline;
+  // One frame every `period_ns` nanoseconds from the start of a run (a camera); 0: the
+  // next frame is ready as soon as the previous one is dispatched (a file played back).
+  uint64_t period_ns;
+  // A frame that has waited this long runs next, whatever its priority; 0: no maximum.
+  uint64_t max_wait_ns;
+  // Higher runs first, 0 to 255.
+  uint32_t priority;
+  // Zero.
+  uint32_t reserved;
+} udma_stream_options;
+
+// Writes a dispatched frame's input (`udma_streams_run`): `input` is valid during the call.
+typedef void (*udma_preprocess_fn)(void *user, uint32_t stream, uint64_t frame, struct udma_frame_input *input);
+
+// Takes a stream's finished frame (`udma_streams_run`): `output` is valid during the call.
+typedef void (*udma_postprocess_fn)(void *user, uint32_t stream, const struct udma_frame_output *output);
+
+// What one stream did in a run (`udma_streams_run`).
+typedef struct udma_stream_report {
+  // `sizeof(udma_stream_report)`.
+  size_t size;
+  // Frames finished.
+  uint64_t frames;
+  // Frames the device failed.
+  uint64_t failed;
+  // Frames that arrived while 256 of its frames were waiting, never run.
+  uint64_t dropped;
+  // Frames that had arrived but were still waiting when the run ended.
+  uint64_t left_waiting;
+  // Frames finished per second of the run.
+  double fps;
+  // Mean latency from arrival to the result handed over, in ns.
+  double latency_mean_ns;
+  // Its median.
+  uint64_t latency_p50_ns;
+  // Its 99th percentile.
+  uint64_t latency_p99_ns;
+  // Its maximum.
+  uint64_t latency_max_ns;
+  // The longest wait from arrival to dispatch, in ns.
+  uint64_t max_wait_ns;
+} udma_stream_report;
+
+// What a whole run did (`udma_streams_run`).
+typedef struct udma_run_report {
+  // `sizeof(udma_run_report)`.
+  size_t size;
+  // Seconds it ran (the duration, plus draining the frames in flight).
+  double seconds;
+  // Context switches the schedulers' decisions caused.
+  uint64_t switches;
+  // Decisions made.
+  uint64_t decisions;
+} udma_run_report;
 
 #ifdef __cplusplus
 extern "C" {
@@ -672,7 +926,7 @@ enum udma_status udma_pool_create(const struct udma_device *device,
 enum udma_status udma_pool_destroy(struct udma_pool *pool);
 
 // Allocates a buffer of `len` bytes (1 to the pool's `max_len`). No system call and no lock
-// of the pool's on the fast path; the handle table takes one short lock.
+// on the fast path.
 //
 // Errors: `UDMA_ERR_INVALID_ARGUMENT` for a length out of range; `UDMA_ERR_EXHAUSTED` when
 // nothing is free (after waiting, with `wait_us`).
@@ -686,7 +940,8 @@ enum udma_status udma_pool_alloc(const struct udma_pool *pool,
 // Allocates `count` buffers of `len` bytes each into `buffers[0..count]`: all or nothing
 // (on an error no buffer is allocated and `buffers` is untouched).
 //
-// Errors: as `udma_pool_alloc`.
+// Errors: as `udma_pool_alloc`; `UDMA_ERR_INVALID_ARGUMENT` for a count above 2^24 (the
+// most live buffer handles).
 //
 // # Safety
 // `buffers` points to `count` writable `udma_buffer *`.
@@ -751,6 +1006,172 @@ enum udma_status udma_buffer_read(const struct udma_buffer *buffer,
                                   uint64_t offset,
                                   void *dst,
                                   size_t len);
+
+// A chain of `layers` compute steps over tensors of `bytes` each (rounded up to 4-byte
+// words), planned into one arena: the synthetic model of `userdma pipeline`.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for 0 layers or 0 bytes.
+//
+// # Safety
+// `model` points to a writable `udma_model *`.
+enum udma_status udma_model_create_chain(uint32_t layers,
+                                         uint64_t bytes,
+                                         struct udma_model **model);
+
+// The YOLOv5s-like model of the zoo: YOLOv5s's tensor graph (640x640x3 input, one byte
+// per activation) planned into one arena, each op one layer step, the detections filtered
+// on the device so that only a count and at most `max_detections` 32-byte records come back.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `max_detections` 0.
+//
+// # Safety
+// `model` points to a writable `udma_model *`.
+enum udma_status udma_model_create_yolov5s(uint32_t max_detections, struct udma_model **model);
+
+// The model's sizes.
+//
+// # Safety
+// `info` points to `info->size` writable bytes.
+enum udma_status udma_model_get_info(const struct udma_model *model, struct udma_model_info *info);
+
+// The result the device must produce for `input`, computed on the host (as a fresh arena
+// would hold it): `result_len` must be at least the model's `result_bytes`, `input_len` at
+// least its `input_bytes` (extra input bytes are ignored). Allocates an arena on the host,
+// for setting up checks rather than per frame.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a NULL pointer or a length too short.
+//
+// # Safety
+// `input` points to `input_len` readable bytes, `result` to `result_len` writable ones.
+enum udma_status udma_model_expected(const struct udma_model *model,
+                                     const void *input,
+                                     size_t input_len,
+                                     void *result,
+                                     size_t result_len);
+
+// Destroys a model handle (pipelines made from it keep their own copy).
+//
+// # Safety
+// None (any value is checked, none is dereferenced).
+enum udma_status udma_model_destroy(struct udma_model *model);
+
+// Copies `len` bytes from `src` into the frame's input at `offset` (into the slot's DMA
+// buffer). Inside a fill or preprocess callback only.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a view outside its callback, a NULL pointer, or a
+// range past the input's `len`.
+//
+// # Safety
+// `input` is NULL or points to a readable `udma_frame_input`; `src` to `len` readable bytes.
+enum udma_status udma_frame_input_write(const struct udma_frame_input *input,
+                                        uint64_t offset,
+                                        const void *src,
+                                        size_t len);
+
+// Copies `len` bytes of the frame's result at `offset` into `dst`. Inside a result or
+// postprocess callback only.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a view outside its callback, a failed frame (no
+// result), a NULL pointer, or a range past the result's `len`.
+//
+// # Safety
+// `output` is NULL or points to a readable `udma_frame_output`; `dst` to `len` writable bytes.
+enum udma_status udma_frame_output_read(const struct udma_frame_output *output,
+                                        uint64_t offset,
+                                        void *dst,
+                                        size_t len);
+
+// Makes a pipeline on a loopback device for `model` (`options` may be NULL: the defaults):
+// its slots (host buffers from one pool mapped once, one device arena each) and its queues.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an option out of range; `UDMA_ERR_UNSUPPORTED`
+// for a PCI device (the pipeline runs the loopback device's layer ops); `UDMA_ERR_BUSY`
+// for a queue open already; `UDMA_ERR_DEVICE` or `UDMA_ERR_EXHAUSTED` when device memory
+// cannot hold `depth` arenas (lower the depth).
+//
+// # Safety
+// `options` is NULL or points to `options->size` readable bytes; `pipeline` to a writable
+// `udma_pipeline *`.
+enum udma_status udma_pipeline_create(const struct udma_device *device,
+                                      const struct udma_model *model,
+                                      const struct udma_pipeline_options *options,
+                                      struct udma_pipeline **pipeline);
+
+// Submits a frame whose input is `len` bytes copied from `input` (at most the model's
+// `input_bytes`; the rest of the slot's input keeps an earlier frame's bytes), and sets
+// `*frame` (may be NULL) to its number. Its descriptors are announced once `batch` frames
+// are queued (or by `udma_pipeline_flush`, `udma_pipeline_wait`).
+//
+// Errors: `UDMA_ERR_BUSY` when every slot is in flight (take finished frames first) or
+// inside a callback; `UDMA_ERR_INVALID_ARGUMENT` for an input longer than the model's.
+//
+// # Safety
+// `input` points to `len` readable bytes; `frame` is NULL or points to a writable
+// `uint64_t`.
+enum udma_status udma_pipeline_submit(struct udma_pipeline *pipeline,
+                                      const void *input,
+                                      size_t len,
+                                      uint64_t *frame);
+
+// Submits a frame whose input `fill(user, frame, input)` writes (with
+// `udma_frame_input_write`, straight into the slot's DMA buffer), and sets `*frame` (may be
+// NULL) to its number. `fill` must return normally (see the callbacks note in the header).
+//
+// Errors: as `udma_pipeline_submit`; `UDMA_ERR_INVALID_ARGUMENT` for a NULL `fill`.
+//
+// # Safety
+// `fill` is safe to call with `user`; `frame` is NULL or points to a writable `uint64_t`.
+enum udma_status udma_pipeline_submit_with(struct udma_pipeline *pipeline,
+                                           udma_pipeline_fill_fn fill,
+                                           void *user,
+                                           uint64_t *frame);
+
+// Announces every queued frame (one doorbell per queue).
+//
+// # Safety
+// None (any value is checked, none is dereferenced).
+enum udma_status udma_pipeline_flush(struct udma_pipeline *pipeline);
+
+// Hands every finished frame, in frame order, to `result(user, output)` without waiting,
+// and sets `*finished` (may be NULL) to how many.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a NULL `result`; `UDMA_ERR_DEVICE` for a broken
+// queue. A frame the device failed is no error: it reaches `result` with its status.
+//
+// # Safety
+// `result` is safe to call with `user`; `finished` is NULL or points to a writable `size_t`.
+enum udma_status udma_pipeline_poll(struct udma_pipeline *pipeline,
+                                    udma_pipeline_result_fn result,
+                                    void *user,
+                                    size_t *finished);
+
+// Announces queued frames, waits until at least one frame finishes (up to the pipeline's
+// `timeout_ns`), and hands it and any others done to `result(user, output)`, in frame
+// order; sets `*finished` (may be NULL) to how many (0 when nothing is in flight).
+//
+// Errors: as `udma_pipeline_poll`; `UDMA_ERR_TIMEOUT` when nothing finishes in time.
+//
+// # Safety
+// As `udma_pipeline_poll`.
+enum udma_status udma_pipeline_wait(struct udma_pipeline *pipeline,
+                                    udma_pipeline_result_fn result,
+                                    void *user,
+                                    size_t *finished);
+
+// The pipeline's counters.
+//
+// # Safety
+// `info` points to `info->size` writable bytes.
+enum udma_status udma_pipeline_get_info(const struct udma_pipeline *pipeline,
+                                        struct udma_pipeline_info *info);
+
+// Drains the frames in flight (their results discarded), gives every buffer back and
+// destroys the pipeline. The handle is invalid from then on, even when the drain fails
+// (`UDMA_ERR_TIMEOUT`: the device stopped answering; its memory stays with it).
+//
+// # Safety
+// None (any value is checked, none is dereferenced).
+enum udma_status udma_pipeline_destroy(struct udma_pipeline *pipeline);
 
 // Plans `tensors[0..count]` (each element `tensors[0].size` bytes apart) into one arena.
 //
@@ -908,6 +1329,56 @@ enum udma_status udma_queue_get_info(const struct udma_queue *queue, struct udma
 
 // The name of a completion's device status (`"host-unmapped"`), a static string.
 const char *udma_op_status_name(uint32_t status);
+
+// Makes streams of `count` pipelines under one scheduler per device (`options` may be
+// NULL: round-robin, one frame in flight). On success every pipeline handle in `streams`
+// is destroyed: the streams own the pipelines. On a refused argument they stay the
+// caller's.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for no streams or more than 64, a NULL, empty or
+// duplicate name, a priority above 255, a pipeline listed twice, a bad policy, or
+// `batch_k` 0 under `UDMA_POLICY_BATCH`; `UDMA_ERR_INVALID_HANDLE` for a pipeline handle
+// that is not live; `UDMA_ERR_BUSY` for a pipeline with frames in flight.
+//
+// # Safety
+// `options` is NULL or points to `options->size` readable bytes; `streams` to `count`
+// structs of `streams[0].size` bytes each, their names NUL-terminated strings; `out` to a
+// writable `udma_streams *`.
+enum udma_status udma_streams_create(const struct udma_streams_options *options,
+                                     const struct udma_stream_options *streams,
+                                     size_t count,
+                                     struct udma_streams **out);
+
+// Runs the streams for `duration_ns`: frames arrive, each device's scheduler picks whose
+// frame goes whenever the device can take one, `preprocess(user, stream, frame, input)`
+// writes it (may be NULL: the slot's input stays as it was), `postprocess(user, stream,
+// output)` gets each result (may be NULL: results are dropped); then the frames in flight
+// are drained. `stream` is the index in the array given to `udma_streams_create`. Fills
+// `reports[0..count]` (`count` the number of streams; `reports` may be NULL with `count`
+// 0) and `*run` (may be NULL). The counts start again at every run. Both callbacks must
+// return normally (see the callbacks note in the header).
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a `count` other than 0 or the number of
+// streams; `UDMA_ERR_TIMEOUT` or `UDMA_ERR_DEVICE` for a device that stopped answering.
+//
+// # Safety
+// The callbacks are safe to call with `user`; `reports` points to `count` structs of
+// `reports[0].size` bytes each; `run` is NULL or points to `run->size` writable bytes.
+enum udma_status udma_streams_run(struct udma_streams *streams,
+                                  uint64_t duration_ns,
+                                  udma_preprocess_fn preprocess,
+                                  udma_postprocess_fn postprocess,
+                                  void *user,
+                                  struct udma_stream_report *reports,
+                                  size_t count,
+                                  struct udma_run_report *run);
+
+// Drains the streams' pipelines (results discarded), gives their buffers back and destroys
+// the streams. The handle is invalid from then on, even when a drain fails.
+//
+// # Safety
+// None (any value is checked, none is dereferenced).
+enum udma_status udma_streams_destroy(struct udma_streams *streams);
 
 #ifdef __cplusplus
 } // extern "C"

@@ -452,7 +452,10 @@ pub unsafe extern "C" fn udma_device_interrupt_fd(
     })
 }
 
+/// A timeout that never passes.
+pub const UDMA_TIMEOUT_INFINITE: u64 = u64::MAX;
+
 /// A timeout in nanoseconds as a `Duration`, `UDMA_TIMEOUT_INFINITE` as `None`.
 pub(crate) fn timeout(ns: u64) -> Option<Duration> {
-    (ns != crate::UDMA_TIMEOUT_INFINITE).then(|| Duration::from_nanos(ns))
+    (ns != UDMA_TIMEOUT_INFINITE).then(|| Duration::from_nanos(ns))
 }

@@ -15,8 +15,9 @@
 //!   match again.
 //!
 //! Every check holds in release builds. Each registry is one mutex over a vector: a lookup is
-//! a lock, a bounds check and a compare, and objects are `Arc`s cloned out of the lock (or, for
-//! buffers, the slot is changed under it), so no call keeps the table locked while it works.
+//! a lock, a bounds check and a compare, and objects are `Arc`s cloned out of the lock, so no
+//! call keeps the table locked while it works. Buffers and pools, on the hot path, are in
+//! lock-free tables of the same keys instead (`crate::slots`).
 //! On 64-bit targets only (a handle must hold 64 bits).
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -41,16 +42,22 @@ pub(crate) enum Kind {
     Buffer = 0xd4,
     Queue = 0xd5,
     Plan = 0xd6,
+    Model = 0xd7,
+    Pipeline = 0xd8,
+    Streams = 0xd9,
 }
 
 impl Kind {
-    const ALL: [Kind; 6] = [
+    const ALL: [Kind; 9] = [
         Kind::Device,
         Kind::Mapping,
         Kind::Pool,
         Kind::Buffer,
         Kind::Queue,
         Kind::Plan,
+        Kind::Model,
+        Kind::Pipeline,
+        Kind::Streams,
     ];
 
     /// The C type's name without the prefix, for messages.
@@ -62,6 +69,9 @@ impl Kind {
             Kind::Buffer => "buffer",
             Kind::Queue => "queue",
             Kind::Plan => "plan",
+            Kind::Model => "model",
+            Kind::Pipeline => "pipeline",
+            Kind::Streams => "streams",
         }
     }
 
@@ -78,6 +88,9 @@ impl Kind {
             Kind::Buffer => "udma_pool_alloc",
             Kind::Queue => "udma_queue_create",
             Kind::Plan => "udma_plan_create",
+            Kind::Model => "udma_model_create_chain or udma_model_create_yolov5s",
+            Kind::Pipeline => "udma_pipeline_create",
+            Kind::Streams => "udma_streams_create",
         }
     }
 }
@@ -90,6 +103,21 @@ pub(crate) struct Key {
 }
 
 impl Key {
+    /// The key of occupant `generation` of slot `index`.
+    pub(crate) fn new(index: u32, generation: u32) -> Key {
+        Key { index, generation }
+    }
+
+    /// The slot.
+    pub(crate) fn index(self) -> u32 {
+        self.index
+    }
+
+    /// The occupant.
+    pub(crate) fn generation(self) -> u32 {
+        self.generation
+    }
+
     /// The value C holds.
     pub(crate) fn value(self, kind: Kind) -> u64 {
         (kind as u64) << 56 | u64::from(self.generation) << INDEX_BITS | u64::from(self.index)
@@ -174,37 +202,7 @@ impl<T> Registry<T> {
 
     /// Decodes `ptr` as a handle of this registry's kind, checking everything but the slot.
     pub(crate) fn decode<P>(&self, ptr: *const P) -> Result<Key, Fail> {
-        let value = ptr.addr() as u64;
-        let kind = self.kind;
-        if value == 0 {
-            return Err(Fail::handle(format!(
-                "the {} handle is NULL: pass one made by {}",
-                kind.name(),
-                kind.maker()
-            )));
-        }
-        match Kind::of_tag(value >> 56) {
-            Some(k) if k == kind => {}
-            Some(other) => {
-                return Err(Fail::handle(format!(
-                    "{value:#x} is a {} handle, not a {} handle",
-                    other.name(),
-                    kind.name()
-                )))
-            }
-            None => {
-                return Err(Fail::handle(format!(
-                    "{value:#x} is not a {} handle made by this library (nor any of its \
-                     handles): pass one made by {}",
-                    kind.name(),
-                    kind.maker()
-                )))
-            }
-        }
-        Ok(Key {
-            index: (value & INDEX_MASK) as u32,
-            generation: ((value >> INDEX_BITS) & u64::from(u32::MAX)) as u32,
-        })
+        decode(self.kind, ptr)
     }
 
     /// Runs `f` on the live object `ptr` names, with the table locked (keep `f` short).
@@ -258,26 +256,70 @@ impl<T> Registry<T> {
             // is "foreign"; telling the two apart needs the slot's history, and the message
             // covers both.)
             Some(_) => Err(self.stale(value)),
-            None => Err(Fail::handle(format!(
-                "{value:#x} is not a live {} handle of this library: pass one made by {}",
-                self.kind.name(),
-                self.kind.maker()
-            ))),
+            None => Err(foreign(self.kind, value)),
         }
     }
 
     fn stale(&self, value: u64) -> Fail {
-        let verb = if self.kind == Kind::Buffer {
-            "freed"
-        } else {
-            "destroyed"
-        };
-        Fail::handle(format!(
-            "the {} handle {value:#x} was {verb} already (or was never made by this library): \
-             a handle is used until it is {verb}, and {verb} once",
-            self.kind.name()
-        ))
+        stale(self.kind, value)
     }
+}
+
+/// Decodes `ptr` as a handle of `kind`, checking everything but the slot: NULL, the tag.
+pub(crate) fn decode<P>(kind: Kind, ptr: *const P) -> Result<Key, Fail> {
+    let value = ptr.addr() as u64;
+    if value == 0 {
+        return Err(Fail::handle(format!(
+            "the {} handle is NULL: pass one made by {}",
+            kind.name(),
+            kind.maker()
+        )));
+    }
+    match Kind::of_tag(value >> 56) {
+        Some(k) if k == kind => {}
+        Some(other) => {
+            return Err(Fail::handle(format!(
+                "{value:#x} is a {} handle, not a {} handle",
+                other.name(),
+                kind.name()
+            )))
+        }
+        None => {
+            return Err(Fail::handle(format!(
+                "{value:#x} is not a {} handle made by this library (nor any of its \
+                 handles): pass one made by {}",
+                kind.name(),
+                kind.maker()
+            )))
+        }
+    }
+    Ok(Key {
+        index: (value & INDEX_MASK) as u32,
+        generation: ((value >> INDEX_BITS) & u64::from(u32::MAX)) as u32,
+    })
+}
+
+/// A handle of `kind` whose slot the library never made (an index past the table).
+pub(crate) fn foreign(kind: Kind, value: u64) -> Fail {
+    Fail::handle(format!(
+        "{value:#x} is not a live {} handle of this library: pass one made by {}",
+        kind.name(),
+        kind.maker()
+    ))
+}
+
+/// A handle of `kind` whose slot has another occupant (or none) now.
+pub(crate) fn stale(kind: Kind, value: u64) -> Fail {
+    let verb = if kind == Kind::Buffer {
+        "freed"
+    } else {
+        "destroyed"
+    };
+    Fail::handle(format!(
+        "the {} handle {value:#x} was {verb} already (or was never made by this library): \
+         a handle is used until it is {verb}, and {verb} once",
+        kind.name()
+    ))
 }
 
 /// The table of a registry, locked ([`Registry::with_all`]).
@@ -287,11 +329,6 @@ pub(crate) struct Table<'a, T> {
 }
 
 impl<T> Table<'_, T> {
-    /// Decodes a handle of this kind.
-    pub(crate) fn decode<P>(&self, ptr: *const P) -> Result<Key, Fail> {
-        self.registry.decode(ptr)
-    }
-
     /// The live object under `key` (`value` is the handle, for messages).
     pub(crate) fn get(&mut self, key: Key, value: u64) -> Result<&mut T, Fail> {
         let slot = self.registry.slot(self.slots, key, value)?;
@@ -312,26 +349,6 @@ impl<T> Table<'_, T> {
         slot.generation = slot.generation.wrapping_add(1).max(1);
         self.slots.free.push(key.index);
         value
-    }
-
-    /// Every live object, with its key.
-    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (Key, &mut T)> {
-        self.slots
-            .slots
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(index, slot)| {
-                let generation = slot.generation;
-                slot.value.as_mut().map(|v| {
-                    (
-                        Key {
-                            index: index as u32,
-                            generation,
-                        },
-                        v,
-                    )
-                })
-            })
     }
 }
 

@@ -5,28 +5,54 @@
 //! |---|---|
 //! | `error` | `udma_status`, the thread's last error, the boundary every call goes through |
 //! | `handle` | handles: tagged, generation-checked keys, never dereferenced |
+//! | `slots` | lock-free handle slots for buffers and pools (the hot path) |
+//! | `sync` | loom's atomics under `cfg(loom)`, std's otherwise |
 //! | `abi` | structs that grow: `size` first, older sizes accepted |
 //! | `device` | the loopback device, PCI functions (VFIO, UIO), interrupt fds |
 //! | `memory` | mappings, pools, buffers |
 //! | `queue` | queues: submit, poll, wait, wait on many |
 //! | `plan` | the static buffer planner |
+//! | `pipeline` | models, pipelines, the frame views callbacks get |
+//! | `streams` | streams of pipelines under a scheduler |
 //!
 //! Every C name (`udma_*`) is spelled here as C spells it.
 #![allow(non_camel_case_types)]
+// Under loom (`RUSTFLAGS="--cfg loom"`), userdma builds its concurrency core only, and this
+// crate its handle slots and what they need, for their loom models.
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
 
+#[cfg(not(loom))]
 mod abi;
+#[cfg(not(loom))]
 mod device;
 mod error;
 mod handle;
+#[cfg(not(loom))]
 mod memory;
+#[cfg(not(loom))]
+mod pipeline;
+#[cfg(not(loom))]
 mod plan;
+#[cfg(not(loom))]
 mod queue;
+mod slots;
+#[cfg(not(loom))]
+mod streams;
+mod sync;
 
+#[cfg(not(loom))]
 pub use device::*;
 pub use error::{udma_last_error, udma_status, udma_status_name};
+#[cfg(not(loom))]
 pub use memory::*;
+#[cfg(not(loom))]
+pub use pipeline::*;
+#[cfg(not(loom))]
 pub use plan::*;
+#[cfg(not(loom))]
 pub use queue::*;
+#[cfg(not(loom))]
+pub use streams::*;
 
 /// The major version of the header (the library's is `udma_version() >> 16`).
 pub const UDMA_VERSION_MAJOR: u32 = 0;
@@ -38,9 +64,6 @@ pub const UDMA_VERSION_PATCH: u32 = 0;
 /// `udma_version()`.
 pub const UDMA_VERSION: u32 =
     UDMA_VERSION_MAJOR << 16 | UDMA_VERSION_MINOR << 8 | UDMA_VERSION_PATCH;
-
-/// A timeout that never passes.
-pub const UDMA_TIMEOUT_INFINITE: u64 = u64::MAX;
 
 /// The library's version, `major << 16 | minor << 8 | patch` (as `UDMA_VERSION`). A program
 /// built against major version M runs with a library of the same M and a minor version at

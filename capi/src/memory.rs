@@ -5,11 +5,16 @@
 //! and write it, free it, submit it) or the queue it was submitted to (the device owns it: it
 //! cannot be freed, read or written through the library until its completion hands it back,
 //! under the same handle).
+//!
+//! Buffers and pools are in lock-free handle tables ([`crate::slots`]): an allocation or a
+//! free takes no lock (a thread keeps its own list of free buffer slots), only one
+//! compare-and-swap on the pool's slot (a pin: every buffer out holds one, which is how
+//! `udma_pool_destroy` knows it has buffers out) and, to free, one on the buffer's.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use udma::dma;
 use udma::memory::PageSize;
@@ -18,7 +23,8 @@ use udma::pool::{self, OwnedBuffer, Pool};
 use crate::abi;
 use crate::device::{device, udma_device};
 use crate::error::{call, lib, udma_status, Fail};
-use crate::handle::{Key, Kind, Registry};
+use crate::handle::{self, Key, Kind, Registry, MAX_LIVE};
+use crate::slots::{Pin, Table};
 
 /// `udma_memory_map`'s and `udma_pool_options`' page size.
 #[repr(C)]
@@ -218,8 +224,6 @@ pub struct udma_buffer {
 pub(crate) struct PoolEntry {
     pool: Arc<Pool>,
     device: String,
-    /// Buffers of this pool with a live handle (on the host or in a queue).
-    out: AtomicU64,
 }
 
 /// Where a buffer is.
@@ -231,7 +235,8 @@ pub(crate) enum State {
 }
 
 pub(crate) struct BufferEntry {
-    pool: Arc<PoolEntry>,
+    /// Its pool's slot, one of whose pins this buffer holds.
+    pool: Key,
     pub(crate) state: State,
     host: usize,
     iova: u64,
@@ -239,8 +244,67 @@ pub(crate) struct BufferEntry {
     capacity: u64,
 }
 
-static POOLS: Registry<Arc<PoolEntry>> = Registry::new(Kind::Pool);
-pub(crate) static BUFFERS: Registry<BufferEntry> = Registry::new(Kind::Buffer);
+static POOLS: LazyLock<Table<PoolEntry>> = LazyLock::new(|| Table::new(Kind::Pool));
+static BUFFERS: LazyLock<Table<BufferEntry>> = LazyLock::new(|| Table::new(Kind::Buffer));
+
+/// This thread's free buffer slots: most allocations and frees take an index from here and
+/// give one back, without the table's lock. Given back to the table when the thread ends.
+struct LocalSlots(Vec<u32>);
+
+impl Drop for LocalSlots {
+    fn drop(&mut self) {
+        BUFFERS.return_list(&mut self.0);
+    }
+}
+
+thread_local! {
+    static LOCAL_SLOTS: RefCell<LocalSlots> = const { RefCell::new(LocalSlots(Vec::new())) };
+}
+
+/// Runs `f` with this thread's free buffer slots (none while the thread is being torn down:
+/// then the table's own list serves).
+fn with_local<R>(f: impl FnOnce(Option<&mut Vec<u32>>) -> R) -> R {
+    let mut f = Some(f);
+    let done = LOCAL_SLOTS.try_with(|local| {
+        let f = f.take().expect("taken once");
+        match local.try_borrow_mut() {
+            Ok(mut local) => f(Some(&mut local.0)),
+            Err(_) => f(None),
+        }
+    });
+    match (done, f) {
+        (Ok(result), _) => result,
+        (Err(_), Some(f)) => f(None),
+        (Err(_), None) => unreachable!("try_with failed after running its closure"),
+    }
+}
+
+/// A buffer slot is never pinned (buffers are only locked), so locking one is never busy.
+fn never_pinned(pins: u64) -> Fail {
+    Fail::new(
+        udma_status::UDMA_ERR_INTERNAL,
+        format!("a buffer slot has {pins} pins (a bug in userdma; please report it)"),
+    )
+}
+
+/// Locks the buffer `ptr` names.
+fn lock_buffer(ptr: *const udma_buffer) -> Result<crate::slots::Guard<'static, BufferEntry>, Fail> {
+    let key = handle::decode(Kind::Buffer, ptr)?;
+    BUFFERS.lock(key, ptr.addr() as u64, never_pinned)
+}
+
+/// Pins the pool `ptr` names.
+fn pin_pool(ptr: *const udma_pool) -> Result<Pin<'static, PoolEntry>, Fail> {
+    let key = handle::decode(Kind::Pool, ptr)?;
+    POOLS.pin(key, ptr.addr() as u64)
+}
+
+/// The device name of the live pool `key` (for messages).
+fn pool_device(key: Key) -> String {
+    POOLS
+        .pin(key, key.value(Kind::Pool))
+        .map_or_else(|_| "?".into(), |p| p.with(|e| e.device.clone()))
+}
 
 /// How to make a pool. Zero is the default for every field but `bytes`.
 #[repr(C)]
@@ -286,7 +350,8 @@ pub struct udma_pool_stats {
     pub large_allocs: u64,
     /// Bytes held by such large buffers now.
     pub large_in_use_bytes: u64,
-    /// Buffer handles alive now (on the host or in a queue): what `udma_pool_destroy` waits for.
+    /// Buffer handles alive now (on the host or in a queue), and calls on the pool in progress
+    /// on other threads: what `udma_pool_destroy` waits for.
     pub handles: u64,
 }
 
@@ -364,11 +429,13 @@ pub unsafe extern "C" fn udma_pool_create(
             d.runtime.pool_with(len, page, config)
         };
         let made = made.map_err(|e| Fail::from(e).context(&d.name))?;
-        let key = POOLS.insert(Arc::new(PoolEntry {
-            pool: made,
-            device: d.name.clone(),
-            out: AtomicU64::new(0),
-        }))?;
+        let key = POOLS.insert(
+            PoolEntry {
+                pool: made,
+                device: d.name.clone(),
+            },
+            None,
+        )?;
         // SAFETY: checked non-null; writable per this function's contract.
         unsafe { out.write(key.to_ptr(Kind::Pool)) };
         Ok(())
@@ -385,24 +452,21 @@ pub unsafe extern "C" fn udma_pool_create(
 #[no_mangle]
 pub unsafe extern "C" fn udma_pool_destroy(pool: *mut udma_pool) -> udma_status {
     call("udma_pool_destroy", || {
-        let entry = POOLS.remove_if(pool, |p| match p.out.load(Ordering::Acquire) {
-            0 => Ok(()),
-            n => Err(Fail::new(
+        let key = handle::decode(Kind::Pool, pool)?;
+        let busy = |n: u64| {
+            Fail::new(
                 udma_status::UDMA_ERR_BUSY,
                 format!(
-                    "the pool on {} has {n} buffers out (on the host or in queues): free \
-                     them first (udma_pool_free)",
-                    p.device
+                    "the pool on {} has {n} buffers out (on the host or in queues) or calls \
+                     on it in progress: free them first (udma_pool_free)",
+                    pool_device(key)
                 ),
-            )),
-        })?;
+            )
+        };
+        let entry = POOLS.lock(key, pool.addr() as u64, busy)?.remove(None);
         drop(entry);
         Ok(())
     })
-}
-
-fn pool_entry(ptr: *const udma_pool) -> Result<Arc<PoolEntry>, Fail> {
-    POOLS.with(ptr, |_, p| Ok(Arc::clone(p)))
 }
 
 fn alloc_one(p: &PoolEntry, len: u64) -> Result<OwnedBuffer, Fail> {
@@ -418,9 +482,9 @@ fn alloc_one(p: &PoolEntry, len: u64) -> Result<OwnedBuffer, Fail> {
         .map_err(|e| lib(e).context(&p.device))
 }
 
-fn entry(pool: &Arc<PoolEntry>, buffer: OwnedBuffer) -> BufferEntry {
+fn entry(pool: Key, buffer: OwnedBuffer) -> BufferEntry {
     BufferEntry {
-        pool: Arc::clone(pool),
+        pool,
         host: buffer.as_ptr().as_ptr().expose_provenance(),
         iova: buffer.iova().raw(),
         len: buffer.len() as u64,
@@ -430,7 +494,7 @@ fn entry(pool: &Arc<PoolEntry>, buffer: OwnedBuffer) -> BufferEntry {
 }
 
 /// Allocates a buffer of `len` bytes (1 to the pool's `max_len`). No system call and no lock
-/// of the pool's on the fast path; the handle table takes one short lock.
+/// on the fast path.
 ///
 /// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a length out of range; `UDMA_ERR_EXHAUSTED` when
 /// nothing is free (after waiting, with `wait_us`).
@@ -445,28 +509,22 @@ pub unsafe extern "C" fn udma_pool_alloc(
 ) -> udma_status {
     call("udma_pool_alloc", || {
         let out = abi::out(buffer, "buffer")?;
-        let p = pool_entry(pool)?;
-        // Counted first, so a concurrent destroy sees it.
-        p.out.fetch_add(1, Ordering::AcqRel);
-        let made = alloc_one(&p, len).and_then(|b| BUFFERS.insert(entry(&p, b)));
-        match made {
-            Ok(key) => {
-                // SAFETY: checked non-null; writable per this function's contract.
-                unsafe { out.write(key.to_ptr(Kind::Buffer)) };
-                Ok(())
-            }
-            Err(fail) => {
-                p.out.fetch_sub(1, Ordering::AcqRel);
-                Err(fail)
-            }
-        }
+        let p = pin_pool(pool)?;
+        let owned = p.with(|e| alloc_one(e, len))?;
+        let key = with_local(|local| BUFFERS.insert(entry(p.key(), owned), local))?;
+        // The buffer holds the pin from now on; `udma_pool_free` drops it.
+        p.keep();
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { out.write(key.to_ptr(Kind::Buffer)) };
+        Ok(())
     })
 }
 
 /// Allocates `count` buffers of `len` bytes each into `buffers[0..count]`: all or nothing
 /// (on an error no buffer is allocated and `buffers` is untouched).
 ///
-/// Errors: as `udma_pool_alloc`.
+/// Errors: as `udma_pool_alloc`; `UDMA_ERR_INVALID_ARGUMENT` for a count above 2^24 (the
+/// most live buffer handles).
 ///
 /// # Safety
 /// `buffers` points to `count` writable `udma_buffer *`.
@@ -479,56 +537,59 @@ pub unsafe extern "C" fn udma_pool_alloc_bulk(
 ) -> udma_status {
     call("udma_pool_alloc_bulk", || {
         let out = abi::out(buffers, "buffers")?;
-        let p = pool_entry(pool)?;
-        p.out.fetch_add(count as u64, Ordering::AcqRel);
-        let mut made = Vec::with_capacity(count);
-        let mut result = Ok(());
-        for i in 0..count {
-            match alloc_one(&p, len) {
-                Ok(b) => made.push(b),
-                Err(fail) => {
-                    result = Err(fail.context(format!("buffer {i} of {count}")));
-                    break;
-                }
-            }
+        let p = pin_pool(pool)?;
+        if count > MAX_LIVE {
+            return Err(Fail::invalid(format!(
+                "count {count} is above {MAX_LIVE}, the most live buffer handles"
+            )));
         }
-        let keys = result.and_then(|()| {
-            BUFFERS.with_all(|table| {
-                let mut keys: Vec<Key> = Vec::with_capacity(count);
-                for b in made.drain(..) {
-                    match table.insert(entry(&p, b)) {
-                        Ok(k) => keys.push(k),
-                        Err(fail) => {
-                            for k in keys {
-                                drop(table.remove(k));
+        // One pin per buffer: this call's, and one more for each after the first.
+        let mut pins = Vec::with_capacity(count.saturating_sub(1));
+        for _ in 1..count {
+            pins.push(POOLS.pin(p.key(), pool.addr() as u64)?);
+        }
+        let mut made = Vec::with_capacity(count);
+        for i in 0..count {
+            let b = p
+                .with(|e| alloc_one(e, len))
+                .map_err(|fail| fail.context(format!("buffer {i} of {count}")))?;
+            made.push(b);
+        }
+        let keys = with_local(|mut local| {
+            let mut keys: Vec<Key> = Vec::with_capacity(count);
+            for b in made.drain(..) {
+                match BUFFERS.insert(entry(p.key(), b), local.as_deref_mut()) {
+                    Ok(k) => keys.push(k),
+                    Err(fail) => {
+                        for k in keys {
+                            if let Ok(g) = BUFFERS.lock(k, k.value(Kind::Buffer), never_pinned) {
+                                drop(g.remove(local.as_deref_mut()));
                             }
-                            return Err(fail);
                         }
+                        return Err(fail);
                     }
                 }
-                Ok(keys)
-            })
-        });
-        match keys {
-            Ok(keys) => {
-                for (i, key) in keys.into_iter().enumerate() {
-                    // SAFETY: `i < count`, and `count` entries are writable per this
-                    // function's contract.
-                    unsafe { out.add(i).write(key.to_ptr(Kind::Buffer)) };
-                }
-                Ok(())
             }
-            Err(fail) => {
-                drop(made);
-                p.out.fetch_sub(count as u64, Ordering::AcqRel);
-                Err(fail)
-            }
+            Ok(keys)
+        })?;
+        // Each buffer holds a pin from now on.
+        if count > 0 {
+            p.keep();
         }
+        for pin in pins {
+            pin.keep();
+        }
+        for (i, key) in keys.into_iter().enumerate() {
+            // SAFETY: `i < count`, and `count` entries are writable per this function's
+            // contract.
+            unsafe { out.add(i).write(key.to_ptr(Kind::Buffer)) };
+        }
+        Ok(())
     })
 }
 
-/// Checks that `b` (the handle `value`) may be freed into `p`.
-fn freeable(b: &BufferEntry, p: &Arc<PoolEntry>, value: u64) -> Result<(), Fail> {
+/// Checks that `b` (the handle `value`) may be freed into the pool `pool` (decoded as `key`).
+fn freeable(b: &BufferEntry, key: Key, pool: *const udma_pool, value: u64) -> Result<(), Fail> {
     if let State::Queued { name, .. } = &b.state {
         return Err(Fail::new(
             udma_status::UDMA_ERR_BUSY,
@@ -540,13 +601,24 @@ fn freeable(b: &BufferEntry, p: &Arc<PoolEntry>, value: u64) -> Result<(), Fail>
             ),
         ));
     }
-    if !Arc::ptr_eq(&b.pool, p) {
+    if b.pool != key {
+        // Not its pool: a live pool of another, or no pool at all.
+        drop(POOLS.pin(key, pool.addr() as u64)?);
         return Err(Fail::invalid(format!(
             "buffer {value:#x} belongs to another pool (on {}): free it into its own pool",
-            b.pool.device
+            pool_device(b.pool)
         )));
     }
     Ok(())
+}
+
+/// Frees what a buffer slot held: the buffer back into its pool, then the pool's pin.
+fn release(entry: BufferEntry) {
+    let pool = entry.pool;
+    drop(entry);
+    // SAFETY: the buffer held this pin since `udma_pool_alloc` kept it; its slot is removed,
+    // so this is the pin's one drop.
+    unsafe { POOLS.unpin(pool) };
 }
 
 /// Frees a buffer back into its pool. The handle is invalid from then on.
@@ -563,12 +635,11 @@ pub unsafe extern "C" fn udma_pool_free(
     buffer: *mut udma_buffer,
 ) -> udma_status {
     call("udma_pool_free", || {
-        let p = pool_entry(pool)?;
+        let key = handle::decode(Kind::Pool, pool)?;
         let value = buffer.addr() as u64;
-        let freed = BUFFERS.remove_if(buffer, |b| freeable(b, &p, value))?;
-        p.out.fetch_sub(1, Ordering::AcqRel);
-        // Back to the pool outside the table's lock.
-        drop(freed);
+        let mut b = lock_buffer(buffer)?;
+        b.with(|b| freeable(b, key, pool, value))?;
+        release(with_local(|local| b.remove(local)));
         Ok(())
     })
 }
@@ -590,36 +661,49 @@ pub unsafe extern "C" fn udma_pool_free_bulk(
         if buffers.is_null() && count > 0 {
             return Err(Fail::null("buffers"));
         }
-        let p = pool_entry(pool)?;
+        let p = pin_pool(pool)?;
         let list: &[*mut udma_buffer] = if count == 0 {
             &[]
         } else {
             // SAFETY: non-null, `count` readable entries per this function's contract.
             unsafe { std::slice::from_raw_parts(buffers, count) }
         };
-        let freed = BUFFERS.with_all(|table| {
-            let mut keys = Vec::with_capacity(count);
-            let mut seen = HashSet::with_capacity(count);
-            for (i, &ptr) in list.iter().enumerate() {
-                let value = ptr.addr() as u64;
-                let check = table.decode(ptr).and_then(|key| {
-                    let b = table.get(key, value)?;
-                    freeable(b, &p, value)?;
-                    if !seen.insert(key) {
-                        return Err(Fail::invalid(format!("buffer {value:#x} is listed twice")));
-                    }
-                    Ok(key)
-                });
-                keys.push(check.map_err(|f| f.context(format!("buffers[{i}]")))?);
+        let mut keys = Vec::with_capacity(count);
+        let mut seen = HashSet::with_capacity(count);
+        for (i, &ptr) in list.iter().enumerate() {
+            let key = handle::decode(Kind::Buffer, ptr)
+                .map_err(|f| f.context(format!("buffers[{i}]")))?;
+            if !seen.insert(key) {
+                return Err(Fail::invalid(format!(
+                    "buffers[{i}]: buffer {:#x} is listed twice",
+                    ptr.addr()
+                )));
             }
-            Ok::<_, Fail>(
-                keys.into_iter()
-                    .map(|k| table.remove(k))
-                    .collect::<Vec<_>>(),
-            )
-        })?;
-        p.out.fetch_sub(freed.len() as u64, Ordering::AcqRel);
-        drop(freed);
+            keys.push(key);
+        }
+        // Locked in slot order, whatever the caller's: two calls on overlapping lists never
+        // wait for each other in a cycle.
+        let mut order: Vec<usize> = (0..count).collect();
+        order.sort_by_key(|&i| keys[i].index());
+        let mut guards: Vec<Option<crate::slots::Guard<'static, BufferEntry>>> =
+            (0..count).map(|_| None).collect();
+        for &i in &order {
+            let g = BUFFERS
+                .lock(keys[i], list[i].addr() as u64, never_pinned)
+                .map_err(|f| f.context(format!("buffers[{i}]")))?;
+            guards[i] = Some(g);
+        }
+        for (i, g) in guards.iter_mut().enumerate() {
+            if let Some(g) = g {
+                g.with(|b| freeable(b, p.key(), pool, list[i].addr() as u64))
+                    .map_err(|f| f.context(format!("buffers[{i}]")))?;
+            }
+        }
+        with_local(|mut local| {
+            for g in guards.into_iter().flatten() {
+                release(g.remove(local.as_deref_mut()));
+            }
+        });
         Ok(())
     })
 }
@@ -634,25 +718,29 @@ pub unsafe extern "C" fn udma_pool_get_stats(
     stats: *mut udma_pool_stats,
 ) -> udma_status {
     call("udma_pool_get_stats", || {
-        let p = pool_entry(pool)?;
-        let s = p.pool.stats();
-        let sum = |f: fn(&pool::ClassStats) -> u64| s.classes.iter().map(f).sum::<u64>();
-        let large_live = s.large.allocs.saturating_sub(s.large.frees);
-        let value = udma_pool_stats {
-            size: 0,
-            arena_bytes: s.arena_bytes,
-            chunk_bytes: s.chunk_bytes,
-            max_len: p.pool.max_len() as u64,
-            allocs: sum(|c| c.allocs) + s.large.allocs,
-            frees: sum(|c| c.frees) + s.large.frees,
-            in_use: sum(|c| c.in_use) + large_live,
-            cache_hits: sum(|c| c.cache_hits),
-            large_allocs: s.large.allocs,
-            large_in_use_bytes: s.large.in_use_bytes,
-            handles: p.out.load(Ordering::Acquire),
-        };
-        // SAFETY: per this function's contract.
-        unsafe { abi::write(stats, "stats", value) }
+        let pin = pin_pool(pool)?;
+        // Every pin but this call's: the buffers out, and other calls in progress.
+        let handles = pin.count().saturating_sub(1);
+        pin.with(|p| {
+            let s = p.pool.stats();
+            let sum = |f: fn(&pool::ClassStats) -> u64| s.classes.iter().map(f).sum::<u64>();
+            let large_live = s.large.allocs.saturating_sub(s.large.frees);
+            let value = udma_pool_stats {
+                size: 0,
+                arena_bytes: s.arena_bytes,
+                chunk_bytes: s.chunk_bytes,
+                max_len: p.pool.max_len() as u64,
+                allocs: sum(|c| c.allocs) + s.large.allocs,
+                frees: sum(|c| c.frees) + s.large.frees,
+                in_use: sum(|c| c.in_use) + large_live,
+                cache_hits: sum(|c| c.cache_hits),
+                large_allocs: s.large.allocs,
+                large_in_use_bytes: s.large.in_use_bytes,
+                handles,
+            };
+            // SAFETY: per this function's contract.
+            unsafe { abi::write(stats, "stats", value) }
+        })
     })
 }
 
@@ -666,20 +754,18 @@ pub unsafe extern "C" fn udma_buffer_get_info(
     info: *mut udma_buffer_info,
 ) -> udma_status {
     call("udma_buffer_get_info", || {
-        let value = BUFFERS.with(buffer, |_, b| {
-            Ok(udma_buffer_info {
-                size: 0,
-                host: std::ptr::with_exposed_provenance_mut(b.host),
-                iova: b.iova,
-                len: b.len,
-                capacity: b.capacity,
-                state: match b.state {
-                    State::Host(_) => udma_buffer_state::UDMA_BUFFER_HOST as u32,
-                    State::Queued { .. } => udma_buffer_state::UDMA_BUFFER_IN_QUEUE as u32,
-                },
-                reserved: 0,
-            })
-        })?;
+        let value = lock_buffer(buffer)?.with(|b| udma_buffer_info {
+            size: 0,
+            host: std::ptr::with_exposed_provenance_mut(b.host),
+            iova: b.iova,
+            len: b.len,
+            capacity: b.capacity,
+            state: match b.state {
+                State::Host(_) => udma_buffer_state::UDMA_BUFFER_HOST as u32,
+                State::Queued { .. } => udma_buffer_state::UDMA_BUFFER_IN_QUEUE as u32,
+            },
+            reserved: 0,
+        });
         // SAFETY: per this function's contract.
         unsafe { abi::write(info, "info", value) }
     })
@@ -690,7 +776,9 @@ fn on_host<R>(
     buffer: *const udma_buffer,
     f: impl FnOnce(&OwnedBuffer) -> Result<R, Fail>,
 ) -> Result<R, Fail> {
-    BUFFERS.with(buffer, |key, b| match &b.state {
+    let mut guard = lock_buffer(buffer)?;
+    let key = guard.key();
+    guard.with(|b| match &b.state {
         State::Host(owned) => f(owned),
         State::Queued { name, .. } => Err(Fail::new(
             udma_status::UDMA_ERR_BUSY,
@@ -790,7 +878,9 @@ pub(crate) fn take_for_queue(
     queue: u64,
     name: &str,
 ) -> Result<(Key, OwnedBuffer, u64), Fail> {
-    BUFFERS.with(ptr, |key, b| {
+    let mut guard = lock_buffer(ptr)?;
+    let key = guard.key();
+    guard.with(|b| {
         let State::Host(owned) = &b.state else {
             let State::Queued { name: other, .. } = &b.state else {
                 unreachable!()
@@ -829,25 +919,24 @@ pub(crate) fn take_for_queue(
 
 /// Puts a buffer back on the host, under its handle (a completion, a refused submission).
 pub(crate) fn give_back(key: Key, buffer: OwnedBuffer) {
-    BUFFERS.with_all(|table| {
-        if let Ok(b) = table.get(key, key.value(Kind::Buffer)) {
-            b.state = State::Host(buffer);
-        }
-    });
+    // The slot is live: a buffer in a queue cannot be freed (only forgotten, with its queue).
+    if let Ok(mut b) = BUFFERS.lock(key, key.value(Kind::Buffer), never_pinned) {
+        b.with(|b| b.state = State::Host(buffer));
+    }
 }
 
 /// Forgets the buffers queue `queue` held when the device could not be stopped: their
 /// memory stays with the device (leaked on purpose), their handles become invalid.
 pub(crate) fn forget_queued(queue: u64) {
-    BUFFERS.with_all(|table| {
-        let keys: Vec<Key> = table
-            .iter_mut()
-            .filter(|(_, b)| matches!(&b.state, State::Queued { queue: q, .. } if *q == queue))
-            .map(|(k, _)| k)
-            .collect();
-        for k in keys {
-            let b = table.remove(k);
-            b.pool.out.fetch_sub(1, Ordering::AcqRel);
+    for key in BUFFERS.live() {
+        let Ok(mut b) = BUFFERS.lock(key, key.value(Kind::Buffer), never_pinned) else {
+            continue;
+        };
+        if b.with(|b| matches!(&b.state, State::Queued { queue: q, .. } if *q == queue)) {
+            let entry = b.remove(None);
+            // SAFETY: the buffer held this pin since `udma_pool_alloc` kept it; its slot is
+            // removed, so this is the pin's one drop.
+            unsafe { POOLS.unpin(entry.pool) };
         }
-    });
+    }
 }

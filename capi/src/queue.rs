@@ -744,7 +744,12 @@ pub unsafe extern "C" fn udma_queue_get_info(
 /// The name of a completion's device status (`"host-unmapped"`), a static string.
 #[no_mangle]
 pub extern "C" fn udma_op_status_name(status: u32) -> *const std::ffi::c_char {
-    let name: &'static std::ffi::CStr = match status {
+    op_status(status).as_ptr()
+}
+
+/// The name of a completion's device status.
+pub(crate) fn op_status(status: u32) -> &'static std::ffi::CStr {
+    match status {
         0 => cstr(b"success\0"),
         1 => cstr(b"bad-opcode\0"),
         2 => cstr(b"bad-flags\0"),
@@ -757,6 +762,5 @@ pub extern "C" fn udma_op_status_name(status: u32) -> *const std::ffi::c_char {
         9 => cstr(b"host-unmapped\0"),
         10 => cstr(b"overlap\0"),
         _ => cstr(b"unknown\0"),
-    };
-    name.as_ptr()
+    }
 }

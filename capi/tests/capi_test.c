@@ -692,6 +692,369 @@ static void test_plan(void)
 	OK(udma_plan_destroy(plan));
 }
 
+/* ---- models, pipelines, streams ----------------------------------------------------- */
+
+enum { CHAIN_BYTES = 256 };
+
+static udma_model *chain(void)
+{
+	udma_model *m = NULL;
+	OK(udma_model_create_chain(3, CHAIN_BYTES, &m));
+	return m;
+}
+
+static void test_model(void)
+{
+	udma_model *m = chain();
+	udma_model_info info = {.size = sizeof info};
+	OK(udma_model_get_info(m, &info));
+	CHECK(info.input_bytes == CHAIN_BYTES && info.result_bytes == CHAIN_BYTES);
+	CHECK(info.steps == 3 && info.arena_bytes >= 2 * CHAIN_BYTES && info.compute_bytes > 0);
+
+	uint8_t in[CHAIN_BYTES], out[CHAIN_BYTES], again[CHAIN_BYTES];
+	for (int i = 0; i < CHAIN_BYTES; i++)
+		in[i] = (uint8_t)(i * 7);
+	OK(udma_model_expected(m, in, sizeof in, out, sizeof out));
+	OK(udma_model_expected(m, in, sizeof in, again, sizeof again));
+	CHECK(memcmp(out, again, sizeof out) == 0 && memcmp(out, in, sizeof out) != 0);
+	FAILS(udma_model_expected(m, in, 10, out, sizeof out), UDMA_ERR_INVALID_ARGUMENT,
+	      "input_len 10 is shorter than the model's 256-byte input");
+	FAILS(udma_model_expected(m, in, sizeof in, out, 8), UDMA_ERR_INVALID_ARGUMENT,
+	      "result_len 8 is shorter");
+	FAILS(udma_model_expected(m, NULL, 0, out, sizeof out), UDMA_ERR_INVALID_ARGUMENT,
+	      "input is NULL");
+	FAILS(udma_model_expected(m, in, sizeof in, NULL, 0), UDMA_ERR_INVALID_ARGUMENT,
+	      "result is NULL");
+
+	udma_model *bad = NULL;
+	FAILS(udma_model_create_chain(0, 64, &bad), UDMA_ERR_INVALID_ARGUMENT, "at least 1 layer");
+	FAILS(udma_model_create_chain(2, 0, &bad), UDMA_ERR_INVALID_ARGUMENT, "at least 1 layer");
+	FAILS(udma_model_create_chain(2, 64, NULL), UDMA_ERR_INVALID_ARGUMENT, "model is NULL");
+	FAILS(udma_model_create_yolov5s(0, &bad), UDMA_ERR_INVALID_ARGUMENT, "max_detections is 0");
+	FAILS(udma_model_create_yolov5s(300, NULL), UDMA_ERR_INVALID_ARGUMENT, "model is NULL");
+	CHECK(bad == NULL);
+
+	udma_model *yolo = NULL;
+	OK(udma_model_create_yolov5s(300, &yolo));
+	OK(udma_model_get_info(yolo, &info));
+	CHECK(info.input_bytes == 640 * 640 * 3 && info.result_bytes == 8 + 300 * 32);
+	CHECK(info.steps > 50);
+	OK(udma_model_destroy(yolo));
+
+	OK(udma_model_destroy(m));
+	FAILS(udma_model_destroy(m), UDMA_ERR_INVALID_HANDLE, "destroyed already");
+	FAILS(udma_model_get_info(m, &info), UDMA_ERR_INVALID_HANDLE, "model handle");
+	FAILS(udma_model_get_info(NULL, &info), UDMA_ERR_INVALID_HANDLE,
+	      "udma_model_create_chain or udma_model_create_yolov5s");
+}
+
+/* What the pipeline tests' callbacks saw. */
+struct frames {
+	udma_model *model;
+	udma_pipeline *pipeline;
+	uint8_t expected[2][CHAIN_BYTES];
+	int finished, bad, reentered, past_end;
+	udma_frame_input kept_input;
+	udma_frame_output kept_output;
+};
+
+static void input_of(uint64_t frame, uint8_t *in)
+{
+	for (int i = 0; i < CHAIN_BYTES; i++)
+		in[i] = (uint8_t)(frame % 2 == 0 ? i : 255 - i);
+}
+
+static void take_frame(void *user, const udma_frame_output *out)
+{
+	struct frames *f = user;
+	uint8_t got[CHAIN_BYTES];
+	f->kept_output = *out;
+	if (out->status != 0 || out->len != CHAIN_BYTES ||
+	    udma_frame_output_read(out, 0, got, sizeof got) != UDMA_OK ||
+	    memcmp(got, f->expected[out->frame % 2], sizeof got) != 0)
+		f->bad++;
+	if (udma_frame_output_read(out, 200, got, 100) == UDMA_ERR_INVALID_ARGUMENT &&
+	    strstr(udma_last_error(), "run past the frame's 256-byte result") != NULL)
+		f->past_end++;
+	size_t n = 0;
+	if (udma_pipeline_poll(f->pipeline, take_frame, user, &n) == UDMA_ERR_BUSY &&
+	    strstr(udma_last_error(), "inside a fill, result") != NULL)
+		f->reentered++;
+	f->finished++;
+}
+
+static void fill_frame(void *user, uint64_t frame, udma_frame_input *in)
+{
+	struct frames *f = user;
+	uint8_t bytes[CHAIN_BYTES];
+	input_of(frame, bytes);
+	f->kept_input = *in;
+	if (in->len != CHAIN_BYTES || in->frame != frame ||
+	    udma_frame_input_write(in, 0, bytes, 100) != UDMA_OK ||
+	    udma_frame_input_write(in, 100, bytes + 100, CHAIN_BYTES - 100) != UDMA_OK)
+		f->bad++;
+	if (udma_frame_input_write(in, 250, bytes, 10) == UDMA_ERR_INVALID_ARGUMENT &&
+	    strstr(udma_last_error(), "run past the frame's 256-byte input") != NULL)
+		f->past_end++;
+	uint64_t n;
+	if (udma_pipeline_submit(f->pipeline, bytes, sizeof bytes, &n) == UDMA_ERR_BUSY &&
+	    strstr(udma_last_error(), "from inside a fill") != NULL)
+		f->reentered++;
+}
+
+static void test_pipeline(void)
+{
+	udma_device *dev = loopback();
+	struct frames f = {.model = chain()};
+	uint8_t in[2][CHAIN_BYTES];
+	for (int k = 0; k < 2; k++) {
+		input_of((uint64_t)k, in[k]);
+		OK(udma_model_expected(f.model, in[k], CHAIN_BYTES, f.expected[k], CHAIN_BYTES));
+	}
+
+	udma_pipeline_options o = {.size = sizeof o, .flags = 0x80};
+	FAILS(udma_pipeline_create(dev, f.model, &o, &f.pipeline), UDMA_ERR_INVALID_ARGUMENT,
+	      "flags 0x80");
+	o = (udma_pipeline_options){.size = sizeof o, .results = 7};
+	FAILS(udma_pipeline_create(dev, f.model, &o, &f.pipeline), UDMA_ERR_INVALID_ARGUMENT,
+	      "results 7 is not a udma_results");
+	o = (udma_pipeline_options){.size = sizeof o, .depth = 5000};
+	FAILS(udma_pipeline_create(dev, f.model, &o, &f.pipeline), UDMA_ERR_INVALID_ARGUMENT,
+	      "depth 5000");
+	o = (udma_pipeline_options){.size = sizeof o, .queue = 3};
+	FAILS(udma_pipeline_create(dev, f.model, &o, &f.pipeline), UDMA_ERR_NOT_FOUND,
+	      "the pipeline on loopback0 queue 3");
+	udma_pool *pool = pool_of(dev, 4 << 20);
+	FAILS(udma_pipeline_create(dev, (const udma_model *)(const void *)pool, NULL, &f.pipeline),
+	      UDMA_ERR_INVALID_HANDLE, "is a pool handle, not a model handle");
+	OK(udma_pool_destroy(pool));
+	FAILS(udma_pipeline_create(dev, f.model, NULL, NULL), UDMA_ERR_INVALID_ARGUMENT,
+	      "pipeline is NULL");
+
+	o = (udma_pipeline_options){.size = sizeof o, .results = UDMA_RESULTS_COPY};
+	OK(udma_pipeline_create(dev, f.model, &o, &f.pipeline));
+	udma_pipeline *second = NULL;
+	FAILS(udma_pipeline_create(dev, f.model, NULL, &second), UDMA_ERR_BUSY, "queue 0");
+
+	/* Copy-in: two frames fill both slots; a third is refused until one is taken. */
+	uint64_t frame = 99;
+	OK(udma_pipeline_submit(f.pipeline, in[0], CHAIN_BYTES, &frame));
+	CHECK(frame == 0);
+	OK(udma_pipeline_submit(f.pipeline, in[1], CHAIN_BYTES, &frame));
+	CHECK(frame == 1);
+	FAILS(udma_pipeline_submit(f.pipeline, in[0], CHAIN_BYTES, &frame), UDMA_ERR_BUSY,
+	      "all 2 slots are in flight");
+	size_t n = 0, total = 0;
+	while (total < 2) {
+		OK(udma_pipeline_wait(f.pipeline, take_frame, &f, &n));
+		total += n;
+	}
+	CHECK(f.finished == 2 && f.bad == 0 && f.past_end == 2 && f.reentered == 2);
+	FAILS(udma_frame_output_read(&f.kept_output, 0, in[0], 1), UDMA_ERR_INVALID_ARGUMENT,
+	      "not the view of the running callback");
+	FAILS(udma_pipeline_submit(f.pipeline, in[0], CHAIN_BYTES + 1, NULL),
+	      UDMA_ERR_INVALID_ARGUMENT, "longer than the model's 256-byte input");
+	FAILS(udma_pipeline_submit(f.pipeline, NULL, 4, NULL), UDMA_ERR_INVALID_ARGUMENT,
+	      "input is NULL");
+
+	/* Through the fill callback, then poll until done. */
+	OK(udma_pipeline_submit_with(f.pipeline, fill_frame, &f, &frame));
+	CHECK(frame == 2 && f.bad == 0 && f.past_end == 3 && f.reentered == 3);
+	FAILS(udma_frame_input_write(&f.kept_input, 0, in[0], 1), UDMA_ERR_INVALID_ARGUMENT,
+	      "not the view of the running callback");
+	OK(udma_pipeline_submit_with(f.pipeline, fill_frame, &f, NULL));
+	OK(udma_pipeline_flush(f.pipeline));
+	for (int spins = 0; f.finished < 4 && spins < 1000000; spins++)
+		OK(udma_pipeline_poll(f.pipeline, take_frame, &f, NULL));
+	CHECK(f.finished == 4 && f.bad == 0);
+	FAILS(udma_pipeline_submit_with(f.pipeline, NULL, &f, NULL), UDMA_ERR_INVALID_ARGUMENT,
+	      "fill is NULL");
+	FAILS(udma_pipeline_poll(f.pipeline, NULL, &f, NULL), UDMA_ERR_INVALID_ARGUMENT,
+	      "result is NULL");
+	FAILS(udma_pipeline_wait(f.pipeline, NULL, &f, NULL), UDMA_ERR_INVALID_ARGUMENT,
+	      "result is NULL");
+	FAILS(udma_frame_input_write(NULL, 0, in[0], 1), UDMA_ERR_INVALID_ARGUMENT, "input is NULL");
+	FAILS(udma_frame_output_read(NULL, 0, in[0], 1), UDMA_ERR_INVALID_ARGUMENT,
+	      "output is NULL");
+	OK(udma_pipeline_wait(f.pipeline, take_frame, &f, &n));
+	CHECK(n == 0); /* nothing in flight */
+
+	udma_pipeline_info info = {.size = sizeof info};
+	OK(udma_pipeline_get_info(f.pipeline, &info));
+	CHECK(info.frames == 4 && info.failed == 0 && info.in_flight == 0 && info.depth == 2);
+	CHECK(info.in_place == 0 && info.bytes_to_device == 4 * CHAIN_BYTES);
+	CHECK(info.bytes_to_host == 4 * CHAIN_BYTES && info.doorbells > 0);
+
+	/* Destroying drains what is in flight. */
+	OK(udma_pipeline_submit(f.pipeline, in[0], CHAIN_BYTES, NULL));
+	OK(udma_pipeline_destroy(f.pipeline));
+	FAILS(udma_pipeline_destroy(f.pipeline), UDMA_ERR_INVALID_HANDLE, "destroyed already");
+	FAILS(udma_pipeline_submit(f.pipeline, in[0], CHAIN_BYTES, NULL), UDMA_ERR_INVALID_HANDLE,
+	      "pipeline handle");
+	FAILS(udma_pipeline_get_info(f.pipeline, &info), UDMA_ERR_INVALID_HANDLE, "pipeline");
+
+	/* The queues are free again; one queue, results in place, polling. */
+	o = (udma_pipeline_options){.size = sizeof o, .depth = 1, .results = UDMA_RESULTS_IN_PLACE,
+				    .flags = UDMA_PIPELINE_ONE_QUEUE | UDMA_PIPELINE_POLL};
+	OK(udma_pipeline_create(dev, f.model, &o, &f.pipeline));
+	OK(udma_model_destroy(f.model)); /* the pipeline keeps its own copy */
+	OK(udma_pipeline_submit(f.pipeline, in[0], CHAIN_BYTES, NULL));
+	OK(udma_pipeline_wait(f.pipeline, take_frame, &f, &n));
+	CHECK(n == 1 && f.bad == 0);
+	OK(udma_pipeline_get_info(f.pipeline, &info));
+	CHECK(info.in_place == 1 && info.depth == 1);
+	OK(udma_pipeline_destroy(f.pipeline));
+	OK(udma_device_close(dev));
+}
+
+/* What the streams test's callbacks saw. */
+struct run {
+	udma_streams *streams;
+	uint8_t expected[2][CHAIN_BYTES];
+	uint64_t frames[2];
+	int bad, reentered;
+};
+
+static void stream_input(uint32_t stream, uint8_t *in)
+{
+	for (int i = 0; i < CHAIN_BYTES; i++)
+		in[i] = (uint8_t)(stream == 0 ? i ^ 0x5a : i * 3);
+}
+
+static void preprocess(void *user, uint32_t stream, uint64_t frame, udma_frame_input *in)
+{
+	struct run *r = user;
+	uint8_t bytes[CHAIN_BYTES];
+	stream_input(stream, bytes);
+	if (stream > 1 || in->frame != frame ||
+	    udma_frame_input_write(in, 0, bytes, sizeof bytes) != UDMA_OK)
+		r->bad++;
+}
+
+static void postprocess(void *user, uint32_t stream, const udma_frame_output *out)
+{
+	struct run *r = user;
+	uint8_t got[CHAIN_BYTES];
+	if (stream > 1 || out->status != 0 || out->len != CHAIN_BYTES ||
+	    udma_frame_output_read(out, 0, got, sizeof got) != UDMA_OK ||
+	    memcmp(got, r->expected[stream], sizeof got) != 0) {
+		r->bad++;
+		return;
+	}
+	r->frames[stream]++;
+	if (udma_streams_run(r->streams, 1000, NULL, NULL, NULL, NULL, 0, NULL) == UDMA_ERR_BUSY)
+		r->reentered++;
+}
+
+static void test_streams(void)
+{
+	udma_loopback_options lo = {.size = sizeof lo, .cost_model = UDMA_COST_ZERO,
+				    .memory_bytes = 4 << 20, .queues = 6};
+	udma_device *dev = NULL;
+	OK(udma_device_open_loopback(&lo, &dev));
+	udma_model *m = chain();
+	struct run r = {0};
+	for (uint32_t s = 0; s < 2; s++) {
+		uint8_t in[CHAIN_BYTES];
+		stream_input(s, in);
+		OK(udma_model_expected(m, in, CHAIN_BYTES, r.expected[s], CHAIN_BYTES));
+	}
+	udma_pipeline *p[2] = {NULL, NULL};
+	for (uint32_t s = 0; s < 2; s++) {
+		udma_pipeline_options o = {.size = sizeof o, .queue = 3 * s, .context = s + 1};
+		OK(udma_pipeline_create(dev, m, &o, &p[s]));
+	}
+	udma_stream_options so[2] = {
+		{.size = sizeof(udma_stream_options), .name = "live", .pipeline = p[0],
+		 .period_ns = 5000000, .priority = 1},
+		{.size = sizeof(udma_stream_options), .name = "playback", .pipeline = p[1],
+		 .max_wait_ns = 50000000},
+	};
+	udma_streams_options opts = {.size = sizeof opts, .policy = UDMA_POLICY_BATCH, .batch_k = 2};
+	udma_streams *st = NULL;
+
+	FAILS(udma_streams_create(&opts, so, 0, &st), UDMA_ERR_INVALID_ARGUMENT, "count is 0");
+	FAILS(udma_streams_create(&opts, so, 65, &st), UDMA_ERR_INVALID_ARGUMENT, "count is 65");
+	FAILS(udma_streams_create(&opts, NULL, 2, &st), UDMA_ERR_INVALID_ARGUMENT, "streams is NULL");
+	FAILS(udma_streams_create(&opts, so, 2, NULL), UDMA_ERR_INVALID_ARGUMENT, "out is NULL");
+	so[1].name = "live";
+	FAILS(udma_streams_create(&opts, so, 2, &st), UDMA_ERR_INVALID_ARGUMENT,
+	      "streams[0] and streams[1] are both named \"live\"");
+	so[1].name = NULL;
+	FAILS(udma_streams_create(&opts, so, 2, &st), UDMA_ERR_INVALID_ARGUMENT,
+	      "streams[1].name is NULL");
+	so[1].name = "";
+	FAILS(udma_streams_create(&opts, so, 2, &st), UDMA_ERR_INVALID_ARGUMENT,
+	      "streams[1].name is empty");
+	so[1].name = "playback";
+	so[1].priority = 300;
+	FAILS(udma_streams_create(&opts, so, 2, &st), UDMA_ERR_INVALID_ARGUMENT,
+	      "streams[1].priority is 300");
+	so[1].priority = 0;
+	so[1].pipeline = p[0];
+	FAILS(udma_streams_create(&opts, so, 2, &st), UDMA_ERR_INVALID_ARGUMENT,
+	      "streams[1].pipeline is listed twice");
+	so[1].pipeline = (udma_pipeline *)(void *)m;
+	FAILS(udma_streams_create(&opts, so, 2, &st), UDMA_ERR_INVALID_HANDLE,
+	      "streams[1].pipeline: ");
+	so[1].pipeline = p[1];
+	so[0].size = 4;
+	FAILS(udma_streams_create(&opts, so, 2, &st), UDMA_ERR_INVALID_ARGUMENT,
+	      "streams[0].size is 4");
+	so[0].size = sizeof(udma_stream_options);
+	udma_streams_options bad = {.size = sizeof bad, .policy = 9};
+	FAILS(udma_streams_create(&bad, so, 2, &st), UDMA_ERR_INVALID_ARGUMENT, "policy 9");
+	bad = (udma_streams_options){.size = sizeof bad, .policy = UDMA_POLICY_BATCH};
+	FAILS(udma_streams_create(&bad, so, 2, &st), UDMA_ERR_INVALID_ARGUMENT, "batch_k 0");
+	uint8_t in[CHAIN_BYTES];
+	stream_input(0, in);
+	OK(udma_pipeline_submit(p[0], in, sizeof in, NULL));
+	FAILS(udma_streams_create(&opts, so, 2, &st), UDMA_ERR_BUSY,
+	      "streams[0]: the pipeline on loopback0 queue 0 has 1 frames in flight");
+	size_t n = 0;
+	struct frames f = {.pipeline = p[0]};
+	memcpy(f.expected[0], r.expected[0], CHAIN_BYTES);
+	OK(udma_pipeline_wait(p[0], take_frame, &f, &n));
+	CHECK(n == 1);
+	/* Refused: the pipelines are still the caller's. */
+	udma_pipeline_info pi = {.size = sizeof pi};
+	OK(udma_pipeline_get_info(p[1], &pi));
+
+	OK(udma_streams_create(&opts, so, 2, &st));
+	r.streams = st;
+	FAILS(udma_pipeline_get_info(p[0], &pi), UDMA_ERR_INVALID_HANDLE, "destroyed already");
+	FAILS(udma_pipeline_destroy(p[1]), UDMA_ERR_INVALID_HANDLE, "destroyed already");
+
+	udma_stream_report rep[2] = {{.size = sizeof(udma_stream_report)},
+				     {.size = sizeof(udma_stream_report)}};
+	udma_run_report run = {.size = sizeof run};
+	OK(udma_streams_run(st, 200000000, preprocess, postprocess, &r, rep, 2, &run));
+	CHECK(r.bad == 0);
+	CHECK(rep[0].frames == r.frames[0] && rep[1].frames == r.frames[1]);
+	/* At most 40 at 5 ms over 200 ms (plus one at 0); Valgrind may run far fewer. */
+	CHECK(rep[0].frames >= 1 && rep[0].frames <= 41);
+	CHECK(rep[1].frames > 0 && rep[0].failed == 0 && rep[1].failed == 0);
+	CHECK(rep[0].fps > 0 && rep[0].latency_p99_ns >= rep[0].latency_p50_ns);
+	CHECK(rep[0].latency_max_ns >= rep[0].latency_p99_ns && rep[0].max_wait_ns > 0);
+	CHECK(run.seconds >= 0.2 && run.decisions == rep[0].frames + rep[1].frames);
+	CHECK(r.reentered == (int)(r.frames[0] + r.frames[1]));
+	FAILS(udma_streams_run(st, 1000, NULL, NULL, NULL, rep, 1, NULL), UDMA_ERR_INVALID_ARGUMENT,
+	      "count is 1 but there are 2 streams");
+	FAILS(udma_streams_run(st, 1000, NULL, NULL, NULL, NULL, 2, NULL), UDMA_ERR_INVALID_ARGUMENT,
+	      "reports is NULL");
+	rep[1].size = 2;
+	FAILS(udma_streams_run(st, 1000, NULL, NULL, NULL, rep, 2, NULL), UDMA_ERR_INVALID_ARGUMENT,
+	      "reports[1]");
+	/* No callbacks, no reports: the frames run on whatever the slots hold. */
+	OK(udma_streams_run(st, 10000000, NULL, NULL, NULL, NULL, 0, NULL));
+	FAILS(udma_streams_run(NULL, 1000, NULL, NULL, NULL, NULL, 0, NULL), UDMA_ERR_INVALID_HANDLE,
+	      "udma_streams_create");
+	OK(udma_streams_destroy(st));
+	FAILS(udma_streams_destroy(st), UDMA_ERR_INVALID_HANDLE, "destroyed already");
+	OK(udma_model_destroy(m));
+	OK(udma_device_close(dev));
+}
+
 int main(void)
 {
 	struct {
@@ -712,6 +1075,9 @@ int main(void)
 		{"destroy_with_work_in_flight", test_destroy_with_work_in_flight},
 		{"threads", test_threads},
 		{"plan", test_plan},
+		{"model", test_model},
+		{"pipeline", test_pipeline},
+		{"streams", test_streams},
 	};
 	int passed = 0, failed = 0;
 	for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

@@ -1,0 +1,665 @@
+//! Lock-free handle slots, for the kinds on the hot path: buffers (allocated, freed and
+//! submitted many times a second) and the pools they come from.
+//!
+//! A [`Registry`](crate::handle::Registry) takes one mutex per call; a [`Table`] takes none
+//! on the hot path. Its handles are the same tagged, generation-checked keys, and every check
+//! holds as before (NULL, another kind, foreign, stale, freed twice). Each slot is a state
+//! word and a value:
+//!
+//! ```text
+//! state = generation << 32 | pins << 2 | LOCKED << 1 | LIVE
+//! ```
+//!
+//! - `LIVE`: the slot holds occupant `generation`'s value. A free slot carries the
+//!   generation its next occupant gets: removing bumps it, so every copy of an old handle
+//!   stops matching (until 2^32 reuses of one slot).
+//! - `LOCKED`: one caller holds the slot exclusively ([`Table::lock`]); only it reads or
+//!   writes the value, and it unlocks (a store) or removes the value. Other lockers wait.
+//! - pins: callers that read the value shared ([`Table::pin`]), and for a pool every buffer
+//!   out of it ([`Pin::keep`]). A slot with pins is not locked (its remover gets "busy"), and
+//!   a locked one is not pinned, so a pinned value neither changes nor goes.
+//!
+//! Every transition of a live slot is one compare-and-swap on its state from a value that
+//! names the generation, which is the ABA defence: a slot freed and reused between a load
+//! and the CAS has another generation, and the CAS fails.
+//!
+//! Free slot indices go to a caller's own list first (a thread's cache, for buffers), then
+//! to the table's list under a mutex, in batches of [`BATCH`]; a new slot is made under that
+//! mutex too. Slots live in segments of `2^segment_bits`, made when first needed and never
+//! freed while the table lives, so a slot's address is stable and a lookup is one load.
+
+use std::marker::PhantomData;
+use std::ptr::null_mut;
+
+use crate::error::{udma_status, Fail};
+use crate::handle::{self, Key, Kind, MAX_LIVE};
+use crate::sync::{hint, thread, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, UnsafeCell};
+
+const LIVE: u64 = 1;
+const LOCKED: u64 = 2;
+const PIN_SHIFT: u32 = 2;
+const PIN: u64 = 1 << PIN_SHIFT;
+const MAX_PINS: u64 = (1 << (32 - PIN_SHIFT)) - 1;
+/// Free indices moved between a caller's list and the table's at once.
+pub(crate) const BATCH: usize = 32;
+
+fn generation(state: u64) -> u32 {
+    (state >> 32) as u32
+}
+
+fn pins(state: u64) -> u64 {
+    (state >> PIN_SHIFT) & MAX_PINS
+}
+
+/// The state of a live, unlocked, unpinned slot of occupant `generation`.
+fn live(generation: u32) -> u64 {
+    u64::from(generation) << 32 | LIVE
+}
+
+/// The state of a free slot whose next occupant gets `generation`.
+fn free(generation: u32) -> u64 {
+    u64::from(generation) << 32
+}
+
+/// The generation after `g` (never 0: a handle's value is never its tag alone).
+fn next_generation(g: u32) -> u32 {
+    g.wrapping_add(1).max(1)
+}
+
+struct Slot<T> {
+    state: AtomicU64,
+    value: UnsafeCell<Option<T>>,
+}
+
+struct Grow {
+    /// Slots made.
+    len: u32,
+    /// Free indices not in any caller's list.
+    free: Vec<u32>,
+}
+
+/// Slots of one kind of handle. See the module docs.
+pub(crate) struct Table<T> {
+    kind: Kind,
+    segment_bits: u32,
+    /// Each null or the first of `2^segment_bits` slots (a leaked `Box<[Slot<T>]>`).
+    segments: Box<[AtomicPtr<Slot<T>>]>,
+    grow: Mutex<Grow>,
+    _values: PhantomData<*const T>,
+}
+
+// SAFETY: the table owns its values (moved in by `insert`, out by `remove`), so sending it
+// sends them: `T: Send`.
+unsafe impl<T: Send> Send for Table<T> {}
+// SAFETY: through a shared table, values move between threads (inserted on one, removed or
+// locked on another: `T: Send`) and are read by several at once while pinned (`T: Sync`);
+// every access is ordered by the slot's state (the module docs).
+unsafe impl<T: Send + Sync> Sync for Table<T> {}
+
+impl<T> Table<T> {
+    /// A table for `kind` with room for [`MAX_LIVE`] slots, 4096 a segment.
+    pub(crate) fn new(kind: Kind) -> Table<T> {
+        Table::with_segments(kind, 12, MAX_LIVE >> 12)
+    }
+
+    /// A table of `segments` segments of `2^segment_bits` slots (tests use small ones).
+    pub(crate) fn with_segments(kind: Kind, segment_bits: u32, segments: usize) -> Table<T> {
+        Table {
+            kind,
+            segment_bits,
+            segments: (0..segments).map(|_| AtomicPtr::new(null_mut())).collect(),
+            grow: Mutex::new(Grow {
+                len: 0,
+                free: Vec::new(),
+            }),
+            _values: PhantomData,
+        }
+    }
+
+    fn lock_grow(&self) -> MutexGuard<'_, Grow> {
+        // A panic while it was held left it consistent: each change is one push, pop or add.
+        self.grow
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn slot(&self, index: u32) -> Option<&Slot<T>> {
+        let segment = self.segments.get((index >> self.segment_bits) as usize)?;
+        // Acquire: pairs with the Release store in `new_slot` that published the segment, so
+        // its slots' initialisation happens before this lookup uses them.
+        let first = segment.load(Ordering::Acquire);
+        if first.is_null() {
+            return None;
+        }
+        let at = (index & ((1 << self.segment_bits) - 1)) as usize;
+        // SAFETY: a non-null segment pointer is the first of `2^segment_bits` slots made by
+        // `new_slot` and freed only when the table drops (which `&self` rules out); `at` is
+        // below `2^segment_bits`.
+        Some(unsafe { &*first.add(at) })
+    }
+
+    fn exhausted(&self) -> Fail {
+        Fail::new(
+            udma_status::UDMA_ERR_EXHAUSTED,
+            format!(
+                "{} live {} handles, the most the library keeps: free or destroy some first",
+                self.segments.len() << self.segment_bits,
+                self.kind.name()
+            ),
+        )
+    }
+
+    /// Makes slot `grow.len` (and its segment, if it is the segment's first).
+    fn new_slot(&self, grow: &mut Grow) -> Result<u32, Fail> {
+        let index = grow.len;
+        let segment = (index >> self.segment_bits) as usize;
+        if segment >= self.segments.len() {
+            return Err(self.exhausted());
+        }
+        if index & ((1 << self.segment_bits) - 1) == 0 {
+            let slots: Box<[Slot<T>]> = (0..1u32 << self.segment_bits)
+                .map(|_| Slot {
+                    state: AtomicU64::new(free(1)),
+                    value: UnsafeCell::new(None),
+                })
+                .collect();
+            let first = Box::into_raw(slots).cast::<Slot<T>>();
+            // Release: the slots' initialisation happens before every lookup that loads
+            // the pointer (Acquire in `slot`).
+            self.segments[segment].store(first, Ordering::Release);
+        }
+        grow.len += 1;
+        Ok(index)
+    }
+
+    /// A free index: from `local`, refilled from the table's list, or a new slot.
+    fn claim(&self, local: Option<&mut Vec<u32>>) -> Result<u32, Fail> {
+        let mut grow = match local {
+            Some(local) => {
+                if let Some(index) = local.pop() {
+                    return Ok(index);
+                }
+                let mut grow = self.lock_grow();
+                let at = grow.free.len().saturating_sub(BATCH);
+                local.extend(grow.free.drain(at..));
+                if let Some(index) = local.pop() {
+                    return Ok(index);
+                }
+                grow
+            }
+            None => {
+                let mut grow = self.lock_grow();
+                if let Some(index) = grow.free.pop() {
+                    return Ok(index);
+                }
+                grow
+            }
+        };
+        self.new_slot(&mut grow)
+    }
+
+    /// Returns a free index: to `local` (spilling a batch to the table's list when it holds
+    /// two), or to the table's list.
+    fn release(&self, index: u32, local: Option<&mut Vec<u32>>) {
+        match local {
+            Some(local) => {
+                local.push(index);
+                if local.len() >= 2 * BATCH {
+                    let at = local.len() - BATCH;
+                    self.lock_grow().free.extend(local.drain(at..));
+                }
+            }
+            None => self.lock_grow().free.push(index),
+        }
+    }
+
+    /// Gives a caller's whole list back to the table (a thread that ends).
+    pub(crate) fn return_list(&self, local: &mut Vec<u32>) {
+        if !local.is_empty() {
+            self.lock_grow().free.append(local);
+        }
+    }
+
+    /// Stores `value` in a free slot (its index from `local` first) and returns its key.
+    ///
+    /// # Errors
+    /// `UDMA_ERR_EXHAUSTED` when every slot is live.
+    pub(crate) fn insert(&self, value: T, local: Option<&mut Vec<u32>>) -> Result<Key, Fail> {
+        let index = self.claim(local)?;
+        let Some(slot) = self.slot(index) else {
+            return Err(Fail::new(
+                udma_status::UDMA_ERR_INTERNAL,
+                format!(
+                    "{} slot {index} was claimed but has no segment",
+                    self.kind.name()
+                ),
+            ));
+        };
+        // Relaxed: the slot is free and its index ours alone. Its state was last written by
+        // the `remove` that freed it (or `new_slot`), which happens before our claim through
+        // the free lists (the same thread's list, or the table's mutex).
+        let generation = generation(slot.state.load(Ordering::Relaxed));
+        // SAFETY: the slot is free and its index claimed by us alone, so no caller reads or
+        // writes its value (lockers and pinners refuse a slot that is not LIVE) until the
+        // Release store below publishes it.
+        slot.value.with_mut(|v| unsafe { *v = Some(value) });
+        // Release: the value's write happens before the reads of every caller that locks or
+        // pins the slot (their Acquire CAS reads this store or a later one).
+        slot.state.store(live(generation), Ordering::Release);
+        Ok(Key::new(index, generation))
+    }
+
+    /// Locks the live slot `key` names exclusively (`value`: the handle, for messages),
+    /// waiting while another caller holds it.
+    ///
+    /// # Errors
+    /// `UDMA_ERR_INVALID_HANDLE` for a slot that was never made, is free, or holds another
+    /// occupant; `busy(pins)` for a slot that is pinned.
+    pub(crate) fn lock(
+        &self,
+        key: Key,
+        value: u64,
+        busy: impl FnOnce(u64) -> Fail,
+    ) -> Result<Guard<'_, T>, Fail> {
+        let slot = self
+            .slot(key.index())
+            .ok_or_else(|| handle::foreign(self.kind, value))?;
+        let mut spins = 0u32;
+        loop {
+            let state = slot.state.load(Ordering::Relaxed);
+            if state & LIVE == 0 || generation(state) != key.generation() {
+                return Err(handle::stale(self.kind, value));
+            }
+            let n = pins(state);
+            if n > 0 {
+                return Err(busy(n));
+            }
+            if state & LOCKED != 0 {
+                backoff(&mut spins);
+                continue;
+            }
+            // ABA: `state` names the occupant's generation; a slot freed and reused since the
+            // load has another, and the CAS fails. Acquire: pairs with the Release of the
+            // insert that published the value and of the unlock or unpin before us, so their
+            // accesses to the value happen before ours.
+            if slot
+                .state
+                .compare_exchange_weak(state, state | LOCKED, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return Ok(Guard {
+                    table: self,
+                    slot,
+                    key,
+                });
+            }
+        }
+    }
+
+    /// Pins the live slot `key` names: its value stays as it is until the pin is dropped.
+    ///
+    /// # Errors
+    /// `UDMA_ERR_INVALID_HANDLE` as [`Table::lock`], and for a slot locked to be removed;
+    /// `UDMA_ERR_EXHAUSTED` for 2^30 pins.
+    pub(crate) fn pin(&self, key: Key, value: u64) -> Result<Pin<'_, T>, Fail> {
+        let slot = self
+            .slot(key.index())
+            .ok_or_else(|| handle::foreign(self.kind, value))?;
+        let mut state = slot.state.load(Ordering::Relaxed);
+        loop {
+            // A pinned table's slots are locked only to be removed: a locked one is going.
+            if state & (LIVE | LOCKED) != LIVE || generation(state) != key.generation() {
+                return Err(handle::stale(self.kind, value));
+            }
+            if pins(state) == MAX_PINS {
+                return Err(self.exhausted());
+            }
+            // ABA: as in `lock`. Acquire: pairs with the insert's Release, so the value's
+            // write happens before our reads.
+            match slot.state.compare_exchange_weak(
+                state,
+                state + PIN,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(Pin { slot, key }),
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    /// Drops a pin that [`Pin::keep`] kept.
+    ///
+    /// # Safety
+    /// A pin of `key` was kept and has not been dropped since: a pin dropped twice could let
+    /// the value be removed while another pin's holder reads it.
+    pub(crate) unsafe fn unpin(&self, key: Key) {
+        if let Some(slot) = self.slot(key.index()) {
+            // Release: our reads of the value happen before a remover's Acquire CAS.
+            slot.state.fetch_sub(PIN, Ordering::Release);
+        }
+    }
+
+    /// The keys of the slots live now (a snapshot: lock each to use it).
+    pub(crate) fn live(&self) -> Vec<Key> {
+        let len = self.lock_grow().len;
+        (0..len)
+            .filter_map(|index| {
+                let state = self.slot(index)?.state.load(Ordering::Relaxed);
+                (state & LIVE != 0).then(|| Key::new(index, generation(state)))
+            })
+            .collect()
+    }
+}
+
+impl<T> Drop for Table<T> {
+    fn drop(&mut self) {
+        let count = 1usize << self.segment_bits;
+        for segment in self.segments.iter() {
+            let first = segment.load(Ordering::Acquire);
+            if !first.is_null() {
+                // SAFETY: made by `new_slot` from a `Box<[Slot<T>]>` of `count` slots, and
+                // dropped once, here (`&mut self`: nothing borrows a slot).
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(first, count)) });
+            }
+        }
+    }
+}
+
+/// Waits a little for a locked slot: spins, then lets other threads run.
+fn backoff(spins: &mut u32) {
+    *spins = spins.saturating_add(1);
+    if *spins < 64 {
+        hint::spin_loop();
+    } else {
+        thread::yield_now();
+    }
+}
+
+/// A slot locked by [`Table::lock`]: unlocked when dropped, freed by [`Guard::remove`].
+pub(crate) struct Guard<'t, T> {
+    table: &'t Table<T>,
+    slot: &'t Slot<T>,
+    key: Key,
+}
+
+impl<T> std::fmt::Debug for Guard<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard").field("key", &self.key).finish()
+    }
+}
+
+impl<T> Guard<'_, T> {
+    /// The slot's key.
+    pub(crate) fn key(&self) -> Key {
+        self.key
+    }
+
+    /// Runs `f` on the value.
+    pub(crate) fn with<R>(&mut self, f: impl FnOnce(&mut T) -> R) -> R {
+        self.slot.value.with_mut(|v| {
+            // SAFETY: LOCKED is ours, so no other caller reads or writes the value until we
+            // unlock (pinners refuse a locked slot, and it had no pins when we locked it).
+            let value = unsafe { &mut *v };
+            f(value.as_mut().expect("a live slot holds a value"))
+        })
+    }
+
+    /// Frees the slot (its index back to `local` first) and returns the value; every copy of
+    /// its handle is stale from now on.
+    pub(crate) fn remove(self, local: Option<&mut Vec<u32>>) -> T {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: as in `with`: LOCKED is ours.
+        let value = this.slot.value.with_mut(|v| unsafe { (*v).take() });
+        // Release: our accesses to the value happen before those of the next occupant's
+        // claimer, which gets the index through the free lists after this store.
+        this.slot.state.store(
+            free(next_generation(this.key.generation())),
+            Ordering::Release,
+        );
+        this.table.release(this.key.index(), local);
+        value.expect("a live slot holds a value")
+    }
+}
+
+impl<T> Drop for Guard<'_, T> {
+    fn drop(&mut self) {
+        // Release: our writes to the value happen before the next locker's or pinner's reads
+        // (their Acquire CAS). No pins to keep: a locked slot has none.
+        self.slot
+            .state
+            .store(live(self.key.generation()), Ordering::Release);
+    }
+}
+
+/// A pinned slot ([`Table::pin`]): its value is read-only and stays until the pin goes.
+pub(crate) struct Pin<'t, T> {
+    slot: &'t Slot<T>,
+    key: Key,
+}
+
+impl<T> std::fmt::Debug for Pin<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pin").field("key", &self.key).finish()
+    }
+}
+
+impl<T> Pin<'_, T> {
+    /// The slot's key.
+    pub(crate) fn key(&self) -> Key {
+        self.key
+    }
+
+    /// Runs `f` on the value.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        self.slot.value.with(|v| {
+            // SAFETY: while pinned, the slot is not locked, so nobody writes or removes the
+            // value; every holder only reads it.
+            let value = unsafe { &*v };
+            f(value.as_ref().expect("a live slot holds a value"))
+        })
+    }
+
+    /// The pins on the slot now, this one included.
+    pub(crate) fn count(&self) -> u64 {
+        pins(self.slot.state.load(Ordering::Relaxed))
+    }
+
+    /// Keeps the pin after this handle goes (for a pool, one per buffer out of it); drop it
+    /// with [`Table::unpin`].
+    pub(crate) fn keep(self) -> Key {
+        std::mem::ManuallyDrop::new(self).key
+    }
+}
+
+impl<T> Drop for Pin<'_, T> {
+    fn drop(&mut self) {
+        // Release: our reads of the value happen before a remover's Acquire CAS.
+        self.slot.state.fetch_sub(PIN, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sync::{model, thread, Arc};
+
+    /// Eight slots, two a segment: small enough for loom, and growth is exercised.
+    fn table() -> Table<u64> {
+        Table::with_segments(Kind::Buffer, 1, 4)
+    }
+
+    fn busy(n: u64) -> Fail {
+        Fail::new(udma_status::UDMA_ERR_BUSY, format!("{n} pins"))
+    }
+
+    fn take(t: &Table<u64>, k: Key) -> Option<u64> {
+        t.lock(k, 0, busy).ok().map(|g| g.remove(None))
+    }
+
+    #[test]
+    fn of_two_frees_of_one_handle_one_wins_and_the_value_goes_once() {
+        model(|| {
+            let t = Arc::new(table());
+            let k = t.insert(7, None).expect("room");
+            let other = Arc::clone(&t);
+            let theirs = thread::spawn(move || take(&other, k));
+            let mine = take(&t, k);
+            let theirs = theirs.join().expect("no panic");
+            assert!(mine.is_some() != theirs.is_some(), "{mine:?} {theirs:?}");
+            assert_eq!(mine.or(theirs), Some(7));
+            let stale = t.lock(k, 0, busy).expect_err("freed");
+            assert_eq!(stale.status, udma_status::UDMA_ERR_INVALID_HANDLE);
+        });
+    }
+
+    #[test]
+    fn a_stale_handle_never_reaches_the_slots_next_occupant() {
+        model(|| {
+            let t = Arc::new(table());
+            let old = t.insert(7, None).expect("room");
+            let other = Arc::clone(&t);
+            let reader =
+                thread::spawn(move || other.lock(old, 0, busy).ok().map(|mut g| g.with(|v| *v)));
+            assert_eq!(take(&t, old), Some(7));
+            let new = t.insert(8, None).expect("room");
+            // The freed slot is reused, under a new generation.
+            assert_eq!(new.index(), old.index());
+            assert_ne!(new.generation(), old.generation());
+            let seen = reader.join().expect("no panic");
+            assert!(seen.is_none() || seen == Some(7), "{seen:?}");
+            assert_eq!(
+                t.lock(new, 0, busy).ok().map(|mut g| g.with(|v| *v)),
+                Some(8)
+            );
+        });
+    }
+
+    #[test]
+    fn a_lock_waits_for_the_holder_and_sees_its_writes() {
+        model(|| {
+            let t = Arc::new(table());
+            let k = t.insert(1, None).expect("room");
+            let other = Arc::clone(&t);
+            let writer = thread::spawn(move || {
+                let mut g = other.lock(k, 0, busy).expect("live");
+                g.with(|v| *v += 10);
+            });
+            let seen = t.lock(k, 0, busy).expect("live").with(|v| {
+                *v += 100;
+                *v
+            });
+            writer.join().expect("no panic");
+            assert!(seen == 101 || seen == 111, "{seen}");
+            assert_eq!(take(&t, k), Some(111));
+        });
+    }
+
+    #[test]
+    fn a_pinned_slot_is_not_removed_and_a_removed_one_is_not_pinned() {
+        model(|| {
+            let t = Arc::new(table());
+            let k = t.insert(5, None).expect("room");
+            let other = Arc::clone(&t);
+            let reader = thread::spawn(move || other.pin(k, 0).ok().map(|p| p.with(|v| *v)));
+            let removed = t.lock(k, 0, busy).map(|g| g.remove(None));
+            let read = reader.join().expect("no panic");
+            match removed {
+                // Removed first, or after the reader's pin went: it read the value or nothing.
+                Ok(v) => {
+                    assert_eq!(v, 5);
+                    assert!(read.is_none() || read == Some(5));
+                }
+                // The reader held its pin: the value is still there.
+                Err(e) => {
+                    assert_eq!(e.status, udma_status::UDMA_ERR_BUSY);
+                    assert_eq!(read, Some(5));
+                    assert_eq!(take(&t, k), Some(5));
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn slots_made_on_two_threads_at_once_are_distinct_and_seen_by_both() {
+        model(|| {
+            let t = Arc::new(table());
+            // Slot 0 made, so the next two are in the first and second segments.
+            let first = t.insert(0, None).expect("room");
+            let other = Arc::clone(&t);
+            let theirs = thread::spawn(move || other.insert(1, None).expect("room"));
+            let mine = t.insert(2, None).expect("room");
+            let theirs = theirs.join().expect("no panic");
+            assert_ne!(mine.index(), theirs.index());
+            assert_eq!(take(&t, theirs), Some(1));
+            assert_eq!(take(&t, mine), Some(2));
+            assert_eq!(take(&t, first), Some(0));
+        });
+    }
+
+    #[test]
+    fn kept_pins_make_the_remover_busy_until_unpinned() {
+        model(|| {
+            let t = table();
+            let k = t.insert(3, None).expect("room");
+            let kept = t.pin(k, 0).expect("live").keep();
+            let p = t.pin(k, 0).expect("live");
+            assert_eq!(p.count(), 2);
+            drop(p);
+            let e = t.lock(k, 0, busy).expect_err("pinned");
+            assert_eq!(e.message, "1 pins");
+            // SAFETY: the pin kept above, dropped once.
+            unsafe { t.unpin(kept) };
+            assert_eq!(take(&t, k), Some(3));
+            assert!(t.pin(k, 0).is_err());
+        });
+    }
+
+    #[test]
+    fn local_lists_refill_and_spill_in_batches_and_the_table_fills_up() {
+        model(|| {
+            let t = table();
+            let mut local = Vec::new();
+            let keys: Vec<Key> = (0..8)
+                .map(|v| t.insert(v, Some(&mut local)).expect("room"))
+                .collect();
+            let full = t.insert(9, Some(&mut local)).expect_err("full");
+            assert_eq!(full.status, udma_status::UDMA_ERR_EXHAUSTED);
+            assert!(
+                full.message.contains("8 live buffer handles"),
+                "{}",
+                full.message
+            );
+            for (v, k) in keys.into_iter().enumerate() {
+                let g = t.lock(k, 0, busy).expect("live");
+                assert_eq!(g.remove(Some(&mut local)), v as u64);
+            }
+            assert_eq!(local.len(), 8);
+            t.return_list(&mut local);
+            assert!(local.is_empty());
+            assert_eq!(t.live().len(), 0);
+            let again = t.insert(1, Some(&mut local)).expect("room");
+            assert_eq!(t.live(), vec![again]);
+        });
+    }
+
+    #[test]
+    fn keys_the_table_never_made_are_refused() {
+        model(|| {
+            let t = table();
+            let k = t.insert(1, None).expect("room");
+            let past = Key::new(100, 1);
+            let e = t.lock(past, 0x1234, busy).expect_err("foreign");
+            assert!(
+                e.message.contains("not a live buffer handle"),
+                "{}",
+                e.message
+            );
+            let unmade = Key::new(1, 1);
+            assert!(t.lock(unmade, 0, busy).is_err());
+            let wrong = Key::new(k.index(), k.generation() + 1);
+            assert!(t.pin(wrong, 0).is_err());
+            assert_eq!(take(&t, k), Some(1));
+        });
+    }
+}
