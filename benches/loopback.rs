@@ -18,6 +18,10 @@
 //! After criterion's report, alternating short rounds of each print the ratio loopback / memcpy
 //! per size (the target is at least 0.9 from 64 KiB up). Run nothing but the ratios with
 //! `cargo bench --bench loopback -- ratios-only` (a filter no criterion benchmark matches).
+//! The table comes with the CPU 0 <-> CPU 1 cache-line ping-pong taken before and after it:
+//! every completion the engine writes is a line the polling host reads, so the loopback's
+//! per-descriptor cost follows the VM's cross-core state (compare tables only between runs
+//! whose ping-pong agrees).
 //!
 //! ```text
 //! cargo bench --bench loopback
@@ -35,6 +39,7 @@ use userdma::device::Device;
 use userdma::dma::Mapping;
 use userdma::memory::{PageSize, Region};
 use userdma::ring::{self, Command, Queue, Status};
+use userdma_bench_support::cpu;
 
 const SIZES: [(usize, &str); 3] = [(4 << 10, "4K"), (64 << 10, "64K"), (1 << 20, "1M")];
 /// Copies per iteration.
@@ -210,7 +215,19 @@ fn ratios(rig: &mut Rig) {
     if std::env::args().any(|arg| arg == "--test") {
         println!("\n(test mode: one short round each, to check the table runs; not a measurement)");
     }
-    println!("\nloopback copy bandwidth / memcpy bandwidth (same run, zero-cost model):");
+    let pingpong = |rig: &Rig| {
+        if rig.pinned {
+            // Leaves this thread on HOST_CPU, where it was.
+            format!("{:.0} ns", cpu::pingpong(Duration::from_millis(20)))
+        } else {
+            "not taken (CPUs 0 and 1 not both available)".to_owned()
+        }
+    };
+    println!(
+        "\nloopback copy bandwidth / memcpy bandwidth (same run, zero-cost model; ping-pong {} \
+         before):",
+        pingpong(rig)
+    );
     for (size, name) in SIZES {
         let bytes = size * BATCH;
         // Seven rounds of 150 ms; in criterion's test mode (`-- --test`: every benchmark once,
@@ -238,6 +255,7 @@ fn ratios(rig: &mut Rig) {
             device / plain
         );
     }
+    println!("  ping-pong {} after", pingpong(rig));
 }
 
 fn main() {
