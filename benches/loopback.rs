@@ -8,7 +8,8 @@
 //!
 //! Like with like: each side copies the same bytes the same number of times (one copy per
 //! descriptor: a host-to-device transfer is one copy, as one `memcpy` is), from a source and
-//! into a destination that stay in the copying core's caches on both sides.
+//! into a destination that stay in the copying core's caches on both sides, each starting at a
+//! page boundary on both sides.
 //!
 //! Where this process may use CPUs 0 and 1, the engine is pinned to CPU 1
 //! (`Config::engine_cpu`) and the host thread to CPU 0, and the memcpy baseline runs on CPU 1:
@@ -16,8 +17,13 @@
 //! threads sharing a core or a thread the scheduler moved.
 //!
 //! After criterion's report, alternating short rounds of each print the ratio loopback / memcpy
-//! per size (the target is at least 0.9 from 64 KiB up). Run nothing but the ratios with
+//! per size: the median of the ratios of adjacent pairs of rounds, with their range (the target
+//! is at least 0.9 from 64 KiB up). Run nothing but the ratios with
 //! `cargo bench --bench loopback -- ratios-only` (a filter no criterion benchmark matches).
+//! The table comes with the CPU 0 <-> CPU 1 cache-line ping-pong taken before and after it:
+//! every completion the engine writes is a line the polling host reads, so the loopback's
+//! per-descriptor cost follows the VM's cross-core state (compare tables only between runs
+//! whose ping-pong agrees).
 //!
 //! ```text
 //! cargo bench --bench loopback
@@ -35,6 +41,7 @@ use userdma::device::Device;
 use userdma::dma::Mapping;
 use userdma::memory::{PageSize, Region};
 use userdma::ring::{self, Command, Queue, Status};
+use userdma_bench_support::cpu;
 
 const SIZES: [(usize, &str); 3] = [(4 << 10, "4K"), (64 << 10, "64K"), (1 << 20, "1M")];
 /// Copies per iteration.
@@ -161,6 +168,24 @@ impl Rig {
     }
 }
 
+/// 1 MiB of ordinary memory for the baseline, starting at a page boundary as the loopback's
+/// source (offset 0 of its host mapping) and destination (offset 0 of device memory) do: the
+/// allocator's 1 MiB blocks start 16 bytes past a page, and `memcpy` from and to addresses off
+/// a 64-byte boundary is slower (at 4 KiB, less than half as fast on the development VM), which
+/// would flatter the loopback.
+struct Buffers(Vec<u8>);
+
+impl Buffers {
+    fn new(byte: u8) -> Buffers {
+        Buffers(vec![byte; (1 << 20) + 4096])
+    }
+
+    fn page(&mut self) -> &mut [u8] {
+        let at = self.0.as_ptr().align_offset(4096);
+        &mut self.0[at..at + (1 << 20)]
+    }
+}
+
 /// `BATCH` plain copies of `size` bytes.
 fn memcpy(src: &[u8], dst: &mut [u8], size: usize) {
     for _ in 0..BATCH {
@@ -170,14 +195,14 @@ fn memcpy(src: &[u8], dst: &mut [u8], size: usize) {
 }
 
 fn copy(c: &mut Criterion, rig: &mut Rig) {
-    let src = vec![0x5au8; 1 << 20];
-    let mut dst = vec![0u8; 1 << 20];
+    let (mut src, mut dst) = (Buffers::new(0x5a), Buffers::new(0));
+    let (src, dst) = (src.page(), dst.page());
     let mut group = c.benchmark_group("copy");
     for (size, name) in SIZES {
         group.throughput(Throughput::Bytes((size * BATCH) as u64));
         rig.on_engine_cpu(|| {
             group.bench_function(BenchmarkId::new("memcpy", name), |b| {
-                b.iter(|| memcpy(&src, &mut dst, size))
+                b.iter(|| memcpy(src, dst, size))
             })
         });
         group.bench_function(BenchmarkId::new("loopback", name), |b| {
@@ -202,42 +227,74 @@ fn rate(bytes: usize, time: Duration, mut f: impl FnMut()) -> f64 {
 }
 
 /// The ratio table: loopback / memcpy per size. The two are measured in alternating short
-/// rounds and the best round of each is kept, so both see the same machine (a burst of load
-/// from another process hits both, not one).
+/// rounds, each loopback round right after a memcpy round, and the ratio is the median of those
+/// pairs' ratios (with their range): the two sides of a pair see the same machine, and the
+/// median is not decided by one round that a burst of load from another process slowed or
+/// spared. The best round of each side is printed too, and the engine's mean busy time per
+/// descriptor next to the mean time of one `memcpy` of the size (their difference is what a
+/// descriptor costs beyond its copy).
 fn ratios(rig: &mut Rig) {
-    let src = vec![0x5au8; 1 << 20];
-    let mut dst = vec![0u8; 1 << 20];
+    let (mut src, mut dst) = (Buffers::new(0x5a), Buffers::new(0));
+    let (src, dst) = (src.page(), dst.page());
     if std::env::args().any(|arg| arg == "--test") {
         println!("\n(test mode: one short round each, to check the table runs; not a measurement)");
     }
-    println!("\nloopback copy bandwidth / memcpy bandwidth (same run, zero-cost model):");
+    let pingpong = |rig: &Rig| {
+        if rig.pinned {
+            // Leaves this thread on HOST_CPU, where it was.
+            format!("{:.0} ns", cpu::pingpong(Duration::from_millis(20)))
+        } else {
+            "not taken (CPUs 0 and 1 not both available)".to_owned()
+        }
+    };
+    println!(
+        "\nloopback copy bandwidth / memcpy bandwidth (same run, zero-cost model; ping-pong {} \
+         before):",
+        pingpong(rig)
+    );
     for (size, name) in SIZES {
         let bytes = size * BATCH;
-        // Seven rounds of 150 ms; in criterion's test mode (`-- --test`: every benchmark once,
-        // to check it works) one of 2 ms.
+        // Eleven pairs of rounds of 100 ms; in criterion's test mode (`-- --test`: every
+        // benchmark once, to check it works) one of 2 ms.
         let (rounds, round) = if std::env::args().any(|arg| arg == "--test") {
             (1, Duration::from_millis(2))
         } else {
-            (7, Duration::from_millis(150))
+            (11, Duration::from_millis(100))
         };
-        let (mut plain, mut device) = (0.0f64, 0.0f64);
+        let mut pairs = Vec::with_capacity(rounds);
         let before = rig.device.counters().expect("counters");
         for _ in 0..rounds {
-            let once = rig.on_engine_cpu(|| rate(bytes, round, || memcpy(&src, &mut dst, size)));
-            plain = plain.max(once);
-            device = device.max(rate(bytes, round, || rig.copy(size)));
+            let plain = rig.on_engine_cpu(|| rate(bytes, round, || memcpy(src, dst, size)));
+            let device = rate(bytes, round, || rig.copy(size));
+            pairs.push((plain, device));
         }
         let after = rig.device.counters().expect("counters");
         let busy = (after.busy_ns - before.busy_ns) as f64
             / (after.descriptors - before.descriptors).max(1) as f64;
+        // Rounds of equal length: the mean time of one copy is the mean of the rounds' times.
+        let copy_ns = pairs
+            .iter()
+            .map(|&(plain, _)| size as f64 / plain)
+            .sum::<f64>()
+            * 1e9
+            / rounds as f64;
+        let best = |side: fn(&(f64, f64)) -> f64| pairs.iter().map(side).fold(0.0, f64::max);
+        let mut ratios: Vec<f64> = pairs
+            .iter()
+            .map(|&(plain, device)| device / plain)
+            .collect();
+        ratios.sort_by(f64::total_cmp);
         println!(
-            "  {name:>4}: memcpy {:6.2} GB/s, loopback {:6.2} GB/s, ratio {:.2} (engine busy \
-             {busy:.0} ns per descriptor)",
-            plain / 1e9,
-            device / 1e9,
-            device / plain
+            "  {name:>4}: ratio {:.2} ({:.2}-{:.2}); best memcpy {:6.2} GB/s, best loopback \
+             {:6.2} GB/s; engine busy {busy:.0} ns per descriptor, memcpy {copy_ns:.0} ns per copy",
+            ratios[rounds / 2],
+            ratios[0],
+            ratios[rounds - 1],
+            best(|p| p.0) / 1e9,
+            best(|p| p.1) / 1e9,
         );
     }
+    println!("  ping-pong {} after", pingpong(rig));
 }
 
 fn main() {
