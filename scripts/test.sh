@@ -138,31 +138,57 @@ step "guest suite: real PCI devices (edu, NVMe) in QEMU guests" scripts/guest-te
 step "main job (README)" cargo run --release --locked --quiet -- demo
 step "PCI listing (README)" cargo run --release --locked --quiet -- list
 
+# One fuzz target for FUZZ_SECONDS: the working corpus (ignored by git) first, where new inputs
+# go; then the committed seeds, inputs that once found a defect, so every run replays them.
+fuzz_one() {
+	local t=$1 logf=target/fuzz-logs/$1.log
+	local dirs=("corpus/$t")
+	[ -d "fuzz/seeds/$t" ] && dirs+=("seeds/$t")
+	mkdir -p "fuzz/corpus/$t"
+	(cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run --release "$t" "${dirs[@]}" -- \
+		-max_total_time="$FUZZ_SECONDS" -print_final_stats=1) >"$logf" 2>&1
+}
+
+# Every target, FUZZ_JOBS at a time (default: one per CPU, each fuzzer is single-threaded), so
+# each gets its whole budget on a core of its own and the step takes the sum over the CPUs.
 fuzz_smoke() {
-	local targets t logf
+	local targets t logf jobs
 	targets=$(cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz list)
 	[ -n "$targets" ] || { echo "no fuzz targets found in fuzz/"; return 1; }
 	(cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build --release) || return 1
 	mkdir -p target/fuzz-logs
-	for t in $targets; do
-		logf=target/fuzz-logs/$t.log
-		echo "fuzz $t for ${FUZZ_SECONDS}s (log: $logf)"
-		# The working corpus (ignored by git) first, where new inputs go; then the committed
-		# seeds, inputs that once found a defect, so every run replays them.
-		local dirs=("corpus/$t")
-		[ -d "fuzz/seeds/$t" ] && dirs+=("seeds/$t")
-		mkdir -p "fuzz/corpus/$t"
-		if ! (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run --release "$t" "${dirs[@]}" -- \
-			-max_total_time="$FUZZ_SECONDS" -print_final_stats=1) >"$logf" 2>&1; then
-			grep -v '^#[0-9]' "$logf" | tail -n 60
-			echo "fuzz target $t FAILED; the crashing input is under fuzz/artifacts/$t/"
-			return 1
+	jobs=${FUZZ_JOBS:-$(nproc)}
+	[ "$jobs" -ge 1 ] 2>/dev/null || jobs=1
+	local pids=() names=() bad=()
+	# Waits for the oldest running target and reports it.
+	reap() {
+		local name=${names[0]}
+		if wait "${pids[0]}"; then
+			echo "fuzz $name: $(grep -E '^stat::number_of_executed_units|^Done' \
+				"target/fuzz-logs/$name.log" | tr '\n' ' ')"
+		else
+			bad+=("$name")
+			echo "fuzz $name: FAILED"
 		fi
-		grep -E '^stat::number_of_executed_units|^Done' "$logf" | tr '\n' ' '
-		echo
+		pids=("${pids[@]:1}")
+		names=("${names[@]:1}")
+	}
+	for t in $targets; do
+		echo "fuzz $t for ${FUZZ_SECONDS}s (log: target/fuzz-logs/$t.log)"
+		fuzz_one "$t" &
+		pids+=($!)
+		names+=("$t")
+		[ "${#pids[@]}" -lt "$jobs" ] || reap
 	done
+	while [ "${#pids[@]}" -gt 0 ]; do reap; done
+	for t in "${bad[@]}"; do
+		logf=target/fuzz-logs/$t.log
+		grep -v '^#[0-9]' "$logf" | tail -n 60
+		echo "fuzz target $t FAILED; the crashing input is under fuzz/artifacts/$t/"
+	done
+	[ "${#bad[@]}" -eq 0 ]
 }
-step "fuzz smoke (${FUZZ_SECONDS}s per target)" fuzz_smoke
+step "fuzz smoke (${FUZZ_SECONDS}s per target, ${FUZZ_JOBS:-$(nproc)} at a time)" fuzz_smoke
 
 log "summary"
 [ ${#failed_steps[@]} -eq 0 ] || printf 'failed step: %s\n' "${failed_steps[@]}"
