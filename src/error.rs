@@ -5,7 +5,7 @@
 //! sizes and causes involved); this type wraps them without losing anything, so
 //! `std::error::Error::source` walks down to the system call that failed.
 
-use crate::{device, dma, irq, memory, mmio, pci, pool, ring};
+use crate::{device, dma, irq, memory, mmio, pci, pool, ring, stage};
 
 /// Any failure of the crate. Its `Display` is the failing module's message; the cause chain is
 /// intact.
@@ -36,6 +36,9 @@ pub enum Error {
     /// The buffer pool.
     #[error(transparent)]
     Pool(#[from] pool::Error),
+    /// Staging files through io_uring.
+    #[error(transparent)]
+    Stage(#[from] stage::Error),
     /// A runtime asked for something its device does not have.
     #[error("{device} has no {what}: {hint}")]
     Unsupported {
@@ -100,6 +103,7 @@ impl Error {
             Error::Device(e) => device_code(e),
             Error::Ring(e) => ring_code(e),
             Error::Pool(e) => pool_code(e),
+            Error::Stage(e) => stage_code(e),
             Error::Unsupported { .. } => Code::Unsupported,
             Error::Invalid { .. } => Code::InvalidArgument,
         }
@@ -111,6 +115,36 @@ impl<D, T> From<ring::Rejected<D, T>> for Error {
     /// [`ring::Rejected`] first to keep them).
     fn from(rejected: ring::Rejected<D, T>) -> Error {
         Error::Ring(rejected.error)
+    }
+}
+
+impl From<stage::Refused> for Error {
+    /// Keeps the reason; the buffer goes back to its pool.
+    fn from(refused: stage::Refused) -> Error {
+        Error::Stage(refused.error)
+    }
+}
+
+fn stage_code(e: &stage::Error) -> Code {
+    use stage::Error as E;
+    match e {
+        E::Depth { .. }
+        | E::Misaligned { .. }
+        | E::Empty
+        | E::Offset { .. }
+        | E::NotRegistered { .. }
+        | E::ReadOnly { .. }
+        | E::ShortRead { .. }
+        | E::Eof { .. } => Code::InvalidArgument,
+        E::Unavailable { .. } | E::DirectUnsupported { .. } => Code::Unsupported,
+        E::Disabled { .. } | E::MemlockLimit { .. } | E::Register { .. } => Code::Refused,
+        E::TooManyFixedBuffers { .. } | E::Full { .. } => Code::Exhausted,
+        E::Open { source, .. } | E::Stat { source, .. }
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Code::NotFound
+        }
+        _ => Code::System,
     }
 }
 

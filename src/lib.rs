@@ -54,10 +54,11 @@
 //! | [`pipeline`] | the N-deep inference pipeline: slots of host buffers and device arenas made once, frames through H2D, a planned model's layers, on-device filtering and D2H across the loopback device's copy engine and compute unit; the naive per-frame path to compare |
 //! | [`sched`] | several streams on one device: round-robin, strict priority, priority with batch switching (K), a maximum wait (W), context affinity, the stated bound on a frame's wait, switch counting; a simulator that checks the bounds |
 //! | [`stats`] | counters, latency histograms per stage, the time split, DMA/compute overlap, slot occupancy; JSON, Prometheus text and SVG plots |
+//! | [`stage`] | zero-copy staging: files read into and written from pool buffers with io_uring fixed buffers, O_DIRECT where the file system supports it, many requests in flight |
 //! | [`pool`] | the DMA buffer pool: size classes, buddy blocks, per-thread caches, lock-free shared lists, borrowed and owned buffers, sharing between processes |
 //!
 //! **Layering** (a module uses only those to its left): `sys` ← `memory`, `mmio`, `irq`,
-//! `pci` ← `dma` ← `pool`, `ring` ← `device` ← `runtime` ← `pipeline`; `plan` and `stats`
+//! `pci` ← `dma` ← `pool`, `ring` ← `device` ← `runtime` ← `pipeline`, `stage` (on `pool`); `plan` and `stats`
 //! stand alone; [`Error`] sits beside them all.
 //!
 //! The kernel ABI (structs, ioctl numbers, constants) lives in the `userdma-sys` crate,
@@ -80,6 +81,8 @@ pub mod ring;
 #[cfg(not(loom))]
 pub mod runtime;
 pub mod sched;
+#[cfg(not(loom))]
+pub mod stage;
 pub mod stats;
 
 #[cfg(not(loom))]

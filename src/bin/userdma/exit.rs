@@ -61,6 +61,9 @@ pub(crate) enum Failure {
     /// The pipeline failed, or some frames came back wrong (exit 1).
     #[error(transparent)]
     Pipeline(#[from] crate::pipeline::Error),
+    /// Staging a file failed.
+    #[error(transparent)]
+    Stage(#[from] crate::stage::Error),
     /// Writing the output failed.
     #[error("cannot write the output")]
     Output(#[source] io::Error),
@@ -86,6 +89,7 @@ impl Failure {
             Self::Demo(e) => e.exit_code(),
             Self::Plan(e) => e.exit_code(),
             Self::Pipeline(e) => e.exit_code(),
+            Self::Stage(e) => e.exit_code(),
             Self::Output(_) | Self::Json(_) => FAILURE,
         }
     }

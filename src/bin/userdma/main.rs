@@ -7,6 +7,7 @@
 //! userdma bind 0000:01:00.0 --driver vfio-pci     # or uio_pci_generic; [--force-group]
 //! userdma unbind 0000:01:00.0                     # back to the kernel's default driver
 //! userdma plan model.json --strategy auto         # tensor offsets in one arena
+//! userdma stage weights.bin --direct --depth 16   # a file into pool buffers via io_uring
 //! ```
 //!
 //! Global options: `--json` prints one JSON document on stdout instead of text; `--sysfs-root
@@ -59,6 +60,7 @@ mod list;
 mod names;
 mod pipeline;
 mod plan;
+mod stage;
 mod unbind;
 
 use std::io::{self, Write};
@@ -117,6 +119,9 @@ enum Command {
     /// Plan a model's tensors into one arena: offsets, arena size, lower bound, every
     /// strategy compared (`userdma plan FILE [--strategy S] [--svg FILE]`).
     Plan(plan::PlanArgs),
+    /// Read a file into pool buffers through io_uring fixed buffers (O_DIRECT with
+    /// `--direct` where the file system supports it): GB/s, the path used, CPU time per GB.
+    Stage(stage::StageArgs),
     /// The loopback device's engine as a child process (started by the library, not by hand).
     #[command(name = "loopback-device", hide = true)]
     LoopbackDevice,
@@ -211,6 +216,7 @@ fn main() -> ExitCode {
         }
         Command::LoopbackDevice => demo::serve_device().map_err(Failure::from),
         Command::Plan(args) => plan::run(&args, ctx.json).map_err(Failure::from),
+        Command::Stage(args) => stage::run(&args, ctx.json).map_err(Failure::from),
         Command::Pipeline(args) => pipeline::run(&args, ctx.json).map_err(Failure::from),
         Command::Hugepages(args) => {
             hugepages::run(&args, ctx.json, ctx.sysfs.root()).map_err(Failure::from)

@@ -1,0 +1,133 @@
+//! The raw calls of the stage module: `statx` for the direct-I/O alignment, `getrlimit`,
+//! `getrusage`, and the io_uring sysctl. Each fills only memory it owns, so all are safe
+//! wrappers; errno becomes `io::Error` here.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::Duration;
+
+/// What `statx` says of a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Stat {
+    /// `Some((memory, offset))` when the kernel reports `STATX_DIOALIGN` (zeros: no direct
+    /// I/O for this file).
+    pub(super) dio: Option<(u32, u32)>,
+    /// The device the file lives on (major, minor).
+    pub(super) dev: (u32, u32),
+    /// The file's size in bytes.
+    pub(super) size: u64,
+}
+
+/// `statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN | STATX_SIZE)`.
+pub(super) fn statx(fd: BorrowedFd<'_>) -> io::Result<Stat> {
+    let mut buf = MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: the path is a valid NUL-terminated (empty) string, `buf` is a writable `statx`
+    // the kernel fills; `fd` is open for the duration of the call (borrowed).
+    let ret = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN | libc::STATX_SIZE,
+            buf.as_mut_ptr(),
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: zero-initialised and then filled by a successful `statx`: every field is an
+    // integer, valid for any bit pattern.
+    let buf = unsafe { buf.assume_init() };
+    let dio = (buf.stx_mask & libc::STATX_DIOALIGN != 0)
+        .then_some((buf.stx_dio_mem_align, buf.stx_dio_offset_align));
+    Ok(Stat {
+        dio,
+        dev: (buf.stx_dev_major, buf.stx_dev_minor),
+        size: buf.stx_size,
+    })
+}
+
+/// The soft `RLIMIT_MEMLOCK` in bytes (`u64::MAX`: unlimited).
+pub(super) fn memlock_limit() -> io::Result<u64> {
+    let mut limit = MaybeUninit::<libc::rlimit>::zeroed();
+    // SAFETY: `limit` is a writable `rlimit` the kernel fills.
+    let ret = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, limit.as_mut_ptr()) };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: filled by a successful `getrlimit`; integers only.
+    let limit = unsafe { limit.assume_init() };
+    Ok(if limit.rlim_cur == libc::RLIM_INFINITY {
+        u64::MAX
+    } else {
+        limit.rlim_cur
+    })
+}
+
+/// CPU time (user + system) this process has used so far, every thread included — the
+/// kernel's io_uring workers too (`getrusage(RUSAGE_SELF)`). Subtract two readings to get
+/// the CPU cost of what ran between them.
+pub fn process_cpu_time() -> Duration {
+    let mut usage = MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `usage` is a writable `rusage` the kernel fills.
+    let ret = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    if ret != 0 {
+        // Only EFAULT/EINVAL are possible, and neither applies: report no time.
+        return Duration::ZERO;
+    }
+    // SAFETY: filled by a successful `getrusage`; integers only.
+    let usage = unsafe { usage.assume_init() };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// The value of `/proc/sys/kernel/io_uring_disabled` (absent: 0, an older kernel).
+pub(super) fn io_uring_disabled() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The logical block size of block device `(major, minor)` from sysfs, for a whole disk or a
+/// partition (whose queue is its parent's); `None` for a device with no block queue (tmpfs,
+/// overlay and other anonymous devices).
+pub(super) fn logical_block_size(dev: (u32, u32)) -> Option<u32> {
+    let base = format!("/sys/dev/block/{}:{}", dev.0, dev.1);
+    ["queue/logical_block_size", "../queue/logical_block_size"]
+        .iter()
+        .find_map(|tail| {
+            std::fs::read_to_string(format!("{base}/{tail}"))
+                .ok()
+                .and_then(|text| text.trim().parse::<u32>().ok())
+        })
+        .filter(|size| size.is_power_of_two())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statx_reports_the_size_of_a_file() {
+        let mut file = tempfile::tempfile().expect("temp file");
+        std::io::Write::write_all(&mut file, &[7u8; 1000]).expect("write");
+        let stat = statx(std::os::fd::AsFd::as_fd(&file)).expect("statx");
+        assert_eq!(stat.size, 1000);
+    }
+
+    #[test]
+    fn cpu_time_moves_forward() {
+        let before = process_cpu_time();
+        let mut x = 0u64;
+        for i in 0..5_000_000u64 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        }
+        assert!(process_cpu_time() >= before);
+        assert!(memlock_limit().expect("getrlimit") > 0);
+    }
+}
