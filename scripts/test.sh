@@ -133,7 +133,8 @@ step "planner on the MiniMalloc instances, release" cargo test --release --locke
 step "loopback soak, release (10^6 transfers)" cargo test --release --locked --test loopback_soak
 step "pipeline soak, release (10^5 frames)" cargo test --release --locked --test pipeline_soak
 step "benchmarks, test mode (each once; ratio tables in one short round)" \
-	cargo bench --locked --bench pool --bench ring --bench loopback --bench plan --bench pipeline --bench sched -- --test
+	sh -c 'cargo bench --locked --bench pool --bench ring --bench loopback --bench plan --bench pipeline --bench sched --bench stage -- --test &&
+		cargo bench --locked -p userdma-capi -- --test'
 step "guest suite: real PCI devices (edu, NVMe) in QEMU guests" scripts/guest-test.sh
 step "main job (README)" cargo run --release --locked --quiet -- demo
 step "PCI listing (README)" cargo run --release --locked --quiet -- list
