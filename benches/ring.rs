@@ -756,38 +756,7 @@ fn main() {
     roundtrip(&mut criterion);
     doorbell(&mut criterion);
     criterion.final_summary();
-    if wants_ratios() {
+    if userdma_bench_support::wants_ratios() {
         ratios();
     }
-}
-
-/// Whether to print the ratio tables: with no benchmark filter, or the filter `ratios-only`
-/// (which no criterion benchmark matches).
-fn wants_ratios() -> bool {
-    // Criterion's options that take a value.
-    const VALUED: [&str; 14] = [
-        "--warm-up-time",
-        "--measurement-time",
-        "--sample-size",
-        "--save-baseline",
-        "--baseline",
-        "--load-baseline",
-        "--output-format",
-        "--plotting-backend",
-        "--profile-time",
-        "--noise-threshold",
-        "--confidence-level",
-        "--significance-level",
-        "--nresamples",
-        "--color",
-    ];
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        if VALUED.contains(&arg.as_str()) {
-            args.next();
-        } else if !arg.starts_with('-') {
-            return arg == "ratios-only";
-        }
-    }
-    true
 }

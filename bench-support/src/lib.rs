@@ -11,3 +11,34 @@
 
 pub mod cpu;
 pub mod dpdk;
+
+/// Whether a benchmark binary should print its ratio table: with no benchmark filter, or with
+/// the filter `ratios-only` (which no criterion benchmark matches, so only the table runs).
+/// Criterion's options that take a value are skipped with their value.
+pub fn wants_ratios() -> bool {
+    const VALUED: [&str; 14] = [
+        "--warm-up-time",
+        "--measurement-time",
+        "--sample-size",
+        "--save-baseline",
+        "--baseline",
+        "--load-baseline",
+        "--output-format",
+        "--plotting-backend",
+        "--profile-time",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--nresamples",
+        "--color",
+    ];
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if VALUED.contains(&arg.as_str()) {
+            args.next();
+        } else if !arg.starts_with('-') {
+            return arg == "ratios-only";
+        }
+    }
+    true
+}

@@ -64,26 +64,48 @@ fn cdf(h: &hdrhistogram::Histogram<u64>) -> Vec<(f64, f64)> {
 ///
 /// An empty recorder gives empty axes.
 pub fn latency_cdf(recorder: &Recorder, path: impl AsRef<Path>) -> Result<(), Error> {
-    let path = path.as_ref();
-    let mut lines = vec![("end_to_end", BLACK, cdf(recorder.end_to_end_histogram()))];
+    let mut lines = vec![Line {
+        label: "end_to_end",
+        colour: BLACK.to_rgba(),
+        points: cdf(recorder.end_to_end_histogram()),
+        dashed: false,
+    }];
     for stage in Stage::ALL {
         let points = cdf(recorder.histogram(stage));
         if !points.is_empty() {
-            lines.push((stage.name(), stage_colour(stage), points));
+            lines.push(Line {
+                label: stage.name(),
+                colour: stage_colour(stage).to_rgba(),
+                points,
+                dashed: false,
+            });
         }
     }
+    draw_cdfs("Latency CDF", &lines, path.as_ref())
+}
+
+/// One CDF line to draw.
+struct Line<'a> {
+    label: &'a str,
+    colour: RGBAColor,
+    points: Vec<(f64, f64)>,
+    dashed: bool,
+}
+
+/// Draws CDF lines on one pair of axes (x: latency in ms, y: fraction at or below), with a
+/// legend, to `path`.
+fn draw_cdfs(title: &str, lines: &[Line<'_>], path: &Path) -> Result<(), Error> {
     let x_max = lines
         .iter()
-        .flat_map(|(_, _, p)| p.iter().map(|&(x, _)| x))
+        .flat_map(|l| l.points.iter().map(|&(x, _)| x))
         .fold(0.0f64, f64::max)
         .max(1e-6);
-
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(draw_error(path))?;
         let mut chart = ChartBuilder::on(&root)
-            .caption("Latency CDF", ("sans-serif", 24))
+            .caption(title, ("sans-serif", 24))
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(60)
@@ -95,13 +117,21 @@ pub fn latency_cdf(recorder: &Recorder, path: impl AsRef<Path>) -> Result<(), Er
             .y_desc("fraction of frames")
             .draw()
             .map_err(draw_error(path))?;
-        for (name, colour, points) in lines {
-            chart
-                .draw_series(LineSeries::new(points, colour.stroke_width(2)))
+        for line in lines {
+            let style = line.colour.stroke_width(2);
+            let points = line.points.iter().copied();
+            let series = if line.dashed {
+                chart.draw_series(DashedLineSeries::new(points, 8, 5, style))
+            } else {
+                chart.draw_series(LineSeries::new(points, style))
+            };
+            let dashed = line.dashed;
+            series
                 .map_err(draw_error(path))?
-                .label(name)
+                .label(line.label)
                 .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2))
+                    let end = if dashed { x + 8 } else { x + 20 };
+                    PathElement::new([(x, y), (end, y)], style)
                 });
         }
         chart
@@ -199,57 +229,16 @@ pub struct Cdf<'a> {
 /// frames at or below it): e.g. each stream before and after a change. Lines with no values
 /// are left out of the plot but keep their legend.
 pub fn cdfs(title: &str, lines: &[Cdf<'_>], path: impl AsRef<Path>) -> Result<(), Error> {
-    let path = path.as_ref();
-    let points: Vec<Vec<(f64, f64)>> = lines.iter().map(|l| cdf(l.histogram)).collect();
-    let x_max = points
+    let lines: Vec<Line<'_>> = lines
         .iter()
-        .flat_map(|p| p.iter().map(|&(x, _)| x))
-        .fold(0.0f64, f64::max)
-        .max(1e-6);
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE).map_err(draw_error(path))?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 24))
-            .margin(15)
-            .x_label_area_size(45)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0.0..x_max * 1.05, 0.0..1.0)
-            .map_err(draw_error(path))?;
-        chart
-            .configure_mesh()
-            .x_desc("latency (ms)")
-            .y_desc("fraction of frames")
-            .draw()
-            .map_err(draw_error(path))?;
-        for (line, points) in lines.iter().zip(points) {
-            let colour = Palette99::pick(line.colour).to_rgba();
-            let style = colour.stroke_width(2);
-            let series = if line.dashed {
-                chart.draw_series(DashedLineSeries::new(points, 8, 5, style))
-            } else {
-                chart.draw_series(LineSeries::new(points, style))
-            };
-            let dashed = line.dashed;
-            series
-                .map_err(draw_error(path))?
-                .label(line.label)
-                .legend(move |(x, y)| {
-                    let end = if dashed { x + 8 } else { x + 20 };
-                    PathElement::new([(x, y), (end, y)], style)
-                });
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(draw_error(path))?;
-        root.present().map_err(draw_error(path))?;
-    }
-    write(path, &svg)
+        .map(|l| Line {
+            label: l.label,
+            colour: Palette99::pick(l.colour).to_rgba(),
+            points: cdf(l.histogram),
+            dashed: l.dashed,
+        })
+        .collect();
+    draw_cdfs(title, &lines, path.as_ref())
 }
 
 /// One bar of a [`lanes`] plot: `[start_ns, end_ns)` in lane `lane`.
