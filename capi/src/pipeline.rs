@@ -816,6 +816,29 @@ fn taker(
     })
 }
 
+/// What `udma_pipeline_poll` (`wait` false) and `udma_pipeline_wait` (`wait` true) share:
+/// hands finished frames to `result`, sets `*finished` (when not NULL) to how many.
+///
+/// # Safety
+/// `result` is safe to call with `user`; `finished` is NULL or points to a writable `size_t`.
+unsafe fn take_finished(
+    pipeline: *mut udma_pipeline,
+    result: udma_pipeline_result_fn,
+    user: *mut c_void,
+    finished: *mut usize,
+    wait: bool,
+) -> Result<(), Fail> {
+    let take = taker(result, user)?;
+    let n = with_pipeline(pipeline, |p| {
+        if wait { p.wait(take) } else { p.poll(take) }.map_err(lib)
+    })?;
+    if !finished.is_null() {
+        // SAFETY: non-null; writable per the caller's contract.
+        unsafe { finished.write(n) };
+    }
+    Ok(())
+}
+
 /// Hands every finished frame, in frame order, to `result(user, output)` without waiting,
 /// and sets `*finished` (may be NULL) to how many.
 ///
@@ -832,13 +855,8 @@ pub unsafe extern "C" fn udma_pipeline_poll(
     finished: *mut usize,
 ) -> udma_status {
     call("udma_pipeline_poll", || {
-        let take = taker(result, user)?;
-        let n = with_pipeline(pipeline, |p| p.poll(take).map_err(lib))?;
-        if !finished.is_null() {
-            // SAFETY: non-null; writable per this function's contract.
-            unsafe { finished.write(n) };
-        }
-        Ok(())
+        // SAFETY: this function's contract is `take_finished`'s.
+        unsafe { take_finished(pipeline, result, user, finished, false) }
     })
 }
 
@@ -858,13 +876,8 @@ pub unsafe extern "C" fn udma_pipeline_wait(
     finished: *mut usize,
 ) -> udma_status {
     call("udma_pipeline_wait", || {
-        let take = taker(result, user)?;
-        let n = with_pipeline(pipeline, |p| p.wait(take).map_err(lib))?;
-        if !finished.is_null() {
-            // SAFETY: non-null; writable per this function's contract.
-            unsafe { finished.write(n) };
-        }
-        Ok(())
+        // SAFETY: this function's contract is `take_finished`'s.
+        unsafe { take_finished(pipeline, result, user, finished, true) }
     })
 }
 

@@ -492,25 +492,23 @@ impl Streams {
                 }
                 continue;
             }
-            match self.waiter.is_some() {
-                false => {
-                    // One device: wait for its oldest frame (it can take nothing more until
-                    // one finishes, or it would have been given it above).
-                    let oldest = (0..self.states.len())
-                        .filter(|&i| !self.states[i].dispatched.is_empty())
-                        .min_by_key(|&i| self.states[i].dispatched[0].1)
-                        .expect("busy > 0");
-                    self.reap(oldest, start, true, &mut postprocess)?;
-                }
-                true => {
-                    // Several devices: sleep on every busy pipeline until one finishes or a
-                    // frame arrives for a device that could take it.
-                    let wake = if open { self.next_arrival() } else { None };
-                    let left = wake.map_or(MAX_SLEEP, |w| {
-                        Duration::from_nanos(w.saturating_sub(nanos(start.elapsed())))
-                    });
-                    self.sleep_any(left.min(MAX_SLEEP))?;
-                }
+            if self.waiter.is_none() {
+                // One device (or pipelines without an interrupt to sleep on together): wait
+                // for the oldest frame on the devices (its device can take nothing more until
+                // one finishes, or it would have been given it above).
+                let oldest = (0..self.states.len())
+                    .filter(|&i| !self.states[i].dispatched.is_empty())
+                    .min_by_key(|&i| self.states[i].dispatched[0].1)
+                    .expect("busy > 0");
+                self.reap(oldest, start, true, &mut postprocess)?;
+            } else {
+                // Several devices: sleep on every busy pipeline until one finishes or a frame
+                // arrives for a device that could take it.
+                let wake = if open { self.next_arrival() } else { None };
+                let left = wake.map_or(MAX_SLEEP, |w| {
+                    Duration::from_nanos(w.saturating_sub(nanos(start.elapsed())))
+                });
+                self.sleep_any(left.min(MAX_SLEEP))?;
             }
             for i in 0..self.states.len() {
                 self.reap(i, start, false, &mut postprocess)?;
@@ -628,7 +626,7 @@ impl Streams {
         if self
             .states
             .iter()
-            .any(|s| busy(s) && (s.stream.pipeline.finishing()))
+            .any(|s| busy(s) && s.stream.pipeline.finishing())
         {
             std::thread::yield_now();
             return Ok(());
