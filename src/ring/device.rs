@@ -144,6 +144,17 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
         index::used(self.sq_tail, self.sq_head)
     }
 
+    /// The announced entry `n` places after the next one [`DeviceQueue::pop`] would return
+    /// (copied out, not consumed), if there is one (as of the last [`DeviceQueue::fetch`]):
+    /// for a device model that decides about an entry before it takes it, or looks ahead.
+    #[inline]
+    pub fn peek(&self, n: u32) -> Option<D> {
+        if n >= self.available() {
+            return None;
+        }
+        Some(self.sq.read_once(self.sq_head.wrapping_add(n)))
+    }
+
     /// The next announced entry (copied out), if any. Its slot stays the device's until
     /// [`DeviceQueue::release`].
     #[inline]

@@ -59,12 +59,20 @@ const SHUTDOWN: usize = PRIVATE + 8;
 /// Host writes to registers other than the doorbells so far. On a cache line of its own: the
 /// engine reads it after every descriptor, and the host bumps `WAKE_SEQ` on every doorbell.
 const CONTROL_SEQ: usize = PRIVATE + 64;
+/// Queue `q`'s injected-fault counters (eight u64: the sum, then kind 1 to 7) are at
+/// `INJECTED + INJECTED_STRIDE * q`; the host sees the selected queue's through the
+/// `fault_injected` window of the BAR ([`regs::FaultRegs`]).
+const INJECTED: usize = PRIVATE + 0x800;
+/// Bytes of one queue's injected-fault counters.
+const INJECTED_STRIDE: usize = 64;
 /// Bytes of the register file: the BAR and the private page.
 const FILE_LEN: usize = 2 * REGISTER_BAR_SIZE;
 
 const _: () = {
     assert!(WAKE_SEQ + UNIT_WAKE_STRIDE + SLEEPING < OWNER);
-    assert!(OWNER + 4 * regs::MAX_QUEUES as usize <= FILE_LEN);
+    assert!(OWNER + 4 * regs::MAX_QUEUES as usize <= INJECTED);
+    assert!(INJECTED + INJECTED_STRIDE * regs::MAX_QUEUES as usize <= FILE_LEN);
+    assert!(INJECTED_STRIDE == 8 * 8);
 };
 
 /// Bytes of a region of `len` bytes of base pages (rounded up to the page size).
@@ -214,6 +222,19 @@ impl RegisterFile {
     fn owner(&self, q: usize) -> Unit {
         // Acquire: pairs with the Release store in `set_owner`.
         Unit::from_raw(self.u32(OWNER + 4 * q).load(Ordering::Acquire)).unwrap_or(Unit::Copy)
+    }
+
+    /// Engine: counts one fault of raw kind `kind` (1 to 7) injected into queue `q`
+    /// (`q < MAX_QUEUES`).
+    pub(super) fn count_injected(&self, q: usize, kind: u32) {
+        for slot in [0, kind as usize] {
+            // Release: the count is published before the completion (or the silence) the
+            // fault made, so a host that saw that effect and then reads the counter (Acquire,
+            // through the window) finds the fault counted. Only the unit serving the queue
+            // counts into it; the read-modify-write keeps the count whole even so.
+            self.u64(INJECTED + INJECTED_STRIDE * q + 8 * slot)
+                .fetch_add(1, Ordering::Release);
+        }
     }
 
     /// Host writes to registers other than the doorbells (the engine re-reads its control
@@ -366,6 +387,16 @@ impl mmio::Backend for HostBar {
 
     fn read(&self, offset: usize, width: Width) -> Result<u64, mmio::Error> {
         mmio::check(offset, width, REGISTER_BAR_SIZE)?;
+        let window = regs::FAULT_INJECTED.offset();
+        if (window..window + INJECTED_STRIDE).contains(&offset) {
+            // The selected queue's counters (none past the last queue: zeros).
+            let q = self.file.get32(regs::FAULT_QUEUE.offset()) as usize;
+            if q >= usize::from(regs::MAX_QUEUES) {
+                return Ok(0);
+            }
+            let at = INJECTED + INJECTED_STRIDE * q + (offset - window);
+            return Ok(read(&self.file, at, width));
+        }
         Ok(read(&self.file, offset, width))
     }
 

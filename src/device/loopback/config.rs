@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::cost::Cost;
 use super::engine::Settings;
+use super::fault::Injection;
 use super::process::Program;
 use super::regs;
 use crate::device::loopback::Error as LoopbackError;
@@ -39,6 +40,7 @@ pub struct Config {
     pub(super) engine_cpu: Option<u32>,
     pub(super) mode: Mode,
     pub(super) numa_node: Option<u32>,
+    faults: Vec<(u16, Injection)>,
 }
 
 impl Default for Config {
@@ -58,6 +60,7 @@ impl Default for Config {
             engine_cpu: None,
             mode: Mode::Thread,
             numa_node: None,
+            faults: Vec::new(),
         }
     }
 }
@@ -153,6 +156,23 @@ impl Config {
         self
     }
 
+    /// Injects faults into queue `queue` from the start, as
+    /// [`Loopback::inject`](super::Loopback::inject) does at run time (see
+    /// [`fault`](super::fault)); a later call for the same queue replaces it. In
+    /// [`Mode::Process`] the device process starts without it: program it with
+    /// `Loopback::inject` once the device is up.
+    #[must_use]
+    pub fn inject(mut self, queue: u16, injection: Injection) -> Config {
+        self.faults.retain(|(q, _)| *q != queue);
+        self.faults.push((queue, injection));
+        self
+    }
+
+    /// The fault injections the device starts with ([`Config::inject`]).
+    pub fn injections(&self) -> &[(u16, Injection)] {
+        &self.faults
+    }
+
     /// The cost model.
     pub fn cost_model(&self) -> Cost {
         self.cost
@@ -214,6 +234,16 @@ impl Config {
         if self.max_burst == 0 {
             return bad("max_burst", 0, "at least 1");
         }
+        for (queue, injection) in &self.faults {
+            if *queue >= self.queues {
+                return bad(
+                    "inject (queue)",
+                    (*queue).into(),
+                    "a queue of the device (below `queues`)",
+                );
+            }
+            injection.registers()?;
+        }
         Ok(())
     }
 
@@ -226,6 +256,11 @@ impl Config {
             max_burst: self.max_burst,
             idle_spin: self.idle_spin,
             cpu: self.engine_cpu,
+            faults: self
+                .faults
+                .iter()
+                .filter_map(|(q, injection)| Some((*q, injection.programme().ok()??)))
+                .collect(),
         }
     }
 }

@@ -51,16 +51,18 @@ use std::time::{Duration, Instant};
 
 use super::bar::{DeviceBar, RegisterFile};
 use super::cost::{Clock, Cost, Work, TIMER_SLACK_NS};
+use super::fault::{Kind, Programme};
 use super::ops::{self, Dram, Host, Outcome, Plan, Span, Translate};
 use super::regs::{
-    self, Code, Control, DeviceStatus, Fault, QueueControl, QueueStatus, Unit as UnitId,
+    self, Code, Control, DeviceStatus, Fault, FaultControl, QueueControl, QueueStatus,
+    Unit as UnitId,
 };
 use super::shim;
 use super::sram::{Sram, WorkingSet};
 use crate::memory::u64_of;
 use crate::mmio::{Block, Field};
 use crate::ring::{self, Command, DeviceQueue, Doorbells, Layout, Memory, Status, POSTED};
-use crate::sync::{AtomicBool, Condvar, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, Condvar, Mutex, Ordering};
 use crate::wake;
 
 /// How the engine is set up (the parts of the device configuration it needs).
@@ -74,6 +76,9 @@ pub(super) struct Settings {
     pub(super) idle_spin: Duration,
     /// The CPU to run on, if pinned (both units' threads).
     pub(super) cpu: Option<u32>,
+    /// Fault injections programmed before the engine starts, by queue
+    /// ([`Config::inject`](super::Config::inject)).
+    pub(super) faults: Vec<(u16, Programme)>,
 }
 
 /// The device side of the loopback device: what its two units are made of.
@@ -115,7 +120,17 @@ impl Engine {
     /// thread (which inherits this thread's CPU affinity), the copy engine on this one.
     pub(super) fn run(mut self) {
         identify(&self.file, &self.settings, self.dram);
+        let mut programmes = vec![None; usize::from(self.settings.queues)];
+        let mut armed = 0u32;
+        for &(q, programme) in &self.settings.faults {
+            if let Some(slot) = programmes.get_mut(usize::from(q)) {
+                *slot = Some(programme);
+                armed |= 1 << q;
+            }
+        }
         let shared = Shared {
+            faults: Mutex::new(programmes),
+            armed: AtomicU32::new(armed),
             owners: Mutex::new(vec![None; usize::from(self.settings.queues)]),
             reset: Mutex::new(ResetState::default()),
             reset_moved: Condvar::new(),
@@ -163,6 +178,13 @@ struct Shared {
     waiting: [AtomicBool; 2],
     /// One interrupt eventfd per queue.
     fds: Vec<OwnedFd>,
+    /// Each queue's fault injection, if one is programmed (see `fault.rs`). Changed by the
+    /// copy engine when the host programs one; its state (count left, generator) written back
+    /// by the unit serving the queue after each burst that used it.
+    faults: Mutex<Vec<Option<Programme>>>,
+    /// Bit `q`: queue `q` has a programme in `faults`. Changed only under that lock; read once
+    /// per burst by the serving unit (the hot path's one branch for fault injection).
+    armed: AtomicU32,
 }
 
 /// The reset rendezvous: resets the compute unit has parked for, and resets done.
@@ -191,6 +213,8 @@ struct Active {
     /// A `Wait` taken from the SQ whose target is not reached yet: the queue's next
     /// descriptor (its slot already released; this is the engine's copy).
     blocked: Option<Command>,
+    /// An injected stall: the queue is served no more until it is torn down.
+    stalled: bool,
     _ring: Span,
 }
 
@@ -380,11 +404,14 @@ impl<'a> Unit<'a> {
         }
     }
 
-    /// Acts on the control registers: reset, queues to start or stop, masks.
+    /// Acts on the control registers: reset, fault programmes, queues to start or stop, masks.
     fn control(&mut self) {
         let control = Control::from_bits_retain(self.file.get32(regs::CONTROL.offset()));
         if control.contains(Control::RESET) {
             self.reset();
+        }
+        if self.id == UnitId::Copy {
+            self.fault_control();
         }
         let mut owners = self.owners();
         for q in 0..self.queues.len() {
@@ -421,6 +448,69 @@ impl<'a> Unit<'a> {
         }
         drop(owners);
         self.deliver_unmasked();
+    }
+
+    /// Acts on a write of the fault block's `control` (the copy engine only): programs or
+    /// clears the selected queue's injection, then acknowledges (`applied` moves).
+    fn fault_control(&mut self) {
+        let f = self.file;
+        let control = FaultControl::from_bits_retain(f.get32(regs::FAULT_CONTROL.offset()));
+        if control.is_empty() {
+            return;
+        }
+        let q = f.get32(regs::FAULT_QUEUE.offset()) as usize;
+        let applied = f.get32(regs::FAULT_APPLIED.offset()).wrapping_add(1);
+        if q < self.queues.len() {
+            let programme = if control.contains(FaultControl::APPLY) {
+                Programme::new(
+                    f.get32(regs::FAULT_KINDS.offset()),
+                    f.get32(regs::FAULT_COUNT.offset()),
+                    f.get32(regs::FAULT_RATE.offset()),
+                    f.get64(regs::FAULT_SEED.offset()),
+                    f.get32(regs::FAULT_DELAY_US.offset()),
+                    applied,
+                )
+            } else {
+                None
+            };
+            let mut faults = self.faults();
+            faults[q] = programme;
+            set_armed(&self.shared.armed, q, programme.is_some());
+        }
+        f.set32(regs::FAULT_CONTROL.offset(), 0);
+        // Release (in `set32`): after the programme and its `armed` bit, so a host that saw
+        // the acknowledgement and then rings the queue's doorbell has the serving unit (which
+        // reads `armed` after the doorbell, with Acquire) see the programme.
+        f.set32(regs::FAULT_APPLIED.offset(), applied);
+    }
+
+    /// The fault programmes, locked (a poisoned lock is still consistent: every change under
+    /// it is a single store).
+    fn faults(&self) -> std::sync::MutexGuard<'a, Vec<Option<Programme>>> {
+        self.shared
+            .faults
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Queue `q`'s programme for a burst (a copy), if `armed` says it has one.
+    #[cold]
+    #[inline(never)]
+    fn programme(&self, q: usize) -> Option<Programme> {
+        self.faults()[q]
+    }
+
+    /// Writes back the state a burst moved in queue `q`'s programme, unless the host
+    /// programmed the queue anew meanwhile; a programme that can hit nothing more is removed.
+    #[cold]
+    #[inline(never)]
+    fn keep_programme(&self, q: usize, programme: Programme) {
+        let mut faults = self.faults();
+        if faults[q].is_some_and(|p| p.generation == programme.generation) {
+            let spent = programme.is_spent();
+            faults[q] = (!spent).then_some(programme);
+            set_armed(&self.shared.armed, q, !spent);
+        }
     }
 
     /// Writes `fault` into queue `q`'s registers (the caller holds the owners lock and has
@@ -504,6 +594,7 @@ impl<'a> Unit<'a> {
             working_set,
             sram,
             blocked: None,
+            stalled: false,
             _ring: span,
         });
         // Before ENABLED: the host rings only after seeing it, and its doorbells must wake
@@ -650,6 +741,9 @@ impl<'a> Unit<'a> {
         let Some(active) = self.queues[q].as_mut() else {
             return 0;
         };
+        if active.stalled {
+            return 0;
+        }
         match active.queue.fetch() {
             Ok(0) if active.blocked.is_none() => return 0,
             Ok(_) => {}
@@ -658,6 +752,19 @@ impl<'a> Unit<'a> {
                 return 0;
             }
         }
+        // The burst's snapshot of the fault programme: without one, fault injection costs
+        // this load and the branches on `programme` below, always taken the same way.
+        // Acquire: read after the doorbell (fetch) and pairs with the Release of `applied` in
+        // `fault_control` (through the host, which rings only after seeing it): a programme
+        // the host waited for is seen by the burst its doorbell starts.
+        let mut programme = if self.shared.armed.load(Ordering::Acquire) & (1 << q) != 0 {
+            self.programme(q)
+        } else {
+            None
+        };
+        let Some(active) = self.queues[q].as_mut() else {
+            return 0;
+        };
         let cost = self.settings.cost;
         let timed = !cost.is_zero();
         let file = self.file;
@@ -680,20 +787,52 @@ impl<'a> Unit<'a> {
         let mut began = burst_began;
         let mut modelled_from = burst_began;
         while done < self.settings.max_burst {
-            match active.queue.cq_room() {
+            let room = match active.queue.cq_room() {
                 Ok(0) => break,
-                Ok(_) => {}
+                Ok(room) => room,
                 Err(_) => {
                     fault = Some(Fault::BadCqHead);
                     break;
                 }
-            }
+            };
             let was_blocked = active.blocked.is_some();
+            let injected = match programme.as_mut() {
+                None => None,
+                Some(_) if was_blocked => None,
+                Some(p) => inject(p, active.queue.peek(0), room),
+            };
+            if let Some(kind) = injected {
+                file.count_injected(q, kind as u32);
+                if kind == Kind::Stall {
+                    // Before the descriptor is read: the SQ head stays in front of it.
+                    active.stalled = true;
+                    break;
+                }
+            }
             let Some(command) = active.blocked.take().or_else(|| active.queue.pop()) else {
                 break;
             };
             let mut fence = false;
-            let outcome = match ops::check(&command, active.context, u64_of(self.dram.len)) {
+            let checked = match injected {
+                None => ops::check(&command, active.context, u64_of(self.dram.len)),
+                Some(kind) => {
+                    if let (Kind::Slow, Some(p)) = (kind, programme.as_ref()) {
+                        Clock::wait_until(Instant::now() + p.delay);
+                    }
+                    let mut seen = command;
+                    if kind == Kind::CorruptDescriptor {
+                        // The descriptor as a corrupted read delivers it: the context tag
+                        // no longer matches, so the checks reject it before anything is
+                        // touched.
+                        seen.context ^= 1 << 31;
+                    }
+                    match ops::check(&seen, active.context, u64_of(self.dram.len)) {
+                        Ok(_) if kind == Kind::ErrorStatus => Err((Code::Injected, 0)),
+                        checked => checked,
+                    }
+                }
+            };
+            let outcome = match checked {
                 Err((code, result)) => Outcome::failed(code, result),
                 Ok(Plan::Wait { queue, target }) => {
                     match Unit::check_wait(file, self.shared, self.id, queues, q, queue, target) {
@@ -781,14 +920,22 @@ impl<'a> Unit<'a> {
                 wake_waiter(file, self.shared, self.id);
             }
             done += 1;
-            if command.command_id != POSTED {
-                let mut status =
-                    Status::new(command.command_id, outcome.code as u16, outcome.result);
+            if command.command_id != POSTED && injected != Some(Kind::DropCompletion) {
+                let id = match injected {
+                    Some(Kind::WrongId) => wrong_id(&active.queue),
+                    _ => command.command_id,
+                };
+                let mut status = Status::new(id, outcome.code as u16, outcome.result);
                 // `q < MAX_QUEUES`: fits.
                 status.queue_id = q as u16;
-                // Room was checked above; failing here means the host moved its CQ head
-                // impossibly.
-                if active.queue.complete(status).is_err() {
+                // Room was checked above (for two when the completion is to be written
+                // twice); failing here means the host moved its CQ head impossibly.
+                let times = if injected == Some(Kind::CompleteTwice) {
+                    2
+                } else {
+                    1
+                };
+                if (0..times).any(|_| active.queue.complete(status).is_err()) {
                     fault = Some(Fault::BadCqHead);
                     break;
                 }
@@ -819,6 +966,9 @@ impl<'a> Unit<'a> {
         }
         active.queue.release();
         self.queue_totals[q] = (completed, errors);
+        if let Some(programme) = programme {
+            self.keep_programme(q, programme);
+        }
         if let Some(fault) = fault {
             self.fault(q, fault);
         }
@@ -828,6 +978,49 @@ impl<'a> Unit<'a> {
     /// Raises every pending vector that is no longer masked.
     fn deliver_unmasked(&mut self) {
         deliver_unmasked(self.file, self.shared, &mut self.totals, self.counters);
+    }
+}
+
+/// Whether `programme` hits the next descriptor (`next`, as peeked) and with what, given
+/// `room` CQ entries free: never a posted descriptor (no completion to misbehave with), and
+/// [`Kind::CompleteTwice`] only with room for both completions (otherwise nothing, and a
+/// count trigger is not used up).
+fn inject(programme: &mut Programme, next: Option<Command>, room: u32) -> Option<Kind> {
+    if next?.command_id == POSTED {
+        return None;
+    }
+    let kind = programme.decide()?;
+    if kind == Kind::CompleteTwice && room < 2 {
+        programme.refund();
+        return None;
+    }
+    Some(kind)
+}
+
+/// The command id a [`Kind::WrongId`] completion names, the descriptor just taken being the
+/// wrong one's: the newest announced command's when at least two are announced after it (an
+/// id in flight that is not the next one, which a lost completion would name), else the
+/// queue's depth (no command of the queue has it).
+fn wrong_id(queue: &DeviceQueue<Command, Status>) -> u16 {
+    let after = queue.available();
+    let newest = (after >= 2)
+        .then(|| queue.peek(after - 1))
+        .flatten()
+        .map(|c| c.command_id)
+        .filter(|&id| id != POSTED);
+    // The depth is at most `MAX_DEPTH` (2^15): it fits.
+    newest.unwrap_or(queue.layout().depth() as u16)
+}
+
+/// Sets or clears queue `q`'s bit in `armed` (under the programmes' lock).
+fn set_armed(armed: &AtomicU32, q: usize, on: bool) {
+    // Release: after the programme stored under the lock (a unit that reads the bit with
+    // Acquire and then locks sees it anyway; the ordering keeps the snapshot honest even
+    // before the lock).
+    if on {
+        armed.fetch_or(1 << q, Ordering::Release);
+    } else {
+        armed.fetch_and(!(1 << q), Ordering::Release);
     }
 }
 

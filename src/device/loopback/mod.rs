@@ -149,6 +149,7 @@ mod cost;
 mod descriptor;
 mod engine;
 mod error;
+pub mod fault;
 mod ops;
 mod process;
 pub mod reference;

@@ -587,6 +587,8 @@ pub fn serve_process() -> Result<(), Error> {
             0 => None,
             cpu => Some(u32::try_from(cpu - 1).map_err(|_| malformed("engine CPU"))?),
         },
+        // Injections from the start are not passed to a device process (`Config::inject`).
+        faults: Vec::new(),
     };
     if let Some(cpu) = settings.cpu {
         // The engine thread spawned below inherits the mask. A CPU the process may not use is

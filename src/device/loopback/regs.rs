@@ -153,6 +153,57 @@ pub struct QueueRegs {
     pub sram_touched: u64,
 }
 
+/// Offset of the fault-injection block ([`FaultRegs`]), after the last queue's registers.
+pub const FAULT_BASE: usize = 0xd00;
+
+/// The fault-injection registers, at [`FAULT_BASE`] (see [`fault`](super::fault)). A window:
+/// `queue` selects the queue the programme registers are applied to and the `injected`
+/// counters show. Never instantiated.
+#[repr(C)]
+#[derive(Debug)]
+#[allow(dead_code)] // A layout description: the fields are read through `offset_of!` only.
+pub struct FaultRegs {
+    /// RW: the queue the next `control` write programs and `injected` shows.
+    pub queue: u32,
+    /// RW: bit `k` set: [`Kind`](super::fault::Kind) `k` may be injected (one is drawn per
+    /// hit when several are set).
+    pub kinds: u32,
+    /// RW: trigger: the next `count` descriptors of the queue are hit.
+    pub count: u32,
+    /// RW: trigger (once `count` is used up, or with `count` 0): each descriptor is hit with
+    /// probability `rate / 2^32`.
+    pub rate: u32,
+    /// RW: the seed of the generator that draws the rate's hits and the kinds.
+    pub seed: u64,
+    /// RW: microseconds [`Kind::Slow`](super::fault::Kind::Slow) delays a descriptor by.
+    pub delay_us: u32,
+    /// WO: [`FaultControl`]: `APPLY` programs queue `queue` with the registers above
+    /// (replacing its programme), `CLEAR` removes its programme; the device clears it once it
+    /// has acted.
+    pub control: u32,
+    /// RO: `control` writes the device has acted on (the host waits for it to move).
+    pub applied: u32,
+    _reserved: u32,
+    /// RO: faults injected into queue `queue` so far, by kind: element `k` for kind `k`,
+    /// element 0 their sum. Kept across resets.
+    pub injected: [u64; 8],
+}
+
+const _: () = {
+    assert!(offset_of!(FaultRegs, queue) == 0x00);
+    assert!(offset_of!(FaultRegs, kinds) == 0x04);
+    assert!(offset_of!(FaultRegs, count) == 0x08);
+    assert!(offset_of!(FaultRegs, rate) == 0x0c);
+    assert!(offset_of!(FaultRegs, seed) == 0x10);
+    assert!(offset_of!(FaultRegs, delay_us) == 0x18);
+    assert!(offset_of!(FaultRegs, control) == 0x1c);
+    assert!(offset_of!(FaultRegs, applied) == 0x20);
+    assert!(offset_of!(FaultRegs, injected) == 0x28);
+    assert!(size_of::<FaultRegs>() == 0x68);
+    assert!(QUEUE_BASE + MAX_QUEUES as usize * QUEUE_STRIDE <= FAULT_BASE);
+    assert!(FAULT_BASE + size_of::<FaultRegs>() <= REGISTER_BAR_SIZE);
+};
+
 const _: () = {
     assert!(offset_of!(GlobalRegs, id) == 0x00);
     assert!(offset_of!(GlobalRegs, version) == 0x04);
@@ -299,6 +350,35 @@ pub const Q_SRAM_HITS: Field<u64, ReadOnly> = q(offset_of!(QueueRegs, sram_hits)
 /// [`QueueRegs::sram_touched`].
 pub const Q_SRAM_TOUCHED: Field<u64, ReadOnly> = q(offset_of!(QueueRegs, sram_touched));
 
+/// A register of the fault block.
+const fn fault<V, A>(offset: usize) -> Field<V, A> {
+    Field::new(FAULT_BASE + offset)
+}
+
+/// [`FaultRegs::queue`].
+pub const FAULT_QUEUE: Field<u32, ReadWrite> = fault(offset_of!(FaultRegs, queue));
+/// [`FaultRegs::kinds`].
+pub const FAULT_KINDS: Field<u32, ReadWrite> = fault(offset_of!(FaultRegs, kinds));
+/// [`FaultRegs::count`].
+pub const FAULT_COUNT: Field<u32, ReadWrite> = fault(offset_of!(FaultRegs, count));
+/// [`FaultRegs::rate`].
+pub const FAULT_RATE: Field<u32, ReadWrite> = fault(offset_of!(FaultRegs, rate));
+/// [`FaultRegs::seed`].
+pub const FAULT_SEED: Field<u64, ReadWrite> = fault(offset_of!(FaultRegs, seed));
+/// [`FaultRegs::delay_us`].
+pub const FAULT_DELAY_US: Field<u32, ReadWrite> = fault(offset_of!(FaultRegs, delay_us));
+/// [`FaultRegs::control`].
+pub const FAULT_CONTROL: Field<FaultControl, WriteOnly> = fault(offset_of!(FaultRegs, control));
+/// [`FaultRegs::applied`].
+pub const FAULT_APPLIED: Field<u32, ReadOnly> = fault(offset_of!(FaultRegs, applied));
+/// [`FaultRegs::injected`]`[0]`, the sum over the kinds.
+pub const FAULT_INJECTED: Field<u64, ReadOnly> = fault(offset_of!(FaultRegs, injected));
+
+/// [`FaultRegs::injected`] of `kind`.
+pub const fn fault_injected(kind: super::fault::Kind) -> Field<u64, ReadOnly> {
+    Field::new(FAULT_INJECTED.offset() + 8 * kind as usize)
+}
+
 /// Queue `queue`'s copy of the per-queue register `field` (one of the `Q_*` constants).
 /// `None` past [`MAX_QUEUES`].
 pub const fn queue_field<V, A>(field: Field<V, A>, queue: u16) -> Option<Field<V, A>> {
@@ -346,6 +426,15 @@ bitflags::bitflags! {
         const ENABLE = 1 << 0;
     }
 
+    /// [`FaultRegs::control`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct FaultControl: u32 {
+        /// Program the selected queue with the fault registers.
+        const APPLY = 1 << 0;
+        /// Remove the selected queue's programme.
+        const CLEAR = 1 << 1;
+    }
+
     /// [`QueueRegs::status`].
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct QueueStatus: u32 {
@@ -358,7 +447,7 @@ bitflags::bitflags! {
     }
 }
 
-u32_value!(DeviceStatus, Control, QueueControl, QueueStatus);
+u32_value!(DeviceStatus, Control, QueueControl, QueueStatus, FaultControl);
 
 /// Defines a fieldless enum with its variants' raw values, `#[repr]` of the raw type, and its
 /// `from_raw` (the variant of a raw value, `None` for any other) from the same list, so each
@@ -495,6 +584,10 @@ raw_enum! {
         /// `DeviceOutOfBounds`; these opcodes touch no host memory). Result: the offset of the
         /// first input it overlaps.
         Overlap = 10,
+        /// The device failed the descriptor on purpose (fault injection,
+        /// [`Kind::ErrorStatus`](super::fault::Kind::ErrorStatus)); nothing was read or
+        /// written. Result: 0.
+        Injected = 11,
     }
 
     /// The code of a raw value.
@@ -568,6 +661,8 @@ pub(super) fn host_writable(offset: usize) -> bool {
     match offset {
         o if o == CONTROL.offset() => true,
         o if o == IRQ_MASK_SET.offset() || o == IRQ_MASK_CLEAR.offset() => true,
+        // The fault programme and its control, not `applied` nor the counters.
+        o if (FAULT_BASE..FAULT_APPLIED.offset()).contains(&o) => true,
         o if (QUEUE_BASE..QUEUE_BASE + MAX_QUEUES as usize * QUEUE_STRIDE).contains(&o) => {
             let within = (o - QUEUE_BASE) % QUEUE_STRIDE;
             // ring_base (either half), depth, context and control precede status.
@@ -638,10 +733,10 @@ mod tests {
             assert_eq!(Opcode::from_raw(raw).map(|op| op as u8), Some(raw));
         }
         assert_eq!(Opcode::from_raw(0x40), None);
-        for raw in 0..=10 {
+        for raw in 0..=11 {
             assert_eq!(Code::from_raw(raw).map(|c| c as u16), Some(raw));
         }
-        assert_eq!(Code::from_raw(11), None);
+        assert_eq!(Code::from_raw(12), None);
         for raw in 0..=5 {
             assert_eq!(Fault::from_raw(raw).map(|f| f as u32), Some(raw));
         }
@@ -650,6 +745,21 @@ mod tests {
         assert_eq!(Fault::from_raw(6), Some(Fault::BadUnit));
         assert_eq!(Unit::from_raw(1), Some(Unit::Compute));
         assert_eq!(Unit::from_raw(2), None);
+    }
+
+    #[test]
+    fn fault_registers() {
+        assert_eq!(FAULT_QUEUE.offset(), 0xd00);
+        assert_eq!(FAULT_SEED.offset(), 0xd10);
+        assert!(host_writable(FAULT_QUEUE.offset()));
+        assert!(host_writable(FAULT_SEED.offset() + 4));
+        assert!(host_writable(FAULT_CONTROL.offset()));
+        assert!(!host_writable(FAULT_APPLIED.offset()));
+        assert!(!host_writable(FAULT_INJECTED.offset()));
+        assert_eq!(
+            fault_injected(super::super::fault::Kind::Slow).offset(),
+            0xd28 + 7 * 8
+        );
     }
 
     #[test]
