@@ -277,7 +277,12 @@ fn ring_code(e: &ring::Error) -> Code {
         | E::SameDoorbell { .. } => Code::InvalidArgument,
         E::Full { .. } | E::NoCommandId { .. } | E::CqFull { .. } => Code::Exhausted,
         E::Timeout { .. } => Code::Timeout,
+        E::Stalled { .. } => Code::Timeout,
         E::UnknownCommand { .. }
+        | E::LostCompletion { .. }
+        | E::DuplicateCompletion { .. }
+        | E::WrongCommand { .. }
+        | E::Faulted { .. }
         | E::DeviceSqHead { .. }
         | E::CompletionSqHead { .. }
         | E::HostSqTail { .. }

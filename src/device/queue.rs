@@ -109,7 +109,11 @@ pub fn open_queue<F: Format, T: Send>(
     config: ring::Config,
     wait: Wait,
 ) -> Result<Queue<F::Submission, F::Completion, T>, Error> {
-    let config = format.ring_config(config);
+    let mut config = format.ring_config(config);
+    if device.identity().kind == super::Kind::Loopback {
+        // The loopback device completes each queue's commands in order: the queue checks it.
+        config = config.with_in_order(true);
+    }
     let q = config.id();
     format.check(device.as_ref(), q)?;
     let ring_error = |source| Error::Ring { queue: q, source };

@@ -127,11 +127,15 @@ impl Default for Config {
 /// Why a frame failed on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "frame {frame}: step {step} ({what}) failed on the device with {code:?} (result {result:#x})"
+    "frame {frame}: step {step} ({what}), command id {command} on queue {queue}, failed on the device with {code:?} (result {result:#x})"
 )]
 pub struct FrameError {
     /// The frame.
     pub frame: u64,
+    /// The queue the failing descriptor went to.
+    pub queue: u16,
+    /// The failing descriptor's command id.
+    pub command: u16,
     /// Which descriptor of the frame: 0 is the H2D copy, then the model's steps, then D2H.
     pub step: u16,
     /// What that descriptor was.
@@ -757,6 +761,8 @@ impl Pipeline {
         if code != Some(Code::Success) && p.error.is_none() {
             p.error = Some(FrameError {
                 frame: p.frame,
+                queue: done.entry.queue_id,
+                command: done.id,
                 step,
                 what: step_name(step, steps),
                 code: code.unwrap_or(Code::BadOpcode),

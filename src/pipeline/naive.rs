@@ -157,6 +157,8 @@ impl Naive {
             if code != Some(Code::Success) && error.is_none() {
                 error = Some(FrameError {
                     frame,
+                    queue: q.id(),
+                    command: done.id,
                     step,
                     what: step_name(step, model.steps().len()),
                     code: code.unwrap_or(Code::BadOpcode),

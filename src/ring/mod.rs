@@ -295,6 +295,65 @@ pub enum Error {
         id: u16,
     },
 
+    /// In-order queue ([`Config::with_in_order`]): the completion of the oldest command in
+    /// flight is missing; the next command's arrived instead.
+    #[error("queue {queue}: the device completed command id {got}, the next command after id {expected}, which is the oldest in flight: the completion of id {expected} was lost. The queue is faulted: reset the device, shut the queue down (Queue::shutdown hands every payload back) and open a new one")]
+    LostCompletion {
+        /// The queue.
+        queue: u16,
+        /// The id expected: the oldest in flight.
+        expected: u16,
+        /// The id in the completion.
+        got: u16,
+    },
+
+    /// In-order queue: a second completion of a command whose completion was taken already.
+    #[error("queue {queue}: the device completed command id {got} a second time (expected {}): a duplicate completion. The queue is faulted: reset the device, shut the queue down (Queue::shutdown hands every payload back) and open a new one", expected_id(*expected))]
+    DuplicateCompletion {
+        /// The queue.
+        queue: u16,
+        /// The id expected: the oldest in flight, if any.
+        expected: Option<u16>,
+        /// The id in the completion (completed just before).
+        got: u16,
+    },
+
+    /// In-order queue: a completion naming another command than the oldest in flight (a
+    /// later one, or one not in flight).
+    #[error("queue {queue}: the device completed command id {got} (expected {}): a completion with a wrong command id. The queue is faulted: reset the device, shut the queue down (Queue::shutdown hands every payload back) and open a new one", expected_id(*expected))]
+    WrongCommand {
+        /// The queue.
+        queue: u16,
+        /// The id expected: the oldest in flight, if any.
+        expected: Option<u16>,
+        /// The id in the completion.
+        got: u16,
+    },
+
+    /// The queue met a protocol error earlier (a completion it could not trust) and takes no
+    /// more work.
+    #[error("queue {queue} is faulted: the device broke the completion protocol earlier (see that error), so it takes no more submissions and hands out no more completions. Reset the device, shut the queue down (Queue::shutdown hands every payload back) and open a new one")]
+    Faulted {
+        /// The queue.
+        queue: u16,
+    },
+
+    /// In-order queue: a wait ran out with the oldest command uncompleted
+    /// ([`Queue::explain`] of an [`Error::Timeout`]).
+    #[error("queue {queue}: command id {id}, the oldest of {in_flight} in flight, got no completion within {waited:?}: the device {}. Reset the device, shut the queue down (Queue::shutdown hands every payload back) and open a new one", if *read { "read it and wrote no completion (a lost completion)" } else { "has not read it (the queue is stalled)" })]
+    Stalled {
+        /// The queue.
+        queue: u16,
+        /// The oldest command in flight.
+        id: u16,
+        /// How long the wait waited.
+        waited: Duration,
+        /// Commands in flight.
+        in_flight: usize,
+        /// Whether the device has read the command (its SQ head is past it).
+        read: bool,
+    },
+
     /// The device wrote back an impossible SQ head.
     #[error("queue {queue}: the device wrote SQ head {head}, outside {old}..={tail} (previous head to announced tail)")]
     DeviceSqHead {
@@ -401,4 +460,9 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+}
+
+/// "id N" or "none in flight", for messages.
+fn expected_id(id: Option<u16>) -> String {
+    id.map_or_else(|| "no command, none is in flight".to_owned(), |id| format!("id {id}"))
 }

@@ -49,6 +49,7 @@ pub struct Config {
     spin: Duration,
     doorbell: DoorbellValue,
     part_align: usize,
+    in_order: bool,
 }
 
 impl Config {
@@ -63,7 +64,31 @@ impl Config {
             spin: Duration::from_micros(20),
             doorbell: DoorbellValue::Counter,
             part_align: 128,
+            in_order: false,
         }
+    }
+
+    /// For a device that completes the queue's commands in the order they were submitted (the
+    /// loopback device's queues, which [`device::open_queue`](crate::device::open_queue)
+    /// opens with it on): every completion must then name the oldest command in flight. A
+    /// completion that names another id — a later command's (the oldest's completion was
+    /// lost), one completed already (a duplicate) or any other — is an error naming the queue,
+    /// the id expected and the id received ([`Error::LostCompletion`],
+    /// [`Error::DuplicateCompletion`], [`Error::WrongCommand`]), no payload is handed out for
+    /// it, and the queue is faulted ([`Error::Faulted`]) until it is shut down. Command ids are
+    /// then reused oldest-freed first, so an id is handed out again only after every other
+    /// free one: a duplicate completion can never name the oldest command in flight.
+    /// [`Queue::explain`] turns a wait's timeout into the oldest command's id and whether the
+    /// device read it. Off (the default), completions may come in any order (NVMe) and an id
+    /// not in flight is [`Error::UnknownCommand`].
+    pub fn with_in_order(mut self, in_order: bool) -> Config {
+        self.in_order = in_order;
+        self
+    }
+
+    /// Whether completions must come in submission order ([`Config::with_in_order`]).
+    pub fn in_order(&self) -> bool {
+        self.in_order
     }
 
     /// What the SQ tail and CQ head doorbell writes carry: the free-running counter
@@ -278,6 +303,9 @@ pub struct Queue<D: Submission, C: Completion, T: Send> {
     pub(super) stats: Stats,
     /// `shutdown` has already settled everything; drop does nothing more.
     pub(super) closed: bool,
+    /// A completion broke the in-order protocol: the queue takes and hands out nothing more
+    /// (its SQ limit is pinned at the tail, so submissions reach the cold refusal path).
+    pub(super) faulted: bool,
     pub(super) _entries: PhantomData<(D, C)>,
 }
 
@@ -306,8 +334,28 @@ pub(super) struct Cq<C, T> {
 pub(super) struct InFlight<T> {
     /// In-flight payloads by command id.
     pub(super) slots: Box<[Option<T>]>,
-    /// Free command ids (a stack).
-    pub(super) free_ids: Vec<u16>,
+    /// Free command ids, taken from the back: a stack (freed ids pushed at the back), or, on
+    /// an in-order queue, a FIFO (freed ids pushed at the front), so an id comes back only
+    /// after every other free one.
+    pub(super) free_ids: VecDeque<u16>,
+    /// In-order queue: the commands in flight in submission order (id, SQ counter).
+    pub(super) order: VecDeque<(u16, u32)>,
+    /// In-order queue: the id of the last completion handed out.
+    pub(super) last_done: Option<u16>,
+    /// Completions must come in submission order ([`Config::with_in_order`]).
+    pub(super) in_order: bool,
+}
+
+impl<T> InFlight<T> {
+    /// Frees `id` after its completion (see `free_ids`).
+    #[inline]
+    fn free(&mut self, id: u16) {
+        if self.in_order {
+            self.free_ids.push_front(id);
+        } else {
+            self.free_ids.push_back(id);
+        }
+    }
 }
 
 impl<D: Submission, C: Completion, T: Send> fmt::Debug for Queue<D, C, T> {
@@ -358,7 +406,12 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         let depth = config.depth;
         let slots: Box<[Option<T>]> = (0..depth).map(|_| None).collect();
         // Ids are handed out lowest first; `depth <= 2^15`, so each fits in a u16.
-        let free_ids: Vec<u16> = (0..depth).rev().map(|i| i as u16).collect();
+        let free_ids: VecDeque<u16> = (0..depth).rev().map(|i| i as u16).collect();
+        let order = if config.in_order {
+            VecDeque::with_capacity(depth as usize)
+        } else {
+            VecDeque::new()
+        };
         Ok(Queue {
             id,
             context: config.context,
@@ -387,9 +440,16 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
                 #[cfg(not(loom))]
                 reactor_key: crate::irq::reactor::next_key(),
             },
-            payloads: InFlight { slots, free_ids },
+            payloads: InFlight {
+                slots,
+                free_ids,
+                order,
+                last_done: None,
+                in_order: config.in_order,
+            },
             stats: Stats::default(),
             closed: false,
+            faulted: false,
             _entries: PhantomData,
         })
     }
@@ -460,6 +520,55 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         self.sq.head_from_cq
     }
 
+    /// Whether completions must come in submission order ([`Config::with_in_order`]).
+    pub fn in_order(&self) -> bool {
+        self.payloads.in_order
+    }
+
+    /// Whether the queue is faulted by a protocol error ([`Error::Faulted`]): it takes no
+    /// more work; shut it down once the device is reset or stopped.
+    pub fn is_faulted(&self) -> bool {
+        self.faulted
+    }
+
+    /// The oldest command in flight, on an in-order queue ([`Config::with_in_order`]): the
+    /// one the next completion must name. `None` otherwise, or with nothing in flight.
+    pub fn oldest_in_flight(&self) -> Option<u16> {
+        self.payloads.order.front().map(|&(id, _)| id)
+    }
+
+    /// Says more about `error` where the queue knows more: an [`Error::Timeout`] on an
+    /// in-order queue with commands in flight becomes [`Error::Stalled`], naming the oldest
+    /// command and whether the device read it (its SQ head is past it: its completion was
+    /// lost) or not (the queue is stalled). Any other error is returned unchanged.
+    pub fn explain(&mut self, error: Error) -> Error {
+        let Error::Timeout {
+            queue,
+            waited,
+            in_flight,
+        } = error
+        else {
+            return error;
+        };
+        let Some(&(id, at)) = self.payloads.order.front() else {
+            return Error::Timeout {
+                queue,
+                waited,
+                in_flight,
+            };
+        };
+        // Best effort: an impossible write-back leaves the head where it was.
+        let _ = self.refresh_sq_head();
+        let past = self.sq.head.wrapping_sub(at) as i32;
+        Error::Stalled {
+            queue,
+            id,
+            waited,
+            in_flight,
+            read: past > 0,
+        }
+    }
+
     /// Whether a completion is waiting (reaped earlier, or in the CQ).
     #[inline]
     pub fn is_ready(&self) -> bool {
@@ -478,6 +587,9 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// Takes the CQ entry at the head, if the device wrote it, without a doorbell.
     #[inline]
     fn take_cq(&mut self) -> Result<Option<Done<C, T>>, Error> {
+        if self.faulted {
+            return Err(Error::Faulted { queue: self.id });
+        }
         if !self.cq_ready() {
             return Ok(None);
         }
@@ -488,13 +600,22 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         let entry: C = self.memory.read_entry(self.layout.cq_entry(self.cq.head));
         self.cq.head = self.cq.head.wrapping_add(1);
         let id = entry.command_id();
+        if self.payloads.in_order {
+            match self.payloads.order.front() {
+                Some(&(oldest, _)) if oldest == id => {
+                    self.payloads.order.pop_front();
+                    self.payloads.last_done = Some(id);
+                }
+                _ => return Err(self.out_of_order(id)),
+            }
+        }
         let payload = self
             .payloads
             .slots
             .get_mut(usize::from(id))
             .and_then(Option::take)
             .ok_or(Error::UnknownCommand { queue: self.id, id })?;
-        self.payloads.free_ids.push(id);
+        self.payloads.free(id);
         self.stats.completed += 1;
         let done = Done { id, entry, payload };
         // A format without the SQ head in its completions returns `None` here at compile time.
@@ -508,6 +629,43 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             }
         }
         Ok(Some(done))
+    }
+
+    /// A completion naming `got` on an in-order queue whose oldest command in flight is
+    /// another: faults the queue (nothing is handed out, nothing more submitted) and says how
+    /// the id differs. The payload `got` names, if it is in flight, stays in the queue: the
+    /// device may still be working on that command.
+    #[cold]
+    #[inline(never)]
+    fn out_of_order(&mut self, got: u16) -> Error {
+        self.fault();
+        let order = &self.payloads.order;
+        let expected = order.front().map(|&(id, _)| id);
+        let queue = self.id;
+        match (expected, order.iter().position(|&(id, _)| id == got)) {
+            (Some(expected), Some(1)) => Error::LostCompletion {
+                queue,
+                expected,
+                got,
+            },
+            (_, None) if self.payloads.last_done == Some(got) => Error::DuplicateCompletion {
+                queue,
+                expected,
+                got,
+            },
+            _ => Error::WrongCommand {
+                queue,
+                expected,
+                got,
+            },
+        }
+    }
+
+    /// Faults the queue: no completion is read and no submission taken from now on (the SQ
+    /// limit pinned at the tail sends every submission to the cold path, which refuses it).
+    pub(super) fn fault(&mut self) {
+        self.faulted = true;
+        self.sq.limit = self.sq.tail.next();
     }
 
     /// Moves the SQ head to the slot a completion reported: the first counter at or after the
@@ -598,6 +756,29 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         self.announce_cq()
     }
 
+    /// Shutdown's [`Queue::collect`]: moves the CQ's completions into `pending` up to the
+    /// first entry the queue cannot take (a protocol error, or a faulted queue), which faults
+    /// the queue. Returns whether it did: the CQ is not read again.
+    fn collect_trusted(&mut self) -> bool {
+        if self.faulted {
+            return true;
+        }
+        loop {
+            match self.take_cq() {
+                Ok(Some(done)) => self.cq.pending.push_back(done),
+                Ok(None) => break,
+                Err(_) => {
+                    self.fault();
+                    return true;
+                }
+            }
+        }
+        // A CQ head doorbell that cannot be written leaves the device short of room, which
+        // the stop that follows makes moot.
+        let _ = self.announce_cq();
+        false
+    }
+
     /// Payloads of entries pushed but never announced: the device cannot have seen them
     /// (it reads only up to the SQ tail doorbell), so they are safe to hand back.
     fn take_unannounced(&mut self) -> Vec<(u16, T)> {
@@ -614,7 +795,11 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
                 .get_mut(usize::from(id))
                 .and_then(Option::take)
             {
-                self.payloads.free_ids.push(id);
+                // The device never saw it: its id may come back first.
+                self.payloads.free_ids.push_back(id);
+                if self.payloads.order.back().is_some_and(|&(newest, _)| newest == id) {
+                    self.payloads.order.pop_back();
+                }
                 taken.push((id, payload));
             }
         }
@@ -651,16 +836,26 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// to stop ([`Quiesce`], with the same timeout) and hands back their payloads as aborted.
     /// If the device cannot be stopped, the payloads and ring memory are leaked (see [`leaks`])
     /// and the error says how many.
+    ///
+    /// A queue faulted by a protocol error ([`Error::Faulted`]), or one whose CQ holds an entry
+    /// it cannot take, reads no more of the CQ (nothing after a broken completion can be
+    /// trusted): it hands back what it took before, asks the device to stop and hands every
+    /// other payload back as aborted. After [`Device::reset`](crate::device::Device::reset)
+    /// (the device touches nothing any more), `shutdown(Duration::ZERO)` does this at once.
     pub fn shutdown(mut self, timeout: Duration) -> Result<Shutdown<C, T>, Error> {
         let deadline = std::time::Instant::now().checked_add(timeout);
         let mut completed = Vec::new();
-        let mut aborted = if self.flush().is_err() {
+        // A faulted queue announces nothing more: what is unannounced the device never saw.
+        let mut aborted = if self.faulted || self.flush().is_err() {
             self.take_unannounced()
         } else {
             Vec::new()
         };
         loop {
-            self.collect()?;
+            if self.collect_trusted() {
+                completed.extend(self.cq.pending.drain(..));
+                break;
+            }
             completed.extend(self.cq.pending.drain(..));
             if self.quiet() {
                 self.closed = true;
@@ -685,14 +880,16 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         };
         match result {
             Ok(()) => {
-                // Stopped: what it completed meanwhile is in the CQ; the rest is aborted.
-                self.collect()?;
+                // Stopped: what it completed meanwhile is in the CQ (up to a broken entry);
+                // the rest is aborted.
+                self.collect_trusted();
                 completed.extend(self.cq.pending.drain(..));
                 for (id, slot) in self.payloads.slots.iter_mut().enumerate() {
                     if let Some(payload) = slot.take() {
                         aborted.push((id as u16, payload));
                     }
                 }
+                self.payloads.order.clear();
                 self.closed = true;
                 Ok(Shutdown { completed, aborted })
             }

@@ -180,6 +180,10 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// Reads the device's SQ head write-back (or, when completions carry the SQ head, takes
     /// the head the last one reported) and recomputes how far the host may write.
     pub(super) fn refresh_sq_head(&mut self) -> Result<(), Error> {
+        if self.faulted {
+            // The limit stays pinned at the tail: nothing more is submitted.
+            return Err(Error::Faulted { queue: self.id });
+        }
         if self.sq.head_from_cq {
             let layout = &self.layout;
             self.sq.limit = index::sq_limit(
@@ -307,7 +311,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     #[inline]
     fn take_command(&mut self, desc: &mut D, payload: T) -> Result<u16, Rejected<D, T>> {
         let room = self.sq_room();
-        let id = match (&room, self.payloads.free_ids.last()) {
+        let id = match (&room, self.payloads.free_ids.back()) {
             (Ok(1..), Some(&id)) => id,
             _ => {
                 let error = self.refusal(room, true);
@@ -318,9 +322,13 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
                 });
             }
         };
-        self.payloads.free_ids.pop();
+        self.payloads.free_ids.pop_back();
         desc.set_command_id(id);
         self.payloads.slots[usize::from(id)] = Some(payload);
+        if self.payloads.in_order {
+            // The caller writes it at the tail next.
+            self.payloads.order.push_back((id, self.sq.tail.next()));
+        }
         self.stats.submitted += 1;
         Ok(id)
     }
@@ -367,14 +375,19 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             return Err(error);
         }
         let tail = self.sq.tail.next();
-        let (slots, free_ids) = (&mut self.payloads.slots, &mut self.payloads.free_ids);
+        let payloads = &mut self.payloads;
+        let mut at = tail;
         let count = self.sq.entries.write_from(tail, max, || {
             // `max <= free_ids.len()`: an id is there; the item is taken only then.
-            let id = *free_ids.last()?;
+            let id = *payloads.free_ids.back()?;
             let (mut desc, payload) = items.next()?;
-            free_ids.pop();
+            payloads.free_ids.pop_back();
             desc.set_command_id(id);
-            slots[usize::from(id)] = Some(payload);
+            payloads.slots[usize::from(id)] = Some(payload);
+            if payloads.in_order {
+                payloads.order.push_back((id, at));
+            }
+            at = at.wrapping_add(1);
             Some(desc)
         });
         self.sq.tail.wrote(count);
