@@ -30,11 +30,14 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+pub mod soak;
+
 use serde::Serialize;
 
 use super::regs::{self, FaultControl};
 use super::{Loopback, ACK_TIMEOUT};
 use crate::device::Error as DeviceError;
+use crate::ring;
 
 /// A kind of fault the device injects (the raw value is the kind's bit index in the
 /// `fault_kinds` register and its slot in the `fault_injected` window).
@@ -102,7 +105,7 @@ impl Kind {
 
 impl std::fmt::Display for Kind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        f.pad(self.name())
     }
 }
 
@@ -493,7 +496,11 @@ impl Loopback {
         let _one = PROGRAMMING.lock().unwrap_or_else(|p| p.into_inner());
         let queues = (0..self.config.queues)
             .map(|q| {
-                self.set(regs::FAULT_QUEUE, u32::from(q))?;
+                // A register write costs the engine a look at its control registers: only
+                // when the selection changes.
+                if self.get(regs::FAULT_QUEUE)? != u32::from(q) {
+                    self.set(regs::FAULT_QUEUE, u32::from(q))?;
+                }
                 let mut counts = Counts::default();
                 for kind in Kind::ALL {
                     *counts.get_mut(kind) = self.get(regs::fault_injected(kind))?;
@@ -502,6 +509,29 @@ impl Loopback {
             })
             .collect::<Result<Vec<_>, DeviceError>>()?;
         Ok(InjectedCounts { queues })
+    }
+
+    /// Recovers from a fault on `queue` (a protocol error, a timeout): resets the device —
+    /// every queue stops, and once the reset returns the device touches no host memory — then
+    /// shuts the queue down at once, which hands back every payload: the completions taken
+    /// before the fault, and the rest as aborted, now that the device can no longer write the
+    /// buffers they name. Open a new queue to go on (the reset stopped every queue of the
+    /// device: shut the others down the same way, with `shutdown(Duration::ZERO)`).
+    ///
+    /// # Errors
+    /// The reset's errors (the queue is then dropped: its drop stops the device queue or
+    /// leaks its buffers, never frees them under the device), and [`DeviceError::Ring`] if
+    /// the shutdown fails.
+    pub fn recover<T: Send>(
+        &self,
+        queue: super::Queue<T>,
+    ) -> Result<ring::Shutdown<ring::Status, T>, DeviceError> {
+        use crate::device::Device;
+        let id = queue.id();
+        self.reset()?;
+        queue
+            .shutdown(Duration::ZERO)
+            .map_err(|source| DeviceError::Ring { queue: id, source })
     }
 
     /// [`DeviceError::NoSuchQueue`] unless the device has queue `queue`.
