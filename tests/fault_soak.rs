@@ -32,7 +32,9 @@ fn every_injected_fault_is_detected_and_recovered_from() {
         ..Plan::default()
     };
     if let Ok(rate) = std::env::var("USERDMA_FAULT_SOAK_RATE") {
-        plan.rate = rate.parse().expect("USERDMA_FAULT_SOAK_RATE is a probability");
+        plan.rate = rate
+            .parse()
+            .expect("USERDMA_FAULT_SOAK_RATE is a probability");
     }
     if let Ok(burst) = std::env::var("USERDMA_FAULT_SOAK_BURST") {
         plan.burst = burst.parse().expect("USERDMA_FAULT_SOAK_BURST is a count");
@@ -64,7 +66,10 @@ fn every_injected_fault_is_detected_and_recovered_from() {
         // At 10^-4 per descriptor, two descriptors per transfer: every kind is hit.
         for kind in Kind::ALL {
             assert!(report.injected.get(kind) > 0, "{kind} never injected");
-            assert!(report.recovered.get(kind) > 0, "{kind} never recovered from");
+            assert!(
+                report.recovered.get(kind) > 0,
+                "{kind} never recovered from"
+            );
         }
     }
     assert!(report.verified > plan.transfers * 9 / 10);

@@ -152,7 +152,11 @@ impl Rig {
     }
 
     fn check_no_leak(&self) {
-        assert!(self.outstanding.is_empty(), "{:?} not handed back", self.outstanding);
+        assert!(
+            self.outstanding.is_empty(),
+            "{:?} not handed back",
+            self.outstanding
+        );
         assert_eq!(ring::leaks(), self.leaks, "the ring leaked");
     }
 
@@ -270,7 +274,10 @@ fn a_dropped_completion_is_seen_when_the_next_command_completes_first() {
     }
     let message = error.to_string();
     assert!(message.contains("queue 0"), "{message}");
-    assert!(message.contains(&format!("command id {}", ids[1])), "{message}");
+    assert!(
+        message.contains(&format!("command id {}", ids[1])),
+        "{message}"
+    );
     assert!(message.contains(&format!("id {}", ids[0])), "{message}");
     // Nothing was handed out: the second command's payload stays with the queue.
     assert_eq!(rig.outstanding.len(), 2 * TRANSFERS);
@@ -333,7 +340,9 @@ fn a_duplicate_completion_is_refused_and_hands_nothing_out() {
         } => assert_eq!((*expected, *got), (Some(ids[1]), ids[0])),
         other => panic!("{other}"),
     }
-    assert!(error.to_string().contains(&format!("command id {}", ids[0])));
+    assert!(error
+        .to_string()
+        .contains(&format!("command id {}", ids[0])));
     assert_eq!(rig.outstanding.len(), 2 * TRANSFERS - 1);
     rig.after_protocol_fault(Kind::CompleteTwice);
 }
@@ -411,9 +420,15 @@ fn an_error_status_is_handed_out_with_its_payload_and_touches_no_data() {
     // The failed ToDevice wrote nothing: the ToHost after it brought back the device's
     // zeros (a fresh device), not the source.
     let mut back = vec![0u8; LEN];
-    rig.host.slice().read_into(Rig::dst(0) + OFFSET, &mut back).unwrap();
+    rig.host
+        .slice()
+        .read_into(Rig::dst(0) + OFFSET, &mut back)
+        .unwrap();
     assert_eq!(back, vec![0u8; LEN]);
-    assert!(!rig.queue().is_faulted(), "an error status is no protocol error");
+    assert!(
+        !rig.queue().is_faulted(),
+        "an error status is no protocol error"
+    );
     rig.check_canaries();
     rig.check_no_leak();
     assert_eq!(rig.injected().error_status, 1);
@@ -431,7 +446,10 @@ fn a_corrupted_descriptor_fails_its_checks_and_touches_no_memory() {
     assert_eq!(done[0].id, ids[0]);
     assert_eq!(done[0].entry.loopback_code(), Ok(Code::BadContext));
     let mut device = vec![0xffu8; LEN];
-    rig.device.device_memory().read_into(0, &mut device).unwrap();
+    rig.device
+        .device_memory()
+        .read_into(0, &mut device)
+        .unwrap();
     assert_eq!(device, vec![0u8; LEN], "nothing reached device memory");
     rig.check_canaries();
     rig.check_no_leak();
@@ -513,11 +531,17 @@ fn a_random_injection_repeats_for_its_seed() {
 #[test]
 fn bad_injections_are_refused() {
     let rig = rig();
-    assert!(rig.device.inject(5, &Injection::next(Kind::Stall, 1)).is_err());
+    assert!(rig
+        .device
+        .inject(5, &Injection::next(Kind::Stall, 1))
+        .is_err());
     assert!(rig
         .device
         .inject(0, &Injection::random(&[Kind::Stall], 2.0, 1))
         .is_err());
-    assert!(rig.device.inject(0, &Injection::random(&[], 0.5, 1)).is_err());
+    assert!(rig
+        .device
+        .inject(0, &Injection::random(&[], 0.5, 1))
+        .is_err());
     assert!(Loopback::new(Config::default().inject(9, Injection::next(Kind::Stall, 1))).is_err());
 }

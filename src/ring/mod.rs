@@ -464,5 +464,8 @@ pub enum Error {
 
 /// "id N" or "none in flight", for messages.
 fn expected_id(id: Option<u16>) -> String {
-    id.map_or_else(|| "no command, none is in flight".to_owned(), |id| format!("id {id}"))
+    id.map_or_else(
+        || "no command, none is in flight".to_owned(),
+        |id| format!("id {id}"),
+    )
 }

@@ -797,7 +797,12 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             {
                 // The device never saw it: its id may come back first.
                 self.payloads.free_ids.push_back(id);
-                if self.payloads.order.back().is_some_and(|&(newest, _)| newest == id) {
+                if self
+                    .payloads
+                    .order
+                    .back()
+                    .is_some_and(|&(newest, _)| newest == id)
+                {
                     self.payloads.order.pop_back();
                 }
                 taken.push((id, payload));

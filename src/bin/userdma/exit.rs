@@ -64,6 +64,9 @@ pub(crate) enum Failure {
     /// Staging a file failed.
     #[error(transparent)]
     Stage(#[from] crate::stage::Error),
+    /// The fault soak failed, or was not clean.
+    #[error(transparent)]
+    Faults(#[from] crate::faults::Error),
     /// Writing the output failed.
     #[error("cannot write the output")]
     Output(#[source] io::Error),
@@ -90,6 +93,7 @@ impl Failure {
             Self::Plan(e) => e.exit_code(),
             Self::Pipeline(e) => e.exit_code(),
             Self::Stage(e) => e.exit_code(),
+            Self::Faults(e) => e.exit_code(),
             Self::Output(_) | Self::Json(_) => FAILURE,
         }
     }

@@ -8,6 +8,7 @@
 //! userdma unbind 0000:01:00.0                     # back to the kernel's default driver
 //! userdma plan model.json --strategy auto         # tensor offsets in one arena
 //! userdma stage weights.bin --direct --depth 16   # a file into pool buffers via io_uring
+//! userdma faults --transfers 100000 --kinds drop,stall  # fault injection, detection, recovery
 //! ```
 //!
 //! Global options: `--json` prints one JSON document on stdout instead of text; `--sysfs-root
@@ -54,6 +55,7 @@ mod bind;
 mod case;
 mod demo;
 mod exit;
+mod faults;
 mod hugepages;
 mod info;
 mod list;
@@ -122,6 +124,10 @@ enum Command {
     /// Read a file into pool buffers through io_uring fixed buffers (O_DIRECT with
     /// `--direct` where the file system supports it): GB/s, the path used, CPU time per GB.
     Stage(stage::StageArgs),
+    /// Soak the loopback device with injected faults (stalls, lost, doubled and wrong-id
+    /// completions, error statuses, corrupted descriptors, slow descriptors): every fault
+    /// detected and recovered from, every byte checked; prints the accounting per kind.
+    Faults(faults::FaultsArgs),
     /// The loopback device's engine as a child process (started by the library, not by hand).
     #[command(name = "loopback-device", hide = true)]
     LoopbackDevice,
@@ -217,6 +223,7 @@ fn main() -> ExitCode {
         Command::LoopbackDevice => demo::serve_device().map_err(Failure::from),
         Command::Plan(args) => plan::run(&args, ctx.json).map_err(Failure::from),
         Command::Stage(args) => stage::run(&args, ctx.json).map_err(Failure::from),
+        Command::Faults(args) => faults::run(&args, ctx.json).map_err(Failure::from),
         Command::Pipeline(args) => pipeline::run(&args, ctx.json).map_err(Failure::from),
         Command::Hugepages(args) => {
             hugepages::run(&args, ctx.json, ctx.sysfs.root()).map_err(Failure::from)

@@ -41,8 +41,7 @@ use crate::ring;
 
 /// A kind of fault the device injects (the raw value is the kind's bit index in the
 /// `fault_kinds` register and its slot in the `fault_injected` window).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u32)]
 pub enum Kind {
     /// The queue stops being served (until the queue is stopped or the device reset).
@@ -100,6 +99,13 @@ impl Kind {
     /// The kind of a short name ([`Kind::name`]).
     pub fn from_name(name: &str) -> Option<Kind> {
         Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// A kind serialises as its short name ([`Kind::name`]).
+impl Serialize for Kind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
     }
 }
 
@@ -607,7 +613,9 @@ mod tests {
             .registers()
             .is_err());
         assert!(Injection::random(&[], 0.5, 1).registers().is_err());
-        assert!(Injection::random(&[Kind::Slow], 1.5, 1).registers().is_err());
+        assert!(Injection::random(&[Kind::Slow], 1.5, 1)
+            .registers()
+            .is_err());
         assert_eq!(Injection::next(Kind::Stall, 3).trigger(), Trigger::Next(3));
         assert_eq!(
             Injection::random(&[Kind::Stall], 0.5, 9).trigger(),

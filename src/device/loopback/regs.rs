@@ -447,7 +447,13 @@ bitflags::bitflags! {
     }
 }
 
-u32_value!(DeviceStatus, Control, QueueControl, QueueStatus, FaultControl);
+u32_value!(
+    DeviceStatus,
+    Control,
+    QueueControl,
+    QueueStatus,
+    FaultControl
+);
 
 /// Defines a fieldless enum with its variants' raw values, `#[repr]` of the raw type, and its
 /// `from_raw` (the variant of a raw value, `None` for any other) from the same list, so each

@@ -147,9 +147,9 @@ impl Report {
         self.corrupted_bytes == 0
             && self.leaked_buffers == 0
             && self.unreconciled.is_empty()
-            && Kind::ALL.iter().all(|&k| {
-                self.injected.get(k) == self.detected.get(k) + self.masked.get(k)
-            })
+            && Kind::ALL
+                .iter()
+                .all(|&k| self.injected.get(k) == self.detected.get(k) + self.masked.get(k))
     }
 
     /// One line: the counts that matter.
@@ -269,8 +269,9 @@ pub fn run(plan: &Plan, mut progress: impl FnMut(u64)) -> Result<Report, Error> 
         device.inject(QUEUE, &injection)?;
     }
     let leaks_before = ring::leaks();
-    let host = crate::runtime::map_memory(device.dma_space().as_ref(), 2 * 32 * SLOT, PageSize::Base)
-        .map_err(|e| Error::Memory(Box::new(e)))?;
+    let host =
+        crate::runtime::map_memory(device.dma_space().as_ref(), 2 * 32 * SLOT, PageSize::Base)
+            .map_err(|e| Error::Memory(Box::new(e)))?;
     let mut soak = Soak {
         device,
         host,
@@ -302,8 +303,8 @@ pub fn run(plan: &Plan, mut progress: impl FnMut(u64)) -> Result<Report, Error> 
     let left = shutdown.completed.len() + shutdown.aborted.len();
     soak.report.leaked_buffers += left as u64;
     let leaks = ring::leaks();
-    soak.report.leaked_buffers += (leaks.payloads - leaks_before.payloads)
-        + (leaks.queues - leaks_before.queues);
+    soak.report.leaked_buffers +=
+        (leaks.payloads - leaks_before.payloads) + (leaks.queues - leaks_before.queues);
     let mut report = soak.report;
     report.elapsed_ns = nanos(start.elapsed());
     if report.recoveries > 0 {
@@ -342,10 +343,9 @@ struct Seen {
 
 impl Soak {
     fn open(&self) -> Result<Queue<Token>, Error> {
-        Ok(self.device.open_queue(
-            ring::Config::new(128).with_id(QUEUE),
-            Wait::Interrupt,
-        )?)
+        Ok(self
+            .device
+            .open_queue(ring::Config::new(128).with_id(QUEUE), Wait::Interrupt)?)
     }
 
     fn src(&self, i: usize) -> usize {
@@ -377,9 +377,7 @@ impl Soak {
             }
             let (src, dst) = (self.src(i) + t.offset, self.dst(i) + t.offset);
             slice.write_from(src, &bytes[..t.len])?;
-            slice
-                .write_from(self.dst(i), &[CANARY; SLOT])
-                ?;
+            slice.write_from(self.dst(i), &[CANARY; SLOT])?;
             let device_at = DeviceOffset((i * SLOT) as u64);
             let len = t.len as u64;
             let transfer = i as u8;
@@ -408,7 +406,9 @@ impl Soak {
             }
         }
         let flushed = Instant::now();
-        queue.flush().map_err(|source| Error::Ring { burst, source })?;
+        queue
+            .flush()
+            .map_err(|source| Error::Ring { burst, source })?;
         let mut seen = Seen::default();
         let mut left = 2 * n;
         while left > 0 {
@@ -463,7 +463,12 @@ impl Soak {
     }
 
     /// Counts a completion handed out.
-    fn completed(&self, transfers: &mut [Transfer], seen: &mut Seen, done: &ring::Done<Status, Token>) {
+    fn completed(
+        &self,
+        transfers: &mut [Transfer],
+        seen: &mut Seen,
+        done: &ring::Done<Status, Token>,
+    ) {
         let t = &mut transfers[usize::from(done.payload.transfer)];
         match done.entry.loopback_code() {
             Ok(Code::Success) => t.succeeded += 1,
@@ -491,9 +496,7 @@ impl Soak {
             let range = t.offset..t.offset + t.len;
             let verified = t.succeeded == 2 && !t.failed;
             if verified {
-                slice
-                    .read_into(self.src(i) + t.offset, &mut src[..t.len])
-                    ?;
+                slice.read_into(self.src(i) + t.offset, &mut src[..t.len])?;
                 if dst[range.clone()] != src[..t.len] {
                     let wrong = dst[range.clone()]
                         .iter()
