@@ -65,6 +65,15 @@
 //! | +0x24 | `unit` | RW | the [`Unit`] serving the queue: 0 copy engine, 1 compute unit (read at enable; others fault it) |
 //! | +0x28 | `completed` | RO, 64 | descriptors executed |
 //! | +0x30 | `errors` | RO, 64 | error completions |
+//! | 0xd00 | `fault_queue` | RW | fault injection ([`fault`]): the queue the registers below program and show |
+//! | 0xd04 | `fault_kinds` | RW | bit k: [`fault::Kind`] k may be injected |
+//! | 0xd08 | `fault_count` | RW | trigger: the next N descriptors |
+//! | 0xd0c | `fault_rate` | RW | trigger: each descriptor with probability rate / 2^32 |
+//! | 0xd10 | `fault_seed` | RW, 64 | seed of the trigger's generator |
+//! | 0xd18 | `fault_delay_us` | RW | the delay of `Slow` |
+//! | 0xd1c | `fault_control` | WO | bit 0 `APPLY` (program `fault_queue`), bit 1 `CLEAR`; self-clearing |
+//! | 0xd20 | `fault_applied` | RO | `fault_control` writes acted on |
+//! | 0xd28..0xd68 | `fault_injected` | RO, 64 ×8 | faults injected into `fault_queue`: the sum, then kinds 1 to 7 (kept across resets) |
 //!
 //! Bringing a queue up: write `ring_base`, `depth`, `context`, `unit`, then `control = ENABLE`; the
 //! device answers `status = ENABLED`, or `FAULT` with a code. Stopping it: `control = 0`; once

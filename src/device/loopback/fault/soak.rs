@@ -307,9 +307,9 @@ pub fn run(plan: &Plan, mut progress: impl FnMut(u64)) -> Result<Report, Error> 
         (leaks.payloads - leaks_before.payloads) + (leaks.queues - leaks_before.queues);
     let mut report = soak.report;
     report.elapsed_ns = nanos(start.elapsed());
-    if report.recoveries > 0 {
-        report.recovery_mean_ns = nanos(soak.recovery_total) / report.recoveries;
-    }
+    report.recovery_mean_ns = nanos(soak.recovery_total)
+        .checked_div(report.recoveries)
+        .unwrap_or(0);
     Ok(report)
 }
 
@@ -381,28 +381,20 @@ impl Soak {
             let device_at = DeviceOffset((i * SLOT) as u64);
             let len = t.len as u64;
             let transfer = i as u8;
-            let pushed = queue
-                .push(
+            let halves = [
+                (
                     Descriptor::to_device(iova(src), device_at, len).build(),
-                    Token {
-                        transfer,
-                        to_host: false,
-                    },
-                )
-                .and_then(|_| {
-                    queue.push(
-                        Descriptor::to_host(device_at, iova(dst), len).build(),
-                        Token {
-                            transfer,
-                            to_host: true,
-                        },
-                    )
-                });
-            if let Err(rejected) = pushed {
-                return Err(Error::Ring {
-                    burst,
-                    source: rejected.error,
-                });
+                    false,
+                ),
+                (Descriptor::to_host(device_at, iova(dst), len).build(), true),
+            ];
+            for (desc, to_host) in halves {
+                if let Err(rejected) = queue.push(desc, Token { transfer, to_host }) {
+                    return Err(Error::Ring {
+                        burst,
+                        source: rejected.error,
+                    });
+                }
             }
         }
         let flushed = Instant::now();
