@@ -75,8 +75,8 @@ fn the_kinds_asked_for_are_the_only_ones_injected() {
             _ => assert_eq!(injected, 0, "{row}"),
         }
     }
-    // Neither needs a recovery: the queue goes on.
-    assert_eq!(r["recoveries"], 0, "{r}");
+    // Neither needs a recovery: the queue goes on (a timeout on a loaded machine aside).
+    assert_eq!(r["recoveries"], r["timeouts_without_injection"], "{r}");
 }
 
 #[test]
