@@ -54,17 +54,36 @@ impl Quiesce for Stop {
     }
 }
 
-/// A queue pair on fresh ring memory (a leaked page-aligned allocation: a fuzz input makes a
-/// few at most, and nothing frees ring memory a queue may have leaked).
-fn pair(depth: u32) -> (Queue<Command, Status, u64>, DeviceQueue<Command, Status>) {
+/// Ring memory, freed when dropped: after every queue and device view of it (the run declares
+/// its rings before its queues, so they drop last; a queue here never leaks its memory, its
+/// stop always succeeds).
+struct Ring {
+    ptr: std::ptr::NonNull<u8>,
+    alloc: std::alloc::Layout,
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `pair` with this layout; nothing uses it any more (above).
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.alloc) };
+    }
+}
+
+/// A queue pair on fresh ring memory, which `rings` keeps.
+fn pair(
+    depth: u32,
+    rings: &mut Vec<Ring>,
+) -> (Queue<Command, Status, u64>, DeviceQueue<Command, Status>) {
     let layout = Layout::new::<Command, Status>(depth).unwrap();
     let alloc = std::alloc::Layout::from_size_align(layout.size(), 4096).unwrap();
     // SAFETY: the layout has a nonzero size.
     let raw = unsafe { std::alloc::alloc_zeroed(alloc) };
     let ptr = std::ptr::NonNull::new(raw).expect("allocation");
-    // SAFETY: `raw` is a fresh allocation of `layout.size()` bytes, page-aligned, never freed;
-    // this harness is the only device and touches it only through the ring's handles; no
-    // reference to it is made. The IOVA is fictitious: no hardware sees it.
+    rings.push(Ring { ptr, alloc });
+    // SAFETY: `raw` is a fresh allocation of `layout.size()` bytes, page-aligned, freed only
+    // after the queue and the device view are gone (`Ring`); this harness is the only device
+    // and touches it only through the ring's handles; no reference to it is made. The IOVA is
+    // fictitious: no hardware sees it.
     let memory = unsafe { Memory::from_raw(ptr, layout.size(), 0x10_0000) }.unwrap();
     let doorbells = Doorbells::new(Block::new(Shared::new(64)).erase(), 0, 32).unwrap();
     let config = Config::new(depth).with_in_order(true);
@@ -89,22 +108,21 @@ struct Model {
     fault: Option<Fault>,
     /// The device stalls (serves nothing more until a recovery).
     stalled: bool,
-    /// The device wrote (or, dropping one, skipped) a completion the host cannot accept,
-    /// and then wrote a later entry: the host's next take from the CQ must fail.
-    broken: bool,
-    /// The next entry the device writes is out of order for the host (a completion was
-    /// dropped, or the entry is a duplicate or names a wrong id).
-    dropped: bool,
+    /// The CQ entries the device wrote and the host has not taken, oldest first: whether the
+    /// host may accept each (false: a duplicate, a wrong id, or any entry after a dropped or
+    /// misnamed completion, which is out of order for the host).
+    cq: VecDeque<bool>,
+    /// A completion was dropped or misnamed: every later entry is out of order.
+    out_of_order: bool,
     /// The host reported a protocol fault.
     faulted: bool,
-    /// Completions written by the device not yet taken by the host.
-    written: usize,
     next_value: u64,
 }
 
 fn run(input: Input) {
     let depth = 1u32 << (input.depth_log2 % 5 + 1);
-    let (mut queue, mut device) = pair(depth);
+    let mut rings = Vec::new();
+    let (mut queue, mut device) = pair(depth, &mut rings);
     let mut m = Model::default();
     for op in input.ops.into_iter().take(256) {
         match op {
@@ -143,14 +161,14 @@ fn run(input: Input) {
                 Ok(Some(done)) => handed_out(&mut m, done.id, done.payload),
                 Ok(None) => {
                     assert!(!m.faulted);
-                    assert_eq!(m.written, 0, "a written completion was not seen");
+                    assert!(m.cq.is_empty(), "a written completion was not seen");
                 }
                 Err(error) => reported(&mut m, &error),
             },
             Op::WaitShort => match queue.wait(Some(Duration::ZERO)) {
                 Ok(done) => handed_out(&mut m, done.id, done.payload),
                 Err(timeout @ Error::Timeout { .. }) if !m.faulted => {
-                    assert_eq!(m.written, 0, "a written completion was not seen");
+                    assert!(m.cq.is_empty(), "a written completion was not seen");
                     match queue.explain(timeout) {
                         Error::Stalled { id, read, .. } => {
                             let &(oldest, value) = m.in_flight.front().expect("in flight");
@@ -167,7 +185,7 @@ fn run(input: Input) {
             },
             Op::Recover => {
                 // The device stops (a reset): it touches nothing more.
-                let fresh = pair(depth);
+                let fresh = pair(depth, &mut rings);
                 let old = std::mem::replace(&mut queue, fresh.0);
                 device = fresh.1;
                 let shutdown = old.shutdown(Duration::ZERO).expect("shutdown after a stop");
@@ -178,7 +196,11 @@ fn run(input: Input) {
                     assert!(m.handed.insert(value), "payload {value} handed back twice");
                     m.in_flight.retain(|&(_, v)| v != value);
                 }
-                assert!(m.in_flight.is_empty(), "{:?} never handed back", m.in_flight);
+                assert!(
+                    m.in_flight.is_empty(),
+                    "{:?} never handed back",
+                    m.in_flight
+                );
                 m = Model {
                     handed: std::mem::take(&mut m.handed),
                     finished: std::mem::take(&mut m.finished),
@@ -215,27 +237,27 @@ fn serve(device: &mut DeviceQueue<Command, Status>, m: &mut Model, n: u32, depth
         m.finished.insert(command.src);
         m.popped.insert(command.src);
         let id = command.command_id;
-        let mut write = |m: &mut Model, id: u16| {
+        let mut write = |m: &mut Model, id: u16, good: bool| {
             device.complete(Status::new(id, 0, 0)).unwrap();
-            m.written += 1;
-            if m.dropped {
-                m.broken = true;
-            }
+            m.cq.push_back(good && !m.out_of_order);
         };
         match fault {
-            None | Some(Fault::Stall) => write(m, id),
-            Some(Fault::Drop) => m.dropped = true,
+            None | Some(Fault::Stall) => write(m, id, true),
+            Some(Fault::Drop) => m.out_of_order = true,
             Some(Fault::Twice) => {
-                write(m, id);
-                m.dropped = true; // the next entry is bad
-                write(m, id);
+                write(m, id, true);
+                write(m, id, false);
             }
             Some(Fault::WrongId(other)) => {
                 // Any id but its own: another in flight, or none.
                 let other = other % (2 * depth as u16);
-                let other = if other == id { id.wrapping_add(1) } else { other };
-                m.dropped = true;
-                write(m, other);
+                let other = if other == id {
+                    id.wrapping_add(1)
+                } else {
+                    other
+                };
+                write(m, other, false);
+                m.out_of_order = true;
             }
         }
     }
@@ -244,14 +266,17 @@ fn serve(device: &mut DeviceQueue<Command, Status>, m: &mut Model, n: u32, depth
 
 /// The host handed out `value` under command `id`.
 fn handed_out(m: &mut Model, id: u16, value: u64) {
-    assert!(!m.broken || m.faulted, "a completion after a broken one was handed out");
+    assert_eq!(
+        m.cq.pop_front(),
+        Some(true),
+        "handed out a completion the host cannot trust"
+    );
     assert!(m.handed.insert(value), "payload {value} handed out twice");
     assert!(
         m.finished.contains(&value),
         "payload {value} handed out before the device finished it"
     );
     assert_eq!(m.in_flight.pop_front(), Some((id, value)), "not the oldest");
-    m.written -= 1;
 }
 
 /// The host reported `error`.
@@ -260,10 +285,13 @@ fn reported(m: &mut Model, error: &Error) {
         Error::LostCompletion { .. }
         | Error::DuplicateCompletion { .. }
         | Error::WrongCommand { .. } => {
-            assert!(m.broken, "a protocol error with none written: {error}");
+            assert_eq!(
+                m.cq.pop_front(),
+                Some(false),
+                "a good completion refused: {error}"
+            );
             assert!(!m.faulted);
             m.faulted = true;
-            m.written -= 1;
         }
         Error::Faulted { .. } => assert!(m.faulted),
         other => panic!("unexpected error: {other}"),
