@@ -545,3 +545,27 @@ fn bad_injections_are_refused() {
         .is_err());
     assert!(Loopback::new(Config::default().inject(9, Injection::next(Kind::Stall, 1))).is_err());
 }
+
+#[test]
+fn injection_is_programmed_through_the_bar_of_a_device_process() {
+    let program = match std::env::var_os("USERDMA_LOOPBACK_DEVICE_PROGRAM") {
+        Some(path) => userdma::device::loopback::Program::new(std::path::PathBuf::from(path)),
+        None => userdma::device::loopback::Program::new(env!("CARGO_BIN_EXE_userdma")),
+    };
+    let mut rig = rig_with(
+        Config::default()
+            .memory_size(1 << 20)
+            .mode(userdma::device::loopback::Mode::Process(program)),
+    );
+    assert!(rig.device.process_id().is_some());
+    rig.device
+        .inject(0, &Injection::next(Kind::WrongId, 1))
+        .unwrap();
+    rig.submit(10);
+    let error = rig.wait().unwrap_err();
+    assert!(
+        matches!(error, Error::WrongCommand { queue: 0, .. }),
+        "{error}"
+    );
+    rig.after_protocol_fault(Kind::WrongId);
+}

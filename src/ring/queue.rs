@@ -12,6 +12,13 @@
 //! is no way to ask, leaks the payloads and the ring memory on purpose (counted in [`leaks`]):
 //! freeing memory a device may still write is the one thing it never does.
 //!
+//! A queue for a device that completes in submission order ([`Config::with_in_order`]) trusts
+//! a completion only if it names the oldest command in flight: anything else (a lost, doubled
+//! or wrong-id completion) is an error, hands nothing out, and faults the queue — it takes no
+//! more submissions and reads no more of the CQ, since no entry after a broken one can be
+//! trusted. Recovery is the device's: reset or stop it, then [`Queue::shutdown`] hands every
+//! payload back.
+//!
 //! # Orderings (host side; the device side is in `device.rs`)
 //!
 //! | host does | then | pairs with (device) |
@@ -370,6 +377,8 @@ impl<D: Submission, C: Completion, T: Send> fmt::Debug for Queue<D, C, T> {
             .field("cq_head", &self.cq.head)
             .field("in_flight", &self.in_flight())
             .field("stats", &self.stats)
+            .field("in_order", &self.payloads.in_order)
+            .field("faulted", &self.faulted)
             .finish_non_exhaustive()
     }
 }
