@@ -253,6 +253,9 @@ typedef enum udma_status {
   UDMA_ERR_UNSUPPORTED = 8,
   // A system call failed for another reason.
   UDMA_ERR_SYSTEM = 9,
+  // The device was removed (hot-unplugged, unbound, asked back by the kernel): destroy what
+  // uses it (buffers come back) and open it again once it is back.
+  UDMA_ERR_REMOVED = 10,
   // A handle that is NULL, of another kind, destroyed (or freed) already, or not made by
   // this library.
   UDMA_ERR_INVALID_HANDLE = 100,
