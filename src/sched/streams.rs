@@ -634,7 +634,12 @@ impl Streams {
         let mut ready = false;
         for s in self.states.iter_mut().filter(|s| busy(s)) {
             // A completion that came in while arming: no need to sleep.
-            if s.stream.pipeline.waitable().arm_interrupt()? {
+            let Some(queue) = s.stream.pipeline.waitable() else {
+                // No queues (its device was removed): nothing to sleep on.
+                ready = true;
+                break;
+            };
+            if queue.arm_interrupt()? {
                 ready = true;
                 break;
             }
@@ -644,7 +649,9 @@ impl Streams {
             _ => Ok(()),
         };
         for s in self.states.iter_mut().filter(|s| busy(s)) {
-            s.stream.pipeline.waitable().disarm_interrupt();
+            if let Some(queue) = s.stream.pipeline.waitable() {
+                queue.disarm_interrupt();
+            }
         }
         slept.map_err(Error::from)
     }
