@@ -111,6 +111,11 @@ pub fn open_queue<F: Format, T: Send>(
 ) -> Result<Queue<F::Submission, F::Completion, T>, Error> {
     let config = format.ring_config(config);
     let q = config.id();
+    if device.is_removed() {
+        return Err(Error::Removed {
+            device: device.identity().to_string(),
+        });
+    }
     format.check(device.as_ref(), q)?;
     let ring_error = |source| Error::Ring { queue: q, source };
     let layout = config
