@@ -963,15 +963,31 @@ impl Pipeline {
     /// The reset or reopening failing (the device is beyond recovery: drop the pipeline);
     /// a queue the device could not be made to stop (its slots are then leaked, never freed
     /// under the device: [`ring::leaks`]).
-    pub fn recover(
+    pub fn recover(&mut self, postprocess: impl FnMut(Finished<'_>)) -> Result<Recovery, Error> {
+        let start = Instant::now();
+        if !self.device.is_removed() {
+            self.device.reset()?;
+        }
+        let mut recovery = self.reclaim(postprocess)?;
+        recovery.took = start.elapsed();
+        Ok(recovery)
+    }
+
+    /// [`Pipeline::recover`] without the reset: for a device someone else has just reset, or
+    /// that was removed. A reset stops every queue of the device, so every pipeline on it must
+    /// take its slots back and reopen its queues; [`Streams`](crate::sched::Streams) resets a
+    /// device once and reclaims each of its pipelines. On a device that was neither reset nor
+    /// removed it is still safe: each queue is stopped through the device's queue stop (which
+    /// waits for the device to acknowledge) before its slots come back.
+    ///
+    /// # Errors
+    /// As [`Pipeline::recover`].
+    pub fn reclaim(
         &mut self,
         mut postprocess: impl FnMut(Finished<'_>),
     ) -> Result<Recovery, Error> {
         let start = Instant::now();
         let removed = self.device.is_removed();
-        if !removed {
-            self.device.reset()?;
-        }
         // The device is stopped (reset) or gone: every queue stops at once, handing back what
         // completed before and what it aborted.
         let mut completed = Vec::new();

@@ -396,10 +396,10 @@ impl Device for Uio {
 
 /// What a UIO device does when its node fails (the device was removed: hot-unplug, `remove`,
 /// an unbind): bus mastering off (through sysfs `config`, which fails if the device is gone
-/// already — it cannot DMA then either), the removal reported ([`Source::report_removal`]:
-/// queues wake and hand their buffers back), then the mapped BARs replaced by memory that
-/// reads all-ones, so that a register block still held reaches no device (the kernel may give
-/// the BAR's addresses to another one).
+/// already — it cannot DMA then either), the mapped BARs replaced by memory that reads
+/// all-ones, so that a register block still held reaches no device (the kernel may give the
+/// BAR's addresses to another one), then the removal reported ([`Source::report_removal`]:
+/// queues wake and hand their buffers back; whoever sees it finds the BARs cut off).
 fn cut_off(
     bdf: pci::Bdf,
     config: &Block<FileBacked<Arc<File>>>,
@@ -407,17 +407,19 @@ fn cut_off(
     bars: &Mutex<Vec<Option<Arc<UioBar>>>>,
 ) {
     let _ = config::set_bus_master(config, bdf, false);
-    events.report_removal();
-    let bars = bars
+    let held = bars
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    for bar in bars.iter().flatten() {
+    for bar in held.iter().flatten() {
         if let UioBar::Mapped { map, .. } = bar.as_ref() {
             if let Err(err) = map.cut_off() {
                 eprintln!("warning: {bdf}: cutting off a BAR mapping failed ({err})");
             }
         }
     }
+    // Reported under the lock: `bar_of` maps no BAR after the cut-off without seeing it.
+    events.report_removal();
+    drop(held);
 }
 
 /// The number `N` of the one `uioN` entry in `dir`.

@@ -12,14 +12,14 @@
 //!
 //! 1. **bus mastering off** (the command register, through the device fd): the device starts no
 //!    more DMA, so no buffer can be written behind the host's back from here on;
-//! 2. **the removal is reported** ([`Source::report_removal`]): subscribers' eventfds and every
-//!    interrupt vector are signalled, so queues waiting on the device wake with
-//!    [`ring::Error::Removed`](crate::ring::Error::Removed) and hand their buffers back on
-//!    shutdown (safe, after step 1);
-//! 3. **the BARs are cut off** ([`Bar::cut_off`]): each mapped area is replaced in place by
+//! 2. **the BARs are cut off** ([`Bar::cut_off`]): each mapped area is replaced in place by
 //!    memory that reads all-ones, so register blocks the application still holds read what a
 //!    removed PCIe device reads and their writes reach no device (they land in that memory),
 //!    and the mappings stop holding the device;
+//! 3. **the removal is reported** ([`Source::report_removal`]): subscribers' eventfds and every
+//!    interrupt vector are signalled, so queues waiting on the device wake with
+//!    [`ring::Error::Removed`](crate::ring::Error::Removed) and hand their buffers back on
+//!    shutdown (safe, after step 1), and whoever sees the event finds the BARs cut off;
 //! 4. **the device fd is released**: `/dev/null` is put in its place (`dup3`), so the kernel's
 //!    last reference goes and the removal completes, while the descriptor number the rest of
 //!    the backend uses stays valid (`pread`/`pwrite`/ioctls on it fail instead of reaching
@@ -59,10 +59,8 @@ impl Cutoff {
         }
         // 1. A device already gone fails the write: nothing of it can DMA then either.
         let _ = config::set_bus_master(&self.config, self.bdf, false);
-        // 2.
-        self.events.report_removal();
-        // 3. Held under the lock: `bar_of` maps no new BAR once the removal is reported, and
-        // one it mapped before is in the list.
+        // 2. Held under the lock until the report: `bar_of` maps no new BAR once the removal
+        // is reported, and one it mapped before is in the list.
         let bars = self
             .bars
             .lock()
@@ -75,6 +73,8 @@ impl Cutoff {
                 );
             }
         }
+        // 3.
+        self.events.report_removal();
         drop(bars);
         // 4.
         if let Err(err) = release(self.device.as_fd()) {
