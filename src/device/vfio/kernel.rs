@@ -19,9 +19,9 @@ use userdma_sys::vfio::{
     vfio_device_attach_iommufd_pt, vfio_device_bind_iommufd, vfio_device_info, vfio_group_status,
     vfio_irq_info, VFIO_CHECK_EXTENSION, VFIO_DEVICE_ATTACH_IOMMUFD_PT, VFIO_DEVICE_BIND_IOMMUFD,
     VFIO_DEVICE_GET_INFO, VFIO_DEVICE_GET_IRQ_INFO, VFIO_DEVICE_GET_PCI_HOT_RESET_INFO,
-    VFIO_DEVICE_GET_REGION_INFO, VFIO_DEVICE_RESET, VFIO_DEVICE_SET_IRQS, VFIO_GET_API_VERSION,
-    VFIO_GROUP_GET_DEVICE_FD, VFIO_GROUP_GET_STATUS, VFIO_GROUP_SET_CONTAINER,
-    VFIO_GROUP_UNSET_CONTAINER, VFIO_SET_IOMMU,
+    VFIO_DEVICE_GET_REGION_INFO, VFIO_DEVICE_PCI_HOT_RESET, VFIO_DEVICE_RESET,
+    VFIO_DEVICE_SET_IRQS, VFIO_GET_API_VERSION, VFIO_GROUP_GET_DEVICE_FD, VFIO_GROUP_GET_STATUS,
+    VFIO_GROUP_SET_CONTAINER, VFIO_GROUP_UNSET_CONTAINER, VFIO_SET_IOMMU,
 };
 
 use crate::dma;
@@ -80,6 +80,11 @@ pub(crate) trait Kernel: Send + Sync + fmt::Debug {
     /// `argsz` the caller set, then room for the devices); `ENOSPC` with `count` set when the
     /// devices do not fit.
     fn hot_reset_info(&self, device: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<()>;
+
+    /// `VFIO_DEVICE_PCI_HOT_RESET` from `buf`: a `vfio_pci_hot_reset` (argsz, flags, count)
+    /// followed by `count` group fds that own every device the bus reset touches (none on the
+    /// device cdev path, where the kernel checks ownership through the iommufd).
+    fn hot_reset(&self, device: BorrowedFd<'_>, buf: &[u8]) -> io::Result<()>;
 
     /// `VFIO_DEVICE_BIND_IOMMUFD`: returns the device id.
     fn bind_iommufd(&self, device: BorrowedFd<'_>, iommufd: BorrowedFd<'_>) -> io::Result<u32>;
@@ -270,6 +275,12 @@ impl Kernel for Live {
         unsafe { ioctl_raw(device, VFIO_DEVICE_RESET, 0) }.map(drop)
     }
 
+    fn hot_reset(&self, device: BorrowedFd<'_>, buf: &[u8]) -> io::Result<()> {
+        checked_argsz(buf, size_of::<userdma_sys::vfio::vfio_pci_hot_reset>())?;
+        // SAFETY: the kernel reads `argsz` bytes (checked against `buf.len()`) and writes none.
+        unsafe { ioctl_raw(device, VFIO_DEVICE_PCI_HOT_RESET, arg(buf.as_ptr())) }.map(drop)
+    }
+
     fn hot_reset_info(&self, device: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<()> {
         checked_argsz(buf, size_of::<userdma_sys::vfio::vfio_pci_hot_reset_info>())?;
         // SAFETY: the kernel writes at most `argsz` bytes (checked against `buf.len()`).
@@ -376,6 +387,52 @@ impl Mmap {
     /// The mapped length.
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Replaces the mapping, at the same address and length, by private anonymous memory that
+    /// reads all-ones (what a PCIe read of a device that is gone returns), so that the mapping
+    /// no longer holds the file it mapped (the kernel can release the device) and stray
+    /// accesses through it reach no device (a write lands in the new memory). The all-ones pages are filled first and then moved
+    /// over the old mapping in one `mremap`, so an access racing with it sees either the device
+    /// or all-ones, never zeros or a hole.
+    pub(crate) fn cut_off(&self) -> io::Result<()> {
+        // SAFETY: a new private anonymous mapping placed by the kernel (address NULL): no
+        // existing memory is replaced; MAP_FAILED is checked before use.
+        let fresh = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                self.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if fresh == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fresh` is the mapping just made, `len` writable bytes nothing else knows.
+        unsafe { std::ptr::write_bytes(fresh.cast::<u8>(), 0xff, self.len) };
+        // SAFETY: moves the fresh pages over exactly the range this value owns (MREMAP_FIXED
+        // unmaps what was there: the device mapping, which nothing references — only volatile
+        // accesses through raw pointers, which stay valid: the range stays mapped). On failure
+        // the fresh mapping is unmapped below and the old one is untouched.
+        let moved = unsafe {
+            libc::mremap(
+                fresh,
+                self.len,
+                self.len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                self.ptr.as_ptr().cast::<libc::c_void>(),
+            )
+        };
+        if moved == libc::MAP_FAILED {
+            let err = io::Error::last_os_error();
+            // SAFETY: `fresh` is still the mapping made above, owned by nobody else.
+            unsafe { libc::munmap(fresh, self.len) };
+            return Err(err);
+        }
+        Ok(())
     }
 }
 

@@ -58,6 +58,10 @@ struct State {
     irq_sets: Vec<Vec<u8>>,
     existing: Vec<PathBuf>,
     api_version: i32,
+    /// The function has an error (AER) IRQ.
+    err_irq: bool,
+    /// The group of the device sharing the bus (5, the device's own, when `None`).
+    neighbour_group: Option<u32>,
 }
 
 /// The kernel double.
@@ -283,7 +287,7 @@ impl Kernel for Fake {
     fn irq_info(&self, device: BorrowedFd<'_>, index: u32) -> io::Result<vfio_irq_info> {
         assert_eq!(self.node(device), Some(Node::Device));
         self.call(&format!("VFIO_DEVICE_GET_IRQ_INFO {index}"))?;
-        if index == 3 {
+        if index == 3 && !self.state().err_irq {
             // No error IRQ on a conventional PCI function, as vfio-pci says it.
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
@@ -323,16 +327,32 @@ impl Kernel for Fake {
         self.call("VFIO_DEVICE_RESET")
     }
 
+    fn hot_reset(&self, device: BorrowedFd<'_>, buf: &[u8]) -> io::Result<()> {
+        assert_eq!(self.node(device), Some(Node::Device));
+        let count = read_u32(buf, 8).unwrap();
+        let fds: Vec<String> = (0..count as usize)
+            .map(|i| {
+                let fd = i32::from_ne_bytes(buf[12 + 4 * i..16 + 4 * i].try_into().unwrap());
+                // SAFETY: the library passes the fds of groups it holds open across the call.
+                format!("{:?}", self.node(unsafe { BorrowedFd::borrow_raw(fd) }))
+            })
+            .collect();
+        self.call(&format!("VFIO_DEVICE_PCI_HOT_RESET {}", fds.join(",")))
+    }
+
     fn hot_reset_info(&self, _device: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<()> {
         self.call("VFIO_DEVICE_GET_PCI_HOT_RESET_INFO")?;
-        // Two devices: the device itself and its neighbour, both in group 5.
+        // Two devices: the device itself and its neighbour, in group 5 (the neighbour in
+        // `neighbour_group` when set).
         buf[8..12].copy_from_slice(&2u32.to_ne_bytes());
         if buf.len() < 12 + 16 {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
+        let neighbour = self.state().neighbour_group.unwrap_or(5);
         for (i, devfn) in [(0usize, 3u8 << 3), (1, 4 << 3)] {
             let at = 12 + i * 8;
-            buf[at..at + 4].copy_from_slice(&5u32.to_ne_bytes());
+            let group = if i == 0 { 5u32 } else { neighbour };
+            buf[at..at + 4].copy_from_slice(&group.to_ne_bytes());
             buf[at + 4..at + 6].copy_from_slice(&0u16.to_ne_bytes());
             buf[at + 6] = 0;
             buf[at + 7] = devfn;
@@ -701,13 +721,23 @@ fn reset_and_hot_reset_fallback() {
     drop(vfio);
     fake.state().device_flags = VFIO_DEVICE_FLAGS_PCI;
     let vfio = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap();
+    // No function reset, but every device on the bus is in this device's group: a bus reset,
+    // proving ownership with the group's fd.
+    vfio.reset().unwrap();
+    let log = fake.log();
+    assert!(
+        log.contains(&"VFIO_DEVICE_PCI_HOT_RESET Some(Group(5))".to_owned()),
+        "{log:?}"
+    );
+    // A device of another group on the bus: no bus reset, and the message names it.
+    fake.state().neighbour_group = Some(6);
     match vfio.reset() {
         Err(Error::NoReset { affected, .. }) => {
             assert_eq!(
                 affected,
                 vec![
                     "0000:00:03.0 (group 5)".to_owned(),
-                    "0000:00:04.0 (group 5)".to_owned()
+                    "0000:00:04.0 (group 6)".to_owned()
                 ]
             );
         }
@@ -715,6 +745,12 @@ fn reset_and_hot_reset_fallback() {
     }
     let text = vfio.reset().unwrap_err().to_string();
     assert!(text.contains("0000:00:04.0"), "{text}");
+    let resets = fake
+        .log()
+        .iter()
+        .filter(|l| l.starts_with("VFIO_DEVICE_PCI_HOT_RESET"))
+        .count();
+    assert_eq!(resets, 1, "no bus reset while another group is on the bus");
     // No bus reset either (edu in the guest): the message says what is left to do.
     fake.fail("VFIO_DEVICE_GET_PCI_HOT_RESET_INFO");
     let text = vfio.reset().unwrap_err().to_string();
@@ -997,4 +1033,153 @@ fn hot_reset_parse_stops_at_the_end() {
         vec!["0000:02:1f.7 (group 9)".to_owned()]
     );
     assert!(parse_hot_reset(&buf[..10], 1).is_empty());
+}
+
+/// The eventfd the library gave the fake for irq `index` (the last registration of it).
+fn registered_eventfd(fake: &Fake, index: u32) -> RawFd {
+    let sets = fake.state().irq_sets.clone();
+    let set = sets
+        .iter()
+        .rev()
+        .find(|s| {
+            read_u32(s, 8) == Some(index)
+                && read_u32(s, 4) == Some(VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER)
+                && read_u32(s, 16) == Some(1)
+        })
+        .unwrap_or_else(|| panic!("no eventfd registered for irq index {index}: {sets:?}"));
+    i32::from_ne_bytes(set[20..24].try_into().unwrap())
+}
+
+/// Raises the eventfd `fd` the way the kernel signals it.
+fn raise(fd: RawFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: `fd` is an eventfd the device holds open; writes 8 bytes from `one`.
+    let n = unsafe { libc::write(fd, one.as_ptr().cast(), 8) };
+    assert_eq!(n, 8);
+}
+
+#[test]
+fn the_kernels_request_cuts_the_device_off_and_releases_it() {
+    use crate::device::Event;
+    let (tree, fake) = setup();
+    let vfio = Vfio::open_in(
+        &tree.host(&fake),
+        bdf(),
+        &opts().interrupts(IrqKind::Msi, 2),
+    )
+    .unwrap();
+    assert!(vfio.watches_removal());
+    let mut events = vfio.events().unwrap();
+    let bar = vfio.bar(0).unwrap();
+    bar.write::<u32>(0x10, 0x1234_5678).unwrap();
+    assert_eq!(bar.read::<u32>(0x10).unwrap(), 0x1234_5678);
+    let command: u16 = vfio.config_read(userdma_sys::pci::PCI_COMMAND).unwrap();
+    assert_ne!(
+        command & userdma_sys::pci::PCI_COMMAND_MASTER,
+        0,
+        "open turns DMA on"
+    );
+    let vector = vfio.interrupt(1).unwrap();
+    assert_eq!(events.try_next(), None);
+
+    raise(registered_eventfd(&fake, VFIO_PCI_REQ_IRQ_INDEX));
+    let event = events
+        .wait(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(event, Some(Event::Removal));
+    assert!(vfio.is_removed());
+    // Bus mastering went off in the device's config space before anything else.
+    let mut config = [0u8; 2];
+    File::open(&fake.device_file)
+        .unwrap()
+        .read_exact_at(&mut config, 7 * REGION_STRIDE + 4)
+        .unwrap();
+    assert_eq!(
+        u16::from_le_bytes(config) & userdma_sys::pci::PCI_COMMAND_MASTER,
+        0
+    );
+    // The vectors were signalled, so a queue asleep on one wakes.
+    assert_eq!(vector.try_read().unwrap(), Some(1));
+    // The release happens right after the report: wait for the device fd to become /dev/null.
+    let null = fs::metadata("/dev/null").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let path = format!("/proc/self/fd/{}", vfio.device.as_raw_fd());
+        let now = fs::metadata(path).unwrap();
+        if std::os::unix::fs::MetadataExt::rdev(&now) == std::os::unix::fs::MetadataExt::rdev(&null)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the device fd was not released"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // The mapped part of the BAR reads all-ones and a write reaches no device (below); the
+    // file-backed part fails.
+    assert_eq!(bar.read::<u32>(0x10).unwrap(), u32::MAX);
+    assert_eq!(bar.read::<u64>(0x2008).unwrap(), u64::MAX);
+    bar.write::<u32>(0x10, 0).unwrap();
+    assert!(bar.read::<u32>(0x1000).is_err());
+    // The device file itself was not written by the cut-off.
+    let mut word = [0u8; 4];
+    File::open(&fake.device_file)
+        .unwrap()
+        .read_exact_at(&mut word, 0x10)
+        .unwrap();
+    assert_eq!(u32::from_ne_bytes(word), 0x1234_5678);
+    // Everything that needs the device says it was removed.
+    assert!(matches!(vfio.bar(2), Err(Error::Removed { .. })));
+    assert!(matches!(vfio.reset(), Err(Error::Removed { .. })));
+    assert!(matches!(
+        vfio.enable_interrupts(IrqKind::Msi, 1),
+        Err(Error::Removed { .. })
+    ));
+    assert!(vfio.stop_queue(0, std::time::Duration::ZERO).is_ok());
+    let err = crate::Error::from(vfio.reset().unwrap_err());
+    assert_eq!(err.code(), crate::Code::Removed);
+    assert!(err.to_string().contains("1234:11e8"), "{err}");
+    // A second request changes nothing; a late subscriber still sees the removal.
+    raise(registered_eventfd(&fake, VFIO_PCI_REQ_IRQ_INDEX));
+    let mut late = vfio.events().unwrap();
+    assert_eq!(late.try_next(), Some(Event::Removal));
+    drop(bar);
+    drop(vfio);
+}
+
+#[test]
+fn error_interrupts_are_counted_and_reported() {
+    use crate::device::Event;
+    let (tree, fake) = setup();
+    // The fake's function has no error IRQ (conventional PCI): it is not registered.
+    let vfio = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap();
+    let sets = fake.state().irq_sets.clone();
+    assert!(sets
+        .iter()
+        .all(|s| read_u32(s, 8) != Some(VFIO_PCI_ERR_IRQ_INDEX)));
+    drop(vfio);
+    // A PCIe function with one.
+    fake.state().err_irq = true;
+    let vfio = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap();
+    let mut events = vfio.events().unwrap();
+    let fd = registered_eventfd(&fake, VFIO_PCI_ERR_IRQ_INDEX);
+    raise(fd);
+    raise(fd);
+    let mut total = 0;
+    while total < 2 {
+        match events
+            .wait(Some(std::time::Duration::from_secs(10)))
+            .unwrap()
+        {
+            Some(Event::Error { count, total: t }) => {
+                total += count;
+                assert_eq!(t, total);
+            }
+            other => panic!("expected an error event, got {other:?}"),
+        }
+    }
+    assert_eq!(vfio.events().unwrap().errors(), 2);
+    assert!(!vfio.is_removed(), "an error is not a removal");
+    assert!(vfio.bar(0).is_ok());
 }

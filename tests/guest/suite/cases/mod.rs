@@ -17,6 +17,7 @@ mod numa;
 mod nvme;
 mod pci;
 mod pipeline;
+mod removal;
 mod uio;
 mod vfio;
 
@@ -157,6 +158,21 @@ pub(crate) const ALL: &[Case] = &[
         name: "numa-placement",
         boots: &[Boot::IommuPt],
         run: numa::placement,
+    },
+    Case {
+        name: "vfio-unbind-while-open",
+        boots: EVERY,
+        run: removal::vfio_unbind_while_open,
+    },
+    Case {
+        name: "uio-unbind-while-open",
+        boots: EVERY,
+        run: removal::uio_unbind_while_open,
+    },
+    Case {
+        name: "vfio-bus-reset",
+        boots: &[Boot::IommuPt],
+        run: removal::vfio_bus_reset,
     },
 ];
 
