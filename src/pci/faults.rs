@@ -374,21 +374,29 @@ mod tests {
         s.parse().unwrap()
     }
 
-    // Lines as the guests print them (QEMU's intel-iommu, edu at 00:03.0): Debian 12's 6.1
-    // and Debian 13's 6.12 print the same format.
-    const INTEL_6_1_WRITE: &str = "DMAR: [DMA Write NO_PASID] Request device [00:03.0] fault addr 0x6600000 [fault reason 0x02] Present bit in context entry is clear";
-    const INTEL_6_12_READ: &str = "DMAR: [DMA Read NO_PASID] Request device [00:03.0] fault addr 0x6600000 [fault reason 0x06] PTE Read access is not set";
+    // Lines the guests printed (QEMU's intel-iommu, edu at 00:01.0, an unmapped IOVA): Debian
+    // 12's 6.1 (the iommu-strict boot's vfio-isolation case).
+    const INTEL_6_1_WRITE: &str = "DMAR: [DMA Write NO_PASID] Request device [00:01.0] fault addr 0x7800000 [fault reason 0x05] PTE Write access is not set";
+    const INTEL_6_1_READ: &str = "DMAR: [DMA Read NO_PASID] Request device [00:01.0] fault addr 0x7600000 [fault reason 0x06] PTE Read access is not set";
+    // Debian 13's 6.12 (the iommufd boot's vfio-isolation case), the same format.
+    const INTEL_6_12_WRITE: &str = "DMAR: [DMA Write NO_PASID] Request device [00:01.0] fault addr 0xe600000 [fault reason 0x05] PTE Write access is not set";
+    const INTEL_6_12_READ: &str = "DMAR: [DMA Read NO_PASID] Request device [00:01.0] fault addr 0xe600000 [fault reason 0x06] PTE Read access is not set";
 
     #[test]
     fn intel_lines_of_both_kernels() {
         let f = parse_fault(INTEL_6_1_WRITE).unwrap();
-        assert_eq!(f.bdf, bdf("0000:00:03.0"));
-        assert_eq!(f.addr, 0x660_0000);
+        assert_eq!(f.bdf, bdf("0000:00:01.0"));
+        assert_eq!(f.addr, 0x780_0000);
         assert_eq!(f.kind, Access::Write);
-        assert_eq!(f.reason, "0x02 Present bit in context entry is clear");
-        let f = parse_fault(INTEL_6_12_READ).unwrap();
-        assert_eq!((f.kind, f.addr), (Access::Read, 0x660_0000));
+        assert_eq!(f.reason, "0x05 PTE Write access is not set");
+        let f = parse_fault(INTEL_6_1_READ).unwrap();
+        assert_eq!((f.kind, f.addr), (Access::Read, 0x760_0000));
         assert_eq!(f.reason, "0x06 PTE Read access is not set");
+        let f = parse_fault(INTEL_6_12_WRITE).unwrap();
+        assert_eq!((f.bdf, f.kind, f.addr), (bdf("00:01.0"), Access::Write, 0xe60_0000));
+        assert_eq!(f.reason, "0x05 PTE Write access is not set");
+        let f = parse_fault(INTEL_6_12_READ).unwrap();
+        assert_eq!((f.bdf, f.kind, f.addr), (bdf("00:01.0"), Access::Read, 0xe60_0000));
     }
 
     #[test]
