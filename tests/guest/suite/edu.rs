@@ -146,6 +146,11 @@ impl Edu {
         Ok(id)
     }
 
+    /// The ID register, unchecked (all-ones once the device is gone).
+    pub(crate) fn id(&self) -> Result<u32, Failure> {
+        self.regs.get(ID).context(|| "read ID".to_owned())
+    }
+
     /// Moves `len` bytes between the start of the device's buffer and `addr` (an IOVA or
     /// physical address, whatever the device's DMA path uses), waits for the engine to finish,
     /// and returns how long that took. The engine finishes a transfer whether or not the IOMMU

@@ -12,6 +12,7 @@ use crate::failure::{ensure, Context, Failure};
 use crate::Boot;
 
 mod cli;
+mod iommu;
 mod map_cost;
 mod numa;
 mod nvme;
@@ -32,7 +33,9 @@ pub(crate) struct Case {
 }
 
 const EVERY: &[Boot] = &Boot::ALL;
-const IOMMU: &[Boot] = &[Boot::IommuPt, Boot::IommuStrict];
+const IOMMU: &[Boot] = &[Boot::IommuPt, Boot::IommuStrict, Boot::Iommufd];
+/// The boots whose IOMMU translates every device's DMA.
+const TRANSLATED: &[Boot] = &[Boot::IommuStrict, Boot::Iommufd];
 const UNTRANSLATED: &[Boot] = &[Boot::IommuPt, Boot::NoIommu];
 
 /// Every case, in run order. `pci-discovery` comes first: it checks the devices as the guest
@@ -109,6 +112,21 @@ pub(crate) const ALL: &[Case] = &[
         run: vfio::isolation,
     },
     Case {
+        name: "vfio-fault-stream",
+        boots: IOMMU,
+        run: iommu::fault_stream,
+    },
+    Case {
+        name: "vfio-dma-mask",
+        boots: IOMMU,
+        run: iommu::dma_mask,
+    },
+    Case {
+        name: "vfio-iommufd",
+        boots: &[Boot::Iommufd],
+        run: iommu::iommufd,
+    },
+    Case {
         name: "vfio-noiommu-dma",
         boots: &[Boot::NoIommu],
         run: vfio::noiommu_dma,
@@ -135,7 +153,7 @@ pub(crate) const ALL: &[Case] = &[
     },
     Case {
         name: "uio-dma-blocked",
-        boots: &[Boot::IommuStrict],
+        boots: TRANSLATED,
         run: uio::dma_blocked,
     },
     Case {
