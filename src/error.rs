@@ -82,6 +82,9 @@ pub enum Code {
     Unsupported = 8,
     /// A system call failed for another reason.
     System = 9,
+    /// The device was removed (hot-unplugged, unbound, asked back by the kernel): drop what
+    /// uses it and open it again once it is back.
+    Removed = 10,
 }
 
 impl Code {
@@ -218,6 +221,7 @@ fn device_code(e: &device::Error) -> Code {
         | E::NotBound { .. }
         | E::WrongDriver { .. } => Code::NotFound,
         E::QueueBusy { .. } => Code::Busy,
+        E::Removed { .. } => Code::Removed,
         E::Driver { .. } => Code::Device,
         E::Timeout { .. } => Code::Timeout,
         E::NoReset { .. } => Code::Unsupported,
@@ -277,6 +281,7 @@ fn ring_code(e: &ring::Error) -> Code {
         | E::SameDoorbell { .. } => Code::InvalidArgument,
         E::Full { .. } | E::NoCommandId { .. } | E::CqFull { .. } => Code::Exhausted,
         E::Timeout { .. } => Code::Timeout,
+        E::Removed { .. } => Code::Removed,
         E::UnknownCommand { .. }
         | E::DeviceSqHead { .. }
         | E::CompletionSqHead { .. }

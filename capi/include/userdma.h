@@ -136,6 +136,18 @@ typedef enum udma_device_kind {
   UDMA_DEVICE_UIO = 2,
 } udma_device_kind;
 
+// What happened to a device (`udma_event.kind`).
+typedef enum udma_event_kind {
+  // Nothing new (the wait timed out).
+  UDMA_EVENT_NONE = 0,
+  // The device was removed (hot-unplugged, unbound, asked back by the kernel): its queues
+  // stopped, every call that needs it fails with `UDMA_ERR_REMOVED`; destroy what uses it
+  // (buffers in flight come back as the queues are destroyed).
+  UDMA_EVENT_REMOVAL = 1,
+  // The device reported errors (PCIe AER error interrupts): `count` new, `total` in all.
+  UDMA_EVENT_ERROR = 2,
+} udma_event_kind;
+
 // `udma_pci_options.irq_kind`.
 typedef enum udma_irq_kind {
   // No interrupts enabled at open (the default).
@@ -253,6 +265,9 @@ typedef enum udma_status {
   UDMA_ERR_UNSUPPORTED = 8,
   // A system call failed for another reason.
   UDMA_ERR_SYSTEM = 9,
+  // The device was removed (hot-unplugged, unbound, asked back by the kernel): destroy what
+  // uses it (buffers come back) and open it again once it is back.
+  UDMA_ERR_REMOVED = 10,
   // A handle that is NULL, of another kind, destroyed (or freed) already, or not made by
   // this library.
   UDMA_ERR_INVALID_HANDLE = 100,
@@ -374,6 +389,20 @@ typedef struct udma_device_info {
   // The device's name (`loopback0`, the PCI address), NUL-terminated, truncated to fit.
   char name[64];
 } udma_device_info;
+
+// One event of a device (`udma_device_next_event`).
+typedef struct udma_event {
+  // `sizeof(udma_event)`.
+  size_t size;
+  // A `udma_event_kind`.
+  uint32_t kind;
+  // Zero.
+  uint32_t reserved;
+  // `UDMA_EVENT_ERROR`: errors new since the handle's last event.
+  uint64_t count;
+  // `UDMA_EVENT_ERROR`: errors since the device was opened.
+  uint64_t total;
+} udma_event;
 
 // A mapping's addresses.
 typedef struct udma_mapping_info {
@@ -854,6 +883,39 @@ enum udma_status udma_device_get_info(const struct udma_device *device,
 enum udma_status udma_device_interrupt_fd(const struct udma_device *device,
                                           uint32_t vector,
                                           int *fd);
+
+// The next event of the device this handle has not seen, waiting up to `timeout_ns`
+// nanoseconds (0: just look; `UDMA_TIMEOUT_INFINITE`: until one comes). A removal is reported
+// once per handle, before later errors; `event->kind` is `UDMA_EVENT_NONE` when the time ran
+// out. No callbacks: call it from the caller's own loop, or poll `udma_device_events_fd`.
+//
+// # Safety
+// `event` points to `event->size` writable bytes (set `event->size = sizeof *event`).
+enum udma_status udma_device_next_event(const struct udma_device *device,
+                                        uint64_t timeout_ns,
+                                        struct udma_event *event);
+
+// A new file descriptor, readable while an event of the device is unread by this handle
+// (until `udma_device_next_event` returns it), for the caller's own epoll loop; the caller
+// closes it.
+//
+// # Safety
+// `fd` points to a writable `int`.
+enum udma_status udma_device_events_fd(const struct udma_device *device, int *fd);
+
+// Whether the device was removed, in `*removed` (1 or 0).
+//
+// # Safety
+// `removed` points to a writable `int`.
+enum udma_status udma_device_is_removed(const struct udma_device *device, int *removed);
+
+// Takes the loopback device away, as a hot-unplug takes a PCI device (its engine stops, its
+// registers read all-ones, the removal is reported): for testing an SDK's removal path
+// without hardware.
+//
+// Errors: `UDMA_ERR_UNSUPPORTED` for a PCI device (unplug it, or `echo 1 >
+// /sys/bus/pci/devices/BDF/remove`).
+enum udma_status udma_device_remove_loopback(const struct udma_device *device);
 
 // The message of the last failed call on this thread: what failed, on which device, queue,
 // buffer or IOVA, and what to do. An empty string if no call on this thread has failed. The

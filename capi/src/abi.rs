@@ -25,7 +25,7 @@ pub(crate) unsafe trait Sized: Copy {
 ///
 /// # Safety
 /// `ptr` is NULL or points to at least `size_of::<usize>()` readable bytes.
-unsafe fn declared<T>(ptr: *const T, what: &str, name: &str) -> Result<usize, Fail> {
+pub(crate) unsafe fn declared<T>(ptr: *const T, what: &str, name: &str) -> Result<usize, Fail> {
     if ptr.is_null() {
         return Err(Fail::null(what));
     }

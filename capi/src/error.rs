@@ -38,6 +38,9 @@ pub enum udma_status {
     UDMA_ERR_UNSUPPORTED = 8,
     /// A system call failed for another reason.
     UDMA_ERR_SYSTEM = 9,
+    /// The device was removed (hot-unplugged, unbound, asked back by the kernel): destroy what
+    /// uses it (buffers come back) and open it again once it is back.
+    UDMA_ERR_REMOVED = 10,
     /// A handle that is NULL, of another kind, destroyed (or freed) already, or not made by
     /// this library.
     UDMA_ERR_INVALID_HANDLE = 100,
@@ -60,6 +63,7 @@ impl udma_status {
             Code::Device => udma_status::UDMA_ERR_DEVICE,
             Code::Unsupported => udma_status::UDMA_ERR_UNSUPPORTED,
             Code::System => udma_status::UDMA_ERR_SYSTEM,
+            Code::Removed => udma_status::UDMA_ERR_REMOVED,
         }
     }
 
@@ -75,6 +79,7 @@ impl udma_status {
             udma_status::UDMA_ERR_DEVICE => cstr(b"UDMA_ERR_DEVICE\0"),
             udma_status::UDMA_ERR_UNSUPPORTED => cstr(b"UDMA_ERR_UNSUPPORTED\0"),
             udma_status::UDMA_ERR_SYSTEM => cstr(b"UDMA_ERR_SYSTEM\0"),
+            udma_status::UDMA_ERR_REMOVED => cstr(b"UDMA_ERR_REMOVED\0"),
             udma_status::UDMA_ERR_INVALID_HANDLE => cstr(b"UDMA_ERR_INVALID_HANDLE\0"),
             udma_status::UDMA_ERR_INTERNAL => cstr(b"UDMA_ERR_INTERNAL\0"),
         }
@@ -214,6 +219,7 @@ pub extern "C" fn udma_status_name(status: i32) -> *const c_char {
         udma_status::UDMA_ERR_DEVICE,
         udma_status::UDMA_ERR_UNSUPPORTED,
         udma_status::UDMA_ERR_SYSTEM,
+        udma_status::UDMA_ERR_REMOVED,
         udma_status::UDMA_ERR_INVALID_HANDLE,
         udma_status::UDMA_ERR_INTERNAL,
     ];
@@ -262,6 +268,7 @@ mod tests {
             Code::Device,
             Code::Unsupported,
             Code::System,
+            Code::Removed,
         ] {
             assert_eq!(udma_status::of(code) as i32, code.raw());
         }

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -569,6 +570,66 @@ static void test_destroy_with_work_in_flight(void)
 	OK(udma_device_close(dev));
 }
 
+/* A device taken away with work in flight: the handle's event says so (once, also on its
+ * fd), waits fail with UDMA_ERR_REMOVED instead of timing out, the buffers come back as the
+ * queue is destroyed, and everything that needs the device says it was removed. */
+static void test_device_removal(void)
+{
+	udma_device *dev = loopback();
+	udma_pool *pool = pool_of(dev, 4 << 20);
+	udma_queue *q = NULL;
+	OK(udma_queue_create(dev, NULL, &q));
+	udma_event ev = {.size = sizeof ev};
+	OK(udma_device_next_event(dev, 0, &ev));
+	CHECK(ev.kind == UDMA_EVENT_NONE);
+	int removed = -1;
+	OK(udma_device_is_removed(dev, &removed));
+	CHECK(removed == 0);
+	int efd = -1;
+	OK(udma_device_events_fd(dev, &efd));
+	struct pollfd pfd = {.fd = efd, .events = POLLIN};
+	CHECK(poll(&pfd, 1, 0) == 0);
+
+	/* Queue 0 waits for queue 3 to complete a million ops: what follows stays in flight. */
+	udma_buffer *bs[3];
+	OK(udma_pool_alloc_bulk(pool, 4096, 3, bs));
+	udma_op hold = {.size = sizeof hold, .opcode = UDMA_OP_WAIT, .arg0 = 3, .arg1 = 1000000};
+	OK(udma_queue_submit(q, &hold));
+	for (int i = 0; i < 3; i++) {
+		udma_op op = {.size = sizeof op, .opcode = UDMA_OP_TO_DEVICE, .buffer = bs[i],
+			      .len = 4096};
+		OK(udma_queue_submit(q, &op));
+	}
+	udma_completion c = {.size = sizeof c};
+	FAILS(udma_queue_wait(q, 1000000, &c), UDMA_ERR_TIMEOUT, "queue 0");
+
+	OK(udma_device_remove_loopback(dev));
+	CHECK(poll(&pfd, 1, 5000) == 1);
+	OK(udma_device_next_event(dev, 5 * SECOND, &ev));
+	CHECK(ev.kind == UDMA_EVENT_REMOVAL);
+	OK(udma_device_next_event(dev, 0, &ev));
+	CHECK(ev.kind == UDMA_EVENT_NONE);
+	CHECK(poll(&pfd, 1, 0) == 0);
+	OK(udma_device_is_removed(dev, &removed));
+	CHECK(removed == 1);
+	FAILS(udma_queue_wait(q, 5 * SECOND, &c), UDMA_ERR_REMOVED, "removed");
+	CHECK(strcmp(udma_status_name(UDMA_ERR_REMOVED), "UDMA_ERR_REMOVED") == 0);
+	for (int i = 0; i < 3; i++)
+		CHECK(info_of(bs[i]).state == UDMA_BUFFER_IN_QUEUE);
+	OK(udma_queue_destroy(q));
+	for (int i = 0; i < 3; i++)
+		CHECK(info_of(bs[i]).state == UDMA_BUFFER_HOST);
+	udma_queue *again = NULL;
+	FAILS(udma_queue_create(dev, NULL, &again), UDMA_ERR_REMOVED, "removed");
+	OK(udma_device_remove_loopback(dev));
+	udma_event small = {.size = 4};
+	FAILS(udma_device_next_event(dev, 0, &small), UDMA_ERR_INVALID_ARGUMENT, "event->size");
+	OK(udma_pool_free_bulk(pool, bs, 3));
+	OK(udma_pool_destroy(pool));
+	OK(udma_device_close(dev));
+	close(efd);
+}
+
 /* Two threads, each with its own queue, sharing one pool and one device. */
 struct worker {
 	udma_device *dev;
@@ -1073,6 +1134,7 @@ int main(void)
 		{"device_ops", test_device_ops},
 		{"wait_many_and_epoll", test_wait_many_and_epoll},
 		{"destroy_with_work_in_flight", test_destroy_with_work_in_flight},
+		{"device_removal", test_device_removal},
 		{"threads", test_threads},
 		{"plan", test_plan},
 		{"model", test_model},

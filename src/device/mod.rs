@@ -34,12 +34,14 @@ use crate::{dma, irq, memory, mmio, pci, ring};
 
 mod config;
 mod dram;
+mod events;
 pub mod loopback;
 mod queue;
 pub mod uio;
 pub mod vfio;
 
 pub use self::dram::{DeviceMemory, Range};
+pub use self::events::{Event, Events, Source};
 pub use self::loopback::Loopback;
 pub use self::queue::{open_queue, DoorbellRegs, Format, Wait};
 pub use self::uio::Uio;
@@ -129,6 +131,30 @@ pub trait Device: Send + Sync + fmt::Debug {
         let _ = (queue, timeout);
         self.reset()
     }
+
+    /// The device's event source ([`Source`]): what it reports removals and errors through.
+    /// The default, for devices that report nothing: `None`.
+    fn event_source(&self) -> Option<&Source> {
+        None
+    }
+
+    /// A new subscriber to the device's events ([`Events`]: a removal, error interrupts), to
+    /// poll, wait on or put into an epoll loop. A device without an [`event_source`] gives one
+    /// that never fires.
+    ///
+    /// [`event_source`]: Device::event_source
+    fn events(&self) -> Result<Events, Error> {
+        let subscribed = match self.event_source() {
+            Some(source) => source.subscribe(),
+            None => Source::new(self.identity().name.clone()).subscribe(),
+        };
+        subscribed.map_err(|source| Error::Events { source })
+    }
+
+    /// Whether the device was removed (see [`Events`]).
+    fn is_removed(&self) -> bool {
+        self.event_source().is_some_and(Source::is_removed)
+    }
 }
 
 /// Opens `bdf` with the backend its driver calls for: [`Vfio`] for `vfio-pci` (with
@@ -180,6 +206,10 @@ impl Quiescer {
 
 impl ring::Quiesce for Quiescer {
     fn quiesce(&mut self, queue: u16, timeout: Duration) -> io::Result<()> {
+        // A removed device was cut off from memory before the removal was reported.
+        if self.device.is_removed() {
+            return Ok(());
+        }
         self.device
             .stop_queue(queue, timeout)
             .map_err(|err| match err {
@@ -246,6 +276,22 @@ pub enum Error {
     Interrupt {
         /// The vector.
         vector: u32,
+        /// The cause.
+        #[source]
+        source: irq::Error,
+    },
+
+    /// The device was removed (hot-unplugged, unbound, asked back by the kernel, or the
+    /// loopback device's `remove`).
+    #[error("{device} was removed: it answers nothing any more; drop its queues (their buffers come back) and open it again once it is back (`userdma list`)")]
+    Removed {
+        /// The device.
+        device: String,
+    },
+
+    /// An event subscriber's eventfd could not be made.
+    #[error("subscribing to the device's events failed (an eventfd could not be made)")]
+    Events {
         /// The cause.
         #[source]
         source: irq::Error,

@@ -111,6 +111,11 @@ pub fn open_queue<F: Format, T: Send>(
 ) -> Result<Queue<F::Submission, F::Completion, T>, Error> {
     let config = format.ring_config(config);
     let q = config.id();
+    if device.is_removed() {
+        return Err(Error::Removed {
+            device: device.identity().to_string(),
+        });
+    }
     format.check(device.as_ref(), q)?;
     let ring_error = |source| Error::Ring { queue: q, source };
     let layout = config
@@ -141,6 +146,9 @@ pub fn open_queue<F: Format, T: Send>(
         format,
         queue: q,
     });
+    if let Some(source) = device.event_source() {
+        queue.set_presence(source.presence());
+    }
     Ok(queue)
 }
 
@@ -192,6 +200,10 @@ impl<F: Format> std::fmt::Debug for Stop<F> {
 
 impl<F: Format> ring::Quiesce for Stop<F> {
     fn quiesce(&mut self, queue: u16, timeout: Duration) -> io::Result<()> {
+        // A removed device was cut off from memory before the removal was reported.
+        if self.device.is_removed() {
+            return Ok(());
+        }
         self.format
             .disable(self.device.as_ref(), queue, timeout)
             .map_err(|err| match err {
@@ -205,7 +217,10 @@ impl<F: Format> Drop for Stop<F> {
     fn drop(&mut self) {
         // The ring queue is gone: nothing of it may be in flight any more (it quiesced or
         // leaked), so this only turns the device queue off. A device that does not answer
-        // keeps its own mapping of the ring, so nothing is freed under it.
-        let _ = self.format.release(self.device.as_ref(), self.queue);
+        // keeps its own mapping of the ring, so nothing is freed under it. A removed device
+        // has no queues to turn off.
+        if !self.device.is_removed() {
+            let _ = self.format.release(self.device.as_ref(), self.queue);
+        }
     }
 }

@@ -18,6 +18,16 @@
 //! number, the step and the device's code, and the frames after it go on. [`Pipeline::shutdown`]
 //! drains what is in flight and returns every buffer to the pool.
 //!
+//! **Faults.** A device that stops answering makes [`Pipeline::wait`] fail with a timeout
+//! (naming the queue and the oldest command in flight); a device that breaks the queue
+//! protocol makes it fail with a ring error; a removed device with
+//! [`ring::Error::Removed`]. [`Pipeline::recover`] then resets the device (which stops every
+//! queue: from then on the device touches none of the slots), takes every slot back from the
+//! queues, hands the frames that did finish to postprocessing, reports the frames that were
+//! lost ([`Recovery::lost`]: run them again), and opens the queues again, so the next frame
+//! goes through as the first did. On a removed device it only takes the slots back: the
+//! pipeline then refuses new frames with [`Code::Removed`](crate::Code::Removed).
+//!
 //! Depth 1 is synchronous; depth 2 double buffering (the host prepares frame i+1 while the
 //! device runs frame i); deeper rings absorb jitter. [`naive`] is the per-frame-allocation
 //! path to compare against, in the same run.
@@ -33,7 +43,7 @@ use std::time::{Duration, Instant};
 pub use model::{Filter, Model, ModelError, Span, Step};
 
 use crate::device::loopback::{self, Code, Descriptor, Loopback};
-use crate::device::{Range, Wait};
+use crate::device::{Device, Range, Wait};
 use crate::dma::{DeviceOffset, Iova};
 use crate::memory::PageSize;
 use crate::pool::{OwnedBuffer, Pool};
@@ -315,6 +325,30 @@ pub struct Summary {
     pub bytes_to_host: u64,
 }
 
+/// What [`Pipeline::recover`] did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Recovery {
+    /// The frames that were in flight and did not finish, in frame order: their slots are
+    /// free again (taken back only after the device was stopped); submit them again.
+    pub lost: Vec<u64>,
+    /// Frames that finished while the device was being stopped, handed to postprocessing.
+    pub finished: usize,
+    /// The device was removed: nothing was reset or reopened, and the pipeline takes no new
+    /// frames.
+    pub removed: bool,
+    /// How long the recovery took (the reset, taking the slots back, reopening the queues).
+    pub took: Duration,
+}
+
+/// A queue of the pipeline, as opened (to open it again after a reset).
+#[derive(Debug, Clone, Copy)]
+struct QueueSpec {
+    config: ring::Config,
+    unit: loopback::Unit,
+    /// The compute queue gets the model's working set declared.
+    steps_here: bool,
+}
+
 /// Which queue of a split pipeline a descriptor goes to.
 const H2D: usize = 0;
 const COMPUTE: usize = 1;
@@ -326,8 +360,10 @@ const D2H: usize = 2;
 pub struct Pipeline {
     model: Model,
     config: Config,
-    /// One queue, or [`H2D`], [`COMPUTE`], [`D2H`].
+    /// One queue, or [`H2D`], [`COMPUTE`], [`D2H`]; none once the device was removed.
     queues: Vec<loopback::Queue<Payload>>,
+    /// How each queue was opened, for [`Pipeline::recover`].
+    specs: Vec<QueueSpec>,
     /// Per queue: its completed counter when the pipeline began, and descriptors pushed since.
     base: Vec<u64>,
     pushed: Vec<u64>,
@@ -417,6 +453,7 @@ impl Pipeline {
             })?;
         let counters = device.counters()?;
         let mut queues = Vec::with_capacity(units.len());
+        let mut specs = Vec::with_capacity(units.len());
         let mut base = Vec::with_capacity(units.len());
         for (k, &unit) in units.iter().enumerate() {
             let id = config
@@ -430,15 +467,15 @@ impl Pipeline {
             if let (true, Some(ws)) = (steps_here, config.working_set) {
                 device.set_working_set(id, ws.private, ws.shared, ws.key)?;
             }
-            queues.push(
-                runtime.queue_on::<Payload>(
-                    ring::Config::new(ring_depth)
-                        .with_id(id)
-                        .with_context(config.context),
-                    config.wait,
-                    unit,
-                )?,
-            );
+            let ring_config = ring::Config::new(ring_depth)
+                .with_id(id)
+                .with_context(config.context);
+            queues.push(runtime.queue_on::<Payload>(ring_config, config.wait, unit)?);
+            specs.push(QueueSpec {
+                config: ring_config,
+                unit,
+                steps_here,
+            });
             base.push(
                 counters
                     .queues
@@ -499,6 +536,7 @@ impl Pipeline {
         if path.in_place && config.split {
             // The D2H queue is not used: results are read where the compute unit wrote them.
             queues.truncate(2);
+            specs.truncate(2);
             base.truncate(2);
             pushed.truncate(2);
         }
@@ -525,6 +563,7 @@ impl Pipeline {
             model,
             config,
             queues,
+            specs,
             base,
             pushed,
             free,
@@ -576,9 +615,9 @@ impl Pipeline {
     /// The queue a frame's last completion arrives on, for [`ring::wait_any`]. Once it is
     /// ready, [`Pipeline::poll`] hands over what finished (a frame may still need a moment
     /// for its other completions: [`Pipeline::wait`] covers that).
-    pub fn waitable(&mut self) -> &mut dyn ring::Waitable {
-        let last = self.queues.len() - 1;
-        &mut self.queues[last]
+    /// `None` once the device was removed and the pipeline recovered (it has no queues).
+    pub fn waitable(&mut self) -> Option<&mut dyn ring::Waitable> {
+        self.queues.last_mut().map(|q| q as &mut dyn ring::Waitable)
     }
 
     /// Whether a frame's last completion is in but the frame is not handed over yet (another
@@ -621,6 +660,9 @@ impl Pipeline {
         &mut self,
         preprocess: impl FnOnce(u64, &Input<'_>) -> Result<(), Error>,
     ) -> Result<Option<u64>, Error> {
+        if self.queues.is_empty() {
+            return Err(self.removed());
+        }
         let Some(slot) = self.free.pop_front() else {
             return Ok(None);
         };
@@ -856,6 +898,10 @@ impl Pipeline {
     pub fn wait(&mut self, mut postprocess: impl FnMut(Finished<'_>)) -> Result<usize, Error> {
         self.flush()?;
         let mut finished = self.poll(&mut postprocess)?;
+        if self.queues.is_empty() {
+            // Removed and recovered: nothing is in flight any more.
+            return Ok(finished);
+        }
         // A frame's last completion is on the last queue: wait there, then take the others.
         let last = self.queues.len() - 1;
         while finished == 0 && self.in_flight > 0 {
@@ -898,6 +944,128 @@ impl Pipeline {
             }
         }
         Ok(self.summary)
+    }
+
+    /// The error of a pipeline whose device was removed.
+    fn removed(&self) -> Error {
+        Error::Device(crate::device::Error::Removed {
+            device: self.device.identity().to_string(),
+        })
+    }
+
+    /// Brings the pipeline back after a fault (see the module docs): resets the device, takes
+    /// every slot back from the queues once the device can no longer touch them, hands frames
+    /// that finished to `postprocess` (in frame order, as always), reports the others as lost,
+    /// and opens the queues again. On a removed device: no reset and no queues; the slots come
+    /// back and new frames are refused.
+    ///
+    /// # Errors
+    /// The reset or reopening failing (the device is beyond recovery: drop the pipeline);
+    /// a queue the device could not be made to stop (its slots are then leaked, never freed
+    /// under the device: [`ring::leaks`]).
+    pub fn recover(&mut self, postprocess: impl FnMut(Finished<'_>)) -> Result<Recovery, Error> {
+        let start = Instant::now();
+        if !self.device.is_removed() {
+            self.device.reset()?;
+        }
+        let mut recovery = self.reclaim(postprocess)?;
+        recovery.took = start.elapsed();
+        Ok(recovery)
+    }
+
+    /// [`Pipeline::recover`] without the reset: for a device someone else has just reset, or
+    /// that was removed. A reset stops every queue of the device, so every pipeline on it must
+    /// take its slots back and reopen its queues; [`Streams`](crate::sched::Streams) resets a
+    /// device once and reclaims each of its pipelines. On a device that was neither reset nor
+    /// removed it is still safe: each queue is stopped through the device's queue stop (which
+    /// waits for the device to acknowledge) before its slots come back.
+    ///
+    /// # Errors
+    /// As [`Pipeline::recover`].
+    pub fn reclaim(
+        &mut self,
+        mut postprocess: impl FnMut(Finished<'_>),
+    ) -> Result<Recovery, Error> {
+        let start = Instant::now();
+        let removed = self.device.is_removed();
+        // The device is stopped (reset) or gone: every queue stops at once, handing back what
+        // completed before and what it aborted.
+        let mut completed = Vec::new();
+        let mut aborted = Vec::new();
+        let mut failure = None;
+        for queue in std::mem::take(&mut self.queues) {
+            match queue.shutdown(Duration::ZERO) {
+                Ok(shutdown) => {
+                    completed.extend(shutdown.completed);
+                    aborted.extend(shutdown.aborted.into_iter().map(|(_, p)| p));
+                }
+                Err(err) => failure = failure.or(Some(err)),
+            }
+        }
+        let before = self.summary.frames;
+        for done in completed {
+            self.complete(done, &mut postprocess);
+        }
+        let finished = (self.summary.frames - before) as usize;
+        let mut lost = Vec::new();
+        for payload in aborted {
+            if let Payload::Last { slot, .. } = payload {
+                lost.push(self.progress[slot.index].frame);
+                self.free.push_back(slot);
+            }
+        }
+        for index in 0..self.held.len() {
+            if let Some(slot) = self.held[index].take() {
+                lost.push(self.progress[index].frame);
+                self.free.push_back(slot);
+            }
+        }
+        lost.sort_unstable();
+        self.in_flight = 0;
+        self.next_out = self.next_frame;
+        self.unannounced = 0;
+        self.pending.clear();
+        if let Some(err) = failure {
+            return Err(err.into());
+        }
+        if !removed {
+            self.reopen()?;
+        }
+        Ok(Recovery {
+            lost,
+            finished,
+            removed,
+            took: start.elapsed(),
+        })
+    }
+
+    /// Opens the queues again after a reset, as [`Pipeline::new`] did.
+    fn reopen(&mut self) -> Result<(), Error> {
+        let counters = self.device.counters()?;
+        for spec in &self.specs {
+            let id = spec.config.id();
+            if let (true, Some(ws)) = (spec.steps_here, self.config.working_set) {
+                self.device
+                    .set_working_set(id, ws.private, ws.shared, ws.key)?;
+            }
+            self.queues.push(self.device.open_queue_on(
+                spec.config,
+                self.config.wait,
+                spec.unit,
+            )?);
+        }
+        self.base = self
+            .specs
+            .iter()
+            .map(|s| {
+                counters
+                    .queues
+                    .get(usize::from(s.config.id()))
+                    .map_or(0, |q| q.completed)
+            })
+            .collect();
+        self.pushed = vec![0; self.specs.len()];
+        Ok(())
     }
 
     /// Drains what is in flight (each frame to `postprocess`) and gives every buffer back to

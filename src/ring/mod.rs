@@ -103,7 +103,8 @@ pub use self::index::MAX_DEPTH;
 pub use self::layout::Layout;
 pub use self::memory::{Memory, ALIGN};
 pub use self::queue::{
-    leaks, Config, Done, Leaks, Queue, Quiesce, Rejected, Shutdown, Stats, DROP_QUIESCE_TIMEOUT,
+    leaks, Config, Done, Leaks, Presence, Queue, Quiesce, Rejected, Shutdown, Stats,
+    DROP_QUIESCE_TIMEOUT,
 };
 pub use self::types::{Command, Status};
 #[cfg(not(loom))]
@@ -365,6 +366,16 @@ pub enum Error {
         queue: u16,
         /// How long it waited.
         waited: Duration,
+        /// Commands in flight.
+        in_flight: usize,
+    },
+
+    /// The device behind the queue was removed (or the kernel asked for it back): nothing more
+    /// will complete.
+    #[error("queue {queue}: the device was removed ({in_flight} commands in flight): shut the queue down (`Queue::shutdown`) to get their buffers back, and open the device again once it is back")]
+    Removed {
+        /// The queue.
+        queue: u16,
         /// Commands in flight.
         in_flight: usize,
     },

@@ -194,6 +194,16 @@ pub trait Quiesce: Send {
     fn quiesce(&mut self, queue: u16, timeout: Duration) -> io::Result<()>;
 }
 
+/// Whether the device behind a queue is still there: implemented by a device's event source
+/// ([`device::Source`](crate::device::Source)), given to a queue with [`Queue::set_presence`].
+/// Once it says gone, the device can no longer touch the queue's memory or its buffers (the
+/// source reports the removal only after the device was stopped or cut off from memory), so a
+/// queue stops waiting and hands its payloads back on [`Queue::shutdown`].
+pub trait Presence: Send + Sync + fmt::Debug {
+    /// Whether the device is gone (removed, or asked back by the kernel).
+    fn is_gone(&self) -> bool;
+}
+
 /// A boxed hook (`Box<dyn Quiesce>`, chosen at run time) is a hook.
 impl<Q: Quiesce + ?Sized> Quiesce for Box<Q> {
     fn quiesce(&mut self, queue: u16, timeout: Duration) -> io::Result<()> {
@@ -269,6 +279,8 @@ pub struct Queue<D: Submission, C: Completion, T: Send> {
     pub(super) doorbell: DoorbellValue,
     pub(super) interrupt: Option<std::sync::Arc<EventFd>>,
     pub(super) quiesce: Option<Box<dyn Quiesce>>,
+    /// Whether the device is still there ([`Queue::set_presence`]).
+    pub(super) presence: Option<std::sync::Arc<dyn Presence>>,
     /// The submission state: the SQ, its tail and how far the host may write (`submit.rs`).
     pub(super) sq: Sq<D>,
     /// The completion state: the CQ head, completions set aside, and the waits for them.
@@ -377,6 +389,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             doorbell: config.doorbell,
             interrupt: interrupt.map(std::sync::Arc::new),
             quiesce: None,
+            presence: None,
             cq: Cq {
                 head: 0,
                 announced: 0,
@@ -397,6 +410,27 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// How to stop the device if the queue is dropped (or shut down) with work in flight.
     pub fn set_quiesce(&mut self, quiesce: impl Quiesce + 'static) {
         self.quiesce = Some(Box::new(quiesce));
+    }
+
+    /// Watches `presence`: once it says the device is gone, waits and polls that find no
+    /// completion fail with [`Error::Removed`] instead of waiting for one that will never come,
+    /// and [`Queue::shutdown`] stops at once, handing every in-flight payload back.
+    pub fn set_presence(&mut self, presence: std::sync::Arc<dyn Presence>) {
+        self.presence = Some(presence);
+    }
+
+    /// Whether the device behind the queue is gone ([`Queue::set_presence`]).
+    #[inline]
+    pub fn is_gone(&self) -> bool {
+        self.presence.as_ref().is_some_and(|p| p.is_gone())
+    }
+
+    /// The error of a queue whose device is gone.
+    pub(super) fn removed(&self) -> Error {
+        Error::Removed {
+            queue: self.id,
+            in_flight: self.in_flight(),
+        }
     }
 
     /// The queue id.
@@ -463,7 +497,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     /// Whether a completion is waiting (reaped earlier, or in the CQ).
     #[inline]
     pub fn is_ready(&self) -> bool {
-        !self.cq.pending.is_empty() || self.cq_ready()
+        !self.cq.pending.is_empty() || self.cq_ready() || self.is_gone()
     }
 
     /// Whether the CQ entry at the head has the current phase.
@@ -560,7 +594,11 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         if unannounced > 0 && (unannounced >= self.depth() / 2 || !self.cq_ready()) {
             self.announce_cq()?;
         }
-        taken
+        match taken {
+            // Nothing more will come from a device that is gone.
+            Ok(None) if self.is_gone() => Err(self.removed()),
+            taken => taken,
+        }
     }
 
     /// Takes up to `max` completions, giving each to `f`, then rings the CQ head doorbell once.
@@ -579,7 +617,12 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
                     f(done);
                     count += 1;
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    if count == 0 && self.is_gone() {
+                        return Err(self.removed());
+                    }
+                    break;
+                }
                 Err(err) => {
                     self.announce_cq()?;
                     return Err(err);
@@ -666,12 +709,16 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
                 self.closed = true;
                 return Ok(Shutdown { completed, aborted });
             }
+            if self.is_gone() {
+                // Nothing more will complete: stop the queue now.
+                break;
+            }
             let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
             if left == Some(Duration::ZERO) {
                 break;
             }
             match self.wait_ready(left) {
-                Ok(()) | Err(Error::Timeout { .. }) => {}
+                Ok(()) | Err(Error::Timeout { .. } | Error::Removed { .. }) => {}
                 Err(err) => return Err(err),
             }
         }

@@ -81,8 +81,13 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
                 return Ok(());
             }
             spins = spins.wrapping_add(1);
-            if spins % CLOCK_EVERY == 0 && start.elapsed() >= spin {
-                break;
+            if spins % CLOCK_EVERY == 0 {
+                if self.is_gone() {
+                    return Err(self.removed());
+                }
+                if start.elapsed() >= spin {
+                    break;
+                }
             }
             hint::spin_loop();
         }
@@ -91,6 +96,9 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             loop {
                 if self.cq_ready() {
                     return Ok(());
+                }
+                if self.is_gone() {
+                    return Err(self.removed());
                 }
                 if left(deadline) == Some(Duration::ZERO) {
                     return Err(self.timeout(start));
@@ -119,6 +127,10 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             if self.cq_ready() {
                 self.woke(start.elapsed());
                 return Ok(());
+            }
+            if self.is_gone() {
+                // The removal signals every vector of the device.
+                return Err(self.removed());
             }
             // A stale or spurious signal: arm again (which drains it) and sleep for the rest.
         }

@@ -161,6 +161,8 @@ struct State {
     latency: hdrhistogram::Histogram<u64>,
     frames: u64,
     failed: u64,
+    /// Frames lost to device faults this run (in flight when the device was recovered).
+    lost: u64,
     max_wait: Nanos,
 }
 
@@ -174,6 +176,8 @@ struct Group {
     oldest: Vec<Option<Nanos>>,
     /// The scheduler's switches and decisions when the current run began.
     at_start: (u64, u64),
+    /// The device was removed: its streams get no more frames.
+    retired: bool,
 }
 
 /// One frame in a run's timeline: when it arrived, when the scheduler dispatched it to its
@@ -223,6 +227,30 @@ pub struct StreamReport {
     pub max_wait_ns: u64,
     /// Frames that had arrived but were still waiting when the run ended (not run).
     pub left_waiting: u64,
+    /// Frames in flight when its device failed and was recovered (or removed): never
+    /// finished (see [`RunReport::faults`]).
+    pub lost: u64,
+}
+
+/// A device fault a run survived ([`RunReport::faults`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FaultReport {
+    /// The device (index into [`RunReport::devices`]).
+    pub device: usize,
+    /// When it was seen, in ns from the run's start.
+    pub at_ns: Nanos,
+    /// What was seen (a timeout, a protocol error, the removal).
+    pub error: String,
+    /// Its kind.
+    pub code: crate::Code,
+    /// The device was removed: its streams ran no more frames this run.
+    pub removed: bool,
+    /// Frames of the device's streams that finished while it was being stopped.
+    pub finished: u64,
+    /// Frames of the device's streams that were lost.
+    pub lost: u64,
+    /// How long the recovery took (reset, slots back, queues reopened), in ns.
+    pub recovery_ns: u64,
 }
 
 /// What one device's scheduler did in a run.
@@ -251,6 +279,11 @@ pub struct RunReport {
     pub switches: u64,
     /// Decisions made, over all devices.
     pub decisions: u64,
+    /// Device faults survived, in the order they happened: a device that stopped answering
+    /// or broke its queue protocol was reset and its pipelines recovered (their frames in
+    /// flight lost, the run going on); a removed device's streams stopped while the others
+    /// went on.
+    pub faults: Vec<FaultReport>,
 }
 
 /// Streams on one or more devices, one scheduler per device.
@@ -262,6 +295,10 @@ pub struct Streams {
     waiter: Option<Waiter>,
     timeline: VecDeque<FrameSpan>,
     timeline_capacity: usize,
+    /// The faults of the current run.
+    faults: Vec<FaultReport>,
+    /// A device fault seen while dispatching, handled after it.
+    pending_fault: Option<(usize, Error)>,
 }
 
 impl std::fmt::Debug for Streams {
@@ -364,6 +401,7 @@ impl Streams {
             })?;
             groups.push(Group {
                 at_start: (0, 0),
+                retired: false,
                 scheduler,
                 oldest: vec![None; members.len()],
                 members,
@@ -394,6 +432,7 @@ impl Streams {
                     latency: histogram(),
                     frames: 0,
                     failed: 0,
+                    lost: 0,
                     max_wait: 0,
                 }
             })
@@ -405,6 +444,8 @@ impl Streams {
             waiter,
             timeline: VecDeque::new(),
             timeline_capacity: 0,
+            faults: Vec::new(),
+            pending_fault: None,
         })
     }
 
@@ -451,8 +492,16 @@ impl Streams {
     /// are drained. Returns what each stream and each device did in this run (the counts
     /// start again at every run).
     ///
+    /// A device that fails mid-run (its pipeline's wait times out, its queue protocol breaks,
+    /// it is removed) does not end the run: it is reset once (unless removed), every pipeline
+    /// on it takes its slots back and reopens its queues ([`Pipeline::reclaim`]), the frames
+    /// that were in flight there are counted as lost, and the run goes on; a removed device's
+    /// streams get no more frames while the other devices' go on. Each fault is in
+    /// [`RunReport::faults`].
+    ///
     /// # Errors
-    /// What the pipelines return (a broken queue, a device that stopped answering).
+    /// What the pipelines return that is not a device fault, what `preprocess` returns, and a
+    /// device that cannot be recovered (its reset or the reopening fails).
     pub fn run(
         &mut self,
         duration: Duration,
@@ -468,15 +517,21 @@ impl Streams {
         for s in &mut self.states {
             s.queue.restart();
             s.latency.reset();
-            (s.frames, s.failed, s.max_wait) = (0, 0, 0);
+            (s.frames, s.failed, s.lost, s.max_wait) = (0, 0, 0, 0);
         }
         self.timeline.clear();
+        self.faults.clear();
         loop {
             let now = nanos(start.elapsed());
             let open = now < end;
             if open {
                 self.arrive(now);
-                if self.dispatch(now, &mut preprocess)? {
+                let dispatched = self.dispatch(now, &mut preprocess)?;
+                if let Some((g, err)) = self.pending_fault.take() {
+                    self.recover(g, err, start, &mut postprocess)?;
+                    continue;
+                }
+                if dispatched {
                     continue;
                 }
             }
@@ -500,7 +555,7 @@ impl Streams {
                     .filter(|&i| !self.states[i].dispatched.is_empty())
                     .min_by_key(|&i| self.states[i].dispatched[0].1)
                     .expect("busy > 0");
-                self.reap(oldest, start, true, &mut postprocess)?;
+                self.reap_or_recover(oldest, start, true, &mut postprocess)?;
             } else {
                 // Several devices: sleep on every busy pipeline until one finishes or a frame
                 // arrives for a device that could take it.
@@ -511,7 +566,7 @@ impl Streams {
                 self.sleep_any(left.min(MAX_SLEEP))?;
             }
             for i in 0..self.states.len() {
-                self.reap(i, start, false, &mut postprocess)?;
+                self.reap_or_recover(i, start, false, &mut postprocess)?;
             }
         }
         let seconds = start.elapsed().as_secs_f64();
@@ -548,12 +603,83 @@ impl Streams {
                     latency_max_ns: s.latency.max(),
                     max_wait_ns: s.max_wait,
                     left_waiting: s.queue.len() as u64,
+                    lost: s.lost,
                 })
                 .collect(),
             switches: devices.iter().map(|d| d.switches).sum(),
             decisions: devices.iter().map(|d| d.decisions).sum(),
             devices,
+            faults: std::mem::take(&mut self.faults),
         })
+    }
+
+    /// [`Streams::reap`], recovering stream `i`'s device if it failed.
+    fn reap_or_recover(
+        &mut self,
+        i: usize,
+        start: Instant,
+        block: bool,
+        postprocess: &mut impl FnMut(StreamId, Finished<'_>),
+    ) -> Result<(), Error> {
+        match self.reap(i, start, block, postprocess) {
+            Err(err) if is_device_fault(&err) => {
+                let g = self.states[i].group;
+                self.recover(g, err, start, postprocess)
+            }
+            other => other,
+        }
+    }
+
+    /// Brings device group `g` back after `err` (see [`Streams::run`]): one reset (unless the
+    /// device was removed), then every pipeline on it reclaims its slots, delivering what
+    /// finished and counting what was lost.
+    fn recover(
+        &mut self,
+        g: usize,
+        err: Error,
+        start: Instant,
+        postprocess: &mut impl FnMut(StreamId, Finished<'_>),
+    ) -> Result<(), Error> {
+        let at_ns = nanos(start.elapsed());
+        let began = Instant::now();
+        let Some(&first) = self.groups[g].members.first() else {
+            return Err(err);
+        };
+        let device = Arc::clone(self.states[first].stream.pipeline.device());
+        let removed = crate::device::Device::is_removed(device.as_ref());
+        if !removed {
+            // A device that cannot even be reset is beyond recovery: the run ends with why.
+            crate::device::Device::reset(device.as_ref())?;
+        }
+        let (mut finished, mut lost) = (0u64, 0u64);
+        for k in 0..self.groups[g].members.len() {
+            let i = self.groups[g].members[k];
+            let before = self.states[i].frames;
+            self.take_finished(i, start, postprocess, |pipeline, each| {
+                pipeline.reclaim(each)
+            })?;
+            let s = &mut self.states[i];
+            finished += s.frames - before;
+            // What is still listed as dispatched never finished.
+            let gone = s.dispatched.len() as u64;
+            s.dispatched.clear();
+            s.lost += gone;
+            lost += gone;
+        }
+        if removed {
+            self.groups[g].retired = true;
+        }
+        self.faults.push(FaultReport {
+            device: g,
+            at_ns,
+            error: err.to_string(),
+            code: err.code(),
+            removed,
+            finished,
+            lost,
+            recovery_ns: nanos(began.elapsed()),
+        });
+        Ok(())
     }
 
     /// Frames arriving up to `now`.
@@ -590,7 +716,7 @@ impl Streams {
     ) -> Result<bool, Error> {
         let mut any = false;
         for g in 0..self.groups.len() {
-            if self.busy(g) >= self.in_flight {
+            if self.groups[g].retired || self.busy(g) >= self.in_flight {
                 continue;
             }
             let group = &mut self.groups[g];
@@ -603,12 +729,28 @@ impl Streams {
             let i = group.members[d.stream.0];
             let s = &mut self.states[i];
             let arrival = s.queue.take().unwrap_or(now);
-            let submitted = s
+            let submitted = match s
                 .stream
                 .pipeline
-                .try_submit(|n, input| preprocess(StreamId(i), n, input))?;
+                .try_submit(|n, input| preprocess(StreamId(i), n, input))
+            {
+                Err(err) if is_device_fault(&err) => {
+                    s.queue.put_back(arrival);
+                    self.pending_fault = Some((g, err));
+                    return Ok(any);
+                }
+                other => other?,
+            };
             if submitted.is_some() {
-                s.stream.pipeline.flush()?;
+                if let Err(err) = s.stream.pipeline.flush() {
+                    if !is_device_fault(&err) {
+                        return Err(err);
+                    }
+                    // The frame went into the queue: it is in flight (and lost with the rest).
+                    s.dispatched.push_back((arrival, now));
+                    self.pending_fault = Some((g, err));
+                    return Ok(true);
+                }
                 s.max_wait = s.max_wait.max(now.saturating_sub(arrival));
                 s.dispatched.push_back((arrival, now));
                 any = true;
@@ -634,7 +776,12 @@ impl Streams {
         let mut ready = false;
         for s in self.states.iter_mut().filter(|s| busy(s)) {
             // A completion that came in while arming: no need to sleep.
-            if s.stream.pipeline.waitable().arm_interrupt()? {
+            let Some(queue) = s.stream.pipeline.waitable() else {
+                // No queues (its device was removed): nothing to sleep on.
+                ready = true;
+                break;
+            };
+            if queue.arm_interrupt()? {
                 ready = true;
                 break;
             }
@@ -644,7 +791,9 @@ impl Streams {
             _ => Ok(()),
         };
         for s in self.states.iter_mut().filter(|s| busy(s)) {
-            s.stream.pipeline.waitable().disarm_interrupt();
+            if let Some(queue) = s.stream.pipeline.waitable() {
+                queue.disarm_interrupt();
+            }
         }
         slept.map_err(Error::from)
     }
@@ -657,10 +806,28 @@ impl Streams {
         block: bool,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
     ) -> Result<(), Error> {
-        let s = &mut self.states[i];
-        if s.dispatched.is_empty() {
+        if self.states[i].dispatched.is_empty() {
             return Ok(());
         }
+        self.take_finished(i, start, postprocess, |pipeline, each| {
+            if block {
+                pipeline.wait(each).map(|_| ())
+            } else {
+                pipeline.poll(each).map(|_| ())
+            }
+        })
+    }
+
+    /// Runs `take` on stream `i`'s pipeline with a callback that records each finished frame
+    /// (latency, counts, timeline) and hands it to `postprocess`.
+    fn take_finished<R>(
+        &mut self,
+        i: usize,
+        start: Instant,
+        postprocess: &mut impl FnMut(StreamId, Finished<'_>),
+        take: impl FnOnce(&mut Pipeline, &mut dyn FnMut(Finished<'_>)) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let s = &mut self.states[i];
         let dispatched = &mut s.dispatched;
         let latency = &mut s.latency;
         let (frames, failed) = (&mut s.frames, &mut s.failed);
@@ -692,16 +859,20 @@ impl Streams {
             }
             postprocess(StreamId(i), done);
         };
-        if block {
-            s.stream.pipeline.wait(&mut each)?;
-        } else {
-            s.stream.pipeline.poll(&mut each)?;
-        }
-        Ok(())
+        take(&mut s.stream.pipeline, &mut each)
     }
 
     /// Gives the streams back (to shut their pipelines down, read their counters).
     pub fn into_streams(self) -> Vec<Stream> {
         self.states.into_iter().map(|s| s.stream).collect()
     }
+}
+
+/// Whether `err` is a device fault a run recovers from: a wait that timed out (the device
+/// stopped answering), the device breaking its protocol, or its removal.
+fn is_device_fault(err: &Error) -> bool {
+    matches!(
+        err.code(),
+        crate::Code::Timeout | crate::Code::Device | crate::Code::Removed
+    )
 }

@@ -56,6 +56,9 @@ const UNIT_WAKE_STRIDE: usize = 128;
 const OWNER: usize = PRIVATE + 256;
 /// 1 once the engine must stop.
 const SHUTDOWN: usize = PRIVATE + 8;
+/// 1 once the device was removed ([`Loopback::remove`](super::Loopback::remove)): the host's
+/// BARs then read all-ones and drop writes, as a PCIe device's do once it is gone.
+const REMOVED: usize = PRIVATE + 12;
 /// Host writes to registers other than the doorbells so far. On a cache line of its own: the
 /// engine reads it after every descriptor, and the host bumps `WAKE_SEQ` on every doorbell.
 const CONTROL_SEQ: usize = PRIVATE + 64;
@@ -266,6 +269,19 @@ impl RegisterFile {
         self.notify_all();
     }
 
+    /// Marks the device removed (after its engine stopped): the host's BARs read all-ones
+    /// from now on and drop writes.
+    pub(super) fn set_removed(&self) {
+        // Release: pairs with the Acquire load in `removed`; nothing else is published.
+        self.u32(REMOVED).store(1, Ordering::Release);
+    }
+
+    /// Whether the device was removed.
+    pub(super) fn removed(&self) -> bool {
+        // Acquire: pairs with the Release store in `set_removed`.
+        self.u32(REMOVED).load(Ordering::Acquire) != 0
+    }
+
     /// Whether the engine must stop.
     pub(super) fn shutting_down(&self) -> bool {
         // Acquire: pairs with the Release store in `request_shutdown`.
@@ -366,12 +382,15 @@ impl mmio::Backend for HostBar {
 
     fn read(&self, offset: usize, width: Width) -> Result<u64, mmio::Error> {
         mmio::check(offset, width, REGISTER_BAR_SIZE)?;
+        if self.file.removed() {
+            return Ok(width.max());
+        }
         Ok(read(&self.file, offset, width))
     }
 
     fn write(&self, offset: usize, width: Width, value: u64) -> Result<(), mmio::Error> {
         mmio::check(offset, width, REGISTER_BAR_SIZE)?;
-        if !host_writable(offset) {
+        if !host_writable(offset) || self.file.removed() {
             return Ok(());
         }
         let mask_set = regs::IRQ_MASK_SET.offset();
@@ -439,11 +458,13 @@ impl mmio::Backend for DeviceBar {
 #[derive(Clone, Debug)]
 pub(super) struct MemoryBar {
     direct: Direct,
+    /// Whether the device was removed (all-ones, writes dropped).
+    file: Arc<RegisterFile>,
     _region: Arc<Region>,
 }
 
 impl MemoryBar {
-    pub(super) fn new(region: Arc<Region>) -> Result<MemoryBar, Error> {
+    pub(super) fn new(region: Arc<Region>, file: Arc<RegisterFile>) -> Result<MemoryBar, Error> {
         // SAFETY: the region's mapping is readable and writable and stays mapped while this
         // value (which holds the region) or any clone lives; nothing makes references to device
         // memory: the engine uses raw-pointer copies, the host this backend and volatile slices.
@@ -451,6 +472,7 @@ impl MemoryBar {
             .map_err(|source| Error::Register { offset: 0, source })?;
         Ok(MemoryBar {
             direct,
+            file,
             _region: region,
         })
     }
@@ -462,10 +484,19 @@ impl mmio::Backend for MemoryBar {
     }
 
     fn read(&self, offset: usize, width: Width) -> Result<u64, mmio::Error> {
-        self.direct.read(offset, width)
+        let value = self.direct.read(offset, width)?;
+        Ok(if self.file.removed() {
+            width.max()
+        } else {
+            value
+        })
     }
 
     fn write(&self, offset: usize, width: Width, value: u64) -> Result<(), mmio::Error> {
+        if self.file.removed() {
+            // Bounds are still checked: a bad offset is the caller's bug, removed or not.
+            return self.direct.read(offset, width).map(|_| ());
+        }
         self.direct.write(offset, width, value)
     }
 }

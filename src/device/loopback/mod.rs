@@ -170,7 +170,7 @@ use self::error::Error as LoopbackError;
 use self::ops::{Dram, Translate};
 use self::process::{Remote, RemoteSpace};
 use self::regs::{queue_field, unit_field, QueueControl, QueueStatus};
-use super::{Device, DoorbellRegs, Error as DeviceError, Identity, Kind};
+use super::{Device, DoorbellRegs, Error as DeviceError, Identity, Kind, Source};
 use crate::dma::{self, Slice};
 use crate::irq::EventFd;
 use crate::memory::Region;
@@ -197,6 +197,8 @@ pub struct Loopback {
     space: Arc<dyn dma::Space>,
     irqs: Vec<EventFd>,
     runner: Runner,
+    /// Removals ([`Loopback::remove`]) are reported through it.
+    events: Source,
 }
 
 /// How long the host waits for the device to acknowledge a queue enable or a reset.
@@ -224,7 +226,16 @@ impl Loopback {
                 EventFd::new().map_err(|source| DeviceError::Interrupt { vector, source })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let memory_bar = Block::new(MemoryBar::new(Arc::clone(&dram))?).erase();
+        let memory_bar = Block::new(MemoryBar::new(Arc::clone(&dram), Arc::clone(&file))?).erase();
+        let events = Source::new(config.name.clone());
+        for (vector, irq) in irqs.iter().enumerate() {
+            events
+                .watch_vector(irq)
+                .map_err(|source| DeviceError::Interrupt {
+                    vector: vector as u32,
+                    source,
+                })?;
+        }
         let settings = config.settings();
         let (runner, space): (Runner, Arc<dyn dma::Space>) = match &config.mode {
             Mode::Thread => {
@@ -312,6 +323,7 @@ impl Loopback {
             space,
             irqs,
             runner,
+            events,
         };
         device.wait_for("start", ACK_TIMEOUT, |d| {
             Ok(d.get(regs::STATUS)?.contains(regs::DeviceStatus::READY))
@@ -374,6 +386,48 @@ impl Loopback {
         let until = start + self.config.cost_model().mmio_read(dst.len() as u64);
         while Instant::now() < until {
             std::hint::spin_loop();
+        }
+        Ok(())
+    }
+
+    /// Takes the device away, as a hot-unplug or an administrator's `remove` takes a PCI
+    /// device: the engine (thread or process) stops, so the device touches no memory again;
+    /// then both BARs read all-ones and drop writes, and the removal is reported
+    /// ([`Device::events`], [`Event::Removal`](crate::device::Event::Removal)), which wakes
+    /// every queue's waits with [`ring::Error::Removed`]. Queues shut down after it hand every
+    /// in-flight buffer back as aborted; opening a queue or resetting fails with
+    /// [`DeviceError::Removed`]. Removing twice does nothing more. For tests of every layer's
+    /// removal path on a machine without a device.
+    pub fn remove(&self) {
+        if self.events.is_removed() {
+            return;
+        }
+        self.stop_engine();
+        self.file.set_removed();
+        self.events.report_removal();
+    }
+
+    /// Stops the engine and waits until it has.
+    fn stop_engine(&self) {
+        self.file.request_shutdown();
+        match &self.runner {
+            Runner::Thread(handle) => {
+                let handle = handle.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(handle) = handle {
+                    // A panic in the engine has been reported on its thread already.
+                    let _ = handle.join();
+                }
+            }
+            Runner::Process(remote) => remote.stop(Duration::from_secs(5)),
+        }
+    }
+
+    /// The error of an operation on a removed device.
+    fn check_present(&self) -> Result<(), DeviceError> {
+        if self.events.is_removed() {
+            return Err(DeviceError::Removed {
+                device: self.identity.name.clone(),
+            });
         }
         Ok(())
     }
@@ -529,6 +583,7 @@ impl Loopback {
         wait: Wait,
         unit: Unit,
     ) -> Result<Queue<T>, DeviceError> {
+        self.check_present()?;
         let device: Arc<dyn Device> = Arc::clone(self) as Arc<dyn Device>;
         let format = Format::new(Arc::clone(self)).unit(unit);
         crate::device::open_queue(&device, format, config, wait)
@@ -651,6 +706,10 @@ impl Device for Loopback {
         self.config.numa_node
     }
 
+    fn event_source(&self) -> Option<&Source> {
+        Some(&self.events)
+    }
+
     fn bar(&self, index: usize) -> Result<DynBlock, DeviceError> {
         match index {
             regs::REGISTER_BAR => Ok(self.registers.clone()),
@@ -695,6 +754,7 @@ impl Device for Loopback {
     }
 
     fn reset(&self) -> Result<(), DeviceError> {
+        self.check_present()?;
         let before = self.get(regs::RESET_COUNT)?;
         self.set(regs::CONTROL, regs::Control::RESET)?;
         self.wait_for("reset", ACK_TIMEOUT, |d| {
@@ -703,6 +763,10 @@ impl Device for Loopback {
     }
 
     fn stop_queue(&self, queue: u16, timeout: Duration) -> Result<(), DeviceError> {
+        if self.events.is_removed() {
+            // The engine stopped before the removal was reported.
+            return Ok(());
+        }
         let control = self.queue_reg(regs::Q_CONTROL, queue)?;
         let status = self.queue_reg(regs::Q_STATUS, queue)?;
         self.set(control, QueueControl::empty())?;
@@ -718,16 +782,6 @@ impl Device for Loopback {
 
 impl Drop for Loopback {
     fn drop(&mut self) {
-        self.file.request_shutdown();
-        match &self.runner {
-            Runner::Thread(handle) => {
-                let handle = handle.lock().unwrap_or_else(|p| p.into_inner()).take();
-                if let Some(handle) = handle {
-                    // A panic in the engine has been reported on its thread already.
-                    let _ = handle.join();
-                }
-            }
-            Runner::Process(remote) => remote.stop(Duration::from_secs(5)),
-        }
+        self.stop_engine();
     }
 }

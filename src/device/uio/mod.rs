@@ -19,7 +19,7 @@ use std::sync::Arc;
 use userdma_sys::pci::{PCI_COMMAND, PCI_COMMAND_INTX_DISABLE};
 use userdma_sys::uio::{UIO_DEV_PREFIX, UIO_NAME_PREFIX};
 
-use super::{config, Device, Error as DeviceError, Identity, Kind};
+use super::{config, Device, Error as DeviceError, Identity, Kind, Source};
 use crate::dma::{self, Mapping, Space, Stats};
 use crate::memory::Region;
 use crate::mmio::{self, Block, Direct, FileBacked};
@@ -38,9 +38,9 @@ use self::relay::Relay;
 #[derive(Debug)]
 enum UioBar {
     Mapped {
-        // Declared before `_map`, so dropped before the mapping it points into.
+        // Declared before `map`, so dropped before the mapping it points into.
         direct: Direct,
-        _map: crate::device::vfio::Mmap,
+        map: crate::device::vfio::Mmap,
     },
     File(FileBacked<Arc<File>>),
 }
@@ -77,8 +77,10 @@ pub struct Uio {
     node_path: PathBuf,
     number: u32,
     info: pci::DeviceInfo,
-    bars: Mutex<Vec<Option<Arc<UioBar>>>>,
+    bars: Arc<Mutex<Vec<Option<Arc<UioBar>>>>>,
     config: Block<FileBacked<Arc<File>>>,
+    /// Removals (the node failing) are reported through it ([`Device::events`]).
+    events: Source,
     space: Arc<dyn Space>,
     refusal: Option<(u32, String)>,
     relay: Relay,
@@ -150,18 +152,30 @@ impl Uio {
                 mask_bits: dma_mask_bits,
             }),
         };
-        let relay = Relay::start(bdf, OwnedFd::from(node), &node_path)?;
+        let identity = Identity {
+            name: format!("{:04x}:{:04x}", info.vendor, info.device),
+            kind: Kind::Uio,
+            bdf: Some(bdf),
+        };
+        let events = Source::new(identity.to_string());
+        let bars: Arc<Mutex<Vec<Option<Arc<UioBar>>>>> =
+            Arc::new(Mutex::new((0..6).map(|_| None).collect()));
+        let gone = {
+            let (config, events, bars) = (config.clone(), events.clone(), Arc::clone(&bars));
+            Box::new(move || cut_off(bdf, &config, &events, &bars))
+        };
+        let relay = Relay::start(bdf, OwnedFd::from(node), &node_path, gone)?;
+        events
+            .watch_vector(relay.event())
+            .map_err(|source| DeviceError::Interrupt { vector: 0, source })?;
         let uio = Uio {
             bdf,
-            identity: Identity {
-                name: format!("{:04x}:{:04x}", info.vendor, info.device),
-                kind: Kind::Uio,
-                bdf: Some(bdf),
-            },
+            identity,
             dir,
             node_path,
             number,
-            bars: Mutex::new((0..6).map(|_| None).collect()),
+            bars,
+            events,
             numa_node: crate::memory::numa::placement(sysfs.root(), info.numa_node),
             info,
             config,
@@ -171,6 +185,16 @@ impl Uio {
         };
         uio.set_bus_master(true)?;
         Ok(uio)
+    }
+
+    /// The error of an operation on a removed device.
+    fn check_present(&self) -> Result<(), DeviceError> {
+        if self.events.is_removed() {
+            return Err(DeviceError::Removed {
+                device: self.identity.to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// The PCI address.
@@ -223,6 +247,7 @@ impl Uio {
     }
 
     fn bar_of(&self, index: usize) -> Result<Arc<UioBar>, DeviceError> {
+        self.check_present()?;
         let bar_index = u8::try_from(index).map_err(|_| DeviceError::NoBar {
             bdf: self.bdf,
             index,
@@ -243,6 +268,8 @@ impl Uio {
         if let Some(Some(bar)) = bars.get(index) {
             return Ok(Arc::clone(bar));
         }
+        // Under the lock the relay cuts the BARs off under: a BAR mapped now is cut off too.
+        self.check_present()?;
         let path = self.dir.join(format!("resource{index}"));
         let file = open_rw(self.bdf, &path)?;
         let len = usize::try_from(resource.size()).map_err(|_| DeviceError::NoBar {
@@ -269,7 +296,7 @@ impl Uio {
                     operation: "mmap (unaligned)",
                     source: io::Error::from(io::ErrorKind::InvalidInput),
                 })?;
-            UioBar::Mapped { direct, _map: map }
+            UioBar::Mapped { direct, map }
         } else {
             UioBar::File(FileBacked::new(Arc::new(file), 0, len))
         };
@@ -334,7 +361,20 @@ impl Device for Uio {
         self.config_write(PCI_COMMAND, wanted)
     }
 
+    fn event_source(&self) -> Option<&Source> {
+        Some(&self.events)
+    }
+
+    fn stop_queue(&self, _queue: u16, _timeout: std::time::Duration) -> Result<(), DeviceError> {
+        if self.events.is_removed() {
+            // Bus mastering went off (or the device is gone) before the removal was reported.
+            return Ok(());
+        }
+        self.reset()
+    }
+
     fn reset(&self) -> Result<(), DeviceError> {
+        self.check_present()?;
         let path = self.dir.join("reset");
         if !path.exists() {
             return Err(DeviceError::NoReset {
@@ -352,6 +392,34 @@ impl Device for Uio {
         file.write_all(b"1").map_err(uio)?;
         self.set_bus_master(true)
     }
+}
+
+/// What a UIO device does when its node fails (the device was removed: hot-unplug, `remove`,
+/// an unbind): bus mastering off (through sysfs `config`, which fails if the device is gone
+/// already — it cannot DMA then either), the mapped BARs replaced by memory that reads
+/// all-ones, so that a register block still held reaches no device (the kernel may give the
+/// BAR's addresses to another one), then the removal reported ([`Source::report_removal`]:
+/// queues wake and hand their buffers back; whoever sees it finds the BARs cut off).
+fn cut_off(
+    bdf: pci::Bdf,
+    config: &Block<FileBacked<Arc<File>>>,
+    events: &Source,
+    bars: &Mutex<Vec<Option<Arc<UioBar>>>>,
+) {
+    let _ = config::set_bus_master(config, bdf, false);
+    let held = bars
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for bar in held.iter().flatten() {
+        if let UioBar::Mapped { map, .. } = bar.as_ref() {
+            if let Err(err) = map.cut_off() {
+                eprintln!("warning: {bdf}: cutting off a BAR mapping failed ({err})");
+            }
+        }
+    }
+    // Reported under the lock: `bar_of` maps no BAR after the cut-off without seeing it.
+    events.report_removal();
+    drop(held);
 }
 
 /// The number `N` of the one `uioN` entry in `dir`.

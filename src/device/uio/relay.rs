@@ -28,7 +28,15 @@ pub(super) struct Relay {
 
 impl Relay {
     /// Starts relaying `node`'s interrupts.
-    pub(super) fn start(bdf: Bdf, node: OwnedFd, path: &Path) -> Result<Relay, Error> {
+    /// Starts the relay over `node`; `gone` runs once, on the relay thread, if the node
+    /// fails (the device was removed: the kernel's uio core answers `EIO` to a device it
+    /// unregistered) rather than being stopped.
+    pub(super) fn start(
+        bdf: Bdf,
+        node: OwnedFd,
+        path: &Path,
+        gone: Box<dyn FnOnce() + Send>,
+    ) -> Result<Relay, Error> {
         let event = irq::EventFd::new().map_err(|source| Error::Interrupt { vector: 0, source })?;
         let stop = irq::EventFd::new().map_err(|source| Error::Interrupt { vector: 0, source })?;
         let signal = event
@@ -42,7 +50,11 @@ impl Relay {
         let path: PathBuf = path.to_owned();
         let thread = std::thread::Builder::new()
             .name(format!("uio-irq-{bdf}"))
-            .spawn(move || relay(&node, &signal, &stopped, &seen))
+            .spawn(move || {
+                if relay(&node, &signal, &stopped, &seen) == End::Failed {
+                    gone();
+                }
+            })
             .map_err(|source| UioError::Node {
                 bdf,
                 path,
@@ -84,25 +96,34 @@ impl Drop for Relay {
 
 /// The thread: poll the node and `stop`; on an interrupt read the count and signal `event` with
 /// how many came since the last read.
-fn relay(node: &OwnedFd, event: &irq::EventFd, stop: &irq::EventFd, seen: &AtomicU32) {
+/// Why the relay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// It was asked to.
+    Stopped,
+    /// The node or the eventfd failed.
+    Failed,
+}
+
+fn relay(node: &OwnedFd, event: &irq::EventFd, stop: &irq::EventFd, seen: &AtomicU32) -> End {
     let mut last: Option<u32> = None;
     loop {
         match poll2(node.as_fd(), stop.as_fd()) {
-            Ok((_, true)) => return,
+            Ok((_, true)) => return End::Stopped,
             Ok((true, false)) => {}
             Ok((false, false)) => continue,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return,
+            Err(_) => return End::Failed,
         }
         let Ok(count) = read_word(node.as_fd()) else {
-            return;
+            return End::Failed;
         };
         let new = last.map_or(1, |l| count.wrapping_sub(l).max(1));
         last = Some(count);
         // Relaxed: see `Relay::count`; the eventfd write below publishes it.
         seen.store(count, Ordering::Relaxed);
         if event.write(u64::from(new)).is_err() {
-            return;
+            return End::Failed;
         }
     }
 }

@@ -21,9 +21,9 @@ struct Area {
     start: usize,
     /// Offset past the last byte.
     end: usize,
-    /// Declared before `_map`, so dropped before the mapping it points into.
+    /// Declared before `map`, so dropped before the mapping it points into.
     direct: Direct,
-    _map: Mmap,
+    map: Mmap,
 }
 
 /// A BAR: mapped areas, and the device fd for the rest.
@@ -73,7 +73,7 @@ impl Bar {
                 start,
                 end: start.saturating_add(size),
                 direct,
-                _map: map,
+                map,
             });
         }
         areas.sort_by_key(|a| a.start);
@@ -82,6 +82,13 @@ impl Bar {
             areas,
             file: FileBacked::new(Arc::clone(device), info.offset, len),
         })
+    }
+
+    /// Replaces every mapped area by memory that reads all-ones ([`Mmap::cut_off`]): the BAR
+    /// no longer holds the device file, and accesses reach nothing. The part served by the
+    /// device fd fails once the fd is released.
+    pub(crate) fn cut_off(&self) -> std::io::Result<()> {
+        self.areas.iter().try_for_each(|a| a.map.cut_off())
     }
 
     /// How many bytes are mapped (the rest goes through the device fd).

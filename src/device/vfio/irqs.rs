@@ -72,6 +72,7 @@ impl Vfio {
     /// Enables `count` vectors of `kind`, each with a new eventfd, replacing what was enabled
     /// (`count` 0 just disables).
     pub fn enable_interrupts(&self, kind: IrqKind, count: u32) -> Result<(), Error> {
+        self.check_present()?;
         let info = self.irqs.iter().find(|i| i.index == kind.index()).copied();
         let available = info.filter(IrqInfo::eventfd).map_or(0, |i| i.count);
         if count > available {
@@ -94,6 +95,7 @@ impl Vfio {
             )?;
             state.kind = None;
             state.vectors.clear();
+            self.events.forget_vectors();
         }
         if count == 0 {
             return Ok(());
@@ -112,6 +114,11 @@ impl Vfio {
             count,
             &data,
         )?;
+        for (vector, fd) in (0..).zip(&vectors) {
+            self.events
+                .watch_vector(fd)
+                .map_err(|source| Error::Interrupt { vector, source })?;
+        }
         state.kind = Some(kind);
         state.vectors = vectors;
         Ok(())

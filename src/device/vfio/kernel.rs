@@ -377,6 +377,52 @@ impl Mmap {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+
+    /// Replaces the mapping, at the same address and length, by private anonymous memory that
+    /// reads all-ones (what a PCIe read of a device that is gone returns), so that the mapping
+    /// no longer holds the file it mapped (the kernel can release the device) and stray
+    /// accesses through it reach no device (a write lands in the new memory). The all-ones pages are filled first and then moved
+    /// over the old mapping in one `mremap`, so an access racing with it sees either the device
+    /// or all-ones, never zeros or a hole.
+    pub(crate) fn cut_off(&self) -> io::Result<()> {
+        // SAFETY: a new private anonymous mapping placed by the kernel (address NULL): no
+        // existing memory is replaced; MAP_FAILED is checked before use.
+        let fresh = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                self.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if fresh == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fresh` is the mapping just made, `len` writable bytes nothing else knows.
+        unsafe { std::ptr::write_bytes(fresh.cast::<u8>(), 0xff, self.len) };
+        // SAFETY: moves the fresh pages over exactly the range this value owns (MREMAP_FIXED
+        // unmaps what was there: the device mapping, which nothing references — only volatile
+        // accesses through raw pointers, which stay valid: the range stays mapped). On failure
+        // the fresh mapping is unmapped below and the old one is untouched.
+        let moved = unsafe {
+            libc::mremap(
+                fresh,
+                self.len,
+                self.len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                self.ptr.as_ptr().cast::<libc::c_void>(),
+            )
+        };
+        if moved == libc::MAP_FAILED {
+            let err = io::Error::last_os_error();
+            // SAFETY: `fresh` is still the mapping made above, owned by nobody else.
+            unsafe { libc::munmap(fresh, self.len) };
+            return Err(err);
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Mmap {

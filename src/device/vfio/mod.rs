@@ -36,12 +36,16 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde::Serialize;
+use std::time::Duration;
+
 use userdma_sys::vfio::{
     vfio_pci_hot_reset_info, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_SET_ACTION_MASK,
-    VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_CONFIG_REGION_INDEX,
+    VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_EVENTFD,
+    VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_ERR_IRQ_INDEX,
+    VFIO_PCI_REQ_IRQ_INDEX,
 };
 
-use super::{config, Device, Error as DeviceError, Identity, Kind};
+use super::{config, Device, Error as DeviceError, Identity, Kind, Source};
 use crate::mmio::{self, Block, FileBacked};
 use crate::sync::Mutex;
 use crate::{dma, irq, pci};
@@ -53,6 +57,7 @@ mod info;
 mod irqs;
 mod kernel;
 mod open;
+mod removal;
 #[cfg(test)]
 mod tests;
 
@@ -179,8 +184,12 @@ pub struct Vfio {
     irqs: Vec<IrqInfo>,
     mode: Mode,
     interrupts: Mutex<Interrupts>,
-    bars: Mutex<Vec<Option<Arc<Bar>>>>,
+    bars: removal::Bars,
     config: Block<FileBacked<Arc<OwnedFd>>>,
+    /// Removals and error interrupts are reported through it ([`Device::events`]).
+    events: Source,
+    /// Watches the request and error interrupts (`removal.rs`); stopped first on drop.
+    monitor: Option<removal::Monitor>,
     device: Arc<OwnedFd>,
     space: Arc<dyn dma::Space>,
     attachment: Attachment,
@@ -307,6 +316,7 @@ impl Vfio {
         };
         let mut vfio = Vfio::from_fd(host, bdf, identity, device, space, attachment, path)?;
         vfio.numa_node = crate::memory::numa::placement(host.sysfs.root(), info.numa_node);
+        vfio.start_monitor()?;
         if options.bus_master {
             vfio.set_bus_master(true)?;
         }
@@ -360,6 +370,7 @@ impl Vfio {
             })?;
         let config_len = usize::try_from(config_region.size).unwrap_or(0);
         let device = Arc::new(device);
+        let events = Source::new(identity.to_string());
         Ok(Vfio {
             bdf,
             identity,
@@ -369,17 +380,85 @@ impl Vfio {
             irqs,
             mode,
             interrupts: Mutex::new(Interrupts::default()),
-            bars: Mutex::new((0..BAR_COUNT).map(|_| None).collect()),
+            bars: Arc::new(Mutex::new((0..BAR_COUNT).map(|_| None).collect())),
             config: Block::new(FileBacked::new(
                 Arc::clone(&device),
                 config_region.offset,
                 config_len,
             )),
+            events,
+            monitor: None,
             device,
             space,
             attachment,
             numa_node: None,
         })
+    }
+
+    /// Registers eventfds for the request and error interrupts the device has and starts the
+    /// monitor thread over them (`removal.rs`).
+    fn start_monitor(&mut self) -> Result<(), DeviceError> {
+        let mut watched = [None, None];
+        for (slot, index) in watched
+            .iter_mut()
+            .zip([VFIO_PCI_REQ_IRQ_INDEX, VFIO_PCI_ERR_IRQ_INDEX])
+        {
+            let has = self
+                .irqs
+                .iter()
+                .any(|i| i.index == index && i.eventfd() && i.count >= 1);
+            if !has {
+                continue;
+            }
+            let fd = irq::EventFd::new().map_err(|source| DeviceError::Events { source })?;
+            let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+            self.set_irqs(
+                VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+                index,
+                0,
+                1,
+                &raw.to_ne_bytes(),
+            )?;
+            *slot = Some(fd);
+        }
+        let [request, error] = watched;
+        if request.is_none() && error.is_none() {
+            return Ok(());
+        }
+        let cutoff = removal::Cutoff {
+            bdf: self.bdf,
+            device: Arc::clone(&self.device),
+            config: self.config.clone(),
+            bars: Arc::clone(&self.bars),
+            events: self.events.clone(),
+        };
+        self.monitor = Some(
+            removal::Monitor::start(cutoff, request, error)
+                .map_err(|source| DeviceError::Events { source })?,
+        );
+        Ok(())
+    }
+
+    /// Whether the device watches the kernel's request interrupt: a removal is then reported
+    /// ([`Device::events`]) and the device released so the kernel can finish it. Without it
+    /// (a kernel or device without `VFIO_PCI_REQ_IRQ_INDEX`) the kernel waits for the process
+    /// to close the device.
+    pub fn watches_removal(&self) -> bool {
+        self.monitor.is_some()
+            && self
+                .irqs
+                .iter()
+                .any(|i| i.index == VFIO_PCI_REQ_IRQ_INDEX && i.eventfd() && i.count >= 1)
+    }
+
+    /// The error of an operation on a removed device.
+    fn check_present(&self) -> Result<(), DeviceError> {
+        if self.events.is_removed() {
+            return Err(DeviceError::Removed {
+                device: self.identity.to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// The PCI address.
@@ -474,6 +553,7 @@ impl Vfio {
     }
 
     fn bar_of(&self, index: usize) -> Result<Arc<Bar>, DeviceError> {
+        self.check_present()?;
         let region = (index < BAR_COUNT)
             .then(|| {
                 self.regions
@@ -493,6 +573,8 @@ impl Vfio {
         if let Some(Some(bar)) = bars.get(index) {
             return Ok(Arc::clone(bar));
         }
+        // Under the lock the monitor cuts the BARs off under: a BAR mapped now is cut off too.
+        self.check_present()?;
         let bar = Arc::new(Bar::new(self.bdf, &self.device, region)?);
         if let Some(slot) = bars.get_mut(index) {
             *slot = Some(Arc::clone(&bar));
@@ -580,7 +662,20 @@ impl Device for Vfio {
         )
     }
 
+    fn event_source(&self) -> Option<&Source> {
+        Some(&self.events)
+    }
+
+    fn stop_queue(&self, _queue: u16, _timeout: Duration) -> Result<(), DeviceError> {
+        if self.events.is_removed() {
+            // Bus mastering went off before the removal was reported.
+            return Ok(());
+        }
+        self.reset()
+    }
+
     fn reset(&self) -> Result<(), DeviceError> {
+        self.check_present()?;
         if self.device_flags & VFIO_DEVICE_FLAGS_RESET == 0 {
             let affected = self.hot_reset_devices().unwrap_or_default();
             return Err(DeviceError::NoReset {
@@ -603,8 +698,12 @@ impl Drop for Vfio {
     fn drop(&mut self) {
         // Interrupts first, while the device fd is open; the rest goes in field order: BAR maps
         // (those no block still holds), the config block and the device fd, the DMA space
-        // reference, then the group (detached from its container) or the iommufd.
-        let _ = self.disable_interrupts();
+        // reference, then the group (detached from its container) or the iommufd. The monitor
+        // goes before all of it (it may be cutting the device off).
+        drop(self.monitor.take());
+        if !self.events.is_removed() {
+            let _ = self.disable_interrupts();
+        }
     }
 }
 

@@ -58,6 +58,8 @@ struct State {
     irq_sets: Vec<Vec<u8>>,
     existing: Vec<PathBuf>,
     api_version: i32,
+    /// The function has an error (AER) IRQ.
+    err_irq: bool,
 }
 
 /// The kernel double.
@@ -283,7 +285,7 @@ impl Kernel for Fake {
     fn irq_info(&self, device: BorrowedFd<'_>, index: u32) -> io::Result<vfio_irq_info> {
         assert_eq!(self.node(device), Some(Node::Device));
         self.call(&format!("VFIO_DEVICE_GET_IRQ_INFO {index}"))?;
-        if index == 3 {
+        if index == 3 && !self.state().err_irq {
             // No error IRQ on a conventional PCI function, as vfio-pci says it.
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
@@ -997,4 +999,153 @@ fn hot_reset_parse_stops_at_the_end() {
         vec!["0000:02:1f.7 (group 9)".to_owned()]
     );
     assert!(parse_hot_reset(&buf[..10], 1).is_empty());
+}
+
+/// The eventfd the library gave the fake for irq `index` (the last registration of it).
+fn registered_eventfd(fake: &Fake, index: u32) -> RawFd {
+    let sets = fake.state().irq_sets.clone();
+    let set = sets
+        .iter()
+        .rev()
+        .find(|s| {
+            read_u32(s, 8) == Some(index)
+                && read_u32(s, 4) == Some(VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER)
+                && read_u32(s, 16) == Some(1)
+        })
+        .unwrap_or_else(|| panic!("no eventfd registered for irq index {index}: {sets:?}"));
+    i32::from_ne_bytes(set[20..24].try_into().unwrap())
+}
+
+/// Raises the eventfd `fd` the way the kernel signals it.
+fn raise(fd: RawFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: `fd` is an eventfd the device holds open; writes 8 bytes from `one`.
+    let n = unsafe { libc::write(fd, one.as_ptr().cast(), 8) };
+    assert_eq!(n, 8);
+}
+
+#[test]
+fn the_kernels_request_cuts_the_device_off_and_releases_it() {
+    use crate::device::Event;
+    let (tree, fake) = setup();
+    let vfio = Vfio::open_in(
+        &tree.host(&fake),
+        bdf(),
+        &opts().interrupts(IrqKind::Msi, 2),
+    )
+    .unwrap();
+    assert!(vfio.watches_removal());
+    let mut events = vfio.events().unwrap();
+    let bar = vfio.bar(0).unwrap();
+    bar.write::<u32>(0x10, 0x1234_5678).unwrap();
+    assert_eq!(bar.read::<u32>(0x10).unwrap(), 0x1234_5678);
+    let command: u16 = vfio.config_read(userdma_sys::pci::PCI_COMMAND).unwrap();
+    assert_ne!(
+        command & userdma_sys::pci::PCI_COMMAND_MASTER,
+        0,
+        "open turns DMA on"
+    );
+    let vector = vfio.interrupt(1).unwrap();
+    assert_eq!(events.try_next(), None);
+
+    raise(registered_eventfd(&fake, VFIO_PCI_REQ_IRQ_INDEX));
+    let event = events
+        .wait(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(event, Some(Event::Removal));
+    assert!(vfio.is_removed());
+    // Bus mastering went off in the device's config space before anything else.
+    let mut config = [0u8; 2];
+    File::open(&fake.device_file)
+        .unwrap()
+        .read_exact_at(&mut config, 7 * REGION_STRIDE + 4)
+        .unwrap();
+    assert_eq!(
+        u16::from_le_bytes(config) & userdma_sys::pci::PCI_COMMAND_MASTER,
+        0
+    );
+    // The vectors were signalled, so a queue asleep on one wakes.
+    assert_eq!(vector.try_read().unwrap(), Some(1));
+    // The release happens right after the report: wait for the device fd to become /dev/null.
+    let null = fs::metadata("/dev/null").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let path = format!("/proc/self/fd/{}", vfio.device.as_raw_fd());
+        let now = fs::metadata(path).unwrap();
+        if std::os::unix::fs::MetadataExt::rdev(&now) == std::os::unix::fs::MetadataExt::rdev(&null)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the device fd was not released"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // The mapped part of the BAR reads all-ones and a write reaches no device (below); the
+    // file-backed part fails.
+    assert_eq!(bar.read::<u32>(0x10).unwrap(), u32::MAX);
+    assert_eq!(bar.read::<u64>(0x2008).unwrap(), u64::MAX);
+    bar.write::<u32>(0x10, 0).unwrap();
+    assert!(bar.read::<u32>(0x1000).is_err());
+    // The device file itself was not written by the cut-off.
+    let mut word = [0u8; 4];
+    File::open(&fake.device_file)
+        .unwrap()
+        .read_exact_at(&mut word, 0x10)
+        .unwrap();
+    assert_eq!(u32::from_ne_bytes(word), 0x1234_5678);
+    // Everything that needs the device says it was removed.
+    assert!(matches!(vfio.bar(2), Err(Error::Removed { .. })));
+    assert!(matches!(vfio.reset(), Err(Error::Removed { .. })));
+    assert!(matches!(
+        vfio.enable_interrupts(IrqKind::Msi, 1),
+        Err(Error::Removed { .. })
+    ));
+    assert!(vfio.stop_queue(0, std::time::Duration::ZERO).is_ok());
+    let err = crate::Error::from(vfio.reset().unwrap_err());
+    assert_eq!(err.code(), crate::Code::Removed);
+    assert!(err.to_string().contains("1234:11e8"), "{err}");
+    // A second request changes nothing; a late subscriber still sees the removal.
+    raise(registered_eventfd(&fake, VFIO_PCI_REQ_IRQ_INDEX));
+    let mut late = vfio.events().unwrap();
+    assert_eq!(late.try_next(), Some(Event::Removal));
+    drop(bar);
+    drop(vfio);
+}
+
+#[test]
+fn error_interrupts_are_counted_and_reported() {
+    use crate::device::Event;
+    let (tree, fake) = setup();
+    // The fake's function has no error IRQ (conventional PCI): it is not registered.
+    let vfio = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap();
+    let sets = fake.state().irq_sets.clone();
+    assert!(sets
+        .iter()
+        .all(|s| read_u32(s, 8) != Some(VFIO_PCI_ERR_IRQ_INDEX)));
+    drop(vfio);
+    // A PCIe function with one.
+    fake.state().err_irq = true;
+    let vfio = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap();
+    let mut events = vfio.events().unwrap();
+    let fd = registered_eventfd(&fake, VFIO_PCI_ERR_IRQ_INDEX);
+    raise(fd);
+    raise(fd);
+    let mut total = 0;
+    while total < 2 {
+        match events
+            .wait(Some(std::time::Duration::from_secs(10)))
+            .unwrap()
+        {
+            Some(Event::Error { count, total: t }) => {
+                total += count;
+                assert_eq!(t, total);
+            }
+            other => panic!("expected an error event, got {other:?}"),
+        }
+    }
+    assert_eq!(vfio.events().unwrap().errors(), 2);
+    assert!(!vfio.is_removed(), "an error is not a removal");
+    assert!(vfio.bar(0).is_ok());
 }

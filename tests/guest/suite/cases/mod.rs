@@ -18,6 +18,7 @@ mod numa;
 mod nvme;
 mod pci;
 mod pipeline;
+mod removal;
 mod uio;
 mod vfio;
 
@@ -175,6 +176,16 @@ pub(crate) const ALL: &[Case] = &[
         name: "numa-placement",
         boots: &[Boot::IommuPt],
         run: numa::placement,
+    },
+    Case {
+        name: "vfio-unbind-while-open",
+        boots: EVERY,
+        run: removal::vfio_unbind_while_open,
+    },
+    Case {
+        name: "uio-unbind-while-open",
+        boots: EVERY,
+        run: removal::uio_unbind_while_open,
     },
 ];
 
