@@ -37,7 +37,6 @@ use std::time::{Duration, Instant};
 
 use super::Bdf;
 
-
 /// The kernel's message device.
 pub const KMSG_PATH: &str = "/dev/kmsg";
 /// The largest record read at once: a message (at most 1 KiB in the kernel's buffer) and its
@@ -297,7 +296,8 @@ impl KernelLog {
             match self.file.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
-                    self.partial.extend_from_slice(buf.get(..n).unwrap_or_default());
+                    self.partial
+                        .extend_from_slice(buf.get(..n).unwrap_or_default());
                     while let Some(end) = self.partial.iter().position(|&b| b == b'\n') {
                         let line: Vec<u8> = self.partial.drain(..=end).collect();
                         let line = String::from_utf8_lossy(line.get(..end).unwrap_or_default());
@@ -393,10 +393,16 @@ mod tests {
         assert_eq!((f.kind, f.addr), (Access::Read, 0x760_0000));
         assert_eq!(f.reason, "0x06 PTE Read access is not set");
         let f = parse_fault(INTEL_6_12_WRITE).unwrap();
-        assert_eq!((f.bdf, f.kind, f.addr), (bdf("00:01.0"), Access::Write, 0xe60_0000));
+        assert_eq!(
+            (f.bdf, f.kind, f.addr),
+            (bdf("00:01.0"), Access::Write, 0xe60_0000)
+        );
         assert_eq!(f.reason, "0x05 PTE Write access is not set");
         let f = parse_fault(INTEL_6_12_READ).unwrap();
-        assert_eq!((f.bdf, f.kind, f.addr), (bdf("00:01.0"), Access::Read, 0xe60_0000));
+        assert_eq!(
+            (f.bdf, f.kind, f.addr),
+            (bdf("00:01.0"), Access::Read, 0xe60_0000)
+        );
     }
 
     #[test]
@@ -443,7 +449,9 @@ mod tests {
             None
         );
         assert_eq!(
-            parse_fault("AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x000b address=0x1 flags=0x0020]"),
+            parse_fault(
+                "AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x000b address=0x1 flags=0x0020]"
+            ),
             None,
             "no device at all"
         );
@@ -454,7 +462,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("userdma-faults-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("log");
-        std::fs::write(&path, format!("6,1,1,-;hello\n SUBSYSTEM=pci\n3,2,2,-;{INTEL_6_1_WRITE}\n")).unwrap();
+        std::fs::write(
+            &path,
+            format!("6,1,1,-;hello\n SUBSYSTEM=pci\n3,2,2,-;{INTEL_6_1_WRITE}\n"),
+        )
+        .unwrap();
         let mut from_start = KernelLog::open_path(&path, ReadFrom::Start).unwrap();
         let faults = from_start.faults().unwrap();
         assert_eq!(faults.len(), 1);

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use userdma::device::vfio::Mode;
 use userdma::device::Device;
@@ -24,8 +24,13 @@ const HUGE: usize = 2 << 20;
 /// The pool's region: 2 MiB chunks enough for a slab of each size class the cases use (a class
 /// keeps whole chunks for its slabs) and a whole-chunk buffer.
 const POOL_LEN: usize = 6 * HUGE;
-/// Round trips in the fault stream; the bad transfers come after half of them.
-const STREAM: u32 = 8;
+/// Round trips in the fault stream after the bad transfers (and at least as many before).
+const AFTER: u32 = 4;
+/// How long the stream runs before its first bad transfer: longer than the window of the Intel
+/// driver's rate limit on fault messages (`dmar_fault`: ten messages in five seconds, for all
+/// units together, and each fault takes three), so that the faults of an earlier case cannot
+/// have used it up and this case's own are printed.
+const QUIET: Duration = Duration::from_millis(5500);
 /// How long the kernel may take to log a fault.
 const FAULT_LOG_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -150,13 +155,13 @@ fn open_again(
     Ok((Arc::new(vfio), edu::Edu::new(bar)?))
 }
 
-/// An IOMMU fault in the middle of a stream: edu makes round trips through pool buffers, and
-/// half way through it is told to write to an IOVA nothing is mapped at (the physical address
+/// An IOMMU fault in the middle of a stream: edu makes round trips through pool buffers (for
+/// [`QUIET`], at least [`AFTER`] of them), and then it is told to write to an IOVA nothing is mapped at (the physical address
 /// of a canary hugepage, where the bytes would land untranslated), and after one more round
 /// trip to read from there. The canary does not change, nor does a pool buffer no transfer
 /// uses; what the refused read left in the device is not the canary; the kernel logs a DMA
 /// fault naming edu at that address for each access, write and read; and the round trips after
-/// each check byte for byte.
+/// each ([`AFTER`] after the read) check byte for byte.
 pub(crate) fn fault_stream(env: &Env) -> Result<(), Failure> {
     let (bound, vfio, device) = open(env, &options(env))?;
     let runtime = runtime(&vfio);
@@ -197,21 +202,23 @@ pub(crate) fn fault_stream(env: &Env) -> Result<(), Failure> {
     let target = canary_phys;
 
     let mut log = KernelLog::open().map_err(|e| cause("open the kernel log", &e))?;
-    let mut seed = 700;
-    let mut trip = |i: u32| -> Result<(), Failure> {
+    let trip = |i: u32| -> Result<(), Failure> {
         let k = usize::try_from(i % 2).unwrap_or(0);
-        seed += 1;
         round_trip(
             &device,
             &Buffer::in_pool(srcs[k].as_buffer(), 0, TRANSFER)?,
             &Buffer::in_pool(dsts[k].as_buffer(), 0, TRANSFER + GUARD)?,
-            seed,
+            700 + i,
         )
-        .map_err(|f| Failure::Check(format!("round trip {i} of {STREAM}: {}", f.chain())))
+        .map_err(|f| f.during(|| format!("round trip {i}")))
     };
-    for i in 0..STREAM / 2 {
+    let start = Instant::now();
+    let mut i = 0;
+    while i < AFTER || start.elapsed() < QUIET {
         trip(i)?;
+        i += 1;
     }
+    let before = i;
 
     // The bad write: the device's buffer holds a fresh pattern, sent to the unmapped IOVA.
     let mut reported = Vec::new();
@@ -221,11 +228,14 @@ pub(crate) fn fault_stream(env: &Env) -> Result<(), Failure> {
         .context(|| "fill the source buffer".to_owned())?;
     device.dma(Direction::ToDevice, src.addr, TRANSFER)?;
     device.dma(Direction::FromDevice, target, TRANSFER)?;
-    check_canary(&canary_view, "the unmapped canary hugepage after the refused write")?;
+    check_canary(
+        &canary_view,
+        "the unmapped canary hugepage after the refused write",
+    )?;
     // The report comes before the next fault: QEMU's IOMMU drops a device's fault while the
     // record of its last one is still pending (it collapses them, as VT-d recommends).
     reported.push(expect_fault(&mut log, env, target, Access::Write)?);
-    trip(STREAM / 2)?;
+    trip(before)?;
     // The bad read: from the unmapped IOVA into the device's buffer, then out to a good buffer.
     device.dma(Direction::ToDevice, target, TRANSFER)?;
     let dst = Buffer::in_pool(dsts[0].as_buffer(), 0, TRANSFER + GUARD)?;
@@ -241,7 +251,7 @@ pub(crate) fn fault_stream(env: &Env) -> Result<(), Failure> {
     );
     reported.push(expect_fault(&mut log, env, target, Access::Read)?);
 
-    for i in STREAM / 2 + 1..=STREAM {
+    for i in before + 1..=before + AFTER {
         trip(i)?;
     }
     check_canary(&canary_view, "the unmapped canary hugepage")?;
@@ -253,9 +263,8 @@ pub(crate) fn fault_stream(env: &Env) -> Result<(), Failure> {
         );
     }
     println!(
-        "INFO vfio-fault-stream: {} round trips through pool buffers at {mapped}, a refused write at {target:#x} after {} of them and a refused read after one more; canary and an unused pool buffer intact",
-        STREAM + 1,
-        STREAM / 2
+        "INFO vfio-fault-stream: {} round trips through pool buffers at {mapped}, a refused write at {target:#x} after {before} of them and a refused read after one more; canary and an unused pool buffer intact",
+        before + 1 + AFTER
     );
     drop((srcs, dsts, bystander));
     drop(pool);
@@ -332,15 +341,20 @@ pub(crate) fn dma_mask(env: &Env) -> Result<(), Failure> {
         .collect::<Result<_, _>>()?;
     for buffer in &buffers {
         let len = buffer.capacity() as u64;
-        let range = IovaRange::from_len(buffer.iova().raw(), len)
-            .ok_or_else(|| Failure::Check(format!("a pool buffer's IOVA {} wraps", buffer.iova())))?;
+        let range = IovaRange::from_len(buffer.iova().raw(), len).ok_or_else(|| {
+            Failure::Check(format!("a pool buffer's IOVA {} wraps", buffer.iova()))
+        })?;
         under("a pool buffer", range)?;
     }
     // The device reaches the top of what it was given.
     round_trip(
         &device,
         &Buffer::in_pool(buffers[1].as_buffer(), 0, TRANSFER)?,
-        &Buffer::in_pool(buffers[3].as_buffer(), HUGE - TRANSFER - GUARD, TRANSFER + GUARD)?,
+        &Buffer::in_pool(
+            buffers[3].as_buffer(),
+            HUGE - TRANSFER - GUARD,
+            TRANSFER + GUARD,
+        )?,
         81,
     )?;
 
