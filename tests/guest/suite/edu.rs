@@ -289,6 +289,11 @@ impl Edu {
             if cmd & DMA_START == 0 {
                 return Ok(());
             }
+            // What a removed device reads; edu never has the command's upper bits set.
+            ensure!(
+                cmd != u64::MAX,
+                "the DMA command register reads all-ones {when}: the device is gone"
+            );
             ensure!(
                 start.elapsed() < DMA_TIMEOUT,
                 "waited {DMA_TIMEOUT:?} {when}: the DMA engine is still busy (command {cmd:#x})"

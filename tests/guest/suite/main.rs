@@ -264,6 +264,14 @@ mod tests {
     }
 
     #[test]
+    fn the_hot_unplug_case_runs_in_the_boot_with_the_hot_edu() {
+        for boot in Boot::ALL {
+            let planned = cases::for_boot(boot).any(|case| case.name == "vfio-hot-unplug");
+            assert_eq!(planned, boot.has_hot_edu(), "boot {boot}");
+        }
+    }
+
+    #[test]
     fn case_names_are_single_lowercase_words() {
         for case in cases::ALL {
             assert!(

@@ -12,6 +12,7 @@ use crate::failure::{ensure, Context, Failure};
 use crate::Boot;
 
 mod cli;
+mod hotplug;
 mod iommu;
 mod map_cost;
 mod numa;
@@ -171,6 +172,11 @@ pub(crate) const ALL: &[Case] = &[
         name: "nvme-vfio",
         boots: IOMMU,
         run: nvme::nvme_vfio,
+    },
+    Case {
+        name: "vfio-hot-unplug",
+        boots: &[Boot::IommuStrict],
+        run: hotplug::hot_unplug,
     },
     Case {
         name: "numa-placement",
