@@ -800,6 +800,10 @@ typedef struct udma_stream_report {
   uint64_t latency_max_ns;
   // The longest wait from arrival to dispatch, in ns.
   uint64_t max_wait_ns;
+  // Frames in flight when its device failed and was recovered (or removed), never
+  // finished. A program built against a header without it passes a smaller size
+  // and does not get it.
+  uint64_t lost;
 } udma_stream_report;
 
 // What a whole run did (`udma_streams_run`).
@@ -812,6 +816,11 @@ typedef struct udma_run_report {
   uint64_t switches;
   // Decisions made.
   uint64_t decisions;
+  // Device faults the run survived (a device reset and its pipelines recovered, or a
+  // device removed and its streams stopped while the others went on).
+  uint64_t faults;
+  // Of those, devices removed.
+  uint64_t removals;
 } udma_run_report;
 
 #ifdef __cplusplus

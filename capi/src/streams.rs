@@ -149,9 +149,13 @@ pub struct udma_stream_report {
     pub latency_max_ns: u64,
     /// The longest wait from arrival to dispatch, in ns.
     pub max_wait_ns: u64,
+    /// Frames in flight when its device failed and was recovered (or removed), never
+    /// finished. A program built against a header without it passes a smaller size
+    /// and does not get it.
+    pub lost: u64,
 }
 
-// SAFETY: `repr(C)`, integers and doubles (any bit pattern is a value), 8 * 11 = 88 bytes
+// SAFETY: `repr(C)`, integers and doubles (any bit pattern is a value), 8 * 12 = 96 bytes
 // with no padding, `size` first.
 unsafe impl abi::Sized for udma_stream_report {
     const NAME: &'static str = "udma_stream_report";
@@ -169,9 +173,14 @@ pub struct udma_run_report {
     pub switches: u64,
     /// Decisions made.
     pub decisions: u64,
+    /// Device faults the run survived (a device reset and its pipelines recovered, or a
+    /// device removed and its streams stopped while the others went on).
+    pub faults: u64,
+    /// Of those, devices removed.
+    pub removals: u64,
 }
 
-// SAFETY: `repr(C)`, integers and a double, 8 * 4 = 32 bytes with no padding, `size` first.
+// SAFETY: `repr(C)`, integers and a double, 8 * 6 = 48 bytes with no padding, `size` first.
 unsafe impl abi::Sized for udma_run_report {
     const NAME: &'static str = "udma_run_report";
 }
@@ -377,6 +386,7 @@ fn report(r: &RunReport, i: usize) -> udma_stream_report {
         latency_p99_ns: s.latency_p99_ns,
         latency_max_ns: s.latency_max_ns,
         max_wait_ns: s.max_wait_ns,
+        lost: s.lost,
     }
 }
 
@@ -460,6 +470,8 @@ pub unsafe extern "C" fn udma_streams_run(
                 seconds: r.seconds,
                 switches: r.switches,
                 decisions: r.decisions,
+                faults: r.faults.len() as u64,
+                removals: r.faults.iter().filter(|f| f.removed).count() as u64,
             };
             // SAFETY: non-null; writable per this function's contract.
             unsafe { abi::write(run, "run", value)? };

@@ -30,9 +30,11 @@ pub(crate) fn reserve(count: u64, size: PageSize) -> Guard {
     let first = Guard::ensure_available(root, count, size, None);
     let result = match first {
         Err(Error::ReserveShort { .. }) => {
-            // The failed attempt's guard has already put the pool back. Compaction is a request
-            // to the kernel, harmless on a test machine; if it cannot be asked, the retry
-            // reports the same shortfall.
+            // The failed attempt's guard has already put the pool back. Dropping the clean page
+            // cache (a build leaves gigabytes of it spread over memory) and compaction are
+            // requests to the kernel, harmless on a test machine; if they cannot be asked, the
+            // retry reports the same shortfall.
+            let _ = fs::write("/proc/sys/vm/drop_caches", "1");
             let _ = fs::write("/proc/sys/vm/compact_memory", "1");
             Guard::ensure_available(root, count, size, None)
         }

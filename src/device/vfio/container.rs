@@ -334,6 +334,12 @@ impl Group {
     }
 
     /// The container.
+    /// The group fd's number (`VFIO_DEVICE_PCI_HOT_RESET` proves ownership of the group
+    /// with it); valid while the group lives.
+    pub(crate) fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.fd)
+    }
+
     pub(crate) fn container(&self) -> &Arc<Container> {
         &self.container
     }

@@ -19,9 +19,9 @@ use userdma_sys::vfio::{
     vfio_device_attach_iommufd_pt, vfio_device_bind_iommufd, vfio_device_info, vfio_group_status,
     vfio_irq_info, VFIO_CHECK_EXTENSION, VFIO_DEVICE_ATTACH_IOMMUFD_PT, VFIO_DEVICE_BIND_IOMMUFD,
     VFIO_DEVICE_GET_INFO, VFIO_DEVICE_GET_IRQ_INFO, VFIO_DEVICE_GET_PCI_HOT_RESET_INFO,
-    VFIO_DEVICE_GET_REGION_INFO, VFIO_DEVICE_RESET, VFIO_DEVICE_SET_IRQS, VFIO_GET_API_VERSION,
-    VFIO_GROUP_GET_DEVICE_FD, VFIO_GROUP_GET_STATUS, VFIO_GROUP_SET_CONTAINER,
-    VFIO_GROUP_UNSET_CONTAINER, VFIO_SET_IOMMU,
+    VFIO_DEVICE_GET_REGION_INFO, VFIO_DEVICE_PCI_HOT_RESET, VFIO_DEVICE_RESET,
+    VFIO_DEVICE_SET_IRQS, VFIO_GET_API_VERSION, VFIO_GROUP_GET_DEVICE_FD, VFIO_GROUP_GET_STATUS,
+    VFIO_GROUP_SET_CONTAINER, VFIO_GROUP_UNSET_CONTAINER, VFIO_SET_IOMMU,
 };
 
 use crate::dma;
@@ -80,6 +80,11 @@ pub(crate) trait Kernel: Send + Sync + fmt::Debug {
     /// `argsz` the caller set, then room for the devices); `ENOSPC` with `count` set when the
     /// devices do not fit.
     fn hot_reset_info(&self, device: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<()>;
+
+    /// `VFIO_DEVICE_PCI_HOT_RESET` from `buf`: a `vfio_pci_hot_reset` (argsz, flags, count)
+    /// followed by `count` group fds that own every device the bus reset touches (none on the
+    /// device cdev path, where the kernel checks ownership through the iommufd).
+    fn hot_reset(&self, device: BorrowedFd<'_>, buf: &[u8]) -> io::Result<()>;
 
     /// `VFIO_DEVICE_BIND_IOMMUFD`: returns the device id.
     fn bind_iommufd(&self, device: BorrowedFd<'_>, iommufd: BorrowedFd<'_>) -> io::Result<u32>;
@@ -268,6 +273,12 @@ impl Kernel for Live {
     fn reset(&self, device: BorrowedFd<'_>) -> io::Result<()> {
         // SAFETY: VFIO_DEVICE_RESET takes no argument.
         unsafe { ioctl_raw(device, VFIO_DEVICE_RESET, 0) }.map(drop)
+    }
+
+    fn hot_reset(&self, device: BorrowedFd<'_>, buf: &[u8]) -> io::Result<()> {
+        checked_argsz(buf, size_of::<userdma_sys::vfio::vfio_pci_hot_reset>())?;
+        // SAFETY: the kernel reads `argsz` bytes (checked against `buf.len()`) and writes none.
+        unsafe { ioctl_raw(device, VFIO_DEVICE_PCI_HOT_RESET, arg(buf.as_ptr())) }.map(drop)
     }
 
     fn hot_reset_info(&self, device: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<()> {

@@ -39,10 +39,10 @@ use serde::Serialize;
 use std::time::Duration;
 
 use userdma_sys::vfio::{
-    vfio_pci_hot_reset_info, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_SET_ACTION_MASK,
+    vfio_pci_hot_reset, vfio_pci_hot_reset_info, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_SET_ACTION_MASK,
     VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_EVENTFD,
     VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_ERR_IRQ_INDEX,
-    VFIO_PCI_REQ_IRQ_INDEX,
+    VFIO_PCI_HOT_RESET_FLAG_DEV_ID, VFIO_PCI_HOT_RESET_FLAG_DEV_ID_OWNED, VFIO_PCI_REQ_IRQ_INDEX,
 };
 
 use super::{config, Device, Error as DeviceError, Identity, Kind, Source};
@@ -516,6 +516,13 @@ impl Vfio {
 
     /// The devices a bus reset would reset, as the kernel says (`BDF (group N)`).
     pub fn hot_reset_devices(&self) -> Result<Vec<String>, DeviceError> {
+        let (_, buf, count) = self.hot_reset_info_raw()?;
+        Ok(parse_hot_reset(&buf, count))
+    }
+
+    /// `VFIO_DEVICE_GET_PCI_HOT_RESET_INFO`: its flags, the reply and how many devices it
+    /// lists.
+    fn hot_reset_info_raw(&self) -> Result<(u32, Vec<u8>, usize), DeviceError> {
         let header = std::mem::size_of::<vfio_pci_hot_reset_info>();
         let mut room = 8usize;
         for _ in 0..4 {
@@ -529,7 +536,11 @@ impl Vfio {
             let result = self.kernel.hot_reset_info(self.device.as_fd(), &mut buf);
             let count = read_u32(&buf, 8).and_then(|c| usize::try_from(c).ok());
             match result {
-                Ok(()) => return Ok(parse_hot_reset(&buf, count.unwrap_or(0))),
+                Ok(()) => {
+                    let flags = read_u32(&buf, 4).unwrap_or(0);
+                    let count = count.unwrap_or(0).min(room);
+                    return Ok((flags, buf, count));
+                }
                 Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
                     room = count
                         .filter(|&c| c > room && c < 4096)
@@ -549,7 +560,65 @@ impl Vfio {
                 }
             }
         }
-        Ok(Vec::new())
+        Ok((0, Vec::new(), 0))
+    }
+
+    /// Resets the bus the device is on (`VFIO_DEVICE_PCI_HOT_RESET`, a secondary bus reset),
+    /// when this process owns every device it touches: on the container path, when they are
+    /// all in this device's group (its fd proves the ownership); on the device cdev path, when
+    /// the kernel says they are all owned through this iommufd. `Ok(false)` when it cannot:
+    /// another group's device is on the bus, or the kernel offers no bus reset.
+    pub fn hot_reset(&self) -> Result<bool, DeviceError> {
+        self.check_present()?;
+        let Ok((flags, buf, count)) = self.hot_reset_info_raw() else {
+            return Ok(false);
+        };
+        if count == 0 {
+            return Ok(false);
+        }
+        let header = std::mem::size_of::<vfio_pci_hot_reset_info>();
+        let group_fds: Vec<i32> = match &self.attachment {
+            Attachment::Group(group) => {
+                if flags & VFIO_PCI_HOT_RESET_FLAG_DEV_ID != 0 {
+                    return Ok(false);
+                }
+                let all_ours =
+                    (0..count).all(|i| read_u32(&buf, header + i * 8) == Some(group.number()));
+                if !all_ours {
+                    return Ok(false);
+                }
+                vec![group.as_raw_fd()]
+            }
+            Attachment::Iommufd { .. } => {
+                if flags & VFIO_PCI_HOT_RESET_FLAG_DEV_ID_OWNED == 0 {
+                    return Ok(false);
+                }
+                Vec::new()
+            }
+        };
+        let len = std::mem::size_of::<vfio_pci_hot_reset>() + 4 * group_fds.len();
+        let mut arg = vec![0u8; len];
+        put(
+            &mut arg,
+            0,
+            &u32::try_from(len).unwrap_or(u32::MAX).to_ne_bytes(),
+        );
+        put(
+            &mut arg,
+            8,
+            &u32::try_from(group_fds.len()).unwrap_or(0).to_ne_bytes(),
+        );
+        for (i, fd) in group_fds.iter().enumerate() {
+            put(&mut arg, 12 + 4 * i, &fd.to_ne_bytes());
+        }
+        self.kernel
+            .hot_reset(self.device.as_fd(), &arg)
+            .map_err(|source| VfioError::Ioctl {
+                bdf: self.bdf,
+                ioctl: "VFIO_DEVICE_PCI_HOT_RESET",
+                source,
+            })?;
+        Ok(true)
     }
 
     fn bar_of(&self, index: usize) -> Result<Arc<Bar>, DeviceError> {
@@ -677,6 +746,10 @@ impl Device for Vfio {
     fn reset(&self) -> Result<(), DeviceError> {
         self.check_present()?;
         if self.device_flags & VFIO_DEVICE_FLAGS_RESET == 0 {
+            // No function reset: a bus reset, if this process owns everything on the bus.
+            if self.hot_reset()? {
+                return self.set_bus_master(true);
+            }
             let affected = self.hot_reset_devices().unwrap_or_default();
             return Err(DeviceError::NoReset {
                 bdf: self.bdf,

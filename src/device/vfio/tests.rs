@@ -60,6 +60,8 @@ struct State {
     api_version: i32,
     /// The function has an error (AER) IRQ.
     err_irq: bool,
+    /// The group of the device sharing the bus (5, the device's own, when `None`).
+    neighbour_group: Option<u32>,
 }
 
 /// The kernel double.
@@ -325,16 +327,32 @@ impl Kernel for Fake {
         self.call("VFIO_DEVICE_RESET")
     }
 
+    fn hot_reset(&self, device: BorrowedFd<'_>, buf: &[u8]) -> io::Result<()> {
+        assert_eq!(self.node(device), Some(Node::Device));
+        let count = read_u32(buf, 8).unwrap();
+        let fds: Vec<String> = (0..count as usize)
+            .map(|i| {
+                let fd = i32::from_ne_bytes(buf[12 + 4 * i..16 + 4 * i].try_into().unwrap());
+                // SAFETY: the library passes the fds of groups it holds open across the call.
+                format!("{:?}", self.node(unsafe { BorrowedFd::borrow_raw(fd) }))
+            })
+            .collect();
+        self.call(&format!("VFIO_DEVICE_PCI_HOT_RESET {}", fds.join(",")))
+    }
+
     fn hot_reset_info(&self, _device: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<()> {
         self.call("VFIO_DEVICE_GET_PCI_HOT_RESET_INFO")?;
-        // Two devices: the device itself and its neighbour, both in group 5.
+        // Two devices: the device itself and its neighbour, in group 5 (the neighbour in
+        // `neighbour_group` when set).
         buf[8..12].copy_from_slice(&2u32.to_ne_bytes());
         if buf.len() < 12 + 16 {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
+        let neighbour = self.state().neighbour_group.unwrap_or(5);
         for (i, devfn) in [(0usize, 3u8 << 3), (1, 4 << 3)] {
             let at = 12 + i * 8;
-            buf[at..at + 4].copy_from_slice(&5u32.to_ne_bytes());
+            let group = if i == 0 { 5u32 } else { neighbour };
+            buf[at..at + 4].copy_from_slice(&group.to_ne_bytes());
             buf[at + 4..at + 6].copy_from_slice(&0u16.to_ne_bytes());
             buf[at + 6] = 0;
             buf[at + 7] = devfn;
@@ -703,13 +721,23 @@ fn reset_and_hot_reset_fallback() {
     drop(vfio);
     fake.state().device_flags = VFIO_DEVICE_FLAGS_PCI;
     let vfio = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap();
+    // No function reset, but every device on the bus is in this device's group: a bus reset,
+    // proving ownership with the group's fd.
+    vfio.reset().unwrap();
+    let log = fake.log();
+    assert!(
+        log.contains(&"VFIO_DEVICE_PCI_HOT_RESET Some(Group(5))".to_owned()),
+        "{log:?}"
+    );
+    // A device of another group on the bus: no bus reset, and the message names it.
+    fake.state().neighbour_group = Some(6);
     match vfio.reset() {
         Err(Error::NoReset { affected, .. }) => {
             assert_eq!(
                 affected,
                 vec![
                     "0000:00:03.0 (group 5)".to_owned(),
-                    "0000:00:04.0 (group 5)".to_owned()
+                    "0000:00:04.0 (group 6)".to_owned()
                 ]
             );
         }
@@ -717,6 +745,12 @@ fn reset_and_hot_reset_fallback() {
     }
     let text = vfio.reset().unwrap_err().to_string();
     assert!(text.contains("0000:00:04.0"), "{text}");
+    let resets = fake
+        .log()
+        .iter()
+        .filter(|l| l.starts_with("VFIO_DEVICE_PCI_HOT_RESET"))
+        .count();
+    assert_eq!(resets, 1, "no bus reset while another group is on the bus");
     // No bus reset either (edu in the guest): the message says what is left to do.
     fake.fail("VFIO_DEVICE_GET_PCI_HOT_RESET_INFO");
     let text = vfio.reset().unwrap_err().to_string();

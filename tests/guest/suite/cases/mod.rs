@@ -193,6 +193,11 @@ pub(crate) const ALL: &[Case] = &[
         boots: EVERY,
         run: removal::uio_unbind_while_open,
     },
+    Case {
+        name: "vfio-bus-reset",
+        boots: &[Boot::IommuPt],
+        run: removal::vfio_bus_reset,
+    },
 ];
 
 /// The cases of `boot`, in run order.

@@ -224,3 +224,50 @@ pub(crate) fn uio_unbind_while_open(env: &Env) -> Result<(), Failure> {
     bound.unbound_by_case();
     Ok(())
 }
+
+/// A bus (hot) reset of a device alone behind a root port (`Vfio::hot_reset`,
+/// `VFIO_DEVICE_PCI_HOT_RESET`, proving ownership with the group fd or the iommufd): what
+/// `reset` falls back to for a device without a function reset. The kernel offers it here (the
+/// second edu, behind the expander bridge's root port, is alone on its bus; vfio-pci then also
+/// counts the bus reset as the function's reset, so `reset` works too). The device answers
+/// afterwards with bus mastering back on.
+pub(crate) fn vfio_bus_reset(env: &Env) -> Result<(), Failure> {
+    let bdf = env
+        .numa_edu
+        .ok_or_else(|| Failure::Check("this boot has no edu behind a root port".to_owned()))?;
+    let bound = env.bind(bdf, Driver::VfioPci)?;
+    let vfio =
+        Vfio::open_with(bdf, &vfio::options(env)).context(|| format!("open {bdf} through VFIO"))?;
+    let affected = vfio
+        .hot_reset_devices()
+        .context(|| "ask which devices a bus reset touches".to_owned())?;
+    ensure!(
+        affected.len() == 1 && affected[0].starts_with(&bdf.to_string()),
+        "a bus reset of {bdf} would touch {affected:?}, want only edu"
+    );
+    let device = Edu::new(vfio.bar(0).context(|| "BAR0 of edu".to_owned())?)?;
+    device.check_registers()?;
+    let start = Instant::now();
+    let done = vfio.hot_reset().context(|| format!("bus reset of {bdf}"))?;
+    let took = start.elapsed();
+    ensure!(done, "the bus reset of {bdf} was not possible");
+    vfio.set_bus_master(true)
+        .context(|| "turn bus mastering back on".to_owned())?;
+    let id = device.check_registers()?;
+    vfio.reset().context(|| format!("reset {bdf}"))?;
+    device.check_registers()?;
+    let command: u16 = vfio
+        .config_read(userdma::sys::pci::PCI_COMMAND)
+        .context(|| "read the command register".to_owned())?;
+    ensure!(
+        command & userdma::sys::pci::PCI_COMMAND_MASTER != 0,
+        "bus mastering is off after the reset (command {command:#06x})"
+    );
+    println!(
+        "INFO vfio-bus-reset: {bdf} reset through its root port in {} ms, ID {id:#010x} after",
+        took.as_millis()
+    );
+    drop(device);
+    drop(vfio);
+    bound.release()
+}
