@@ -39,6 +39,7 @@ mod capability;
 mod config;
 mod device;
 mod driver;
+pub mod faults;
 mod ids;
 mod iommu;
 mod kernel;

@@ -981,7 +981,7 @@ impl Pipeline {
 
     /// [`Pipeline::recover`] without the reset: for a device someone else has just reset, or
     /// that was removed. A reset stops every queue of the device, so every pipeline on it must
-    /// take its slots back and reopen its queues; [`Streams`](crate::sched::Streams) resets a
+    /// take its slots back and reopen its queues; [`Streams`](crate::sched::streams::Streams) resets a
     /// device once and reclaims each of its pipelines. On a device that was neither reset nor
     /// removed it is still safe: each queue is stopped through the device's queue stop (which
     /// waits for the device to acknowledge) before its slots come back.

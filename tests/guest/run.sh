@@ -11,6 +11,10 @@
 #                 two NUMA nodes, a second edu on node 1 behind a pxb-pcie expander bridge
 #   iommu-strict  q35 + emulated Intel IOMMU, translated (isolation: unmapped DMA is refused)
 #   noiommu       q35 without IOMMU, vfio rebuilt with CONFIG_VFIO_NOIOMMU (no-IOMMU VFIO, UIO)
+#   iommufd       q35 + emulated Intel IOMMU, intel_iommu=on, on Debian 13's kernel (trixie's
+#                 linux-image-amd64), iommufd and the VFIO device cdevs (rebuilt with
+#                 CONFIG_IOMMUFD=m and CONFIG_VFIO_DEVICE_CDEV=y when the package has them off);
+#                 a second edu on a hot-pluggable root port, removed through QMP (device_del)
 #
 # Environment:
 #   ACCEL=tcg|kvm|auto  how QEMU runs the guest (default tcg). auto boots a short probe guest
@@ -25,7 +29,9 @@
 #
 # Installs what it needs from Debian (qemu-system-x86, busybox-static, ...; apt-get update at
 # most once), downloads the distribution kernel named by linux-image-amd64 (not installed:
-# unpacked), and builds into target/guest. Prints PASS/FAIL per case as BOOT/CASE, and ends with
+# unpacked), and for the iommufd boot the one Debian 13 (trixie) names, resolved through an apt
+# state of its own under the cache (sources, lists; used only to resolve and download), and
+# builds into target/guest. Prints PASS/FAIL per case as BOOT/CASE, and ends with
 # "N passed, M failed"; exits non-zero when a case failed, a planned case did not report, a
 # setup step failed, or a guest did not finish in time. Nothing is skipped.
 #
@@ -89,7 +95,7 @@ apt_install() { # apt_install PKG...: installs the packages that are missing
 }
 
 # ---- which boots --------------------------------------------------------------------------------
-ALL_BOOTS="iommu-pt iommu-strict noiommu"
+ALL_BOOTS="iommu-pt iommu-strict noiommu iommufd"
 BOOTS=${BOOTS:-$ALL_BOOTS}
 for b in $BOOTS; do
 	case " $ALL_BOOTS " in *" $b "*) ;; *) die "unknown boot '$b' in BOOTS (known: $ALL_BOOTS)" ;; esac
@@ -107,67 +113,117 @@ qemu-system-x86_64 -device help 2>/dev/null | grep '"edu"' >/dev/null || die "th
 file -L /bin/busybox | grep -qE 'static(-pie)? linked|statically linked' ||
 	die "/bin/busybox is not statically linked (apt-get install busybox-static)"
 
-# ---- the guest kernel ---------------------------------------------------------------------------
-# The kernel linux-image-amd64 depends on now, and its package version (the source, headers and
-# kbuild packages for the no-IOMMU rebuild must have the same one).
+# ---- the guest kernels ---------------------------------------------------------------------------
+# The host's Debian for the boots on its kernel; Debian 13 (trixie) for the iommufd boot, through
+# an apt state of its own (its sources and lists under the cache, the host's keyring), used only
+# to resolve and download packages, never to install them.
+NEED_HOST_KERNEL=0
+NEED_TRIXIE=0
+for b in $BOOTS; do
+	case "$b" in
+	iommufd) NEED_TRIXIE=1 ;;
+	*) NEED_HOST_KERNEL=1 ;;
+	esac
+done
+TRIXIE_APT=$CACHE/trixie-apt
+trixie_apt_opts() { # the options that point apt-get and apt-cache at the trixie state
+	TAPT=(-o "Dir::Etc::SourceList=$TRIXIE_APT/sources.list" -o "Dir::Etc::SourceParts=$TRIXIE_APT/sources.list.d"
+		-o "Dir::Etc::Preferences=$TRIXIE_APT/preferences" -o "Dir::Etc::PreferencesParts=$TRIXIE_APT/preferences.d"
+		-o "Dir::State::Lists=$TRIXIE_APT/lists" -o "Dir::Cache=$TRIXIE_APT/cache" -o "Dir::State::Status=$TRIXIE_APT/status"
+		-o "APT::Architecture=amd64" -o "APT::Architectures::=amd64")
+}
+trixie_apt_opts
+TRIXIE_UPDATED=0
+trixie_update() { # the trixie lists, fetched at most once a run
+	[ "$TRIXIE_UPDATED" = 1 ] && return 0
+	[ "$(id -u)" = 0 ] || die "apt-get update (of the trixie lists) needs root"
+	mkdir -p "$TRIXIE_APT"/{lists/partial,cache/archives/partial,sources.list.d,preferences.d}
+	: >"$TRIXIE_APT/status"
+	: >"$TRIXIE_APT/preferences"
+	keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+	[ -f "$keyring" ] || apt_install debian-archive-keyring
+	cat >"$TRIXIE_APT/sources.list" <<EOF
+deb [signed-by=$keyring] http://deb.debian.org/debian trixie main
+deb [signed-by=$keyring] http://deb.debian.org/debian-security trixie-security main
+EOF
+	log "apt-get update (Debian 13 lists, for the iommufd boot's kernel)"
+	apt-get "${TAPT[@]}" -o DPkg::Lock::Timeout=600 update -qq ||
+		die "apt-get update of the Debian 13 (trixie) lists failed: is deb.debian.org reachable?"
+	TRIXIE_UPDATED=1
+}
+
+# resolve_kernel [trixie]: the kernel linux-image-amd64 depends on now (KPKG, KVER) and its
+# package version (KVERSION; the source, headers and kbuild packages of a module rebuild must
+# have the same one).
 resolve_kernel() {
-	KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null |
+	local apt=()
+	[ "${1:-}" = trixie ] && apt=("${TAPT[@]}")
+	KPKG=$(apt-cache "${apt[@]}" depends linux-image-amd64 2>/dev/null |
 		sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*\)$/\1/p' | head -n 1 || true)
 	KVER=${KPKG#linux-image-}
 	KVERSION=
 	if [ -n "$KPKG" ]; then
-		KVERSION=$(apt-cache show --no-all-versions "$KPKG" 2>/dev/null | sed -n 's/^Version: //p' | head -n 1 || true)
+		KVERSION=$(apt-cache "${apt[@]}" show --no-all-versions "$KPKG" 2>/dev/null | sed -n 's/^Version: //p' | head -n 1 || true)
 	fi
 }
-resolve_kernel
-if [ -z "$KPKG" ] || [ -z "$KVERSION" ] || [ ! -f "$OUT/kernel/$KVER/complete" ] ||
-	{ [ "$NEED_NOIOMMU" = 1 ] && [ ! -f "$OUT/kernel/$KVER/noiommu/vfio.ko" ]; }; then
-	# Not built yet: make sure the package lists are current before choosing what to download.
-	apt_update_once
-	resolve_kernel
-fi
-if [ -z "$KPKG" ] || [ -z "$KVERSION" ]; then
-	die "cannot resolve the kernel package: 'apt-cache depends linux-image-amd64' names no linux-image-* (is this Debian amd64 with its archive in sources.list?)"
-fi
-KDIR=$OUT/kernel/$KVER
-log "guest kernel $KPKG $KVERSION"
 
-fetch_deb() { # fetch_deb PKG: downloads PKG at $KVERSION into $DEBS (once); its path in FETCHED
-	local pkg=$1 f
+# fetch_deb PKG VERSION [trixie]: downloads PKG at VERSION (any version if VERSION is empty)
+# into $DEBS (once); its path in FETCHED.
+fetch_deb() {
+	local pkg=$1 version=$2 apt=() f spec
+	if [ "${3:-}" = trixie ]; then
+		apt=("${TAPT[@]}")
+	fi
 	mkdir -p "$DEBS"
-	f=$(find "$DEBS" -maxdepth 1 -name "${pkg}_${KVERSION}_*.deb" | head -n 1)
+	# A colon in a version is %3a in the file name.
+	f=$(find "$DEBS" -maxdepth 1 -name "${pkg}_${version//:/%3a}${version:+_}*.deb" | sort -V | tail -n 1)
 	if [ -z "$f" ]; then
-		apt_update_once
-		echo "apt-get download $pkg=$KVERSION" >&2
+		if [ "${3:-}" = trixie ]; then trixie_update; else apt_update_once; fi
+		spec=$pkg${version:+=$version}
+		echo "apt-get download $spec" >&2
 		# Older versions of the same package are of no further use.
 		find "$DEBS" -maxdepth 1 -name "${pkg}_*.deb" -delete
-		(cd "$DEBS" && apt-get download -q "$pkg=$KVERSION" 2>&1 | grep -v 'unsandboxed' >&2) || true
-		f=$(find "$DEBS" -maxdepth 1 -name "${pkg}_${KVERSION}_*.deb" | head -n 1)
-		[ -n "$f" ] || die "cannot download $pkg=$KVERSION from the Debian archive"
+		(cd "$DEBS" && apt-get "${apt[@]}" download -q "$spec" 2>&1 | grep -v 'unsandboxed' >&2) || true
+		f=$(find "$DEBS" -maxdepth 1 -name "${pkg}_${version//:/%3a}${version:+_}*.deb" | head -n 1)
+		[ -n "$f" ] || die "cannot download $spec from the Debian archive"
 	fi
 	FETCHED=$f
 }
 
-MODULES="virt/lib/irqbypass drivers/vfio/vfio drivers/vfio/vfio_iommu_type1 drivers/vfio/vfio_virqfd
+# The modules the guest loads, by the path under kernel/ in the image package. 6.1 has
+# vfio_virqfd as a module of its own; 6.12 builds it into vfio.
+MODULES_HOST="virt/lib/irqbypass drivers/vfio/vfio drivers/vfio/vfio_iommu_type1 drivers/vfio/vfio_virqfd
 drivers/vfio/pci/vfio-pci-core drivers/vfio/pci/vfio-pci drivers/uio/uio drivers/uio/uio_pci_generic"
+MODULES_IOMMUFD="virt/lib/irqbypass drivers/uio/uio drivers/uio/uio_pci_generic"
+MODULES_REBUILT="iommufd vfio vfio_iommu_type1 vfio-pci-core vfio-pci"
 
-prepare_kernel() {
-	local deb tmp bz off m f name
-	fetch_deb "$KPKG"
-	deb=$FETCHED
+# unpack_kernel DEB KVER KDIR MODULES [DIR...]: the kernel image (as an ELF vmlinux where possible), its
+# config and the modules named (decompressed: busybox insmod reads plain .ko files only) into
+# KDIR/{vmlinux,config,modules/}; the modules are looked for in drivers/vfio, drivers/uio,
+# virt/lib and the DIRs given (under kernel/).
+unpack_kernel() {
+	local deb=$1 kver=$2 kdir=$3 modules=$4 extra=${5:-} tmp bz off m f name moddir contents wild=()
 	log "unpacking $(basename "$deb")"
-	rm -rf "$KDIR"
-	tmp=$KDIR/unpacked
-	mkdir -p "$tmp" "$KDIR/modules"
-	dpkg --fsys-tarfile "$deb" | tar -x -C "$tmp" --wildcards "./boot/vmlinuz-$KVER" "./boot/config-$KVER" \
-		"./lib/modules/$KVER/kernel/drivers/vfio/*" "./lib/modules/$KVER/kernel/drivers/uio/*" \
-		"./lib/modules/$KVER/kernel/virt/lib/*" || die "unpacking $deb failed"
-	cp "$tmp/boot/config-$KVER" "$KDIR/config"
-	# busybox insmod reads plain .ko files only.
-	for m in $MODULES; do
-		f=$(find "$tmp/lib/modules/$KVER/kernel/$(dirname "$m")" -maxdepth 1 -name "$(basename "$m").ko*" | head -n 1)
+	rm -rf "$kdir"
+	tmp=$kdir/unpacked
+	mkdir -p "$tmp" "$kdir/modules"
+	# Debian 13 keeps the modules under usr/lib (merged /usr), Debian 12 under lib.
+	contents=$(dpkg -c "$deb")
+	moddir=
+	for m in "./usr/lib/modules/$kver/kernel/" "./lib/modules/$kver/kernel/"; do
+		case "$contents" in *" $m"*) moddir=$m && break ;; esac
+	done
+	[ -n "$moddir" ] || die "$deb has no lib/modules/$kver/kernel/"
+	for m in drivers/vfio drivers/uio virt/lib $extra; do
+		wild+=("${moddir}$m/*")
+	done
+	dpkg --fsys-tarfile "$deb" | tar -x -C "$tmp" --wildcards "./boot/vmlinuz-$kver" "./boot/config-$kver" \
+		"${wild[@]}" || die "unpacking $deb failed"
+	cp "$tmp/boot/config-$kver" "$kdir/config"
+	for m in $modules; do
+		f=$(find "$tmp/${moddir}$(dirname "$m")" -maxdepth 1 -name "$(basename "$m").ko*" | head -n 1)
 		[ -n "$f" ] || die "$deb has no module $m"
-		name=$KDIR/modules/$(basename "$m").ko
+		name=$kdir/modules/$(basename "$m").ko
 		case "$f" in
 		*.ko.xz) xz -dc "$f" >"$name" ;;
 		*.ko.zst) zstd -dcq "$f" >"$name" ;;
@@ -178,42 +234,150 @@ prepare_kernel() {
 	done
 	# Boot the uncompressed ELF image when it can be cut out of the bzImage: QEMU then enters it
 	# through PVH and skips the real-mode setup and the decompression, which under software
-	# emulation saves several seconds a boot. The xz stream is followed by other data, so xz
-	# exits non-zero; the ELF check says whether it worked.
-	bz=$tmp/boot/vmlinuz-$KVER
+	# emulation saves several seconds a boot. Debian 12 compresses it with xz, Debian 13 with
+	# zstd. The stream is followed by other data, so the decompressor exits non-zero; the ELF
+	# check says whether it worked.
+	bz=$tmp/boot/vmlinuz-$kver
 	off=$(LC_ALL=C grep -obUaP '\xfd7zXZ\x00' "$bz" | head -n 1 | cut -d: -f1 || true)
 	if [ -n "$off" ]; then
-		tail -c +$((off + 1)) "$bz" | xz -dcq >"$KDIR/vmlinux" 2>/dev/null || true
+		tail -c +$((off + 1)) "$bz" | xz -dcq >"$kdir/vmlinux" 2>/dev/null || true
+	else
+		off=$(LC_ALL=C grep -obUaP '\x28\xb5\x2f\xfd' "$bz" | head -n 1 | cut -d: -f1 || true)
+		if [ -n "$off" ]; then
+			tail -c +$((off + 1)) "$bz" | zstd -dcq >"$kdir/vmlinux" 2>/dev/null || true
+		fi
 	fi
-	if [ -s "$KDIR/vmlinux" ] && file "$KDIR/vmlinux" | grep -q 'ELF 64-bit'; then
+	if [ -s "$kdir/vmlinux" ] && file "$kdir/vmlinux" | grep -q 'ELF 64-bit'; then
 		echo "kernel image: uncompressed vmlinux (PVH entry)"
 	else
-		echo "kernel image: the bzImage (no xz payload found to unpack)"
-		cp "$bz" "$KDIR/vmlinux"
+		echo "kernel image: the bzImage (no xz or zstd payload found to unpack)"
+		cp "$bz" "$kdir/vmlinux"
 	fi
 	rm -rf "$tmp"
-	touch "$KDIR/complete"
 }
-[ -f "$KDIR/complete" ] || prepare_kernel
 
-if [ "$NEED_NOIOMMU" = 1 ] && [ ! -f "$KDIR/noiommu/vfio.ko" ]; then
-	gcc_version=$(sed -n 's/^CONFIG_GCC_VERSION=//p' "$KDIR/config")
-	[ -n "$gcc_version" ] || die "$KDIR/config has no CONFIG_GCC_VERSION"
-	apt_install "gcc-$((gcc_version / 10000))" make bc libelf1 libc6-dev
-	branch=$(echo "$KVERSION" | cut -d. -f1,2)
-	kabi=${KVER%-amd64}
-	fetch_deb "linux-source-$branch"
-	src=$FETCHED
-	fetch_deb "linux-headers-$KVER"
-	hdr=$FETCHED
-	fetch_deb "linux-headers-$kabi-common"
-	common=$FETCHED
-	fetch_deb "linux-kbuild-$branch"
-	kbuild=$FETCHED
-	log "rebuilding vfio.ko with CONFIG_VFIO_NOIOMMU"
-	mkdir -p "$KDIR/noiommu"
-	"$HERE/noiommu-vfio.sh" "$KVER" "$src" "$hdr" "$common" "$kbuild" "$KDIR/noiommu/vfio.ko" ||
-		die "the no-IOMMU vfio.ko could not be built (needed by the noiommu boot)"
+# The host's kernel, for iommu-pt, iommu-strict and noiommu.
+if [ "$NEED_HOST_KERNEL" = 1 ]; then
+	resolve_kernel
+	if [ -z "$KPKG" ] || [ -z "$KVERSION" ] || [ ! -f "$OUT/kernel/$KVER/complete" ] ||
+		{ [ "$NEED_NOIOMMU" = 1 ] && [ ! -f "$OUT/kernel/$KVER/noiommu/vfio.ko" ]; }; then
+		# Not built yet: make sure the package lists are current before choosing what to download.
+		apt_update_once
+		resolve_kernel
+	fi
+	if [ -z "$KPKG" ] || [ -z "$KVERSION" ]; then
+		die "cannot resolve the kernel package: 'apt-cache depends linux-image-amd64' names no linux-image-* (is this Debian amd64 with its archive in sources.list?)"
+	fi
+	KDIR=$OUT/kernel/$KVER
+	log "guest kernel $KPKG $KVERSION"
+	if [ ! -f "$KDIR/complete" ]; then
+		fetch_deb "$KPKG" "$KVERSION"
+		unpack_kernel "$FETCHED" "$KVER" "$KDIR" "$MODULES_HOST"
+		touch "$KDIR/complete"
+	fi
+
+	if [ "$NEED_NOIOMMU" = 1 ] && [ ! -f "$KDIR/noiommu/vfio.ko" ]; then
+		gcc_version=$(sed -n 's/^CONFIG_GCC_VERSION=//p' "$KDIR/config")
+		[ -n "$gcc_version" ] || die "$KDIR/config has no CONFIG_GCC_VERSION"
+		apt_install "gcc-$((gcc_version / 10000))" make bc libelf1 libc6-dev
+		branch=$(echo "$KVERSION" | cut -d. -f1,2)
+		kabi=${KVER%-amd64}
+		fetch_deb "linux-source-$branch" "$KVERSION"
+		src=$FETCHED
+		fetch_deb "linux-headers-$KVER" "$KVERSION"
+		hdr=$FETCHED
+		fetch_deb "linux-headers-$kabi-common" "$KVERSION"
+		common=$FETCHED
+		fetch_deb "linux-kbuild-$branch" "$KVERSION"
+		kbuild=$FETCHED
+		log "rebuilding vfio.ko with CONFIG_VFIO_NOIOMMU"
+		mkdir -p "$KDIR/noiommu"
+		"$HERE/noiommu-vfio.sh" "$KVER" "$src" "$hdr" "$common" "$kbuild" "$KDIR/noiommu/vfio.ko" ||
+			die "the no-IOMMU vfio.ko could not be built (needed by the noiommu boot)"
+	fi
+	HOST_KVER=$KVER
+	HOST_KDIR=$KDIR
+fi
+
+# Debian 13's kernel, for the iommufd boot. Its lists are refreshed when the kernel is not built
+# yet or they are more than a day old, so a new kernel package is picked up without pinning one.
+if [ "$NEED_TRIXIE" = 1 ]; then
+	if [ ! -d "$TRIXIE_APT/lists" ] || [ -n "$(find "$TRIXIE_APT/sources.list" -mmin +1440 2>/dev/null)" ]; then
+		trixie_update
+	fi
+	resolve_kernel trixie
+	if [ -z "$KPKG" ] || [ -z "$KVERSION" ] || [ ! -f "$OUT/kernel/$KVER/complete" ]; then
+		trixie_update
+		resolve_kernel trixie
+	fi
+	[ -n "$KPKG" ] && [ -n "$KVERSION" ] ||
+		die "cannot resolve Debian 13's kernel package: linux-image-amd64 in the trixie lists ($TRIXIE_APT) names no linux-image-*"
+	KDIR=$OUT/kernel/$KVER
+	log "iommufd boot's kernel (Debian 13) $KPKG $KVERSION"
+	if [ ! -f "$KDIR/complete" ]; then
+		fetch_deb "$KPKG" "$KVERSION" trixie
+		unpack_kernel "$FETCHED" "$KVER" "$KDIR" "$MODULES_IOMMUFD"
+		config=$KDIR/config
+		for option in CONFIG_IOMMU_API=y CONFIG_INTEL_IOMMU=y CONFIG_VFIO=m CONFIG_VFIO_PCI=m CONFIG_INTERVAL_TREE=y; do
+			grep -qx "$option" "$config" ||
+				die "Debian 13's $KPKG $KVERSION is not built with $option: the iommufd boot cannot run on it"
+		done
+		if grep -qxE 'CONFIG_IOMMUFD=[my]' "$config" && grep -qx 'CONFIG_VFIO_DEVICE_CDEV=y' "$config"; then
+			echo "the kernel has CONFIG_IOMMUFD and CONFIG_VFIO_DEVICE_CDEV: its own modules"
+			unpack_kernel "$FETCHED" "$KVER" "$KDIR.own" "drivers/iommu/iommufd/iommufd drivers/vfio/vfio
+drivers/vfio/vfio_iommu_type1 drivers/vfio/pci/vfio-pci-core drivers/vfio/pci/vfio-pci" drivers/iommu
+			mv "$KDIR.own"/modules/*.ko "$KDIR/modules/"
+			rm -rf "$KDIR.own"
+			echo package >"$KDIR/iommufd-modules"
+		elif [ -f "$CACHE/built/$KVER-$KVERSION-iommufd/complete" ]; then
+			cp "$CACHE/built/$KVER-$KVERSION-iommufd"/*.ko "$KDIR/modules/"
+			echo "rebuilt (by an earlier run, from $CACHE/built)" >"$KDIR/iommufd-modules"
+		else
+			# Debian leaves iommufd off (bookworm's 6.1 predates the cdevs; trixie's 6.12 and
+			# its backports have CONFIG_IOMMUFD unset): build the modules with it, once per
+			# kernel version (kept in the cache beside the packages).
+			echo "$KPKG $KVERSION has $(grep -E '^(# )?CONFIG_IOMMUFD[= ]' "$config" | head -n 1 || echo 'no CONFIG_IOMMUFD line'):" \
+				"building iommufd.ko and the VFIO modules with CONFIG_IOMMUFD=m and CONFIG_VFIO_DEVICE_CDEV=y"
+			apt_install make bc libelf1 libc6-dev gcc
+			branch=$(echo "$KVERSION" | cut -d. -f1,2)
+			flavourless=${KVER%-amd64}
+			fetch_deb "linux-source-$branch" "$KVERSION" trixie
+			src=$FETCHED
+			fetch_deb "linux-headers-$KVER" "$KVERSION" trixie
+			hdr=$FETCHED
+			fetch_deb "linux-headers-$flavourless-common" "$KVERSION" trixie
+			common=$FETCHED
+			fetch_deb "linux-kbuild-$flavourless" "$KVERSION" trixie
+			kbuild=$FETCHED
+			# Debian 13's C library and the libraries its kbuild helpers use, for a host whose
+			# own are older (the helpers then run through its loader).
+			sysroot=$(realpath -m "$KDIR/sysroot")
+			mkdir -p "$sysroot"
+			for lib in libc6 libelf1t64 zlib1g libzstd1; do
+				fetch_deb "$lib" "" trixie
+				dpkg -x "$FETCHED" "$sysroot"
+			done
+			log "building iommufd.ko and the VFIO modules for $KVER"
+			"$HERE/iommufd-modules.sh" "$KVER" "$src" "$hdr" "$common" "$kbuild" "$KDIR/modules" "$sysroot" ||
+				die "iommufd.ko and the VFIO modules could not be built for $KVER (needed by the iommufd boot)"
+			rm -rf "$sysroot"
+			built=$CACHE/built/$KVER-$KVERSION-iommufd
+			rm -rf "$CACHE/built/$KVER-"*-iommufd
+			mkdir -p "$built"
+			for m in $MODULES_REBUILT; do
+				cp "$KDIR/modules/$m.ko" "$built/"
+			done
+			touch "$built/complete"
+			echo "rebuilt with CONFIG_IOMMUFD=m, CONFIG_VFIO_DEVICE_CDEV=y" >"$KDIR/iommufd-modules"
+		fi
+		for m in irqbypass $MODULES_REBUILT uio uio_pci_generic; do
+			[ -f "$KDIR/modules/$m.ko" ] || die "the iommufd boot's module $m.ko is missing from $KDIR/modules"
+		done
+		touch "$KDIR/complete"
+	fi
+	TRIXIE_KVER=$KVER
+	TRIXIE_KDIR=$KDIR
+	echo "iommufd and VFIO modules: $(cat "$KDIR/iommufd-modules") ($KPKG $KVERSION)"
 fi
 
 # ---- the test program -----------------------------------------------------------------------------
@@ -234,14 +398,23 @@ suite_boots=$("$SUITE" --boots | tr '\n' ' ')
 log "building the initramfs"
 ROOTFS=$OUT/rootfs
 rm -rf "$ROOTFS"
-mkdir -p "$ROOTFS"/{bin,sbin,proc,sys,dev,tmp,lib/modules/noiommu}
+mkdir -p "$ROOTFS"/{bin,sbin,proc,sys,dev,tmp,lib/modules}
 cp /bin/busybox "$ROOTFS/bin/busybox"
 for applet in $(/bin/busybox --list); do
 	[ "$applet" = busybox ] || ln -s busybox "$ROOTFS/bin/$applet"
 done
-cp "$KDIR"/modules/*.ko "$ROOTFS/lib/modules/"
-if [ "$NEED_NOIOMMU" = 1 ]; then
-	cp "$KDIR/noiommu/vfio.ko" "$ROOTFS/lib/modules/noiommu/vfio.ko"
+# Each kernel's modules under its release (init loads from /lib/modules/$(uname -r)).
+if [ "$NEED_HOST_KERNEL" = 1 ]; then
+	mkdir -p "$ROOTFS/lib/modules/$HOST_KVER"
+	cp "$HOST_KDIR"/modules/*.ko "$ROOTFS/lib/modules/$HOST_KVER/"
+	if [ "$NEED_NOIOMMU" = 1 ]; then
+		mkdir -p "$ROOTFS/lib/modules/$HOST_KVER/noiommu"
+		cp "$HOST_KDIR/noiommu/vfio.ko" "$ROOTFS/lib/modules/$HOST_KVER/noiommu/vfio.ko"
+	fi
+fi
+if [ "$NEED_TRIXIE" = 1 ]; then
+	mkdir -p "$ROOTFS/lib/modules/$TRIXIE_KVER"
+	cp "$TRIXIE_KDIR"/modules/*.ko "$ROOTFS/lib/modules/$TRIXIE_KVER/"
 fi
 install -m 755 "$HERE/init" "$ROOTFS/init"
 objcopy --strip-debug "$SUITE" "$ROOTFS/guest_suite"
@@ -313,7 +486,7 @@ KVM_OK=0
 qemu_cmd() { # qemu_cmd ACCEL BOOT: sets QEMU_CMD to the QEMU command line
 	local accel=$1 boot=$2
 	local machine=q35 append="console=ttyS0 quiet panic=-1 userdma.boot=$2 userdma.accel=$1 userdma.nvme=${NVME_SEED:-1},$NVME_LBA,$NVME_BLOCKS"
-	local iommu=() numa=() numa_devices=() smp=2
+	local iommu=() numa=() numa_devices=() hot_devices=() smp=2 kernel=${HOST_KDIR:-${TRIXIE_KDIR:-}}/vmlinux
 	case "$boot" in
 	iommu-pt)
 		iommu=(-device "intel-iommu,intremap=on,caching-mode=on")
@@ -332,6 +505,14 @@ qemu_cmd() { # qemu_cmd ACCEL BOOT: sets QEMU_CMD to the QEMU command line
 	iommu-strict)
 		iommu=(-device "intel-iommu,intremap=on,caching-mode=on")
 		append="$append intel_iommu=on"
+		# A second edu on a root port of its own (a hot-pluggable slot), which the
+		# vfio-hot-unplug case has removed through QMP (device_del, sent by wait_device_del).
+		hot_devices=(-device pcie-root-port,id=hotport,bus=pcie.0,chassis=2,slot=2 -device edu,id=hotedu,bus=hotport)
+		;;
+	iommufd)
+		iommu=(-device "intel-iommu,intremap=on,caching-mode=on")
+		append="$append intel_iommu=on"
+		kernel=$TRIXIE_KDIR/vmlinux
 		;;
 	noiommu | probe) ;;
 	*) die "qemu_cmd: no QEMU arguments for boot '$boot'" ;;
@@ -348,9 +529,57 @@ qemu_cmd() { # qemu_cmd ACCEL BOOT: sets QEMU_CMD to the QEMU command line
 	QEMU_CMD=(qemu-system-x86_64 "${cpu[@]}" -machine "$machine" -smp "$smp" -m 256M "${numa[@]}" -nodefaults \
 		"${iommu[@]}" -device edu \
 		-drive "file=$OUT/nvme.img,if=none,id=nvm,format=raw" -device "nvme,serial=userdma0,drive=nvm" \
-		"${numa_devices[@]}" \
-		-kernel "$KDIR/vmlinux" -initrd "$OUT/initramfs.cpio" -append "$append" \
+		"${numa_devices[@]}" "${hot_devices[@]}" \
+		-kernel "$kernel" -initrd "$OUT/initramfs.cpio" -append "$append" \
+		-qmp "unix:$OUT/logs/$boot.qmp,server=on,wait=off" \
 		-display none -serial stdio -no-reboot)
+}
+
+# wait_device_del PID CONSOLE SOCKET LOG: while QEMU (PID) runs, answers each line
+# "USERDMA-DEVICE-DEL <id>" the guest prints on CONSOLE by sending device_del of that device
+# through QEMU's QMP SOCKET; the exchange goes to LOG. Returns when QEMU has exited.
+wait_device_del() {
+	local pid=$1 console=$2 socket=$3 qmplog=$4 done_ids=" " id
+	while kill -0 "$pid" 2>/dev/null; do
+		while read -r id; do
+			case "$done_ids" in *" $id "*) continue ;; esac
+			done_ids="$done_ids$id "
+			qmp_device_del "$socket" "$id" >>"$qmplog" 2>&1 || echo "device_del $id failed" >>"$qmplog"
+		done < <(tr -d '\r' <"$console" 2>/dev/null | sed -n 's/^USERDMA-DEVICE-DEL \([A-Za-z0-9_-]*\)$/\1/p')
+		sleep 0.2
+	done
+}
+
+# qmp_device_del SOCKET ID: QMP's greeting, qmp_capabilities, device_del ID; prints each reply.
+qmp_device_del() {
+	python3 - "$1" "$2" <<'PY'
+import json, socket, sys, time
+
+path, dev = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(10)
+s.connect(path)
+f = s.makefile("rw")
+def reply():
+    while True:
+        line = f.readline()
+        if not line:
+            sys.exit("QMP closed the connection")
+        msg = json.loads(line)
+        print(f"{time.strftime('%H:%M:%S')} <- {line.strip()}")
+        if "event" not in msg:
+            return msg
+def send(cmd):
+    print(f"{time.strftime('%H:%M:%S')} -> {json.dumps(cmd)}")
+    f.write(json.dumps(cmd) + "\n")
+    f.flush()
+    return reply()
+reply()  # the greeting
+send({"execute": "qmp_capabilities"})
+answer = send({"execute": "device_del", "arguments": {"id": dev}})
+if "error" in answer:
+    sys.exit(f"device_del {dev}: {answer['error']}")
+PY
 }
 
 boot() { # boot ACCEL BOOT TIMEOUT: runs one guest; console in $OUT/logs/BOOT.log, QEMU's status in BOOT_RC
@@ -360,7 +589,11 @@ boot() { # boot ACCEL BOOT TIMEOUT: runs one guest; console in $OUT/logs/BOOT.lo
 	local start end
 	start=$(date +%s.%N)
 	BOOT_RC=0
-	timeout --kill-after=10 "$limit" "${QEMU_CMD[@]}" </dev/null >"$OUT/logs/$name.raw" 2>&1 || BOOT_RC=$?
+	rm -f "$OUT/logs/$name.qmp" "$OUT/logs/$name.qmp.log"
+	timeout --kill-after=10 "$limit" "${QEMU_CMD[@]}" </dev/null >"$OUT/logs/$name.raw" 2>&1 &
+	local qemu=$!
+	wait_device_del "$qemu" "$OUT/logs/$name.raw" "$OUT/logs/$name.qmp" "$OUT/logs/$name.qmp.log"
+	wait "$qemu" || BOOT_RC=$?
 	end=$(date +%s.%N)
 	tr -d '\r' <"$OUT/logs/$name.raw" >"$OUT/logs/$name.log"
 	rm -f "$OUT/logs/$name.raw"
@@ -448,6 +681,10 @@ for name in $BOOTS; do
 		c=$(echo "$line" | sed -E 's/^(PASS|FAIL) ([a-z0-9-]+).*/\2/')
 		planned_has "$c" || { boot_ok=0; fail "$name/$c: reported but not planned"; }
 	done < <(grep -E '^(PASS|FAIL) ' "$console" || true)
+	if [ -s "$OUT/logs/$name.qmp.log" ]; then
+		echo "    QMP ($OUT/logs/$name.qmp.log):"
+		sed 's/^/    | /' "$OUT/logs/$name.qmp.log"
+	fi
 	echo "    boot $name: ${BOOT_SECONDS}s, console log $console"
 	if [ "$boot_ok" = 0 ]; then
 		echo "    --- last lines of the console ---"

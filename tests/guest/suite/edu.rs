@@ -146,6 +146,11 @@ impl Edu {
         Ok(id)
     }
 
+    /// The ID register, unchecked (all-ones once the device is gone).
+    pub(crate) fn id(&self) -> Result<u32, Failure> {
+        self.regs.get(ID).context(|| "read ID".to_owned())
+    }
+
     /// Moves `len` bytes between the start of the device's buffer and `addr` (an IOVA or
     /// physical address, whatever the device's DMA path uses), waits for the engine to finish,
     /// and returns how long that took. The engine finishes a transfer whether or not the IOMMU
@@ -284,6 +289,11 @@ impl Edu {
             if cmd & DMA_START == 0 {
                 return Ok(());
             }
+            // What a removed device reads; edu never has the command's upper bits set.
+            ensure!(
+                cmd != u64::MAX,
+                "the DMA command register reads all-ones {when}: the device is gone"
+            );
             ensure!(
                 start.elapsed() < DMA_TIMEOUT,
                 "waited {DMA_TIMEOUT:?} {when}: the DMA engine is still busy (command {cmd:#x})"

@@ -25,6 +25,9 @@ pub(crate) struct Env {
     /// The second `edu`, behind a `pxb-pcie` expander bridge on NUMA node 1, in the boots
     /// that have two nodes ([`Boot::has_numa`]); `None` elsewhere.
     pub(crate) numa_edu: Option<Bdf>,
+    /// The edu on the hot-pluggable root port, in the boots that have one
+    /// ([`Boot::has_hot_edu`]); `None` elsewhere.
+    pub(crate) hot_edu: Option<Bdf>,
     /// The NVMe controller.
     pub(crate) nvme: Bdf,
 }
@@ -42,7 +45,24 @@ impl Env {
         let edu = only(&devices, "edu (1234:11e8) on bus 0", |d| {
             is_edu(d) && d.bdf.bus() == 0
         })?;
-        let behind = |d: &DeviceInfo| is_edu(d) && d.bdf.bus() != 0;
+        // The expander bridge's bus numbers start at 128 (bus_nr=128); the hot-pluggable root
+        // port's bus is numbered from 1.
+        let behind = |d: &DeviceInfo| is_edu(d) && d.bdf.bus() >= 128;
+        let hot = |d: &DeviceInfo| is_edu(d) && d.bdf.bus() != 0 && d.bdf.bus() < 128;
+        let hot_edu = if boot.has_hot_edu() {
+            Some(only(
+                &devices,
+                "edu (1234:11e8) on the hot-pluggable root port (a bus under 128, not 0)",
+                hot,
+            )?)
+        } else {
+            let extra = devices.iter().filter(|d| hot(d)).count();
+            ensure!(
+                extra == 0,
+                "found {extra} edu functions on a root port; boot {boot} should have none there"
+            );
+            None
+        };
         let numa_edu = if boot.has_numa() {
             Some(only(
                 &devices,
@@ -60,7 +80,10 @@ impl Env {
         let nvme = only(&devices, "an NVMe controller (class 010802)", |d| {
             d.class == NVME_CLASS
         })?;
-        for dev in [Some(edu), Some(nvme), numa_edu].into_iter().flatten() {
+        for dev in [Some(edu), Some(nvme), numa_edu, hot_edu]
+            .into_iter()
+            .flatten()
+        {
             ensure!(
                 dev.driver.is_none(),
                 "{} starts bound to {:?}; the guest should load no driver for it",
@@ -73,6 +96,7 @@ impl Env {
             binder: Binder::system(),
             edu: edu.bdf,
             numa_edu: numa_edu.map(|d| d.bdf),
+            hot_edu: hot_edu.map(|d| d.bdf),
             nvme: nvme.bdf,
             sysfs,
         })

@@ -49,16 +49,25 @@ pub(crate) enum Boot {
     /// to `vfio-pci` gets a translated domain of its own. Two NUMA nodes ([`Boot::has_numa`]).
     IommuPt,
     /// Emulated Intel IOMMU in translated mode (`intel_iommu=on`): every device's DMA is
-    /// translated, so physical-address DMA is refused.
+    /// translated, so physical-address DMA is refused. A second edu on a hot-pluggable root
+    /// port ([`Boot::has_hot_edu`]).
     IommuStrict,
     /// No IOMMU; `vfio` rebuilt with `CONFIG_VFIO_NOIOMMU` and loaded with
     /// `enable_unsafe_noiommu_mode=1`.
     NoIommu,
+    /// Emulated Intel IOMMU in translated mode on Debian 13's kernel (6.12), with iommufd
+    /// (`/dev/iommu`) and the VFIO device cdevs: `device::Vfio` opens through them by default.
+    Iommufd,
 }
 
 impl Boot {
     /// Every boot, in the order the harness runs them.
-    pub(crate) const ALL: [Boot; 3] = [Boot::IommuPt, Boot::IommuStrict, Boot::NoIommu];
+    pub(crate) const ALL: [Boot; 4] = [
+        Boot::IommuPt,
+        Boot::IommuStrict,
+        Boot::NoIommu,
+        Boot::Iommufd,
+    ];
 
     /// The name used on the kernel command line (`userdma.boot=<name>`) and in reports.
     pub(crate) fn name(self) -> &'static str {
@@ -66,6 +75,7 @@ impl Boot {
             Boot::IommuPt => "iommu-pt",
             Boot::IommuStrict => "iommu-strict",
             Boot::NoIommu => "noiommu",
+            Boot::Iommufd => "iommufd",
         }
     }
 
@@ -79,6 +89,33 @@ impl Boot {
     /// one edu).
     pub(crate) fn has_numa(self) -> bool {
         self == Boot::IommuPt
+    }
+
+    /// Whether the guest has a second edu on a hot-pluggable PCIe root port, QEMU id `hotedu`,
+    /// which the harness removes (QMP `device_del`) when the guest asks (`iommu-strict`).
+    pub(crate) fn has_hot_edu(self) -> bool {
+        self == Boot::IommuStrict
+    }
+
+    /// The mode `device::Vfio` opens edu in by default: iommufd where the kernel has it,
+    /// type1 behind an IOMMU, no-IOMMU without one.
+    pub(crate) fn vfio_mode(self) -> userdma::device::vfio::Mode {
+        use userdma::device::vfio::Mode;
+        match self {
+            Boot::IommuPt | Boot::IommuStrict => Mode::Type1,
+            Boot::NoIommu => Mode::NoIommu,
+            Boot::Iommufd => Mode::Iommufd,
+        }
+    }
+
+    /// The kind of DMA space `device::Vfio` gives edu by default ([`Boot::vfio_mode`]).
+    pub(crate) fn dma_kind(self) -> userdma::dma::Kind {
+        use userdma::dma::Kind;
+        match self {
+            Boot::IommuPt | Boot::IommuStrict => Kind::Type1,
+            Boot::NoIommu => Kind::Physical,
+            Boot::Iommufd => Kind::Iommufd,
+        }
     }
 }
 
@@ -223,6 +260,14 @@ mod tests {
         for boot in Boot::ALL {
             let planned = cases::for_boot(boot).any(|case| case.name == "numa-placement");
             assert_eq!(planned, boot.has_numa(), "boot {boot}");
+        }
+    }
+
+    #[test]
+    fn the_hot_unplug_case_runs_in_the_boot_with_the_hot_edu() {
+        for boot in Boot::ALL {
+            let planned = cases::for_boot(boot).any(|case| case.name == "vfio-hot-unplug");
+            assert_eq!(planned, boot.has_hot_edu(), "boot {boot}");
         }
     }
 

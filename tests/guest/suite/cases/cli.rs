@@ -66,6 +66,7 @@ pub(crate) fn info_vfio(env: &Env) -> Result<(), Failure> {
     let (mode, extra): (&str, &[&str]) = match env.boot {
         Boot::NoIommu => ("noiommu", &["--allow-noiommu"]),
         Boot::IommuPt | Boot::IommuStrict => ("type1", &[]),
+        Boot::Iommufd => ("iommufd", &[]),
     };
 
     if env.boot == Boot::NoIommu {

@@ -359,6 +359,10 @@ fn what_maps(kind: dma::Kind) -> &'static str {
             "map = VFIO_IOMMU_MAP_DMA (pin the pages, write the IOMMU page table), unmap = \
              VFIO_IOMMU_UNMAP_DMA (clear it, flush the IOTLB, unpin)"
         }
+        dma::Kind::Iommufd => {
+            "map = IOMMU_IOAS_MAP (pin the pages, write the IOMMU page table), unmap = \
+             IOMMU_IOAS_UNMAP (clear it, flush the IOTLB, unpin)"
+        }
         dma::Kind::Physical => {
             "map = read the pages' physical addresses from /proc/self/pagemap, unmap = count it; \
              no pinning, no IOMMU"
@@ -372,11 +376,7 @@ fn what_maps(kind: dma::Kind) -> &'static str {
 pub(crate) fn map_unmap(env: &Env) -> Result<(), Failure> {
     let (bound, vfio, device) = vfio::open(env, &vfio::options(env))?;
     let space = vfio.dma_space();
-    let want = if env.boot.has_iommu() {
-        dma::Kind::Type1
-    } else {
-        dma::Kind::Physical
-    };
+    let want = env.boot.dma_kind();
     ensure!(
         space.kind() == want,
         "edu's DMA space is {}, want {want} in this boot",

@@ -12,6 +12,8 @@ use crate::failure::{ensure, Context, Failure};
 use crate::Boot;
 
 mod cli;
+mod hotplug;
+mod iommu;
 mod map_cost;
 mod numa;
 mod nvme;
@@ -33,7 +35,9 @@ pub(crate) struct Case {
 }
 
 const EVERY: &[Boot] = &Boot::ALL;
-const IOMMU: &[Boot] = &[Boot::IommuPt, Boot::IommuStrict];
+const IOMMU: &[Boot] = &[Boot::IommuPt, Boot::IommuStrict, Boot::Iommufd];
+/// The boots whose IOMMU translates every device's DMA.
+const TRANSLATED: &[Boot] = &[Boot::IommuStrict, Boot::Iommufd];
 const UNTRANSLATED: &[Boot] = &[Boot::IommuPt, Boot::NoIommu];
 
 /// Every case, in run order. `pci-discovery` comes first: it checks the devices as the guest
@@ -110,6 +114,21 @@ pub(crate) const ALL: &[Case] = &[
         run: vfio::isolation,
     },
     Case {
+        name: "vfio-fault-stream",
+        boots: IOMMU,
+        run: iommu::fault_stream,
+    },
+    Case {
+        name: "vfio-dma-mask",
+        boots: IOMMU,
+        run: iommu::dma_mask,
+    },
+    Case {
+        name: "vfio-iommufd",
+        boots: &[Boot::Iommufd],
+        run: iommu::iommufd,
+    },
+    Case {
         name: "vfio-noiommu-dma",
         boots: &[Boot::NoIommu],
         run: vfio::noiommu_dma,
@@ -136,7 +155,7 @@ pub(crate) const ALL: &[Case] = &[
     },
     Case {
         name: "uio-dma-blocked",
-        boots: &[Boot::IommuStrict],
+        boots: TRANSLATED,
         run: uio::dma_blocked,
     },
     Case {
@@ -153,6 +172,11 @@ pub(crate) const ALL: &[Case] = &[
         name: "nvme-vfio",
         boots: IOMMU,
         run: nvme::nvme_vfio,
+    },
+    Case {
+        name: "vfio-hot-unplug",
+        boots: &[Boot::IommuStrict],
+        run: hotplug::hot_unplug,
     },
     Case {
         name: "numa-placement",

@@ -66,11 +66,7 @@ pub(super) fn runtime(vfio: &Arc<Vfio>) -> Runtime {
 /// factorial registers through the BAR0 block.
 pub(crate) fn open_and_info(env: &Env) -> Result<(), Failure> {
     let (bound, vfio, device) = open(env, &options(env))?;
-    let want = if env.boot.has_iommu() {
-        Mode::Type1
-    } else {
-        Mode::NoIommu
-    };
+    let want = env.boot.vfio_mode();
     ensure!(vfio.mode() == want, "mode {:?}, want {want:?}", vfio.mode());
     ensure!(vfio.bdf() == env.edu, "bdf {}", vfio.bdf());
     let bar0 = vfio
@@ -153,14 +149,16 @@ pub(crate) fn open_and_info(env: &Env) -> Result<(), Failure> {
     bound.release()
 }
 
-/// DMA through the device's type1 space: hugepage and base-page regions mapped at IOVAs under
-/// edu's 28-bit mask; edu copies RAM -> device -> RAM by IOVA; unmapping leaves nothing mapped.
+/// DMA through the device's translated space (VFIO type1, or the iommufd IOAS in the iommufd
+/// boot): hugepage and base-page regions mapped at IOVAs under edu's 28-bit mask; edu copies
+/// RAM -> device -> RAM by IOVA; unmapping leaves nothing mapped.
 pub(crate) fn type1_dma(env: &Env) -> Result<(), Failure> {
     let (bound, vfio, device) = open(env, &options(env))?;
     let space = vfio.dma_space();
+    let want = env.boot.dma_kind();
     ensure!(
-        space.kind() == dma::Kind::Type1 && space.dma_mask_bits() == edu::DMA_MASK_BITS,
-        "DMA space {} with {} bits, want type1 with 28",
+        space.kind() == want && space.dma_mask_bits() == edu::DMA_MASK_BITS,
+        "DMA space {} with {} bits, want {want} with 28",
         space.kind(),
         space.dma_mask_bits()
     );
