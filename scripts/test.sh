@@ -9,14 +9,14 @@
 # Debian 13 backports'; and tests on real hugepages, which reserve and restore them), the C API
 # (scripts/capi-test.sh: the generated header and the exported symbols checked, C tests under
 # sanitizers and Valgrind, the C example through pkg-config), the loom
-# models, the release soak of the loopback device, every benchmark once in criterion's test mode
+# models, the release soaks (the loopback device, the pipeline, faults injected at random), every benchmark once in criterion's test mode
 # (that they run, not how fast: speed is read from `cargo bench`), the guest suite (real PCI device models behind
 # an emulated IOMMU in QEMU guests, scripts/guest-test.sh), the main job, and a short run of every
 # fuzz target. Any failing step fails the run; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 T0=$(date +%s)
 passed=0
@@ -132,6 +132,8 @@ step "loom models (C API handle slots)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_
 step "planner on the MiniMalloc instances, release" cargo test --release --locked --test plan
 step "loopback soak, release (10^6 transfers)" cargo test --release --locked --test loopback_soak
 step "pipeline soak, release (10^5 frames)" cargo test --release --locked --test pipeline_soak
+step "fault soak, release (10^7 round trips, every fault kind at about 1 in 10^4)" \
+	cargo test --release --locked --test fault_soak -- --nocapture
 step "benchmarks, test mode (each once; ratio tables in one short round)" \
 	sh -c 'cargo bench --locked --bench pool --bench ring --bench loopback --bench plan --bench pipeline --bench sched --bench stage -- --test &&
 		cargo bench --locked -p userdma-capi -- --test'

@@ -56,6 +56,15 @@ pub trait Format: Send + Sync + 'static {
         config
     }
 
+    /// Whether the device completes each queue's commands in the order they were submitted
+    /// (the loopback device does; NVMe does not promise it): the queue then checks that every
+    /// completion names the oldest command in flight ([`ring::Config::with_in_order`]), so a
+    /// lost, doubled or misnamed completion is an error, never a buffer handed back early.
+    /// The default: `false`.
+    fn in_order(&self) -> bool {
+        false
+    }
+
     /// Checks that queue `queue` can be opened (exists, is not in use) before anything is
     /// allocated. The default accepts it.
     fn check(&self, device: &dyn Device, queue: u16) -> Result<(), Error> {
@@ -110,8 +119,7 @@ pub fn open_queue<F: Format, T: Send>(
     wait: Wait,
 ) -> Result<Queue<F::Submission, F::Completion, T>, Error> {
     let mut config = format.ring_config(config);
-    if device.identity().kind == super::Kind::Loopback {
-        // The loopback device completes each queue's commands in order: the queue checks it.
+    if format.in_order() {
         config = config.with_in_order(true);
     }
     let q = config.id();

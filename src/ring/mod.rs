@@ -419,7 +419,7 @@ pub enum Error {
     },
 
     /// A wait ran out of time.
-    #[error("queue {queue}: no completion within {waited:?} ({in_flight} commands in flight)")]
+    #[error("queue {queue}: no completion within {waited:?} ({in_flight} commands in flight{})", oldest_hint(*.oldest))]
     Timeout {
         /// The queue.
         queue: u16,
@@ -427,6 +427,9 @@ pub enum Error {
         waited: Duration,
         /// Commands in flight.
         in_flight: usize,
+        /// The oldest command in flight, on an in-order queue (the one the device owes):
+        /// [`Queue::explain`] says whether the device read it.
+        oldest: Option<u16>,
     },
 
     /// The device behind the queue was removed (or the kernel asked for it back): nothing more
@@ -479,4 +482,9 @@ fn expected_id(id: Option<u16>) -> String {
         || "no command, none is in flight".to_owned(),
         |id| format!("id {id}"),
     )
+}
+
+/// The part of a timeout's message that names the oldest command in flight.
+fn oldest_hint(oldest: Option<u16>) -> String {
+    oldest.map_or_else(String::new, |id| format!(", the oldest is command {id}"))
 }

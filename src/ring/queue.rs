@@ -589,6 +589,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             queue,
             waited,
             in_flight,
+            oldest,
         } = error
         else {
             return error;
@@ -598,6 +599,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
                 queue,
                 waited,
                 in_flight,
+                oldest,
             };
         };
         // Best effort: an impossible write-back leaves the head where it was.

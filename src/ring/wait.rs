@@ -141,6 +141,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             queue: self.id,
             waited: start.elapsed(),
             in_flight: self.in_flight(),
+            oldest: self.oldest_in_flight(),
         }
     }
 

@@ -30,11 +30,11 @@ pub(crate) fn reserve(count: u64, size: PageSize) -> Guard {
     let first = Guard::ensure_available(root, count, size, None);
     let result = match first {
         Err(Error::ReserveShort { .. }) => {
-            // The failed attempt's guard has already put the pool back. Dropping the clean page
-            // cache (a build leaves gigabytes of it spread over memory) and compaction are
-            // requests to the kernel, harmless on a test machine; if they cannot be asked, the
-            // retry reports the same shortfall.
-            let _ = fs::write("/proc/sys/vm/drop_caches", "1");
+            // The failed attempt's guard has already put the pool back. Dropping clean caches
+            // (the page cache, and the dentry and inode slabs a build leaves spread over
+            // memory) and compaction are requests to the kernel, harmless on a test machine; if
+            // they cannot be asked, the retry reports the same shortfall.
+            let _ = fs::write("/proc/sys/vm/drop_caches", "3");
             let _ = fs::write("/proc/sys/vm/compact_memory", "1");
             Guard::ensure_available(root, count, size, None)
         }

@@ -672,6 +672,11 @@ impl crate::device::Format for Format {
     type Submission = Command;
     type Completion = Status;
 
+    /// The engine completes each queue's descriptors in order.
+    fn in_order(&self) -> bool {
+        true
+    }
+
     fn check(&self, _: &dyn Device, q: u16) -> Result<(), DeviceError> {
         let d = &self.device;
         let status = d.get(d.queue_reg(regs::Q_STATUS, q)?)?;
