@@ -1,6 +1,7 @@
 //! `Scheduler::decide` allocates nothing: a counting global allocator around many decisions,
 //! under every policy, for 2 to 64 streams, with and without maximum waits (forced frames
-//! included), with streams coming and going and time going backwards now and then.
+//! included), with streams coming and going and time going backwards now and then. Counted on
+//! the deciding thread: the test harness's own thread may allocate meanwhile.
 
 use userdma::sched::{Nanos, Policy, Scheduler, StreamSpec};
 
@@ -28,7 +29,7 @@ fn decide_allocates_nothing() {
                 .collect();
             let mut s = Scheduler::new(policy, specs).unwrap();
             let mut oldest: Vec<Option<Nanos>> = vec![Some(0); n];
-            let before = userdma::stats::allocations();
+            let before = userdma::stats::thread_allocations();
             let mut forced = 0u64;
             for step in 0..20_000u64 {
                 let now = if step % 997 == 0 {
@@ -49,7 +50,7 @@ fn decide_allocates_nothing() {
                     oldest[idle] = Some(now);
                 }
             }
-            let allocs = userdma::stats::allocations() - before;
+            let allocs = userdma::stats::thread_allocations() - before;
             assert_eq!(allocs, 0, "{policy}, {n} streams");
             assert_eq!(s.decisions(), 20_000);
             assert!(
@@ -58,4 +59,27 @@ fn decide_allocates_nothing() {
             );
         }
     }
+}
+
+#[test]
+fn thread_allocations_count_the_calling_thread_only() {
+    let other = std::thread::spawn(|| {
+        let before = userdma::stats::thread_allocations();
+        let boxes: Vec<Box<u64>> = (0..100).map(Box::new).collect();
+        let made = userdma::stats::thread_allocations() - before;
+        drop(boxes);
+        made
+    });
+    let before = userdma::stats::thread_allocations();
+    let theirs = other.join().unwrap();
+    assert!(theirs >= 100, "{theirs}");
+    let spawned = userdma::stats::thread_allocations() - before;
+    assert!(
+        spawned < 100,
+        "the other thread's {theirs} are not this one's: {spawned}"
+    );
+    let before = userdma::stats::thread_allocations();
+    let one = std::hint::black_box(Box::new(7u64));
+    assert_eq!(userdma::stats::thread_allocations() - before, 1);
+    drop(one);
 }

@@ -58,16 +58,18 @@ fn model(line: &Line) {
             line.domain_id, line.addr
         );
         let text = match line.pasid {
-            Some(_) => format!(
-                "AMD-Vi: Event logged [IO_PAGE_FAULT device={bdf} {fields}]"
-            ),
+            Some(_) => format!("AMD-Vi: Event logged [IO_PAGE_FAULT device={bdf} {fields}]"),
             None => format!("vfio-pci {bdf}: AMD-Vi: Event logged [IO_PAGE_FAULT {fields}]"),
         };
         let reason = format!(
             "IO_PAGE_FAULT domain=0x{:04x} flags=0x{flags:04x}",
             line.domain_id
         );
-        let kind = if line.write { Access::Write } else { Access::Read };
+        let kind = if line.write {
+            Access::Write
+        } else {
+            Access::Read
+        };
         (text, bdf, reason, kind)
     } else {
         let pasid = match line.pasid {
@@ -91,12 +93,20 @@ fn model(line: &Line) {
         } else {
             format!("{:#04x} {reason}", line.code)
         };
-        let kind = if line.write { Access::Write } else { Access::Read };
+        let kind = if line.write {
+            Access::Write
+        } else {
+            Access::Read
+        };
         (text, in_segment_0, want, kind)
     };
     let framed = match line.framing % 3 {
         0 => format!("3,{},{},-;{text}", line.seq, u64::from(line.seq) * 7),
-        1 => format!("[{:5}.{:06}] {text}", line.seq % 100_000, line.seq % 1_000_000),
+        1 => format!(
+            "[{:5}.{:06}] {text}",
+            line.seq % 100_000,
+            line.seq % 1_000_000
+        ),
         _ => text.clone(),
     };
     let message = kmsg_message(&framed).expect("a record line is a message");

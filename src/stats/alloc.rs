@@ -15,6 +15,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Allocations (and reallocations) made through [`CountingAllocator`] so far.
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
+std::thread_local! {
+    /// This thread's allocations through [`CountingAllocator`]. A `const`-initialised `Cell`:
+    /// reaching it never allocates (nor registers a destructor), so the allocator may use it.
+    static THREAD_ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts one allocation, for the process and for the calling thread.
+fn count() {
+    // Relaxed: a statistic; nothing is ordered by it.
+    ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    // A thread being torn down has no counter any more: its allocations count only above.
+    let _ = THREAD_ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+}
+
 /// The system allocator, counting allocations; install it with `#[global_allocator]`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CountingAllocator;
@@ -23,8 +37,7 @@ pub struct CountingAllocator;
 // `GlobalAlloc` contract; the only addition is a relaxed counter increment.
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // Relaxed: a statistic; nothing is ordered by it.
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: the caller's contract is the system allocator's.
         unsafe { System.alloc(layout) }
     }
@@ -35,8 +48,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // Relaxed: as in `alloc`.
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -48,4 +60,13 @@ unsafe impl GlobalAlloc for CountingAllocator {
 pub fn allocations() -> u64 {
     // Relaxed: a statistic; read after the work it counts.
     ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+/// Allocations the calling thread made through [`CountingAllocator`] so far (0 when it is not
+/// the global allocator): for work done on one thread, unaffected by what other threads (a
+/// test harness, a logger) allocate meanwhile.
+pub fn thread_allocations() -> u64 {
+    THREAD_ALLOCATIONS
+        .try_with(std::cell::Cell::get)
+        .unwrap_or(0)
 }

@@ -65,7 +65,7 @@ mod sweep;
 
 use std::time::Instant;
 
-pub use alloc::{allocations, CountingAllocator};
+pub use alloc::{allocations, thread_allocations, CountingAllocator};
 pub use error::Error;
 pub use recorder::Recorder;
 pub use report::{
