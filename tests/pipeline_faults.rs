@@ -11,26 +11,12 @@ use userdma::device::{Device, Wait};
 use userdma::pipeline::{Config, Model, Pipeline, Results};
 use userdma::{Code, Error, Runtime};
 
+mod frames;
+
+use frames::{expected, fill};
+
 fn runtime(cost: Cost) -> Runtime {
     Runtime::loopback(loopback::Config::default().cost(cost)).expect("loopback device")
-}
-
-/// Frame `n`'s input: words that differ per frame and per position.
-fn fill(n: u64, input: &mut [u8]) {
-    for (j, w) in input.chunks_exact_mut(4).enumerate() {
-        let v = (n as u32).wrapping_mul(0x0100_0193) ^ (j as u32).wrapping_mul(0x9e37_79b9);
-        w.copy_from_slice(&v.to_le_bytes());
-    }
-}
-
-/// The result the device must produce for frame `n`.
-fn expected(model: &Model, n: u64) -> Vec<u8> {
-    let mut input = vec![0u8; model.input().bytes as usize];
-    fill(n, &mut input);
-    let mut arena = vec![0u8; model.arena_bytes() as usize];
-    let mut result = vec![0u8; model.result().bytes as usize];
-    model.reference(&input, &mut arena, &mut result);
-    result
 }
 
 fn config(split: bool) -> Config {
@@ -51,7 +37,7 @@ fn fill_slots(p: &mut Pipeline, model: &Model) -> Vec<u64> {
     let mut frames = Vec::new();
     while let Some(n) = p
         .try_submit(|n, input| {
-            fill(n, &mut scratch);
+            fill(0, n, &mut scratch);
             input.write(0, &scratch)
         })
         .unwrap()
@@ -69,14 +55,14 @@ fn run_checked(p: &mut Pipeline, model: &Model, frames: u64) -> Vec<u64> {
     p.run(
         frames,
         |n, input| {
-            fill(n, &mut scratch);
+            fill(0, n, &mut scratch);
             input.write(0, &scratch)
         },
         |done| {
             let out = done.result.expect("no device error");
             let mut got = vec![0u8; out.len()];
             out.read(0, &mut got).unwrap();
-            assert_eq!(got, expected(model, done.frame), "frame {}", done.frame);
+            assert_eq!(got, expected(model, 0, done.frame), "frame {}", done.frame);
             seen.push(done.frame);
         },
     )

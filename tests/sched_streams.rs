@@ -10,27 +10,13 @@ use userdma::sched::streams::{Arrivals, Stream, Streams};
 use userdma::sched::{Policy, StreamId, StreamSpec};
 use userdma::{Error, Runtime};
 
+mod frames;
+
+use frames::{expected, fill};
+
 fn runtime() -> Runtime {
     let config = loopback::Config::default().cost(Cost::npu()).queues(8);
     Runtime::loopback(config).expect("loopback device")
-}
-
-/// Stream `s`'s frame `n`: words that differ per stream, frame and position.
-fn fill(s: usize, n: u64, input: &mut [u8]) {
-    for (j, w) in input.chunks_exact_mut(4).enumerate() {
-        let v = ((n as u32) ^ ((s as u32) << 24)).wrapping_mul(0x0100_0193)
-            ^ (j as u32).wrapping_mul(0x9e37_79b9);
-        w.copy_from_slice(&v.to_le_bytes());
-    }
-}
-
-fn expected(model: &Model, s: usize, n: u64) -> Vec<u8> {
-    let mut input = vec![0u8; model.input().bytes as usize];
-    fill(s, n, &mut input);
-    let mut arena = vec![0u8; model.arena_bytes() as usize];
-    let mut result = vec![0u8; model.result().bytes as usize];
-    model.reference(&input, &mut arena, &mut result);
-    result
 }
 
 /// Stream `s` on queues `3 s ..` in context `s + 1`.
