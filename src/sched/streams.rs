@@ -521,9 +521,19 @@ impl Streams {
         }
         self.timeline.clear();
         self.faults.clear();
+        let mut closed = false;
         loop {
             let now = nanos(start.elapsed());
             let open = now < end;
+            if !open && !closed {
+                // Periodic frames due before the window closed count as arrived even when the
+                // loop was waiting on a device then: they are left waiting (busy: an
+                // as-fast-as-possible stream gets no frame after the close).
+                closed = true;
+                for s in &mut self.states {
+                    s.queue.arrive(end.saturating_sub(1), true);
+                }
+            }
             if open {
                 self.arrive(now);
                 let dispatched = self.dispatch(now, &mut preprocess)?;
