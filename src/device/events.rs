@@ -154,11 +154,6 @@ impl Source {
         self.signal_subscribers();
     }
 
-    /// Error interrupts reported in all.
-    pub fn errors(&self) -> u64 {
-        self.shared.errors.load(Ordering::Acquire)
-    }
-
     fn signal_subscribers(&self) {
         let mut subscribers = lock(&self.shared.subscribers);
         subscribers.retain(|s| match s.upgrade() {
@@ -173,11 +168,6 @@ impl Source {
     /// The [`ring::Presence`] a queue of this device holds.
     pub fn presence(&self) -> Arc<dyn ring::Presence> {
         Arc::new(self.clone())
-    }
-
-    /// The device's name.
-    pub fn name(&self) -> &str {
-        &self.shared.name
     }
 }
 

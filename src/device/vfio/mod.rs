@@ -403,11 +403,7 @@ impl Vfio {
             .iter_mut()
             .zip([VFIO_PCI_REQ_IRQ_INDEX, VFIO_PCI_ERR_IRQ_INDEX])
         {
-            let has = self
-                .irqs
-                .iter()
-                .any(|i| i.index == index && i.eventfd() && i.count >= 1);
-            if !has {
+            if !self.has_eventfd_irq(index) {
                 continue;
             }
             let fd = irq::EventFd::new().map_err(|source| DeviceError::Events { source })?;
@@ -444,11 +440,14 @@ impl Vfio {
     /// (a kernel or device without `VFIO_PCI_REQ_IRQ_INDEX`) the kernel waits for the process
     /// to close the device.
     pub fn watches_removal(&self) -> bool {
-        self.monitor.is_some()
-            && self
-                .irqs
-                .iter()
-                .any(|i| i.index == VFIO_PCI_REQ_IRQ_INDEX && i.eventfd() && i.count >= 1)
+        self.monitor.is_some() && self.has_eventfd_irq(VFIO_PCI_REQ_IRQ_INDEX)
+    }
+
+    /// Whether the device has irq `index` with a vector that signals an eventfd.
+    fn has_eventfd_irq(&self, index: u32) -> bool {
+        self.irqs
+            .iter()
+            .any(|i| i.index == index && i.eventfd() && i.count >= 1)
     }
 
     /// The error of an operation on a removed device.
