@@ -87,20 +87,45 @@ impl udma_status {
 }
 
 /// A failure on its way to C: the status and the message.
+///
+/// Boxed, so that a `Result<T, Fail>` of a small `T` is returned in registers: the hot paths
+/// (a buffer allocated and freed) pass results through several calls, and moving a
+/// three-word error through memory at each one cost more than the work itself. A failure
+/// allocates its message anyway.
 #[derive(Debug)]
-pub(crate) struct Fail {
+pub(crate) struct Fail(Box<Failure>);
+
+/// What a [`Fail`] carries.
+#[derive(Debug)]
+pub(crate) struct Failure {
     pub(crate) status: udma_status,
     pub(crate) message: String,
 }
 
+impl std::ops::Deref for Fail {
+    type Target = Failure;
+
+    fn deref(&self) -> &Failure {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Fail {
+    fn deref_mut(&mut self) -> &mut Failure {
+        &mut self.0
+    }
+}
+
 impl Fail {
+    #[cold]
     pub(crate) fn new(status: udma_status, message: impl Into<String>) -> Fail {
-        Fail {
+        Fail(Box::new(Failure {
             status,
             message: message.into(),
-        }
+        }))
     }
 
+    #[cold]
     pub(crate) fn invalid(message: impl Into<String>) -> Fail {
         Fail::new(udma_status::UDMA_ERR_INVALID_ARGUMENT, message)
     }

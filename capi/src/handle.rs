@@ -266,37 +266,43 @@ impl<T> Registry<T> {
 }
 
 /// Decodes `ptr` as a handle of `kind`, checking everything but the slot: NULL, the tag.
+#[inline]
 pub(crate) fn decode<P>(kind: Kind, ptr: *const P) -> Result<Key, Fail> {
     let value = ptr.addr() as u64;
-    if value == 0 {
-        return Err(Fail::handle(format!(
-            "the {} handle is NULL: pass one made by {}",
-            kind.name(),
-            kind.maker()
-        )));
-    }
-    match Kind::of_tag(value >> 56) {
-        Some(k) if k == kind => {}
-        Some(other) => {
-            return Err(Fail::handle(format!(
-                "{value:#x} is a {} handle, not a {} handle",
-                other.name(),
-                kind.name()
-            )))
-        }
-        None => {
-            return Err(Fail::handle(format!(
-                "{value:#x} is not a {} handle made by this library (nor any of its \
-                 handles): pass one made by {}",
-                kind.name(),
-                kind.maker()
-            )))
-        }
+    // NULL has tag 0, which no kind has.
+    if value >> 56 != kind as u64 {
+        return Err(undecodable(kind, value));
     }
     Ok(Key {
         index: (value & INDEX_MASK) as u32,
         generation: ((value >> INDEX_BITS) & u64::from(u32::MAX)) as u32,
     })
+}
+
+/// Why `value` is not a handle of `kind` (off the hot path: it formats).
+#[cold]
+#[inline(never)]
+fn undecodable(kind: Kind, value: u64) -> Fail {
+    if value == 0 {
+        return Fail::handle(format!(
+            "the {} handle is NULL: pass one made by {}",
+            kind.name(),
+            kind.maker()
+        ));
+    }
+    match Kind::of_tag(value >> 56) {
+        Some(other) => Fail::handle(format!(
+            "{value:#x} is a {} handle, not a {} handle",
+            other.name(),
+            kind.name()
+        )),
+        None => Fail::handle(format!(
+            "{value:#x} is not a {} handle made by this library (nor any of its \
+             handles): pass one made by {}",
+            kind.name(),
+            kind.maker()
+        )),
+    }
 }
 
 /// A handle of `kind` whose slot the library never made (an index past the table).

@@ -230,18 +230,28 @@ pub(crate) struct PoolEntry {
 pub(crate) enum State {
     /// On the host: the caller's.
     Host(OwnedBuffer),
-    /// In queue `queue` (its handle value): the device's until the completion.
-    Queued { queue: u64, name: String },
+    /// In a queue: the device's until the completion.
+    Queued(Queued),
 }
 
-pub(crate) struct BufferEntry {
-    /// Its pool's slot, one of whose pins this buffer holds.
-    pool: Key,
-    pub(crate) state: State,
+/// A buffer in a queue: which queue, and what its info and messages say of the buffer (the
+/// buffer itself travels with its command).
+pub(crate) struct Queued {
+    /// The queue's handle value.
+    queue: u64,
+    name: String,
     host: usize,
     iova: u64,
     len: u64,
     capacity: u64,
+}
+
+/// A buffer slot's value. Kept small: an allocation writes it, a free drops it, both in the
+/// slot, and nothing else is copied on those paths.
+pub(crate) struct BufferEntry {
+    /// Its pool's slot, one of whose pins this buffer holds.
+    pool: Key,
+    pub(crate) state: State,
 }
 
 static POOLS: LazyLock<Table<PoolEntry>> = LazyLock::new(|| Table::new(Kind::Pool));
@@ -261,8 +271,19 @@ thread_local! {
     static LOCAL_SLOTS: RefCell<LocalSlots> = const { RefCell::new(LocalSlots(Vec::new())) };
 }
 
+/// A free buffer slot from this thread's list, if it has one (the common case, kept apart
+/// from [`with_local`] so that its result comes back in registers).
+#[inline(always)]
+fn local_pop() -> Option<u32> {
+    LOCAL_SLOTS
+        .try_with(|local| local.try_borrow_mut().ok()?.0.pop())
+        .ok()
+        .flatten()
+}
+
 /// Runs `f` with this thread's free buffer slots (none while the thread is being torn down:
 /// then the table's own list serves).
+#[inline]
 fn with_local<R>(f: impl FnOnce(Option<&mut Vec<u32>>) -> R) -> R {
     let mut f = Some(f);
     let done = LOCAL_SLOTS.try_with(|local| {
@@ -288,12 +309,14 @@ fn never_pinned(pins: u64) -> Fail {
 }
 
 /// Locks the buffer `ptr` names.
+#[inline(always)]
 fn lock_buffer(ptr: *const udma_buffer) -> Result<crate::slots::Guard<'static, BufferEntry>, Fail> {
     let key = handle::decode(Kind::Buffer, ptr)?;
     BUFFERS.lock(key, ptr.addr() as u64, never_pinned)
 }
 
 /// Pins the pool `ptr` names.
+#[inline(always)]
 fn pin_pool(ptr: *const udma_pool) -> Result<Pin<'static, PoolEntry>, Fail> {
     let key = handle::decode(Kind::Pool, ptr)?;
     POOLS.pin(key, ptr.addr() as u64)
@@ -469,26 +492,37 @@ pub unsafe extern "C" fn udma_pool_destroy(pool: *mut udma_pool) -> udma_status 
     })
 }
 
+#[inline(always)]
 fn alloc_one(p: &PoolEntry, len: u64) -> Result<OwnedBuffer, Fail> {
     let max = p.pool.max_len() as u64;
     if len == 0 || len > max {
-        return Err(Fail::invalid(format!(
-            "len {len} is out of range for the pool on {}: ask for 1 to {max} bytes",
-            p.device
-        )));
+        return Err(out_of_range(p, len, max));
     }
-    p.pool
-        .alloc_owned(len as usize)
-        .map_err(|e| lib(e).context(&p.device))
+    match p.pool.alloc_owned(len as usize) {
+        Ok(owned) => Ok(owned),
+        Err(e) => Err(alloc_failed(p, e)),
+    }
 }
 
+#[cold]
+#[inline(never)]
+fn out_of_range(p: &PoolEntry, len: u64, max: u64) -> Fail {
+    Fail::invalid(format!(
+        "len {len} is out of range for the pool on {}: ask for 1 to {max} bytes",
+        p.device
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn alloc_failed(p: &PoolEntry, error: pool::Error) -> Fail {
+    lib(error).context(&p.device)
+}
+
+#[inline]
 fn entry(pool: Key, buffer: OwnedBuffer) -> BufferEntry {
     BufferEntry {
         pool,
-        host: buffer.as_ptr().as_ptr().expose_provenance(),
-        iova: buffer.iova().raw(),
-        len: buffer.len() as u64,
-        capacity: buffer.capacity() as u64,
         state: State::Host(buffer),
     }
 }
@@ -511,7 +545,11 @@ pub unsafe extern "C" fn udma_pool_alloc(
         let out = abi::out(buffer, "buffer")?;
         let p = pin_pool(pool)?;
         let owned = p.with(|e| alloc_one(e, len))?;
-        let key = with_local(|local| BUFFERS.insert(entry(p.key(), owned), local))?;
+        let index = match local_pop() {
+            Some(index) => index,
+            None => with_local(|local| BUFFERS.claim_index(local))?,
+        };
+        let key = BUFFERS.fill(index, entry(p.key(), owned))?;
         // The buffer holds the pin from now on; `udma_pool_free` drops it.
         p.keep();
         // SAFETY: checked non-null; writable per this function's contract.
@@ -590,14 +628,14 @@ pub unsafe extern "C" fn udma_pool_alloc_bulk(
 
 /// Checks that `b` (the handle `value`) may be freed into the pool `pool` (decoded as `key`).
 fn freeable(b: &BufferEntry, key: Key, pool: *const udma_pool, value: u64) -> Result<(), Fail> {
-    if let State::Queued { name, .. } = &b.state {
+    if let State::Queued(q) = &b.state {
         return Err(Fail::new(
             udma_status::UDMA_ERR_BUSY,
             format!(
-                "buffer {value:#x} (IOVA {:#x}) is in {name}, which the device owns until its \
+                "buffer {value:#x} (IOVA {:#x}) is in {}, which the device owns until its \
                  completion: wait for it (udma_queue_wait, udma_queue_poll), which hands the \
                  buffer back, then free it",
-                b.iova
+                q.iova, q.name
             ),
         ));
     }
@@ -638,8 +676,13 @@ pub unsafe extern "C" fn udma_pool_free(
         let key = handle::decode(Kind::Pool, pool)?;
         let value = buffer.addr() as u64;
         let mut b = lock_buffer(buffer)?;
-        b.with(|b| freeable(b, key, pool, value))?;
-        release(with_local(|local| b.remove(local)));
+        let owner = b.with(|b| freeable(b, key, pool, value).map(|()| b.pool))?;
+        // The buffer goes back into its pool here, dropped in its slot.
+        let index = b.discard();
+        with_local(|local| BUFFERS.release_index(index, local));
+        // SAFETY: the buffer held this pin since `udma_pool_alloc` kept it; its slot is
+        // freed, so this is the pin's one drop.
+        unsafe { POOLS.unpin(owner) };
         Ok(())
     })
 }
@@ -754,17 +797,25 @@ pub unsafe extern "C" fn udma_buffer_get_info(
     info: *mut udma_buffer_info,
 ) -> udma_status {
     call("udma_buffer_get_info", || {
-        let value = lock_buffer(buffer)?.with(|b| udma_buffer_info {
-            size: 0,
-            host: std::ptr::with_exposed_provenance_mut(b.host),
-            iova: b.iova,
-            len: b.len,
-            capacity: b.capacity,
-            state: match b.state {
-                State::Host(_) => udma_buffer_state::UDMA_BUFFER_HOST as u32,
-                State::Queued { .. } => udma_buffer_state::UDMA_BUFFER_IN_QUEUE as u32,
+        let value = lock_buffer(buffer)?.with(|b| match &b.state {
+            State::Host(owned) => udma_buffer_info {
+                size: 0,
+                host: owned.as_ptr().as_ptr().cast(),
+                iova: owned.iova().raw(),
+                len: owned.len() as u64,
+                capacity: owned.capacity() as u64,
+                state: udma_buffer_state::UDMA_BUFFER_HOST as u32,
+                reserved: 0,
             },
-            reserved: 0,
+            State::Queued(q) => udma_buffer_info {
+                size: 0,
+                host: std::ptr::with_exposed_provenance_mut(q.host),
+                iova: q.iova,
+                len: q.len,
+                capacity: q.capacity,
+                state: udma_buffer_state::UDMA_BUFFER_IN_QUEUE as u32,
+                reserved: 0,
+            },
         });
         // SAFETY: per this function's contract.
         unsafe { abi::write(info, "info", value) }
@@ -780,13 +831,14 @@ fn on_host<R>(
     let key = guard.key();
     guard.with(|b| match &b.state {
         State::Host(owned) => f(owned),
-        State::Queued { name, .. } => Err(Fail::new(
+        State::Queued(q) => Err(Fail::new(
             udma_status::UDMA_ERR_BUSY,
             format!(
-                "buffer {:#x} (IOVA {:#x}) is in {name}: the device owns it until its \
+                "buffer {:#x} (IOVA {:#x}) is in {}: the device owns it until its \
                  completion hands it back",
                 key.value(Kind::Buffer),
-                b.iova
+                q.iova,
+                q.name
             ),
         )),
     })
@@ -881,17 +933,18 @@ pub(crate) fn take_for_queue(
     let mut guard = lock_buffer(ptr)?;
     let key = guard.key();
     guard.with(|b| {
-        let State::Host(owned) = &b.state else {
-            let State::Queued { name: other, .. } = &b.state else {
-                unreachable!()
-            };
-            return Err(Fail::new(
-                udma_status::UDMA_ERR_BUSY,
-                format!(
-                    "buffer {:#x} is in {other} already: submit it again after its completion",
-                    key.value(Kind::Buffer)
-                ),
-            ));
+        let owned = match &b.state {
+            State::Host(owned) => owned,
+            State::Queued(q) => {
+                return Err(Fail::new(
+                    udma_status::UDMA_ERR_BUSY,
+                    format!(
+                        "buffer {:#x} is in {} already: submit it again after its completion",
+                        key.value(Kind::Buffer),
+                        q.name
+                    ),
+                ))
+            }
         };
         let end = offset.checked_add(len);
         let iova = match end {
@@ -906,10 +959,14 @@ pub(crate) fn take_for_queue(
                 owned.iova().raw()
             )));
         };
-        let queued = State::Queued {
+        let queued = State::Queued(Queued {
             queue,
             name: name.to_owned(),
-        };
+            host: owned.as_ptr().as_ptr().expose_provenance(),
+            iova: owned.iova().raw(),
+            len: owned.len() as u64,
+            capacity: owned.capacity() as u64,
+        });
         let State::Host(owned) = std::mem::replace(&mut b.state, queued) else {
             unreachable!()
         };
@@ -932,7 +989,7 @@ pub(crate) fn forget_queued(queue: u64) {
         let Ok(mut b) = BUFFERS.lock(key, key.value(Kind::Buffer), never_pinned) else {
             continue;
         };
-        if b.with(|b| matches!(&b.state, State::Queued { queue: q, .. } if *q == queue)) {
+        if b.with(|b| matches!(&b.state, State::Queued(q) if q.queue == queue)) {
             let entry = b.remove(None);
             // SAFETY: the buffer held this pin since `udma_pool_alloc` kept it; its slot is
             // removed, so this is the pin's one drop.

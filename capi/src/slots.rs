@@ -123,6 +123,7 @@ impl<T> Table<T> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    #[inline]
     fn slot(&self, index: u32) -> Option<&Slot<T>> {
         let segment = self.segments.get((index >> self.segment_bits) as usize)?;
         // Acquire: pairs with the Release store in `new_slot` that published the segment, so
@@ -173,7 +174,20 @@ impl<T> Table<T> {
     }
 
     /// A free index: from `local`, refilled from the table's list, or a new slot.
+    #[inline]
     fn claim(&self, local: Option<&mut Vec<u32>>) -> Result<u32, Fail> {
+        match local {
+            Some(local) => match local.pop() {
+                Some(index) => Ok(index),
+                None => self.claim_slow(Some(local)),
+            },
+            None => self.claim_slow(None),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn claim_slow(&self, local: Option<&mut Vec<u32>>) -> Result<u32, Fail> {
         let mut grow = match local {
             Some(local) => {
                 if let Some(index) = local.pop() {
@@ -198,9 +212,69 @@ impl<T> Table<T> {
         self.new_slot(&mut grow)
     }
 
+    /// Claims a free index for [`Table::fill`]: from `local`, refilled from the table's list,
+    /// or a new slot. (The hot paths claim and fill apart, so that the value is written once,
+    /// straight into its slot, not moved through the thread-local access first.)
+    ///
+    /// # Errors
+    /// `UDMA_ERR_EXHAUSTED` when every slot is live.
+    #[inline]
+    pub(crate) fn claim_index(&self, local: Option<&mut Vec<u32>>) -> Result<u32, Fail> {
+        self.claim(local)
+    }
+
+    /// Stores `value` in the slot `index` (claimed by [`Table::claim_index`] and not filled
+    /// since) and returns its key.
+    ///
+    /// # Errors
+    /// `UDMA_ERR_INTERNAL` if the index has no slot (a claimed index always has one); the
+    /// value is dropped.
+    #[inline]
+    pub(crate) fn fill(&self, index: u32, value: T) -> Result<Key, Fail> {
+        let Some(slot) = self.slot(index) else {
+            return Err(self.unmade(index));
+        };
+        // Relaxed: as in `insert`.
+        let generation = generation(slot.state.load(Ordering::Relaxed));
+        // SAFETY: as in `insert`: the index is claimed by us alone and its slot free, so the
+        // value there is `None` (a free slot's value was taken or dropped by its remover):
+        // overwriting it drops nothing.
+        slot.value.with_mut(|v| unsafe { v.write(Some(value)) });
+        // Release: as in `insert`.
+        slot.state.store(live(generation), Ordering::Release);
+        Ok(Key::new(index, generation))
+    }
+
+    #[cold]
+    fn unmade(&self, index: u32) -> Fail {
+        Fail::new(
+            udma_status::UDMA_ERR_INTERNAL,
+            format!(
+                "{} slot {index} was claimed but has no segment",
+                self.kind.name()
+            ),
+        )
+    }
+
+    /// Gives back an index [`Guard::discard`] freed: to `local` first, as `remove` does.
+    #[inline]
+    pub(crate) fn release_index(&self, index: u32, local: Option<&mut Vec<u32>>) {
+        self.release(index, local);
+    }
+
     /// Returns a free index: to `local` (spilling a batch to the table's list when it holds
     /// two), or to the table's list.
+    #[inline]
     fn release(&self, index: u32, local: Option<&mut Vec<u32>>) {
+        match local {
+            Some(local) if local.len() + 1 < 2 * BATCH => local.push(index),
+            local => self.release_slow(index, local),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn release_slow(&self, index: u32, local: Option<&mut Vec<u32>>) {
         match local {
             Some(local) => {
                 local.push(index);
@@ -227,13 +301,7 @@ impl<T> Table<T> {
     pub(crate) fn insert(&self, value: T, local: Option<&mut Vec<u32>>) -> Result<Key, Fail> {
         let index = self.claim(local)?;
         let Some(slot) = self.slot(index) else {
-            return Err(Fail::new(
-                udma_status::UDMA_ERR_INTERNAL,
-                format!(
-                    "{} slot {index} was claimed but has no segment",
-                    self.kind.name()
-                ),
-            ));
+            return Err(self.unmade(index));
         };
         // Relaxed: the slot is free and its index ours alone. Its state was last written by
         // the `remove` that freed it (or `new_slot`), which happens before our claim through
@@ -255,7 +323,35 @@ impl<T> Table<T> {
     /// # Errors
     /// `UDMA_ERR_INVALID_HANDLE` for a slot that was never made, is free, or holds another
     /// occupant; `busy(pins)` for a slot that is pinned.
+    #[inline]
     pub(crate) fn lock(
+        &self,
+        key: Key,
+        value: u64,
+        busy: impl FnOnce(u64) -> Fail,
+    ) -> Result<Guard<'_, T>, Fail> {
+        // The common case, inline: a live, unlocked, unpinned slot of this occupant, locked
+        // at the first try. ABA and orderings: as in the loop of `lock_slow`.
+        if let Some(slot) = self.slot(key.index()) {
+            let state = live(key.generation());
+            if slot
+                .state
+                .compare_exchange(state, state | LOCKED, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return Ok(Guard {
+                    table: self,
+                    slot,
+                    key,
+                });
+            }
+        }
+        self.lock_slow(key, value, busy)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn lock_slow(
         &self,
         key: Key,
         value: u64,
@@ -301,7 +397,29 @@ impl<T> Table<T> {
     /// # Errors
     /// `UDMA_ERR_INVALID_HANDLE` as [`Table::lock`], and for a slot locked to be removed;
     /// `UDMA_ERR_EXHAUSTED` for 2^30 pins.
+    #[inline]
     pub(crate) fn pin(&self, key: Key, value: u64) -> Result<Pin<'_, T>, Fail> {
+        // The common case, inline: a live, unlocked slot of this occupant with room for a
+        // pin, pinned at the first try. ABA and orderings: as in the loop of `pin_slow`.
+        if let Some(slot) = self.slot(key.index()) {
+            let state = slot.state.load(Ordering::Relaxed);
+            if state & (LIVE | LOCKED) == LIVE
+                && generation(state) == key.generation()
+                && pins(state) < MAX_PINS
+                && slot
+                    .state
+                    .compare_exchange(state, state + PIN, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return Ok(Pin { slot, key });
+            }
+        }
+        self.pin_slow(key, value)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn pin_slow(&self, key: Key, value: u64) -> Result<Pin<'_, T>, Fail> {
         let slot = self
             .slot(key.index())
             .ok_or_else(|| handle::foreign(self.kind, value))?;
@@ -422,6 +540,24 @@ impl<T> Guard<'_, T> {
     }
 }
 
+impl<T> Guard<'_, T> {
+    /// Frees the slot, dropping its value where it lies, and returns its index for
+    /// [`Table::release_index`] (the caller gives it back once it has left the thread-local
+    /// access it needs for that); every copy of its handle is stale from now on.
+    #[inline]
+    pub(crate) fn discard(self) -> u32 {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: as in `with`: LOCKED is ours. The value is dropped in its slot.
+        this.slot.value.with_mut(|v| unsafe { *v = None });
+        // Release: as in `remove`.
+        this.slot.state.store(
+            free(next_generation(this.key.generation())),
+            Ordering::Release,
+        );
+        this.key.index()
+    }
+}
+
 impl<T> Drop for Guard<'_, T> {
     fn drop(&mut self) {
         // Release: our writes to the value happen before the next locker's or pinner's reads
@@ -482,7 +618,7 @@ impl<T> Drop for Pin<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sync::{model, thread, Arc};
+    use crate::sync::{model, thread, Arc, AtomicU64, Ordering};
 
     /// Eight slots, two a segment: small enough for loom, and growth is exercised.
     fn table() -> Table<u64> {
@@ -510,6 +646,54 @@ mod tests {
             assert_eq!(mine.or(theirs), Some(7));
             let stale = t.lock(k, 0, busy).expect_err("freed");
             assert_eq!(stale.status, udma_status::UDMA_ERR_INVALID_HANDLE);
+        });
+    }
+
+    /// Counts its drops, so a model can check a value goes exactly once.
+    struct Counted(Arc<AtomicU64>);
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn the_split_paths_free_once_and_a_refill_is_not_reached_by_the_old_handle() {
+        // The hot paths' pieces: `claim_index` + `fill` (an allocation), `lock` + `discard`
+        // + `release_index` (a free), raced by a second free of the same handle and then a
+        // new occupant of the same slot.
+        model(|| {
+            let drops = Arc::new(AtomicU64::new(0));
+            let t: Arc<Table<Counted>> = Arc::new(Table::with_segments(Kind::Buffer, 1, 4));
+            let mut local = Vec::new();
+            let index = t.claim_index(Some(&mut local)).expect("room");
+            let k = t.fill(index, Counted(Arc::clone(&drops))).expect("claimed");
+            let free = move |t: &Table<Counted>, local: &mut Vec<u32>| {
+                let g = t.lock(k, 0, busy).ok()?;
+                let index = g.discard();
+                t.release_index(index, Some(local));
+                Some(index)
+            };
+            let other = Arc::clone(&t);
+            let theirs = thread::spawn(move || {
+                let mut local = Vec::new();
+                free(&other, &mut local)
+            });
+            let mine = free(&t, &mut local);
+            let theirs = theirs.join().expect("no panic");
+            assert!(mine.is_some() != theirs.is_some(), "{mine:?} {theirs:?}");
+            assert_eq!(drops.load(Ordering::Relaxed), 1, "the value went once");
+            // A new occupant (of this slot when this thread freed it): the old handle is
+            // stale, the new one live.
+            let index = t.claim_index(Some(&mut local)).expect("room");
+            let new = t.fill(index, Counted(Arc::clone(&drops))).expect("claimed");
+            assert_ne!(new, k);
+            let stale = t.lock(k, 0, busy).expect_err("freed");
+            assert_eq!(stale.status, udma_status::UDMA_ERR_INVALID_HANDLE);
+            let g = t.lock(new, 0, busy).expect("live");
+            t.release_index(g.discard(), Some(&mut local));
+            assert_eq!(drops.load(Ordering::Relaxed), 2);
         });
     }
 

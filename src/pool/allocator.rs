@@ -410,6 +410,7 @@ impl Pool {
 
     /// The largest `len` [`Pool::alloc`] can ever satisfy: the largest buddy block, and at most
     /// `u32::MAX` (a buffer records its length in 32 bits, which keeps it 16 bytes).
+    #[inline]
     pub fn max_len(&self) -> usize {
         let g = self.arena.geometry();
         (g.chunk_size() << g.max_order).min(u64::from(u32::MAX)) as usize
