@@ -1,18 +1,20 @@
-//! The raw system calls of this module, one function each, errno turned into `io::Error` here.
-//! Each takes and returns owned or borrowed fds, so everything above is safe code.
+//! The system calls of this module, through `nix`, one function each, its `Errno` turned
+//! into `io::Error` here. Each takes and returns owned or borrowed fds, so everything above
+//! is safe code, and this module has no `unsafe` of its own.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 /// `eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)`.
 pub(super) fn eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: eventfd takes no pointers; a non-negative result is a new fd we own.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by the kernel and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let fd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
+    Ok(OwnedFd::from(fd))
 }
 
 /// `fcntl(fd, F_DUPFD_CLOEXEC, 0)`: a second fd for the same open file.
@@ -22,30 +24,19 @@ pub(super) fn dup(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 
 /// `read(fd, &mut u64, 8)` on a nonblocking eventfd: `Ok(None)` when the counter is zero.
 pub(super) fn read_u64(fd: BorrowedFd<'_>) -> io::Result<Option<u64>> {
-    let mut value = 0u64;
+    let mut value = [0u8; 8];
     loop {
-        // SAFETY: `value` is a writable 8-byte buffer; the fd is open (borrowed).
-        let n = unsafe {
-            libc::read(
-                fd.as_raw_fd(),
-                (&raw mut value).cast::<libc::c_void>(),
-                std::mem::size_of::<u64>(),
-            )
-        };
-        if n == 8 {
-            return Ok(Some(value));
-        }
-        if n >= 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "eventfd read returned other than 8 bytes",
-            ));
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EAGAIN) => return Ok(None),
-            _ => return Err(err),
+        match nix::unistd::read(fd, &mut value) {
+            Ok(8) => return Ok(Some(u64::from_ne_bytes(value))),
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "eventfd read returned other than 8 bytes",
+                ))
+            }
+            Err(Errno::EINTR) => continue,
+            Err(Errno::EAGAIN) => return Ok(None),
+            Err(errno) => return Err(errno.into()),
         }
     }
 }
@@ -54,28 +45,17 @@ pub(super) fn read_u64(fd: BorrowedFd<'_>) -> io::Result<Option<u64>> {
 /// its maximum that the kernel refused (`EAGAIN`): it is then nonzero, so readers wake anyway.
 pub(super) fn write_u64(fd: BorrowedFd<'_>, value: u64) -> io::Result<bool> {
     loop {
-        // SAFETY: `value` is a readable 8-byte buffer; the fd is open (borrowed).
-        let n = unsafe {
-            libc::write(
-                fd.as_raw_fd(),
-                (&raw const value).cast::<libc::c_void>(),
-                std::mem::size_of::<u64>(),
-            )
-        };
-        if n == 8 {
-            return Ok(true);
-        }
-        if n >= 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "eventfd write took other than 8 bytes",
-            ));
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EAGAIN) => return Ok(false),
-            _ => return Err(err),
+        match nix::unistd::write(fd, &value.to_ne_bytes()) {
+            Ok(8) => return Ok(true),
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "eventfd write took other than 8 bytes",
+                ))
+            }
+            Err(Errno::EINTR) => continue,
+            Err(Errno::EAGAIN) => return Ok(false),
+            Err(errno) => return Err(errno.into()),
         }
     }
 }
@@ -87,93 +67,62 @@ pub(super) fn fd_target(fd: BorrowedFd<'_>) -> io::Result<std::path::PathBuf> {
 
 /// Sets `O_NONBLOCK` on the open file and `FD_CLOEXEC` on the descriptor.
 pub(super) fn set_nonblocking_cloexec(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let raw = fd.as_raw_fd();
-    // SAFETY: fcntl with F_GETFL / F_SETFL / F_SETFD takes and returns integers only; the fd
-    // is open (borrowed).
-    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
-    if flags < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    if unsafe { libc::fcntl(raw, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    if unsafe { libc::fcntl(raw, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
     Ok(())
 }
 
 /// `poll` for `POLLIN` on one fd, up to `timeout_ms` (-1: forever). `Ok(true)` if readable
 /// (or in an error state a read will report). `EINTR` comes back as an error of kind
 /// `Interrupted` for the caller to retry with the time left.
-pub(super) fn poll_in(fd: BorrowedFd<'_>, timeout_ms: libc::c_int) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: `pfd` is one valid pollfd; the fd is open (borrowed).
-    let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n > 0 && pfd.revents != 0)
+pub(super) fn poll_in(fd: BorrowedFd<'_>, timeout_ms: i32) -> io::Result<bool> {
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    let n = nix::poll::poll(&mut fds, poll_timeout(timeout_ms))?;
+    Ok(n > 0 && fds[0].revents().is_some_and(|r| !r.is_empty()))
 }
 
 /// `epoll_create1(EPOLL_CLOEXEC)`.
-pub(super) fn epoll_create() -> io::Result<OwnedFd> {
-    // SAFETY: no pointers; a non-negative result is a new fd we own.
-    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by the kernel and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+pub(super) fn epoll_create() -> io::Result<Epoll> {
+    Ok(Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?)
 }
 
-/// `epoll_ctl(epfd, op, fd, {events, data})`.
-pub(super) fn epoll_ctl(
-    epoll: BorrowedFd<'_>,
-    op: libc::c_int,
-    fd: BorrowedFd<'_>,
-    events: u32,
-    data: u64,
-) -> io::Result<()> {
-    let mut event = libc::epoll_event { events, u64: data };
-    // SAFETY: `event` is a valid epoll_event (ignored for EPOLL_CTL_DEL); both fds are open.
-    let rc = unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd.as_raw_fd(), &mut event) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+/// `epoll_ctl(EPOLL_CTL_ADD)` for `EPOLLIN` (level-triggered) with `data`.
+pub(super) fn epoll_add(epoll: &Epoll, fd: BorrowedFd<'_>, data: u64) -> io::Result<()> {
+    Ok(epoll.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, data))?)
+}
+
+/// `epoll_ctl(EPOLL_CTL_DEL)`.
+pub(super) fn epoll_delete(epoll: &Epoll, fd: BorrowedFd<'_>) -> io::Result<()> {
+    Ok(epoll.delete(fd)?)
 }
 
 /// `epoll_wait` into `events`, up to `timeout_ms` (-1: forever); returns how many were filled.
 /// `EINTR` is an error of kind `Interrupted`.
 pub(super) fn epoll_wait(
-    epoll: BorrowedFd<'_>,
-    events: &mut [libc::epoll_event],
-    timeout_ms: libc::c_int,
+    epoll: &Epoll,
+    events: &mut [EpollEvent],
+    timeout_ms: i32,
 ) -> io::Result<usize> {
-    let max = libc::c_int::try_from(events.len()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `events` is a writable array of at least `max` epoll_events; the fd is open.
-    let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), events.as_mut_ptr(), max, timeout_ms) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(usize::try_from(n).unwrap_or(0))
+    // The kernel takes at most INT_MAX events; more slots than that are never filled.
+    let max = events.len().min(i32::MAX as usize);
+    let timeout = EpollTimeout::try_from(timeout_ms).unwrap_or(EpollTimeout::NONE);
+    Ok(epoll.wait(&mut events[..max], timeout)?)
+}
+
+/// `timeout_ms` as nix's poll timeout: negative is forever (nix has no other negative).
+fn poll_timeout(timeout_ms: i32) -> PollTimeout {
+    PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::NONE)
 }
 
 /// A timeout as `poll`/`epoll_wait` milliseconds, rounded up so a short timeout never becomes a
 /// non-blocking check; `None` (forever) is -1, and very long ones are capped.
-pub(super) fn timeout_ms(timeout: Option<std::time::Duration>) -> libc::c_int {
+pub(super) fn timeout_ms(timeout: Option<std::time::Duration>) -> i32 {
     match timeout {
         None => -1,
         Some(t) => {
             let ms = t.as_nanos().div_ceil(1_000_000);
-            libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
+            i32::try_from(ms).unwrap_or(i32::MAX)
         }
     }
 }

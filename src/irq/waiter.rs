@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring};
@@ -107,7 +107,7 @@ impl Table {
 /// The mechanism behind a waiter.
 enum Backend {
     Uring(Box<IoUring>),
-    Epoll(OwnedFd),
+    Epoll(nix::sys::epoll::Epoll),
 }
 
 impl std::fmt::Debug for Backend {
@@ -151,7 +151,7 @@ pub struct Waiter {
     backend: Backend,
     table: Table,
     ready: Vec<u64>,
-    events: Vec<libc::epoll_event>,
+    events: Vec<nix::sys::epoll::EpollEvent>,
 }
 
 impl Waiter {
@@ -226,13 +226,7 @@ impl Waiter {
                 .as_ref()
                 .map(|slot| slot.fd.as_fd())
                 .ok_or(Error::UnknownToken { token })?;
-            if let Err(source) = shim::epoll_ctl(
-                epoll.as_fd(),
-                libc::EPOLL_CTL_ADD,
-                slot_fd,
-                libc::EPOLLIN as u32,
-                key,
-            ) {
+            if let Err(source) = shim::epoll_add(epoll, slot_fd, key) {
                 // Undo the table entry: the fd is not watched.
                 let _ = self.table.remove(token);
                 return Err(Error::Register {
@@ -251,7 +245,7 @@ impl Waiter {
         let (index, slot) = self.table.remove(token)?;
         match &mut self.backend {
             Backend::Epoll(epoll) => {
-                shim::epoll_ctl(epoll.as_fd(), libc::EPOLL_CTL_DEL, slot.fd.as_fd(), 0, 0)
+                shim::epoll_delete(epoll, slot.fd.as_fd())
                     .map_err(|source| Error::Deregister { token, source })?;
             }
             Backend::Uring(ring) => {
@@ -277,7 +271,7 @@ impl Waiter {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         match &mut self.backend {
             Backend::Epoll(epoll) => wait_epoll(
-                epoll.as_fd(),
+                epoll,
                 &mut self.table,
                 &mut self.events,
                 &mut self.ready,
@@ -293,23 +287,23 @@ impl Waiter {
 }
 
 fn wait_epoll(
-    epoll: BorrowedFd<'_>,
+    epoll: &nix::sys::epoll::Epoll,
     table: &mut Table,
-    events: &mut Vec<libc::epoll_event>,
+    events: &mut Vec<nix::sys::epoll::EpollEvent>,
     ready: &mut Vec<u64>,
     timeout: Option<Duration>,
     deadline: Option<Instant>,
 ) -> Result<(), Error> {
     events.resize(
         table.slots.len().max(1),
-        libc::epoll_event { events: 0, u64: 0 },
+        nix::sys::epoll::EpollEvent::empty(),
     );
     loop {
         let left = remaining(timeout, deadline);
         match shim::epoll_wait(epoll, events, shim::timeout_ms(left)) {
             Ok(n) => {
                 for event in &events[..n] {
-                    if let Some(slot) = table.lookup(event.u64) {
+                    if let Some(slot) = table.lookup(event.data()) {
                         ready.push(slot.token);
                     }
                 }
