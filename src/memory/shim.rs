@@ -1,34 +1,40 @@
-//! The raw memory-management calls: one function per syscall, errno turned into `io::Error`
-//! right here. Calls that can break memory safety (`mmap`, `munmap`, `mbind`, `madvise`, `mlock`)
-//! are `unsafe fn`; the ones that only fill buffers they are given are safe wrappers.
+//! The memory-management calls: one function per syscall, through `nix` where it has the
+//! call, its `Errno` turned into `io::Error` right here. Calls that can break memory safety
+//! (`mmap`, `munmap`, `mbind`, `madvise`, `mlock`) are `unsafe fn`; the ones that only fill
+//! buffers they are given are safe wrappers. `mbind`, `mincore` and `move_pages` stay raw
+//! `libc` calls: `nix` has none of them.
 
 use std::ffi::CStr;
 use std::io;
-use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::num::NonZeroUsize;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::ptr::{self, NonNull};
+
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::sys::memfd::MFdFlags;
+use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags};
+use nix::sys::resource::{getrlimit, Resource};
 
 use super::{MemlockLimit, PageSize};
 
-use userdma_sys::mman::{
-    MAP_HUGETLB, MAP_HUGE_1GB, MAP_HUGE_2MB, MAP_POPULATE, MFD_ALLOW_SEALING, MFD_CLOEXEC,
-    MFD_HUGETLB, MFD_HUGE_1GB, MFD_HUGE_2MB, MPOL_BIND,
-};
+use userdma_sys::mman::MPOL_BIND;
 
-/// `madvise` advice that faults pages in writable and reports failure instead of raising
-/// SIGBUS (Linux 5.14). From libc until `userdma_sys::mman::MADV_POPULATE_WRITE` exists.
-const MADV_POPULATE_WRITE: libc::c_int = libc::MADV_POPULATE_WRITE;
 /// `f_type` of a hugetlbfs mount, as `fstatfs` reports it.
 /// (`u32` to `i64` is lossless; `i64::from` is not usable in a const.)
 pub(super) const HUGETLBFS_MAGIC: i64 = userdma_sys::mman::HUGETLBFS_MAGIC as i64;
 
-/// Result of a syscall returning `-1` on error.
+/// Result of a raw `libc` call returning `-1` on error.
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret == -1 {
         Err(io::Error::last_os_error())
     } else {
         Ok(ret)
     }
+}
+
+/// A length the kernel would refuse as zero: `EINVAL`, as `mmap` itself says.
+fn nonzero(len: usize) -> io::Result<NonZeroUsize> {
+    NonZeroUsize::new(len).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 /// How a region's pages are shared.
@@ -53,38 +59,33 @@ pub(super) unsafe fn mmap(
     fd: Option<BorrowedFd<'_>>,
     populate: bool,
 ) -> io::Result<NonNull<u8>> {
-    let mut flags = match share {
-        Share::PrivateAnonymous => libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-        Share::SharedFile => libc::MAP_SHARED,
+    let len = nonzero(len)?;
+    let prot = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
+    let mut flags = if populate {
+        MapFlags::MAP_POPULATE
+    } else {
+        MapFlags::empty()
     };
-    if share == Share::PrivateAnonymous {
-        flags |= match page_size {
-            PageSize::Base => 0,
-            PageSize::Huge2M => MAP_HUGETLB | MAP_HUGE_2MB,
-            PageSize::Huge1G => MAP_HUGETLB | MAP_HUGE_1GB,
-        };
-    }
-    if populate {
-        flags |= MAP_POPULATE;
-    }
-    let raw_fd = fd.map_or(-1, |fd| fd.as_raw_fd());
-    // SAFETY: a null hint lets the kernel choose a free address range, so no existing mapping is
-    // replaced; the flags and fd are checked by the kernel, and the caller upholds the fd/length
-    // contract above.
-    let addr = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            flags,
-            raw_fd,
-            0,
-        )
+    let addr = match (share, fd) {
+        (Share::PrivateAnonymous, _) => {
+            flags |= MapFlags::MAP_PRIVATE
+                | match page_size {
+                    PageSize::Base => MapFlags::empty(),
+                    PageSize::Huge2M => MapFlags::MAP_HUGETLB | MapFlags::MAP_HUGE_2MB,
+                    PageSize::Huge1G => MapFlags::MAP_HUGETLB | MapFlags::MAP_HUGE_1GB,
+                };
+            // SAFETY: no address hint, so the kernel chooses a free range and no existing
+            // mapping is replaced; the flags are checked by the kernel.
+            unsafe { nix::sys::mman::mmap_anonymous(None, len, prot, flags) }?
+        }
+        (Share::SharedFile, Some(fd)) => {
+            flags |= MapFlags::MAP_SHARED;
+            // SAFETY: as above; the caller upholds the fd/length contract.
+            unsafe { nix::sys::mman::mmap(None, len, prot, flags, fd, 0) }?
+        }
+        (Share::SharedFile, None) => return Err(io::Error::from_raw_os_error(libc::EBADF)),
     };
-    if addr == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    NonNull::new(addr.cast::<u8>()).ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))
+    Ok(addr.cast::<u8>())
 }
 
 /// `munmap`.
@@ -94,7 +95,7 @@ pub(super) unsafe fn mmap(
 /// call every pointer into it dangles.
 pub(super) unsafe fn munmap(addr: NonNull<u8>, len: usize) -> io::Result<()> {
     // SAFETY: the caller owns the mapping and guarantees nothing uses it any more.
-    check(unsafe { libc::munmap(addr.as_ptr().cast(), len) }).map(drop)
+    Ok(unsafe { nix::sys::mman::munmap(addr.cast(), len) }?)
 }
 
 /// `mbind(addr, len, MPOL_BIND, {node}, ...)`: future faults in the range allocate on `node`.
@@ -148,7 +149,7 @@ pub(super) unsafe fn mbind(addr: NonNull<u8>, len: usize, node: u32) -> io::Resu
 /// `[addr, addr + len)` must be a mapping the caller owns, mapped writable.
 pub(super) unsafe fn populate_write(addr: NonNull<u8>, len: usize) -> io::Result<()> {
     // SAFETY: the caller owns the writable mapping; populating does not change its contents.
-    check(unsafe { libc::madvise(addr.as_ptr().cast(), len, MADV_POPULATE_WRITE) }).map(drop)
+    Ok(unsafe { nix::sys::mman::madvise(addr.cast(), len, MmapAdvise::MADV_POPULATE_WRITE) }?)
 }
 
 /// `mlock`.
@@ -157,7 +158,7 @@ pub(super) unsafe fn populate_write(addr: NonNull<u8>, len: usize) -> io::Result
 /// `[addr, addr + len)` must be a mapping the caller owns.
 pub(super) unsafe fn mlock(addr: NonNull<u8>, len: usize) -> io::Result<()> {
     // SAFETY: the caller owns the mapping; locking changes residency, not contents.
-    check(unsafe { libc::mlock(addr.as_ptr().cast(), len) }).map(drop)
+    Ok(unsafe { nix::sys::mman::mlock(addr.cast(), len) }?)
 }
 
 /// `mincore`: one byte per base page of `[addr, addr + len)`, bit 0 set when resident.
@@ -200,64 +201,51 @@ pub(super) fn page_nodes(pages: &[*mut libc::c_void]) -> io::Result<Vec<i32>> {
 
 /// `memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | hugetlb flags)`.
 pub(super) fn memfd_create(name: &CStr, page_size: PageSize) -> io::Result<OwnedFd> {
-    let mut flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
-    flags |= match page_size {
-        PageSize::Base => 0,
-        PageSize::Huge2M => MFD_HUGETLB | MFD_HUGE_2MB,
-        PageSize::Huge1G => MFD_HUGETLB | MFD_HUGE_1GB,
-    };
-    // SAFETY: `name` is a valid C string for the call; the flags are checked by the kernel.
-    let fd = check(unsafe { libc::memfd_create(name.as_ptr(), flags) })?;
-    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let flags = MFdFlags::MFD_CLOEXEC
+        | MFdFlags::MFD_ALLOW_SEALING
+        | match page_size {
+            PageSize::Base => MFdFlags::empty(),
+            PageSize::Huge2M => MFdFlags::MFD_HUGETLB | MFdFlags::MFD_HUGE_2MB,
+            PageSize::Huge1G => MFdFlags::MFD_HUGETLB | MFdFlags::MFD_HUGE_1GB,
+        };
+    Ok(nix::sys::memfd::memfd_create(name, flags)?)
 }
 
 /// `ftruncate`.
 pub(super) fn ftruncate(fd: BorrowedFd<'_>, len: usize) -> io::Result<()> {
     let len = libc::off_t::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-    // SAFETY: ftruncate on a borrowed, open descriptor has no memory-safety preconditions.
-    check(unsafe { libc::ftruncate(fd.as_raw_fd(), len) }).map(drop)
+    Ok(nix::unistd::ftruncate(fd, len)?)
 }
 
 /// `fcntl(F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)`: nobody can resize the file
 /// under a peer's mapping (which would turn its accesses into SIGBUS).
 pub(super) fn seal_size(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-    // SAFETY: F_ADD_SEALS takes an int argument and touches no memory of ours.
-    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) }).map(drop)
+    let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+    fcntl(fd, FcntlArg::F_ADD_SEALS(seals))?;
+    Ok(())
 }
 
 /// `fstatfs`: the filesystem magic (`f_type`) and block size (`f_bsize`, the hugepage size on
 /// hugetlbfs).
 pub(super) fn fs_magic_and_block_size(fd: BorrowedFd<'_>) -> io::Result<(i64, i64)> {
-    let mut buf = MaybeUninit::<libc::statfs>::zeroed();
-    // SAFETY: `buf` is a writable statfs the kernel fills in.
-    check(unsafe { libc::fstatfs(fd.as_raw_fd(), buf.as_mut_ptr()) })?;
-    // SAFETY: fstatfs succeeded, so the kernel initialised the struct (it was zeroed before too).
-    let stat = unsafe { buf.assume_init() };
+    let stat = nix::sys::statfs::fstatfs(fd)?;
     // The fields are `__fsword_t`: i64 on 64-bit targets (a no-op there), i32 on 32-bit ones.
     #[allow(clippy::useless_conversion)]
-    Ok((i64::from(stat.f_type), i64::from(stat.f_bsize)))
+    Ok((
+        i64::from(stat.filesystem_type().0),
+        i64::from(stat.block_size()),
+    ))
 }
 
 /// `fstat`: the file's length in bytes.
 pub(super) fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    let mut buf = MaybeUninit::<libc::stat>::zeroed();
-    // SAFETY: `buf` is a writable stat the kernel fills in.
-    check(unsafe { libc::fstat(fd.as_raw_fd(), buf.as_mut_ptr()) })?;
-    // SAFETY: fstat succeeded, so the kernel initialised the struct.
-    let stat = unsafe { buf.assume_init() };
+    let stat = nix::sys::stat::fstat(fd)?;
     u64::try_from(stat.st_size).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))
 }
 
 /// `getrlimit(RLIMIT_MEMLOCK)`: (soft, hard).
 pub(super) fn memlock_limit() -> io::Result<(MemlockLimit, MemlockLimit)> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is a writable rlimit the kernel fills in.
-    check(unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) })?;
+    let (soft, hard) = getrlimit(Resource::RLIMIT_MEMLOCK)?;
     let convert = |value: libc::rlim_t| {
         if value == libc::RLIM_INFINITY {
             MemlockLimit::Unlimited
@@ -265,5 +253,5 @@ pub(super) fn memlock_limit() -> io::Result<(MemlockLimit, MemlockLimit)> {
             MemlockLimit::Bytes(value)
         }
     };
-    Ok((convert(limit.rlim_cur), convert(limit.rlim_max)))
+    Ok((convert(soft), convert(hard)))
 }
