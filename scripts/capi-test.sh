@@ -4,8 +4,9 @@
 #   1. the committed header is what cbindgen generates from capi/src now;
 #   2. libuserdma.so has SONAME libuserdma.so.<major> and exports exactly capi/symbols.txt;
 #   3. the header alone compiles as C11 and as C++17, included twice, with -Werror;
-#   4. the C tests (capi/tests/capi_test.c), -std=c11 -Wall -Wextra -Wpedantic -Werror, under
-#      AddressSanitizer + UndefinedBehaviorSanitizer, then once under Valgrind;
+#   4. the C tests (capi/tests/capi_test.c, capi/tests/device_test.c), -std=c11 -Wall -Wextra
+#      -Wpedantic -Werror, under AddressSanitizer + UndefinedBehaviorSanitizer, then once under
+#      Valgrind;
 #   5. examples/c/round_trip.c, built through an install (scripts/capi-install.sh) and
 #      pkg-config, linked against the shared and the static library, and run;
 #   6. examples/c/two_streams.c (YOLOv5s-like frames on the NPU cost model, every result
@@ -48,16 +49,24 @@ g++ -std=c++17 -Wall -Wextra -Wpedantic -Werror -Icapi/include -c capi/tests/hea
 g++ "$out/header_cpp.o" -o "$out/header_cpp" -L"$out/lib" -luserdma
 LD_LIBRARY_PATH=$out/lib "$out/header_cpp"
 
+# capi_test.c: devices, memory, queues, plans, pipelines, streams; device_test.c: BAR access.
+tests=(capi_test device_test)
 echo "--- C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
-gcc "${CFLAGS[@]}" -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
-	-Icapi/include capi/tests/capi_test.c -o "$out/capi_test_asan" -L"$out/lib" -luserdma -lpthread
-LD_LIBRARY_PATH=$out/lib ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-	"$out/capi_test_asan"
+for t in "${tests[@]}"; do
+	echo "$t"
+	gcc "${CFLAGS[@]}" -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+		-Icapi/include "capi/tests/$t.c" -o "$out/${t}_asan" -L"$out/lib" -luserdma -lpthread
+	LD_LIBRARY_PATH=$out/lib ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+		"$out/${t}_asan"
+done
 
 echo "--- C tests under Valgrind"
-gcc "${CFLAGS[@]}" -Icapi/include capi/tests/capi_test.c -o "$out/capi_test" -L"$out/lib" -luserdma -lpthread
-LD_LIBRARY_PATH=$out/lib valgrind -q --error-exitcode=1 --leak-check=full --show-possibly-lost=no \
-	--errors-for-leak-kinds=definite "$out/capi_test"
+for t in "${tests[@]}"; do
+	echo "$t"
+	gcc "${CFLAGS[@]}" -Icapi/include "capi/tests/$t.c" -o "$out/$t" -L"$out/lib" -luserdma -lpthread
+	LD_LIBRARY_PATH=$out/lib valgrind -q --error-exitcode=1 --leak-check=full --show-possibly-lost=no \
+		--errors-for-leak-kinds=definite "$out/$t"
+done
 
 echo "--- examples/c through an install and pkg-config"
 prefix=$(realpath "$out")/prefix

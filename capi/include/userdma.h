@@ -332,6 +332,18 @@ typedef struct udma_queue udma_queue;
 // pipelines over), destroyed by `udma_streams_destroy`.
 typedef struct udma_streams udma_streams;
 
+// A BAR of a device (`udma_device_get_bar`).
+typedef struct udma_bar_info {
+  // `sizeof(udma_bar_info)`.
+  size_t size;
+  // Bytes of the BAR: offsets `0 .. len - width` are valid for an access of `width` bytes.
+  uint64_t len;
+  // The BAR's index.
+  uint32_t index;
+  // Zero.
+  uint32_t reserved;
+} udma_bar_info;
+
 // How to start the loopback device. Zero is the default for every field: a zeroed struct with
 // `size` set is the default device.
 typedef struct udma_loopback_options {
@@ -834,6 +846,135 @@ uint32_t udma_version(void);
 
 // The library's version as text (`"0.1.0"`), a static string.
 const char *udma_version_string(void);
+
+// What BAR `index` of the device is: its length. (Accesses need no call before them: the
+// reads and writes find the BAR themselves.)
+//
+// Errors: `UDMA_ERR_NOT_FOUND` for a BAR the device does not have (the loopback device has
+// BAR 0, its registers, and BAR 2, its memory); `UDMA_ERR_REMOVED` once the device was
+// removed.
+//
+// # Safety
+// `info` points to `info->size` writable bytes (set `info->size = sizeof *info`).
+enum udma_status udma_device_get_bar(const struct udma_device *device,
+                                     uint32_t index,
+                                     struct udma_bar_info *info);
+
+// Reads the 8-bit register at `offset` of BAR `bar` into `*value`: one volatile
+// 8-bit load (or one `pread` of it where the kernel serves the BAR through the device
+// file). A register with read side effects has them.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an offset past the BAR's end or not a multiple of
+// the width (the message names the BAR, its length and the offset); `UDMA_ERR_NOT_FOUND` for
+// no such BAR. On a removed device a BAR the handle used before reads all-ones (what PCIe
+// returns for a device that is gone: check `udma_device_is_removed` when a register reads
+// all-ones), and one first used after the removal is `UDMA_ERR_REMOVED`.
+//
+// # Safety
+// `value` points to a writable `uint8_t`.
+enum udma_status udma_device_read8(const struct udma_device *device,
+                                   uint32_t bar,
+                                   uint64_t offset,
+                                   uint8_t *value);
+
+// Writes `value` to the 8-bit register at `offset` of BAR `bar`: one volatile 8-bit
+// store (or one `pwrite` of it). A register write is not a fence: a write that tells the
+// device to read memory the program filled (a doorbell, a DMA start) needs
+// `atomic_thread_fence(memory_order_release)` before it.
+//
+// Errors: as `udma_device_read8`, and `UDMA_ERR_REMOVED` once the device was removed
+// (nothing is written).
+enum udma_status udma_device_write8(const struct udma_device *device,
+                                    uint32_t bar,
+                                    uint64_t offset,
+                                    uint8_t value);
+
+// Reads the 16-bit register at `offset` of BAR `bar` into `*value`: one volatile
+// 16-bit load (or one `pread` of it where the kernel serves the BAR through the device
+// file). A register with read side effects has them.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an offset past the BAR's end or not a multiple of
+// the width (the message names the BAR, its length and the offset); `UDMA_ERR_NOT_FOUND` for
+// no such BAR. On a removed device a BAR the handle used before reads all-ones (what PCIe
+// returns for a device that is gone: check `udma_device_is_removed` when a register reads
+// all-ones), and one first used after the removal is `UDMA_ERR_REMOVED`.
+//
+// # Safety
+// `value` points to a writable `uint16_t`.
+enum udma_status udma_device_read16(const struct udma_device *device,
+                                    uint32_t bar,
+                                    uint64_t offset,
+                                    uint16_t *value);
+
+// Writes `value` to the 16-bit register at `offset` of BAR `bar`: one volatile 16-bit
+// store (or one `pwrite` of it). A register write is not a fence: a write that tells the
+// device to read memory the program filled (a doorbell, a DMA start) needs
+// `atomic_thread_fence(memory_order_release)` before it.
+//
+// Errors: as `udma_device_read16`, and `UDMA_ERR_REMOVED` once the device was removed
+// (nothing is written).
+enum udma_status udma_device_write16(const struct udma_device *device,
+                                     uint32_t bar,
+                                     uint64_t offset,
+                                     uint16_t value);
+
+// Reads the 32-bit register at `offset` of BAR `bar` into `*value`: one volatile
+// 32-bit load (or one `pread` of it where the kernel serves the BAR through the device
+// file). A register with read side effects has them.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an offset past the BAR's end or not a multiple of
+// the width (the message names the BAR, its length and the offset); `UDMA_ERR_NOT_FOUND` for
+// no such BAR. On a removed device a BAR the handle used before reads all-ones (what PCIe
+// returns for a device that is gone: check `udma_device_is_removed` when a register reads
+// all-ones), and one first used after the removal is `UDMA_ERR_REMOVED`.
+//
+// # Safety
+// `value` points to a writable `uint32_t`.
+enum udma_status udma_device_read32(const struct udma_device *device,
+                                    uint32_t bar,
+                                    uint64_t offset,
+                                    uint32_t *value);
+
+// Writes `value` to the 32-bit register at `offset` of BAR `bar`: one volatile 32-bit
+// store (or one `pwrite` of it). A register write is not a fence: a write that tells the
+// device to read memory the program filled (a doorbell, a DMA start) needs
+// `atomic_thread_fence(memory_order_release)` before it.
+//
+// Errors: as `udma_device_read32`, and `UDMA_ERR_REMOVED` once the device was removed
+// (nothing is written).
+enum udma_status udma_device_write32(const struct udma_device *device,
+                                     uint32_t bar,
+                                     uint64_t offset,
+                                     uint32_t value);
+
+// Reads the 64-bit register at `offset` of BAR `bar` into `*value`: one volatile
+// 64-bit load (or one `pread` of it where the kernel serves the BAR through the device
+// file). A register with read side effects has them.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an offset past the BAR's end or not a multiple of
+// the width (the message names the BAR, its length and the offset); `UDMA_ERR_NOT_FOUND` for
+// no such BAR. On a removed device a BAR the handle used before reads all-ones (what PCIe
+// returns for a device that is gone: check `udma_device_is_removed` when a register reads
+// all-ones), and one first used after the removal is `UDMA_ERR_REMOVED`.
+//
+// # Safety
+// `value` points to a writable `uint64_t`.
+enum udma_status udma_device_read64(const struct udma_device *device,
+                                    uint32_t bar,
+                                    uint64_t offset,
+                                    uint64_t *value);
+
+// Writes `value` to the 64-bit register at `offset` of BAR `bar`: one volatile 64-bit
+// store (or one `pwrite` of it). A register write is not a fence: a write that tells the
+// device to read memory the program filled (a doorbell, a DMA start) needs
+// `atomic_thread_fence(memory_order_release)` before it.
+//
+// Errors: as `udma_device_read64`, and `UDMA_ERR_REMOVED` once the device was removed
+// (nothing is written).
+enum udma_status udma_device_write64(const struct udma_device *device,
+                                     uint32_t bar,
+                                     uint64_t offset,
+                                     uint64_t value);
 
 // Starts a loopback device (`options` may be NULL: the defaults) and returns it in `*device`.
 //

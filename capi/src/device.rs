@@ -28,6 +28,8 @@ pub(crate) struct Device {
     pub(crate) name: String,
     /// The handle's subscriber to the device's events (`udma_device_next_event`).
     pub(crate) events: std::sync::Mutex<device::Events>,
+    /// The BARs the handle has used (`udma_device_read32` and the others).
+    pub(crate) bars: crate::bar::Bars,
 }
 
 pub(crate) static DEVICES: Registry<Arc<Device>> = Registry::new(Kind::Device);
@@ -228,6 +230,7 @@ fn register(runtime: Runtime, out: *mut *mut udma_device) -> Result<(), Fail> {
         runtime,
         name,
         events: std::sync::Mutex::new(events),
+        bars: crate::bar::Bars::default(),
     }))?;
     // SAFETY: `out` was checked non-null by the caller; C promises it is writable.
     unsafe { out.write(key.to_ptr(Kind::Device)) };

@@ -9,6 +9,7 @@
 //! | `sync` | loom's atomics under `cfg(loom)`, std's otherwise |
 //! | `abi` | structs that grow: `size` first, older sizes accepted |
 //! | `device` | the loopback device, PCI functions (VFIO, UIO), interrupt fds |
+//! | `bar` | BAR access: checked 8- to 64-bit register reads and writes |
 //! | `memory` | mappings, pools, buffers |
 //! | `queue` | queues: submit, poll, wait, wait on many |
 //! | `plan` | the static buffer planner |
@@ -23,6 +24,8 @@
 
 #[cfg(not(loom))]
 mod abi;
+#[cfg(not(loom))]
+mod bar;
 #[cfg(not(loom))]
 mod device;
 mod error;
@@ -40,6 +43,8 @@ mod slots;
 mod streams;
 mod sync;
 
+#[cfg(not(loom))]
+pub use bar::*;
 #[cfg(not(loom))]
 pub use device::*;
 pub use error::{udma_last_error, udma_status, udma_status_name};
