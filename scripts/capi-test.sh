@@ -8,7 +8,9 @@
 #      -Wpedantic -Werror, under AddressSanitizer + UndefinedBehaviorSanitizer, then once under
 #      Valgrind;
 #   5. examples/c/round_trip.c, built through an install (scripts/capi-install.sh) and
-#      pkg-config, linked against the shared and the static library, and run;
+#      pkg-config, linked against the shared and the static library, and run; examples/c/
+#      edu_dma.c built the same way and run on a missing PCI function (it must fail cleanly;
+#      the guest suite runs it on QEMU's edu);
 #   6. examples/c/two_streams.c (YOLOv5s-like frames on the NPU cost model, every result
 #      checked), through an install of the release build, run for 1.5 s.
 # Steps 1 to 5 use the debug build of the library: it shares its dependencies with `cargo
@@ -80,6 +82,17 @@ LD_LIBRARY_PATH=$prefix/lib "$out/round_trip"
 gcc "${CFLAGS[@]}" $(pkg-config --cflags userdma) examples/c/round_trip.c -o "$out/round_trip_static" \
 	"$prefix/lib/libuserdma.a" $(pkg-config --libs-only-l --static userdma | sed 's/-luserdma//')
 "$out/round_trip_static"
+# edu_dma.c drives QEMU's edu device through VFIO (the guest suite runs it: case c-edu-vfio);
+# here it is built, and must fail cleanly on a PCI function no machine has.
+# shellcheck disable=SC2046
+gcc "${CFLAGS[@]}" examples/c/edu_dma.c -o "$out/edu_dma" $(pkg-config --cflags --libs userdma)
+rc=0
+LD_LIBRARY_PATH=$prefix/lib "$out/edu_dma" fffe:ff:1f.7 2>"$out/edu_dma.err" || rc=$?
+if [ "$rc" != 1 ] || ! grep -q 'UDMA_ERR_NOT_FOUND: udma_device_open_pci: fffe:ff:1f.7' "$out/edu_dma.err"; then
+	echo "edu_dma on a missing function exited $rc, expected 1 with the library's message:" >&2
+	cat "$out/edu_dma.err" >&2
+	exit 1
+fi
 
 echo "--- examples/c/two_streams.c through a release install"
 release=$(realpath "$out")/prefix-release

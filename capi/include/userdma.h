@@ -1432,7 +1432,9 @@ enum udma_status udma_plan_destroy(struct udma_plan *plan);
 //
 // Errors: `UDMA_ERR_BUSY` for a queue open already; `UDMA_ERR_NOT_FOUND` for an index past
 // the device's queues; `UDMA_ERR_INVALID_ARGUMENT` for a depth that is not a power of two in
-// range; `UDMA_ERR_UNSUPPORTED` for a PCI device (its driver supplies its queue format).
+// range; `UDMA_ERR_UNSUPPORTED` for a PCI device: its driver brings its own queue format
+// (drive its registers with `udma_device_read32` / `udma_device_write32` and the other BAR
+// calls, and its DMA with buffers from a pool, as `examples/c/edu_dma.c` does).
 //
 // # Safety
 // `options` is NULL or points to `options->size` readable bytes; `queue` to a writable
