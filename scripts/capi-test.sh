@@ -51,7 +51,8 @@ g++ -std=c++17 -Wall -Wextra -Wpedantic -Werror -Icapi/include -c capi/tests/hea
 g++ "$out/header_cpp.o" -o "$out/header_cpp" -L"$out/lib" -luserdma
 LD_LIBRARY_PATH=$out/lib "$out/header_cpp"
 
-# capi_test.c: devices, memory, queues, plans, pipelines, streams; device_test.c: BAR access.
+# capi_test.c: devices, memory, queues, plans, pipelines, streams; device_test.c: BAR
+# access, the loopback device's layer and compact ops.
 tests=(capi_test device_test)
 echo "--- C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 for t in "${tests[@]}"; do

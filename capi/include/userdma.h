@@ -180,6 +180,25 @@ typedef enum udma_opcode {
   UDMA_OP_COMPUTE = 5,
   // Waits until queue `arg0` of the device has completed `arg1` descriptors.
   UDMA_OP_WAIT = 6,
+  // A model layer: `len` bytes of output at `device_offset` from up to three input tensors
+  // in device memory: input 0 at `device_src`, `arg0` bytes (required); input 1 at `arg1`,
+  // `arg2` bytes; input 2 at `arg3`, `arg4` bytes (a length of 0: the input is absent, and
+  // its offset must be 0; input 2 only with input 1); the layer's seed in `arg5` (32 bits).
+  // Output word `j` (little-endian `u32`) is `mix(seed, j, w_0, w_1, ...)` of word
+  // `j mod words_k` of each present input `k` (a shorter input repeats), where `mix` starts
+  // from `h = seed ^ (j * 0x9e3779b9)` and takes each word `w` as
+  // `h = rotl32((h ^ w) * 0x85ebca6b, 13)` (all 32-bit). Every offset and length a multiple
+  // of 4 (else the completion says `misaligned`), the output overlapping no input (else
+  // `overlap`). The completion's result is the wrapping 64-bit sum of the output words.
+  UDMA_OP_LAYER = 7,
+  // Result filtering: of the `len` bytes at `device_src`, read as records of `arg0` bytes
+  // (4 to 4096, a multiple of 4; `len` a multiple of it), keeps those whose little-endian
+  // `u32` score at byte `arg1` of the record (a multiple of 4, inside it) is at least `arg2`;
+  // writes at `device_offset` (`8 + arg3 * arg0` bytes, overlapping no input) the `u32`
+  // count of survivors written (at most the capacity `arg3`), the `u32` count found
+  // (saturating), then the first survivors in input order, packed, and zeros in the slots
+  // left over. The completion's result is the count found. `arg0` to `arg3` are 32-bit.
+  UDMA_OP_COMPACT = 8,
 } udma_opcode;
 
 // `udma_memory_map`'s and `udma_pool_options`' page size.
@@ -708,6 +727,15 @@ typedef struct udma_op {
   uint64_t arg1;
   // The caller's tag, handed back in the completion.
   uint64_t user_data;
+  // The op's third argument (`UDMA_OP_LAYER`, `UDMA_OP_COMPACT`; a program
+  // built with an older, smaller `udma_op` gets 0 here and below).
+  uint64_t arg2;
+  // The op's fourth argument.
+  uint64_t arg3;
+  // The op's fifth argument.
+  uint64_t arg4;
+  // The op's sixth argument.
+  uint64_t arg5;
 } udma_op;
 
 // A finished op (`udma_queue_poll`, `udma_queue_wait`).

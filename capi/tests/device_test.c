@@ -1,6 +1,6 @@
 /* The C API's device-level tests, against the loopback device: BAR access (its BAR 0
- * registers and BAR 2 memory); each success checked for its result and each error path for
- * its status and its message. Built and run as capi_test.c is (scripts/capi-test.sh). */
+ * registers and BAR 2 memory) and the loopback device's layer and compact ops; each success
+ * checked for its result and each error path for its status and its message. Built and run as capi_test.c is (scripts/capi-test.sh). */
 #define _GNU_SOURCE
 #include <inttypes.h>
 #include <stdint.h>
@@ -241,6 +241,260 @@ static void test_bar_removed(void)
 	OK(udma_device_close(dev));
 }
 
+/* ---- the loopback device's layer and compact ops ------------------------------------ */
+
+/* userdma::device::loopback::reference::mix, written again from its definition. */
+static uint32_t mix(uint32_t seed, uint64_t index, const uint32_t *words, size_t n)
+{
+	uint32_t h = seed ^ ((uint32_t)index * 0x9e3779b9u);
+	for (size_t k = 0; k < n; k++) {
+		h = (h ^ words[k]) * 0x85ebca6bu;
+		h = (h << 13) | (h >> 19);
+	}
+	return h;
+}
+
+/* Writes `n` words to device memory at `at` through BAR 2. */
+static void put_words(udma_device *dev, uint64_t at, const uint32_t *words, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		OK(udma_device_write32(dev, 2, at + 4 * i, words[i]));
+}
+
+static uint32_t get_word(udma_device *dev, uint64_t at)
+{
+	uint32_t w = 0;
+	OK(udma_device_read32(dev, 2, at, &w));
+	return w;
+}
+
+/* Submits `op` and waits for its completion. */
+static udma_completion run_op(udma_queue *q, const udma_op *op)
+{
+	udma_completion c = {.size = sizeof c};
+	OK(udma_queue_submit(q, op));
+	OK(udma_queue_wait(q, 5 * SECOND, &c));
+	return c;
+}
+
+static void test_layer(void)
+{
+	udma_device *dev = loopback();
+	udma_queue *q = NULL;
+	OK(udma_queue_create(dev, NULL, &q));
+	/* Input 0: 16 words; input 1: 4 words (repeats); input 2: 1 word (a bias). */
+	enum { IN0 = 0x0, IN1 = 0x100, IN2 = 0x200, OUT = 0x1000, OUT_WORDS = 32 };
+	uint32_t in0[16], in1[4], in2[1] = {0xdeadbeefu};
+	for (uint32_t i = 0; i < 16; i++)
+		in0[i] = i * 2654435761u + 1;
+	for (uint32_t i = 0; i < 4; i++)
+		in1[i] = 0x01000000u * (i + 1) + i;
+	put_words(dev, IN0, in0, 16);
+	put_words(dev, IN1, in1, 4);
+	put_words(dev, IN2, in2, 1);
+	const uint32_t seed = 0xabcd1234u;
+
+	for (size_t inputs = 1; inputs <= 3; inputs++) {
+		udma_op op = {.size = sizeof op, .opcode = UDMA_OP_LAYER, .device_src = IN0,
+			      .arg0 = sizeof in0, .device_offset = OUT, .len = 4 * OUT_WORDS,
+			      .arg5 = seed};
+		if (inputs >= 2) {
+			op.arg1 = IN1;
+			op.arg2 = sizeof in1;
+		}
+		if (inputs == 3) {
+			op.arg3 = IN2;
+			op.arg4 = sizeof in2;
+		}
+		udma_completion c = run_op(q, &op);
+		CHECK(c.status == 0);
+		uint64_t sum = 0;
+		int wrong = 0;
+		for (uint64_t j = 0; j < OUT_WORDS; j++) {
+			uint32_t words[3] = {in0[j % 16], in1[j % 4], in2[0]};
+			uint32_t want = mix(seed, j, words, inputs);
+			sum += want;
+			wrong += get_word(dev, OUT + 4 * j) != want;
+		}
+		CHECK(wrong == 0);
+		CHECK(c.result == sum);
+	}
+
+	/* Shapes the format cannot say: refused at submit, nothing queued. */
+	udma_op bad = {.size = sizeof bad, .opcode = UDMA_OP_LAYER, .device_src = IN0,
+		       .arg0 = 0, .device_offset = OUT, .len = 64};
+	FAILS(udma_queue_submit(q, &bad), UDMA_ERR_INVALID_ARGUMENT,
+	      "input 0 (device_src, arg0) has length 0: a layer needs input 0");
+	bad.arg0 = 64;
+	bad.arg1 = IN1;
+	FAILS(udma_queue_submit(q, &bad), UDMA_ERR_INVALID_ARGUMENT,
+	      "input 1 (arg1, arg2) has length 0 (absent) but offset 0x100");
+	bad.arg1 = 0;
+	bad.arg3 = IN2;
+	bad.arg4 = 4;
+	FAILS(udma_queue_submit(q, &bad), UDMA_ERR_INVALID_ARGUMENT,
+	      "input 2 (arg3, arg4) is given without input 1");
+	bad.arg3 = bad.arg4 = 0;
+	bad.arg0 = 1ull << 32;
+	FAILS(udma_queue_submit(q, &bad), UDMA_ERR_INVALID_ARGUMENT,
+	      "layer input 0 is 4294967296 bytes: expected 1 to u32::MAX");
+	bad.arg0 = 64;
+	bad.arg5 = 1ull << 32;
+	FAILS(udma_queue_submit(q, &bad), UDMA_ERR_INVALID_ARGUMENT,
+	      "seed (arg5) 0x100000000 does not fit 32 bits");
+	bad.arg5 = 0;
+	udma_pool *pool = pool_of(dev, 4 << 20);
+	udma_buffer *b = NULL;
+	OK(udma_pool_alloc(pool, 64, &b));
+	bad.buffer = b;
+	FAILS(udma_queue_submit(q, &bad), UDMA_ERR_INVALID_ARGUMENT, "names no host memory");
+	bad.buffer = NULL;
+	udma_queue_info qi = {.size = sizeof qi};
+	OK(udma_queue_get_info(q, &qi));
+	CHECK(qi.submitted == 3);
+
+	/* Shapes the device refuses: an error completion, nothing written. */
+	udma_op dev_bad = {.size = sizeof dev_bad, .opcode = UDMA_OP_LAYER, .device_src = IN0 + 2,
+			   .arg0 = 64, .device_offset = OUT, .len = 64};
+	udma_completion c = run_op(q, &dev_bad);
+	CHECK(strcmp(udma_op_status_name(c.status), "misaligned") == 0);
+	dev_bad.device_src = IN0;
+	dev_bad.device_offset = IN0 + 32;
+	c = run_op(q, &dev_bad);
+	CHECK(strcmp(udma_op_status_name(c.status), "overlap") == 0);
+	dev_bad.device_offset = 1 << 20;
+	c = run_op(q, &dev_bad);
+	CHECK(strcmp(udma_op_status_name(c.status), "device-out-of-bounds") == 0);
+	dev_bad.device_offset = OUT;
+	dev_bad.len = 0;
+	c = run_op(q, &dev_bad);
+	CHECK(strcmp(udma_op_status_name(c.status), "bad-length") == 0);
+
+	/* A program built before udma_op had arg2 to arg5: its 80-byte op still works. */
+	udma_op old = {.size = offsetof(udma_op, arg2), .opcode = UDMA_OP_FILL,
+		       .device_offset = OUT, .len = 4, .arg0 = 0x5a};
+	CHECK(offsetof(udma_op, arg2) == 80);
+	c = run_op(q, &old);
+	CHECK(c.status == 0 && get_word(dev, OUT) == 0x5a5a5a5au);
+
+	OK(udma_pool_free(pool, b));
+	OK(udma_pool_destroy(pool));
+	OK(udma_queue_destroy(q));
+	OK(udma_device_close(dev));
+}
+
+enum { RECORD_WORDS = 4, RECORDS = 8, SCORE_WORD = 1 };
+
+/* userdma::device::loopback::reference::compact, written again from its definition: the
+ * output's words for `capacity` slots. Returns the survivors found. */
+static uint64_t compact_ref(const uint32_t *records, uint32_t threshold, uint32_t capacity,
+			    uint32_t *out)
+{
+	uint32_t written = 0, found = 0;
+	memset(out, 0, (2 + (size_t)capacity * RECORD_WORDS) * 4);
+	for (uint32_t r = 0; r < RECORDS; r++) {
+		const uint32_t *rec = records + r * RECORD_WORDS;
+		if (rec[SCORE_WORD] < threshold)
+			continue;
+		found++;
+		if (written < capacity) {
+			memcpy(out + 2 + written * RECORD_WORDS, rec, RECORD_WORDS * 4);
+			written++;
+		}
+	}
+	out[0] = written;
+	out[1] = found;
+	return found;
+}
+
+static void test_compact(void)
+{
+	udma_device *dev = loopback();
+	udma_queue *q = NULL;
+	OK(udma_queue_create(dev, NULL, &q));
+	enum { SRC = 0x4000, DST = 0x5000 };
+	const uint32_t scores[RECORDS] = {5, 50, 7, 90, 50, 1, 100, 49};
+	uint32_t records[RECORDS * RECORD_WORDS];
+	for (uint32_t r = 0; r < RECORDS; r++)
+		for (uint32_t w = 0; w < RECORD_WORDS; w++)
+			records[r * RECORD_WORDS + w] = w == SCORE_WORD ? scores[r] : r * 100 + w;
+	put_words(dev, SRC, records, RECORDS * RECORD_WORDS);
+
+	/* Fewer slots than survivors, then more (the leftover slots are zeroed). */
+	const uint32_t capacities[] = {3, 6};
+	for (size_t k = 0; k < 2; k++) {
+		uint32_t cap = capacities[k];
+		udma_op fill = {.size = sizeof fill, .opcode = UDMA_OP_FILL, .device_offset = DST,
+				.len = 0x400, .arg0 = 0xff};
+		CHECK(run_op(q, &fill).status == 0);
+		udma_op op = {.size = sizeof op, .opcode = UDMA_OP_COMPACT, .device_src = SRC,
+			      .len = sizeof records, .arg0 = RECORD_WORDS * 4,
+			      .arg1 = SCORE_WORD * 4, .arg2 = 50, .arg3 = cap,
+			      .device_offset = DST};
+		udma_completion c = run_op(q, &op);
+		CHECK(c.status == 0);
+		uint32_t want[2 + 6 * RECORD_WORDS];
+		uint64_t found = compact_ref(records, 50, cap, want);
+		CHECK(found == 4 && c.result == found);
+		int wrong = 0;
+		for (size_t i = 0; i < 2 + (size_t)cap * RECORD_WORDS; i++)
+			wrong += get_word(dev, DST + 4 * i) != want[i];
+		CHECK(wrong == 0);
+		/* Nothing past the output. */
+		CHECK(get_word(dev, DST + 4 * (2 + (uint64_t)cap * RECORD_WORDS)) == 0xffffffffu);
+	}
+
+	/* Arguments that do not fit their 32 bits: refused at submit. */
+	udma_op bad = {.size = sizeof bad, .opcode = UDMA_OP_COMPACT, .device_src = SRC,
+		       .len = sizeof records, .arg0 = 16, .arg1 = 4, .arg2 = 50, .arg3 = 2,
+		       .device_offset = DST};
+	bad.arg0 = 1ull << 32;
+	FAILS(udma_queue_submit(q, &bad), UDMA_ERR_INVALID_ARGUMENT,
+	      "record size (arg0) 0x100000000 does not fit 32 bits");
+	bad.arg0 = 16;
+	bad.arg1 = UINT64_MAX;
+	FAILS(udma_queue_submit(q, &bad), UDMA_ERR_INVALID_ARGUMENT,
+	      "score offset (arg1) 0xffffffffffffffff does not fit 32 bits");
+	bad.arg1 = 4;
+	bad.arg2 = 1ull << 40;
+	FAILS(udma_queue_submit(q, &bad), UDMA_ERR_INVALID_ARGUMENT,
+	      "threshold (arg2) 0x10000000000 does not fit 32 bits");
+	bad.arg2 = 50;
+	bad.arg3 = 1ull << 33;
+	FAILS(udma_queue_submit(q, &bad), UDMA_ERR_INVALID_ARGUMENT,
+	      "capacity (arg3) 0x200000000 does not fit 32 bits");
+	bad.arg3 = 2;
+
+	/* Shapes the device refuses: an error completion. */
+	struct {
+		uint64_t record, score_at, len, src, dst;
+		const char *status;
+	} refused[] = {
+		{8192, 4, 8192, SRC, DST, "bad-args"},             /* a record over 4096 bytes */
+		{16, 16, sizeof records, SRC, DST, "bad-args"},    /* the score outside the record */
+		{16, 4, 24, SRC, DST, "bad-length"},               /* not whole records */
+		{16, 4, sizeof records, SRC + 2, DST, "misaligned"},
+		{16, 4, sizeof records, SRC, SRC + 16, "overlap"}, /* the output over the input */
+		{16, 4, sizeof records, SRC, 1 << 20, "device-out-of-bounds"},
+	};
+	for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+		udma_op op = bad;
+		op.arg0 = refused[i].record;
+		op.arg1 = refused[i].score_at;
+		op.len = refused[i].len;
+		op.device_src = refused[i].src;
+		op.device_offset = refused[i].dst;
+		udma_completion c = run_op(q, &op);
+		if (strcmp(udma_op_status_name(c.status), refused[i].status) != 0) {
+			fprintf(stderr, "compact refused[%zu]: status %s, want %s\n", i,
+				udma_op_status_name(c.status), refused[i].status);
+			check_failures++;
+		}
+	}
+	OK(udma_queue_destroy(q));
+	OK(udma_device_close(dev));
+}
+
 int main(void)
 {
 	struct {
@@ -251,6 +505,8 @@ int main(void)
 		{"bar_memory", test_bar_memory},
 		{"bar_errors", test_bar_errors},
 		{"bar_removed", test_bar_removed},
+		{"layer", test_layer},
+		{"compact", test_compact},
 	};
 	int passed = 0, failed = 0;
 	for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
