@@ -7,22 +7,11 @@
 //! used keeps its length after the device is removed: reads of it then give all-ones (what a
 //! PCIe read of a device that is gone returns), and writes are refused (`UDMA_ERR_REMOVED`).
 
-use std::sync::OnceLock;
-
 use udma::mmio::{DynBlock, Raw, Width};
 
 use crate::abi;
 use crate::device::{device, udma_device, Device};
 use crate::error::{call, lib, udma_status, Fail};
-
-/// BARs a PCI function can have (0 to 5); the loopback device has 0 and 2.
-const BARS: usize = 6;
-
-/// The register blocks a device handle has used, by BAR index.
-#[derive(Debug, Default)]
-pub(crate) struct Bars {
-    blocks: [OnceLock<DynBlock>; BARS],
-}
 
 /// A BAR of a device (`udma_device_get_bar`).
 #[repr(C)]
@@ -59,7 +48,7 @@ fn removed(d: &Device, what: String) -> Fail {
 fn block(d: &Device, index: u32) -> Result<&DynBlock, Fail> {
     let slot = usize::try_from(index)
         .ok()
-        .and_then(|i| d.bars.blocks.get(i))
+        .and_then(|i| d.bars.get(i))
         .ok_or_else(|| {
             Fail::new(
                 udma_status::UDMA_ERR_NOT_FOUND,

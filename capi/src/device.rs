@@ -3,10 +3,11 @@
 
 use std::ffi::{c_char, c_int, CStr};
 use std::os::fd::{AsFd, IntoRawFd};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use udma::device::{self, loopback, vfio};
+use udma::mmio::DynBlock;
 use udma::{pci, Runtime};
 
 use crate::abi;
@@ -28,9 +29,13 @@ pub(crate) struct Device {
     pub(crate) name: String,
     /// The handle's subscriber to the device's events (`udma_device_next_event`).
     pub(crate) events: std::sync::Mutex<device::Events>,
-    /// The BARs the handle has used (`udma_device_read32` and the others).
-    pub(crate) bars: crate::bar::Bars,
+    /// The register blocks the handle has used, by BAR index (`udma_device_read32` and the
+    /// others, in `bar.rs`).
+    pub(crate) bars: [OnceLock<DynBlock>; BARS],
 }
+
+/// BARs a PCI function can have (0 to 5); the loopback device has 0 and 2.
+pub(crate) const BARS: usize = 6;
 
 pub(crate) static DEVICES: Registry<Arc<Device>> = Registry::new(Kind::Device);
 
@@ -230,7 +235,7 @@ fn register(runtime: Runtime, out: *mut *mut udma_device) -> Result<(), Fail> {
         runtime,
         name,
         events: std::sync::Mutex::new(events),
-        bars: crate::bar::Bars::default(),
+        bars: Default::default(),
     }))?;
     // SAFETY: `out` was checked non-null by the caller; C promises it is writable.
     unsafe { out.write(key.to_ptr(Kind::Device)) };
