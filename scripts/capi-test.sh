@@ -52,7 +52,7 @@ g++ "$out/header_cpp.o" -o "$out/header_cpp" -L"$out/lib" -luserdma
 LD_LIBRARY_PATH=$out/lib "$out/header_cpp"
 
 # capi_test.c: devices, memory, queues, plans, pipelines, streams; device_test.c: BAR
-# access, the loopback device's layer and compact ops.
+# access, the loopback device's layer and compact ops, device-memory ranges.
 tests=(capi_test device_test)
 echo "--- C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 for t in "${tests[@]}"; do

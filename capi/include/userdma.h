@@ -435,6 +435,37 @@ typedef struct udma_event {
   uint64_t total;
 } udma_event;
 
+// A range of device memory (`udma_device_memory_alloc`): where it is, and the id the device
+// handle knows it by. Pass it back unchanged to `udma_device_memory_free`.
+typedef struct udma_range {
+  // `sizeof(udma_range)`.
+  size_t size;
+  // The library's id of the range (never 0).
+  uint64_t id;
+  // The BAR the range is in.
+  uint32_t bar;
+  // Zero.
+  uint32_t reserved;
+  // The first byte's offset in the BAR (the `device_offset` / `device_src` of an op).
+  uint64_t offset;
+  // Bytes.
+  uint64_t len;
+} udma_range;
+
+// A BAR's device memory (`udma_device_memory_get_info`).
+typedef struct udma_device_memory_info {
+  // `sizeof(udma_device_memory_info)`.
+  size_t size;
+  // Bytes of device memory in all (the BAR's length).
+  uint64_t bytes;
+  // Bytes free now.
+  uint64_t free;
+  // The largest free range now (what one allocation can get at most).
+  uint64_t largest_free;
+  // Ranges this device handle has out.
+  uint64_t ranges;
+} udma_device_memory_info;
+
 // A mapping's addresses.
 typedef struct udma_mapping_info {
   // `sizeof(udma_mapping_info)`.
@@ -1094,6 +1125,60 @@ enum udma_status udma_device_is_removed(const struct udma_device *device, int *r
 // Errors: `UDMA_ERR_UNSUPPORTED` for a PCI device (unplug it, or `echo 1 >
 // /sys/bus/pci/devices/BDF/remove`).
 enum udma_status udma_device_remove_loopback(const struct udma_device *device);
+
+// `len` bytes of BAR `bar`'s device memory at the lowest free offset that is a multiple of
+// `align` (a power of two; 0 is taken as 1), into `*range`. The loopback device's memory is
+// BAR 2.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `len` 0 or an alignment that is not a power of
+// two; `UDMA_ERR_EXHAUSTED` when no free range holds it (the message gives the free bytes
+// and the largest free range); `UDMA_ERR_NOT_FOUND` for no such BAR; `UDMA_ERR_REMOVED`
+// once the device was removed.
+//
+// # Safety
+// `range` points to `range->size` writable bytes (set `range->size = sizeof *range`).
+enum udma_status udma_device_memory_alloc(const struct udma_device *device,
+                                          uint32_t bar,
+                                          uint64_t len,
+                                          uint64_t align,
+                                          struct udma_range *range);
+
+// The `len` bytes at `offset` of BAR `bar`'s device memory exactly (a buffer placed by hand),
+// into `*range`.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `len` 0, a range that ends past the memory, or one
+// that is partly in use; otherwise as `udma_device_memory_alloc`.
+//
+// # Safety
+// `range` points to `range->size` writable bytes (set `range->size = sizeof *range`).
+enum udma_status udma_device_memory_alloc_at(const struct udma_device *device,
+                                             uint32_t bar,
+                                             uint64_t offset,
+                                             uint64_t len,
+                                             struct udma_range *range);
+
+// Returns a range to the device memory it came from. `*range` must be what
+// `udma_device_memory_alloc` or `_alloc_at` filled in, on this device, not freed yet. What a
+// descriptor in flight still reads or writes there is the caller's to finish first.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a range freed already, one of another device (or
+// never allocated), or one whose BAR, offset or length were changed; nothing is freed then.
+//
+// # Safety
+// `range` points to `range->size` readable bytes.
+enum udma_status udma_device_memory_free(const struct udma_device *device,
+                                         const struct udma_range *range);
+
+// BAR `bar`'s device memory: its size, the bytes free, the largest free range, and the
+// ranges this handle has out.
+//
+// Errors: `UDMA_ERR_NOT_FOUND` for no such BAR.
+//
+// # Safety
+// `info` points to `info->size` writable bytes (set `info->size = sizeof *info`).
+enum udma_status udma_device_memory_get_info(const struct udma_device *device,
+                                             uint32_t bar,
+                                             struct udma_device_memory_info *info);
 
 // The message of the last failed call on this thread: what failed, on which device, queue,
 // buffer or IOVA, and what to do. An empty string if no call on this thread has failed. The

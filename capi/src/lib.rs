@@ -10,6 +10,7 @@
 //! | `abi` | structs that grow: `size` first, older sizes accepted |
 //! | `device` | the loopback device, PCI functions (VFIO, UIO), interrupt fds |
 //! | `bar` | BAR access: checked 8- to 64-bit register reads and writes |
+//! | `dram` | device memory as ranges: alloc, alloc at an offset, free, info |
 //! | `memory` | mappings, pools, buffers |
 //! | `queue` | queues: submit, poll, wait, wait on many |
 //! | `plan` | the static buffer planner |
@@ -28,6 +29,8 @@ mod abi;
 mod bar;
 #[cfg(not(loom))]
 mod device;
+#[cfg(not(loom))]
+mod dram;
 mod error;
 mod handle;
 #[cfg(not(loom))]
@@ -47,6 +50,8 @@ mod sync;
 pub use bar::*;
 #[cfg(not(loom))]
 pub use device::*;
+#[cfg(not(loom))]
+pub use dram::*;
 pub use error::{udma_last_error, udma_status, udma_status_name};
 #[cfg(not(loom))]
 pub use memory::*;

@@ -1,6 +1,7 @@
 /* The C API's device-level tests, against the loopback device: BAR access (its BAR 0
- * registers and BAR 2 memory) and the loopback device's layer and compact ops; each success
- * checked for its result and each error path for its status and its message. Built and run as capi_test.c is (scripts/capi-test.sh). */
+ * registers and BAR 2 memory), the loopback device's layer and compact ops, and device-memory
+ * ranges; each success checked for its result and each error path for its status and its
+ * message. Built and run as capi_test.c is (scripts/capi-test.sh). */
 #define _GNU_SOURCE
 #include <inttypes.h>
 #include <stdint.h>
@@ -495,6 +496,128 @@ static void test_compact(void)
 	OK(udma_device_close(dev));
 }
 
+/* ---- device-memory ranges ---------------------------------------------------------- */
+
+static udma_device_memory_info memory_info(const udma_device *dev, uint32_t bar)
+{
+	udma_device_memory_info info = {.size = sizeof info};
+	OK(udma_device_memory_get_info(dev, bar, &info));
+	return info;
+}
+
+static void test_device_memory(void)
+{
+	udma_device *dev = loopback();
+	udma_device_memory_info info = memory_info(dev, 2);
+	CHECK(info.bytes == 1 << 20 && info.free == 1 << 20 && info.largest_free == 1 << 20);
+	CHECK(info.ranges == 0);
+
+	udma_range a = {.size = sizeof a}, b = {.size = sizeof b}, fixed = {.size = sizeof fixed};
+	OK(udma_device_memory_alloc(dev, 2, 4096, 256, &a));
+	CHECK(a.id != 0 && a.bar == 2 && a.offset == 0 && a.len == 4096);
+	OK(udma_device_memory_alloc(dev, 2, 100, 4096, &b));
+	CHECK(b.offset == 4096 && b.len == 100 && b.id != a.id);
+	OK(udma_device_memory_alloc_at(dev, 2, 0x80000, 0x1000, &fixed));
+	CHECK(fixed.offset == 0x80000 && fixed.len == 0x1000);
+	udma_range none = {.size = sizeof none};
+	OK(udma_device_memory_alloc(dev, 2, 64, 0, &none)); /* alignment 0: any */
+	CHECK(none.offset == 4096 + 100);
+	OK(udma_device_memory_free(dev, &none));
+	info = memory_info(dev, 2);
+	CHECK(info.free == (1 << 20) - 4096 - 100 - 0x1000 && info.ranges == 3);
+	CHECK(info.largest_free == (1 << 20) - 0x81000);
+
+	/* A range is where ops and BAR accesses go. */
+	udma_queue *q = NULL;
+	OK(udma_queue_create(dev, NULL, &q));
+	udma_op fill = {.size = sizeof fill, .opcode = UDMA_OP_FILL, .device_offset = fixed.offset,
+			.len = fixed.len, .arg0 = 0x77};
+	CHECK(run_op(q, &fill).status == 0);
+	CHECK(get_word(dev, fixed.offset + fixed.len - 4) == 0x77777777u);
+	OK(udma_queue_destroy(q));
+
+	/* Requests that can never be met, and one that cannot be met now. */
+	udma_range r = {.size = sizeof r};
+	FAILS(udma_device_memory_alloc(dev, 2, 0, 1, &r), UDMA_ERR_INVALID_ARGUMENT,
+	      "loopback0 BAR 2: device memory range 0x0+0x0 (alignment 1) cannot be allocated: "
+	      "the length is zero");
+	FAILS(udma_device_memory_alloc(dev, 2, 64, 3, &r), UDMA_ERR_INVALID_ARGUMENT,
+	      "the alignment is not a power of two");
+	FAILS(udma_device_memory_alloc(dev, 2, 2 << 20, 1, &r), UDMA_ERR_EXHAUSTED,
+	      "no free range of device memory holds 2097152 bytes aligned to 1");
+	FAILS(udma_device_memory_alloc_at(dev, 2, 0x80800, 0x1000, &r), UDMA_ERR_INVALID_ARGUMENT,
+	      "part of it is in use");
+	FAILS(udma_device_memory_alloc_at(dev, 2, (1 << 20) - 8, 16, &r), UDMA_ERR_INVALID_ARGUMENT,
+	      "it ends past the device memory");
+	FAILS(udma_device_memory_alloc_at(dev, 2, UINT64_MAX, 2, &r), UDMA_ERR_INVALID_ARGUMENT,
+	      "it ends past the device memory");
+	FAILS(udma_device_memory_alloc_at(dev, 2, 0x90000, 0, &r), UDMA_ERR_INVALID_ARGUMENT,
+	      "the length is zero");
+	FAILS(udma_device_memory_alloc(dev, 1, 64, 1, &r), UDMA_ERR_NOT_FOUND,
+	      "the device has no BAR 1");
+	FAILS(udma_device_memory_alloc(dev, 9, 64, 1, &r), UDMA_ERR_NOT_FOUND,
+	      "loopback0 has no BAR 9: BARs are numbered 0 to 5");
+	FAILS(udma_device_memory_get_info(dev, 9, &info), UDMA_ERR_NOT_FOUND, "no BAR 9");
+	FAILS(udma_device_memory_alloc(dev, 2, 64, 1, NULL), UDMA_ERR_INVALID_ARGUMENT,
+	      "range is NULL");
+	udma_range unsized = {.size = 0};
+	FAILS(udma_device_memory_alloc(dev, 2, 64, 1, &unsized), UDMA_ERR_INVALID_ARGUMENT,
+	      "set it to sizeof(udma_range)");
+	FAILS(udma_device_memory_get_info(dev, 2, NULL), UDMA_ERR_INVALID_ARGUMENT, "info is NULL");
+	FAILS(udma_device_memory_alloc(NULL, 2, 64, 1, &r), UDMA_ERR_INVALID_HANDLE,
+	      "device handle is NULL");
+	CHECK(memory_info(dev, 2).ranges == 3); /* none of those took anything */
+
+	/* Freed twice, changed, never allocated, of another device: refused, nothing freed. */
+	OK(udma_device_memory_free(dev, &a));
+	FAILS(udma_device_memory_free(dev, &a), UDMA_ERR_INVALID_ARGUMENT,
+	      "is not allocated on loopback0: it was freed already, or allocated on another device");
+	udma_range changed = b;
+	changed.len = 4096;
+	FAILS(udma_device_memory_free(dev, &changed), UDMA_ERR_INVALID_ARGUMENT,
+	      "but the struct passed says BAR 2 0x1000+0x1000: pass the udma_range the allocation "
+	      "filled in, unchanged");
+	changed = b;
+	changed.bar = 0;
+	FAILS(udma_device_memory_free(dev, &changed), UDMA_ERR_INVALID_ARGUMENT,
+	      "the struct passed says BAR 0");
+	udma_range made_up = {.size = sizeof made_up, .id = 0, .bar = 2, .offset = 0, .len = 4096};
+	FAILS(udma_device_memory_free(dev, &made_up), UDMA_ERR_INVALID_ARGUMENT, "not allocated");
+	udma_device *other = loopback();
+	udma_range theirs = {.size = sizeof theirs};
+	OK(udma_device_memory_alloc(other, 2, 4096, 1, &theirs));
+	FAILS(udma_device_memory_free(dev, &theirs), UDMA_ERR_INVALID_ARGUMENT,
+	      "or allocated on another device");
+	CHECK(memory_info(other, 2).ranges == 1);
+	FAILS(udma_device_memory_free(dev, NULL), UDMA_ERR_INVALID_ARGUMENT, "range is NULL");
+	CHECK(memory_info(dev, 2).ranges == 2);
+
+	/* Any BAR the device has: the register BAR's 4 KiB, its own allocator. */
+	udma_range reg = {.size = sizeof reg};
+	OK(udma_device_memory_alloc(dev, 0, 0x1000, 1, &reg));
+	CHECK(reg.bar == 0 && reg.offset == 0 && memory_info(dev, 0).free == 0);
+	CHECK(memory_info(dev, 2).ranges == 2 && memory_info(dev, 0).ranges == 1);
+	OK(udma_device_memory_free(dev, &reg));
+
+	/* Every range back: one free range again, the neighbours merged. */
+	OK(udma_device_memory_free(dev, &b));
+	OK(udma_device_memory_free(dev, &fixed));
+	info = memory_info(dev, 2);
+	CHECK(info.free == 1 << 20 && info.largest_free == 1 << 20 && info.ranges == 0);
+
+	/* After a removal nothing new is allocated; what is out can still be freed. */
+	udma_range kept = {.size = sizeof kept};
+	OK(udma_device_memory_alloc(dev, 2, 512, 1, &kept));
+	OK(udma_device_remove_loopback(dev));
+	FAILS(udma_device_memory_alloc(dev, 2, 512, 1, &r), UDMA_ERR_REMOVED, "loopback0 was removed");
+	OK(udma_device_memory_free(dev, &kept));
+	CHECK(memory_info(dev, 2).free == 1 << 20);
+
+	/* A range left out when its device closes goes with it (Valgrind sees no leak). */
+	OK(udma_device_close(other));
+	OK(udma_device_close(dev));
+}
+
 int main(void)
 {
 	struct {
@@ -507,6 +630,7 @@ int main(void)
 		{"bar_removed", test_bar_removed},
 		{"layer", test_layer},
 		{"compact", test_compact},
+		{"device_memory", test_device_memory},
 	};
 	int passed = 0, failed = 0;
 	for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
