@@ -222,8 +222,9 @@ int main(int argc, char **argv)
 				    .page_size = UDMA_PAGE_2M};
 	udma_pool *pool;
 	TRY(udma_pool_create(dev, &pool_o, &pool));
+	/* Both of one size: one size class of the pool (a 2 MiB pool has room for one slab). */
 	udma_buffer *src, *dst;
-	TRY(udma_pool_alloc(pool, LEN, &src));
+	TRY(udma_pool_alloc(pool, LEN + GUARD, &src));
 	TRY(udma_pool_alloc(pool, LEN + GUARD, &dst));
 	udma_buffer_info si = {.size = sizeof si}, di = {.size = sizeof di};
 	TRY(udma_buffer_get_info(src, &si));
