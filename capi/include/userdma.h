@@ -14,7 +14,13 @@
  *     udma_pool_alloc / udma_pool_free, udma_queue_create / udma_queue_destroy,
  *     udma_plan_create / udma_plan_destroy, udma_model_create_* / udma_model_destroy,
  *     udma_pipeline_create / udma_pipeline_destroy (or udma_streams_create, which takes the
- *     pipelines over), udma_streams_create / udma_streams_destroy.
+ *     pipelines over), udma_streams_create / udma_streams_destroy. Device-memory ranges
+ *     are plain structs in a pair too: udma_device_memory_alloc(_at) /
+ *     udma_device_memory_free (the device handle checks each one it is given back).
+ *   - A PCI device's registers: udma_device_read8/16/32/64 and udma_device_write8/16/32/64
+ *     (BAR, offset), checked against the BAR's length and the width's alignment. Its DMA
+ *     uses pool buffers and mappings like the loopback device's; its queues are its
+ *     driver's (udma_queue_create serves the loopback device only).
  *
  * Handles
  *   A handle is a pointer type, but its value is not an address and is never dereferenced:
