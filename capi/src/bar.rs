@@ -46,9 +46,9 @@ fn removed(d: &Device, what: String) -> Fail {
 
 /// BAR `index` of `d`: the block the handle used before, or the device's now.
 fn block(d: &Device, index: u32) -> Result<&DynBlock, Fail> {
-    let slot = usize::try_from(index)
+    let (i, slot) = usize::try_from(index)
         .ok()
-        .and_then(|i| d.bars.get(i))
+        .and_then(|i| Some((i, d.bars.get(i)?)))
         .ok_or_else(|| {
             Fail::new(
                 udma_status::UDMA_ERR_NOT_FOUND,
@@ -64,9 +64,7 @@ fn block(d: &Device, index: u32) -> Result<&DynBlock, Fail> {
     if dev.is_removed() {
         return Err(removed(d, format!("BAR {index}")));
     }
-    let fresh = dev
-        .bar(index as usize)
-        .map_err(|e| lib(e).context(&d.name))?;
+    let fresh = dev.bar(i).map_err(|e| lib(e).context(&d.name))?;
     // Another thread may have stored its block first: both are the same registers.
     Ok(slot.get_or_init(|| fresh))
 }

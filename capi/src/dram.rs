@@ -24,6 +24,11 @@ fn ranges(d: &Device) -> MutexGuard<'_, HashMap<u64, Range>> {
     d.ranges.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The BAR of `range` as C numbers it (an index below 6, taken from a `u32`).
+fn bar_of(range: &Range) -> u32 {
+    u32::try_from(range.bar()).unwrap_or(u32::MAX)
+}
+
 /// Range ids, unique in the process (a range of one device never matches another's).
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -75,9 +80,9 @@ unsafe impl abi::Sized for udma_device_memory_info {
 
 /// The allocator over BAR `bar` of `d`.
 fn allocator(d: &Device, bar: u32) -> Result<&DeviceMemory, Fail> {
-    let slot = usize::try_from(bar)
+    let (i, slot) = usize::try_from(bar)
         .ok()
-        .and_then(|i| d.memories.get(i))
+        .and_then(|i| Some((i, d.memories.get(i)?)))
         .ok_or_else(|| {
             Fail::new(
                 udma_status::UDMA_ERR_NOT_FOUND,
@@ -87,14 +92,12 @@ fn allocator(d: &Device, bar: u32) -> Result<&DeviceMemory, Fail> {
     if let Some(memory) = slot.get() {
         return Ok(memory);
     }
-    let memory =
-        if d.runtime.loopback_device().is_some() && bar as usize == loopback::regs::MEMORY_BAR {
-            // The runtime's own: what its pipelines and arenas allocate from.
-            d.runtime.device_memory().map_err(Fail::from)?.clone()
-        } else {
-            DeviceMemory::of_bar(d.runtime.device().as_ref(), bar as usize)
-                .map_err(|e| lib(e).context(&d.name))?
-        };
+    let memory = if d.runtime.loopback_device().is_some() && i == loopback::regs::MEMORY_BAR {
+        // The runtime's own: what its pipelines and arenas allocate from.
+        d.runtime.device_memory().map_err(Fail::from)?.clone()
+    } else {
+        DeviceMemory::of_bar(d.runtime.device().as_ref(), i).map_err(|e| lib(e).context(&d.name))?
+    };
     // Another thread may have made one first: keep the one stored.
     Ok(slot.get_or_init(|| memory))
 }
@@ -108,7 +111,7 @@ unsafe fn hand_out(d: &Device, range: Range, out: *mut udma_range) -> Result<(),
     let value = udma_range {
         size: 0,
         id,
-        bar: range.bar() as u32,
+        bar: bar_of(&range),
         reserved: 0,
         offset: range.offset().raw(),
         len: range.len(),
@@ -228,7 +231,7 @@ pub unsafe extern "C" fn udma_device_memory_free(
                 r.id, r.bar, r.offset, r.len, d.name
             )));
         };
-        let (bar, offset, len) = (held.bar() as u32, held.offset().raw(), held.len());
+        let (bar, offset, len) = (bar_of(held), held.offset().raw(), held.len());
         if (r.bar, r.offset, r.len) != (bar, offset, len) {
             return Err(Fail::invalid(format!(
                 "range {} is BAR {bar} {offset:#x}+{len:#x} on {}, but the struct passed says \
@@ -260,10 +263,7 @@ pub unsafe extern "C" fn udma_device_memory_get_info(
         // SAFETY: per this function's contract.
         unsafe { abi::declared(info.cast_const(), "info", "udma_device_memory_info") }?;
         let memory = allocator(&d, bar)?;
-        let ranges = ranges(&d)
-            .values()
-            .filter(|r| r.bar() as u32 == bar)
-            .count();
+        let ranges = ranges(&d).values().filter(|r| bar_of(r) == bar).count();
         let value = udma_device_memory_info {
             size: 0,
             bytes: memory.size(),
