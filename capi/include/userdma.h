@@ -14,7 +14,13 @@
  *     udma_pool_alloc / udma_pool_free, udma_queue_create / udma_queue_destroy,
  *     udma_plan_create / udma_plan_destroy, udma_model_create_* / udma_model_destroy,
  *     udma_pipeline_create / udma_pipeline_destroy (or udma_streams_create, which takes the
- *     pipelines over), udma_streams_create / udma_streams_destroy.
+ *     pipelines over), udma_streams_create / udma_streams_destroy. Device-memory ranges
+ *     are plain structs in a pair too: udma_device_memory_alloc(_at) /
+ *     udma_device_memory_free (the device handle checks each one it is given back).
+ *   - A PCI device's registers: udma_device_read8/16/32/64 and udma_device_write8/16/32/64
+ *     (BAR, offset), checked against the BAR's length and the width's alignment. Its DMA
+ *     uses pool buffers and mappings like the loopback device's; its queues are its
+ *     driver's (udma_queue_create serves the loopback device only).
  *
  * Handles
  *   A handle is a pointer type, but its value is not an address and is never dereferenced:
@@ -180,6 +186,25 @@ typedef enum udma_opcode {
   UDMA_OP_COMPUTE = 5,
   // Waits until queue `arg0` of the device has completed `arg1` descriptors.
   UDMA_OP_WAIT = 6,
+  // A model layer: `len` bytes of output at `device_offset` from up to three input tensors
+  // in device memory: input 0 at `device_src`, `arg0` bytes (required); input 1 at `arg1`,
+  // `arg2` bytes; input 2 at `arg3`, `arg4` bytes (a length of 0: the input is absent, and
+  // its offset must be 0; input 2 only with input 1); the layer's seed in `arg5` (32 bits).
+  // Output word `j` (little-endian `u32`) is `mix(seed, j, w_0, w_1, ...)` of word
+  // `j mod words_k` of each present input `k` (a shorter input repeats), where `mix` starts
+  // from `h = seed ^ (j * 0x9e3779b9)` and takes each word `w` as
+  // `h = rotl32((h ^ w) * 0x85ebca6b, 13)` (all 32-bit). Every offset and length a multiple
+  // of 4 (else the completion says `misaligned`), the output overlapping no input (else
+  // `overlap`). The completion's result is the wrapping 64-bit sum of the output words.
+  UDMA_OP_LAYER = 7,
+  // Result filtering: of the `len` bytes at `device_src`, read as records of `arg0` bytes
+  // (4 to 4096, a multiple of 4; `len` a multiple of it), keeps those whose little-endian
+  // `u32` score at byte `arg1` of the record (a multiple of 4, inside it) is at least `arg2`;
+  // writes at `device_offset` (`8 + arg3 * arg0` bytes, overlapping no input) the `u32`
+  // count of survivors written (at most the capacity `arg3`), the `u32` count found
+  // (saturating), then the first survivors in input order, packed, and zeros in the slots
+  // left over. The completion's result is the count found. `arg0` to `arg3` are 32-bit.
+  UDMA_OP_COMPACT = 8,
 } udma_opcode;
 
 // `udma_memory_map`'s and `udma_pool_options`' page size.
@@ -332,6 +357,18 @@ typedef struct udma_queue udma_queue;
 // pipelines over), destroyed by `udma_streams_destroy`.
 typedef struct udma_streams udma_streams;
 
+// A BAR of a device (`udma_device_get_bar`).
+typedef struct udma_bar_info {
+  // `sizeof(udma_bar_info)`.
+  size_t size;
+  // Bytes of the BAR: offsets `0 .. len - width` are valid for an access of `width` bytes.
+  uint64_t len;
+  // The BAR's index.
+  uint32_t index;
+  // Zero.
+  uint32_t reserved;
+} udma_bar_info;
+
 // How to start the loopback device. Zero is the default for every field: a zeroed struct with
 // `size` set is the default device.
 typedef struct udma_loopback_options {
@@ -403,6 +440,37 @@ typedef struct udma_event {
   // `UDMA_EVENT_ERROR`: errors since the device was opened.
   uint64_t total;
 } udma_event;
+
+// A range of device memory (`udma_device_memory_alloc`): where it is, and the id the device
+// handle knows it by. Pass it back unchanged to `udma_device_memory_free`.
+typedef struct udma_range {
+  // `sizeof(udma_range)`.
+  size_t size;
+  // The library's id of the range (never 0).
+  uint64_t id;
+  // The BAR the range is in.
+  uint32_t bar;
+  // Zero.
+  uint32_t reserved;
+  // The first byte's offset in the BAR (the `device_offset` / `device_src` of an op).
+  uint64_t offset;
+  // Bytes.
+  uint64_t len;
+} udma_range;
+
+// A BAR's device memory (`udma_device_memory_get_info`).
+typedef struct udma_device_memory_info {
+  // `sizeof(udma_device_memory_info)`.
+  size_t size;
+  // Bytes of device memory in all (the BAR's length).
+  uint64_t bytes;
+  // Bytes free now.
+  uint64_t free;
+  // The largest free range now (what one allocation can get at most).
+  uint64_t largest_free;
+  // Ranges this device handle has out.
+  uint64_t ranges;
+} udma_device_memory_info;
 
 // A mapping's addresses.
 typedef struct udma_mapping_info {
@@ -696,6 +764,15 @@ typedef struct udma_op {
   uint64_t arg1;
   // The caller's tag, handed back in the completion.
   uint64_t user_data;
+  // The op's third argument (`UDMA_OP_LAYER`, `UDMA_OP_COMPACT`; a program
+  // built with an older, smaller `udma_op` gets 0 here and below).
+  uint64_t arg2;
+  // The op's fourth argument.
+  uint64_t arg3;
+  // The op's fifth argument.
+  uint64_t arg4;
+  // The op's sixth argument.
+  uint64_t arg5;
 } udma_op;
 
 // A finished op (`udma_queue_poll`, `udma_queue_wait`).
@@ -835,6 +912,135 @@ uint32_t udma_version(void);
 // The library's version as text (`"0.1.0"`), a static string.
 const char *udma_version_string(void);
 
+// What BAR `index` of the device is: its length. (Accesses need no call before them: the
+// reads and writes find the BAR themselves.)
+//
+// Errors: `UDMA_ERR_NOT_FOUND` for a BAR the device does not have (the loopback device has
+// BAR 0, its registers, and BAR 2, its memory); `UDMA_ERR_REMOVED` once the device was
+// removed.
+//
+// # Safety
+// `info` points to `info->size` writable bytes (set `info->size = sizeof *info`).
+enum udma_status udma_device_get_bar(const struct udma_device *device,
+                                     uint32_t index,
+                                     struct udma_bar_info *info);
+
+// Reads the 8-bit register at `offset` of BAR `bar` into `*value`: one volatile
+// 8-bit load (or one `pread` of it where the kernel serves the BAR through the device
+// file). A register with read side effects has them.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an offset past the BAR's end or not a multiple of
+// the width (the message names the BAR, its length and the offset); `UDMA_ERR_NOT_FOUND` for
+// no such BAR. On a removed device a BAR the handle used before reads all-ones (what PCIe
+// returns for a device that is gone: check `udma_device_is_removed` when a register reads
+// all-ones), and one first used after the removal is `UDMA_ERR_REMOVED`.
+//
+// # Safety
+// `value` points to a writable `uint8_t`.
+enum udma_status udma_device_read8(const struct udma_device *device,
+                                   uint32_t bar,
+                                   uint64_t offset,
+                                   uint8_t *value);
+
+// Writes `value` to the 8-bit register at `offset` of BAR `bar`: one volatile 8-bit
+// store (or one `pwrite` of it). A register write is not a fence: a write that tells the
+// device to read memory the program filled (a doorbell, a DMA start) needs
+// `atomic_thread_fence(memory_order_release)` before it.
+//
+// Errors: as `udma_device_read8`, and `UDMA_ERR_REMOVED` once the device was removed
+// (nothing is written).
+enum udma_status udma_device_write8(const struct udma_device *device,
+                                    uint32_t bar,
+                                    uint64_t offset,
+                                    uint8_t value);
+
+// Reads the 16-bit register at `offset` of BAR `bar` into `*value`: one volatile
+// 16-bit load (or one `pread` of it where the kernel serves the BAR through the device
+// file). A register with read side effects has them.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an offset past the BAR's end or not a multiple of
+// the width (the message names the BAR, its length and the offset); `UDMA_ERR_NOT_FOUND` for
+// no such BAR. On a removed device a BAR the handle used before reads all-ones (what PCIe
+// returns for a device that is gone: check `udma_device_is_removed` when a register reads
+// all-ones), and one first used after the removal is `UDMA_ERR_REMOVED`.
+//
+// # Safety
+// `value` points to a writable `uint16_t`.
+enum udma_status udma_device_read16(const struct udma_device *device,
+                                    uint32_t bar,
+                                    uint64_t offset,
+                                    uint16_t *value);
+
+// Writes `value` to the 16-bit register at `offset` of BAR `bar`: one volatile 16-bit
+// store (or one `pwrite` of it). A register write is not a fence: a write that tells the
+// device to read memory the program filled (a doorbell, a DMA start) needs
+// `atomic_thread_fence(memory_order_release)` before it.
+//
+// Errors: as `udma_device_read16`, and `UDMA_ERR_REMOVED` once the device was removed
+// (nothing is written).
+enum udma_status udma_device_write16(const struct udma_device *device,
+                                     uint32_t bar,
+                                     uint64_t offset,
+                                     uint16_t value);
+
+// Reads the 32-bit register at `offset` of BAR `bar` into `*value`: one volatile
+// 32-bit load (or one `pread` of it where the kernel serves the BAR through the device
+// file). A register with read side effects has them.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an offset past the BAR's end or not a multiple of
+// the width (the message names the BAR, its length and the offset); `UDMA_ERR_NOT_FOUND` for
+// no such BAR. On a removed device a BAR the handle used before reads all-ones (what PCIe
+// returns for a device that is gone: check `udma_device_is_removed` when a register reads
+// all-ones), and one first used after the removal is `UDMA_ERR_REMOVED`.
+//
+// # Safety
+// `value` points to a writable `uint32_t`.
+enum udma_status udma_device_read32(const struct udma_device *device,
+                                    uint32_t bar,
+                                    uint64_t offset,
+                                    uint32_t *value);
+
+// Writes `value` to the 32-bit register at `offset` of BAR `bar`: one volatile 32-bit
+// store (or one `pwrite` of it). A register write is not a fence: a write that tells the
+// device to read memory the program filled (a doorbell, a DMA start) needs
+// `atomic_thread_fence(memory_order_release)` before it.
+//
+// Errors: as `udma_device_read32`, and `UDMA_ERR_REMOVED` once the device was removed
+// (nothing is written).
+enum udma_status udma_device_write32(const struct udma_device *device,
+                                     uint32_t bar,
+                                     uint64_t offset,
+                                     uint32_t value);
+
+// Reads the 64-bit register at `offset` of BAR `bar` into `*value`: one volatile
+// 64-bit load (or one `pread` of it where the kernel serves the BAR through the device
+// file). A register with read side effects has them.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an offset past the BAR's end or not a multiple of
+// the width (the message names the BAR, its length and the offset); `UDMA_ERR_NOT_FOUND` for
+// no such BAR. On a removed device a BAR the handle used before reads all-ones (what PCIe
+// returns for a device that is gone: check `udma_device_is_removed` when a register reads
+// all-ones), and one first used after the removal is `UDMA_ERR_REMOVED`.
+//
+// # Safety
+// `value` points to a writable `uint64_t`.
+enum udma_status udma_device_read64(const struct udma_device *device,
+                                    uint32_t bar,
+                                    uint64_t offset,
+                                    uint64_t *value);
+
+// Writes `value` to the 64-bit register at `offset` of BAR `bar`: one volatile 64-bit
+// store (or one `pwrite` of it). A register write is not a fence: a write that tells the
+// device to read memory the program filled (a doorbell, a DMA start) needs
+// `atomic_thread_fence(memory_order_release)` before it.
+//
+// Errors: as `udma_device_read64`, and `UDMA_ERR_REMOVED` once the device was removed
+// (nothing is written).
+enum udma_status udma_device_write64(const struct udma_device *device,
+                                     uint32_t bar,
+                                     uint64_t offset,
+                                     uint64_t value);
+
 // Starts a loopback device (`options` may be NULL: the defaults) and returns it in `*device`.
 //
 // Errors: `UDMA_ERR_INVALID_ARGUMENT` for an option out of range (the message names it),
@@ -925,6 +1131,60 @@ enum udma_status udma_device_is_removed(const struct udma_device *device, int *r
 // Errors: `UDMA_ERR_UNSUPPORTED` for a PCI device (unplug it, or `echo 1 >
 // /sys/bus/pci/devices/BDF/remove`).
 enum udma_status udma_device_remove_loopback(const struct udma_device *device);
+
+// `len` bytes of BAR `bar`'s device memory at the lowest free offset that is a multiple of
+// `align` (a power of two; 0 is taken as 1), into `*range`. The loopback device's memory is
+// BAR 2.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `len` 0 or an alignment that is not a power of
+// two; `UDMA_ERR_EXHAUSTED` when no free range holds it (the message gives the free bytes
+// and the largest free range); `UDMA_ERR_NOT_FOUND` for no such BAR; `UDMA_ERR_REMOVED`
+// once the device was removed.
+//
+// # Safety
+// `range` points to `range->size` writable bytes (set `range->size = sizeof *range`).
+enum udma_status udma_device_memory_alloc(const struct udma_device *device,
+                                          uint32_t bar,
+                                          uint64_t len,
+                                          uint64_t align,
+                                          struct udma_range *range);
+
+// The `len` bytes at `offset` of BAR `bar`'s device memory exactly (a buffer placed by hand),
+// into `*range`.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `len` 0, a range that ends past the memory, or one
+// that is partly in use; otherwise as `udma_device_memory_alloc`.
+//
+// # Safety
+// `range` points to `range->size` writable bytes (set `range->size = sizeof *range`).
+enum udma_status udma_device_memory_alloc_at(const struct udma_device *device,
+                                             uint32_t bar,
+                                             uint64_t offset,
+                                             uint64_t len,
+                                             struct udma_range *range);
+
+// Returns a range to the device memory it came from. `*range` must be what
+// `udma_device_memory_alloc` or `_alloc_at` filled in, on this device, not freed yet. What a
+// descriptor in flight still reads or writes there is the caller's to finish first.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a range freed already, one of another device (or
+// never allocated), or one whose BAR, offset or length were changed; nothing is freed then.
+//
+// # Safety
+// `range` points to `range->size` readable bytes.
+enum udma_status udma_device_memory_free(const struct udma_device *device,
+                                         const struct udma_range *range);
+
+// BAR `bar`'s device memory: its size, the bytes free, the largest free range, and the
+// ranges this handle has out.
+//
+// Errors: `UDMA_ERR_NOT_FOUND` for no such BAR.
+//
+// # Safety
+// `info` points to `info->size` writable bytes (set `info->size = sizeof *info`).
+enum udma_status udma_device_memory_get_info(const struct udma_device *device,
+                                             uint32_t bar,
+                                             struct udma_device_memory_info *info);
 
 // The message of the last failed call on this thread: what failed, on which device, queue,
 // buffer or IOVA, and what to do. An empty string if no call on this thread has failed. The
@@ -1291,7 +1551,9 @@ enum udma_status udma_plan_destroy(struct udma_plan *plan);
 //
 // Errors: `UDMA_ERR_BUSY` for a queue open already; `UDMA_ERR_NOT_FOUND` for an index past
 // the device's queues; `UDMA_ERR_INVALID_ARGUMENT` for a depth that is not a power of two in
-// range; `UDMA_ERR_UNSUPPORTED` for a PCI device (its driver supplies its queue format).
+// range; `UDMA_ERR_UNSUPPORTED` for a PCI device: its driver brings its own queue format
+// (drive its registers with `udma_device_read32` / `udma_device_write32` and the other BAR
+// calls, and its DMA with buffers from a pool, as `examples/c/edu_dma.c` does).
 //
 // # Safety
 // `options` is NULL or points to `options->size` readable bytes; `queue` to a writable

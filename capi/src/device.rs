@@ -1,12 +1,14 @@
 //! Devices: the loopback device (with its cost model) and PCI functions by BDF (VFIO or UIO),
 //! each owned by a `userdma::Runtime` behind a `udma_device` handle.
 
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, CStr};
 use std::os::fd::{AsFd, IntoRawFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use udma::device::{self, loopback, vfio};
+use udma::device::{self, loopback, vfio, DeviceMemory, Range};
+use udma::mmio::DynBlock;
 use udma::{pci, Runtime};
 
 use crate::abi;
@@ -28,7 +30,17 @@ pub(crate) struct Device {
     pub(crate) name: String,
     /// The handle's subscriber to the device's events (`udma_device_next_event`).
     pub(crate) events: std::sync::Mutex<device::Events>,
+    /// The register blocks the handle has used, by BAR index (`udma_device_read32` and the
+    /// others, in `bar.rs`).
+    pub(crate) bars: [OnceLock<DynBlock>; BARS],
+    /// The device-memory allocators the handle has used, by BAR index (`dram.rs`).
+    pub(crate) memories: [OnceLock<DeviceMemory>; BARS],
+    /// The device-memory ranges the handle has out, by id (`dram.rs`).
+    pub(crate) ranges: Mutex<HashMap<u64, Range>>,
 }
+
+/// BARs a PCI function can have (0 to 5); the loopback device has 0 and 2.
+pub(crate) const BARS: usize = 6;
 
 pub(crate) static DEVICES: Registry<Arc<Device>> = Registry::new(Kind::Device);
 
@@ -228,6 +240,9 @@ fn register(runtime: Runtime, out: *mut *mut udma_device) -> Result<(), Fail> {
         runtime,
         name,
         events: std::sync::Mutex::new(events),
+        bars: Default::default(),
+        memories: Default::default(),
+        ranges: Mutex::default(),
     }))?;
     // SAFETY: `out` was checked non-null by the caller; C promises it is writable.
     unsafe { out.write(key.to_ptr(Kind::Device)) };

@@ -9,6 +9,8 @@
 //! | `sync` | loom's atomics under `cfg(loom)`, std's otherwise |
 //! | `abi` | structs that grow: `size` first, older sizes accepted |
 //! | `device` | the loopback device, PCI functions (VFIO, UIO), interrupt fds |
+//! | `bar` | BAR access: checked 8- to 64-bit register reads and writes |
+//! | `dram` | device memory as ranges: alloc, alloc at an offset, free, info |
 //! | `memory` | mappings, pools, buffers |
 //! | `queue` | queues: submit, poll, wait, wait on many |
 //! | `plan` | the static buffer planner |
@@ -24,7 +26,11 @@
 #[cfg(not(loom))]
 mod abi;
 #[cfg(not(loom))]
+mod bar;
+#[cfg(not(loom))]
 mod device;
+#[cfg(not(loom))]
+mod dram;
 mod error;
 mod handle;
 #[cfg(not(loom))]
@@ -41,7 +47,11 @@ mod streams;
 mod sync;
 
 #[cfg(not(loom))]
+pub use bar::*;
+#[cfg(not(loom))]
 pub use device::*;
+#[cfg(not(loom))]
+pub use dram::*;
 pub use error::{udma_last_error, udma_status, udma_status_name};
 #[cfg(not(loom))]
 pub use memory::*;

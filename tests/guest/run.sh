@@ -394,6 +394,31 @@ suite_boots=$("$SUITE" --boots | tr '\n' ' ')
 [ "$suite_boots" = "$ALL_BOOTS " ] ||
 	die "run.sh knows the boots '$ALL_BOOTS' but guest_suite --boots says '$suite_boots': update both together"
 
+# ---- the C example (examples/c/edu_dma.c, run by the c-edu-vfio case) -------------------------------
+# libuserdma.a built for the guest's target and profile (the same flags and target directory as
+# the programs above, so the library's dependencies are shared), then the example linked against
+# it with `gcc -static` and the libraries `pkg-config --static --libs userdma` names (less
+# -lgcc_s, which has no static archive: `gcc -static` links libgcc_eh in its place).
+log "building libuserdma.a ($TRIPLE) and examples/c/edu_dma.c against it (static)"
+apt_install gcc libc6-dev pkg-config
+RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$OUT/cargo \
+	cargo build --release --locked --quiet --target "$TRIPLE" -p userdma-capi ||
+	die "building the C library (userdma-capi) for $TRIPLE failed"
+CAPI=$OUT/capi
+rm -rf "$CAPI"
+mkdir -p "$CAPI/lib/pkgconfig" "$CAPI/include"
+cp "$OUT/cargo/$TRIPLE/release/libuserdma.a" "$CAPI/lib/libuserdma.a"
+cp capi/include/userdma.h "$CAPI/include/userdma.h"
+sed -e "s|@PREFIX@|$(realpath "$CAPI")|" -e "s|@VERSION@|$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)|" \
+	capi/userdma.pc.in >"$CAPI/lib/pkgconfig/userdma.pc"
+capi_cflags=$(PKG_CONFIG_PATH=$CAPI/lib/pkgconfig pkg-config --cflags userdma)
+capi_libs=$(PKG_CONFIG_PATH=$CAPI/lib/pkgconfig pkg-config --static --libs userdma | sed 's/-lgcc_s\b//g')
+EDU_DMA=$OUT/edu_dma
+# shellcheck disable=SC2086 # pkg-config prints several words on purpose
+gcc -std=c11 -O2 -g -Wall -Wextra -Wpedantic -Werror -static $capi_cflags examples/c/edu_dma.c \
+	-o "$EDU_DMA" $capi_libs || die "linking examples/c/edu_dma.c statically against libuserdma.a failed"
+file "$EDU_DMA" | grep -qE 'static(-pie)? linked|statically linked' || die "$EDU_DMA is not statically linked"
+
 # ---- the initramfs ---------------------------------------------------------------------------------
 log "building the initramfs"
 ROOTFS=$OUT/rootfs
@@ -420,6 +445,7 @@ install -m 755 "$HERE/init" "$ROOTFS/init"
 objcopy --strip-debug "$SUITE" "$ROOTFS/guest_suite"
 objcopy --strip-debug "$NVME" "$ROOTFS/nvme"
 objcopy --strip-debug "$TOOL" "$ROOTFS/userdma"
+objcopy --strip-debug "$EDU_DMA" "$ROOTFS/edu_dma"
 # Uncompressed: the guest kernel unpacks it faster than it would decompress it.
 (cd "$ROOTFS" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) >"$OUT/initramfs.cpio"
 

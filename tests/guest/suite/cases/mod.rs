@@ -11,6 +11,7 @@ use crate::env::Env;
 use crate::failure::{ensure, Context, Failure};
 use crate::Boot;
 
+mod capi;
 mod cli;
 mod hotplug;
 mod iommu;
@@ -142,6 +143,11 @@ pub(crate) const ALL: &[Case] = &[
         name: "pipeline-edu-vfio",
         boots: EVERY,
         run: pipeline::edu_vfio,
+    },
+    Case {
+        name: "c-edu-vfio",
+        boots: EVERY,
+        run: capi::edu_vfio,
     },
     Case {
         name: "uio-bar0-map",
