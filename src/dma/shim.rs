@@ -1,4 +1,4 @@
-//! The raw DMA-mapping ioctls: one `unsafe fn` per ioctl, errno turned into `io::Error` right
+//! The DMA-mapping ioctls (through `nix`'s ioctl macros): one `unsafe fn` per ioctl, errno turned into `io::Error` right
 //! here, and the kernel-backed implementations of [`Type1Ioctl`] and [`IommufdIoctl`] over them.
 //! Nothing above this file touches a raw fd or a kernel struct.
 
@@ -8,32 +8,56 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use userdma_sys::iommufd::{
     iommu_destroy, iommu_ioas_alloc, iommu_ioas_iova_ranges, iommu_ioas_map, iommu_ioas_unmap,
-    iommu_iova_range, IOMMU_DESTROY, IOMMU_IOAS_ALLOC, IOMMU_IOAS_IOVA_RANGES, IOMMU_IOAS_MAP,
-    IOMMU_IOAS_MAP_FIXED_IOVA, IOMMU_IOAS_MAP_READABLE, IOMMU_IOAS_MAP_WRITEABLE, IOMMU_IOAS_UNMAP,
+    iommu_iova_range, IOMMU_IOAS_MAP_FIXED_IOVA, IOMMU_IOAS_MAP_READABLE, IOMMU_IOAS_MAP_WRITEABLE,
 };
 use userdma_sys::vfio::{
     vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap, vfio_iommu_type1_info,
-    VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE, VFIO_IOMMU_GET_INFO, VFIO_IOMMU_MAP_DMA,
-    VFIO_IOMMU_UNMAP_DMA,
+    VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE,
 };
 
 use super::iommufd::IommufdIoctl;
 use super::iova::IovaRange;
 use super::type1::Type1Ioctl;
 
-/// `ioctl(fd, request, arg)`, `-1` turned into the errno.
-///
-/// # Safety
-/// `arg` must point to what `request` expects, readable and writable for the whole size the
-/// kernel will access.
-unsafe fn ioctl<T>(fd: BorrowedFd<'_>, request: libc::Ioctl, arg: *mut T) -> io::Result<()> {
-    // SAFETY: the caller vouches for `arg`; `fd` is open for the duration of the borrow.
-    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), request, arg) };
-    if ret == -1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+/// The ioctls, as `nix` generates them: each takes the raw fd and a pointer to its argument and
+/// turns `-1` into the errno. The request numbers are `userdma_sys`'s, which its ABI tests check
+/// against the kernel headers (VFIO and iommufd encode no size in them: `_IO(type, nr)`, whence
+/// nix's `_bad` form).
+mod raw {
+    use userdma_sys::iommufd::{
+        iommu_destroy, iommu_ioas_alloc, iommu_ioas_iova_ranges, iommu_ioas_map, iommu_ioas_unmap,
+        IOMMU_DESTROY, IOMMU_IOAS_ALLOC, IOMMU_IOAS_IOVA_RANGES, IOMMU_IOAS_MAP, IOMMU_IOAS_UNMAP,
+    };
+    use userdma_sys::vfio::{
+        vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap, VFIO_IOMMU_GET_INFO,
+        VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA,
+    };
+
+    nix::ioctl_readwrite_bad!(vfio_iommu_get_info, VFIO_IOMMU_GET_INFO, u8);
+    nix::ioctl_readwrite_bad!(
+        vfio_iommu_map_dma,
+        VFIO_IOMMU_MAP_DMA,
+        vfio_iommu_type1_dma_map
+    );
+    nix::ioctl_readwrite_bad!(
+        vfio_iommu_unmap_dma,
+        VFIO_IOMMU_UNMAP_DMA,
+        vfio_iommu_type1_dma_unmap
+    );
+    nix::ioctl_readwrite_bad!(iommu_ioas_alloc, IOMMU_IOAS_ALLOC, iommu_ioas_alloc);
+    nix::ioctl_readwrite_bad!(
+        iommu_ioas_iova_ranges,
+        IOMMU_IOAS_IOVA_RANGES,
+        iommu_ioas_iova_ranges
+    );
+    nix::ioctl_readwrite_bad!(iommu_ioas_map, IOMMU_IOAS_MAP, iommu_ioas_map);
+    nix::ioctl_readwrite_bad!(iommu_ioas_unmap, IOMMU_IOAS_UNMAP, iommu_ioas_unmap);
+    nix::ioctl_readwrite_bad!(iommu_destroy, IOMMU_DESTROY, iommu_destroy);
+}
+
+/// A `nix` ioctl result as this module's.
+fn done(result: nix::Result<libc::c_int>) -> io::Result<()> {
+    result.map(drop).map_err(io::Error::from)
 }
 
 /// `struct` sizes as the `u32` the kernel's `argsz`/`size` fields hold (all are a few dozen
@@ -50,7 +74,7 @@ const fn size_u32<T>() -> u32 {
 pub(crate) unsafe fn vfio_iommu_get_info(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<()> {
     // SAFETY: the kernel reads `argsz` and writes at most that many bytes, which the caller
     // bounds by `buf.len()`.
-    unsafe { ioctl(fd, VFIO_IOMMU_GET_INFO, buf.as_mut_ptr()) }
+    done(unsafe { raw::vfio_iommu_get_info(fd.as_raw_fd(), buf.as_mut_ptr()) })
 }
 
 /// `VFIO_IOMMU_MAP_DMA`.
@@ -64,7 +88,7 @@ pub(crate) unsafe fn vfio_iommu_map_dma(
 ) -> io::Result<()> {
     // SAFETY: `map` is a complete, initialised struct whose argsz is its size; the caller vouches
     // for the memory it describes.
-    unsafe { ioctl(fd, VFIO_IOMMU_MAP_DMA, map) }
+    done(unsafe { raw::vfio_iommu_map_dma(fd.as_raw_fd(), map) })
 }
 
 /// `VFIO_IOMMU_UNMAP_DMA`; the kernel writes the bytes unmapped back into `unmap.size`.
@@ -77,7 +101,7 @@ pub(crate) unsafe fn vfio_iommu_unmap_dma(
     unmap: &mut vfio_iommu_type1_dma_unmap,
 ) -> io::Result<()> {
     // SAFETY: `unmap` is a complete struct whose argsz is its size (no dirty bitmap follows).
-    unsafe { ioctl(fd, VFIO_IOMMU_UNMAP_DMA, unmap) }
+    done(unsafe { raw::vfio_iommu_unmap_dma(fd.as_raw_fd(), unmap) })
 }
 
 /// `IOMMU_IOAS_ALLOC`.
@@ -90,7 +114,7 @@ pub(crate) unsafe fn iommu_ioas_alloc(
     alloc: &mut iommu_ioas_alloc,
 ) -> io::Result<()> {
     // SAFETY: `alloc` is a complete struct whose size field is its size.
-    unsafe { ioctl(fd, IOMMU_IOAS_ALLOC, alloc) }
+    done(unsafe { raw::iommu_ioas_alloc(fd.as_raw_fd(), alloc) })
 }
 
 /// `IOMMU_IOAS_IOVA_RANGES`.
@@ -102,7 +126,7 @@ pub(crate) unsafe fn iommu_ioas_iova_ranges(
     ranges: &mut iommu_ioas_iova_ranges,
 ) -> io::Result<()> {
     // SAFETY: the caller vouches for the output array; the struct is complete.
-    unsafe { ioctl(fd, IOMMU_IOAS_IOVA_RANGES, ranges) }
+    done(unsafe { raw::iommu_ioas_iova_ranges(fd.as_raw_fd(), ranges) })
 }
 
 /// `IOMMU_IOAS_MAP`.
@@ -115,7 +139,7 @@ pub(crate) unsafe fn iommu_ioas_map(
     map: &mut iommu_ioas_map,
 ) -> io::Result<()> {
     // SAFETY: `map` is a complete struct; the caller vouches for the memory.
-    unsafe { ioctl(fd, IOMMU_IOAS_MAP, map) }
+    done(unsafe { raw::iommu_ioas_map(fd.as_raw_fd(), map) })
 }
 
 /// `IOMMU_IOAS_UNMAP`; the kernel writes the bytes unmapped back into `unmap.length`.
@@ -127,7 +151,7 @@ pub(crate) unsafe fn iommu_ioas_unmap(
     unmap: &mut iommu_ioas_unmap,
 ) -> io::Result<()> {
     // SAFETY: `unmap` is a complete struct whose size field is its size.
-    unsafe { ioctl(fd, IOMMU_IOAS_UNMAP, unmap) }
+    done(unsafe { raw::iommu_ioas_unmap(fd.as_raw_fd(), unmap) })
 }
 
 /// `IOMMU_DESTROY`.
@@ -140,7 +164,7 @@ pub(crate) unsafe fn iommu_destroy(
     destroy: &mut iommu_destroy,
 ) -> io::Result<()> {
     // SAFETY: `destroy` is a complete struct whose size field is its size.
-    unsafe { ioctl(fd, IOMMU_DESTROY, destroy) }
+    done(unsafe { raw::iommu_destroy(fd.as_raw_fd(), destroy) })
 }
 
 /// A VFIO type1 container, driven through the real ioctls.
