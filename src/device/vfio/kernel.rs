@@ -11,17 +11,13 @@ use std::fmt;
 use std::fs::OpenOptions;
 use std::io;
 use std::mem::size_of;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use userdma_sys::vfio::{
     vfio_device_attach_iommufd_pt, vfio_device_bind_iommufd, vfio_device_info, vfio_group_status,
-    vfio_irq_info, VFIO_CHECK_EXTENSION, VFIO_DEVICE_ATTACH_IOMMUFD_PT, VFIO_DEVICE_BIND_IOMMUFD,
-    VFIO_DEVICE_GET_INFO, VFIO_DEVICE_GET_IRQ_INFO, VFIO_DEVICE_GET_PCI_HOT_RESET_INFO,
-    VFIO_DEVICE_GET_REGION_INFO, VFIO_DEVICE_PCI_HOT_RESET, VFIO_DEVICE_RESET,
-    VFIO_DEVICE_SET_IRQS, VFIO_GET_API_VERSION, VFIO_GROUP_GET_DEVICE_FD, VFIO_GROUP_GET_STATUS,
-    VFIO_GROUP_SET_CONTAINER, VFIO_GROUP_UNSET_CONTAINER, VFIO_SET_IOMMU,
+    vfio_irq_info,
 };
 
 use crate::dma;
@@ -117,38 +113,64 @@ pub(crate) enum SpaceError {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Live;
 
-/// `ioctl(fd, request, arg)`, a negative return turned into the errno; returns the result.
-///
-/// # Safety
-/// `arg` must be what `request` expects: for a pointer, to memory readable and writable for the
-/// whole size the kernel will access, alive across the call.
-unsafe fn ioctl_raw(
-    fd: BorrowedFd<'_>,
-    request: libc::Ioctl,
-    arg: libc::c_ulong,
-) -> io::Result<i32> {
-    // SAFETY: the caller vouches for `arg`; `fd` is open for the duration of the borrow.
-    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), request, arg) };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
+/// The ioctls, as `nix` generates them: each takes the raw fd and its argument (a value, or a
+/// pointer to what the request expects) and turns a negative return into the errno. The
+/// request numbers are `userdma_sys`'s, which its ABI tests check against the kernel headers
+/// (VFIO encodes no size in them: `_IO(';', nr)`, whence nix's `_bad` forms).
+mod raw {
+    use userdma_sys::vfio::{
+        vfio_device_attach_iommufd_pt, vfio_device_bind_iommufd, vfio_device_info,
+        vfio_group_status, vfio_irq_info, VFIO_CHECK_EXTENSION, VFIO_DEVICE_ATTACH_IOMMUFD_PT,
+        VFIO_DEVICE_BIND_IOMMUFD, VFIO_DEVICE_GET_INFO, VFIO_DEVICE_GET_IRQ_INFO,
+        VFIO_DEVICE_GET_PCI_HOT_RESET_INFO, VFIO_DEVICE_GET_REGION_INFO, VFIO_DEVICE_PCI_HOT_RESET,
+        VFIO_DEVICE_RESET, VFIO_DEVICE_SET_IRQS, VFIO_GET_API_VERSION, VFIO_GROUP_GET_DEVICE_FD,
+        VFIO_GROUP_GET_STATUS, VFIO_GROUP_SET_CONTAINER, VFIO_GROUP_UNSET_CONTAINER,
+        VFIO_SET_IOMMU,
+    };
+
+    nix::ioctl_none_bad!(get_api_version, VFIO_GET_API_VERSION);
+    nix::ioctl_write_int_bad!(check_extension, VFIO_CHECK_EXTENSION);
+    nix::ioctl_write_int_bad!(set_iommu, VFIO_SET_IOMMU);
+    nix::ioctl_readwrite_bad!(group_get_status, VFIO_GROUP_GET_STATUS, vfio_group_status);
+    nix::ioctl_write_ptr_bad!(group_set_container, VFIO_GROUP_SET_CONTAINER, libc::c_int);
+    nix::ioctl_none_bad!(group_unset_container, VFIO_GROUP_UNSET_CONTAINER);
+    nix::ioctl_write_ptr_bad!(group_get_device_fd, VFIO_GROUP_GET_DEVICE_FD, libc::c_char);
+    nix::ioctl_readwrite_bad!(device_get_info, VFIO_DEVICE_GET_INFO, vfio_device_info);
+    nix::ioctl_readwrite_bad!(device_get_region_info, VFIO_DEVICE_GET_REGION_INFO, u8);
+    nix::ioctl_readwrite_bad!(device_get_irq_info, VFIO_DEVICE_GET_IRQ_INFO, vfio_irq_info);
+    nix::ioctl_write_ptr_bad!(device_set_irqs, VFIO_DEVICE_SET_IRQS, u8);
+    nix::ioctl_none_bad!(device_reset, VFIO_DEVICE_RESET);
+    nix::ioctl_write_ptr_bad!(device_pci_hot_reset, VFIO_DEVICE_PCI_HOT_RESET, u8);
+    nix::ioctl_readwrite_bad!(
+        device_get_pci_hot_reset_info,
+        VFIO_DEVICE_GET_PCI_HOT_RESET_INFO,
+        u8
+    );
+    nix::ioctl_readwrite_bad!(
+        device_bind_iommufd,
+        VFIO_DEVICE_BIND_IOMMUFD,
+        vfio_device_bind_iommufd
+    );
+    nix::ioctl_readwrite_bad!(
+        device_attach_iommufd_pt,
+        VFIO_DEVICE_ATTACH_IOMMUFD_PT,
+        vfio_device_attach_iommufd_pt
+    );
 }
 
-/// A pointer as the `unsigned long` argument of an ioctl.
-fn arg<T>(ptr: *const T) -> libc::c_ulong {
-    ptr as libc::c_ulong
-}
-
-/// A pointer to memory the kernel writes, as the `unsigned long` argument of an ioctl.
-fn arg_mut<T>(value: &mut T) -> libc::c_ulong {
-    std::ptr::from_mut(value) as libc::c_ulong
+/// A `nix` ioctl result as this module's: the kernel's non-negative return, or the errno.
+fn done(result: nix::Result<libc::c_int>) -> io::Result<i32> {
+    result.map_err(io::Error::from)
 }
 
 /// `size_of::<T>()` as the `u32` VFIO's `argsz` holds (the structs are a few dozen bytes).
 fn argsz<T>() -> u32 {
     u32::try_from(size_of::<T>()).unwrap_or(u32::MAX)
+}
+
+/// A by-value ioctl argument as the `int` nix passes (VFIO's models and extensions are small).
+fn int(value: u32) -> io::Result<libc::c_int> {
+    libc::c_int::try_from(value).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 /// The `argsz` at the start of `buf`, checked not to exceed `buf.len()` (the kernel writes up
@@ -183,19 +205,18 @@ impl Kernel for Live {
 
     fn api_version(&self, container: BorrowedFd<'_>) -> io::Result<i32> {
         // SAFETY: VFIO_GET_API_VERSION takes no argument.
-        unsafe { ioctl_raw(container, VFIO_GET_API_VERSION, 0) }
+        done(unsafe { raw::get_api_version(container.as_raw_fd()) })
     }
 
     fn check_extension(&self, container: BorrowedFd<'_>, model: u32) -> io::Result<bool> {
         // SAFETY: VFIO_CHECK_EXTENSION takes the extension by value.
-        let ret =
-            unsafe { ioctl_raw(container, VFIO_CHECK_EXTENSION, libc::c_ulong::from(model)) }?;
+        let ret = done(unsafe { raw::check_extension(container.as_raw_fd(), int(model)?) })?;
         Ok(ret > 0)
     }
 
     fn set_iommu(&self, container: BorrowedFd<'_>, model: u32) -> io::Result<()> {
         // SAFETY: VFIO_SET_IOMMU takes the model by value.
-        unsafe { ioctl_raw(container, VFIO_SET_IOMMU, libc::c_ulong::from(model)) }.map(drop)
+        done(unsafe { raw::set_iommu(container.as_raw_fd(), int(model)?) }).map(drop)
     }
 
     fn group_status(&self, group: BorrowedFd<'_>) -> io::Result<u32> {
@@ -205,7 +226,7 @@ impl Kernel for Live {
         };
         // SAFETY: the kernel writes a vfio_group_status of `argsz` bytes into `status`, which
         // lives across the call.
-        unsafe { ioctl_raw(group, VFIO_GROUP_GET_STATUS, arg_mut(&mut status)) }?;
+        done(unsafe { raw::group_get_status(group.as_raw_fd(), &mut status) })?;
         Ok(status.flags)
     }
 
@@ -217,18 +238,18 @@ impl Kernel for Live {
         let fd: libc::c_int = container.as_raw_fd();
         // SAFETY: the kernel reads one int (the container fd) through the pointer; `fd` lives
         // across the call and the container stays open (borrowed).
-        unsafe { ioctl_raw(group, VFIO_GROUP_SET_CONTAINER, arg(&fd)) }.map(drop)
+        done(unsafe { raw::group_set_container(group.as_raw_fd(), &fd) }).map(drop)
     }
 
     fn group_unset_container(&self, group: BorrowedFd<'_>) -> io::Result<()> {
         // SAFETY: VFIO_GROUP_UNSET_CONTAINER takes no argument.
-        unsafe { ioctl_raw(group, VFIO_GROUP_UNSET_CONTAINER, 0) }.map(drop)
+        done(unsafe { raw::group_unset_container(group.as_raw_fd()) }).map(drop)
     }
 
     fn group_device_fd(&self, group: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
         // SAFETY: the kernel reads a NUL-terminated string through the pointer; `name` lives
         // across the call.
-        let fd = unsafe { ioctl_raw(group, VFIO_GROUP_GET_DEVICE_FD, arg(name.as_ptr())) }?;
+        let fd = done(unsafe { raw::group_get_device_fd(group.as_raw_fd(), name.as_ptr()) })?;
         // SAFETY: on success the ioctl returned a new fd that nothing else owns.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
@@ -240,7 +261,7 @@ impl Kernel for Live {
         };
         // SAFETY: the kernel writes at most `argsz` bytes of a vfio_device_info into `info`,
         // which is one and lives across the call (capabilities that do not fit are not written).
-        unsafe { ioctl_raw(device, VFIO_DEVICE_GET_INFO, arg_mut(&mut info)) }?;
+        done(unsafe { raw::device_get_info(device.as_raw_fd(), &mut info) })?;
         Ok(info)
     }
 
@@ -248,7 +269,7 @@ impl Kernel for Live {
         checked_argsz(buf, size_of::<userdma_sys::vfio::vfio_region_info>())?;
         // SAFETY: the kernel writes at most `argsz` bytes, just checked against `buf.len()`;
         // `buf` lives across the call.
-        unsafe { ioctl_raw(device, VFIO_DEVICE_GET_REGION_INFO, arg(buf.as_mut_ptr())) }.map(drop)
+        done(unsafe { raw::device_get_region_info(device.as_raw_fd(), buf.as_mut_ptr()) }).map(drop)
     }
 
     fn irq_info(&self, device: BorrowedFd<'_>, index: u32) -> io::Result<vfio_irq_info> {
@@ -258,7 +279,7 @@ impl Kernel for Live {
             ..Default::default()
         };
         // SAFETY: the kernel reads and writes one vfio_irq_info in `info`, alive across the call.
-        unsafe { ioctl_raw(device, VFIO_DEVICE_GET_IRQ_INFO, arg_mut(&mut info)) }?;
+        done(unsafe { raw::device_get_irq_info(device.as_raw_fd(), &mut info) })?;
         Ok(info)
     }
 
@@ -267,31 +288,25 @@ impl Kernel for Live {
         // SAFETY: the kernel only reads `argsz` bytes (checked against `buf.len()`) of a
         // vfio_irq_set and its data; `buf` lives across the call. The eventfds in the data are
         // open (the caller holds them).
-        unsafe { ioctl_raw(device, VFIO_DEVICE_SET_IRQS, arg(buf.as_ptr())) }.map(drop)
+        done(unsafe { raw::device_set_irqs(device.as_raw_fd(), buf.as_ptr()) }).map(drop)
     }
 
     fn reset(&self, device: BorrowedFd<'_>) -> io::Result<()> {
         // SAFETY: VFIO_DEVICE_RESET takes no argument.
-        unsafe { ioctl_raw(device, VFIO_DEVICE_RESET, 0) }.map(drop)
+        done(unsafe { raw::device_reset(device.as_raw_fd()) }).map(drop)
     }
 
     fn hot_reset(&self, device: BorrowedFd<'_>, buf: &[u8]) -> io::Result<()> {
         checked_argsz(buf, size_of::<userdma_sys::vfio::vfio_pci_hot_reset>())?;
         // SAFETY: the kernel reads `argsz` bytes (checked against `buf.len()`) and writes none.
-        unsafe { ioctl_raw(device, VFIO_DEVICE_PCI_HOT_RESET, arg(buf.as_ptr())) }.map(drop)
+        done(unsafe { raw::device_pci_hot_reset(device.as_raw_fd(), buf.as_ptr()) }).map(drop)
     }
 
     fn hot_reset_info(&self, device: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<()> {
         checked_argsz(buf, size_of::<userdma_sys::vfio::vfio_pci_hot_reset_info>())?;
         // SAFETY: the kernel writes at most `argsz` bytes (checked against `buf.len()`).
-        unsafe {
-            ioctl_raw(
-                device,
-                VFIO_DEVICE_GET_PCI_HOT_RESET_INFO,
-                arg(buf.as_mut_ptr()),
-            )
-        }
-        .map(drop)
+        done(unsafe { raw::device_get_pci_hot_reset_info(device.as_raw_fd(), buf.as_mut_ptr()) })
+            .map(drop)
     }
 
     fn bind_iommufd(&self, device: BorrowedFd<'_>, iommufd: BorrowedFd<'_>) -> io::Result<u32> {
@@ -304,7 +319,7 @@ impl Kernel for Live {
         };
         // SAFETY: the kernel reads the struct and writes `out_devid`; `bind` lives across the
         // call and the iommufd stays open (borrowed). No token: `token_uuid_ptr` is unused.
-        unsafe { ioctl_raw(device, VFIO_DEVICE_BIND_IOMMUFD, arg_mut(&mut bind)) }?;
+        done(unsafe { raw::device_bind_iommufd(device.as_raw_fd(), &mut bind) })?;
         Ok(bind.out_devid)
     }
 
@@ -317,7 +332,7 @@ impl Kernel for Live {
         };
         // SAFETY: the kernel reads the struct and may write `pt_id` back; it lives across the
         // call.
-        unsafe { ioctl_raw(device, VFIO_DEVICE_ATTACH_IOMMUFD_PT, arg_mut(&mut attach)) }.map(drop)
+        done(unsafe { raw::device_attach_iommufd_pt(device.as_raw_fd(), &mut attach) }).map(drop)
     }
 
     fn type1_space(
@@ -334,49 +349,39 @@ impl Kernel for Live {
     }
 }
 
-/// `mmap` of `len` bytes of `fd` at `offset`, shared and read-write, unmapped on drop. Only
-/// ever touched through raw pointers (the volatile accesses of [`crate::mmio::Direct`]).
+/// `mmap` of `len` bytes of `fd` at `offset`, shared and read-write, unmapped on drop
+/// (`memmap2::MmapRaw`, which never hands out a reference to the mapped bytes). Only ever
+/// touched through raw pointers (the volatile accesses of [`crate::mmio::Direct`]).
 #[derive(Debug)]
 pub(crate) struct Mmap {
+    map: memmap2::MmapRaw,
+    /// `map`'s first byte.
     ptr: std::ptr::NonNull<u8>,
-    len: usize,
 }
 
-// SAFETY: a Mmap is an owned mapping; it only hands out the raw pointer, and unmapping from any
-// thread is fine.
+// SAFETY: as `MmapRaw` (Send): the pointer is `map`'s own, handed out raw only.
 unsafe impl Send for Mmap {}
-// SAFETY: `&Mmap` gives only the raw pointer and the length.
+// SAFETY: as `MmapRaw` (Sync): `&Mmap` gives only the raw pointer and the length.
 unsafe impl Sync for Mmap {}
 
 impl Mmap {
-    /// Maps `len` bytes of `fd` at `offset`.
+    /// Maps `len` bytes of `fd` at `offset` (page-aligned, as every region offset is).
     pub(crate) fn shared(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<Mmap> {
-        let off = libc::off_t::try_from(offset)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "mmap offset too large"))?;
         if len == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "cannot map 0 bytes",
             ));
         }
-        // SAFETY: a new mapping placed by the kernel (address NULL), so no existing memory is
-        // replaced; `fd` is open across the call (borrowed); MAP_FAILED is checked before use.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_fd().as_raw_fd(),
-                off,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = std::ptr::NonNull::new(ptr.cast::<u8>())
+        libc::off_t::try_from(offset)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "mmap offset too large"))?;
+        let map = memmap2::MmapOptions::new()
+            .offset(offset)
+            .len(len)
+            .map_raw(&fd)?;
+        let ptr = std::ptr::NonNull::new(map.as_mut_ptr())
             .ok_or_else(|| io::Error::other("mmap returned a null address"))?;
-        Ok(Mmap { ptr, len })
+        Ok(Mmap { map, ptr })
     }
 
     /// The first byte (raw: never make a reference from it).
@@ -386,62 +391,50 @@ impl Mmap {
 
     /// The mapped length.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.map.len()
     }
 
     /// Replaces the mapping, at the same address and length, by private anonymous memory that
     /// reads all-ones (what a PCIe read of a device that is gone returns), so that the mapping
     /// no longer holds the file it mapped (the kernel can release the device) and stray
-    /// accesses through it reach no device (a write lands in the new memory). The all-ones pages are filled first and then moved
-    /// over the old mapping in one `mremap`, so an access racing with it sees either the device
-    /// or all-ones, never zeros or a hole.
+    /// accesses through it reach no device (a write lands in the new memory). The all-ones
+    /// pages are filled first and then moved over the old mapping in one `mremap`, so an
+    /// access racing with it sees either the device or all-ones, never zeros or a hole. The
+    /// `MmapRaw` then unmaps the anonymous pages on drop (same address, same length).
     pub(crate) fn cut_off(&self) -> io::Result<()> {
-        // SAFETY: a new private anonymous mapping placed by the kernel (address NULL): no
-        // existing memory is replaced; MAP_FAILED is checked before use.
+        use nix::sys::mman::{MRemapFlags, MapFlags, ProtFlags};
+        let len = std::num::NonZeroUsize::new(self.len())
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: a new private anonymous mapping placed by the kernel (no address hint): no
+        // existing memory is replaced.
         let fresh = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                self.len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
+            nix::sys::mman::mmap_anonymous(
+                None,
+                len,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE,
             )
-        };
-        if fresh == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        }?;
         // SAFETY: `fresh` is the mapping just made, `len` writable bytes nothing else knows.
-        unsafe { std::ptr::write_bytes(fresh.cast::<u8>(), 0xff, self.len) };
+        unsafe { std::ptr::write_bytes(fresh.as_ptr().cast::<u8>(), 0xff, len.get()) };
         // SAFETY: moves the fresh pages over exactly the range this value owns (MREMAP_FIXED
         // unmaps what was there: the device mapping, which nothing references — only volatile
         // accesses through raw pointers, which stay valid: the range stays mapped). On failure
         // the fresh mapping is unmapped below and the old one is untouched.
         let moved = unsafe {
-            libc::mremap(
+            nix::sys::mman::mremap(
                 fresh,
-                self.len,
-                self.len,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                self.ptr.as_ptr().cast::<libc::c_void>(),
+                len.get(),
+                len.get(),
+                MRemapFlags::MREMAP_MAYMOVE | MRemapFlags::MREMAP_FIXED,
+                Some(self.as_ptr().cast()),
             )
         };
-        if moved == libc::MAP_FAILED {
-            let err = io::Error::last_os_error();
+        if let Err(errno) = moved {
             // SAFETY: `fresh` is still the mapping made above, owned by nobody else.
-            unsafe { libc::munmap(fresh, self.len) };
-            return Err(err);
+            let _ = unsafe { nix::sys::mman::munmap(fresh, len.get()) };
+            return Err(errno.into());
         }
         Ok(())
-    }
-}
-
-impl Drop for Mmap {
-    fn drop(&mut self) {
-        // SAFETY: `ptr..ptr + len` is a mapping this value made and owns; every register block
-        // over it holds the `Arc` this value lives in, so none outlives it.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
-        }
     }
 }
