@@ -341,12 +341,8 @@ mod tests {
     }
 
     fn irq_readable(events: &Events) -> bool {
-        let mut fds = [libc::pollfd {
-            fd: std::os::fd::AsRawFd::as_raw_fd(&events.as_fd()),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        // SAFETY: `fds` is one valid pollfd for the duration of the call.
-        unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) == 1 }
+        use nix::poll::{PollFd, PollFlags, PollTimeout};
+        let mut fds = [PollFd::new(events.as_fd(), PollFlags::POLLIN)];
+        nix::poll::poll(&mut fds, PollTimeout::ZERO) == Ok(1)
     }
 }

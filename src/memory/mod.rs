@@ -156,11 +156,13 @@ pub(crate) const fn u64_of(value: usize) -> u64 {
 
 /// The CPU's base page size.
 pub(crate) fn base_page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions; _SC_PAGESIZE is always supported.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE);
     // A failing sysconf(_SC_PAGESIZE) does not exist on Linux; 4 KiB is every Linux target's
     // smallest page, so it is the safe assumption if it ever did.
-    usize::try_from(size).unwrap_or(4096)
+    size.ok()
+        .flatten()
+        .and_then(|s| usize::try_from(s).ok())
+        .unwrap_or(4096)
 }
 
 #[cfg(test)]

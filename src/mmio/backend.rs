@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::ptr::{self, NonNull};
 
 use super::{check, Backend, Error, RawRegister, Width};
@@ -139,11 +139,8 @@ impl<F: AsFd> FileBacked<F> {
 fn pread_exact(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<()> {
     let off = libc::off_t::try_from(offset)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file offset too large"))?;
-    // SAFETY: `buf` is a valid, writable buffer of `buf.len()` bytes; the fd is open (borrowed).
-    let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), off) };
-    match n {
-        n if n < 0 => Err(io::Error::last_os_error()),
-        n if n as usize == buf.len() => Ok(()),
+    match nix::sys::uio::pread(fd, buf, off)? {
+        n if n == buf.len() => Ok(()),
         _ => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
     }
 }
@@ -151,11 +148,8 @@ fn pread_exact(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> 
 fn pwrite_exact(fd: std::os::fd::BorrowedFd<'_>, buf: &[u8], offset: u64) -> io::Result<()> {
     let off = libc::off_t::try_from(offset)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file offset too large"))?;
-    // SAFETY: `buf` is a valid, readable buffer of `buf.len()` bytes; the fd is open (borrowed).
-    let n = unsafe { libc::pwrite(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len(), off) };
-    match n {
-        n if n < 0 => Err(io::Error::last_os_error()),
-        n if n as usize == buf.len() => Ok(()),
+    match nix::sys::uio::pwrite(fd, buf, off)? {
+        n if n == buf.len() => Ok(()),
         _ => Err(io::Error::from(io::ErrorKind::WriteZero)),
     }
 }

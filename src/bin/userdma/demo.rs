@@ -619,38 +619,22 @@ fn drive(
 
 /// The CPUs the calling thread may run on (`sched_getaffinity`), in ascending order.
 fn allowed_cpus() -> io::Result<Vec<usize>> {
-    // SAFETY: an all-zero cpu_set_t is a valid (empty) set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: the kernel writes at most `size_of::<cpu_set_t>()` bytes into `set`, which lives
-    // for the call.
-    let ret =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: CPU_ISSET reads a bit inside the set (`cpu < CPU_SETSIZE`).
-    let cpus = (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) });
+    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
+    let cpus = (0..nix::sched::CpuSet::count()).filter(|&cpu| set.is_set(cpu).unwrap_or(false));
     Ok(cpus.collect())
 }
 
 /// Restricts the calling thread to `cpus` (`sched_setaffinity`; each below `CPU_SETSIZE`).
 fn pin_to(cpus: &[usize]) -> io::Result<()> {
-    // SAFETY: an all-zero cpu_set_t is a valid (empty) set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let mut set = nix::sched::CpuSet::new();
     for &cpu in cpus {
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        // SAFETY: `cpu < CPU_SETSIZE`: CPU_SET writes a bit inside the set.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
+        // A CPU past the set's size is EINVAL.
+        set.set(cpu)?;
     }
-    // SAFETY: the kernel reads `size_of::<cpu_set_t>()` bytes of `set`, which lives for the
-    // call.
-    let ret = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(nix::sched::sched_setaffinity(
+        nix::unistd::Pid::from_raw(0),
+        &set,
+    )?)
 }
 
 /// Where the engine and the host threads run: the engine on a CPU of its own (`--engine-cpu`,
@@ -973,18 +957,11 @@ mod tests {
 
     /// The lowest CPU this thread may run on.
     fn first_allowed_cpu() -> usize {
-        // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it in; CPU_ISSET
-        // reads bits inside it (below CPU_SETSIZE).
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            assert_eq!(
-                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
-                0
-            );
-            (0..libc::CPU_SETSIZE as usize)
-                .find(|&cpu| libc::CPU_ISSET(cpu, &set))
-                .expect("a CPU to run on")
-        }
+        allowed_cpus()
+            .expect("sched_getaffinity")
+            .first()
+            .copied()
+            .expect("a CPU to run on")
     }
 
     #[test]

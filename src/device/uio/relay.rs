@@ -4,7 +4,7 @@
 //! `read` takes exactly 4 bytes (the total count), an eventfd's takes 8.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -130,42 +130,28 @@ fn relay(node: &OwnedFd, event: &irq::EventFd, stop: &irq::EventFd, seen: &Atomi
 
 /// `poll` on both fds, no timeout: (node readable, stop readable).
 fn poll2(node: BorrowedFd<'_>, stop: BorrowedFd<'_>) -> io::Result<(bool, bool)> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout};
     let mut fds = [
-        libc::pollfd {
-            fd: node.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: stop.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
+        PollFd::new(node, PollFlags::POLLIN),
+        PollFd::new(stop, PollFlags::POLLIN),
     ];
-    // SAFETY: `fds` is an array of two valid pollfds that lives across the call; nfds is 2.
-    let ret = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let error = libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
-    if fds[0].revents & error != 0 {
+    nix::poll::poll(&mut fds, PollTimeout::NONE)?;
+    let error = PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL;
+    let [node, stop] = fds.map(|fd| fd.revents().unwrap_or(PollFlags::empty()));
+    if node.intersects(error) {
         return Err(io::Error::from(io::ErrorKind::BrokenPipe));
     }
     Ok((
-        fds[0].revents & libc::POLLIN != 0,
-        fds[1].revents & libc::POLLIN != 0,
+        node.contains(PollFlags::POLLIN),
+        stop.contains(PollFlags::POLLIN),
     ))
 }
 
 /// One `read` of the interrupt count (exactly 4 bytes, as UIO requires).
 fn read_word(node: BorrowedFd<'_>) -> io::Result<u32> {
     let mut word = [0u8; UIO_IRQ_WORD_SIZE];
-    // SAFETY: `word` is a writable buffer of its length; the fd is open (borrowed).
-    let n = unsafe { libc::read(node.as_raw_fd(), word.as_mut_ptr().cast(), word.len()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if usize::try_from(n).ok() != Some(word.len()) {
+    let n = nix::unistd::read(node, &mut word)?;
+    if n != word.len() {
         return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
     }
     Ok(u32::from_ne_bytes(word))

@@ -93,6 +93,8 @@ fn release(fd: BorrowedFd<'_>) -> std::io::Result<()> {
         .read(true)
         .write(true)
         .open("/dev/null")?;
+    // A raw `libc` call: nix's `dup3` wants the target's `OwnedFd` by `&mut`, and the device
+    // fd is the backend's, only borrowed here.
     // SAFETY: both descriptors are open (`null` owned here, `fd` borrowed for the call);
     // dup3 atomically closes what `fd` was and makes it a duplicate of `null`. The number stays
     // owned by its `OwnedFd`, which closes it (now /dev/null) when dropped.
@@ -185,22 +187,26 @@ fn watch(
 
 /// Waits for any of `fds` (absent ones ignored) to be readable; which are.
 fn poll(fds: &[Option<BorrowedFd<'_>>; 3]) -> std::io::Result<[bool; 3]> {
-    let mut raw = fds.map(|fd| libc::pollfd {
-        fd: fd.map_or(-1, |f| f.as_raw_fd()),
-        events: libc::POLLIN,
-        revents: 0,
-    });
+    use nix::errno::Errno;
+    use nix::poll::{PollFd, PollFlags, PollTimeout};
+    // The present fds, and which of `fds` each is.
+    let which: Vec<usize> = (0..fds.len()).filter(|&i| fds[i].is_some()).collect();
+    let mut list: Vec<PollFd<'_>> = fds
+        .iter()
+        .flatten()
+        .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
+        .collect();
     loop {
-        // SAFETY: `raw` is three valid pollfds for the duration of the call (a negative fd is
-        // ignored by poll); the borrowed descriptors stay open across it.
-        let ret = unsafe { libc::poll(raw.as_mut_ptr(), 3, -1) };
-        if ret >= 0 {
-            break;
-        }
-        let err = std::io::Error::last_os_error();
-        if err.kind() != std::io::ErrorKind::Interrupted {
-            return Err(err);
+        match nix::poll::poll(&mut list, PollTimeout::NONE) {
+            Ok(_) => break,
+            Err(Errno::EINTR) => continue,
+            Err(errno) => return Err(errno.into()),
         }
     }
-    Ok(raw.map(|p| p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0))
+    let mut ready = [false; 3];
+    let wake = PollFlags::POLLIN | PollFlags::POLLERR | PollFlags::POLLHUP;
+    for (&i, p) in which.iter().zip(&list) {
+        ready[i] = p.revents().is_some_and(|r| r.intersects(wake));
+    }
+    Ok(ready)
 }
