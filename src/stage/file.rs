@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::fs::OpenOptions;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -110,6 +110,22 @@ impl File {
     /// As [`File::open`].
     pub fn create(path: impl AsRef<Path>, direct: Direct) -> Result<File, Error> {
         File::open_with(path.as_ref(), direct, true)
+    }
+
+    /// A connected stream — a TCP or Unix stream socket, a pipe — for
+    /// [`Stager::recv`](super::Stager::recv) (and writes): buffered, readable and writable,
+    /// named `name` in errors. Give it a blocking descriptor (io_uring waits for data itself;
+    /// on an `O_NONBLOCK` one a receive with nothing to read fails with `EAGAIN`).
+    pub fn from_stream(fd: impl Into<OwnedFd>, name: impl Into<PathBuf>) -> File {
+        let file = std::fs::File::from(fd.into());
+        File::wrap(
+            file,
+            &name.into(),
+            Mode::Buffered,
+            Alignment::NONE,
+            None,
+            true,
+        )
     }
 
     fn open_with(path: &Path, direct: Direct, write: bool) -> Result<File, Error> {
