@@ -53,6 +53,14 @@
 //! a frame is [`Error::ShortFrame`]; a result read in place from device memory is refused by
 //! the sink ([`Error::InPlaceResult`]).
 //!
+//! **Sockets.** [`File::from_stream`] wraps a connected TCP or Unix stream socket (or a
+//! pipe); [`Stager::recv`] receives into a pool buffer with the same `READ_FIXED` and the
+//! same ownership as a file read: the buffer is the stager's until its completion, a receive
+//! waiting for data can be cancelled (the buffer comes back with [`Error::Cancelled`]), and
+//! dropping the stager cancels and waits. A short receive is normal on a socket: the
+//! completion says how many bytes came; [`Stager::recv_exact`] resubmits for the rest until
+//! the buffer is full. The peer's close is a receive of 0 bytes (the end of the stream).
+//!
 //! **Limits.** io_uring charges registered buffers to `RLIMIT_MEMLOCK` (unless the process has
 //! `CAP_IPC_LOCK`), on top of what `mlock` already counts: [`Error::MemlockLimit`] says how many
 //! bytes are needed and how to raise the limit. A kernel without io_uring, or with it disabled
