@@ -174,7 +174,9 @@ impl File {
             Some((memory, offset)) if memory != 0 && offset != 0 => Alignment { memory, offset },
             Some(_) => return buffered(Some("statx reports no direct I/O for this file")),
             None => {
-                match shim::logical_block_size(stat.dev) {
+                // A block device node: the device's own logical block size (kernels before
+                // 6.11 report no STATX_DIOALIGN for block devices).
+                match shim::logical_block_size(stat.block.unwrap_or(stat.dev)) {
                     Some(size) => Alignment {
                         memory: size,
                         offset: size,
