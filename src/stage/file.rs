@@ -174,8 +174,8 @@ impl File {
             Some((memory, offset)) if memory != 0 && offset != 0 => Alignment { memory, offset },
             Some(_) => return buffered(Some("statx reports no direct I/O for this file")),
             None => {
-                // A block device node: the device's own logical block size (kernels before
-                // 6.11 report no STATX_DIOALIGN for block devices).
+                // A block device node: the device's own logical block size, not that of the
+                // file system holding the node (for kernels that report no STATX_DIOALIGN).
                 match shim::logical_block_size(stat.block.unwrap_or(stat.dev)) {
                     Some(size) => Alignment {
                         memory: size,

@@ -20,6 +20,7 @@ mod nvme;
 mod pci;
 mod pipeline;
 mod removal;
+mod stage;
 mod uio;
 mod vfio;
 
@@ -197,6 +198,13 @@ pub(crate) const ALL: &[Case] = &[
         name: "vfio-bus-reset",
         boots: &[Boot::IommuPt],
         run: removal::vfio_bus_reset,
+    },
+    // Last: it loads the kernel's nvme driver (and unloads it), which would claim the NVMe
+    // controller whenever an earlier case returned it to no driver.
+    Case {
+        name: "stage-nvme-edu",
+        boots: &[Boot::IommuPt, Boot::IommuStrict],
+        run: stage::nvme_disk_to_edu,
     },
 ];
 
