@@ -541,9 +541,12 @@ impl Stager {
     /// Pushes one entry, submitting the queue first if it is full.
     fn push(&mut self, entry: squeue::Entry) -> Result<(), Error> {
         // SAFETY: a read or write entry points at `len` bytes of a buffer this stager holds
-        // (in `slots`) until the entry's completion is reaped, inside a registered fixed
-        // buffer that outlives the ring; its fd is kept open by the `File` clone held with it.
-        // A cancel entry points at nothing.
+        // (in `slots`) until the entry's completion is reaped — or, for a lent buffer, of one
+        // its caller holds borrowed across `Stager::lent`, which returns only once that
+        // completion is reaped (or aborts the process) — inside a registered fixed buffer
+        // that outlives the ring; its fd is kept open by the `File` clone held with it. The
+        // pool never hands out references to its memory (copies in and out only), so the
+        // kernel writing it breaks no Rust aliasing rule. A cancel entry points at nothing.
         if unsafe { self.ring.submission().push(&entry) }.is_ok() {
             return Ok(());
         }
