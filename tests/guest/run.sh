@@ -200,7 +200,11 @@ crypto/crct10dif_common lib/crc-t10dif lib/crc64 lib/crc64-rocksoft block/t10-pi
 drivers/nvme/host/nvme-core drivers/nvme/host/nvme"
 # The directories (under kernel/) those extra modules are unpacked from.
 MODULES_HOST_DIRS="crypto lib block drivers/nvme/host"
-MODULES_IOMMUFD="virt/lib/irqbypass drivers/uio/uio drivers/uio/uio_pci_generic"
+MODULES_IOMMUFD="virt/lib/irqbypass drivers/uio/uio drivers/uio/uio_pci_generic
+drivers/nvme/common/nvme-auth drivers/nvme/host/nvme-core drivers/nvme/host/nvme"
+# The directories (under kernel/) of the iommufd boot's NVMe modules (6.12's nvme-core needs
+# nvme-auth only).
+MODULES_IOMMUFD_DIRS="drivers/nvme/common drivers/nvme/host"
 MODULES_REBUILT="iommufd vfio vfio_iommu_type1 vfio-pci-core vfio-pci"
 
 # unpack_kernel DEB KVER KDIR MODULES [DIR...]: the kernel image (as an ELF vmlinux where possible), its
@@ -329,9 +333,14 @@ if [ "$NEED_TRIXIE" = 1 ]; then
 		die "cannot resolve Debian 13's kernel package: linux-image-amd64 in the trixie lists ($TRIXIE_APT) names no linux-image-*"
 	KDIR=$OUT/kernel/$KVER
 	log "iommufd boot's kernel (Debian 13) $KPKG $KVERSION"
-	if [ ! -f "$KDIR/complete" ]; then
+	# Unpacked again when a module was added to the list since.
+	missing=
+	for m in $MODULES_IOMMUFD; do
+		[ -f "$KDIR/modules/$(basename "$m").ko" ] || missing=1
+	done
+	if [ ! -f "$KDIR/complete" ] || [ -n "$missing" ]; then
 		fetch_deb "$KPKG" "$KVERSION" trixie
-		unpack_kernel "$FETCHED" "$KVER" "$KDIR" "$MODULES_IOMMUFD"
+		unpack_kernel "$FETCHED" "$KVER" "$KDIR" "$MODULES_IOMMUFD" "$MODULES_IOMMUFD_DIRS"
 		config=$KDIR/config
 		for option in CONFIG_IOMMU_API=y CONFIG_INTEL_IOMMU=y CONFIG_VFIO=m CONFIG_VFIO_PCI=m CONFIG_INTERVAL_TREE=y; do
 			grep -qx "$option" "$config" ||

@@ -203,7 +203,7 @@ pub(crate) const ALL: &[Case] = &[
     // controller whenever an earlier case returned it to no driver.
     Case {
         name: "stage-nvme-edu",
-        boots: &[Boot::IommuPt, Boot::IommuStrict],
+        boots: IOMMU,
         run: stage::nvme_disk_to_edu,
     },
 ];

@@ -27,17 +27,22 @@ use crate::edu::Direction;
 use crate::env::Env;
 use crate::failure::{ensure, Context, Failure};
 
-/// The modules of the kernel's NVMe driver in load order (6.1: `nvme-core` needs `t10-pi`,
-/// which needs the two CRCs); `tests/guest/run.sh` puts them in the initramfs.
+/// The modules of the kernel's NVMe driver in load order, those of every guest kernel: 6.1's
+/// `nvme-core` needs `t10-pi`, which needs the two CRCs; 6.12's needs `nvme-auth`.
+/// `tests/guest/run.sh` puts each kernel's in the initramfs; those there are loaded.
 const MODULES: &[&str] = &[
     "crct10dif_common",
     "crc-t10dif",
     "crc64",
     "crc64-rocksoft",
     "t10-pi",
+    "nvme-auth",
     "nvme-core",
     "nvme",
 ];
+
+/// The modules every kernel must have.
+const REQUIRED: &[&str] = &["nvme-core", "nvme"];
 
 /// Bytes per read request and per pool buffer (a multiple of the 512- or 4096-byte LBA).
 const CHUNK: usize = 4096;
@@ -64,44 +69,47 @@ fn block_pattern(seed: u64, lba: u64, lba_size: usize) -> Vec<u8> {
         .collect()
 }
 
-/// `insmod` of each module not loaded yet.
-fn load_driver() -> Result<(), Failure> {
+/// `insmod` of each module there and not loaded yet (some are built in, or loaded already);
+/// pushes each one loaded to `loaded`.
+fn load_driver(loaded: &mut Vec<&'static str>) -> Result<(), Failure> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .context(|| "read the kernel release".to_owned())?;
     let dir = PathBuf::from("/lib/modules").join(release.trim());
-    for name in MODULES {
+    for &name in MODULES {
+        let path = dir.join(format!("{name}.ko"));
+        if !path.exists() {
+            ensure!(
+                !REQUIRED.contains(&name),
+                "{} is not in the initramfs (tests/guest/run.sh puts the NVMe driver's modules there)",
+                path.display()
+            );
+            continue;
+        }
         if Path::new("/sys/module")
             .join(name.replace('-', "_"))
             .exists()
         {
             continue;
         }
-        let path = dir.join(format!("{name}.ko"));
         let out = Command::new("insmod")
             .arg(&path)
             .output()
             .context(|| format!("run insmod {}", path.display()))?;
         ensure!(
             out.status.success(),
-            "insmod {} failed ({}): {} (tests/guest/run.sh puts the NVMe driver's modules in the initramfs)",
+            "insmod {} failed ({}): {}",
             path.display(),
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );
+        loaded.push(name);
     }
     Ok(())
 }
 
-/// `rmmod` of the driver's modules that are loaded, last loaded first (the controller is then
-/// unbound).
-fn unload_driver() -> Result<(), Failure> {
-    for name in MODULES.iter().rev() {
-        if !Path::new("/sys/module")
-            .join(name.replace('-', "_"))
-            .exists()
-        {
-            continue;
-        }
+/// `rmmod` of the modules the case loaded, last loaded first (the controller is then unbound).
+fn unload_driver(loaded: &[&str]) -> Result<(), Failure> {
+    for name in loaded.iter().rev() {
         let out = Command::new("rmmod")
             .arg(name)
             .output()
@@ -186,8 +194,9 @@ pub(crate) fn nvme_disk_to_edu(env: &Env) -> Result<(), Failure> {
         "{} is bound to {driver_before:?} before the case",
         env.nvme
     );
-    let result = load_driver().and_then(|()| disk_to_edu(env, plan));
-    let unloaded = unload_driver();
+    let mut loaded = Vec::new();
+    let result = load_driver(&mut loaded).and_then(|()| disk_to_edu(env, plan));
+    let unloaded = unload_driver(&loaded);
     result?;
     unloaded?;
     let after = env
