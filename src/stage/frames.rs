@@ -24,7 +24,7 @@ pub enum Pull {
     End,
 }
 
-/// Frames of a file, read into pipeline input slots (see the [module docs](self)).
+/// Frames of a file, read into pipeline input slots (see the [module docs](super)).
 #[derive(Debug)]
 pub struct FrameSource {
     stager: Stager,
@@ -173,7 +173,7 @@ impl FrameSource {
 }
 
 /// Results written to a file from the pipeline's host result buffers: result `i` (the `i`th
-/// written) at `i × result bytes` (see the [module docs](self)).
+/// written) at `i × result bytes` (see the [module docs](super)).
 #[derive(Debug)]
 pub struct FrameSink {
     stager: Stager,
