@@ -137,6 +137,10 @@ fn stage_code(e: &stage::Error) -> Code {
         | E::Offset { .. }
         | E::NotRegistered { .. }
         | E::ReadOnly { .. }
+        | E::Length { .. }
+        | E::NotAStream { .. }
+        | E::ShortFrame { .. }
+        | E::InPlaceResult { .. }
         | E::ShortRead { .. }
         | E::Eof { .. } => Code::InvalidArgument,
         E::Unavailable { .. } | E::DirectUnsupported { .. } => Code::Unsupported,

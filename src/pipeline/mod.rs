@@ -180,6 +180,12 @@ impl Input<'_> {
     pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<(), Error> {
         Ok(self.buffer.write(offset, bytes)?)
     }
+
+    /// The slot's input buffer (for a [`FrameSource`](crate::stage::FrameSource) to read
+    /// into).
+    pub(crate) fn buffer(&self) -> &OwnedBuffer {
+        self.buffer
+    }
 }
 
 /// A finished frame's result: the slot's host result buffer after its D2H copy, or the
@@ -217,6 +223,15 @@ impl Output<'_> {
     /// round trips) rather than from a host buffer.
     pub fn in_place(&self) -> bool {
         matches!(self.source, Source::Device { .. })
+    }
+
+    /// The slot's host result buffer (`None` for a result read in place), for a
+    /// [`FrameSink`](crate::stage::FrameSink) to write from.
+    pub(crate) fn host_buffer(&self) -> Option<&OwnedBuffer> {
+        match self.source {
+            Source::Host(buffer) => Some(buffer),
+            Source::Device { .. } => None,
+        }
     }
 
     /// Reads `dst.len()` bytes at `offset` of the result.
@@ -391,7 +406,7 @@ pub struct Pipeline {
     device: Arc<Loopback>,
     // Held for the pipeline's life: the pool the slots' buffers come from and the device
     // ranges of the arenas (dropped after the queues, which may hold slots).
-    _pool: Arc<Pool>,
+    pool: Arc<Pool>,
     _arenas: Vec<Range>,
 }
 
@@ -578,7 +593,7 @@ impl Pipeline {
             in_flight: 0,
             path,
             device,
-            _pool: pool,
+            pool,
             _arenas: arenas,
         })
     }
@@ -586,6 +601,13 @@ impl Pipeline {
     /// The model it runs.
     pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    /// The pool the slots' host buffers come from: a [`Stager`](crate::stage::Stager) made
+    /// over it reads frames into the input slots and writes results from the result buffers
+    /// ([`FrameSource`](crate::stage::FrameSource), [`FrameSink`](crate::stage::FrameSink)).
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
     }
 
     /// How it was built.

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::fs::OpenOptions;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -112,6 +112,22 @@ impl File {
         File::open_with(path.as_ref(), direct, true)
     }
 
+    /// A connected stream — a TCP or Unix stream socket, a pipe — for
+    /// [`Stager::recv`](super::Stager::recv) (and writes): buffered, readable and writable,
+    /// named `name` in errors. Give it a blocking descriptor (io_uring waits for data itself;
+    /// on an `O_NONBLOCK` one a receive with nothing to read fails with `EAGAIN`).
+    pub fn from_stream(fd: impl Into<OwnedFd>, name: impl Into<PathBuf>) -> File {
+        let file = std::fs::File::from(fd.into());
+        File::wrap(
+            file,
+            &name.into(),
+            Mode::Buffered,
+            Alignment::NONE,
+            None,
+            true,
+        )
+    }
+
     fn open_with(path: &Path, direct: Direct, write: bool) -> Result<File, Error> {
         let open = |flags: i32| {
             let mut options = OpenOptions::new();
@@ -158,7 +174,9 @@ impl File {
             Some((memory, offset)) if memory != 0 && offset != 0 => Alignment { memory, offset },
             Some(_) => return buffered(Some("statx reports no direct I/O for this file")),
             None => {
-                match shim::logical_block_size(stat.dev) {
+                // A block device node: the device's own logical block size, not that of the
+                // file system holding the node (for kernels that report no STATX_DIOALIGN).
+                match shim::logical_block_size(stat.block.unwrap_or(stat.dev)) {
                     Some(size) => Alignment {
                         memory: size,
                         offset: size,

@@ -44,6 +44,23 @@
 //! set to them; [`Completion::into_full`] turns a short read into [`Error::ShortRead`] /
 //! [`Error::Eof`].
 //!
+//! **Pipeline frames.** [`FrameSource`] reads frame `i` of a file (at `i × frame_bytes`)
+//! straight into a pipeline slot's input buffer from the preprocess callback, and
+//! [`FrameSink`] writes each result straight from the slot's host result buffer from
+//! postprocess, with a stager made over [`Pipeline::pool`](crate::pipeline::Pipeline::pool).
+//! The slot stays the pipeline's: each request is waited for before the callback returns. The
+//! end of the file at a frame boundary ends the source ([`Pull::End`]); a file ending inside
+//! a frame is [`Error::ShortFrame`]; a result read in place from device memory is refused by
+//! the sink ([`Error::InPlaceResult`]).
+//!
+//! **Sockets.** [`File::from_stream`] wraps a connected TCP or Unix stream socket (or a
+//! pipe); [`Stager::recv`] receives into a pool buffer with the same `READ_FIXED` and the
+//! same ownership as a file read: the buffer is the stager's until its completion, a receive
+//! waiting for data can be cancelled (the buffer comes back with [`Error::Cancelled`]), and
+//! dropping the stager cancels and waits. A short receive is normal on a socket: the
+//! completion says how many bytes came; [`Stager::recv_exact`] resubmits for the rest until
+//! the buffer is full. The peer's close is a receive of 0 bytes (the end of the stream).
+//!
 //! **Limits.** io_uring charges registered buffers to `RLIMIT_MEMLOCK` (unless the process has
 //! `CAP_IPC_LOCK`), on top of what `mlock` already counts: [`Error::MemlockLimit`] says how many
 //! bytes are needed and how to raise the limit. A kernel without io_uring, or with it disabled
@@ -79,12 +96,14 @@ use std::path::PathBuf;
 use crate::pool::OwnedBuffer;
 
 mod file;
+mod frames;
 mod layout;
 mod shim;
 mod slots;
 mod stager;
 
 pub use self::file::{Alignment, Direct, File, Mode};
+pub use self::frames::{FrameSink, FrameSource, Pull};
 pub use self::layout::{Fixed, Layout, MAX_FIXED_BUFFERS, MAX_FIXED_BUFFER_BYTES};
 pub use self::shim::process_cpu_time;
 pub use self::stager::{Completion, Config, Op, Stager, Ticket, Transfer};
@@ -222,6 +241,56 @@ pub enum Error {
         value: u64,
         /// The alignment needed.
         align: u32,
+    },
+    /// A request longer than its buffer.
+    #[error("a request of {len} bytes does not fit its {buffer}-byte buffer: ask for at most the buffer's length")]
+    Length {
+        /// Bytes asked for.
+        len: usize,
+        /// The buffer's length.
+        buffer: usize,
+    },
+    /// A receive from a regular file.
+    #[error("{path} is a regular file, not a stream: receive from a socket or pipe (File::from_stream), or read the file with Stager::read")]
+    NotAStream {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file ends inside a frame.
+    #[error(
+        "{path} ends inside frame {frame}: {got} of its {frame_bytes} bytes are there (the \
+         file is not a whole number of frames)"
+    )]
+    ShortFrame {
+        /// The file.
+        path: PathBuf,
+        /// The frame's index in the file.
+        frame: u64,
+        /// Bytes of it in the file.
+        got: usize,
+        /// Bytes per frame.
+        frame_bytes: usize,
+    },
+    /// A write stopped short.
+    #[error("wrote {got} of {wanted} bytes at offset {offset:#x} of {path} (is the disk full?)")]
+    ShortWrite {
+        /// The file.
+        path: PathBuf,
+        /// Offset of the request.
+        offset: u64,
+        /// Bytes asked for.
+        wanted: usize,
+        /// Bytes written.
+        got: usize,
+    },
+    /// A pipeline result read in place from device memory, given to a [`FrameSink`].
+    #[error(
+        "the result to write to {path} is read in place from device memory and has no host \
+         buffer to write from: build the pipeline with Results::Copy to write results to a file"
+    )]
+    InPlaceResult {
+        /// The sink's file.
+        path: PathBuf,
     },
     /// A request of zero bytes.
     #[error("a stage request needs at least one byte: set the buffer's length first")]

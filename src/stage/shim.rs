@@ -15,11 +15,14 @@ pub(super) struct Stat {
     pub(super) dio: Option<(u32, u32)>,
     /// The device the file lives on (major, minor).
     pub(super) dev: (u32, u32),
+    /// For a block device node, the block device it is (major, minor): its queue, not the
+    /// file system holding the node (devtmpfs), has the direct-I/O alignment.
+    pub(super) block: Option<(u32, u32)>,
     /// The file's size in bytes.
     pub(super) size: u64,
 }
 
-/// `statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN | STATX_SIZE)`.
+/// `statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN | STATX_SIZE | STATX_TYPE)`.
 pub(super) fn statx(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     let mut buf = MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: the path is a valid NUL-terminated (empty) string, `buf` is a writable `statx`
@@ -29,7 +32,7 @@ pub(super) fn statx(fd: BorrowedFd<'_>) -> io::Result<Stat> {
             fd.as_raw_fd(),
             c"".as_ptr(),
             libc::AT_EMPTY_PATH,
-            libc::STATX_DIOALIGN | libc::STATX_SIZE,
+            libc::STATX_DIOALIGN | libc::STATX_SIZE | libc::STATX_TYPE,
             buf.as_mut_ptr(),
         )
     };
@@ -41,9 +44,13 @@ pub(super) fn statx(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     let buf = unsafe { buf.assume_init() };
     let dio = (buf.stx_mask & libc::STATX_DIOALIGN != 0)
         .then_some((buf.stx_dio_mem_align, buf.stx_dio_offset_align));
+    let block = (buf.stx_mask & libc::STATX_TYPE != 0
+        && u32::from(buf.stx_mode) & libc::S_IFMT == libc::S_IFBLK)
+        .then_some((buf.stx_rdev_major, buf.stx_rdev_minor));
     Ok(Stat {
         dio,
         dev: (buf.stx_dev_major, buf.stx_dev_minor),
+        block,
         size: buf.stx_size,
     })
 }

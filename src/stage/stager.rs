@@ -144,7 +144,13 @@ struct InFlight {
     done: usize,
     fixed: Fixed,
     cancelled: bool,
-    buffer: OwnedBuffer,
+    /// Resume short transfers of streams too (sockets, pipes): [`Stager::recv_exact`].
+    exact: bool,
+    /// The buffer's address (kept as an integer so the stager stays `Send`).
+    addr: usize,
+    /// The buffer; `None` for a request on a lent buffer ([`Stager::read_lent`]), which the
+    /// caller keeps and the stager waits for before returning.
+    buffer: Option<OwnedBuffer>,
 }
 
 /// Reads files into, and writes them from, buffers of one [`Pool`], with the pool's memory
@@ -159,6 +165,8 @@ pub struct Stager {
     ready: VecDeque<Completion>,
     /// Reaped `(user_data, result)` pairs, reused.
     scratch: Vec<(u64, i32)>,
+    /// Completions of requests on lent buffers, taken by the call that made them.
+    lent: Vec<(u64, Result<Transfer, Error>)>,
     layout: Layout,
     depth: u32,
     pool: Arc<Pool>,
@@ -228,6 +236,7 @@ impl Stager {
             slots: Slots::new(depth),
             ready: VecDeque::with_capacity(depth as usize),
             scratch: Vec::with_capacity(entries as usize),
+            lent: Vec::with_capacity(1),
             layout,
             depth,
             pool,
@@ -277,7 +286,7 @@ impl Stager {
         offset: u64,
         buffer: OwnedBuffer,
     ) -> Result<Ticket, Refused> {
-        self.start(Op::Read, file, offset, buffer)
+        self.start(Op::Read, file, offset, buffer, false)
     }
 
     /// Queues a write of the buffer's `len()` bytes to `offset` of `file` (opened with
@@ -297,7 +306,46 @@ impl Stager {
             };
             return Err(Refused { error, buffer });
         }
-        self.start(Op::Write, file, offset, buffer)
+        self.start(Op::Write, file, offset, buffer, false)
+    }
+
+    /// Queues a receive from the stream `socket` (see [`File::from_stream`]) into `buffer`:
+    /// it completes with what arrived, from 1 byte up to `buffer.len()` (a short receive is
+    /// normal on a socket: [`Transfer::bytes`] says how many, and the buffer's length is set
+    /// to them), or with 0 bytes once the peer has closed its end (end of stream). The buffer
+    /// belongs to the stager until the completion, as for [`Stager::read`]; a receive waiting
+    /// for data can be [cancelled](Stager::cancel), which hands the buffer back.
+    ///
+    /// # Errors
+    /// [`Refused`] (with the buffer): [`Error::NotAStream`] for a regular file, and as
+    /// [`Stager::read`].
+    pub fn recv(&mut self, socket: &File, buffer: OwnedBuffer) -> Result<Ticket, Refused> {
+        self.start_stream(socket, buffer, false)
+    }
+
+    /// As [`Stager::recv`], but a short receive is resubmitted for the rest: the request
+    /// completes once the buffer is full, or short only when the peer closed first (then
+    /// [`Completion::into_full`] gives [`Error::ShortRead`], or [`Error::Eof`] if nothing came).
+    ///
+    /// # Errors
+    /// As [`Stager::recv`].
+    pub fn recv_exact(&mut self, socket: &File, buffer: OwnedBuffer) -> Result<Ticket, Refused> {
+        self.start_stream(socket, buffer, true)
+    }
+
+    fn start_stream(
+        &mut self,
+        socket: &File,
+        buffer: OwnedBuffer,
+        exact: bool,
+    ) -> Result<Ticket, Refused> {
+        if socket.is_regular() {
+            let error = Error::NotAStream {
+                path: socket.path().to_owned(),
+            };
+            return Err(Refused { error, buffer });
+        }
+        self.start(Op::Read, socket, 0, buffer, exact)
     }
 
     fn start(
@@ -306,48 +354,144 @@ impl Stager {
         file: &File,
         offset: u64,
         buffer: OwnedBuffer,
+        exact: bool,
     ) -> Result<Ticket, Refused> {
-        match self.check(file, offset, &buffer) {
-            Ok(fixed) => {
-                let wanted = buffer.len();
-                let request = InFlight {
-                    op,
-                    file: file.clone(),
-                    offset,
-                    wanted,
-                    done: 0,
-                    fixed,
-                    cancelled: false,
-                    buffer,
-                };
-                let key = match self.slots.insert(request) {
-                    Ok(key) => key,
-                    Err(request) => {
-                        let error = Error::Full { depth: self.depth };
-                        return Err(Refused {
-                            error,
-                            buffer: request.buffer,
-                        });
-                    }
-                };
-                if let Err(error) = self.push_io(key) {
-                    let request = self.slots.remove(key);
-                    // The entry was never queued: the buffer is the caller's again.
-                    if let Some(request) = request {
-                        return Err(Refused {
-                            error,
-                            buffer: request.buffer,
-                        });
-                    }
-                }
-                Ok(Ticket(key))
-            }
-            Err(error) => Err(Refused { error, buffer }),
+        let wanted = buffer.len();
+        let fixed = match self.check(file, offset, &buffer, wanted) {
+            Ok(fixed) => fixed,
+            Err(error) => return Err(Refused { error, buffer }),
+        };
+        let request = InFlight {
+            op,
+            file: file.clone(),
+            offset,
+            wanted,
+            done: 0,
+            fixed,
+            cancelled: false,
+            exact,
+            addr: buffer.as_ptr().as_ptr() as usize,
+            buffer: Some(buffer),
+        };
+        match self.enqueue(request) {
+            Ok(key) => Ok(Ticket(key)),
+            Err((error, Some(buffer))) => Err(Refused { error, buffer }),
+            Err((error, None)) => unreachable!("a request made with its buffer lost it: {error}"),
         }
     }
 
-    fn check(&self, file: &File, offset: u64, buffer: &OwnedBuffer) -> Result<Fixed, Error> {
-        let len = buffer.len();
+    /// Puts `request` in the table and queues it; on failure its buffer comes back (it was
+    /// never queued, so the buffer is the caller's again).
+    fn enqueue(&mut self, request: InFlight) -> Result<u64, (Error, Option<OwnedBuffer>)> {
+        let key = match self.slots.insert(request) {
+            Ok(key) => key,
+            Err(request) => return Err((Error::Full { depth: self.depth }, request.buffer)),
+        };
+        if let Err(error) = self.push_io(key) {
+            if let Some(request) = self.slots.remove(key) {
+                return Err((error, request.buffer));
+            }
+        }
+        Ok(key)
+    }
+
+    /// Reads `len` bytes at `offset` of `file` into the first `len` bytes of `buffer`, which
+    /// stays the caller's, and waits for the read (other requests in flight go on; their
+    /// completions wait in [`Stager::wait`]'s queue). Short reads of a regular file are
+    /// resumed as for [`Stager::read`]; the buffer's length is left as it is.
+    ///
+    /// The kernel writes the buffer only while this call runs: it returns once the read's
+    /// completion is in. If the ring cannot be waited on any more (`io_uring_enter` failing
+    /// with something other than `EINTR`/`EBUSY`, which a valid ring does not do) the process
+    /// aborts, since returning would hand back a buffer the kernel may still write.
+    ///
+    /// # Errors
+    /// As [`Stager::read`], and [`Error::Length`] if `len` exceeds the buffer's length.
+    pub(crate) fn read_lent(
+        &mut self,
+        file: &File,
+        offset: u64,
+        buffer: &OwnedBuffer,
+        len: usize,
+    ) -> Result<Transfer, Error> {
+        self.lent(Op::Read, file, offset, buffer, len)
+    }
+
+    /// Writes the first `len` bytes of `buffer` to `offset` of `file` and waits for the write,
+    /// as [`Stager::read_lent`] (the kernel only reads the buffer).
+    ///
+    /// # Errors
+    /// As [`Stager::write`], and [`Error::Length`].
+    pub(crate) fn write_lent(
+        &mut self,
+        file: &File,
+        offset: u64,
+        buffer: &OwnedBuffer,
+        len: usize,
+    ) -> Result<Transfer, Error> {
+        if !file.is_writable() {
+            return Err(Error::ReadOnly {
+                path: file.path().to_owned(),
+            });
+        }
+        self.lent(Op::Write, file, offset, buffer, len)
+    }
+
+    fn lent(
+        &mut self,
+        op: Op,
+        file: &File,
+        offset: u64,
+        buffer: &OwnedBuffer,
+        len: usize,
+    ) -> Result<Transfer, Error> {
+        if len > buffer.len() {
+            return Err(Error::Length {
+                len,
+                buffer: buffer.len(),
+            });
+        }
+        let fixed = self.check(file, offset, buffer, len)?;
+        let request = InFlight {
+            op,
+            file: file.clone(),
+            offset,
+            wanted: len,
+            done: 0,
+            fixed,
+            cancelled: false,
+            exact: false,
+            addr: buffer.as_ptr().as_ptr() as usize,
+            buffer: None,
+        };
+        let key = self.enqueue(request).map_err(|(error, _)| error)?;
+        loop {
+            if let Some(i) = self.lent.iter().position(|&(k, _)| k == key) {
+                return self.lent.swap_remove(i).1;
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => {}
+                Err(e) => {
+                    eprintln!(
+                        "userdma: io_uring_enter failed ({e}) while a {op} into a lent pool \
+                         buffer was in flight; aborting rather than handing back a buffer the \
+                         kernel may still write"
+                    );
+                    std::process::abort();
+                }
+            }
+            self.reap();
+        }
+    }
+
+    fn check(
+        &self,
+        file: &File,
+        offset: u64,
+        buffer: &OwnedBuffer,
+        len: usize,
+    ) -> Result<Fixed, Error> {
         if len == 0 {
             return Err(Error::Empty);
         }
@@ -375,8 +519,14 @@ impl Stager {
         let fd = types::Fd(r.file.raw_fd());
         // `done < wanted <= u32::MAX` (a pool buffer's length is a `u32`).
         let len = (r.wanted - r.done) as u32;
-        let ptr = r.buffer.as_ptr().as_ptr().wrapping_add(r.done);
-        let at = r.offset + r.done as u64;
+        // The kernel only uses the address; Rust never dereferences it.
+        let ptr = (r.addr + r.done) as *mut u8;
+        // A stream (socket, pipe) has no position: every part of a request reads at `offset`.
+        let at = if r.file.is_regular() {
+            r.offset + r.done as u64
+        } else {
+            r.offset
+        };
         let entry = match r.op {
             Op::Read => opcode::ReadFixed::new(fd, ptr, len, r.fixed.index)
                 .offset(at)
@@ -391,9 +541,12 @@ impl Stager {
     /// Pushes one entry, submitting the queue first if it is full.
     fn push(&mut self, entry: squeue::Entry) -> Result<(), Error> {
         // SAFETY: a read or write entry points at `len` bytes of a buffer this stager holds
-        // (in `slots`) until the entry's completion is reaped, inside a registered fixed
-        // buffer that outlives the ring; its fd is kept open by the `File` clone held with it.
-        // A cancel entry points at nothing.
+        // (in `slots`) until the entry's completion is reaped — or, for a lent buffer, of one
+        // its caller holds borrowed across `Stager::lent`, which returns only once that
+        // completion is reaped (or aborts the process) — inside a registered fixed buffer
+        // that outlives the ring; its fd is kept open by the `File` clone held with it. The
+        // pool never hands out references to its memory (copies in and out only), so the
+        // kernel writing it breaks no Rust aliasing rule. A cancel entry points at nothing.
         if unsafe { self.ring.submission().push(&entry) }.is_ok() {
             return Ok(());
         }
@@ -519,12 +672,13 @@ impl Stager {
             // `res >= 0`, at most the length asked for.
             r.done = (r.done + res as usize).min(r.wanted);
             let align = r.file.alignment();
-            let addr = r.buffer.as_ptr().as_ptr() as usize + r.done;
+            let addr = r.addr + r.done;
             let resumable = r.file.mode() == Mode::Buffered
                 || align
                     .check(r.offset + r.done as u64, r.wanted - r.done, addr)
                     .is_none();
-            if res > 0 && r.done < r.wanted && !r.cancelled && resumable && r.file.is_regular() {
+            let resumes = r.file.is_regular() || r.exact;
+            if res > 0 && r.done < r.wanted && !r.cancelled && resumable && resumes {
                 None
             } else {
                 Some(Ok(Transfer {
@@ -540,18 +694,23 @@ impl Stager {
                 Err(e) => Err(e),
             },
         };
-        if let Some(mut r) = self.slots.remove(key) {
+        if let Some(r) = self.slots.remove(key) {
+            let Some(mut buffer) = r.buffer else {
+                // A lent buffer: the waiting call takes the result.
+                self.lent.push((key, result));
+                return;
+            };
             if r.op == Op::Read {
                 if let Ok(t) = &result {
                     // At most the buffer's length, which was valid.
-                    let _ = r.buffer.set_len(t.bytes);
+                    let _ = buffer.set_len(t.bytes);
                 }
             }
             self.ready.push_back(Completion {
                 ticket: Ticket(key),
                 op: r.op,
                 offset: r.offset,
-                buffer: r.buffer,
+                buffer,
                 result,
                 file: r.file,
             });
@@ -592,5 +751,60 @@ fn setup_error(entries: u32, source: io::Error) -> Error {
             value => Error::Disabled { value, source },
         },
         _ => Error::RingSetup { entries, source },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+    use crate::device::loopback;
+    use crate::memory::PageSize;
+    use crate::stage::Direct;
+    use crate::Runtime;
+
+    #[test]
+    fn a_lent_read_completes_while_owned_requests_stay_in_flight() {
+        let rt = Runtime::loopback(loopback::Config::default()).expect("loopback runtime");
+        let pool = rt.pool(8 << 20, PageSize::Base).expect("pool");
+        let mut stager = Stager::new(pool.clone(), Config::default().depth(4)).expect("stager");
+        // An owned receive that stays in flight until the peer writes.
+        let (ours, mut peer) = UnixStream::pair().expect("socketpair");
+        let socket = File::from_stream(ours, "socketpair");
+        let pending = stager
+            .recv(&socket, pool.alloc_owned(64).expect("b"))
+            .expect("queued");
+        stager.submit().expect("submit");
+        // A lent read of a file meanwhile: it returns with its own result only.
+        let dir = std::path::PathBuf::from("/dev/shm/userdma-stager-unit");
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join(format!("lent-{}", std::process::id()));
+        std::fs::write(&path, b"lent bytes here").expect("write");
+        let file = File::open(&path, Direct::Off).expect("open");
+        let lent = pool.alloc_owned(10).expect("b");
+        let transfer = stager.read_lent(&file, 5, &lent, 10).expect("lent read");
+        assert_eq!(transfer.bytes, 10);
+        let mut got = [0u8; 10];
+        lent.read(0, &mut got).expect("read back");
+        assert_eq!(&got, b"bytes here");
+        assert_eq!(stager.in_flight(), 1, "the receive is still in flight");
+        assert!(stager.try_wait().expect("poll").is_none());
+        // Too long for its buffer: refused before the kernel sees it.
+        assert!(matches!(
+            stager.read_lent(&file, 0, &lent, 11),
+            Err(Error::Length {
+                len: 11,
+                buffer: 10
+            })
+        ));
+        // The owned receive then completes through wait(), as always.
+        peer.write_all(b"late").expect("write");
+        let done = stager.wait().expect("completion");
+        assert_eq!(done.ticket, pending);
+        assert_eq!(done.result.expect("ok").bytes, 4);
+        assert!(stager.lent.is_empty());
+        std::fs::remove_file(path).ok();
     }
 }

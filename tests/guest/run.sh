@@ -191,10 +191,20 @@ fetch_deb() {
 }
 
 # The modules the guest loads, by the path under kernel/ in the image package. 6.1 has
-# vfio_virqfd as a module of its own; 6.12 builds it into vfio.
+# vfio_virqfd as a module of its own; 6.12 builds it into vfio. The kernel's NVMe driver and
+# what nvme-core needs on 6.1 (t10-pi and its two CRCs) are for the stage-nvme-edu case, which
+# loads them itself (init does not: the driver would claim the controller at boot).
 MODULES_HOST="virt/lib/irqbypass drivers/vfio/vfio drivers/vfio/vfio_iommu_type1 drivers/vfio/vfio_virqfd
-drivers/vfio/pci/vfio-pci-core drivers/vfio/pci/vfio-pci drivers/uio/uio drivers/uio/uio_pci_generic"
-MODULES_IOMMUFD="virt/lib/irqbypass drivers/uio/uio drivers/uio/uio_pci_generic"
+drivers/vfio/pci/vfio-pci-core drivers/vfio/pci/vfio-pci drivers/uio/uio drivers/uio/uio_pci_generic
+crypto/crct10dif_common lib/crc-t10dif lib/crc64 lib/crc64-rocksoft block/t10-pi
+drivers/nvme/host/nvme-core drivers/nvme/host/nvme"
+# The directories (under kernel/) those extra modules are unpacked from.
+MODULES_HOST_DIRS="crypto lib block drivers/nvme/host"
+MODULES_IOMMUFD="virt/lib/irqbypass drivers/uio/uio drivers/uio/uio_pci_generic
+drivers/nvme/common/nvme-auth drivers/nvme/host/nvme-core drivers/nvme/host/nvme"
+# The directories (under kernel/) of the iommufd boot's NVMe modules (6.12's nvme-core needs
+# nvme-auth only).
+MODULES_IOMMUFD_DIRS="drivers/nvme/common drivers/nvme/host"
 MODULES_REBUILT="iommufd vfio vfio_iommu_type1 vfio-pci-core vfio-pci"
 
 # unpack_kernel DEB KVER KDIR MODULES [DIR...]: the kernel image (as an ELF vmlinux where possible), its
@@ -270,9 +280,18 @@ if [ "$NEED_HOST_KERNEL" = 1 ]; then
 	fi
 	KDIR=$OUT/kernel/$KVER
 	log "guest kernel $KPKG $KVERSION"
-	if [ ! -f "$KDIR/complete" ]; then
+	# Unpacked again when a module was added to the list since.
+	missing=
+	for m in $MODULES_HOST; do
+		[ -f "$KDIR/modules/$(basename "$m").ko" ] || missing=1
+	done
+	if [ ! -f "$KDIR/complete" ] || [ -n "$missing" ]; then
 		fetch_deb "$KPKG" "$KVERSION"
-		unpack_kernel "$FETCHED" "$KVER" "$KDIR" "$MODULES_HOST"
+		# A rebuilt no-IOMMU vfio.ko is kept across the unpacking (it takes minutes to build).
+		rm -rf "$OUT/kernel/noiommu.kept"
+		[ -d "$KDIR/noiommu" ] && mv "$KDIR/noiommu" "$OUT/kernel/noiommu.kept"
+		unpack_kernel "$FETCHED" "$KVER" "$KDIR" "$MODULES_HOST" "$MODULES_HOST_DIRS"
+		[ -d "$OUT/kernel/noiommu.kept" ] && mv "$OUT/kernel/noiommu.kept" "$KDIR/noiommu"
 		touch "$KDIR/complete"
 	fi
 
@@ -314,9 +333,14 @@ if [ "$NEED_TRIXIE" = 1 ]; then
 		die "cannot resolve Debian 13's kernel package: linux-image-amd64 in the trixie lists ($TRIXIE_APT) names no linux-image-*"
 	KDIR=$OUT/kernel/$KVER
 	log "iommufd boot's kernel (Debian 13) $KPKG $KVERSION"
-	if [ ! -f "$KDIR/complete" ]; then
+	# Unpacked again when a module was added to the list since.
+	missing=
+	for m in $MODULES_IOMMUFD; do
+		[ -f "$KDIR/modules/$(basename "$m").ko" ] || missing=1
+	done
+	if [ ! -f "$KDIR/complete" ] || [ -n "$missing" ]; then
 		fetch_deb "$KPKG" "$KVERSION" trixie
-		unpack_kernel "$FETCHED" "$KVER" "$KDIR" "$MODULES_IOMMUFD"
+		unpack_kernel "$FETCHED" "$KVER" "$KDIR" "$MODULES_IOMMUFD" "$MODULES_IOMMUFD_DIRS"
 		config=$KDIR/config
 		for option in CONFIG_IOMMU_API=y CONFIG_INTEL_IOMMU=y CONFIG_VFIO=m CONFIG_VFIO_PCI=m CONFIG_INTERVAL_TREE=y; do
 			grep -qx "$option" "$config" ||

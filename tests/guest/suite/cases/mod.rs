@@ -21,6 +21,7 @@ mod nvme;
 mod pci;
 mod pipeline;
 mod removal;
+mod stage;
 mod uio;
 mod vfio;
 
@@ -203,6 +204,13 @@ pub(crate) const ALL: &[Case] = &[
         name: "vfio-bus-reset",
         boots: &[Boot::IommuPt],
         run: removal::vfio_bus_reset,
+    },
+    // Last: it loads the kernel's nvme driver (and unloads it), which would claim the NVMe
+    // controller whenever an earlier case returned it to no driver.
+    Case {
+        name: "stage-nvme-edu",
+        boots: IOMMU,
+        run: stage::nvme_disk_to_edu,
     },
 ];
 
