@@ -1,6 +1,6 @@
-//! The raw calls of the stage module: `statx` for the direct-I/O alignment, `getrlimit`,
-//! `getrusage`, and the io_uring sysctl. Each fills only memory it owns, so all are safe
-//! wrappers; errno becomes `io::Error` here.
+//! The calls of the stage module: `statx` for the direct-I/O alignment (raw `libc`: `nix`
+//! has no `statx`), `getrlimit` and `getrusage` (through `nix`), and the io_uring sysctl.
+//! Each fills only memory it owns, so all are safe wrappers; errno becomes `io::Error` here.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -57,18 +57,11 @@ pub(super) fn statx(fd: BorrowedFd<'_>) -> io::Result<Stat> {
 
 /// The soft `RLIMIT_MEMLOCK` in bytes (`u64::MAX`: unlimited).
 pub(super) fn memlock_limit() -> io::Result<u64> {
-    let mut limit = MaybeUninit::<libc::rlimit>::zeroed();
-    // SAFETY: `limit` is a writable `rlimit` the kernel fills.
-    let ret = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, limit.as_mut_ptr()) };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: filled by a successful `getrlimit`; integers only.
-    let limit = unsafe { limit.assume_init() };
-    Ok(if limit.rlim_cur == libc::RLIM_INFINITY {
+    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)?;
+    Ok(if soft == libc::RLIM_INFINITY {
         u64::MAX
     } else {
-        limit.rlim_cur
+        soft
     })
 }
 
@@ -76,20 +69,16 @@ pub(super) fn memlock_limit() -> io::Result<u64> {
 /// kernel's io_uring workers too (`getrusage(RUSAGE_SELF)`). Subtract two readings to get
 /// the CPU cost of what ran between them.
 pub fn process_cpu_time() -> Duration {
-    let mut usage = MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: `usage` is a writable `rusage` the kernel fills.
-    let ret = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
-    if ret != 0 {
-        // Only EFAULT/EINVAL are possible, and neither applies: report no time.
+    use nix::sys::resource::{getrusage, UsageWho};
+    use nix::sys::time::TimeValLike;
+    // Only EFAULT/EINVAL are possible, and neither applies: report no time if it ever fails.
+    let Ok(usage) = getrusage(UsageWho::RUSAGE_SELF) else {
         return Duration::ZERO;
-    }
-    // SAFETY: filled by a successful `getrusage`; integers only.
-    let usage = unsafe { usage.assume_init() };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
-            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
     };
-    time(usage.ru_utime) + time(usage.ru_stime)
+    let time = |t: nix::sys::time::TimeVal| {
+        Duration::from_micros(u64::try_from(t.num_microseconds()).unwrap_or(0))
+    };
+    time(usage.user_time()) + time(usage.system_time())
 }
 
 /// The value of `/proc/sys/kernel/io_uring_disabled` (absent: 0, an older kernel).
