@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FUZZ_SECONDS=${FUZZ_SECONDS:-20}
+FUZZ_SECONDS=${FUZZ_SECONDS:-12}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 T0=$(date +%s)
 passed=0
