@@ -1119,10 +1119,7 @@ static void test_streams(void)
 
 int main(void)
 {
-	struct {
-		const char *name;
-		void (*run)(void);
-	} tests[] = {
+	static const struct check_test tests[] = {
 		{"version", test_version},
 		{"device_loopback", test_device_loopback},
 		{"device_options", test_device_options},
@@ -1142,18 +1139,5 @@ int main(void)
 		{"pipeline", test_pipeline},
 		{"streams", test_streams},
 	};
-	int passed = 0, failed = 0;
-	for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-		int before = check_failures;
-		tests[i].run();
-		if (check_failures == before) {
-			passed++;
-			printf("ok %s\n", tests[i].name);
-		} else {
-			failed++;
-			printf("FAILED %s\n", tests[i].name);
-		}
-	}
-	printf("%d passed, %d failed\n", passed, failed);
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return check_run(tests, sizeof tests / sizeof tests[0]);
 }

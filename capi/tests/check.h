@@ -4,6 +4,7 @@
 #define UDMA_CHECK_H
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "userdma.h"
@@ -45,5 +46,31 @@ static int check_failures;
 			check_failures++;                                                          \
 		}                                                                              \
 	} while (0)
+
+/* One test: its name and its function. */
+struct check_test {
+	const char *name;
+	void (*run)(void);
+};
+
+/* Runs every test, printing "ok NAME" or "FAILED NAME" for each and then "N passed, N failed";
+ * returns the exit status for main. */
+static int check_run(const struct check_test *tests, size_t count)
+{
+	int passed = 0, failed = 0;
+	for (size_t i = 0; i < count; i++) {
+		int before = check_failures;
+		tests[i].run();
+		if (check_failures == before) {
+			passed++;
+			printf("ok %s\n", tests[i].name);
+		} else {
+			failed++;
+			printf("FAILED %s\n", tests[i].name);
+		}
+	}
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
 
 #endif

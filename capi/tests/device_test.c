@@ -620,10 +620,7 @@ static void test_device_memory(void)
 
 int main(void)
 {
-	struct {
-		const char *name;
-		void (*run)(void);
-	} tests[] = {
+	static const struct check_test tests[] = {
 		{"bar_registers", test_bar_registers},
 		{"bar_memory", test_bar_memory},
 		{"bar_errors", test_bar_errors},
@@ -632,18 +629,5 @@ int main(void)
 		{"compact", test_compact},
 		{"device_memory", test_device_memory},
 	};
-	int passed = 0, failed = 0;
-	for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-		int before = check_failures;
-		tests[i].run();
-		if (check_failures == before) {
-			passed++;
-			printf("ok %s\n", tests[i].name);
-		} else {
-			failed++;
-			printf("FAILED %s\n", tests[i].name);
-		}
-	}
-	printf("%d passed, %d failed\n", passed, failed);
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+	return check_run(tests, sizeof tests / sizeof tests[0]);
 }

@@ -32,6 +32,7 @@ mod cases;
 mod edu;
 mod env;
 mod failure;
+mod program;
 
 use crate::env::Env;
 use crate::failure::Failure;

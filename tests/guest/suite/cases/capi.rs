@@ -6,17 +6,15 @@
 //! its result line; then runs it on a function that does not exist, which must fail with
 //! exit status 1 and the library's message.
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use userdma::pci::Driver;
 
 use crate::edu;
 use crate::env::Env;
-use crate::failure::{ensure, Context, Failure};
+use crate::failure::{ensure, Failure};
+use crate::program::{self, Run};
 
 /// Where `tests/guest/run.sh` puts the statically linked C example in the initramfs.
 pub(crate) const PROGRAM: &str = "/edu_dma";
@@ -27,74 +25,10 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bytes the example moves each way (`LEN` in `edu_dma.c`).
 const LEN: usize = 4000;
 
-/// What one run printed and how it ended.
-#[derive(Debug)]
-struct Run {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
 /// Runs the program with `args`, waiting up to [`RUN_TIMEOUT`]; its output goes to the log as
 /// INFO lines.
 fn run(label: &str, args: &[String]) -> Result<Run, Failure> {
-    let mut child = Command::new(PROGRAM)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context(|| format!("start {PROGRAM} {}", args.join(" ")))?;
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        thread::spawn(move || {
-            let mut text = String::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_string(&mut text);
-            }
-            text
-        })
-    };
-    let out = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let err = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().context(|| format!("wait for {PROGRAM}"))? {
-            break status;
-        }
-        if start.elapsed() > RUN_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(Failure::Check(format!(
-                "{PROGRAM} {} did not finish within {RUN_TIMEOUT:?}",
-                args.join(" ")
-            )));
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    let stdout = out.join().unwrap_or_default();
-    let stderr = err.join().unwrap_or_default();
-    for line in stdout.lines().chain(stderr.lines()) {
-        println!("INFO c-edu-vfio {label}: {line}");
-    }
-    println!(
-        "INFO c-edu-vfio {label}: {status} after {} ms",
-        start.elapsed().as_millis()
-    );
-    Ok(Run {
-        status,
-        stdout,
-        stderr,
-    })
+    program::run(PROGRAM, "c-edu-vfio", label, args, RUN_TIMEOUT)
 }
 
 /// The C example through VFIO: a round trip with interrupts and a polled transfer, every

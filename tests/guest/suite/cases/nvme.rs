@@ -11,16 +11,14 @@
 //! on the host after the guest powered off: the last line of this case
 //! (`INFO nvme-image seed=S lba=L blocks=N lba-size=B`) tells it the LBA size the namespace has.
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use userdma::pci::Driver;
 
 use crate::env::Env;
 use crate::failure::{ensure, Context, Failure};
+use crate::program::{self, Run};
 
 /// Where `tests/guest/run.sh` puts the statically linked `nvme` example in the initramfs.
 pub(crate) const DRIVER: &str = "/nvme";
@@ -67,75 +65,10 @@ impl Plan {
     }
 }
 
-/// What one run of the driver printed and how it ended.
-#[derive(Debug)]
-struct Run {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs the driver with `args`, waiting up to [`RUN_TIMEOUT`]; its output goes to the log as
+/// Runs the program with `args`, waiting up to [`RUN_TIMEOUT`]; its output goes to the log as
 /// INFO lines.
 fn run_driver(label: &str, args: &[String]) -> Result<Run, Failure> {
-    let mut child = Command::new(DRIVER)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context(|| format!("start {DRIVER} {}", args.join(" ")))?;
-    // Drain both pipes on threads so a chatty child cannot block on a full pipe.
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        thread::spawn(move || {
-            let mut text = String::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_string(&mut text);
-            }
-            text
-        })
-    };
-    let out = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let err = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().context(|| format!("wait for {DRIVER}"))? {
-            break status;
-        }
-        if start.elapsed() > RUN_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(Failure::Check(format!(
-                "{DRIVER} {} did not finish within {RUN_TIMEOUT:?}",
-                args.join(" ")
-            )));
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    let stdout = out.join().unwrap_or_default();
-    let stderr = err.join().unwrap_or_default();
-    for line in stdout.lines().chain(stderr.lines()) {
-        println!("INFO nvme {label}: {line}");
-    }
-    println!(
-        "INFO nvme {label}: {status} after {} ms",
-        start.elapsed().as_millis()
-    );
-    Ok(Run {
-        status,
-        stdout,
-        stderr,
-    })
+    program::run(DRIVER, "nvme", label, args, RUN_TIMEOUT)
 }
 
 /// The LBA size the driver reported (`namespace N: X blocks of B bytes`).
