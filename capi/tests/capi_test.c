@@ -13,24 +13,6 @@
 
 #include "check.h"
 
-static const uint64_t SECOND = 1000000000ull;
-
-static udma_device *loopback(void)
-{
-	udma_loopback_options o = {.size = sizeof o, .cost_model = UDMA_COST_ZERO,
-				   .memory_bytes = 1 << 20, .queues = 4};
-	udma_device *dev = NULL;
-	OK(udma_device_open_loopback(&o, &dev));
-	return dev;
-}
-
-static udma_pool *pool_of(udma_device *dev, uint64_t bytes)
-{
-	udma_pool_options o = {.size = sizeof o, .bytes = bytes};
-	udma_pool *pool = NULL;
-	OK(udma_pool_create(dev, &o, &pool));
-	return pool;
-}
 
 static udma_buffer_info info_of(const udma_buffer *b)
 {

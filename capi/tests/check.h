@@ -1,8 +1,9 @@
 /* A plain C test harness: CHECK records a failure and goes on; each test is a function;
- * main prints "N passed, N failed". */
+ * main prints "N passed, N failed". And the fixtures the test files share. */
 #ifndef UDMA_CHECK_H
 #define UDMA_CHECK_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,28 @@ static int check_failures;
 			check_failures++;                                                          \
 		}                                                                              \
 	} while (0)
+
+/* A nanosecond timeout of one second. */
+static const uint64_t SECOND = 1000000000ull;
+
+/* The tests' device: a zero-cost loopback device with 1 MiB of memory and four queues. */
+static inline udma_device *loopback(void)
+{
+	udma_loopback_options o = {.size = sizeof o, .cost_model = UDMA_COST_ZERO,
+				   .memory_bytes = 1 << 20, .queues = 4};
+	udma_device *dev = NULL;
+	OK(udma_device_open_loopback(&o, &dev));
+	return dev;
+}
+
+/* A pool of `bytes` on `dev`. */
+static inline udma_pool *pool_of(udma_device *dev, uint64_t bytes)
+{
+	udma_pool_options o = {.size = sizeof o, .bytes = bytes};
+	udma_pool *pool = NULL;
+	OK(udma_pool_create(dev, &o, &pool));
+	return pool;
+}
 
 /* One test: its name and its function. */
 struct check_test {

@@ -9,8 +9,6 @@
 
 #include "check.h"
 
-static const uint64_t SECOND = 1000000000ull;
-
 /* The loopback device's BAR 0 (src/device/loopback/regs.rs). */
 enum {
 	REG_ID = 0x00,
@@ -31,22 +29,6 @@ enum {
 /* "UDLB" in little-endian ASCII. */
 static const uint32_t LOOPBACK_ID = 0x424c4455u;
 
-static udma_device *loopback(void)
-{
-	udma_loopback_options o = {.size = sizeof o, .cost_model = UDMA_COST_ZERO,
-				   .memory_bytes = 1 << 20, .queues = 4};
-	udma_device *dev = NULL;
-	OK(udma_device_open_loopback(&o, &dev));
-	return dev;
-}
-
-static udma_pool *pool_of(udma_device *dev, uint64_t bytes)
-{
-	udma_pool_options o = {.size = sizeof o, .bytes = bytes};
-	udma_pool *pool = NULL;
-	OK(udma_pool_create(dev, &o, &pool));
-	return pool;
-}
 
 /* ---- BAR access --------------------------------------------------------------------- */
 
