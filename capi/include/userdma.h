@@ -111,6 +111,17 @@
 // `udma_tensor.flags`: the tensor is pinned at `offset`.
 #define UDMA_TENSOR_FIXED 1
 
+// The most input ids one tensor's op may name.
+#define UDMA_TENSOR_MAX_INPUTS 4096
+
+// `udma_plan_options.flags`: let a tensor take over a dying input of its op
+// (`udma_tensor.op`, `.inputs`, `.inplace`).
+#define UDMA_PLAN_INPLACE 1
+
+// `udma_plan_options.flags`: do not let aliasing ops (`Reshape`, ...) share their input's
+// memory.
+#define UDMA_PLAN_NO_ALIAS 2
+
 // `udma_queue_options.flags`: no interrupt; waits poll (and `udma_queue_wait_any` refuses
 // the queue).
 #define UDMA_QUEUE_POLL 1
@@ -299,6 +310,16 @@ typedef enum udma_status {
   // A bug in the library (it panicked); the message says where. Please report it.
   UDMA_ERR_INTERNAL = 101,
 } udma_status;
+
+// `udma_tensor.inplace`: whether the tensor may be written over a dying input of its op.
+typedef enum udma_tensor_inplace {
+  // The op table decides (element-wise ops such as `Relu`, `Add` may; the default).
+  UDMA_INPLACE_TABLE = 0,
+  // Never over an input.
+  UDMA_INPLACE_FORBID = 1,
+  // Over an input of at least its size, whatever its op.
+  UDMA_INPLACE_ALLOW = 2,
+} udma_tensor_inplace;
 
 // `udma_tensor.kind`.
 typedef enum udma_tensor_kind {
@@ -661,8 +682,10 @@ typedef struct udma_pipeline_info {
   uint32_t reserved;
 } udma_pipeline_info;
 
-// One tensor of the list to plan. Zero is the default for every field but `bytes` and the
-// interval.
+// One tensor of the list to plan. Zero (NULL) is the default for every field but `bytes` and
+// the interval. The fields from `op` on are for in-place reuse and aliasing
+// (`UDMA_PLAN_INPLACE`); a program built against an older header, whose `udma_tensor` ends
+// at `flags`, plans as before.
 typedef struct udma_tensor {
   // `sizeof(udma_tensor)`: also the stride of the array (every element's `size` must be
   // the first's).
@@ -681,6 +704,16 @@ typedef struct udma_tensor {
   uint32_t kind;
   // `UDMA_TENSOR_FIXED` or 0.
   uint32_t flags;
+  // The producing op's type (`"Relu"`, `"Add"`, `"Reshape"`, ...), a NUL-terminated
+  // UTF-8 string read during `udma_plan_create` only; NULL: no op.
+  const char *op;
+  // The ids of the producing op's inputs, `input_count` of them (NULL when 0), read
+  // during `udma_plan_create` only.
+  const uint64_t *inputs;
+  // How many ids `inputs` holds (at most `UDMA_TENSOR_MAX_INPUTS`).
+  uint32_t input_count;
+  // A `udma_tensor_inplace`.
+  uint32_t inplace;
 } udma_tensor;
 
 // How to plan. Zero is the default for every field.
@@ -693,8 +726,8 @@ typedef struct udma_plan_options {
   uint64_t search_nodes;
   // A `udma_plan_strategy`; 0: `UDMA_PLAN_AUTO`.
   uint32_t strategy;
-  // Zero.
-  uint32_t reserved;
+  // `UDMA_PLAN_*` flags; 0: no in-place reuse, aliasing on.
+  uint32_t flags;
 } udma_plan_options;
 
 // What a plan achieved (`udma_plan_get_report`).
@@ -1511,8 +1544,10 @@ enum udma_status udma_pipeline_destroy(struct udma_pipeline *pipeline);
 // colliding) or options.
 //
 // # Safety
-// `tensors` points to `count` elements of `tensors[0].size` readable bytes each; `options`
-// is NULL or points to `options->size` readable bytes; `plan` to a writable `udma_plan *`.
+// `tensors` points to `count` elements of `tensors[0].size` readable bytes each, and each
+// element's `op` is NULL or a NUL-terminated string and its `inputs` NULL or `input_count`
+// readable ids; `options` is NULL or points to `options->size` readable bytes; `plan` to a
+// writable `udma_plan *`.
 enum udma_status udma_plan_create(const struct udma_tensor *tensors,
                                   size_t count,
                                   const struct udma_plan_options *options,

@@ -38,10 +38,27 @@ pub enum udma_tensor_kind {
 /// `udma_tensor.flags`: the tensor is pinned at `offset`.
 pub const UDMA_TENSOR_FIXED: u32 = 1;
 
-/// One tensor of the list to plan. Zero is the default for every field but `bytes` and the
-/// interval.
+/// `udma_tensor.inplace`: whether the tensor may be written over a dying input of its op.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum udma_tensor_inplace {
+    /// The op table decides (element-wise ops such as `Relu`, `Add` may; the default).
+    UDMA_INPLACE_TABLE = 0,
+    /// Never over an input.
+    UDMA_INPLACE_FORBID = 1,
+    /// Over an input of at least its size, whatever its op.
+    UDMA_INPLACE_ALLOW = 2,
+}
+
+/// The most input ids one tensor's op may name.
+pub const UDMA_TENSOR_MAX_INPUTS: u32 = 4096;
+
+/// One tensor of the list to plan. Zero (NULL) is the default for every field but `bytes` and
+/// the interval. The fields from `op` on are for in-place reuse and aliasing
+/// (`UDMA_PLAN_INPLACE`); a program built against an older header, whose `udma_tensor` ends
+/// at `flags`, plans as before.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
 pub struct udma_tensor {
     /// `sizeof(udma_tensor)`: also the stride of the array (every element's `size` must be
     /// the first's).
@@ -60,9 +77,40 @@ pub struct udma_tensor {
     pub kind: u32,
     /// `UDMA_TENSOR_FIXED` or 0.
     pub flags: u32,
+    /// The producing op's type (`"Relu"`, `"Add"`, `"Reshape"`, ...), a NUL-terminated
+    /// UTF-8 string read during `udma_plan_create` only; NULL: no op.
+    pub op: *const std::ffi::c_char,
+    /// The ids of the producing op's inputs, `input_count` of them (NULL when 0), read
+    /// during `udma_plan_create` only.
+    pub inputs: *const u64,
+    /// How many ids `inputs` holds (at most `UDMA_TENSOR_MAX_INPUTS`).
+    pub input_count: u32,
+    /// A `udma_tensor_inplace`.
+    pub inplace: u32,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 * 4 + 4 * 4 = 48 bytes with no padding, `size` first.
+impl Default for udma_tensor {
+    fn default() -> udma_tensor {
+        udma_tensor {
+            size: 0,
+            id: 0,
+            bytes: 0,
+            offset: 0,
+            first: 0,
+            last: 0,
+            kind: 0,
+            flags: 0,
+            op: std::ptr::null(),
+            inputs: std::ptr::null(),
+            input_count: 0,
+            inplace: 0,
+        }
+    }
+}
+
+// SAFETY: `repr(C)`, integers and two pointers (plain values, any bit pattern is a valid
+// pointer value; they are only dereferenced after the checks in `tensor`),
+// 8 * 4 + 4 * 4 + 8 * 2 + 4 * 2 = 72 bytes with no padding, `size` first.
 unsafe impl abi::Sized for udma_tensor {
     const NAME: &'static str = "udma_tensor";
 }
@@ -106,9 +154,16 @@ pub struct udma_plan_options {
     pub search_nodes: u64,
     /// A `udma_plan_strategy`; 0: `UDMA_PLAN_AUTO`.
     pub strategy: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// `UDMA_PLAN_*` flags; 0: no in-place reuse, aliasing on.
+    pub flags: u32,
 }
+
+/// `udma_plan_options.flags`: let a tensor take over a dying input of its op
+/// (`udma_tensor.op`, `.inputs`, `.inplace`).
+pub const UDMA_PLAN_INPLACE: u32 = 1;
+/// `udma_plan_options.flags`: do not let aliasing ops (`Reshape`, ...) share their input's
+/// memory.
+pub const UDMA_PLAN_NO_ALIAS: u32 = 2;
 
 // SAFETY: `repr(C)`, integers only, 8 * 3 + 4 + 4 = 32 bytes with no padding, `size` first.
 unsafe impl abi::Sized for udma_plan_options {
@@ -168,6 +223,48 @@ fn tensor(t: &udma_tensor, i: usize) -> Result<Tensor, Fail> {
     if t.flags & UDMA_TENSOR_FIXED != 0 {
         tensor = tensor.fixed(t.offset);
     }
+    if t.input_count > UDMA_TENSOR_MAX_INPUTS {
+        return Err(at(Fail::invalid(format!(
+            "input_count {} is above UDMA_TENSOR_MAX_INPUTS ({UDMA_TENSOR_MAX_INPUTS})",
+            t.input_count
+        ))));
+    }
+    if t.input_count > 0 && t.inputs.is_null() {
+        return Err(at(Fail::invalid(format!(
+            "inputs is NULL with input_count {}: pass the op's input ids, or 0",
+            t.input_count
+        ))));
+    }
+    let inputs: &[u64] = if t.input_count == 0 {
+        &[]
+    } else {
+        // SAFETY: non-null, `input_count` readable ids per `udma_plan_create`'s contract.
+        unsafe { std::slice::from_raw_parts(t.inputs, t.input_count as usize) }
+    };
+    if !t.op.is_null() {
+        // SAFETY: non-null, a NUL-terminated string per `udma_plan_create`'s contract.
+        let op = unsafe { std::ffi::CStr::from_ptr(t.op) };
+        let op = op.to_str().map_err(|_| {
+            at(Fail::invalid(
+                "op is not UTF-8: pass the op type as ONNX names it (\"Relu\", \"Add\")",
+            ))
+        })?;
+        tensor = tensor.op(op, inputs.iter().copied());
+    } else if !inputs.is_empty() {
+        return Err(at(Fail::invalid(
+            "inputs are given but op is NULL: name the op that reads them",
+        )));
+    }
+    match t.inplace {
+        0 => {}
+        1 => tensor = tensor.inplace(false),
+        2 => tensor = tensor.inplace(true),
+        other => {
+            return Err(at(Fail::invalid(format!(
+                "inplace {other} is not a udma_tensor_inplace (0 to 2)"
+            ))))
+        }
+    }
     Ok(tensor)
 }
 
@@ -178,8 +275,10 @@ fn tensor(t: &udma_tensor, i: usize) -> Result<Tensor, Fail> {
 /// colliding) or options.
 ///
 /// # Safety
-/// `tensors` points to `count` elements of `tensors[0].size` readable bytes each; `options`
-/// is NULL or points to `options->size` readable bytes; `plan` to a writable `udma_plan *`.
+/// `tensors` points to `count` elements of `tensors[0].size` readable bytes each, and each
+/// element's `op` is NULL or a NUL-terminated string and its `inputs` NULL or `input_count`
+/// readable ids; `options` is NULL or points to `options->size` readable bytes; `plan` to a
+/// writable `udma_plan *`.
 #[no_mangle]
 pub unsafe extern "C" fn udma_plan_create(
     tensors: *const udma_tensor,
@@ -224,13 +323,20 @@ pub unsafe extern "C" fn udma_plan_create(
                 o.strategy
             ))
         })?;
+        if o.flags & !(UDMA_PLAN_INPLACE | UDMA_PLAN_NO_ALIAS) != 0 {
+            return Err(Fail::invalid(format!(
+                "options flags {:#x} has bits that are not UDMA_PLAN_* flags",
+                o.flags
+            )));
+        }
         let opts = Options {
             align: if o.align == 0 {
                 plan::DEFAULT_ALIGN
             } else {
                 o.align
             },
-            ..Options::default()
+            inplace: o.flags & UDMA_PLAN_INPLACE != 0,
+            alias: o.flags & UDMA_PLAN_NO_ALIAS == 0,
         };
         let budget = Budget::Nodes(if o.search_nodes == 0 {
             100_000

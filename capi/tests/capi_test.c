@@ -672,6 +672,94 @@ static void test_threads(void)
 
 /* ---- planning ----------------------------------------------------------------------- */
 
+/* The tensor layout of a header before in-place reuse (48 bytes: up to `flags`). */
+struct tensor_v1 {
+	size_t size;
+	uint64_t id, bytes, offset;
+	uint32_t first, last, kind, flags;
+};
+
+static void test_plan_inplace(void)
+{
+	/* A (intermediate, dies at step 1) and B = Relu(A), born at step 1: B may take A's
+	 * memory when in-place reuse is on. */
+	uint64_t from_a[1] = {1};
+	udma_tensor t[2] = {
+		{.size = sizeof(udma_tensor), .id = 1, .bytes = 1024, .first = 0, .last = 1},
+		{.size = sizeof(udma_tensor), .id = 2, .bytes = 1024, .first = 1, .last = 2,
+		 .op = "Relu", .inputs = from_a, .input_count = 1},
+	};
+	udma_plan *plan = NULL;
+	udma_plan_report r = {.size = sizeof r};
+	uint64_t offsets[2];
+	OK(udma_plan_create(t, 2, NULL, &plan));
+	OK(udma_plan_get_report(plan, &r));
+	CHECK(r.arena_bytes == 2048);
+	OK(udma_plan_destroy(plan));
+
+	udma_plan_options o = {.size = sizeof o, .flags = UDMA_PLAN_INPLACE};
+	OK(udma_plan_create(t, 2, &o, &plan));
+	OK(udma_plan_get_report(plan, &r));
+	OK(udma_plan_offsets(plan, offsets, 2));
+	CHECK(r.arena_bytes == 1024 && offsets[0] == offsets[1]);
+	OK(udma_plan_destroy(plan));
+
+	/* Forbidden for this tensor: apart again. */
+	t[1].inplace = UDMA_INPLACE_FORBID;
+	OK(udma_plan_create(t, 2, &o, &plan));
+	OK(udma_plan_get_report(plan, &r));
+	CHECK(r.arena_bytes == 2048);
+	OK(udma_plan_destroy(plan));
+
+	/* An op the table does not know stays apart unless allowed. */
+	t[1].op = "Conv";
+	t[1].inplace = UDMA_INPLACE_TABLE;
+	OK(udma_plan_create(t, 2, &o, &plan));
+	OK(udma_plan_get_report(plan, &r));
+	CHECK(r.arena_bytes == 2048);
+	OK(udma_plan_destroy(plan));
+	t[1].inplace = UDMA_INPLACE_ALLOW;
+	OK(udma_plan_create(t, 2, &o, &plan));
+	OK(udma_plan_get_report(plan, &r));
+	CHECK(r.arena_bytes == 1024);
+	OK(udma_plan_destroy(plan));
+
+	/* Refused shapes, each named. */
+	t[1].inplace = 7;
+	FAILS(udma_plan_create(t, 2, &o, &plan), UDMA_ERR_INVALID_ARGUMENT,
+	      "tensors[1]: inplace 7 is not a udma_tensor_inplace");
+	t[1].inplace = UDMA_INPLACE_TABLE;
+	t[1].inputs = NULL;
+	FAILS(udma_plan_create(t, 2, &o, &plan), UDMA_ERR_INVALID_ARGUMENT,
+	      "inputs is NULL with input_count 1");
+	t[1].inputs = from_a;
+	t[1].input_count = 5000;
+	FAILS(udma_plan_create(t, 2, &o, &plan), UDMA_ERR_INVALID_ARGUMENT,
+	      "input_count 5000 is above UDMA_TENSOR_MAX_INPUTS");
+	t[1].input_count = 1;
+	t[1].op = "\xff";
+	FAILS(udma_plan_create(t, 2, &o, &plan), UDMA_ERR_INVALID_ARGUMENT, "op is not UTF-8");
+	t[1].op = NULL;
+	FAILS(udma_plan_create(t, 2, &o, &plan), UDMA_ERR_INVALID_ARGUMENT,
+	      "inputs are given but op is NULL");
+	t[1].op = "Relu";
+	o.flags = 0x10;
+	FAILS(udma_plan_create(t, 2, &o, &plan), UDMA_ERR_INVALID_ARGUMENT,
+	      "flags 0x10 has bits that are not UDMA_PLAN_* flags");
+
+	/* A program built against the older, 48-byte tensor plans as before. */
+	struct tensor_v1 old[2] = {
+		{.size = sizeof(struct tensor_v1), .id = 1, .bytes = 1024, .first = 0, .last = 1},
+		{.size = sizeof(struct tensor_v1), .id = 2, .bytes = 1024, .first = 1, .last = 2},
+	};
+	CHECK(sizeof(struct tensor_v1) == 48);
+	o.flags = UDMA_PLAN_INPLACE;
+	OK(udma_plan_create((const udma_tensor *)(const void *)old, 2, &o, &plan));
+	OK(udma_plan_get_report(plan, &r));
+	CHECK(r.arena_bytes == 2048 && r.tensors == 2);
+	OK(udma_plan_destroy(plan));
+}
+
 static void test_plan(void)
 {
 	udma_tensor t[3] = {
@@ -1117,6 +1205,7 @@ int main(void)
 		{"device_removal", test_device_removal},
 		{"threads", test_threads},
 		{"plan", test_plan},
+		{"plan_inplace", test_plan_inplace},
 		{"model", test_model},
 		{"pipeline", test_pipeline},
 		{"streams", test_streams},
