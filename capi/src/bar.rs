@@ -10,7 +10,7 @@
 use udma::mmio::{DynBlock, Raw, Width};
 
 use crate::abi;
-use crate::device::{device, udma_device, Device};
+use crate::device::{bar_slot, device, udma_device, Device};
 use crate::error::{call, lib, udma_status, Fail};
 
 /// A BAR of a device (`udma_device_get_bar`).
@@ -46,15 +46,7 @@ fn removed(d: &Device, what: String) -> Fail {
 
 /// BAR `index` of `d`: the block the handle used before, or the device's now.
 fn block(d: &Device, index: u32) -> Result<&DynBlock, Fail> {
-    let (i, slot) = usize::try_from(index)
-        .ok()
-        .and_then(|i| Some((i, d.bars.get(i)?)))
-        .ok_or_else(|| {
-            Fail::new(
-                udma_status::UDMA_ERR_NOT_FOUND,
-                format!("{} has no BAR {index}: BARs are numbered 0 to 5", d.name),
-            )
-        })?;
+    let (i, slot) = bar_slot(d, &d.bars, index)?;
     if let Some(block) = slot.get() {
         return Ok(block);
     }

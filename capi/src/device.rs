@@ -23,6 +23,24 @@ pub struct udma_device {
     _opaque: [u8; 0],
 }
 
+/// Slot `index` of one of `d`'s per-BAR tables (`bars`, `memories`), with the index as a
+/// `usize`; `UDMA_ERR_NOT_FOUND` for an index past the six BARs.
+pub(crate) fn bar_slot<'t, T>(
+    d: &Device,
+    slots: &'t [OnceLock<T>; BARS],
+    index: u32,
+) -> Result<(usize, &'t OnceLock<T>), Fail> {
+    usize::try_from(index)
+        .ok()
+        .and_then(|i| Some((i, slots.get(i)?)))
+        .ok_or_else(|| {
+            Fail::new(
+                udma_status::UDMA_ERR_NOT_FOUND,
+                format!("{} has no BAR {index}: BARs are numbered 0 to 5", d.name),
+            )
+        })
+}
+
 /// What a `udma_device` handle holds.
 pub(crate) struct Device {
     pub(crate) runtime: Runtime,

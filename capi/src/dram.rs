@@ -15,7 +15,7 @@ use udma::device::{loopback, DeviceMemory, Range};
 use udma::dma::DeviceOffset;
 
 use crate::abi;
-use crate::device::{device, udma_device, Device};
+use crate::device::{bar_slot, device, udma_device, Device};
 use crate::error::{call, lib, udma_status, Fail};
 
 /// The ranges `d` has out, locked.
@@ -80,15 +80,7 @@ unsafe impl abi::Sized for udma_device_memory_info {
 
 /// The allocator over BAR `bar` of `d`.
 fn allocator(d: &Device, bar: u32) -> Result<&DeviceMemory, Fail> {
-    let (i, slot) = usize::try_from(bar)
-        .ok()
-        .and_then(|i| Some((i, d.memories.get(i)?)))
-        .ok_or_else(|| {
-            Fail::new(
-                udma_status::UDMA_ERR_NOT_FOUND,
-                format!("{} has no BAR {bar}: BARs are numbered 0 to 5", d.name),
-            )
-        })?;
+    let (i, slot) = bar_slot(d, &d.memories, bar)?;
     if let Some(memory) = slot.get() {
         return Ok(memory);
     }
@@ -107,6 +99,8 @@ fn allocator(d: &Device, bar: u32) -> Result<&DeviceMemory, Fail> {
 /// # Safety
 /// `out` points to `out->size` writable bytes (checked non-null and sized by the caller).
 unsafe fn hand_out(d: &Device, range: Range, out: *mut udma_range) -> Result<(), Fail> {
+    // Relaxed: the counter only has to hand out distinct values; nothing is published
+    // through it (the range itself is recorded under the device's mutex).
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let value = udma_range {
         size: 0,

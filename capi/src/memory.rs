@@ -547,7 +547,7 @@ pub unsafe extern "C" fn udma_pool_alloc(
         let owned = p.with(|e| alloc_one(e, len))?;
         let index = match local_pop() {
             Some(index) => index,
-            None => with_local(|local| BUFFERS.claim_index(local))?,
+            None => with_local(|local| BUFFERS.claim(local))?,
         };
         let key = BUFFERS.fill(index, entry(p.key(), owned))?;
         // The buffer holds the pin from now on; `udma_pool_free` drops it.
@@ -679,7 +679,7 @@ pub unsafe extern "C" fn udma_pool_free(
         let owner = b.with(|b| freeable(b, key, pool, value).map(|()| b.pool))?;
         // The buffer goes back into its pool here, dropped in its slot.
         let index = b.discard();
-        with_local(|local| BUFFERS.release_index(index, local));
+        with_local(|local| BUFFERS.release(index, local));
         // SAFETY: the buffer held this pin since `udma_pool_alloc` kept it; its slot is
         // freed, so this is the pin's one drop.
         unsafe { POOLS.unpin(owner) };

@@ -173,9 +173,14 @@ impl<T> Table<T> {
         Ok(index)
     }
 
-    /// A free index: from `local`, refilled from the table's list, or a new slot.
+    /// A free index: from `local`, refilled from the table's list, or a new slot. The hot
+    /// paths claim and [`Table::fill`] apart, so that the value is written once, straight
+    /// into its slot, not moved through the thread-local access first.
+    ///
+    /// # Errors
+    /// `UDMA_ERR_EXHAUSTED` when every slot is live.
     #[inline]
-    fn claim(&self, local: Option<&mut Vec<u32>>) -> Result<u32, Fail> {
+    pub(crate) fn claim(&self, local: Option<&mut Vec<u32>>) -> Result<u32, Fail> {
         match local {
             Some(local) => match local.pop() {
                 Some(index) => Ok(index),
@@ -212,18 +217,7 @@ impl<T> Table<T> {
         self.new_slot(&mut grow)
     }
 
-    /// Claims a free index for [`Table::fill`]: from `local`, refilled from the table's list,
-    /// or a new slot. (The hot paths claim and fill apart, so that the value is written once,
-    /// straight into its slot, not moved through the thread-local access first.)
-    ///
-    /// # Errors
-    /// `UDMA_ERR_EXHAUSTED` when every slot is live.
-    #[inline]
-    pub(crate) fn claim_index(&self, local: Option<&mut Vec<u32>>) -> Result<u32, Fail> {
-        self.claim(local)
-    }
-
-    /// Stores `value` in the slot `index` (claimed by [`Table::claim_index`] and not filled
+    /// Stores `value` in the slot `index` (claimed by [`Table::claim`] and not filled
     /// since) and returns its key.
     ///
     /// # Errors
@@ -234,13 +228,17 @@ impl<T> Table<T> {
         let Some(slot) = self.slot(index) else {
             return Err(self.unmade(index));
         };
-        // Relaxed: as in `insert`.
+        // Relaxed: the slot is free and its index ours alone. Its state was last written by
+        // the `remove` or `discard` that freed it (or `new_slot`), which happens before our
+        // claim through the free lists (the same thread's list, or the table's mutex).
         let generation = generation(slot.state.load(Ordering::Relaxed));
-        // SAFETY: as in `insert`: the index is claimed by us alone and its slot free, so the
-        // value there is `None` (a free slot's value was taken or dropped by its remover):
-        // overwriting it drops nothing.
+        // SAFETY: the slot is free and its index claimed by us alone, so no caller reads or
+        // writes its value (lockers and pinners refuse a slot that is not LIVE) until the
+        // Release store below publishes it. The value there is `None` (a free slot's value
+        // was taken or dropped by its remover): overwriting it drops nothing.
         slot.value.with_mut(|v| unsafe { v.write(Some(value)) });
-        // Release: as in `insert`.
+        // Release: the value's write happens before the reads of every caller that locks or
+        // pins the slot (their Acquire CAS reads this store or a later one).
         slot.state.store(live(generation), Ordering::Release);
         Ok(Key::new(index, generation))
     }
@@ -256,16 +254,10 @@ impl<T> Table<T> {
         )
     }
 
-    /// Gives back an index [`Guard::discard`] freed: to `local` first, as `remove` does.
-    #[inline]
-    pub(crate) fn release_index(&self, index: u32, local: Option<&mut Vec<u32>>) {
-        self.release(index, local);
-    }
-
     /// Returns a free index: to `local` (spilling a batch to the table's list when it holds
     /// two), or to the table's list.
     #[inline]
-    fn release(&self, index: u32, local: Option<&mut Vec<u32>>) {
+    pub(crate) fn release(&self, index: u32, local: Option<&mut Vec<u32>>) {
         match local {
             Some(local) if local.len() + 1 < 2 * BATCH => local.push(index),
             local => self.release_slow(index, local),
@@ -300,21 +292,7 @@ impl<T> Table<T> {
     /// `UDMA_ERR_EXHAUSTED` when every slot is live.
     pub(crate) fn insert(&self, value: T, local: Option<&mut Vec<u32>>) -> Result<Key, Fail> {
         let index = self.claim(local)?;
-        let Some(slot) = self.slot(index) else {
-            return Err(self.unmade(index));
-        };
-        // Relaxed: the slot is free and its index ours alone. Its state was last written by
-        // the `remove` that freed it (or `new_slot`), which happens before our claim through
-        // the free lists (the same thread's list, or the table's mutex).
-        let generation = generation(slot.state.load(Ordering::Relaxed));
-        // SAFETY: the slot is free and its index claimed by us alone, so no caller reads or
-        // writes its value (lockers and pinners refuse a slot that is not LIVE) until the
-        // Release store below publishes it.
-        slot.value.with_mut(|v| unsafe { *v = Some(value) });
-        // Release: the value's write happens before the reads of every caller that locks or
-        // pins the slot (their Acquire CAS reads this store or a later one).
-        slot.state.store(live(generation), Ordering::Release);
-        Ok(Key::new(index, generation))
+        self.fill(index, value)
     }
 
     /// Locks the live slot `key` names exclusively (`value`: the handle, for messages),
@@ -542,7 +520,7 @@ impl<T> Guard<'_, T> {
 
 impl<T> Guard<'_, T> {
     /// Frees the slot, dropping its value where it lies, and returns its index for
-    /// [`Table::release_index`] (the caller gives it back once it has left the thread-local
+    /// [`Table::release`] (the caller gives it back once it has left the thread-local
     /// access it needs for that); every copy of its handle is stale from now on.
     #[inline]
     pub(crate) fn discard(self) -> u32 {
@@ -660,19 +638,19 @@ mod tests {
 
     #[test]
     fn the_split_paths_free_once_and_a_refill_is_not_reached_by_the_old_handle() {
-        // The hot paths' pieces: `claim_index` + `fill` (an allocation), `lock` + `discard`
-        // + `release_index` (a free), raced by a second free of the same handle and then a
+        // The hot paths' pieces: `claim` + `fill` (an allocation), `lock` + `discard`
+        // + `release` (a free), raced by a second free of the same handle and then a
         // new occupant of the same slot.
         model(|| {
             let drops = Arc::new(AtomicU64::new(0));
             let t: Arc<Table<Counted>> = Arc::new(Table::with_segments(Kind::Buffer, 1, 4));
             let mut local = Vec::new();
-            let index = t.claim_index(Some(&mut local)).expect("room");
+            let index = t.claim(Some(&mut local)).expect("room");
             let k = t.fill(index, Counted(Arc::clone(&drops))).expect("claimed");
             let free = move |t: &Table<Counted>, local: &mut Vec<u32>| {
                 let g = t.lock(k, 0, busy).ok()?;
                 let index = g.discard();
-                t.release_index(index, Some(local));
+                t.release(index, Some(local));
                 Some(index)
             };
             let other = Arc::clone(&t);
@@ -686,13 +664,13 @@ mod tests {
             assert_eq!(drops.load(Ordering::Relaxed), 1, "the value went once");
             // A new occupant (of this slot when this thread freed it): the old handle is
             // stale, the new one live.
-            let index = t.claim_index(Some(&mut local)).expect("room");
+            let index = t.claim(Some(&mut local)).expect("room");
             let new = t.fill(index, Counted(Arc::clone(&drops))).expect("claimed");
             assert_ne!(new, k);
             let stale = t.lock(k, 0, busy).expect_err("freed");
             assert_eq!(stale.status, udma_status::UDMA_ERR_INVALID_HANDLE);
             let g = t.lock(new, 0, busy).expect("live");
-            t.release_index(g.discard(), Some(&mut local));
+            t.release(g.discard(), Some(&mut local));
             assert_eq!(drops.load(Ordering::Relaxed), 2);
         });
     }
