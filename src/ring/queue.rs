@@ -274,6 +274,9 @@ pub struct Leaks {
 
 // Process-wide statistics, updated Relaxed (nothing is synchronised through them). std's
 // atomics: a static cannot hold loom's, and loom does not model these.
+/// How long [`Queue::shutdown`] sleeps at a time while only the SQ head write-back is awaited.
+const HEAD_SLICE: Duration = Duration::from_millis(1);
+
 static LEAKED_QUEUES: StdAtomicU64 = StdAtomicU64::new(0);
 static LEAKED_PAYLOADS: StdAtomicU64 = StdAtomicU64::new(0);
 
@@ -928,7 +931,15 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             if left == Some(Duration::ZERO) {
                 break;
             }
-            match self.wait_ready(left) {
+            // With nothing in flight, all that is left is the device's SQ head write-back,
+            // which raises no interrupt: wait in slices short enough to notice it (as
+            // `push_wait` does), not for a completion that will not come.
+            let wait = if self.in_flight() == 0 {
+                Some(left.map_or(HEAD_SLICE, |left| left.min(HEAD_SLICE)))
+            } else {
+                left
+            };
+            match self.wait_ready(wait) {
                 Ok(()) | Err(Error::Timeout { .. } | Error::Removed { .. }) => {}
                 Err(err) => return Err(err),
             }

@@ -619,6 +619,41 @@ fn idle_drop_neither_quiesces_nor_leaks() {
 }
 
 #[test]
+fn shutdown_does_not_sleep_through_a_late_sq_head_write_back() {
+    // Everything completed, but the device writes its SQ head back only later (preempted
+    // between its completions and its release): no interrupt follows, so a shutdown that slept
+    // on one for its whole timeout would return only then.
+    let mut rig = setup::<u32>(8, true);
+    rig.queue.submit(Small::default(), 7).unwrap();
+    rig.device.fetch().unwrap();
+    let desc = rig.device.pop().unwrap();
+    rig.device.complete(Status::new(desc.id, 0, 0)).unwrap();
+    assert!(
+        !rig.device.interrupt().unwrap(),
+        "the host asked for no interrupt yet"
+    );
+    let done = rig.queue.wait(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(done.payload, 7);
+    let mut device = rig.device;
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        device.release();
+        device
+    });
+    let timeout = Duration::from_secs(20);
+    let start = std::time::Instant::now();
+    let shut = rig.queue.shutdown(timeout).unwrap();
+    let took = start.elapsed();
+    assert!(shut.completed.is_empty() && shut.aborted.is_empty());
+    // Not a speed check: the bound is half the timeout, which the old wait slept through.
+    assert!(
+        took < timeout / 2,
+        "shutdown took {took:?} for a 20 ms write-back"
+    );
+    drop(late.join().unwrap());
+}
+
+#[test]
 fn shutdown_hands_back_completed_and_aborted_work() {
     let drops = Arc::new(AtomicUsize::new(0));
     let calls = Arc::new(AtomicUsize::new(0));
