@@ -87,6 +87,7 @@ pub mod stats;
 
 #[cfg(not(loom))]
 mod error;
+mod keep;
 mod sync;
 mod wake;
 

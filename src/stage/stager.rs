@@ -732,7 +732,7 @@ impl Drop for Stager {
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => {}
                 Err(_) => {
                     for r in self.slots.drain() {
-                        std::mem::forget(r.buffer);
+                        crate::keep::forever(r.buffer);
                     }
                     break;
                 }
