@@ -77,3 +77,68 @@ where
     #[cfg(not(loom))]
     f();
 }
+
+/// ThreadSanitizer and fences.
+///
+/// ThreadSanitizer models what atomic operations order, but not fences: a `fence(Release)`
+/// before a Relaxed store and a `fence(Acquire)` after the Relaxed load that saw it order the
+/// plain accesses around them for the CPU and the compiler, not for the sanitizer, which then
+/// reports the ring's entries and the DMA buffers handed over through them as races. In the
+/// build that runs under it (`--cfg userdma_sanitize="thread"`, scripts/sanitize.sh) each such
+/// pair also tells the sanitizer the edge it makes: [`tsan_release`] next to the
+/// `fence(Release)`, [`tsan_acquire`] next to the `fence(Acquire)`, on a key address both sides
+/// compute (a byte of the ring memory: `ring::Memory::tsan_release`). In every other build both
+/// compile to nothing. Store-load (SeqCst) fences need no key: what they order is atomic words
+/// only, which the sanitizer does not report.
+#[inline(always)]
+pub(crate) fn tsan_release(key: *const u8) {
+    #[cfg(all(userdma_sanitize = "thread", not(loom)))]
+    // SAFETY: the ThreadSanitizer runtime, linked into every `-Zsanitizer=thread` build, records
+    // a release on the sync object keyed by the address; it never dereferences it.
+    unsafe {
+        tsan::__tsan_release(key.cast_mut().cast())
+    };
+    #[cfg(not(all(userdma_sanitize = "thread", not(loom))))]
+    let _ = key;
+}
+
+/// The acquiring side of [`tsan_release`]: call it after the `fence(Acquire)`, with the key
+/// the releasing side used.
+#[inline(always)]
+pub(crate) fn tsan_acquire(key: *const u8) {
+    #[cfg(all(userdma_sanitize = "thread", not(loom)))]
+    // SAFETY: as in `tsan_release`: the address is only a key.
+    unsafe {
+        tsan::__tsan_acquire(key.cast_mut().cast())
+    };
+    #[cfg(not(all(userdma_sanitize = "thread", not(loom))))]
+    let _ = key;
+}
+
+/// The ordering of a ring word's polled load ([`Ordering::Relaxed`]: the ring fences around
+/// it), except under ThreadSanitizer, which gets [`Ordering::Acquire`]: besides the fences it
+/// does not model, an entry is read whole after its phase word was seen, and that plain read
+/// overlaps the word the device stored; acquiring through the word itself orders the store
+/// before the read for the sanitizer. The same as the fence for the CPU.
+pub(crate) const WORD_LOAD: Ordering = if cfg!(userdma_sanitize = "thread") {
+    Ordering::Acquire
+} else {
+    Ordering::Relaxed
+};
+
+/// The store side of [`WORD_LOAD`]: Relaxed, or Release under ThreadSanitizer.
+pub(crate) const WORD_STORE: Ordering = if cfg!(userdma_sanitize = "thread") {
+    Ordering::Release
+} else {
+    Ordering::Relaxed
+};
+
+#[cfg(all(userdma_sanitize = "thread", not(loom)))]
+mod tsan {
+    // The annotation entry points of compiler-rt's ThreadSanitizer runtime
+    // (sanitizer/tsan_interface.h).
+    extern "C" {
+        pub(super) fn __tsan_acquire(addr: *mut std::ffi::c_void);
+        pub(super) fn __tsan_release(addr: *mut std::ffi::c_void);
+    }
+}

@@ -153,9 +153,11 @@ fn lookups_race_safely_with_map_and_unmap() {
             }
             lookups
         });
+        // The mappings are mapped and dropped untouched: the device thread may be reading any
+        // of them, and a host write meanwhile would be a data race (a real device's reads would
+        // race the same way; the buffer contract forbids it), which is not what this tests.
         for round in 0..200 {
             let mapping = space.map(region(1 + round % 4)).unwrap();
-            mapping.slice().fill(round as u8);
             drop(mapping);
         }
         stop.store(true, Ordering::Relaxed);

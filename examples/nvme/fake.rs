@@ -7,7 +7,7 @@
 //! a command with the status a controller would use.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -405,12 +405,23 @@ impl Device {
             .translate(Iova(at), 16)
             .expect("the CQ entry is mapped");
         let slice = window.slice();
-        slice.write(0, cqe).expect("CQ entry");
-        // Release: the entry's other words before the phase tag that publishes it.
-        fence(Ordering::Release);
+        // DW0..DW2 first, with plain stores: the driver reads them only after it has seen the
+        // new phase. DW3, which holds the phase tag, is left alone until it is published: the
+        // driver polls that word atomically, and a plain store to it meanwhile would race.
+        let low = u64::from(cqe.result) | (u64::from(cqe.dw1) << 32);
+        slice.write(0, low).expect("CQ entry DW0-DW1");
+        let dw2 = u32::from(cqe.sq_head) | (u32::from(cqe.sq_id) << 16);
+        slice.write(8, dw2).expect("CQ entry DW2");
         cqe.status ^= 1;
         let dw3 = u32::from(cqe.command_id) | (u32::from(cqe.status) << 16);
-        slice.write(12, dw3).expect("CQ phase word");
+        let phase = slice.subslice(12, 4).expect("CQ phase word").as_ptr();
+        // SAFETY: `phase` is the 4-byte, 4-aligned DW3 of a mapped CQ entry (the CQ base is
+        // page aligned, the entry 16 bytes), which lives while `window` does; the driver
+        // accesses this word only atomically, so it may be viewed as an AtomicU32.
+        let phase = unsafe { AtomicU32::from_ptr(phase.as_ptr().cast::<u32>()) };
+        // Release: the entry's other words before the phase tag that publishes it (pairs with
+        // the driver's fence(Acquire) once it sees the tag).
+        phase.store(dw3, Ordering::Release);
         cq.tail += 1;
         if cq.tail == cq.size {
             cq.tail = 0;

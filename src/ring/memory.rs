@@ -22,7 +22,9 @@ use super::Error;
 use crate::dma::Pod;
 #[cfg(loom)]
 use crate::sync::Arc;
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::AtomicU32;
+#[cfg(loom)]
+use crate::sync::Ordering;
 
 /// The alignment [`Memory`] must have, in host and IOVA space: a cache line.
 pub const ALIGN: usize = 64;
@@ -262,18 +264,39 @@ impl Memory {
         }
     }
 
+    /// Tells ThreadSanitizer of the release a `fence(Release)` next to this call makes, keyed
+    /// by byte `offset` of this memory (`crate::sync::tsan_release`); nothing in other builds.
+    #[inline(always)]
+    pub(crate) fn tsan_release(&self, offset: usize) {
+        #[cfg(not(loom))]
+        crate::sync::tsan_release(self.ptr.as_ptr().wrapping_add(offset));
+        #[cfg(loom)]
+        let _ = offset;
+    }
+
+    /// The acquire of a `fence(Acquire)` next to this call, on the key of
+    /// [`Memory::tsan_release`].
+    #[inline(always)]
+    pub(crate) fn tsan_acquire(&self, offset: usize) {
+        #[cfg(not(loom))]
+        crate::sync::tsan_acquire(self.ptr.as_ptr().wrapping_add(offset));
+        #[cfg(loom)]
+        let _ = offset;
+    }
+
     /// Atomically loads the word at `offset`, with no ordering: callers fence.
     #[inline]
     pub(crate) fn load_u32(&self, offset: usize) -> u32 {
-        // Relaxed: the ring places explicit fences around the words it polls (see queue.rs).
-        self.with_atomic(offset, |word| word.load(Ordering::Relaxed))
+        // Relaxed: the ring places explicit fences around the words it polls (see queue.rs);
+        // Acquire under ThreadSanitizer (see `WORD_LOAD`).
+        self.with_atomic(offset, |word| word.load(crate::sync::WORD_LOAD))
     }
 
     /// Atomically stores `value` at `offset`, with no ordering: callers fence.
     #[inline]
     pub(crate) fn store_u32(&self, offset: usize, value: u32) {
-        // Relaxed: as in `load_u32`.
-        self.with_atomic(offset, |word| word.store(value, Ordering::Relaxed));
+        // Relaxed: as in `load_u32`; Release under ThreadSanitizer.
+        self.with_atomic(offset, |word| word.store(value, crate::sync::WORD_STORE));
     }
 
     /// Loom only: a relaxed load of the word at `offset`, standing for a volatile load of a

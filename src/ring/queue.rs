@@ -645,6 +645,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         // phase store, are read only after the phase flip was seen (pairs with the
         // fence(Release) in `DeviceQueue::complete`).
         fence(Ordering::Acquire);
+        self.memory.tsan_acquire(self.layout.cq_entry(0));
         let entry: C = self.memory.read_entry(self.layout.cq_entry(self.cq.head));
         self.cq.head = self.cq.head.wrapping_add(1);
         let id = entry.command_id();
@@ -747,6 +748,9 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             return Ok(());
         }
         let value = self.doorbell.encode(self.cq.head, self.layout.depth());
+        // The release of the doorbell's fence, for ThreadSanitizer: the CQ head's key is the
+        // byte after the CQ's first (crate::sync::tsan_release).
+        self.memory.tsan_release(self.layout.cq_entry(0) + 1);
         self.doorbells.ring_cq(self.id, value)?;
         self.cq.announced = self.cq.head;
         self.stats.cq_doorbells += 1;

@@ -199,6 +199,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         // Acquire: the device's reads of the entries before `head` happen before the host
         // overwrites those slots (pairs with the fence(Release) in `DeviceQueue::release`).
         fence(Ordering::Acquire);
+        self.memory.tsan_acquire(self.layout.sq_head_offset());
         let announced = self.sq.tail.announced();
         if !index::advance_ok(self.sq.head, head, announced) {
             return Err(Error::DeviceSqHead {
@@ -430,6 +431,8 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         if self.sq.tail.unflushed() == 0 {
             return Ok(());
         }
+        // The release of the doorbell's fence, for ThreadSanitizer (crate::sync::tsan_release).
+        self.memory.tsan_release(self.layout.sq_entry(0));
         self.doorbells
             .ring_sq(self.id, self.sq.tail.next() & self.sq.doorbell_mask)?;
         self.sq.tail.rang();
@@ -463,6 +466,8 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     fn write_and_ring(&mut self, desc: D) -> Result<(), Error> {
         let tail = self.sq.tail.next();
         self.sq.entries.write(tail, desc);
+        // As in `flush`.
+        self.memory.tsan_release(self.layout.sq_entry(0));
         match self
             .doorbells
             .ring_sq(self.id, tail.wrapping_add(1) & self.sq.doorbell_mask)

@@ -109,7 +109,7 @@ fn release(fd: BorrowedFd<'_>) -> std::io::Result<()> {
 #[derive(Debug)]
 pub(super) struct Monitor {
     stop: irq::EventFd,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<JoinHandle<(Option<irq::EventFd>, Option<irq::EventFd>)>>,
 }
 
 impl Monitor {
@@ -125,7 +125,13 @@ impl Monitor {
         let name = format!("vfio-events-{}", cutoff.bdf);
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || watch(&cutoff, request.as_ref(), error.as_ref(), &stopped))
+            // The eventfds go back to the thread that joins this one, which closes them: the
+            // owner may still use them (a test raises them) until it stops the monitor, and a
+            // close here would be ordered after those uses only through the kernel.
+            .spawn(move || {
+                watch(&cutoff, request.as_ref(), error.as_ref(), &stopped);
+                (request, error)
+            })
             .map_err(|source| irq::Error::Create { source })?;
         Ok(Monitor {
             stop,

@@ -117,6 +117,7 @@ impl Nvme {
         // Acquire: entries written before the doorbell are visible (pairs with the host's
         // fence(Release) before the doorbell write).
         fence(StdOrdering::Acquire);
+        self.sq.tsan_acquire(0);
         let mut n = 0;
         while self.sq_head != tail && n < max {
             let entry: Sqe = self.sq.read_entry(self.sq_head as usize * 64);
@@ -132,6 +133,7 @@ impl Nvme {
         let head = self.bar.read::<u32>(CQ_DOORBELL).unwrap();
         assert!(head < self.depth, "CQ head doorbell {head} is not a slot");
         fence(StdOrdering::Acquire);
+        self.cq.tsan_acquire(1);
         self.cq_head = head;
         (self.cq_tail + 1) % self.depth == self.cq_head
     }
@@ -155,6 +157,7 @@ impl Nvme {
         self.cq.write_entry(offset, &cqe, Some(12));
         // Release: the entry is visible before its phase flips (pairs with the host's
         // fence(Acquire) after it sees the phase).
+        self.cq.tsan_release(0);
         fence(StdOrdering::Release);
         self.cq.store_u32(offset + 12, Memory::word_of(&cqe, 12));
         self.cq_tail = (self.cq_tail + 1) % self.depth;
