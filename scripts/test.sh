@@ -4,20 +4,25 @@
 #   scripts/test.sh            # everything (what CI runs)
 #   FUZZ_SECONDS=5 scripts/test.sh   # shorter fuzz smoke runs while developing
 #
-# Steps: install prerequisites, fmt check, clippy -D warnings, docs -D warnings, unit + integration
-# tests (with the kernel ABI check against three uapi header sets: the system's, Debian 13's and
-# Debian 13 backports'; and tests on real hugepages, which reserve and restore them), the C API
-# (scripts/capi-test.sh: the generated header and the exported symbols checked, C tests under
-# sanitizers and Valgrind, the C example through pkg-config), the loom
-# models, the release soaks (the loopback device, the pipeline, faults injected at random), every benchmark once in criterion's test mode
-# (that they run, not how fast: speed is read from `cargo bench`), the guest suite (real PCI device models behind
-# an emulated IOMMU in QEMU guests, scripts/guest-test.sh), the main job, and a short run of every
+# Steps: install prerequisites, fmt check, clippy -D warnings, docs -D warnings, the library's
+# unit + integration tests under AddressSanitizer (with LeakSanitizer) and under
+# ThreadSanitizer (scripts/sanitize.sh), and in a plain debug build its doc tests and what the
+# sanitizers cannot run, and the other crates' tests (the kernel ABI check against three uapi
+# header sets: the system's, Debian 13's and Debian 13 backports'; tests on real hugepages
+# reserve and restore them), the C API (scripts/capi-test.sh: the generated header and the
+# exported symbols checked, C tests under sanitizers and Valgrind, the C example through
+# pkg-config), the loom models, the release soaks (the loopback device, the pipeline, faults
+# injected at random), every benchmark once in criterion's test mode (that they run, not how
+# fast: speed is read from `cargo bench`), the guest suite (real PCI device models behind an
+# emulated IOMMU in QEMU guests, scripts/guest-test.sh), the main job, and a short run of every
 # fuzz target. Any failing step fails the run; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-12}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+# Every build here is made once: incremental compilation would only add its bookkeeping.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 T0=$(date +%s)
 passed=0
 failed=0
@@ -78,6 +83,8 @@ prerequisites() {
 	# the C example (binutils' nm and readelf come with dpkg-dev).
 	apt_install g++ cbindgen valgrind pkg-config
 	rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+	# The standard library's source: the sanitizer steps rebuild it instrumented (-Zbuild-std).
+	rustup component list --installed 2>/dev/null | grep -q '^rust-src' || rustup component add rust-src
 	cargo_tool cargo-fuzz cargo-fuzz
 	# The newest uapi headers (with iommufd), fetched without installing them.
 	USERDMA_UAPI_INCLUDE=$(scripts/uapi-headers.sh | tail -n 1)
@@ -123,7 +130,16 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo fmt --check (fuzz)" cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo doc -D warnings" env RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
-step "cargo test (unit, integration, kernel ABI)" cargo test --workspace --locked
+# The library's unit and integration tests run in the two sanitizer steps below, instrumented
+# builds with the dev profile's checks; this plain debug run keeps what those cannot run (the
+# doc tests; the two mlock tests and the system-call witness, which the sanitizer runtimes
+# defeat; the README's example, run through a nested cargo) and the other crates (the kernel ABI check, the C API's and the benches' unit tests).
+step "cargo test (doc tests, mlock and system-call witnesses; kernel ABI, C API and bench-support crates)" \
+	sh -c 'cargo test --locked --workspace --exclude userdma &&
+		cargo test --locked -p userdma --doc &&
+		cargo test --locked -p userdma --test memory_region --test pool_steady_state --test readme'
+step "AddressSanitizer + LeakSanitizer: the library's unit and integration tests" scripts/sanitize.sh address
+step "ThreadSanitizer: the library's unit and integration tests" scripts/sanitize.sh thread
 step "C API (header, symbols, C tests under ASan+UBSan and Valgrind, examples/c)" scripts/capi-test.sh
 step "loom models (pool, ring, wake-up handshakes)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 	cargo test --release --locked --lib -- pool:: ring:: wake::

@@ -113,12 +113,26 @@ fn pipeline(device: &Arc<Loopback>, units: [Unit; 2], frames: usize, frame: usiz
 
 #[test]
 fn copying_and_computing_overlap_on_two_units_and_not_on_one() {
-    // A ToDevice of FRAME bytes and a Compute of FRAME bytes each take T; a Wait costs
+    // A ToDevice of FRAME bytes and a Compute of FRAME bytes each take t; a Wait costs
     // descriptor_ns (1 µs).
     const FRAME: usize = 64 << 10;
     const FRAMES: usize = 8;
-    const T: Duration = Duration::from_millis(5);
-    let rate = FRAME as u64 * 1_000 / T.as_millis() as u64;
+    // The modelled time t of each operation must dwarf the host's real work for it (a debug or
+    // sanitized build copies and transforms 64 KiB slowly, a loaded machine slower still), or
+    // the real work, not the model, decides what overlaps. So the real work is measured first,
+    // with no modelled time, on one unit (every operation in turn), and t made ten times it.
+    let real = pipeline(
+        &device(
+            Config::default()
+                .cost(Cost::zero())
+                .memory_size(FRAMES * FRAME),
+        ),
+        [Unit::Copy, Unit::Copy],
+        FRAMES,
+        FRAME,
+    );
+    let t = (real / (2 * FRAMES as u32) * 10).max(Duration::from_millis(5));
+    let rate = (FRAME as u128 * 1_000_000_000 / t.as_nanos()) as u64;
     let cost = Cost {
         dma_bytes_per_sec: rate,
         descriptor_ns: 1_000,
@@ -127,9 +141,9 @@ fn copying_and_computing_overlap_on_two_units_and_not_on_one() {
         ..Cost::zero()
     };
     let config = || Config::default().cost(cost).memory_size(FRAMES * FRAME);
-    let serial = 2 * FRAMES as u32 * T;
+    let serial = 2 * FRAMES as u32 * t;
     // The copies back to back, then the last frame's compute.
-    let parallel = (FRAMES as u32 + 1) * T;
+    let parallel = (FRAMES as u32 + 1) * t;
 
     let two = pipeline(
         &device(config()),
