@@ -35,7 +35,10 @@
 # "N passed, M failed"; exits non-zero when a case failed, a planned case did not report, a
 # setup step failed, or a guest did not finish in time. Nothing is skipped.
 #
-# The NVMe disk image: every boot starts from a zeroed $OUT/nvme.img and a fresh random seed,
+# Boots run GUEST_JOBS at a time (default: one per CPU; each guest is mostly one busy vCPU
+# under TCG), each with a disk image of its own; their results are read in order afterwards.
+#
+# The NVMe disk image: every boot starts from a zeroed $OUT/nvme-BOOT.img and a fresh random seed,
 # passed to the guest as userdma.nvme=SEED,LBA,BLOCKS. In the boots that run the nvme-vfio case,
 # the nvme example writes that pattern from the guest; after the guest powered off this script
 # checks the image on the host (BOOT/nvme-image): the blocks hold the pattern, recomputed here
@@ -50,14 +53,19 @@ CACHE=${USERDMA_CACHE:-${HOME:?set HOME or USERDMA_CACHE}/.cache/userdma}/guest
 DEBS=$CACHE/debs
 ACCEL=${ACCEL:-tcg}
 BOOT_TIMEOUT=${BOOT_TIMEOUT:-300}
-TRIPLE=x86_64-unknown-linux-gnu
-SUITE=$OUT/cargo/$TRIPLE/release/examples/guest_suite
-NVME=$OUT/cargo/$TRIPLE/release/examples/nvme
-TOOL=$OUT/cargo/$TRIPLE/release/userdma
+# The guest programs are the host's own release build, in the target directory the other
+# release steps use, so nothing is built twice; the initramfs carries the shared libraries
+# they link (see copy_libraries).
+BUILT=${CARGO_TARGET_DIR:-target}/release
+SUITE=$BUILT/examples/guest_suite
+NVME=$BUILT/examples/nvme
+TOOL=$BUILT/userdma
 # The block range the nvme example writes in the guest (the image is 1 MiB: 2048 blocks of 512
 # bytes, or 256 of 4096).
 NVME_LBA=16
 NVME_BLOCKS=200
+# Each boot's seed for the pattern (set when the boot is started).
+declare -A SEED
 T0=$(date +%s)
 
 log() { printf '=== [%4ss] %s\n' "$(($(date +%s) - T0))" "$*"; }
@@ -405,33 +413,26 @@ drivers/vfio/vfio_iommu_type1 drivers/vfio/pci/vfio-pci-core drivers/vfio/pci/vf
 fi
 
 # ---- the test program -----------------------------------------------------------------------------
-log "building the guest test program (static, $TRIPLE)"
-rustup target list --installed 2>/dev/null | grep -qx "$TRIPLE" || rustup target add "$TRIPLE" ||
-	die "the Rust target $TRIPLE is not installed and rustup could not add it"
-RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$OUT/cargo \
-	cargo build --release --locked --quiet --target "$TRIPLE" --example guest_suite --example nvme --bin userdma ||
+log "building the guest test program (release)"
+cargo build --release --locked --quiet --example guest_suite --example nvme --bin userdma ||
 	die "building the guest_suite and nvme examples and the userdma tool failed"
-for program in "$SUITE" "$NVME" "$TOOL"; do
-	file "$program" | grep -qE 'static(-pie)? linked|statically linked' || die "$program is not statically linked"
-done
 suite_boots=$("$SUITE" --boots | tr '\n' ' ')
 [ "$suite_boots" = "$ALL_BOOTS " ] ||
 	die "run.sh knows the boots '$ALL_BOOTS' but guest_suite --boots says '$suite_boots': update both together"
 
 # ---- the C example (examples/c/edu_dma.c, run by the c-edu-vfio case) -------------------------------
-# libuserdma.a built for the guest's target and profile (the same flags and target directory as
-# the programs above, so the library's dependencies are shared), then the example linked against
-# it with `gcc -static` and the libraries `pkg-config --static --libs userdma` names (less
-# -lgcc_s, which has no static archive: `gcc -static` links libgcc_eh in its place).
-log "building libuserdma.a ($TRIPLE) and examples/c/edu_dma.c against it (static)"
+# libuserdma.a of the same release build as the programs above (the C API step builds it too),
+# then the example linked against it with `gcc -static` and the libraries `pkg-config --static
+# --libs userdma` names (less -lgcc_s, which has no static archive: `gcc -static` links
+# libgcc_eh in its place).
+log "building libuserdma.a (release) and examples/c/edu_dma.c against it (static)"
 apt_install gcc libc6-dev pkg-config
-RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$OUT/cargo \
-	cargo build --release --locked --quiet --target "$TRIPLE" -p userdma-capi ||
-	die "building the C library (userdma-capi) for $TRIPLE failed"
+cargo build --release --locked --quiet -p userdma-capi ||
+	die "building the C library (userdma-capi) failed"
 CAPI=$OUT/capi
 rm -rf "$CAPI"
 mkdir -p "$CAPI/lib/pkgconfig" "$CAPI/include"
-cp "$OUT/cargo/$TRIPLE/release/libuserdma.a" "$CAPI/lib/libuserdma.a"
+cp "$BUILT/libuserdma.a" "$CAPI/lib/libuserdma.a"
 cp capi/include/userdma.h "$CAPI/include/userdma.h"
 sed -e "s|@PREFIX@|$(realpath "$CAPI")|" -e "s|@VERSION@|$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)|" \
 	capi/userdma.pc.in >"$CAPI/lib/pkgconfig/userdma.pc"
@@ -470,23 +471,33 @@ objcopy --strip-debug "$SUITE" "$ROOTFS/guest_suite"
 objcopy --strip-debug "$NVME" "$ROOTFS/nvme"
 objcopy --strip-debug "$TOOL" "$ROOTFS/userdma"
 objcopy --strip-debug "$EDU_DMA" "$ROOTFS/edu_dma"
+# copy_libraries PROGRAM...: the shared libraries the programs load (the host's glibc, libgcc_s;
+# the dynamic loader), each at the path the program names, so they run in the guest as they
+# do on the host. The guest kernels are newer than the host's glibc needs.
+copy_libraries() {
+	local lib
+	for lib in $(ldd "$@" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u); do
+		mkdir -p "$ROOTFS$(dirname "$lib")"
+		cp -L "$lib" "$ROOTFS$lib"
+	done
+}
+copy_libraries "$SUITE" "$NVME" "$TOOL"
 # Uncompressed: the guest kernel unpacks it faster than it would decompress it.
 (cd "$ROOTFS" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) >"$OUT/initramfs.cpio"
 
-# A zeroed 1 MiB image for the emulated NVMe controller (made again before each boot).
+# fresh_image BOOT: a zeroed 1 MiB image for the boot's emulated NVMe controller.
 fresh_image() {
-	rm -f "$OUT/nvme.img"
-	truncate -s 1M "$OUT/nvme.img"
+	rm -f "$OUT/nvme-$1.img"
+	truncate -s 1M "$OUT/nvme-$1.img"
 }
-fresh_image
 
-# check_image SEED CONSOLE: checks $OUT/nvme.img against what the nvme-vfio case wrote with SEED
+# check_image SEED CONSOLE BOOT: checks $OUT/nvme-BOOT.img against what the nvme-vfio case wrote with SEED
 # (the case's "INFO nvme-image" line gives the LBA size); prints why not and fails if it differs.
 check_image() {
-	local seed=$1 console=$2 line
+	local seed=$1 console=$2 image=$OUT/nvme-$3.img line
 	line=$(grep -m 1 '^INFO nvme-image ' "$console" || true)
 	[ -n "$line" ] || { echo "the guest printed no 'INFO nvme-image' line (did nvme-vfio pass?)"; return 1; }
-	python3 - "$OUT/nvme.img" "$seed" "$NVME_LBA" "$NVME_BLOCKS" "$line" <<'PY'
+	python3 - "$image" "$seed" "$NVME_LBA" "$NVME_BLOCKS" "$line" <<'PY'
 import sys
 
 # The pattern of examples/nvme/io.rs, written again from its description: word k (8 bytes,
@@ -535,7 +546,7 @@ KVM_OK=0
 
 qemu_cmd() { # qemu_cmd ACCEL BOOT: sets QEMU_CMD to the QEMU command line
 	local accel=$1 boot=$2
-	local machine=q35 append="console=ttyS0 quiet panic=-1 userdma.boot=$2 userdma.accel=$1 userdma.nvme=${NVME_SEED:-1},$NVME_LBA,$NVME_BLOCKS"
+	local machine=q35 append="console=ttyS0 quiet panic=-1 userdma.boot=$2 userdma.accel=$1 userdma.nvme=${SEED[$2]:-1},$NVME_LBA,$NVME_BLOCKS"
 	local iommu=() numa=() numa_devices=() hot_devices=() smp=2 kernel=${HOST_KDIR:-${TRIXIE_KDIR:-}}/vmlinux
 	case "$boot" in
 	iommu-pt)
@@ -578,7 +589,7 @@ qemu_cmd() { # qemu_cmd ACCEL BOOT: sets QEMU_CMD to the QEMU command line
 	# on pcie.0 (a device given no bus goes on the last bus made).
 	QEMU_CMD=(qemu-system-x86_64 "${cpu[@]}" -machine "$machine" -smp "$smp" -m 256M "${numa[@]}" -nodefaults \
 		"${iommu[@]}" -device edu \
-		-drive "file=$OUT/nvme.img,if=none,id=nvm,format=raw" -device "nvme,serial=userdma0,drive=nvm" \
+		-drive "file=$OUT/nvme-$boot.img,if=none,id=nvm,format=raw" -device "nvme,serial=userdma0,drive=nvm" \
 		"${numa_devices[@]}" "${hot_devices[@]}" \
 		-kernel "$kernel" -initrd "$OUT/initramfs.cpio" -append "$append" \
 		-qmp "unix:$OUT/logs/$boot.qmp,server=on,wait=off" \
@@ -654,6 +665,7 @@ if [ "$ACCEL" = auto ]; then
 	ACCEL=tcg
 	if [ "$KVM_OK" = 1 ]; then
 		log "probing KVM with a short boot"
+		fresh_image probe
 		boot kvm probe 30
 		if grep -q '^USERDMA-GUEST-PROBE-OK' "$OUT/logs/probe.log"; then
 			ACCEL=kvm
@@ -682,15 +694,36 @@ planned_has() { # planned_has CASE
 pass() { PASSED=$((PASSED + 1)); echo "PASS $*"; }
 fail() { FAILED=$((FAILED + 1)); echo "FAIL $*"; }
 
+# Every boot, GUEST_JOBS at a time, each in a subshell that leaves QEMU's status and the boot's
+# time in $OUT/logs/BOOT.status.
+GUEST_JOBS=${GUEST_JOBS:-$(nproc)}
+case "$GUEST_JOBS" in '' | *[!0-9]* | 0) die "GUEST_JOBS must be a positive number, not '$GUEST_JOBS'" ;; esac
+declare -A PLANNED
 for name in $BOOTS; do
 	list=$("$SUITE" --list "$name") || die "guest_suite --list $name failed"
-	mapfile -t planned <<<"$list"
-	[ ${#planned[@]} -gt 0 ] || die "guest_suite plans no case for boot $name"
-	log "boot $name [$ACCEL]: ${#planned[@]} cases"
+	[ -n "$list" ] || die "guest_suite plans no case for boot $name"
+	PLANNED[$name]=$list
 	# A fresh seed and a zeroed image: what the host finds afterwards was written in this boot.
-	NVME_SEED=$(((RANDOM << 15 | RANDOM) + 1))
-	fresh_image
-	boot "$ACCEL" "$name" "$BOOT_TIMEOUT"
+	SEED[$name]=$(((RANDOM << 15 | RANDOM) + 1))
+	fresh_image "$name"
+	rm -f "$OUT/logs/$name.status"
+	while [ "$(jobs -rp | wc -l)" -ge "$GUEST_JOBS" ]; do
+		wait -n || true
+	done
+	log "boot $name [$ACCEL]: $(wc -l <<<"$list") cases"
+	(
+		boot "$ACCEL" "$name" "$BOOT_TIMEOUT"
+		echo "$BOOT_RC $BOOT_SECONDS" >"$OUT/logs/$name.status"
+	) &
+done
+wait
+log "every boot ended"
+
+for name in $BOOTS; do
+	mapfile -t planned <<<"${PLANNED[$name]}"
+	BOOT_RC=255 BOOT_SECONDS=?
+	[ -s "$OUT/logs/$name.status" ] && read -r BOOT_RC BOOT_SECONDS <"$OUT/logs/$name.status"
+	NVME_SEED=${SEED[$name]}
 	console=$OUT/logs/$name.log
 	boot_ok=1
 	why=""
@@ -719,7 +752,7 @@ for name in $BOOTS; do
 	done
 	# The disk image, checked on the host, in the boots whose nvme-vfio case wrote it.
 	if planned_has nvme-vfio; then
-		if why_image=$(check_image "$NVME_SEED" "$console" 2>&1); then
+		if why_image=$(check_image "$NVME_SEED" "$console" "$name" 2>&1); then
 			pass "$name/nvme-image (host): $why_image"
 		else
 			boot_ok=0

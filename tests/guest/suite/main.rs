@@ -1,7 +1,7 @@
-//! The guest side of userdma's QEMU test harness: a statically linked program that runs as part
-//! of a small Linux guest's `/init`, drives QEMU's emulated `edu` device (and looks at an
-//! emulated NVMe controller) through the crate's public API, and prints one line per case on the
-//! serial console:
+//! The guest side of userdma's QEMU test harness: a program (the host's release build, its
+//! shared libraries in the initramfs) that runs as part of a small Linux guest's `/init`, drives
+//! QEMU's emulated `edu` device (and looks at an emulated NVMe controller) through the crate's
+//! public API, and prints one line per case on the serial console:
 //!
 //! ```text
 //! PASS <case> (<ms> ms)
