@@ -249,13 +249,22 @@ fn serve(device: &mut DeviceQueue<Command, Status>, m: &mut Model, n: u32, depth
                 write(m, id, false);
             }
             Some(Fault::WrongId(other)) => {
-                // Any id but its own: another in flight, or none.
-                let other = other % (2 * depth as u16);
-                let other = if other == id {
-                    id.wrapping_add(1)
+                // Any id but its own: another in flight, or none. Nor the id the host expects
+                // for the entry after those written so far, when those are all good: that
+                // differs from this command's own only when the expected command's completion
+                // was dropped, and a completion under its id cannot be told from its own (the
+                // host rightly takes it; what is lost is this command's completion, the Drop
+                // case).
+                let span = 2 * depth as u16;
+                let expected = if m.cq.iter().all(|&good| good) {
+                    m.in_flight.get(m.cq.len()).map(|&(expected, _)| expected)
                 } else {
-                    other
+                    None
                 };
+                let mut other = other % span;
+                while other == id || Some(other) == expected {
+                    other = (other + 1) % span;
+                }
                 write(m, other, false);
                 m.out_of_order = true;
             }
