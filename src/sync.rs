@@ -84,12 +84,15 @@ where
 /// before a Relaxed store and a `fence(Acquire)` after the Relaxed load that saw it order the
 /// plain accesses around them for the CPU and the compiler, not for the sanitizer, which then
 /// reports the ring's entries and the DMA buffers handed over through them as races. In the
-/// build that runs under it (`--cfg userdma_sanitize="thread"`, scripts/sanitize.sh) each such
-/// pair also tells the sanitizer the edge it makes: [`tsan_release`] next to the
-/// `fence(Release)`, [`tsan_acquire`] next to the `fence(Acquire)`, on a key address both sides
-/// compute (a byte of the ring memory: `ring::Memory::tsan_release`). In every other build both
-/// compile to nothing. Store-load (SeqCst) fences need no key: what they order is atomic words
-/// only, which the sanitizer does not report.
+/// build that runs under it (`--cfg userdma_sanitize="thread"`, scripts/sanitize.sh) the edges
+/// are named to it two ways. Through a word of the ring memory (a CQ entry's phase, the SQ
+/// head): that word's load and store become Acquire and Release ([`WORD_LOAD`],
+/// [`WORD_STORE`]). Through a doorbell, which is a register, not ring memory (the SQ tail, the
+/// CQ head): [`tsan_release`] next to the `fence(Release)` before the doorbell write and
+/// [`tsan_acquire`] next to the `fence(Acquire)` after its read, on a key address both sides
+/// compute (the first byte of the SQ, of the CQ: `ring::Memory::tsan_release`). In every
+/// other build all of this compiles to Relaxed and nothing. Store-load (SeqCst) fences need
+/// neither: what they order is atomic words only, which the sanitizer does not report.
 #[inline(always)]
 pub(crate) fn tsan_release(key: *const u8) {
     #[cfg(all(userdma_sanitize = "thread", not(loom)))]

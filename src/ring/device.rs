@@ -200,7 +200,6 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
         }
         // Release: the reads of those entries happen before the host can see their slots free
         // and overwrite them (pairs with the fence(Acquire) in `Queue::refresh_sq_head`).
-        self.memory.tsan_release(self.layout.sq_head_offset());
         fence(Ordering::Release);
         self.memory
             .store_u32(self.layout.sq_head_offset(), self.sq_head);
@@ -220,7 +219,7 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
         // Acquire: the host's reads of the entries it consumed happen before they are
         // overwritten (pairs with the fence(Release) in `Doorbells::ring_cq`).
         fence(Ordering::Acquire);
-        self.memory.tsan_acquire(self.layout.cq_entry(0) + 1);
+        self.memory.tsan_acquire(self.layout.cq_entry(0));
         let head = self.decode(value, self.cq_head);
         let Some(head) = head.filter(|&head| index::advance_ok(self.cq_head, head, self.cq_tail))
         else {
@@ -254,7 +253,6 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
         self.memory.write_entry(offset, &entry, Some(phase_at));
         // Release: the rest of the entry is visible before the phase flip that publishes it
         // (pairs with the fence(Acquire) in `Queue::take_cq`).
-        self.memory.tsan_release(self.layout.cq_entry(0));
         fence(Ordering::Release);
         self.memory.store_u32(offset + phase_at, word);
         self.cq_tail = self.cq_tail.wrapping_add(1);

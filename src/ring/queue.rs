@@ -274,9 +274,6 @@ pub struct Leaks {
 
 // Process-wide statistics, updated Relaxed (nothing is synchronised through them). std's
 // atomics: a static cannot hold loom's, and loom does not model these.
-/// How long [`Queue::shutdown`] sleeps at a time while only the SQ head write-back is awaited.
-const HEAD_SLICE: Duration = Duration::from_millis(1);
-
 static LEAKED_QUEUES: StdAtomicU64 = StdAtomicU64::new(0);
 static LEAKED_PAYLOADS: StdAtomicU64 = StdAtomicU64::new(0);
 
@@ -645,7 +642,6 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         // phase store, are read only after the phase flip was seen (pairs with the
         // fence(Release) in `DeviceQueue::complete`).
         fence(Ordering::Acquire);
-        self.memory.tsan_acquire(self.layout.cq_entry(0));
         let entry: C = self.memory.read_entry(self.layout.cq_entry(self.cq.head));
         self.cq.head = self.cq.head.wrapping_add(1);
         let id = entry.command_id();
@@ -749,8 +745,8 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         }
         let value = self.doorbell.encode(self.cq.head, self.layout.depth());
         // The release of the doorbell's fence, for ThreadSanitizer: the CQ head's key is the
-        // byte after the CQ's first (crate::sync::tsan_release).
-        self.memory.tsan_release(self.layout.cq_entry(0) + 1);
+        // CQ's first byte (crate::sync::tsan_release).
+        self.memory.tsan_release(self.layout.cq_entry(0));
         self.doorbells.ring_cq(self.id, value)?;
         self.cq.announced = self.cq.head;
         self.stats.cq_doorbells += 1;
@@ -939,7 +935,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             // which raises no interrupt: wait in slices short enough to notice it (as
             // `push_wait` does), not for a completion that will not come.
             let wait = if self.in_flight() == 0 {
-                Some(left.map_or(HEAD_SLICE, |left| left.min(HEAD_SLICE)))
+                Some(super::wait::head_slice(left))
             } else {
                 left
             };

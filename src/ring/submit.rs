@@ -199,7 +199,6 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         // Acquire: the device's reads of the entries before `head` happen before the host
         // overwrites those slots (pairs with the fence(Release) in `DeviceQueue::release`).
         fence(Ordering::Acquire);
-        self.memory.tsan_acquire(self.layout.sq_head_offset());
         let announced = self.sq.tail.announced();
         if !index::advance_ok(self.sq.head, head, announced) {
             return Err(Error::DeviceSqHead {

@@ -17,6 +17,13 @@ use crate::sync::{fence, hint, Ordering};
 /// How often (in spin iterations) a spinning wait looks at the clock.
 const CLOCK_EVERY: u32 = 64;
 
+/// How long to sleep at a time when what is awaited may be an SQ head write-back, which raises
+/// no interrupt: a millisecond, or `left` (`None`: no deadline) if less.
+pub(super) fn head_slice(left: Option<Duration>) -> Duration {
+    const SLICE: Duration = Duration::from_millis(1);
+    left.map_or(SLICE, |left| left.min(SLICE))
+}
+
 /// The time left until `deadline` (`None`: no deadline), zero once passed.
 fn left(deadline: Option<Instant>) -> Option<Duration> {
     deadline.map(|d| d.saturating_duration_since(Instant::now()))
@@ -230,9 +237,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             }
             // Room comes back with completions (interrupt) or SQ head write-backs (no
             // interrupt): wait for the former in slices short enough to notice the latter.
-            let slice = remaining.map_or(Duration::from_millis(1), |r| {
-                r.min(Duration::from_millis(1))
-            });
+            let slice = head_slice(remaining);
             match self.wait_cq(Some(slice)) {
                 Ok(()) | Err(Error::Timeout { .. }) => {}
                 Err(error) => {

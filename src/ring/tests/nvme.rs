@@ -133,7 +133,7 @@ impl Nvme {
         let head = self.bar.read::<u32>(CQ_DOORBELL).unwrap();
         assert!(head < self.depth, "CQ head doorbell {head} is not a slot");
         fence(StdOrdering::Acquire);
-        self.cq.tsan_acquire(1);
+        self.cq.tsan_acquire(0);
         self.cq_head = head;
         (self.cq_tail + 1) % self.depth == self.cq_head
     }
@@ -157,7 +157,6 @@ impl Nvme {
         self.cq.write_entry(offset, &cqe, Some(12));
         // Release: the entry is visible before its phase flips (pairs with the host's
         // fence(Acquire) after it sees the phase).
-        self.cq.tsan_release(0);
         fence(StdOrdering::Release);
         self.cq.store_u32(offset + 12, Memory::word_of(&cqe, 12));
         self.cq_tail = (self.cq_tail + 1) % self.depth;
