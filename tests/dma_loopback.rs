@@ -1,7 +1,7 @@
 //! The loopback device's translation table: what the device can reach (exactly what is mapped),
 //! unmapping, the DMA mask, and lookups racing with map/unmap from another thread.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use userdma::dma::{Error, Iova, IovaRange, Kind, Loopback, Space};
@@ -131,12 +131,12 @@ fn a_window_keeps_memory_alive_after_the_host_unmaps() {
 fn lookups_race_safely_with_map_and_unmap() {
     let space = Loopback::new(32).unwrap();
     let stop = AtomicBool::new(false);
+    let lookups = AtomicU64::new(0);
     let stable = space.map(region(1)).unwrap();
     stable.slice().write(0, 0x1234_5678u32).unwrap();
     let stable_iova = stable.iova(0).unwrap();
     std::thread::scope(|scope| {
         let device = scope.spawn(|| {
-            let mut lookups = 0u64;
             // Relaxed: the flag only ends the loop; nothing is published through it.
             while !stop.load(Ordering::Relaxed) {
                 let window = space
@@ -149,19 +149,29 @@ fn lookups_race_safely_with_map_and_unmap() {
                         window.slice().read::<u8>(0).unwrap();
                     }
                 }
-                lookups += 1;
+                // Relaxed: a count the host only reads to know the race has been run.
+                lookups.fetch_add(1, Ordering::Relaxed);
             }
-            lookups
         });
         // The mappings are mapped and dropped untouched: the device thread may be reading any
         // of them, and a host write meanwhile would be a data race (a real device's reads would
         // race the same way; the buffer contract forbids it), which is not what this tests.
-        for round in 0..200 {
+        // The host maps and unmaps at least 200 times and until the device thread has looked up
+        // 200 times, so the two really overlap however the threads are scheduled (a device thread
+        // that had not started before the host's rounds ended tested nothing). A device thread
+        // that panicked ends the loop, and its panic fails the test at the join.
+        let mut round = 0usize;
+        while (round < 200 || lookups.load(Ordering::Relaxed) < 200) && !device.is_finished() {
             let mapping = space.map(region(1 + round % 4)).unwrap();
             drop(mapping);
+            round += 1;
+            if round % 64 == 0 {
+                std::thread::yield_now();
+            }
         }
         stop.store(true, Ordering::Relaxed);
-        assert!(device.join().unwrap() > 0);
+        device.join().expect("the device thread's lookups");
+        assert!(lookups.load(Ordering::Relaxed) >= 200);
     });
     assert_eq!(space.mapped_ranges().len(), 1);
 }
