@@ -143,8 +143,8 @@ step "ThreadSanitizer: the library's unit and integration tests" scripts/sanitiz
 step "C API (header, symbols, C tests under ASan+UBSan and Valgrind, examples/c)" scripts/capi-test.sh
 step "loom models (pool, ring, wake-up handshakes)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 	cargo test --release --locked --lib -- pool:: ring:: wake::
-step "loom models (C API handle slots)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-	cargo test --release --locked -p userdma-capi --lib -- slots::
+step "loom models (C API handle slots, pool quiescence)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+	cargo test --release --locked -p userdma-capi --lib -- slots:: quiesce::
 step "planner on the MiniMalloc instances, release" cargo test --release --locked --test plan
 step "loopback soak, release (10^6 transfers)" cargo test --release --locked --test loopback_soak
 step "pipeline soak, release (10^5 frames)" cargo test --release --locked --test pipeline_soak

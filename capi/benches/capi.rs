@@ -46,6 +46,8 @@ mod pipeline;
 mod plan;
 #[path = "../src/queue.rs"]
 mod queue;
+#[path = "../src/quiesce.rs"]
+mod quiesce;
 #[path = "../src/slots.rs"]
 mod slots;
 #[path = "../src/streams.rs"]
@@ -85,13 +87,22 @@ const OP_BYTES: u64 = 64;
 const POOL_BYTES: u64 = 4 << 20;
 const DEPTH: u32 = 64;
 
+/// Checks a status, as a C caller does after every call: inline, with the failure out of
+/// line (as `expect` is on the Rust side), so the check costs both sides the same.
+#[inline(always)]
 fn ok(status: udma_status, what: &str) {
     if status != udma_status::UDMA_OK {
-        // SAFETY: `udma_last_error` returns a NUL-terminated string valid until the next
-        // failing call on this thread; it is copied at once.
-        let message = unsafe { std::ffi::CStr::from_ptr(error::udma_last_error()) };
-        panic!("{what}: {status:?}: {}", message.to_string_lossy());
+        failed(status, what);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn failed(status: udma_status, what: &str) {
+    // SAFETY: `udma_last_error` returns a NUL-terminated string valid until the next failing
+    // call on this thread; it is copied at once.
+    let message = unsafe { std::ffi::CStr::from_ptr(error::udma_last_error()) };
+    panic!("{what}: {status:?}: {}", message.to_string_lossy());
 }
 
 /// One zero-cost loopback device with a pool and a queue for each side.

@@ -543,8 +543,8 @@ typedef struct udma_pool_stats {
   uint64_t large_allocs;
   // Bytes held by such large buffers now.
   uint64_t large_in_use_bytes;
-  // Buffer handles alive now (on the host or in a queue), and calls on the pool in progress
-  // on other threads: what `udma_pool_destroy` waits for.
+  // Buffer handles of this pool alive now (on the host or in a queue), and calls holding
+  // the pool on other threads (stats, bulk frees): what makes `udma_pool_destroy` busy.
   uint64_t handles;
 } udma_pool_stats;
 
@@ -1281,9 +1281,12 @@ enum udma_status udma_pool_create(const struct udma_device *device,
                                   struct udma_pool **pool);
 
 // Destroys a pool. Every buffer of it must be freed first (a buffer in a queue comes back
-// with its completion, or with `udma_queue_destroy`).
+// with its completion, or with `udma_queue_destroy`). Allocations from the pool in progress
+// on other threads are waited for; one that starts meanwhile either finishes first (and
+// destroy reports its buffer) or fails with `UDMA_ERR_INVALID_HANDLE`.
 //
-// Errors: `UDMA_ERR_BUSY` while buffers are out (the message says how many).
+// Errors: `UDMA_ERR_BUSY` while buffers are out (the message says how many) or another call
+// holds the pool (stats, a bulk free, a free into the wrong pool).
 //
 // # Safety
 // None (any value is checked, none is dereferenced).

@@ -95,32 +95,35 @@ impl Kind {
     }
 }
 
-/// A decoded handle value: which slot, and which occupant of it.
+/// A decoded handle value: which slot, and which occupant of it. One word (`generation << 32
+/// | index`), so that it is stored and loaded whole: kept as two 32-bit fields, it was
+/// written as two halves and read back as one word on the hot paths, a store-forwarding stall
+/// each time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Key {
-    index: u32,
-    generation: u32,
-}
+pub(crate) struct Key(u64);
 
 impl Key {
     /// The key of occupant `generation` of slot `index`.
+    #[inline(always)]
     pub(crate) fn new(index: u32, generation: u32) -> Key {
-        Key { index, generation }
+        Key(u64::from(generation) << 32 | u64::from(index))
     }
 
     /// The slot.
+    #[inline(always)]
     pub(crate) fn index(self) -> u32 {
-        self.index
+        self.0 as u32
     }
 
     /// The occupant.
+    #[inline(always)]
     pub(crate) fn generation(self) -> u32 {
-        self.generation
+        (self.0 >> 32) as u32
     }
 
     /// The value C holds.
     pub(crate) fn value(self, kind: Kind) -> u64 {
-        (kind as u64) << 56 | u64::from(self.generation) << INDEX_BITS | u64::from(self.index)
+        (kind as u64) << 56 | u64::from(self.generation()) << INDEX_BITS | u64::from(self.index())
     }
 
     /// The value as the C pointer type.
@@ -146,10 +149,7 @@ impl<T> Slots<T> {
         if let Some(index) = self.free.pop() {
             let slot = &mut self.slots[index as usize];
             slot.value = Some(value);
-            return Ok(Key {
-                index,
-                generation: slot.generation,
-            });
+            return Ok(Key::new(index, slot.generation));
         }
         let index = self.slots.len();
         if index >= MAX_LIVE {
@@ -165,10 +165,7 @@ impl<T> Slots<T> {
             generation: 1,
             value: Some(value),
         });
-        Ok(Key {
-            index: index as u32,
-            generation: 1,
-        })
+        Ok(Key::new(index as u32, 1))
     }
 }
 
@@ -250,8 +247,8 @@ impl<T> Registry<T> {
         key: Key,
         value: u64,
     ) -> Result<&'s mut Slot<T>, Fail> {
-        match slots.slots.get_mut(key.index as usize) {
-            Some(slot) if slot.generation == key.generation => Ok(slot),
+        match slots.slots.get_mut(key.index() as usize) {
+            Some(slot) if slot.generation == key.generation() => Ok(slot),
             // An earlier occupant of a real slot: destroyed. (A generation the slot never had
             // is "foreign"; telling the two apart needs the slot's history, and the message
             // covers both.)
@@ -273,10 +270,10 @@ pub(crate) fn decode<P>(kind: Kind, ptr: *const P) -> Result<Key, Fail> {
     if value >> 56 != kind as u64 {
         return Err(undecodable(kind, value));
     }
-    Ok(Key {
-        index: (value & INDEX_MASK) as u32,
-        generation: ((value >> INDEX_BITS) & u64::from(u32::MAX)) as u32,
-    })
+    Ok(Key::new(
+        (value & INDEX_MASK) as u32,
+        ((value >> INDEX_BITS) & u64::from(u32::MAX)) as u32,
+    ))
 }
 
 /// Why `value` is not a handle of `kind` (off the hot path: it formats).
@@ -350,10 +347,10 @@ impl<T> Table<'_, T> {
 
     /// Takes the object under `key` out; the caller checked it is live.
     pub(crate) fn remove(&mut self, key: Key) -> T {
-        let slot = &mut self.slots.slots[key.index as usize];
+        let slot = &mut self.slots.slots[key.index() as usize];
         let value = slot.value.take().expect("checked live by the caller");
         slot.generation = slot.generation.wrapping_add(1).max(1);
-        self.slots.free.push(key.index);
+        self.slots.free.push(key.index());
         value
     }
 }
@@ -397,11 +394,7 @@ mod tests {
         let again = pools.insert(8).expect("insert");
         assert_ne!(again.value(Kind::Pool), key.value(Kind::Pool));
         assert!(pools.with(ptr, |_, v| Ok(*v)).is_err());
-        let past: *const u8 = Key {
-            index: 99,
-            generation: 1,
-        }
-        .to_ptr(Kind::Pool);
+        let past: *const u8 = Key::new(99, 1).to_ptr(Kind::Pool);
         assert!(pools.with(past, |_, v| Ok(*v)).is_err());
     }
 }

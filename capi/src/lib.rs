@@ -41,6 +41,7 @@ mod pipeline;
 mod plan;
 #[cfg(not(loom))]
 mod queue;
+mod quiesce;
 mod slots;
 #[cfg(not(loom))]
 mod streams;

@@ -6,25 +6,30 @@
 //! cannot be freed, read or written through the library until its completion hands it back,
 //! under the same handle).
 //!
-//! Buffers and pools are in lock-free handle tables ([`crate::slots`]): an allocation or a
-//! free takes no lock (a thread keeps its own list of free buffer slots), only one
-//! compare-and-swap on the pool's slot (a pin: every buffer out holds one, which is how
-//! `udma_pool_destroy` knows it has buffers out) and, to free, one on the buffer's.
+//! Buffers and pools are in lock-free handle tables ([`crate::slots`]). An allocation takes
+//! no lock and no atomic read-modify-write: it reads the pool's slot inside a quiescence
+//! section ([`crate::quiesce`]: a store to this thread's record) and fills a buffer slot from
+//! this thread's own list of free ones. A free is one compare-and-swap, on the buffer's slot.
+//! A buffer holds its pool by a plain reference ([`HostBuffer`]); `udma_pool_destroy` keeps
+//! that reference valid: it locks the pool's slot, waits out the allocations in progress, and
+//! removes the pool only if no buffer slot names it.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::ffi::c_void;
-use std::sync::{Arc, LazyLock};
+use std::ptr::null;
+use std::sync::{Arc, Mutex};
 
 use udma::dma;
 use udma::memory::PageSize;
-use udma::pool::{self, OwnedBuffer, Pool};
+use udma::pool::{self, Buffer, Pool};
 
 use crate::abi;
 use crate::device::{device, udma_device};
 use crate::error::{call, lib, udma_status, Fail};
 use crate::handle::{self, Key, Kind, Registry, MAX_LIVE};
-use crate::slots::{Pin, Table};
+use crate::quiesce::{Quiesce, Record};
+use crate::slots::{LocalList, Pin, Table};
 
 /// `udma_memory_map`'s and `udma_pool_options`' page size.
 #[repr(C)]
@@ -226,12 +231,20 @@ pub(crate) struct PoolEntry {
     device: String,
 }
 
+/// A buffer out of a C pool. Its `'static` is a promise `udma_pool_destroy` keeps, not a
+/// fact: the pool it borrows (in its [`PoolEntry`]'s `Arc`) is dropped only once no buffer
+/// slot names the pool, and a buffer is dropped only in its slot or in a queue's command,
+/// whose slot says `Queued` meanwhile; a buffer a queue leaks keeps its pool forever
+/// ([`forget_queued`]). Never handed out by reference outside this crate.
+pub(crate) type HostBuffer = Buffer<'static>;
+
 /// Where a buffer is.
 pub(crate) enum State {
     /// On the host: the caller's.
-    Host(OwnedBuffer),
-    /// In a queue: the device's until the completion.
-    Queued(Queued),
+    Host(HostBuffer),
+    /// In a queue: the device's until the completion. Boxed, so that a slot holds two words
+    /// and an allocation writes only those.
+    Queued(Box<Queued>),
 }
 
 /// A buffer in a queue: which queue, and what its info and messages say of the buffer (the
@@ -249,54 +262,153 @@ pub(crate) struct Queued {
 /// A buffer slot's value. Kept small: an allocation writes it, a free drops it, both in the
 /// slot, and nothing else is copied on those paths.
 pub(crate) struct BufferEntry {
-    /// Its pool's slot, one of whose pins this buffer holds.
+    /// Its pool's slot: the pool is not destroyed while this entry lives.
     pool: Key,
     pub(crate) state: State,
 }
 
-static POOLS: LazyLock<Table<PoolEntry>> = LazyLock::new(|| Table::new(Kind::Pool));
-static BUFFERS: LazyLock<Table<BufferEntry>> = LazyLock::new(|| Table::new(Kind::Buffer));
+// A buffer slot's value is the key and the state's two words (and the state's tag, in the
+// buffer's spare bits or beside it): an allocation writes no more.
+const _: () = assert!(size_of::<Option<BufferEntry>>() <= 32);
 
-/// This thread's free buffer slots: most allocations and frees take an index from here and
-/// give one back, without the table's lock. Given back to the table when the thread ends.
-struct LocalSlots(Vec<u32>);
+static POOLS: Table<PoolEntry> = Table::new(Kind::Pool);
+static BUFFERS: Table<BufferEntry> = Table::new(Kind::Buffer);
+/// The sections of allocations reading a pool's slot (see the module docs).
+static SECTIONS: Quiesce = Quiesce::new();
+/// Pools with buffers that queues leaked (the device could not be stopped): their destroy
+/// leaks the pool's memory, so a leaked buffer never borrows a freed pool.
+static FORGOTTEN: Mutex<Vec<Key>> = Mutex::new(Vec::new());
 
-impl Drop for LocalSlots {
+fn forgotten() -> std::sync::MutexGuard<'static, Vec<Key>> {
+    // A panic while it was held left it consistent: each change is one push or removal.
+    FORGOTTEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// This thread's part: its free buffer slots (most allocations and frees take an index from
+/// here and give one back, without the table's lock) and its quiescence record, both given
+/// back when the thread ends.
+struct Local {
+    slots: LocalList,
+    /// `record`'s address, or null before the thread's first allocation and once it ends.
+    fast: Cell<*const Record>,
+    record: RefCell<Option<Arc<Record>>>,
+}
+
+impl Drop for Local {
     fn drop(&mut self) {
-        BUFFERS.return_list(&mut self.0);
+        BUFFERS.return_list(&self.slots);
+        self.fast.set(null());
+        if let Some(record) = self.record.get_mut().take() {
+            Quiesce::release(&record);
+        }
     }
 }
 
 thread_local! {
-    static LOCAL_SLOTS: RefCell<LocalSlots> = const { RefCell::new(LocalSlots(Vec::new())) };
+    static LOCAL: Local = const {
+        Local {
+            slots: LocalList::new(),
+            fast: Cell::new(null()),
+            record: RefCell::new(None),
+        }
+    };
 }
 
-/// A free buffer slot from this thread's list, if it has one (the common case, kept apart
-/// from [`with_local`] so that its result comes back in registers).
+impl Local {
+    /// This thread's quiescence record, registered at its first use.
+    #[inline(always)]
+    fn record(&self) -> Option<&Record> {
+        let mut r = self.fast.get();
+        if r.is_null() {
+            r = self.register();
+        }
+        // SAFETY: non-null: the address of the record `self.record` holds (an `Arc`, so the
+        // record does not move), which lives as long as the registry (never freed: the
+        // registry keeps a clone), so at least as long as `self`.
+        (!r.is_null()).then(|| unsafe { &*r })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn register(&self) -> *const Record {
+        let Ok(mut slot) = self.record.try_borrow_mut() else {
+            return null();
+        };
+        let record = slot.get_or_insert_with(|| SECTIONS.register());
+        let r: *const Record = Arc::as_ptr(record);
+        self.fast.set(r);
+        r
+    }
+}
+
+/// Leaves a section when dropped (a panic inside one must not leave `udma_pool_destroy`
+/// waiting for it forever).
+struct Section<'r>(&'r Record);
+
+impl Drop for Section<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        Quiesce::exit(self.0);
+    }
+}
+
+/// Runs `f` on the live pool `ptr` names, with its key and this thread's free buffer slots:
+/// inside a section on the fast path; pinned, after waiting for a destroy in progress to
+/// decide, on the slow one (a thread being torn down, a pool whose slot is locked, a bad
+/// handle), where the table's own list of free slots serves.
 #[inline(always)]
-fn local_pop() -> Option<u32> {
-    LOCAL_SLOTS
-        .try_with(|local| local.try_borrow_mut().ok()?.0.pop())
-        .ok()
-        .flatten()
+fn with_pool<R>(
+    ptr: *const udma_pool,
+    f: impl FnOnce(Key, &PoolEntry, Option<&LocalList>) -> Result<R, Fail>,
+) -> Result<R, Fail> {
+    let key = handle::decode(Kind::Pool, ptr)?;
+    let value = ptr.addr() as u64;
+    let mut f = Some(f);
+    let fast = LOCAL.try_with(|l| {
+        let record = l.record()?;
+        SECTIONS.enter(record, value);
+        let section = Section(record);
+        // SAFETY: inside the section for this pool's handle value, left (by `section`'s drop)
+        // after `f`, whose result borrows nothing of the entry; `udma_pool_destroy` locks the
+        // pool's slot and waits the sections out before it removes the entry.
+        let done = unsafe {
+            POOLS.peek(key, |e| {
+                let f = f.take().expect("taken once");
+                f(key, e, Some(&l.slots))
+            })
+        };
+        drop(section);
+        done
+    });
+    if let Ok(Some(done)) = fast {
+        return done;
+    }
+    with_pool_slow(key, value, f.take().expect("not taken"))
+}
+
+#[cold]
+#[inline(never)]
+fn with_pool_slow<R>(
+    key: Key,
+    value: u64,
+    f: impl FnOnce(Key, &PoolEntry, Option<&LocalList>) -> Result<R, Fail>,
+) -> Result<R, Fail> {
+    // A destroy in progress holds the slot locked: it either removes the pool (the pin then
+    // fails: stale) or gives up (the pin succeeds).
+    let pin = POOLS.pin_unlocked(key, value)?;
+    pin.with(|e| f(key, e, None))
 }
 
 /// Runs `f` with this thread's free buffer slots (none while the thread is being torn down:
 /// then the table's own list serves).
-#[inline]
-fn with_local<R>(f: impl FnOnce(Option<&mut Vec<u32>>) -> R) -> R {
+#[inline(always)]
+fn with_local<R>(f: impl FnOnce(Option<&LocalList>) -> R) -> R {
     let mut f = Some(f);
-    let done = LOCAL_SLOTS.try_with(|local| {
-        let f = f.take().expect("taken once");
-        match local.try_borrow_mut() {
-            Ok(mut local) => f(Some(&mut local.0)),
-            Err(_) => f(None),
-        }
-    });
-    match (done, f) {
-        (Ok(result), _) => result,
-        (Err(_), Some(f)) => f(None),
-        (Err(_), None) => unreachable!("try_with failed after running its closure"),
+    match LOCAL.try_with(|l| (f.take().expect("taken once"))(Some(&l.slots))) {
+        Ok(done) => done,
+        Err(_) => (f.take().expect("not taken"))(None),
     }
 }
 
@@ -373,8 +485,8 @@ pub struct udma_pool_stats {
     pub large_allocs: u64,
     /// Bytes held by such large buffers now.
     pub large_in_use_bytes: u64,
-    /// Buffer handles alive now (on the host or in a queue), and calls on the pool in progress
-    /// on other threads: what `udma_pool_destroy` waits for.
+    /// Buffer handles of this pool alive now (on the host or in a queue), and calls holding
+    /// the pool on other threads (stats, bulk frees): what makes `udma_pool_destroy` busy.
     pub handles: u64,
 }
 
@@ -466,9 +578,12 @@ pub unsafe extern "C" fn udma_pool_create(
 }
 
 /// Destroys a pool. Every buffer of it must be freed first (a buffer in a queue comes back
-/// with its completion, or with `udma_queue_destroy`).
+/// with its completion, or with `udma_queue_destroy`). Allocations from the pool in progress
+/// on other threads are waited for; one that starts meanwhile either finishes first (and
+/// destroy reports its buffer) or fails with `UDMA_ERR_INVALID_HANDLE`.
 ///
-/// Errors: `UDMA_ERR_BUSY` while buffers are out (the message says how many).
+/// Errors: `UDMA_ERR_BUSY` while buffers are out (the message says how many) or another call
+/// holds the pool (stats, a bulk free, a free into the wrong pool).
 ///
 /// # Safety
 /// None (any value is checked, none is dereferenced).
@@ -476,30 +591,63 @@ pub unsafe extern "C" fn udma_pool_create(
 pub unsafe extern "C" fn udma_pool_destroy(pool: *mut udma_pool) -> udma_status {
     call("udma_pool_destroy", || {
         let key = handle::decode(Kind::Pool, pool)?;
-        let busy = |n: u64| {
+        let value = pool.addr() as u64;
+        let calls = |n: u64| {
             Fail::new(
                 udma_status::UDMA_ERR_BUSY,
                 format!(
-                    "the pool on {} has {n} buffers out (on the host or in queues) or calls \
-                     on it in progress: free them first (udma_pool_free)",
+                    "the pool on {} has {n} calls on it in progress on other threads: \
+                     destroy it once they return",
                     pool_device(key)
                 ),
             )
         };
-        let entry = POOLS.lock(key, pool.addr() as u64, busy)?.remove(None);
-        drop(entry);
+        let mut guard = POOLS.lock(key, value, calls)?;
+        // Locked: allocations that start from now on see it and wait (`with_pool_slow`);
+        // those already inside a section finish first.
+        SECTIONS.wait_out(value)?;
+        let out = buffers_of(key);
+        if out > 0 {
+            let device = guard.with(|e| e.device.clone());
+            return Err(Fail::new(
+                udma_status::UDMA_ERR_BUSY,
+                format!(
+                    "the pool on {device} has {out} buffers out (on the host or in queues): \
+                     free them first (udma_pool_free)"
+                ),
+            ));
+        }
+        let PoolEntry { pool, device } = guard.remove(None);
+        let mut leaked = forgotten();
+        if let Some(at) = leaked.iter().position(|&k| k == key) {
+            leaked.swap_remove(at);
+            // Buffers of it stay in commands a queue leaked: so does its memory.
+            std::mem::forget(pool);
+        } else {
+            drop(pool);
+        }
+        drop(device);
         Ok(())
     })
 }
 
+/// How many buffer handles of the pool `key` are alive (on the host or in queues).
+fn buffers_of(key: Key) -> u64 {
+    BUFFERS.count(|b| b.pool == key)
+}
+
 #[inline(always)]
-fn alloc_one(p: &PoolEntry, len: u64) -> Result<OwnedBuffer, Fail> {
+fn alloc_one(p: &PoolEntry, len: u64) -> Result<HostBuffer, Fail> {
     let max = p.pool.max_len() as u64;
     if len == 0 || len > max {
         return Err(out_of_range(p, len, max));
     }
-    match p.pool.alloc_owned(len as usize) {
-        Ok(owned) => Ok(owned),
+    match p.pool.alloc(len as usize) {
+        // SAFETY: only the lifetime changes; the pool outlives the buffer as `HostBuffer`
+        // says. The buffer goes into a slot that names its pool (`entry`) before the caller
+        // leaves the section it reads `p` in (or is dropped inside it), so
+        // `udma_pool_destroy` either waits for it or counts it.
+        Ok(b) => Ok(unsafe { std::mem::transmute::<Buffer<'_>, HostBuffer>(b) }),
         Err(e) => Err(alloc_failed(p, e)),
     }
 }
@@ -519,8 +667,23 @@ fn alloc_failed(p: &PoolEntry, error: pool::Error) -> Fail {
     lib(error).context(&p.device)
 }
 
+/// Fills the claimed buffer slot `index` with `buffer` of pool `pool`, field by field (built
+/// whole and copied in, the entry went through the stack, a store-forwarding stall).
+#[inline(always)]
+fn fill_buffer(index: u32, pool: Key, buffer: HostBuffer) -> Result<Key, Fail> {
+    let init = |p: *mut BufferEntry| {
+        // SAFETY: `p` points to the slot's (uninitialised) entry, ours to write.
+        unsafe {
+            (&raw mut (*p).pool).write(pool);
+            (&raw mut (*p).state).write(State::Host(buffer));
+        }
+    };
+    // SAFETY: `init` initialises both fields of the entry.
+    unsafe { BUFFERS.fill_with(index, init) }
+}
+
 #[inline]
-fn entry(pool: Key, buffer: OwnedBuffer) -> BufferEntry {
+fn entry(pool: Key, buffer: HostBuffer) -> BufferEntry {
     BufferEntry {
         pool,
         state: State::Host(buffer),
@@ -543,15 +706,12 @@ pub unsafe extern "C" fn udma_pool_alloc(
 ) -> udma_status {
     call("udma_pool_alloc", || {
         let out = abi::out(buffer, "buffer")?;
-        let p = pin_pool(pool)?;
-        let owned = p.with(|e| alloc_one(e, len))?;
-        let index = match local_pop() {
-            Some(index) => index,
-            None => with_local(|local| BUFFERS.claim(local))?,
-        };
-        let key = BUFFERS.fill(index, entry(p.key(), owned))?;
-        // The buffer holds the pin from now on; `udma_pool_free` drops it.
-        p.keep();
+        let key = with_pool(pool, |pool_key, e, local| {
+            let b = alloc_one(e, len)?;
+            let index = BUFFERS.claim(local)?;
+            // Filled inside the section: `udma_pool_destroy` waits for it, then counts it.
+            fill_buffer(index, pool_key, b)
+        })?;
         // SAFETY: checked non-null; writable per this function's contract.
         unsafe { out.write(key.to_ptr(Kind::Buffer)) };
         Ok(())
@@ -575,33 +735,27 @@ pub unsafe extern "C" fn udma_pool_alloc_bulk(
 ) -> udma_status {
     call("udma_pool_alloc_bulk", || {
         let out = abi::out(buffers, "buffers")?;
-        let p = pin_pool(pool)?;
-        if count > MAX_LIVE {
-            return Err(Fail::invalid(format!(
-                "count {count} is above {MAX_LIVE}, the most live buffer handles"
-            )));
-        }
-        // One pin per buffer: this call's, and one more for each after the first.
-        let mut pins = Vec::with_capacity(count.saturating_sub(1));
-        for _ in 1..count {
-            pins.push(POOLS.pin(p.key(), pool.addr() as u64)?);
-        }
-        let mut made = Vec::with_capacity(count);
-        for i in 0..count {
-            let b = p
-                .with(|e| alloc_one(e, len))
-                .map_err(|fail| fail.context(format!("buffer {i} of {count}")))?;
-            made.push(b);
-        }
-        let keys = with_local(|mut local| {
+        let keys = with_pool(pool, |pool_key, e, local| {
+            if count > MAX_LIVE {
+                return Err(Fail::invalid(format!(
+                    "count {count} is above {MAX_LIVE}, the most live buffer handles"
+                )));
+            }
+            let mut made = Vec::with_capacity(count);
+            for i in 0..count {
+                let b = alloc_one(e, len)
+                    .map_err(|fail| fail.context(format!("buffer {i} of {count}")))?;
+                made.push(b);
+            }
+            // Filled inside the section, as in `udma_pool_alloc`.
             let mut keys: Vec<Key> = Vec::with_capacity(count);
             for b in made.drain(..) {
-                match BUFFERS.insert(entry(p.key(), b), local.as_deref_mut()) {
+                match BUFFERS.insert(entry(pool_key, b), local) {
                     Ok(k) => keys.push(k),
                     Err(fail) => {
                         for k in keys {
                             if let Ok(g) = BUFFERS.lock(k, k.value(Kind::Buffer), never_pinned) {
-                                drop(g.remove(local.as_deref_mut()));
+                                drop(g.remove(local));
                             }
                         }
                         return Err(fail);
@@ -610,13 +764,6 @@ pub unsafe extern "C" fn udma_pool_alloc_bulk(
             }
             Ok(keys)
         })?;
-        // Each buffer holds a pin from now on.
-        if count > 0 {
-            p.keep();
-        }
-        for pin in pins {
-            pin.keep();
-        }
         for (i, key) in keys.into_iter().enumerate() {
             // SAFETY: `i < count`, and `count` entries are writable per this function's
             // contract.
@@ -627,7 +774,17 @@ pub unsafe extern "C" fn udma_pool_alloc_bulk(
 }
 
 /// Checks that `b` (the handle `value`) may be freed into the pool `pool` (decoded as `key`).
+#[inline(always)]
 fn freeable(b: &BufferEntry, key: Key, pool: *const udma_pool, value: u64) -> Result<(), Fail> {
+    if matches!(b.state, State::Host(_)) && b.pool == key {
+        return Ok(());
+    }
+    not_freeable(b, key, pool, value)
+}
+
+#[cold]
+#[inline(never)]
+fn not_freeable(b: &BufferEntry, key: Key, pool: *const udma_pool, value: u64) -> Result<(), Fail> {
     if let State::Queued(q) = &b.state {
         return Err(Fail::new(
             udma_status::UDMA_ERR_BUSY,
@@ -650,15 +807,6 @@ fn freeable(b: &BufferEntry, key: Key, pool: *const udma_pool, value: u64) -> Re
     Ok(())
 }
 
-/// Frees what a buffer slot held: the buffer back into its pool, then the pool's pin.
-fn release(entry: BufferEntry) {
-    let pool = entry.pool;
-    drop(entry);
-    // SAFETY: the buffer held this pin since `udma_pool_alloc` kept it; its slot is removed,
-    // so this is the pin's one drop.
-    unsafe { POOLS.unpin(pool) };
-}
-
 /// Frees a buffer back into its pool. The handle is invalid from then on.
 ///
 /// Errors: `UDMA_ERR_INVALID_HANDLE` for a buffer freed already (or not a buffer);
@@ -676,13 +824,14 @@ pub unsafe extern "C" fn udma_pool_free(
         let key = handle::decode(Kind::Pool, pool)?;
         let value = buffer.addr() as u64;
         let mut b = lock_buffer(buffer)?;
-        let owner = b.with(|b| freeable(b, key, pool, value).map(|()| b.pool))?;
-        // The buffer goes back into its pool here, dropped in its slot.
-        let index = b.discard();
+        b.with(|b| freeable(b, key, pool, value))?;
+        // The buffer goes back into its pool here, while its slot is locked (a destroy of the
+        // pool counting buffers waits for the lock, then sees the slot free).
+        let index = b.discard_with(|b| match b.state {
+            State::Host(buffer) => drop(buffer),
+            State::Queued(q) => drop(q),
+        });
         with_local(|local| BUFFERS.release(index, local));
-        // SAFETY: the buffer held this pin since `udma_pool_alloc` kept it; its slot is
-        // freed, so this is the pin's one drop.
-        unsafe { POOLS.unpin(owner) };
         Ok(())
     })
 }
@@ -742,9 +891,9 @@ pub unsafe extern "C" fn udma_pool_free_bulk(
                     .map_err(|f| f.context(format!("buffers[{i}]")))?;
             }
         }
-        with_local(|mut local| {
+        with_local(|local| {
             for g in guards.into_iter().flatten() {
-                release(g.remove(local.as_deref_mut()));
+                drop(g.remove(local));
             }
         });
         Ok(())
@@ -762,8 +911,8 @@ pub unsafe extern "C" fn udma_pool_get_stats(
 ) -> udma_status {
     call("udma_pool_get_stats", || {
         let pin = pin_pool(pool)?;
-        // Every pin but this call's: the buffers out, and other calls in progress.
-        let handles = pin.count().saturating_sub(1);
+        // The buffers out, and other calls holding the pool (every pin but this call's).
+        let handles = buffers_of(pin.key()) + pin.count().saturating_sub(1);
         pin.with(|p| {
             let s = p.pool.stats();
             let sum = |f: fn(&pool::ClassStats) -> u64| s.classes.iter().map(f).sum::<u64>();
@@ -825,7 +974,7 @@ pub unsafe extern "C" fn udma_buffer_get_info(
 /// Runs `f` on a buffer that is on the host.
 fn on_host<R>(
     buffer: *const udma_buffer,
-    f: impl FnOnce(&OwnedBuffer) -> Result<R, Fail>,
+    f: impl FnOnce(&HostBuffer) -> Result<R, Fail>,
 ) -> Result<R, Fail> {
     let mut guard = lock_buffer(buffer)?;
     let key = guard.key();
@@ -844,7 +993,7 @@ fn on_host<R>(
     })
 }
 
-fn range(owned: &OwnedBuffer, offset: u64, len: usize) -> Result<usize, Fail> {
+fn range(owned: &HostBuffer, offset: u64, len: usize) -> Result<usize, Fail> {
     let end = offset.checked_add(len as u64);
     match end {
         Some(end) if end <= owned.len() as u64 => Ok(offset as usize),
@@ -929,7 +1078,7 @@ pub(crate) fn take_for_queue(
     len: u64,
     queue: u64,
     name: &str,
-) -> Result<(Key, OwnedBuffer, u64), Fail> {
+) -> Result<(Key, HostBuffer, u64), Fail> {
     let mut guard = lock_buffer(ptr)?;
     let key = guard.key();
     guard.with(|b| {
@@ -959,14 +1108,14 @@ pub(crate) fn take_for_queue(
                 owned.iova().raw()
             )));
         };
-        let queued = State::Queued(Queued {
+        let queued = State::Queued(Box::new(Queued {
             queue,
             name: name.to_owned(),
             host: owned.as_ptr().as_ptr().expose_provenance(),
             iova: owned.iova().raw(),
             len: owned.len() as u64,
             capacity: owned.capacity() as u64,
-        });
+        }));
         let State::Host(owned) = std::mem::replace(&mut b.state, queued) else {
             unreachable!()
         };
@@ -975,7 +1124,7 @@ pub(crate) fn take_for_queue(
 }
 
 /// Puts a buffer back on the host, under its handle (a completion, a refused submission).
-pub(crate) fn give_back(key: Key, buffer: OwnedBuffer) {
+pub(crate) fn give_back(key: Key, buffer: HostBuffer) {
     // The slot is live: a buffer in a queue cannot be freed (only forgotten, with its queue).
     if let Ok(mut b) = BUFFERS.lock(key, key.value(Kind::Buffer), never_pinned) {
         b.with(|b| b.state = State::Host(buffer));
@@ -990,10 +1139,13 @@ pub(crate) fn forget_queued(queue: u64) {
             continue;
         };
         if b.with(|b| matches!(&b.state, State::Queued(q) if q.queue == queue)) {
-            let entry = b.remove(None);
-            // SAFETY: the buffer held this pin since `udma_pool_alloc` kept it; its slot is
-            // removed, so this is the pin's one drop.
-            unsafe { POOLS.unpin(entry.pool) };
+            // The buffer stays in the leaked command and borrows its pool: its destroy is
+            // to keep the pool's memory. Noted before the slot goes, so a destroy counting
+            // buffers (which waits for this slot's lock) sees the note once it sees the slot
+            // free.
+            let pool = b.with(|b| b.pool);
+            forgotten().push(pool);
+            drop(b.remove(None));
         }
     }
 }

@@ -15,14 +15,13 @@ use std::time::Duration;
 use udma::device::loopback::{self, Descriptor};
 use udma::device::Wait;
 use udma::dma::{DeviceOffset, Iova};
-use udma::pool::OwnedBuffer;
 use udma::{irq, ring};
 
 use crate::abi;
 use crate::device::{device, timeout, udma_device, Device};
 use crate::error::{call, cstr, lib, udma_status, Fail};
 use crate::handle::{Key, Kind, Registry};
-use crate::memory::{self, udma_buffer};
+use crate::memory::{self, udma_buffer, HostBuffer};
 
 /// A hardware queue of a device, made by `udma_queue_create`, destroyed by
 /// `udma_queue_destroy`.
@@ -33,7 +32,7 @@ pub struct udma_queue {
 
 /// What travels with a command: the buffer it names (with its handle) and the caller's tag.
 struct Flight {
-    buffer: Option<(Key, OwnedBuffer)>,
+    buffer: Option<(Key, HostBuffer)>,
     user_data: u64,
 }
 

@@ -15,9 +15,13 @@
 //!   stops matching (until 2^32 reuses of one slot).
 //! - `LOCKED`: one caller holds the slot exclusively ([`Table::lock`]); only it reads or
 //!   writes the value, and it unlocks (a store) or removes the value. Other lockers wait.
-//! - pins: callers that read the value shared ([`Table::pin`]), and for a pool every buffer
-//!   out of it ([`Pin::keep`]). A slot with pins is not locked (its remover gets "busy"), and
-//!   a locked one is not pinned, so a pinned value neither changes nor goes.
+//! - pins: callers that read the value shared ([`Table::pin`]). A slot with pins is not
+//!   locked (its remover gets "busy"), and a locked one is not pinned, so a pinned value
+//!   neither changes nor goes.
+//!
+//! The pool table's hot path reads without a pin, inside a quiescence section
+//! ([`crate::quiesce`], [`Table::peek`]): its remover locks the slot and waits the sections
+//! out before it touches the value.
 //!
 //! Every transition of a live slot is one compare-and-swap on its state from a value that
 //! names the generation, which is the ABA defence: a slot freed and reused between a load
@@ -25,10 +29,12 @@
 //!
 //! Free slot indices go to a caller's own list first (a thread's cache, for buffers), then
 //! to the table's list under a mutex, in batches of [`BATCH`]; a new slot is made under that
-//! mutex too. Slots live in segments of `2^segment_bits`, made when first needed and never
+//! mutex too. Slots live in segments of `2^B`, made when first needed and never
 //! freed while the table lives, so a slot's address is stable and a lookup is one load.
 
+use std::cell::Cell;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 use std::ptr::null_mut;
 
 use crate::error::{udma_status, Fail};
@@ -42,6 +48,58 @@ const PIN: u64 = 1 << PIN_SHIFT;
 const MAX_PINS: u64 = (1 << (32 - PIN_SHIFT)) - 1;
 /// Free indices moved between a caller's list and the table's at once.
 pub(crate) const BATCH: usize = 32;
+
+/// A caller's own free indices (a thread's, for buffers): at most `2 * BATCH`, in cells, so
+/// a thread-local list is used through a shared reference, with no borrow flag to check.
+/// Not `Sync`: one thread's.
+pub(crate) struct LocalList {
+    len: Cell<usize>,
+    items: [Cell<u32>; 2 * BATCH],
+}
+
+impl LocalList {
+    /// An empty list.
+    pub(crate) const fn new() -> LocalList {
+        LocalList {
+            len: Cell::new(0),
+            items: [const { Cell::new(0) }; 2 * BATCH],
+        }
+    }
+
+    /// How many indices it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.len.get()
+    }
+
+    #[inline(always)]
+    fn pop(&self) -> Option<u32> {
+        let n = self.len.get().checked_sub(1)?;
+        self.len.set(n);
+        self.items.get(n).map(Cell::get)
+    }
+
+    /// Pushes `index`; false (and nothing pushed) when full.
+    #[inline(always)]
+    fn push(&self, index: u32) -> bool {
+        let n = self.len.get();
+        match self.items.get(n) {
+            Some(item) => {
+                item.set(index);
+                self.len.set(n + 1);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Moves the last `n` (or all) indices into `to`.
+    fn drain_into(&self, n: usize, to: &mut Vec<u32>) {
+        let len = self.len.get();
+        let at = len.saturating_sub(n);
+        to.extend(self.items[at..len].iter().map(Cell::get));
+        self.len.set(at);
+    }
+}
 
 fn generation(state: u64) -> u32 {
     (state >> 32) as u32
@@ -66,9 +124,14 @@ fn next_generation(g: u32) -> u32 {
     g.wrapping_add(1).max(1)
 }
 
+/// One cache line a slot (for buffers: the state and two words of value), so that filling a
+/// slot never writes across two lines, and threads using neighbouring slots do not share one.
+#[repr(align(64))]
 struct Slot<T> {
     state: AtomicU64,
-    value: UnsafeCell<Option<T>>,
+    /// Initialised exactly while `state` has LIVE (so a fill can write it field by field,
+    /// in place, and nothing reads a tag to know it is there).
+    value: UnsafeCell<MaybeUninit<T>>,
 }
 
 struct Grow {
@@ -78,36 +141,47 @@ struct Grow {
     free: Vec<u32>,
 }
 
-/// Slots of one kind of handle. See the module docs.
-pub(crate) struct Table<T> {
+/// Slots of one kind of handle, in `S` segments of `2^B` slots. See the module docs. Both
+/// are constants, so that a lookup shifts and masks by immediates and a table is made at
+/// compile time (a `static`, with no lazy initialisation to check on every call); the
+/// defaults give [`MAX_LIVE`] slots, 4096 a segment, and tests use small ones.
+pub(crate) struct Table<T, const B: u32 = 12, const S: usize = { MAX_LIVE >> 12 }> {
     kind: Kind,
-    segment_bits: u32,
-    /// Each null or the first of `2^segment_bits` slots (a leaked `Box<[Slot<T>]>`).
-    segments: Box<[AtomicPtr<Slot<T>>]>,
+    /// Each null or the first of `2^B` slots (a leaked `Box<[Slot<T>]>`).
+    segments: [AtomicPtr<Slot<T>>; S],
     grow: Mutex<Grow>,
     _values: PhantomData<*const T>,
 }
 
 // SAFETY: the table owns its values (moved in by `insert`, out by `remove`), so sending it
 // sends them: `T: Send`.
-unsafe impl<T: Send> Send for Table<T> {}
+unsafe impl<T: Send, const B: u32, const S: usize> Send for Table<T, B, S> {}
 // SAFETY: through a shared table, values move between threads (inserted on one, removed or
 // locked on another: `T: Send`) and are read by several at once while pinned (`T: Sync`);
 // every access is ordered by the slot's state (the module docs).
-unsafe impl<T: Send + Sync> Sync for Table<T> {}
+unsafe impl<T: Send + Sync, const B: u32, const S: usize> Sync for Table<T, B, S> {}
 
-impl<T> Table<T> {
-    /// A table for `kind` with room for [`MAX_LIVE`] slots, 4096 a segment.
-    pub(crate) fn new(kind: Kind) -> Table<T> {
-        Table::with_segments(kind, 12, MAX_LIVE >> 12)
-    }
-
-    /// A table of `segments` segments of `2^segment_bits` slots (tests use small ones).
-    pub(crate) fn with_segments(kind: Kind, segment_bits: u32, segments: usize) -> Table<T> {
+impl<T, const B: u32, const S: usize> Table<T, B, S> {
+    /// An empty table for `kind`.
+    #[cfg(not(loom))]
+    pub(crate) const fn new(kind: Kind) -> Self {
         Table {
             kind,
-            segment_bits,
-            segments: (0..segments).map(|_| AtomicPtr::new(null_mut())).collect(),
+            segments: [const { AtomicPtr::new(null_mut()) }; S],
+            grow: Mutex::new(Grow {
+                len: 0,
+                free: Vec::new(),
+            }),
+            _values: PhantomData,
+        }
+    }
+
+    /// An empty table for `kind` (loom's atomics and mutexes are made at run time).
+    #[cfg(loom)]
+    pub(crate) fn new(kind: Kind) -> Self {
+        Table {
+            kind,
+            segments: std::array::from_fn(|_| AtomicPtr::new(null_mut())),
             grow: Mutex::new(Grow {
                 len: 0,
                 free: Vec::new(),
@@ -125,17 +199,17 @@ impl<T> Table<T> {
 
     #[inline]
     fn slot(&self, index: u32) -> Option<&Slot<T>> {
-        let segment = self.segments.get((index >> self.segment_bits) as usize)?;
+        let segment = self.segments.get((index >> B) as usize)?;
         // Acquire: pairs with the Release store in `new_slot` that published the segment, so
         // its slots' initialisation happens before this lookup uses them.
         let first = segment.load(Ordering::Acquire);
         if first.is_null() {
             return None;
         }
-        let at = (index & ((1 << self.segment_bits) - 1)) as usize;
-        // SAFETY: a non-null segment pointer is the first of `2^segment_bits` slots made by
+        let at = (index & ((1 << B) - 1)) as usize;
+        // SAFETY: a non-null segment pointer is the first of `2^B` slots made by
         // `new_slot` and freed only when the table drops (which `&self` rules out); `at` is
-        // below `2^segment_bits`.
+        // below `2^B`.
         Some(unsafe { &*first.add(at) })
     }
 
@@ -144,7 +218,7 @@ impl<T> Table<T> {
             udma_status::UDMA_ERR_EXHAUSTED,
             format!(
                 "{} live {} handles, the most the library keeps: free or destroy some first",
-                self.segments.len() << self.segment_bits,
+                self.segments.len() << B,
                 self.kind.name()
             ),
         )
@@ -153,15 +227,15 @@ impl<T> Table<T> {
     /// Makes slot `grow.len` (and its segment, if it is the segment's first).
     fn new_slot(&self, grow: &mut Grow) -> Result<u32, Fail> {
         let index = grow.len;
-        let segment = (index >> self.segment_bits) as usize;
+        let segment = (index >> B) as usize;
         if segment >= self.segments.len() {
             return Err(self.exhausted());
         }
-        if index & ((1 << self.segment_bits) - 1) == 0 {
-            let slots: Box<[Slot<T>]> = (0..1u32 << self.segment_bits)
+        if index & ((1 << B) - 1) == 0 {
+            let slots: Box<[Slot<T>]> = (0..1u32 << B)
                 .map(|_| Slot {
                     state: AtomicU64::new(free(1)),
-                    value: UnsafeCell::new(None),
+                    value: UnsafeCell::new(MaybeUninit::uninit()),
                 })
                 .collect();
             let first = Box::into_raw(slots).cast::<Slot<T>>();
@@ -180,40 +254,28 @@ impl<T> Table<T> {
     /// # Errors
     /// `UDMA_ERR_EXHAUSTED` when every slot is live.
     #[inline]
-    pub(crate) fn claim(&self, local: Option<&mut Vec<u32>>) -> Result<u32, Fail> {
-        match local {
-            Some(local) => match local.pop() {
-                Some(index) => Ok(index),
-                None => self.claim_slow(Some(local)),
-            },
-            None => self.claim_slow(None),
+    pub(crate) fn claim(&self, local: Option<&LocalList>) -> Result<u32, Fail> {
+        match local.and_then(LocalList::pop) {
+            Some(index) => Ok(index),
+            None => self.claim_slow(local),
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn claim_slow(&self, local: Option<&mut Vec<u32>>) -> Result<u32, Fail> {
-        let mut grow = match local {
-            Some(local) => {
-                if let Some(index) = local.pop() {
-                    return Ok(index);
-                }
-                let mut grow = self.lock_grow();
-                let at = grow.free.len().saturating_sub(BATCH);
-                local.extend(grow.free.drain(at..));
-                if let Some(index) = local.pop() {
-                    return Ok(index);
-                }
-                grow
+    fn claim_slow(&self, local: Option<&LocalList>) -> Result<u32, Fail> {
+        let mut grow = self.lock_grow();
+        if let Some(local) = local {
+            let at = grow.free.len().saturating_sub(BATCH);
+            for index in grow.free.drain(at..) {
+                local.push(index);
             }
-            None => {
-                let mut grow = self.lock_grow();
-                if let Some(index) = grow.free.pop() {
-                    return Ok(index);
-                }
-                grow
+            if let Some(index) = local.pop() {
+                return Ok(index);
             }
-        };
+        } else if let Some(index) = grow.free.pop() {
+            return Ok(index);
+        }
         self.new_slot(&mut grow)
     }
 
@@ -225,6 +287,22 @@ impl<T> Table<T> {
     /// value is dropped.
     #[inline]
     pub(crate) fn fill(&self, index: u32, value: T) -> Result<Key, Fail> {
+        // SAFETY: `write` initialises the whole value.
+        unsafe { self.fill_with(index, |p| p.write(value)) }
+    }
+
+    /// As [`Table::fill`], with the value written in place by `init` (field by field, say,
+    /// rather than built elsewhere and copied in).
+    ///
+    /// # Safety
+    /// `init` initialises the whole `T` it is given a pointer to (it is not called if the
+    /// index has no slot). If it panics, the slot stays free and its index is lost.
+    #[inline(always)]
+    pub(crate) unsafe fn fill_with(
+        &self,
+        index: u32,
+        init: impl FnOnce(*mut T),
+    ) -> Result<Key, Fail> {
         let Some(slot) = self.slot(index) else {
             return Err(self.unmade(index));
         };
@@ -232,11 +310,11 @@ impl<T> Table<T> {
         // the `remove` or `discard` that freed it (or `new_slot`), which happens before our
         // claim through the free lists (the same thread's list, or the table's mutex).
         let generation = generation(slot.state.load(Ordering::Relaxed));
-        // SAFETY: the slot is free and its index claimed by us alone, so no caller reads or
-        // writes its value (lockers and pinners refuse a slot that is not LIVE) until the
-        // Release store below publishes it. The value there is `None` (a free slot's value
-        // was taken or dropped by its remover): overwriting it drops nothing.
-        slot.value.with_mut(|v| unsafe { v.write(Some(value)) });
+        // The slot is free and its index claimed by us alone, so no caller reads or writes
+        // its value (lockers, pinners and peekers refuse a slot that is not LIVE) until the
+        // Release store below publishes it. A free slot's value is uninitialised (its remover
+        // moved or dropped it): writing it drops nothing.
+        slot.value.with_mut(|v| init(v.cast::<T>()));
         // Release: the value's write happens before the reads of every caller that locks or
         // pins the slot (their Acquire CAS reads this store or a later one).
         slot.state.store(live(generation), Ordering::Release);
@@ -257,32 +335,36 @@ impl<T> Table<T> {
     /// Returns a free index: to `local` (spilling a batch to the table's list when it holds
     /// two), or to the table's list.
     #[inline]
-    pub(crate) fn release(&self, index: u32, local: Option<&mut Vec<u32>>) {
+    pub(crate) fn release(&self, index: u32, local: Option<&LocalList>) {
         match local {
-            Some(local) if local.len() + 1 < 2 * BATCH => local.push(index),
+            Some(local) if local.len() + 1 < 2 * BATCH => {
+                local.push(index);
+            }
             local => self.release_slow(index, local),
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn release_slow(&self, index: u32, local: Option<&mut Vec<u32>>) {
+    fn release_slow(&self, index: u32, local: Option<&LocalList>) {
+        let mut grow = self.lock_grow();
         match local {
             Some(local) => {
-                local.push(index);
+                if !local.push(index) {
+                    grow.free.push(index);
+                }
                 if local.len() >= 2 * BATCH {
-                    let at = local.len() - BATCH;
-                    self.lock_grow().free.extend(local.drain(at..));
+                    local.drain_into(BATCH, &mut grow.free);
                 }
             }
-            None => self.lock_grow().free.push(index),
+            None => grow.free.push(index),
         }
     }
 
     /// Gives a caller's whole list back to the table (a thread that ends).
-    pub(crate) fn return_list(&self, local: &mut Vec<u32>) {
-        if !local.is_empty() {
-            self.lock_grow().free.append(local);
+    pub(crate) fn return_list(&self, local: &LocalList) {
+        if local.len() > 0 {
+            local.drain_into(2 * BATCH, &mut self.lock_grow().free);
         }
     }
 
@@ -290,7 +372,7 @@ impl<T> Table<T> {
     ///
     /// # Errors
     /// `UDMA_ERR_EXHAUSTED` when every slot is live.
-    pub(crate) fn insert(&self, value: T, local: Option<&mut Vec<u32>>) -> Result<Key, Fail> {
+    pub(crate) fn insert(&self, value: T, local: Option<&LocalList>) -> Result<Key, Fail> {
         let index = self.claim(local)?;
         self.fill(index, value)
     }
@@ -307,7 +389,7 @@ impl<T> Table<T> {
         key: Key,
         value: u64,
         busy: impl FnOnce(u64) -> Fail,
-    ) -> Result<Guard<'_, T>, Fail> {
+    ) -> Result<Guard<'_, T, B, S>, Fail> {
         // The common case, inline: a live, unlocked, unpinned slot of this occupant, locked
         // at the first try. ABA and orderings: as in the loop of `lock_slow`.
         if let Some(slot) = self.slot(key.index()) {
@@ -334,7 +416,7 @@ impl<T> Table<T> {
         key: Key,
         value: u64,
         busy: impl FnOnce(u64) -> Fail,
-    ) -> Result<Guard<'_, T>, Fail> {
+    ) -> Result<Guard<'_, T, B, S>, Fail> {
         let slot = self
             .slot(key.index())
             .ok_or_else(|| handle::foreign(self.kind, value))?;
@@ -424,16 +506,117 @@ impl<T> Table<T> {
         }
     }
 
-    /// Drops a pin that [`Pin::keep`] kept.
+    /// Runs `f` on the value of the live, unlocked slot `key` names, without a pin; `None`
+    /// if the slot is not that (never made, free, another occupant's, or locked).
     ///
     /// # Safety
-    /// A pin of `key` was kept and has not been dropped since: a pin dropped twice could let
-    /// the value be removed while another pin's holder reads it.
-    pub(crate) unsafe fn unpin(&self, key: Key) {
-        if let Some(slot) = self.slot(key.index()) {
-            // Release: our reads of the value happen before a remover's Acquire CAS.
-            slot.state.fetch_sub(PIN, Ordering::Release);
+    /// The caller is inside a [`crate::quiesce`] section for this slot's handle, entered
+    /// before this call and left after `f` returns (nothing `f` returns borrows the value),
+    /// and every caller that removes or writes this table's values locks the slot and waits
+    /// that section out ([`crate::quiesce::Quiesce::wait_out`]) before it does.
+    #[inline(always)]
+    pub(crate) unsafe fn peek<R>(&self, key: Key, f: impl FnOnce(&T) -> R) -> Option<R> {
+        let slot = self.slot(key.index())?;
+        // Acquire: pairs with the Release of the insert that published the value (and of
+        // an unlock after a remover gave up), so their writes happen before our reads.
+        let state = slot.state.load(Ordering::Acquire);
+        if state & (LIVE | LOCKED) != LIVE || generation(state) != key.generation() {
+            return None;
         }
+        Some(slot.value.with(|v| {
+            // SAFETY: live (so initialised) and not locked when loaded inside our section: a
+            // remover locks first and then waits for our exit (this function's contract), so
+            // until we leave nobody writes or removes the value.
+            f(unsafe { (*v).assume_init_ref() })
+        }))
+    }
+
+    /// Pins the live slot `key` names as [`Table::pin`] does, but waits while it is locked
+    /// (after a [`Table::peek`] saw it locked: its locker may unlock it rather than remove
+    /// it, and a pin refused meanwhile would call a live handle stale).
+    ///
+    /// # Errors
+    /// As [`Table::pin`], once the slot is unlocked.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn pin_unlocked(&self, key: Key, value: u64) -> Result<Pin<'_, T>, Fail> {
+        let slot = self
+            .slot(key.index())
+            .ok_or_else(|| handle::foreign(self.kind, value))?;
+        let mut spins = 0u32;
+        let mut state = slot.state.load(Ordering::Relaxed);
+        loop {
+            if state & LIVE == 0 || generation(state) != key.generation() {
+                return Err(handle::stale(self.kind, value));
+            }
+            if state & LOCKED != 0 {
+                backoff(&mut spins);
+                state = slot.state.load(Ordering::Relaxed);
+                continue;
+            }
+            if pins(state) == MAX_PINS {
+                return Err(self.exhausted());
+            }
+            // ABA and orderings: as in `pin_slow`.
+            match slot.state.compare_exchange_weak(
+                state,
+                state + PIN,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(Pin { slot, key }),
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    /// How many live slots hold a value for which `pred` holds, each locked in turn to be
+    /// read (so a value a holder is changing is counted once it is settled).
+    pub(crate) fn count(&self, mut pred: impl FnMut(&T) -> bool) -> u64 {
+        let len = self.lock_grow().len;
+        let mut n = 0;
+        for index in 0..len {
+            let Some(slot) = self.slot(index) else {
+                continue;
+            };
+            let mut spins = 0u32;
+            loop {
+                // Acquire: a slot seen free was freed by a Release store after its remover's
+                // last access to the value, which so happens before our caller's next step
+                // (for a pool being destroyed: freeing the pool).
+                let state = slot.state.load(Ordering::Acquire);
+                if state & LIVE == 0 {
+                    break;
+                }
+                if state & LOCKED != 0 || pins(state) > 0 {
+                    backoff(&mut spins);
+                    continue;
+                }
+                // ABA and orderings: as in `lock_slow`.
+                if slot
+                    .state
+                    .compare_exchange_weak(
+                        state,
+                        state | LOCKED,
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+                {
+                    let guard = Guard {
+                        table: self,
+                        slot,
+                        key: Key::new(index, generation(state)),
+                    };
+                    let mut guard = guard;
+                    if guard.with(|v| pred(v)) {
+                        n += 1;
+                    }
+                    break;
+                }
+            }
+        }
+        n
     }
 
     /// The keys of the slots live now (a snapshot: lock each to use it).
@@ -448,15 +631,24 @@ impl<T> Table<T> {
     }
 }
 
-impl<T> Drop for Table<T> {
+impl<T, const B: u32, const S: usize> Drop for Table<T, B, S> {
     fn drop(&mut self) {
-        let count = 1usize << self.segment_bits;
+        let count = 1usize << B;
         for segment in self.segments.iter() {
             let first = segment.load(Ordering::Acquire);
             if !first.is_null() {
                 // SAFETY: made by `new_slot` from a `Box<[Slot<T>]>` of `count` slots, and
                 // dropped once, here (`&mut self`: nothing borrows a slot).
-                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(first, count)) });
+                let slots =
+                    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(first, count)) };
+                for slot in slots.iter() {
+                    if slot.state.load(Ordering::Acquire) & LIVE != 0 {
+                        // SAFETY: LIVE: initialised, and dropped once, here (`&mut self`: no
+                        // guard or pin is out).
+                        slot.value.with_mut(|v| unsafe { (*v).assume_init_drop() });
+                    }
+                }
+                drop(slots);
             }
         }
     }
@@ -473,19 +665,19 @@ fn backoff(spins: &mut u32) {
 }
 
 /// A slot locked by [`Table::lock`]: unlocked when dropped, freed by [`Guard::remove`].
-pub(crate) struct Guard<'t, T> {
-    table: &'t Table<T>,
+pub(crate) struct Guard<'t, T, const B: u32 = 12, const S: usize = { MAX_LIVE >> 12 }> {
+    table: &'t Table<T, B, S>,
     slot: &'t Slot<T>,
     key: Key,
 }
 
-impl<T> std::fmt::Debug for Guard<'_, T> {
+impl<T, const B: u32, const S: usize> std::fmt::Debug for Guard<'_, T, B, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Guard").field("key", &self.key).finish()
     }
 }
 
-impl<T> Guard<'_, T> {
+impl<T, const B: u32, const S: usize> Guard<'_, T, B, S> {
     /// The slot's key.
     pub(crate) fn key(&self) -> Key {
         self.key
@@ -495,18 +687,22 @@ impl<T> Guard<'_, T> {
     pub(crate) fn with<R>(&mut self, f: impl FnOnce(&mut T) -> R) -> R {
         self.slot.value.with_mut(|v| {
             // SAFETY: LOCKED is ours, so no other caller reads or writes the value until we
-            // unlock (pinners refuse a locked slot, and it had no pins when we locked it).
-            let value = unsafe { &mut *v };
-            f(value.as_mut().expect("a live slot holds a value"))
+            // unlock (pinners refuse a locked slot, and it had no pins when we locked it); the
+            // slot is LIVE, so the value is initialised.
+            f(unsafe { (*v).assume_init_mut() })
         })
     }
 
     /// Frees the slot (its index back to `local` first) and returns the value; every copy of
     /// its handle is stale from now on.
-    pub(crate) fn remove(self, local: Option<&mut Vec<u32>>) -> T {
+    pub(crate) fn remove(self, local: Option<&LocalList>) -> T {
         let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: as in `with`: LOCKED is ours.
-        let value = this.slot.value.with_mut(|v| unsafe { (*v).take() });
+        // SAFETY: as in `with`: LOCKED is ours, the value initialised. It is moved out once:
+        // the slot is free (uninitialised) from the store below.
+        let value = this
+            .slot
+            .value
+            .with_mut(|v| unsafe { (*v).assume_init_read() });
         // Release: our accesses to the value happen before those of the next occupant's
         // claimer, which gets the index through the free lists after this store.
         this.slot.state.store(
@@ -514,19 +710,28 @@ impl<T> Guard<'_, T> {
             Ordering::Release,
         );
         this.table.release(this.key.index(), local);
-        value.expect("a live slot holds a value")
+        value
     }
 }
 
-impl<T> Guard<'_, T> {
+impl<T, const B: u32, const S: usize> Guard<'_, T, B, S> {
     /// Frees the slot, dropping its value where it lies, and returns its index for
     /// [`Table::release`] (the caller gives it back once it has left the thread-local
     /// access it needs for that); every copy of its handle is stale from now on.
-    #[inline]
-    pub(crate) fn discard(self) -> u32 {
+    ///
+    /// The value is handed to `finish` (which drops it: `drop`, or a match on it so that the
+    /// dropping is inlined) while the slot is still locked.
+    #[inline(always)]
+    pub(crate) fn discard_with(self, finish: impl FnOnce(T)) -> u32 {
         let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: as in `with`: LOCKED is ours. The value is dropped in its slot.
-        this.slot.value.with_mut(|v| unsafe { *v = None });
+        // SAFETY: as in `with`: LOCKED is ours, the value initialised. It is moved out once:
+        // the slot is free (uninitialised) from the store below, which comes after `finish`
+        // is done with it.
+        let value = this
+            .slot
+            .value
+            .with_mut(|v| unsafe { (*v).assume_init_read() });
+        finish(value);
         // Release: as in `remove`.
         this.slot.state.store(
             free(next_generation(this.key.generation())),
@@ -536,7 +741,7 @@ impl<T> Guard<'_, T> {
     }
 }
 
-impl<T> Drop for Guard<'_, T> {
+impl<T, const B: u32, const S: usize> Drop for Guard<'_, T, B, S> {
     fn drop(&mut self) {
         // Release: our writes to the value happen before the next locker's or pinner's reads
         // (their Acquire CAS). No pins to keep: a locked slot has none.
@@ -567,22 +772,15 @@ impl<T> Pin<'_, T> {
     /// Runs `f` on the value.
     pub(crate) fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
         self.slot.value.with(|v| {
-            // SAFETY: while pinned, the slot is not locked, so nobody writes or removes the
-            // value; every holder only reads it.
-            let value = unsafe { &*v };
-            f(value.as_ref().expect("a live slot holds a value"))
+            // SAFETY: while pinned, the slot is LIVE (initialised) and not locked, so nobody
+            // writes or removes the value; every holder only reads it.
+            f(unsafe { (*v).assume_init_ref() })
         })
     }
 
     /// The pins on the slot now, this one included.
     pub(crate) fn count(&self) -> u64 {
         pins(self.slot.state.load(Ordering::Relaxed))
-    }
-
-    /// Keeps the pin after this handle goes (for a pool, one per buffer out of it); drop it
-    /// with [`Table::unpin`].
-    pub(crate) fn keep(self) -> Key {
-        std::mem::ManuallyDrop::new(self).key
     }
 }
 
@@ -599,15 +797,18 @@ mod tests {
     use crate::sync::{model, thread, Arc, AtomicU64, Ordering};
 
     /// Eight slots, two a segment: small enough for loom, and growth is exercised.
-    fn table() -> Table<u64> {
-        Table::with_segments(Kind::Buffer, 1, 4)
+    /// Eight slots, two a segment.
+    type Small<T> = Table<T, 1, 4>;
+
+    fn table() -> Small<u64> {
+        Small::new(Kind::Buffer)
     }
 
     fn busy(n: u64) -> Fail {
         Fail::new(udma_status::UDMA_ERR_BUSY, format!("{n} pins"))
     }
 
-    fn take(t: &Table<u64>, k: Key) -> Option<u64> {
+    fn take(t: &Small<u64>, k: Key) -> Option<u64> {
         t.lock(k, 0, busy).ok().map(|g| g.remove(None))
     }
 
@@ -643,34 +844,34 @@ mod tests {
         // new occupant of the same slot.
         model(|| {
             let drops = Arc::new(AtomicU64::new(0));
-            let t: Arc<Table<Counted>> = Arc::new(Table::with_segments(Kind::Buffer, 1, 4));
-            let mut local = Vec::new();
-            let index = t.claim(Some(&mut local)).expect("room");
+            let t: Arc<Small<Counted>> = Arc::new(Small::new(Kind::Buffer));
+            let local = LocalList::new();
+            let index = t.claim(Some(&local)).expect("room");
             let k = t.fill(index, Counted(Arc::clone(&drops))).expect("claimed");
-            let free = move |t: &Table<Counted>, local: &mut Vec<u32>| {
+            let free = move |t: &Small<Counted>, local: &LocalList| {
                 let g = t.lock(k, 0, busy).ok()?;
-                let index = g.discard();
+                let index = g.discard_with(drop);
                 t.release(index, Some(local));
                 Some(index)
             };
             let other = Arc::clone(&t);
             let theirs = thread::spawn(move || {
-                let mut local = Vec::new();
-                free(&other, &mut local)
+                let local = LocalList::new();
+                free(&other, &local)
             });
-            let mine = free(&t, &mut local);
+            let mine = free(&t, &local);
             let theirs = theirs.join().expect("no panic");
             assert!(mine.is_some() != theirs.is_some(), "{mine:?} {theirs:?}");
             assert_eq!(drops.load(Ordering::Relaxed), 1, "the value went once");
             // A new occupant (of this slot when this thread freed it): the old handle is
             // stale, the new one live.
-            let index = t.claim(Some(&mut local)).expect("room");
+            let index = t.claim(Some(&local)).expect("room");
             let new = t.fill(index, Counted(Arc::clone(&drops))).expect("claimed");
             assert_ne!(new, k);
             let stale = t.lock(k, 0, busy).expect_err("freed");
             assert_eq!(stale.status, udma_status::UDMA_ERR_INVALID_HANDLE);
             let g = t.lock(new, 0, busy).expect("live");
-            t.release(g.discard(), Some(&mut local));
+            t.release(g.discard_with(drop), Some(&local));
             assert_eq!(drops.load(Ordering::Relaxed), 2);
         });
     }
@@ -760,20 +961,68 @@ mod tests {
     }
 
     #[test]
-    fn kept_pins_make_the_remover_busy_until_unpinned() {
+    fn a_pin_waits_for_a_locker_that_gives_up_and_fails_once_it_removes() {
+        model(|| {
+            let t = Arc::new(table());
+            let k = t.insert(4, None).expect("room");
+            let other = Arc::clone(&t);
+            // A destroy that finds the slot busy and unlocks, then one that removes it.
+            let locker = thread::spawn(move || {
+                drop(other.lock(k, 0, busy));
+                take(&other, k)
+            });
+            let seen = t.pin_unlocked(k, 0).ok().map(|p| p.with(|v| *v));
+            let taken = locker.join().expect("no panic");
+            // Pinned before the removal (which then may have found it busy), or refused as
+            // stale only once it was removed; never refused while it was live.
+            match (seen, taken) {
+                (Some(4), Some(4)) | (Some(4), None) => {}
+                (None, Some(4)) => {}
+                other => panic!("{other:?}"),
+            }
+            if taken.is_none() {
+                assert_eq!(take(&t, k), Some(4));
+            }
+        });
+    }
+
+    #[test]
+    fn pins_make_the_remover_busy_until_dropped() {
         model(|| {
             let t = table();
             let k = t.insert(3, None).expect("room");
-            let kept = t.pin(k, 0).expect("live").keep();
+            let first = t.pin(k, 0).expect("live");
             let p = t.pin(k, 0).expect("live");
             assert_eq!(p.count(), 2);
             drop(p);
             let e = t.lock(k, 0, busy).expect_err("pinned");
             assert_eq!(e.message, "1 pins");
-            // SAFETY: the pin kept above, dropped once.
-            unsafe { t.unpin(kept) };
+            drop(first);
             assert_eq!(take(&t, k), Some(3));
             assert!(t.pin(k, 0).is_err());
+        });
+    }
+
+    #[test]
+    fn counting_locks_each_live_slot_and_peeking_sees_only_live_unlocked_ones() {
+        model(|| {
+            let t = table();
+            let keys: Vec<Key> = (0..5).map(|v| t.insert(v, None).expect("room")).collect();
+            assert_eq!(take(&t, keys[1]), Some(1));
+            assert_eq!(t.count(|v| v % 2 == 0), 3);
+            assert_eq!(t.count(|_| true), 4);
+            // SAFETY: no remover runs in this test.
+            assert_eq!(unsafe { t.peek(keys[2], |v| *v) }, Some(2));
+            // SAFETY: as above.
+            assert_eq!(unsafe { t.peek(keys[1], |v| *v) }, None);
+            let g = t.lock(keys[3], 0, busy).expect("live");
+            // SAFETY: as above (the lock is ours and held by this thread only).
+            assert_eq!(unsafe { t.peek(keys[3], |v| *v) }, None);
+            drop(g);
+            assert_eq!(t.pin_unlocked(keys[3], 0).expect("live").with(|v| *v), 3);
+            assert!(t.pin_unlocked(keys[1], 0).is_err());
+            // SAFETY: as above.
+            assert_eq!(unsafe { t.peek(keys[3], |v| *v) }, Some(3));
         });
     }
 
@@ -781,11 +1030,11 @@ mod tests {
     fn local_lists_refill_and_spill_in_batches_and_the_table_fills_up() {
         model(|| {
             let t = table();
-            let mut local = Vec::new();
+            let local = LocalList::new();
             let keys: Vec<Key> = (0..8)
-                .map(|v| t.insert(v, Some(&mut local)).expect("room"))
+                .map(|v| t.insert(v, Some(&local)).expect("room"))
                 .collect();
-            let full = t.insert(9, Some(&mut local)).expect_err("full");
+            let full = t.insert(9, Some(&local)).expect_err("full");
             assert_eq!(full.status, udma_status::UDMA_ERR_EXHAUSTED);
             assert!(
                 full.message.contains("8 live buffer handles"),
@@ -794,13 +1043,13 @@ mod tests {
             );
             for (v, k) in keys.into_iter().enumerate() {
                 let g = t.lock(k, 0, busy).expect("live");
-                assert_eq!(g.remove(Some(&mut local)), v as u64);
+                assert_eq!(g.remove(Some(&local)), v as u64);
             }
             assert_eq!(local.len(), 8);
-            t.return_list(&mut local);
-            assert!(local.is_empty());
+            t.return_list(&local);
+            assert_eq!(local.len(), 0);
             assert_eq!(t.live().len(), 0);
-            let again = t.insert(1, Some(&mut local)).expect("room");
+            let again = t.insert(1, Some(&local)).expect("room");
             assert_eq!(t.live(), vec![again]);
         });
     }

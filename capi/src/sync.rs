@@ -11,7 +11,7 @@ pub(crate) use loom::{
     cell::UnsafeCell,
     hint,
     sync::{
-        atomic::{AtomicPtr, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering},
         Arc, Mutex, MutexGuard,
     },
     thread,
@@ -21,7 +21,7 @@ pub(crate) use loom::{
 pub(crate) use std::{
     hint,
     sync::{
-        atomic::{AtomicPtr, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering},
         Arc, Mutex, MutexGuard,
     },
     thread,

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <poll.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <sys/epoll.h>
 #include <time.h>
 #include <unistd.h>
@@ -672,6 +673,94 @@ static void test_threads(void)
 	OK(udma_device_close(dev));
 }
 
+/* A thread allocating and freeing from a pool until the pool is destroyed under it. */
+struct racer {
+	udma_pool *pool;
+	atomic_long allocs;
+	long refused, bad;
+};
+
+static void *race_alloc(void *arg)
+{
+	struct racer *r = arg;
+	for (;;) {
+		udma_buffer *b = NULL;
+		udma_status s = udma_pool_alloc(r->pool, 4096, &b);
+		if (s == UDMA_OK) {
+			atomic_fetch_add(&r->allocs, 1);
+			s = udma_pool_free(r->pool, b);
+			if (s != UDMA_OK) {
+				fprintf(stderr, "race_alloc: free: %s: %s\n", udma_status_name(s),
+					udma_last_error());
+				r->bad++;
+			}
+		} else if (s == UDMA_ERR_INVALID_HANDLE &&
+			   strstr(udma_last_error(), "pool handle") != NULL &&
+			   strstr(udma_last_error(), "destroyed already") != NULL) {
+			/* Destroyed: every later call is refused too. */
+			r->refused++;
+			s = udma_pool_alloc(r->pool, 4096, &b);
+			if (s != UDMA_ERR_INVALID_HANDLE) {
+				fprintf(stderr, "race_alloc: after the destroy: %s: %s\n",
+					udma_status_name(s), udma_last_error());
+				r->bad++;
+			}
+			return NULL;
+		} else {
+			fprintf(stderr, "race_alloc: %s: %s\n", udma_status_name(s), udma_last_error());
+			r->bad++;
+			return NULL;
+		}
+	}
+}
+
+static double seconds_since(const struct timespec *start)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - start->tv_sec) + (double)(now.tv_nsec - start->tv_nsec) / 1e9;
+}
+
+/* Destroying a pool while other threads allocate from it: each attempt is refused as busy
+ * (a buffer out, or a call holding the pool) or succeeds; once it has, every allocation
+ * fails with a stale handle, and nothing is touched after it is gone (AddressSanitizer and
+ * Valgrind watch). */
+static void test_destroy_racing_alloc(void)
+{
+	udma_device *dev = loopback();
+	udma_pool *pool = pool_of(dev, 4 << 20);
+	struct racer r[2] = {{.pool = pool}, {.pool = pool}};
+	for (int i = 0; i < 2; i++)
+		atomic_init(&r[i].allocs, 0);
+	pthread_t t[2];
+	for (int i = 0; i < 2; i++)
+		CHECK(pthread_create(&t[i], NULL, race_alloc, &r[i]) == 0);
+	/* Both threads allocating before the destroy begins. */
+	struct timespec start;
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	while ((atomic_load(&r[0].allocs) < 100 || atomic_load(&r[1].allocs) < 100) &&
+	       seconds_since(&start) < 60)
+		sched_yield();
+	CHECK(atomic_load(&r[0].allocs) >= 100 && atomic_load(&r[1].allocs) >= 100);
+	long busy = 0, other = 0;
+	udma_status s;
+	while ((s = udma_pool_destroy(pool)) != UDMA_OK && seconds_since(&start) < 60) {
+		if (s == UDMA_ERR_BUSY && (strstr(udma_last_error(), "buffers out") != NULL ||
+					   strstr(udma_last_error(), "calls on it") != NULL))
+			busy++;
+		else
+			other++;
+	}
+	CHECK(s == UDMA_OK && other == 0);
+	for (int i = 0; i < 2; i++) {
+		pthread_join(t[i], NULL);
+		CHECK(r[i].bad == 0 && r[i].refused == 1);
+	}
+	FAILS(udma_pool_destroy(pool), UDMA_ERR_INVALID_HANDLE, "destroyed already");
+	printf("  (destroy refused as busy %ld times first)\n", busy);
+	OK(udma_device_close(dev));
+}
+
 /* ---- planning ----------------------------------------------------------------------- */
 
 /* The tensor layout of a header before in-place reuse (48 bytes: up to `flags`). */
@@ -1215,6 +1304,7 @@ int main(void)
 		{"destroy_with_work_in_flight", test_destroy_with_work_in_flight},
 		{"device_removal", test_device_removal},
 		{"threads", test_threads},
+		{"destroy_racing_alloc", test_destroy_racing_alloc},
 		{"plan", test_plan},
 		{"plan_inplace", test_plan_inplace},
 		{"model", test_model},
