@@ -13,7 +13,9 @@
 //! borrowed `Pool::alloc` is shown too), and `loopback::Queue::push`, `flush` and `wait` with
 //! the buffer as the payload. Both run on one zero-cost loopback device: their own pools of
 //! the same size, their own queues of the same depth, waiting the same way (the interrupt,
-//! after the adaptive spin).
+//! after the adaptive spin). Each side's iteration is a function the loop calls (never
+//! inlined into it), and a C status is checked inline with its failure out of line, as
+//! `expect` is: the two sides are compiled alike.
 //!
 //! After criterion's report, alternating short rounds of each print the ratio C ÷ Rust per
 //! path (the target: at most 1.1), the median of the rounds' ratios and their range: both
@@ -189,6 +191,7 @@ impl Rig {
         }
     }
 
+    #[inline(never)]
     fn c_alloc_free(&self) {
         let mut buffer = null_mut();
         // SAFETY: `buffer` is a writable pointer; the pool handle is live.
@@ -201,11 +204,13 @@ impl Rig {
         );
     }
 
+    #[inline(never)]
     fn rust_alloc_free_owned(&self) {
         let buffer = self.rust_pool.alloc_owned(KIB4 as usize).expect("a buffer");
         drop(black_box(buffer));
     }
 
+    #[inline(never)]
     fn rust_alloc_free_borrowed(&self) {
         let buffer = self.rust_pool.alloc(KIB4 as usize).expect("a buffer");
         drop(black_box(buffer));

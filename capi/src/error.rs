@@ -193,26 +193,37 @@ fn set_last_error(message: String) {
 /// Runs an entry point's body: `Ok` is `UDMA_OK`; a failure sets the thread's last error to
 /// `function: message` and returns its status; a panic sets it to the panic's message and
 /// returns `UDMA_ERR_INTERNAL`.
+#[inline(always)]
 pub(crate) fn call(function: &str, body: impl FnOnce() -> Result<(), Fail>) -> udma_status {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => udma_status::UDMA_OK,
-        Ok(Err(fail)) => {
-            set_last_error(format!("{function}: {}", fail.message));
-            fail.status
-        }
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into());
-            set_last_error(format!(
-                "{function}: internal error (a bug in userdma; please report it with this \
-                 message): {what}"
-            ));
-            udma_status::UDMA_ERR_INTERNAL
-        }
+        Ok(Err(fail)) => failed(function, fail),
+        Err(panic) => panicked(function, panic),
     }
+}
+
+/// A failure's status, its message the thread's last error (out of line: the hot paths of
+/// every entry point stay small).
+#[cold]
+#[inline(never)]
+fn failed(function: &str, fail: Fail) -> udma_status {
+    set_last_error(format!("{function}: {}", fail.message));
+    fail.status
+}
+
+#[cold]
+#[inline(never)]
+fn panicked(function: &str, panic: Box<dyn std::any::Any + Send>) -> udma_status {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into());
+    set_last_error(format!(
+        "{function}: internal error (a bug in userdma; please report it with this message): \
+         {what}"
+    ));
+    udma_status::UDMA_ERR_INTERNAL
 }
 
 /// The message of the last failed call on this thread: what failed, on which device, queue,

@@ -95,35 +95,37 @@ impl Kind {
     }
 }
 
-/// A decoded handle value: which slot, and which occupant of it. One word (`generation << 32
-/// | index`), so that it is stored and loaded whole: kept as two 32-bit fields, it was
-/// written as two halves and read back as one word on the hot paths, a store-forwarding stall
-/// each time.
+/// A decoded handle value: which slot, and which occupant of it. One word, the handle's value
+/// without its tag (`generation << INDEX_BITS | index`), so that decoding is a mask and it is
+/// stored and loaded whole (kept as two 32-bit fields, it was written as two halves and read
+/// back as one word on the hot paths: a store-forwarding stall each time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Key(u64);
 
 impl Key {
-    /// The key of occupant `generation` of slot `index`.
+    /// The key of occupant `generation` of slot `index` (below [`MAX_LIVE`]).
     #[inline(always)]
     pub(crate) fn new(index: u32, generation: u32) -> Key {
-        Key(u64::from(generation) << 32 | u64::from(index))
+        debug_assert!((index as usize) < MAX_LIVE);
+        Key(u64::from(generation) << INDEX_BITS | u64::from(index) & INDEX_MASK)
     }
 
     /// The slot.
     #[inline(always)]
     pub(crate) fn index(self) -> u32 {
-        self.0 as u32
+        (self.0 & INDEX_MASK) as u32
     }
 
     /// The occupant.
     #[inline(always)]
     pub(crate) fn generation(self) -> u32 {
-        (self.0 >> 32) as u32
+        (self.0 >> INDEX_BITS) as u32
     }
 
     /// The value C holds.
+    #[inline(always)]
     pub(crate) fn value(self, kind: Kind) -> u64 {
-        (kind as u64) << 56 | u64::from(self.generation()) << INDEX_BITS | u64::from(self.index())
+        (kind as u64) << 56 | self.0
     }
 
     /// The value as the C pointer type.
@@ -270,10 +272,7 @@ pub(crate) fn decode<P>(kind: Kind, ptr: *const P) -> Result<Key, Fail> {
     if value >> 56 != kind as u64 {
         return Err(undecodable(kind, value));
     }
-    Ok(Key::new(
-        (value & INDEX_MASK) as u32,
-        ((value >> INDEX_BITS) & u64::from(u32::MAX)) as u32,
-    ))
+    Ok(Key(value & ((1 << 56) - 1)))
 }
 
 /// Why `value` is not a handle of `kind` (off the hot path: it formats).

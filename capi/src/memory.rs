@@ -287,19 +287,36 @@ fn forgotten() -> std::sync::MutexGuard<'static, Vec<Key>> {
 }
 
 /// This thread's part: its free buffer slots (most allocations and frees take an index from
-/// here and give one back, without the table's lock) and its quiescence record, both given
-/// back when the thread ends.
+/// here and give one back, without the table's lock) and its quiescence record. No `Drop`, so
+/// reaching it costs no check of whether the thread is ending: its [`Keeper`] gives the list
+/// and the record back when it does.
 struct Local {
     slots: LocalList,
-    /// `record`'s address, or null before the thread's first allocation and once it ends.
-    fast: Cell<*const Record>,
+    /// The record's address: null before the thread's first allocation and once it ends.
+    record: Cell<*const Record>,
+    /// [`FRESH`], [`KEPT`] or [`ENDED`].
+    state: Cell<u8>,
+}
+
+/// No keeper registered yet: neither the list nor a record has been used.
+const FRESH: u8 = 0;
+/// The thread's keeper is registered: the list may hold indices.
+const KEPT: u8 = 1;
+/// The keeper ran (the thread is ending): the table's own list serves from now on.
+const ENDED: u8 = 2;
+
+/// Gives the thread's free slots and its record back when the thread ends.
+struct Keeper {
     record: RefCell<Option<Arc<Record>>>,
 }
 
-impl Drop for Local {
+impl Drop for Keeper {
     fn drop(&mut self) {
-        BUFFERS.return_list(&self.slots);
-        self.fast.set(null());
+        LOCAL.with(|l| {
+            l.state.set(ENDED);
+            l.record.set(null());
+            BUFFERS.return_list(&l.slots);
+        });
         if let Some(record) = self.record.get_mut().take() {
             Quiesce::release(&record);
         }
@@ -310,95 +327,159 @@ thread_local! {
     static LOCAL: Local = const {
         Local {
             slots: LocalList::new(),
-            fast: Cell::new(null()),
-            record: RefCell::new(None),
+            record: Cell::new(null()),
+            state: Cell::new(FRESH),
         }
     };
+    static KEEPER: Keeper = const { Keeper { record: RefCell::new(None) } };
 }
 
 impl Local {
-    /// This thread's quiescence record, registered at its first use.
+    /// This thread's free slots: `None` once the thread is ending.
     #[inline(always)]
-    fn record(&self) -> Option<&Record> {
-        let mut r = self.fast.get();
-        if r.is_null() {
-            r = self.register();
+    fn list(&self) -> Option<&LocalList> {
+        if self.state.get() == KEPT {
+            Some(&self.slots)
+        } else {
+            self.keep()
         }
-        // SAFETY: non-null: the address of the record `self.record` holds (an `Arc`, so the
+    }
+
+    /// Registers the keeper (its first use does) unless the thread is ending.
+    #[cold]
+    #[inline(never)]
+    fn keep(&self) -> Option<&LocalList> {
+        if self.state.get() == FRESH {
+            let state = if KEEPER.try_with(|_| ()).is_ok() {
+                KEPT
+            } else {
+                ENDED
+            };
+            self.state.set(state);
+        }
+        (self.state.get() == KEPT).then_some(&self.slots)
+    }
+
+    /// This thread's quiescence record, registered at its first use; `None` once the thread
+    /// is ending. While it is `Some`, [`Local::slots`] is the thread's list too.
+    #[inline(always)]
+    fn record(&self) -> Option<&'static Record> {
+        let r = self.record.get();
+        if r.is_null() {
+            return self.register();
+        }
+        // SAFETY: non-null: the address of the record the keeper holds (an `Arc`, so the
         // record does not move), which lives as long as the registry (never freed: the
-        // registry keeps a clone), so at least as long as `self`.
-        (!r.is_null()).then(|| unsafe { &*r })
+        // registry keeps a clone); nulled when the keeper gives it back.
+        Some(unsafe { &*r })
     }
 
     #[cold]
     #[inline(never)]
-    fn register(&self) -> *const Record {
-        let Ok(mut slot) = self.record.try_borrow_mut() else {
-            return null();
-        };
-        let record = slot.get_or_insert_with(|| SECTIONS.register());
-        let r: *const Record = Arc::as_ptr(record);
-        self.fast.set(r);
-        r
+    fn register(&self) -> Option<&'static Record> {
+        self.keep()?;
+        let r = KEEPER
+            .try_with(|k| {
+                let mut slot = k.record.try_borrow_mut().ok()?;
+                let record = slot.get_or_insert_with(|| SECTIONS.register());
+                Some(Arc::as_ptr(record))
+            })
+            .ok()
+            .flatten()?;
+        self.record.set(r);
+        // SAFETY: as in `record`.
+        Some(unsafe { &*r })
     }
 }
 
-/// Leaves a section when dropped (a panic inside one must not leave `udma_pool_destroy`
-/// waiting for it forever).
-struct Section<'r>(&'r Record);
+/// A pool held for one call: read inside this thread's section (left when this is dropped,
+/// a panic's unwinding included), or pinned (the slow path). Not `Send` (its raw pointers):
+/// it holds this thread's section and free-slot list.
+struct Held {
+    key: Key,
+    entry: *const PoolEntry,
+    /// This thread's free buffer slots, or null (the table's own list serves).
+    local: *const LocalList,
+    section: Option<&'static Record>,
+    _pin: Option<Pin<'static, PoolEntry>>,
+}
 
-impl Drop for Section<'_> {
+impl Held {
+    /// The pool's entry.
+    #[inline(always)]
+    fn entry(&self) -> &PoolEntry {
+        // SAFETY: read inside the section `self` holds (left only when it drops; the entry's
+        // remover waits for that) or pinned by `self._pin`; either way the entry stays as
+        // long as `self`.
+        unsafe { &*self.entry }
+    }
+
+    /// This thread's free buffer slots, if it may use them.
+    #[inline(always)]
+    fn local(&self) -> Option<&LocalList> {
+        // SAFETY: null, or this thread's list, which lives as long as the thread (its
+        // thread-local has no destructor), so longer than this call's `Held`.
+        unsafe { self.local.as_ref() }
+    }
+}
+
+impl Drop for Held {
     #[inline(always)]
     fn drop(&mut self) {
-        Quiesce::exit(self.0);
+        if let Some(record) = self.section {
+            Quiesce::exit(record);
+        }
     }
 }
 
-/// Runs `f` on the live pool `ptr` names, with its key and this thread's free buffer slots:
-/// inside a section on the fast path; pinned, after waiting for a destroy in progress to
-/// decide, on the slow one (a thread being torn down, a pool whose slot is locked, a bad
-/// handle), where the table's own list of free slots serves.
+/// Holds the live pool `ptr` names for one call: inside a section on the fast path; pinned,
+/// after waiting for a destroy in progress to decide, on the slow one (a thread being torn
+/// down, a pool whose slot is locked, a bad handle).
 #[inline(always)]
-fn with_pool<R>(
-    ptr: *const udma_pool,
-    f: impl FnOnce(Key, &PoolEntry, Option<&LocalList>) -> Result<R, Fail>,
-) -> Result<R, Fail> {
+fn hold_pool(ptr: *const udma_pool) -> Result<Held, Fail> {
     let key = handle::decode(Kind::Pool, ptr)?;
     let value = ptr.addr() as u64;
-    let mut f = Some(f);
+    // (`try_with`, not `with`: the same for a thread-local without `Drop`, but inlined.)
     let fast = LOCAL.try_with(|l| {
         let record = l.record()?;
         SECTIONS.enter(record, value);
-        let section = Section(record);
-        // SAFETY: inside the section for this pool's handle value, left (by `section`'s drop)
-        // after `f`, whose result borrows nothing of the entry; `udma_pool_destroy` locks the
-        // pool's slot and waits the sections out before it removes the entry.
-        let done = unsafe {
-            POOLS.peek(key, |e| {
-                let f = f.take().expect("taken once");
-                f(key, e, Some(&l.slots))
-            })
-        };
-        drop(section);
-        done
+        // SAFETY: inside the section for this pool's handle value, which the `Held` made
+        // here leaves when it drops, after its last read of the entry; `udma_pool_destroy`
+        // locks the pool's slot and waits the sections out before it removes the entry.
+        match unsafe { POOLS.peek_ptr(key) } {
+            Some(entry) => Some(Held {
+                key,
+                entry,
+                local: &l.slots,
+                section: Some(record),
+                _pin: None,
+            }),
+            None => {
+                Quiesce::exit(record);
+                None
+            }
+        }
     });
-    if let Ok(Some(done)) = fast {
-        return done;
+    match fast {
+        Ok(Some(held)) => Ok(held),
+        _ => hold_pool_slow(key, value),
     }
-    with_pool_slow(key, value, f.take().expect("not taken"))
 }
 
 #[cold]
 #[inline(never)]
-fn with_pool_slow<R>(
-    key: Key,
-    value: u64,
-    f: impl FnOnce(Key, &PoolEntry, Option<&LocalList>) -> Result<R, Fail>,
-) -> Result<R, Fail> {
+fn hold_pool_slow(key: Key, value: u64) -> Result<Held, Fail> {
     // A destroy in progress holds the slot locked: it either removes the pool (the pin then
     // fails: stale) or gives up (the pin succeeds).
     let pin = POOLS.pin_unlocked(key, value)?;
-    pin.with(|e| f(key, e, None))
+    let entry = pin.with(std::ptr::from_ref);
+    Ok(Held {
+        key,
+        entry,
+        local: null(),
+        section: None,
+        _pin: Some(pin),
+    })
 }
 
 /// Runs `f` with this thread's free buffer slots (none while the thread is being torn down:
@@ -406,7 +487,7 @@ fn with_pool_slow<R>(
 #[inline(always)]
 fn with_local<R>(f: impl FnOnce(Option<&LocalList>) -> R) -> R {
     let mut f = Some(f);
-    match LOCAL.try_with(|l| (f.take().expect("taken once"))(Some(&l.slots))) {
+    match LOCAL.try_with(|l| (f.take().expect("taken once"))(l.list())) {
         Ok(done) => done,
         Err(_) => (f.take().expect("not taken"))(None),
     }
@@ -603,7 +684,7 @@ pub unsafe extern "C" fn udma_pool_destroy(pool: *mut udma_pool) -> udma_status 
             )
         };
         let mut guard = POOLS.lock(key, value, calls)?;
-        // Locked: allocations that start from now on see it and wait (`with_pool_slow`);
+        // Locked: allocations that start from now on see it and wait (`hold_pool_slow`);
         // those already inside a section finish first.
         SECTIONS.wait_out(value)?;
         let out = buffers_of(key);
@@ -638,32 +719,37 @@ fn buffers_of(key: Key) -> u64 {
 
 #[inline(always)]
 fn alloc_one(p: &PoolEntry, len: u64) -> Result<HostBuffer, Fail> {
-    let max = p.pool.max_len() as u64;
-    if len == 0 || len > max {
-        return Err(out_of_range(p, len, max));
+    if len == 0 {
+        return Err(out_of_range(p, len));
     }
-    match p.pool.alloc(len as usize) {
+    // A length above the pool's largest block fails in the pool (`TooLarge`), off the fast
+    // path; the message is made in `alloc_failed`.
+    match p.pool.alloc(usize::try_from(len).unwrap_or(usize::MAX)) {
         // SAFETY: only the lifetime changes; the pool outlives the buffer as `HostBuffer`
         // says. The buffer goes into a slot that names its pool (`entry`) before the caller
         // leaves the section it reads `p` in (or is dropped inside it), so
         // `udma_pool_destroy` either waits for it or counts it.
         Ok(b) => Ok(unsafe { std::mem::transmute::<Buffer<'_>, HostBuffer>(b) }),
-        Err(e) => Err(alloc_failed(p, e)),
+        Err(e) => Err(alloc_failed(p, len, e)),
     }
 }
 
 #[cold]
 #[inline(never)]
-fn out_of_range(p: &PoolEntry, len: u64, max: u64) -> Fail {
+fn out_of_range(p: &PoolEntry, len: u64) -> Fail {
     Fail::invalid(format!(
-        "len {len} is out of range for the pool on {}: ask for 1 to {max} bytes",
-        p.device
+        "len {len} is out of range for the pool on {}: ask for 1 to {} bytes",
+        p.device,
+        p.pool.max_len()
     ))
 }
 
 #[cold]
 #[inline(never)]
-fn alloc_failed(p: &PoolEntry, error: pool::Error) -> Fail {
+fn alloc_failed(p: &PoolEntry, len: u64, error: pool::Error) -> Fail {
+    if len > p.pool.max_len() as u64 {
+        return out_of_range(p, len);
+    }
     lib(error).context(&p.device)
 }
 
@@ -706,12 +792,12 @@ pub unsafe extern "C" fn udma_pool_alloc(
 ) -> udma_status {
     call("udma_pool_alloc", || {
         let out = abi::out(buffer, "buffer")?;
-        let key = with_pool(pool, |pool_key, e, local| {
-            let b = alloc_one(e, len)?;
-            let index = BUFFERS.claim(local)?;
-            // Filled inside the section: `udma_pool_destroy` waits for it, then counts it.
-            fill_buffer(index, pool_key, b)
-        })?;
+        let held = hold_pool(pool)?;
+        let b = alloc_one(held.entry(), len)?;
+        let index = BUFFERS.claim(held.local())?;
+        // Filled while the pool is held: `udma_pool_destroy` waits for it, then counts it.
+        let key = fill_buffer(index, held.key, b)?;
+        drop(held);
         // SAFETY: checked non-null; writable per this function's contract.
         unsafe { out.write(key.to_ptr(Kind::Buffer)) };
         Ok(())
@@ -735,7 +821,9 @@ pub unsafe extern "C" fn udma_pool_alloc_bulk(
 ) -> udma_status {
     call("udma_pool_alloc_bulk", || {
         let out = abi::out(buffers, "buffers")?;
-        let keys = with_pool(pool, |pool_key, e, local| {
+        let held = hold_pool(pool)?;
+        let (pool_key, e, local) = (held.key, held.entry(), held.local());
+        let keys = (|| {
             if count > MAX_LIVE {
                 return Err(Fail::invalid(format!(
                     "count {count} is above {MAX_LIVE}, the most live buffer handles"
@@ -747,7 +835,7 @@ pub unsafe extern "C" fn udma_pool_alloc_bulk(
                     .map_err(|fail| fail.context(format!("buffer {i} of {count}")))?;
                 made.push(b);
             }
-            // Filled inside the section, as in `udma_pool_alloc`.
+            // Filled while the pool is held, as in `udma_pool_alloc`.
             let mut keys: Vec<Key> = Vec::with_capacity(count);
             for b in made.drain(..) {
                 match BUFFERS.insert(entry(pool_key, b), local) {
@@ -763,7 +851,8 @@ pub unsafe extern "C" fn udma_pool_alloc_bulk(
                 }
             }
             Ok(keys)
-        })?;
+        })()?;
+        drop(held);
         for (i, key) in keys.into_iter().enumerate() {
             // SAFETY: `i < count`, and `count` entries are writable per this function's
             // contract.

@@ -531,6 +531,18 @@ impl<T, const B: u32, const S: usize> Table<T, B, S> {
         }))
     }
 
+    /// As [`Table::peek`], returning the value's address, for the caller to read until it
+    /// leaves its section.
+    ///
+    /// # Safety
+    /// As [`Table::peek`], with the pointer in place of `f`: it is read only inside the
+    /// section.
+    #[inline(always)]
+    pub(crate) unsafe fn peek_ptr(&self, key: Key) -> Option<*const T> {
+        // SAFETY: per this function's contract (`peek`'s); `f` only takes the address.
+        unsafe { self.peek(key, |v| std::ptr::from_ref(v)) }
+    }
+
     /// Pins the live slot `key` names as [`Table::pin`] does, but waits while it is locked
     /// (after a [`Table::peek`] saw it locked: its locker may unlock it rather than remove
     /// it, and a pin refused meanwhile would call a live handle stale).

@@ -687,7 +687,9 @@ static void *race_alloc(void *arg)
 		udma_buffer *b = NULL;
 		udma_status s = udma_pool_alloc(r->pool, 4096, &b);
 		if (s == UDMA_OK) {
-			atomic_fetch_add(&r->allocs, 1);
+			/* Now and then the buffer stays out a while, so a destroy finds it. */
+			if (atomic_fetch_add(&r->allocs, 1) % 8 == 0)
+				sched_yield();
 			s = udma_pool_free(r->pool, b);
 			if (s != UDMA_OK) {
 				fprintf(stderr, "race_alloc: free: %s: %s\n", udma_status_name(s),
