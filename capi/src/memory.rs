@@ -1215,8 +1215,11 @@ pub(crate) fn take_for_queue(
 /// Puts a buffer back on the host, under its handle (a completion, a refused submission).
 pub(crate) fn give_back(key: Key, buffer: HostBuffer) {
     // The slot is live: a buffer in a queue cannot be freed (only forgotten, with its queue).
-    if let Ok(mut b) = BUFFERS.lock(key, key.value(Kind::Buffer), never_pinned) {
-        b.with(|b| b.state = State::Host(buffer));
+    match BUFFERS.lock(key, key.value(Kind::Buffer), never_pinned) {
+        Ok(mut b) => b.with(|b| b.state = State::Host(buffer)),
+        // Not reached; if it were, the slot no longer names the pool, which may be gone:
+        // leak the buffer rather than free it into freed memory.
+        Err(_) => std::mem::forget(buffer),
     }
 }
 

@@ -615,12 +615,12 @@ impl<T, const B: u32, const S: usize> Table<T, B, S> {
                     )
                     .is_ok()
                 {
-                    let guard = Guard {
+                    // Unlocked when it drops, below.
+                    let mut guard = Guard {
                         table: self,
                         slot,
                         key: Key::new(index, generation(state)),
                     };
-                    let mut guard = guard;
                     if guard.with(|v| pred(v)) {
                         n += 1;
                     }
