@@ -41,10 +41,13 @@ pub(crate) fn free(tail: u32, head: u32, depth: u32) -> u32 {
     depth.saturating_sub(used(tail, head))
 }
 
-/// The phase the entry written at `counter` carries: `true` (bit set) on even passes.
+/// The phase the entry written at `counter` carries: `true` (bit set) on even passes. The
+/// pass's parity is bit `log2(depth)` of the counter (the depth is a power of two), tested
+/// with a mask: a division here cost the device one `div` per completion.
 #[inline]
 pub(crate) fn phase(counter: u32, depth: u32) -> bool {
-    (counter / depth) & 1 == 0
+    debug_assert!(depth.is_power_of_two());
+    counter & depth == 0
 }
 
 /// The SQ counter the host may write up to, given the device's written-back `head`, the host's
@@ -148,6 +151,17 @@ mod tests {
         }
         // First pass writes phase 1 over zeroed memory: a zeroed entry is never "new".
         assert!(phase(0, 8));
+        // The mask is the pass's parity, for every depth, around 0 and around the wrap.
+        for bits in 1..=15 {
+            let depth = 1u32 << bits;
+            for c in (0..3 * depth + 5).chain(u32::MAX - 3 * depth..=u32::MAX) {
+                assert_eq!(
+                    phase(c, depth),
+                    (c / depth) % 2 == 0,
+                    "counter {c}, depth {depth}"
+                );
+            }
+        }
     }
 
     #[test]
