@@ -480,20 +480,34 @@ impl<T, const B: u32, const S: usize> Table<T, B, S> {
     #[cold]
     #[inline(never)]
     fn pin_slow(&self, key: Key, value: u64) -> Result<Pin<'_, T>, Fail> {
+        self.pin_loop(key, value, false)
+    }
+
+    /// Pins the live slot `key` names; a locked slot is stale (its locker is removing it), or
+    /// with `wait_locked`, waited for (its locker may unlock it instead).
+    fn pin_loop(&self, key: Key, value: u64, wait_locked: bool) -> Result<Pin<'_, T>, Fail> {
         let slot = self
             .slot(key.index())
             .ok_or_else(|| handle::foreign(self.kind, value))?;
+        let mut spins = 0u32;
         let mut state = slot.state.load(Ordering::Relaxed);
         loop {
-            // A pinned table's slots are locked only to be removed: a locked one is going.
-            if state & (LIVE | LOCKED) != LIVE || generation(state) != key.generation() {
+            if state & LIVE == 0 || generation(state) != key.generation() {
                 return Err(handle::stale(self.kind, value));
+            }
+            if state & LOCKED != 0 {
+                if !wait_locked {
+                    return Err(handle::stale(self.kind, value));
+                }
+                backoff(&mut spins);
+                state = slot.state.load(Ordering::Relaxed);
+                continue;
             }
             if pins(state) == MAX_PINS {
                 return Err(self.exhausted());
             }
-            // ABA: as in `lock`. Acquire: pairs with the insert's Release, so the value's
-            // write happens before our reads.
+            // ABA: as in `lock`. Acquire: pairs with the insert's Release (and the Release of
+            // an unlock), so the value's write happens before our reads.
             match slot.state.compare_exchange_weak(
                 state,
                 state + PIN,
@@ -552,34 +566,7 @@ impl<T, const B: u32, const S: usize> Table<T, B, S> {
     #[cold]
     #[inline(never)]
     pub(crate) fn pin_unlocked(&self, key: Key, value: u64) -> Result<Pin<'_, T>, Fail> {
-        let slot = self
-            .slot(key.index())
-            .ok_or_else(|| handle::foreign(self.kind, value))?;
-        let mut spins = 0u32;
-        let mut state = slot.state.load(Ordering::Relaxed);
-        loop {
-            if state & LIVE == 0 || generation(state) != key.generation() {
-                return Err(handle::stale(self.kind, value));
-            }
-            if state & LOCKED != 0 {
-                backoff(&mut spins);
-                state = slot.state.load(Ordering::Relaxed);
-                continue;
-            }
-            if pins(state) == MAX_PINS {
-                return Err(self.exhausted());
-            }
-            // ABA and orderings: as in `pin_slow`.
-            match slot.state.compare_exchange_weak(
-                state,
-                state + PIN,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Ok(Pin { slot, key }),
-                Err(now) => state = now,
-            }
-        }
+        self.pin_loop(key, value, true)
     }
 
     /// How many live slots hold a value for which `pred` holds, each locked in turn to be
