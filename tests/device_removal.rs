@@ -130,7 +130,7 @@ fn removal_in(mode: Mode) {
         working.wait(Some(TIMEOUT)),
         Err(ring::Error::Removed { .. })
     ));
-    assert!(start.elapsed() < Duration::from_secs(1));
+    assert!(start.elapsed() < TIMEOUT / 2);
     assert!(
         working.is_ready(),
         "wait_any callers look at a removed queue"
@@ -140,11 +140,7 @@ fn removal_in(mode: Mode) {
     // touch them.
     let start = Instant::now();
     let shutdown = held.shutdown(TIMEOUT).expect("a removed queue shuts down");
-    assert!(
-        start.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < TIMEOUT / 2, "{:?}", start.elapsed());
     assert!(shutdown.completed.is_empty());
     assert_eq!(shutdown.aborted.len(), 9);
     drop(shutdown);
@@ -210,7 +206,7 @@ fn a_queue_dropped_with_work_in_flight_on_a_removed_device_frees_its_buffers() {
     ));
     let start = Instant::now();
     drop(queue);
-    assert!(start.elapsed() < Duration::from_secs(1));
+    assert!(start.elapsed() < TIMEOUT / 2);
     assert_eq!(outstanding(&pool), 0);
     assert_eq!(ring::leaks().queues, 0);
 }

@@ -309,9 +309,10 @@ fn dropping_a_busy_queue_stops_the_device_first() {
     assert!(first.entry.is_success());
     drop(first);
     let leaks = ring::leaks();
-    let start = Instant::now();
+    // Dropping waits up to DROP_QUIESCE_TIMEOUT for the device to stop and leaks the queue if
+    // it does not: the leak count below says which happened (timing the drop would only
+    // measure the machine).
     drop(queue);
-    let stopped_after = start.elapsed();
     assert_eq!(
         dropped.load(Ordering::SeqCst),
         10,
@@ -321,10 +322,6 @@ fn dropping_a_busy_queue_stops_the_device_first() {
         ring::leaks(),
         leaks,
         "the queue leaked: the device did not stop"
-    );
-    assert!(
-        stopped_after < Duration::from_secs(1),
-        "stop took {stopped_after:?}"
     );
     let status = regs::queue_field(regs::Q_STATUS, 0).unwrap();
     let fault = regs::queue_field(regs::Q_FAULT, 0).unwrap();

