@@ -193,15 +193,7 @@ impl Model {
     }
 
     fn check(b: &Buf) {
-        let mut info = udma_buffer_info {
-            size: size_of::<udma_buffer_info>(),
-            host: null_mut(),
-            iova: 0,
-            len: 0,
-            capacity: 0,
-            state: 0,
-            reserved: 0,
-        };
+        let mut info = info_struct();
         // SAFETY: a whole info struct.
         expect(
             unsafe { udma_buffer_get_info(b.handle, &mut info) },
