@@ -768,12 +768,38 @@ fn fill_buffer(index: u32, pool: Key, buffer: HostBuffer) -> Result<Key, Fail> {
     unsafe { BUFFERS.fill_with(index, init) }
 }
 
-#[inline]
-fn entry(pool: Key, buffer: HostBuffer) -> BufferEntry {
-    BufferEntry {
-        pool,
-        state: State::Host(buffer),
+/// `count` buffers of `len` bytes from the held pool, each in a buffer slot: all or nothing.
+fn alloc_into_slots(held: &Held, len: u64, count: usize) -> Result<Vec<Key>, Fail> {
+    if count > MAX_LIVE {
+        return Err(Fail::invalid(format!(
+            "count {count} is above {MAX_LIVE}, the most live buffer handles"
+        )));
     }
+    let mut made = Vec::with_capacity(count);
+    for i in 0..count {
+        let b = alloc_one(held.entry(), len)
+            .map_err(|fail| fail.context(format!("buffer {i} of {count}")))?;
+        made.push(b);
+    }
+    let local = held.local();
+    let mut keys: Vec<Key> = Vec::with_capacity(count);
+    for b in made.drain(..) {
+        match BUFFERS
+            .claim(local)
+            .and_then(|index| fill_buffer(index, held.key, b))
+        {
+            Ok(k) => keys.push(k),
+            Err(fail) => {
+                for k in keys {
+                    if let Ok(g) = BUFFERS.lock(k, k.value(Kind::Buffer), never_pinned) {
+                        drop(g.remove(local));
+                    }
+                }
+                return Err(fail);
+            }
+        }
+    }
+    Ok(keys)
 }
 
 /// Allocates a buffer of `len` bytes (1 to the pool's `max_len`). No system call and no lock
@@ -822,36 +848,8 @@ pub unsafe extern "C" fn udma_pool_alloc_bulk(
     call("udma_pool_alloc_bulk", || {
         let out = abi::out(buffers, "buffers")?;
         let held = hold_pool(pool)?;
-        let (pool_key, e, local) = (held.key, held.entry(), held.local());
-        let keys = (|| {
-            if count > MAX_LIVE {
-                return Err(Fail::invalid(format!(
-                    "count {count} is above {MAX_LIVE}, the most live buffer handles"
-                )));
-            }
-            let mut made = Vec::with_capacity(count);
-            for i in 0..count {
-                let b = alloc_one(e, len)
-                    .map_err(|fail| fail.context(format!("buffer {i} of {count}")))?;
-                made.push(b);
-            }
-            // Filled while the pool is held, as in `udma_pool_alloc`.
-            let mut keys: Vec<Key> = Vec::with_capacity(count);
-            for b in made.drain(..) {
-                match BUFFERS.insert(entry(pool_key, b), local) {
-                    Ok(k) => keys.push(k),
-                    Err(fail) => {
-                        for k in keys {
-                            if let Ok(g) = BUFFERS.lock(k, k.value(Kind::Buffer), never_pinned) {
-                                drop(g.remove(local));
-                            }
-                        }
-                        return Err(fail);
-                    }
-                }
-            }
-            Ok(keys)
-        })()?;
+        // Filled while the pool is held, as in `udma_pool_alloc`.
+        let keys = alloc_into_slots(&held, len, count)?;
         drop(held);
         for (i, key) in keys.into_iter().enumerate() {
             // SAFETY: `i < count`, and `count` entries are writable per this function's

@@ -31,7 +31,8 @@
 //! LOCKED, and one registered earlier is in the scan.
 
 use crate::error::Fail;
-use crate::sync::{hint, thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::slots::backoff;
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// One thread's section: the handle value it is reading, or 0.
 #[derive(Debug)]
@@ -138,12 +139,7 @@ impl Quiesce {
             let mut spins = 0u32;
             // Acquire: pairs with `exit`'s Release (see there).
             while r.active.load(Ordering::Acquire) == value {
-                spins = spins.saturating_add(1);
-                if spins < 64 {
-                    hint::spin_loop();
-                } else {
-                    thread::yield_now();
-                }
+                backoff(&mut spins);
             }
         }
         Ok(())

@@ -20,7 +20,7 @@
 //!   neither changes nor goes.
 //!
 //! The pool table's hot path reads without a pin, inside a quiescence section
-//! ([`crate::quiesce`], [`Table::peek`]): its remover locks the slot and waits the sections
+//! ([`crate::quiesce`], [`Table::peek_ptr`]): its remover locks the slot and waits the sections
 //! out before it touches the value.
 //!
 //! Every transition of a live slot is one compare-and-swap on its state from a value that
@@ -422,7 +422,10 @@ impl<T, const B: u32, const S: usize> Table<T, B, S> {
             .ok_or_else(|| handle::foreign(self.kind, value))?;
         let mut spins = 0u32;
         loop {
-            let state = slot.state.load(Ordering::Relaxed);
+            // Acquire: a slot found freed was freed by its remover's Release store, after its
+            // last access to the value; that access so happens before the caller's next step
+            // (`count`, for a pool being destroyed: freeing the pool).
+            let state = slot.state.load(Ordering::Acquire);
             if state & LIVE == 0 || generation(state) != key.generation() {
                 return Err(handle::stale(self.kind, value));
             }
@@ -520,16 +523,17 @@ impl<T, const B: u32, const S: usize> Table<T, B, S> {
         }
     }
 
-    /// Runs `f` on the value of the live, unlocked slot `key` names, without a pin; `None`
-    /// if the slot is not that (never made, free, another occupant's, or locked).
+    /// The address of the value of the live, unlocked slot `key` names, read without a pin,
+    /// for the caller to read until it leaves its section; `None` if the slot is not that
+    /// (never made, free, another occupant's, or locked).
     ///
     /// # Safety
     /// The caller is inside a [`crate::quiesce`] section for this slot's handle, entered
-    /// before this call and left after `f` returns (nothing `f` returns borrows the value),
-    /// and every caller that removes or writes this table's values locks the slot and waits
-    /// that section out ([`crate::quiesce::Quiesce::wait_out`]) before it does.
+    /// before this call and left after its last read through the pointer, and every caller
+    /// that removes or writes this table's values locks the slot and waits that section out
+    /// ([`crate::quiesce::Quiesce::wait_out`]) before it does.
     #[inline(always)]
-    pub(crate) unsafe fn peek<R>(&self, key: Key, f: impl FnOnce(&T) -> R) -> Option<R> {
+    pub(crate) unsafe fn peek_ptr(&self, key: Key) -> Option<*const T> {
         let slot = self.slot(key.index())?;
         // Acquire: pairs with the Release of the insert that published the value (and of
         // an unlock after a remover gave up), so their writes happen before our reads.
@@ -537,28 +541,13 @@ impl<T, const B: u32, const S: usize> Table<T, B, S> {
         if state & (LIVE | LOCKED) != LIVE || generation(state) != key.generation() {
             return None;
         }
-        Some(slot.value.with(|v| {
-            // SAFETY: live (so initialised) and not locked when loaded inside our section: a
-            // remover locks first and then waits for our exit (this function's contract), so
-            // until we leave nobody writes or removes the value.
-            f(unsafe { (*v).assume_init_ref() })
-        }))
-    }
-
-    /// As [`Table::peek`], returning the value's address, for the caller to read until it
-    /// leaves its section.
-    ///
-    /// # Safety
-    /// As [`Table::peek`], with the pointer in place of `f`: it is read only inside the
-    /// section.
-    #[inline(always)]
-    pub(crate) unsafe fn peek_ptr(&self, key: Key) -> Option<*const T> {
-        // SAFETY: per this function's contract (`peek`'s); `f` only takes the address.
-        unsafe { self.peek(key, |v| std::ptr::from_ref(v)) }
+        // Live, so initialised; not locked when loaded inside the caller's section, so it
+        // stays until the caller leaves (this function's contract).
+        Some(slot.value.with(|v| v.cast::<T>()))
     }
 
     /// Pins the live slot `key` names as [`Table::pin`] does, but waits while it is locked
-    /// (after a [`Table::peek`] saw it locked: its locker may unlock it rather than remove
+    /// (after a [`Table::peek_ptr`] saw it locked: its locker may unlock it rather than remove
     /// it, and a pin refused meanwhile would call a live handle stale).
     ///
     /// # Errors
@@ -570,52 +559,20 @@ impl<T, const B: u32, const S: usize> Table<T, B, S> {
     }
 
     /// How many live slots hold a value for which `pred` holds, each locked in turn to be
-    /// read (so a value a holder is changing is counted once it is settled).
+    /// read (so a value a holder is changing is counted once it is settled). For a table whose
+    /// slots are never pinned (buffers): a pinned slot is not counted.
     pub(crate) fn count(&self, mut pred: impl FnMut(&T) -> bool) -> u64 {
-        let len = self.lock_grow().len;
-        let mut n = 0;
-        for index in 0..len {
-            let Some(slot) = self.slot(index) else {
-                continue;
-            };
-            let mut spins = 0u32;
-            loop {
-                // Acquire: a slot seen free was freed by a Release store after its remover's
-                // last access to the value, which so happens before our caller's next step
-                // (for a pool being destroyed: freeing the pool).
-                let state = slot.state.load(Ordering::Acquire);
-                if state & LIVE == 0 {
-                    break;
-                }
-                if state & LOCKED != 0 || pins(state) > 0 {
-                    backoff(&mut spins);
-                    continue;
-                }
-                // ABA and orderings: as in `lock_slow`.
-                if slot
-                    .state
-                    .compare_exchange_weak(
-                        state,
-                        state | LOCKED,
-                        Ordering::Acquire,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok()
-                {
-                    // Unlocked when it drops, below.
-                    let mut guard = Guard {
-                        table: self,
-                        slot,
-                        key: Key::new(index, generation(state)),
-                    };
-                    if guard.with(|v| pred(v)) {
-                        n += 1;
-                    }
-                    break;
-                }
-            }
-        }
-        n
+        let kind = self.kind;
+        let not_counted = |_| Fail::new(udma_status::UDMA_ERR_BUSY, String::new());
+        self.live()
+            .into_iter()
+            .filter(|&key| {
+                // A slot freed since the snapshot is stale now: not counted (and its freeing
+                // is ordered before our return, see `lock_slow`).
+                self.lock(key, key.value(kind), not_counted)
+                    .is_ok_and(|mut guard| guard.with(|v| pred(v)))
+            })
+            .count() as u64
     }
 
     /// The keys of the slots live now (a snapshot: lock each to use it).
@@ -623,7 +580,8 @@ impl<T, const B: u32, const S: usize> Table<T, B, S> {
         let len = self.lock_grow().len;
         (0..len)
             .filter_map(|index| {
-                let state = self.slot(index)?.state.load(Ordering::Relaxed);
+                // Acquire: as in `lock_slow`, for a slot seen free.
+                let state = self.slot(index)?.state.load(Ordering::Acquire);
                 (state & LIVE != 0).then(|| Key::new(index, generation(state)))
             })
             .collect()
@@ -654,7 +612,7 @@ impl<T, const B: u32, const S: usize> Drop for Table<T, B, S> {
 }
 
 /// Waits a little for a locked slot: spins, then lets other threads run.
-fn backoff(spins: &mut u32) {
+pub(crate) fn backoff(spins: &mut u32) {
     *spins = spins.saturating_add(1);
     if *spins < 64 {
         hint::spin_loop();
@@ -695,21 +653,11 @@ impl<T, const B: u32, const S: usize> Guard<'_, T, B, S> {
     /// Frees the slot (its index back to `local` first) and returns the value; every copy of
     /// its handle is stale from now on.
     pub(crate) fn remove(self, local: Option<&LocalList>) -> T {
-        let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: as in `with`: LOCKED is ours, the value initialised. It is moved out once:
-        // the slot is free (uninitialised) from the store below.
-        let value = this
-            .slot
-            .value
-            .with_mut(|v| unsafe { (*v).assume_init_read() });
-        // Release: our accesses to the value happen before those of the next occupant's
-        // claimer, which gets the index through the free lists after this store.
-        this.slot.state.store(
-            free(next_generation(this.key.generation())),
-            Ordering::Release,
-        );
-        this.table.release(this.key.index(), local);
-        value
+        let table = self.table;
+        let mut taken = None;
+        let index = self.discard_with(|value| taken = Some(value));
+        table.release(index, local);
+        taken.expect("discard_with hands the value over")
     }
 }
 
@@ -1011,17 +959,17 @@ mod tests {
             assert_eq!(t.count(|v| v % 2 == 0), 3);
             assert_eq!(t.count(|_| true), 4);
             // SAFETY: no remover runs in this test.
-            assert_eq!(unsafe { t.peek(keys[2], |v| *v) }, Some(2));
+            assert_eq!(unsafe { t.peek_ptr(keys[2]).map(|v| *v) }, Some(2));
             // SAFETY: as above.
-            assert_eq!(unsafe { t.peek(keys[1], |v| *v) }, None);
+            assert_eq!(unsafe { t.peek_ptr(keys[1]).map(|v| *v) }, None);
             let g = t.lock(keys[3], 0, busy).expect("live");
             // SAFETY: as above (the lock is ours and held by this thread only).
-            assert_eq!(unsafe { t.peek(keys[3], |v| *v) }, None);
+            assert_eq!(unsafe { t.peek_ptr(keys[3]).map(|v| *v) }, None);
             drop(g);
             assert_eq!(t.pin_unlocked(keys[3], 0).expect("live").with(|v| *v), 3);
             assert!(t.pin_unlocked(keys[1], 0).is_err());
             // SAFETY: as above.
-            assert_eq!(unsafe { t.peek(keys[3], |v| *v) }, Some(3));
+            assert_eq!(unsafe { t.peek_ptr(keys[3]).map(|v| *v) }, Some(3));
         });
     }
 
