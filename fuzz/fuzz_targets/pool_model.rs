@@ -1,9 +1,9 @@
 //! The buffer pool against a reference model: alloc / free / bulk alloc / bulk free / batch
 //! alloc, fill, push, pop, free (here, or whole on another thread) / free on another thread /
-//! cache flush, on a small pool whose thread caches, cache slots and classes
+//! cache flush, on a small pool whose thread caches, cache slots, classes and cache colouring
 //! come from the input. After every step: no two live buffers overlap, every buffer is aligned
-//! to its class (IOVA and host address), its contents are intact, the per-class and large-buffer
-//! counters equal the model's, and every byte of the arena is accounted for. At the end, with
+//! to its class (IOVA and host address; 256 bytes in a coloured class), its contents are intact,
+//! the per-class and large-buffer counters equal the model's, and every byte of the arena is accounted for. At the end, with
 //! every buffer freed and both threads' caches flushed, nothing is outstanding.
 
 #![no_main]
@@ -29,6 +29,8 @@ struct Input {
     slots: u8,
     /// log2 of the largest class minus 8 (256 B ..= 64 KiB).
     max_class: u8,
+    /// Cache colouring (with 64 KiB chunks it colours the 4 KiB class only).
+    colouring: bool,
     ops: Vec<Op>,
 }
 
@@ -93,6 +95,16 @@ impl<'p> Model<'p> {
         }
     }
 
+    /// The alignment a buffer of `capacity` bytes has: its size up to a chunk, or 256 bytes in
+    /// a coloured class.
+    fn align(&self, capacity: usize) -> u64 {
+        if self.pool.is_coloured(capacity) {
+            MIN_ALIGN as u64
+        } else {
+            capacity.min(CHUNK) as u64
+        }
+    }
+
     /// Tags the buffers `from..` of held batch `b`, checking each against the rest first.
     fn adopt_batch(&mut self, b: usize, from: usize) {
         let len = self.batches[b].batch.buffer_len();
@@ -104,7 +116,7 @@ impl<'p> Model<'p> {
                 let buffer = held.batch.get(i).expect("in the batch");
                 assert_eq!(buffer.len(), len);
                 assert!(buffer.capacity().is_power_of_two() && buffer.capacity() >= len.max(1));
-                assert_eq!(buffer.iova() % buffer.capacity().min(CHUNK) as u64, 0);
+                assert_eq!(buffer.iova() % self.align(buffer.capacity()), 0);
                 // Against the live buffers and the other batches' (and this one's earlier).
                 for other in &self.live {
                     let (s, c) = (other.buffer.offset(), other.buffer.capacity());
@@ -157,7 +169,7 @@ impl<'p> Model<'p> {
             assert_eq!(capacity % CHUNK, 0);
             assert!((capacity / CHUNK).is_power_of_two());
         }
-        let align = capacity.min(CHUNK) as u64;
+        let align = self.align(capacity);
         assert_eq!(buffer.iova() % align, 0, "IOVA aligned to the block");
         assert_eq!(
             (buffer.as_ptr().as_ptr() as u64) % align.min(4096),
@@ -256,7 +268,8 @@ fuzz_target!(|input: Input| {
         .thread_cache(usize::from(input.cache % 8))
         .thread_cache_bytes(16 << 10)
         .max_threads(1 + usize::from(input.slots % 2))
-        .magazines(8);
+        .magazines(8)
+        .colouring(input.colouring);
     let region = Region::builder(REGION)
         .page_size(PageSize::Base)
         .build()

@@ -450,6 +450,16 @@ impl Pool {
         &self.config
     }
 
+    /// Whether the size class serving `len`-byte requests is cache-coloured
+    /// ([`Config::colouring`]): its buffers are then `size + 256` bytes apart and aligned to
+    /// [`MIN_ALIGN`](super::MIN_ALIGN) bytes, not to their size. `false` for lengths above the
+    /// largest class (whole chunks from the buddy allocator).
+    pub fn is_coloured(&self, len: usize) -> bool {
+        let g = self.arena.geometry();
+        let c = class_of(len);
+        c < g.classes && g.class[c].stride_inverse != 0
+    }
+
     /// Whether the pool's metadata lives in the region, shared with other processes.
     pub fn is_shared(&self) -> bool {
         self.shared

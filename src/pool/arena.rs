@@ -629,7 +629,7 @@ impl Arena {
                 allocs += self.direct[c].allocs.load(Ordering::Relaxed);
                 frees += self.direct[c].frees.load(Ordering::Relaxed);
                 let class = &self.meta.classes[c];
-                let (free, uncarved_bytes) = shared.free_in_class(c);
+                let (free, uncarved_bytes, gap_bytes) = shared.free_in_class(c);
                 ClassStats {
                     size: self.g.block_size(c),
                     allocs,
@@ -643,6 +643,8 @@ impl Arena {
                     free,
                     slabs: class.slabs.load(Ordering::Relaxed),
                     uncarved_bytes,
+                    gap_bytes,
+                    stride: self.g.stride(c),
                 }
             })
             .collect();

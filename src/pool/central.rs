@@ -70,13 +70,12 @@ impl<'a> Central<'a> {
         self.meta.globals[0].empty.store(head, Ordering::Relaxed);
     }
 
-    /// Whether `unit` is a plausible block of class `c`: inside the arena and aligned to the
-    /// class size. Entries failing this can only come from shared memory overwritten from
-    /// outside; they are dropped rather than handed out.
+    /// Whether `unit` is a plausible block of class `c`: inside the arena and where the
+    /// class's slabs put blocks ([`Geometry::is_block`]). Entries failing this can only come
+    /// from shared memory overwritten from outside; they are dropped rather than handed out.
     #[inline]
     fn valid(&self, c: usize, unit: u32) -> bool {
-        let align = (1u32 << (self.g.class[c].shift - super::geometry::MIN_SHIFT)) - 1;
-        unit < self.g.units && unit & align == 0
+        self.g.is_block(c, unit)
     }
 
     /// Takes up to `want` (1..=batch) free blocks of class `c` into `out`; returns how many.
@@ -126,7 +125,9 @@ impl<'a> Central<'a> {
     }
 
     /// Carves up to `want` new blocks of class `c` from its slab, taking a new slab from the
-    /// buddy allocator when the current one is used up.
+    /// buddy allocator when no further block fits in the current one. Blocks are `stride`
+    /// bytes apart (the block size, or more for a coloured class, whose slab then ends in a
+    /// gap shorter than a stride that is never carved).
     fn carve(&self, c: usize, want: u32, out: &mut [u32; BATCH_MAX]) -> usize {
         let class = self.class(c);
         let buddy = Buddy::new(self.g, self.meta);
@@ -134,8 +135,9 @@ impl<'a> Central<'a> {
         // Relaxed: `carve_*` are only accessed under the buddy lock.
         let mut next = class.carve_next.load(Ordering::Relaxed);
         let mut end = class.carve_end.load(Ordering::Relaxed);
-        let shift = self.g.class[c].shift;
-        if next >= end {
+        let size = self.g.block_size(c);
+        let stride = self.g.stride(c);
+        if end.saturating_sub(next) < size {
             let order = self.g.class[c].slab_order;
             let Some(chunk) = buddy.alloc(&guard, order) else {
                 return 0;
@@ -144,15 +146,16 @@ impl<'a> Central<'a> {
             end = next + (self.g.chunk_size() << order);
             class.slabs.fetch_add(1, Ordering::Relaxed);
         }
-        let n = ((end - next) >> shift)
-            .min(u64::from(want))
-            .min(BATCH_MAX as u64);
+        // Blocks that fit in `[next, end)`: the first needs `size`, each further one `stride`.
+        // One division per carve (a batch), under the lock; `end - next >= size` here.
+        let fit = (end - next - size) / stride + 1;
+        let n = fit.min(u64::from(want)).min(BATCH_MAX as u64);
         for (i, slot) in out.iter_mut().take(n as usize).enumerate() {
-            *slot = Geometry::unit(next + ((i as u64) << shift));
+            *slot = Geometry::unit(next + i as u64 * stride);
         }
-        class
-            .carve_next
-            .store(next + (n << shift), Ordering::Relaxed);
+        // Past `end` after the slab's last block of a coloured class: the next carve then
+        // sees no room and takes a new slab.
+        class.carve_next.store(next + n * stride, Ordering::Relaxed);
         class.carve_end.store(end, Ordering::Relaxed);
         class.carved.fetch_add(n, Ordering::Relaxed);
         n as usize
@@ -214,16 +217,29 @@ impl<'a> Central<'a> {
         globals.large_frees.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Blocks of class `c` free at the shared level (carved, not out), and the bytes of its
-    /// slabs not carved yet. Read without any lock: exact when no thread is inside
-    /// `take`/`give` of this class, otherwise off by the blocks of the batches in flight.
-    pub(crate) fn free_in_class(&self, c: usize) -> (u64, u64) {
+    /// Blocks of class `c` free at the shared level (carved, not out), the bytes of its
+    /// current slab that are still to be carved, and the bytes of its slabs that no block
+    /// uses (the gaps cache colouring leaves between blocks and at a slab's end; zero for an
+    /// uncoloured class). Read without any lock: exact when no thread is inside `take`/`give`
+    /// of this class, otherwise off by the blocks of the batches in flight.
+    pub(crate) fn free_in_class(&self, c: usize) -> (u64, u64, u64) {
         let class = self.class(c);
         // Relaxed: statistics.
         let carved = class.carved.load(Ordering::Relaxed);
         let out = class.out.load(Ordering::Relaxed);
         let end = class.carve_end.load(Ordering::Relaxed);
         let next = class.carve_next.load(Ordering::Relaxed);
-        (carved.saturating_sub(out), end.saturating_sub(next))
+        let slabs = class.slabs.load(Ordering::Relaxed);
+        let size = self.g.block_size(c);
+        // What is left of the slab is carvable only if a block still fits (a coloured slab
+        // ends in a gap shorter than a block).
+        let left = end.saturating_sub(next);
+        let uncarved = if left >= size { left } else { 0 };
+        let slab_bytes = self.g.chunk_size() << self.g.class[c].slab_order;
+        let gaps = slabs
+            .wrapping_mul(slab_bytes)
+            .saturating_sub(carved.wrapping_mul(size))
+            .saturating_sub(uncarved);
+        (carved.saturating_sub(out), uncarved, gaps)
     }
 }

@@ -28,7 +28,7 @@ use crate::dma::Mapping;
 /// "udmapool", little-endian.
 const MAGIC: u64 = u64::from_le_bytes(*b"udmapool");
 /// Layout version; bump on any change to the metadata's types or order.
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// Header state: being initialized.
 const INITIALIZING: u32 = 1;
 /// Header state: ready to open.
@@ -51,6 +51,8 @@ struct Header {
     thread_cache_bytes: AtomicU64,
     max_threads: AtomicU64,
     magazines: AtomicU64,
+    /// [`Config::colouring`]: 1 on, 0 off.
+    colouring: AtomicU64,
 }
 
 /// The header at the start of `mapping`.
@@ -126,6 +128,8 @@ impl Pool {
             .store(config.max_threads as u64, Ordering::Relaxed);
         head.magazines
             .store(config.magazines as u64, Ordering::Relaxed);
+        head.colouring
+            .store(u64::from(config.colouring), Ordering::Relaxed);
         head.magic.store(MAGIC, Ordering::Relaxed);
         let base = NonNull::from(head).cast::<u8>();
         // SAFETY: `base` is the page-aligned start of the mapping, which holds `layout.len`
@@ -179,6 +183,17 @@ impl Pool {
             max_threads: read("max_threads", &head.max_threads)?,
             magazines: read("magazines", &head.magazines)?,
             exhaustion,
+            colouring: match head.colouring.load(Ordering::Relaxed) {
+                0 => false,
+                1 => true,
+                other => {
+                    return Err(Error::Incompatible {
+                        field: "colouring",
+                        found: other,
+                        ours: 1,
+                    })
+                }
+            },
         };
         let start = read("arena_offset", &head.arena_offset)?;
         let arena_len = head.arena_len.load(Ordering::Relaxed);

@@ -43,6 +43,13 @@ pub struct ClassStats {
     pub slabs: u64,
     /// Bytes of the class's current slab not carved yet.
     pub uncarved_bytes: u64,
+    /// Bytes of the class's slabs that no block uses: the gaps cache colouring
+    /// ([`Config::colouring`](super::Config::colouring)) leaves between blocks and at the end
+    /// of each slab. Zero for an uncoloured class.
+    pub gap_bytes: u64,
+    /// Distance between two blocks of the class in a slab: `size`, or `size + 256` for a
+    /// coloured class.
+    pub stride: u64,
 }
 
 /// Statistics of the buddy allocator and of buffers above the largest class.
@@ -98,7 +105,7 @@ impl Stats {
         let classes: u64 = self
             .classes
             .iter()
-            .map(|c| (c.outstanding + c.free) * c.size + c.uncarved_bytes)
+            .map(|c| (c.outstanding + c.free) * c.size + c.uncarved_bytes + c.gap_bytes)
             .sum();
         classes + self.large.free_bytes + self.large.in_use_bytes
     }

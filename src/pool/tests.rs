@@ -32,11 +32,26 @@ struct Live(BTreeMap<u64, u64>);
 impl Live {
     fn insert(&mut self, block: &Block, g: &Geometry) {
         let size = block.size(g);
-        assert_eq!(
-            block.offset() % size.min(g.chunk_size()),
-            0,
-            "block aligned to its size"
-        );
+        match block.class() {
+            Some(c) => {
+                assert!(
+                    g.is_block(c, block.unit()),
+                    "a block where its class puts them"
+                );
+                assert_eq!(block.offset() % MIN_ALIGN as u64, 0);
+                let chunk = g.chunk_size();
+                assert_eq!(
+                    block.offset() / chunk.max(size),
+                    (block.offset() + size - 1) / chunk.max(size),
+                    "inside one slab"
+                );
+            }
+            None => assert_eq!(
+                block.offset() % size.min(g.chunk_size()),
+                0,
+                "large block aligned to its chunks"
+            ),
+        }
         assert!(block.offset() + size <= g.len, "block inside the arena");
         if let Some((&start, &len)) = self.0.range(..=block.offset()).next_back() {
             assert!(
@@ -105,6 +120,57 @@ fn arena_blocks_are_aligned_disjoint_and_accounted() {
     let stats = arena.stats();
     assert_all_free(&stats);
     assert_eq!(stats.classes[0].allocs, stats.classes[0].frees);
+}
+
+#[test]
+fn a_coloured_arena_spreads_first_lines_and_loses_no_byte() {
+    let config = Config::default().colouring(true);
+    // Four 2 MiB chunks: 4 KiB blocks 4352 bytes apart, 481 to a chunk.
+    let arena = arena_with(8 << 20, &config);
+    let g = arena.geometry().clone();
+    let mut live = Live::default();
+    let mut blocks = Vec::new();
+    while let Ok(block) = arena.alloc(4096) {
+        live.insert(&block, &g);
+        blocks.push(block);
+    }
+    assert_eq!(
+        blocks.len(),
+        4 * 481,
+        "every chunk carved into 4 KiB blocks"
+    );
+    // Consecutive blocks start at 16 different offsets within a page (a thread cache hands a
+    // refill's blocks out last first, so any run of 16 of one refill covers all of them).
+    let positions: std::collections::BTreeSet<u64> =
+        blocks[..16].iter().map(|b| b.offset() % 4096).collect();
+    assert_eq!(positions.len(), 16, "{positions:?}");
+    let stats = arena.stats();
+    let class = &stats.classes[4];
+    assert_eq!(class.stride, 4352);
+    assert_eq!(class.slabs, 4);
+    assert_eq!(class.uncarved_bytes, 0);
+    assert_eq!(class.gap_bytes, 4 * ((2 << 20) - 481 * 4096));
+    assert_eq!(stats.accounted_bytes(), stats.arena_bytes);
+    for block in blocks.drain(..) {
+        live.remove(&block);
+        arena.free(block);
+    }
+    arena.flush_current_thread();
+    assert_all_free(&arena.stats());
+    // The same blocks come back, and nothing else.
+    let mut again = 0;
+    while let Ok(block) = arena.alloc(4096) {
+        live.insert(&block, &g);
+        blocks.push(block);
+        again += 1;
+    }
+    assert_eq!(again, 4 * 481);
+    // Smaller classes are not coloured: 2 KiB blocks of a fresh arena are 2 KiB-aligned.
+    let arena = arena_with(8 << 20, &config);
+    let block = arena.alloc(2048).expect("room");
+    assert_eq!(block.offset() % 2048, 0);
+    assert_eq!(arena.stats().classes[3].stride, 2048);
+    arena.free(block);
 }
 
 #[test]
@@ -517,6 +583,48 @@ fn shared_pool_opened_twice_in_one_process() {
 }
 
 #[test]
+fn a_shared_coloured_pool_is_coloured_in_every_process() {
+    let region = Region::builder(8 << 20)
+        .page_size(PageSize::Base)
+        .memfd()
+        .build()
+        .expect("base-page memfd region");
+    let region = Arc::new(region);
+    let space = Loopback::new(48).unwrap();
+    let config = small_config().colouring(true);
+    let first = Pool::create_shared(space.map(Arc::clone(&region)).unwrap(), config).unwrap();
+    let second =
+        Pool::open_shared(space.map(Arc::clone(&region)).unwrap(), Exhaustion::Fail).unwrap();
+    assert!(second.config().colouring_enabled());
+    assert!(first.is_coloured(4096) && second.is_coloured(4096));
+    assert!(!second.is_coloured(2048) && !second.is_coloured(1 << 20));
+    let mut offsets = BTreeMap::new();
+    let mut keep = Vec::new();
+    for i in 0..200 {
+        let pool = if i % 2 == 0 { &first } else { &second };
+        let buffer = pool.alloc(4096).unwrap();
+        assert_eq!(buffer.iova() % MIN_ALIGN as u64, 0);
+        let (start, end) = (buffer.offset(), buffer.offset() + buffer.capacity());
+        if let Some((_, &prev_end)) = offsets.range(..start).next_back() {
+            assert!(prev_end <= start, "overlapping buffers");
+        }
+        if let Some((&next, _)) = offsets.range(start..).next() {
+            assert!(end <= next, "overlapping buffers");
+        }
+        offsets.insert(start, end);
+        keep.push(buffer);
+    }
+    // Buffers of one process freed into the other's lists are taken there.
+    let (evens, odds): (Vec<_>, Vec<_>) =
+        keep.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    drop(odds);
+    drop(evens);
+    drop(second);
+    first.flush_thread_cache();
+    assert_all_free(&first.stats());
+}
+
+#[test]
 fn a_mapping_in_pieces_gets_per_chunk_iovas() {
     use crate::dma::IovaRange;
     // Two 1 MiB IOVA windows far apart: a 2 MiB region is mapped in two pieces.
@@ -566,6 +674,37 @@ fn a_mapping_in_pieces_gets_per_chunk_iovas() {
 }
 
 // ---- batches -------------------------------------------------------------------------------
+
+#[test]
+fn a_batch_of_a_coloured_pool_holds_whole_disjoint_buffers_at_16_page_offsets() {
+    let pool = Pool::new(mapping(8 << 20), Config::default().colouring(true)).unwrap();
+    assert!(pool.is_coloured(4096) && !pool.is_coloured(2048));
+    let mut batches = Vec::new();
+    for round in 0..4u8 {
+        let batch = pool.alloc_batch::<32>(4096, 32).unwrap();
+        let positions: std::collections::BTreeSet<usize> =
+            batch.iter().map(|b| b.offset() % 4096).collect();
+        assert_eq!(positions.len(), 16, "round {round}: {positions:?}");
+        for buffer in batch.iter() {
+            assert_eq!(buffer.capacity(), 4096);
+            assert_eq!(buffer.iova() % MIN_ALIGN as u64, 0);
+            assert_eq!(pool.mapping().iova(buffer.offset()), Some(buffer.iova()));
+            buffer.write(0, &[round; 4096]).unwrap();
+        }
+        batches.push(batch);
+    }
+    // Every byte of every buffer is still its own batch's: no two overlap.
+    for (round, batch) in batches.iter().enumerate() {
+        for buffer in batch.iter() {
+            let mut bytes = vec![0u8; 4096];
+            buffer.read(0, &mut bytes).unwrap();
+            assert!(bytes.iter().all(|&b| b == round as u8), "batch {round}");
+        }
+    }
+    drop(batches);
+    pool.flush_thread_cache();
+    assert_all_free(&pool.stats());
+}
 
 #[test]
 fn arena_units_are_all_or_nothing_and_refill_and_flush_through_the_cache() {
