@@ -277,7 +277,42 @@ static void test_pool(void)
 	udma_pool_options zero = {.size = sizeof zero};
 	FAILS(udma_pool_create(dev, &zero, &other), UDMA_ERR_INVALID_ARGUMENT,
 	      "options->bytes is 0");
+	udma_pool_options bad_flags = {.size = sizeof bad_flags, .bytes = 4 << 20, .flags = 6};
+	FAILS(udma_pool_create(dev, &bad_flags, &other), UDMA_ERR_INVALID_ARGUMENT,
+	      "not UDMA_POOL_* flags");
 	OK(udma_pool_destroy(other));
+
+	/* Cache colouring: 4 KiB buffers 256-byte aligned, whole and disjoint, at 15 offsets
+	 * within a page (a 64 KiB chunk of base pages holds 15 of them 4352 bytes apart); 2 KiB
+	 * ones still aligned to their size. */
+	udma_pool_options coloured_o = {.size = sizeof coloured_o, .bytes = 4 << 20,
+					.flags = UDMA_POOL_COLOURED};
+	udma_pool *coloured = NULL;
+	OK(udma_pool_create(dev, &coloured_o, &coloured));
+	enum { COLOURED = 32 };
+	udma_buffer *col[COLOURED] = {0};
+	OK(udma_pool_alloc_bulk(coloured, 4096, COLOURED, col));
+	unsigned offsets = 0; /* bit k: a buffer starts k * 256 bytes into a page */
+	for (int i = 0; i < COLOURED; i++) {
+		udma_buffer_info bi = info_of(col[i]);
+		CHECK(bi.capacity == 4096 && bi.iova % 256 == 0);
+		offsets |= 1u << ((bi.iova % 4096) / 256);
+		memset(bi.host, i, 4096);
+	}
+	CHECK(offsets == 0x7fff);
+	bool intact = true;
+	for (int i = 0; i < COLOURED; i++) {
+		const unsigned char *p = info_of(col[i]).host;
+		for (size_t k = 0; k < 4096; k++)
+			intact = intact && p[k] == (unsigned char)i;
+	}
+	CHECK(intact);
+	OK(udma_pool_free_bulk(coloured, col, COLOURED));
+	udma_buffer *half = NULL;
+	OK(udma_pool_alloc(coloured, 2048, &half));
+	CHECK(info_of(half).iova % 2048 == 0);
+	OK(udma_pool_free(coloured, half));
+	OK(udma_pool_destroy(coloured));
 	OK(udma_pool_destroy(pool));
 	OK(udma_device_close(dev));
 }

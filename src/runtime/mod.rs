@@ -196,11 +196,16 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::map_memory`], and [`Error::Pool`] for memory too small for the pool.
     pub fn pool(&self, bytes: usize, page_size: PageSize) -> Result<Arc<Pool>, Error> {
-        let config = match page_size {
+        self.pool_with(bytes, page_size, Self::pool_config(page_size))
+    }
+
+    /// The configuration [`Runtime::pool`] uses for memory of `page_size`: the default, with
+    /// 64 KiB chunks on base pages. A start for [`Runtime::pool_with`].
+    pub fn pool_config(page_size: PageSize) -> pool::Config {
+        match page_size {
             PageSize::Base => pool::Config::default().chunk_size(BASE_PAGE_CHUNK),
             _ => pool::Config::default(),
-        };
-        self.pool_with(bytes, page_size, config)
+        }
     }
 
     /// [`Runtime::pool`] with a pool configuration.
