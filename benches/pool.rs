@@ -11,7 +11,9 @@
 //! allocation plus the pool's reference count), `pool_batch` a [`Batch`] of 32 (allocated and
 //! freed as one; in the pipeline the batch is what crosses the ring, one slot per burst of a
 //! 32-slot ring: the same 1024 buffers in flight as the other cases' 1024 slots), `pool_vec` the
-//! older `alloc_bulk` / `free_bulk` calls on a `Vec`.
+//! older `alloc_bulk` / `free_bulk` calls on a `Vec`. A `_coloured` suffix: the same over a
+//! second pool with cache colouring (`Config::colouring`), whose 4 KiB buffers are 4352 bytes
+//! apart instead of 4096.
 //!
 //! Baselines: DPDK 22.11's `rte_mempool` (cache 256, 8191 objects of 4 KiB; get/put, bulk
 //! get/put of 32, and the pipeline over an SP/SC `rte_ring` of 1024 slots, run from C by
@@ -61,14 +63,15 @@ const BURST: usize = 32;
 /// Slots of the pipeline's SPSC ring (per-object cases; batches take `RING / BURST`).
 const RING: usize = 1024;
 
-fn pool() -> Pool {
+/// A pool over 256 MiB of base pages, with the default config or with cache colouring.
+fn make_pool(colouring: bool) -> Pool {
     let region = Region::builder(256 << 20)
         .page_size(PageSize::Base)
         .build()
         .expect("256 MiB of locked base pages (raise RLIMIT_MEMLOCK or run as root)");
     let space = Loopback::new(48).expect("loopback DMA space");
     let mapping = space.map(Arc::new(region)).expect("loopback mapping");
-    Pool::new(mapping, Config::default()).expect("pool over the mapping")
+    Pool::new(mapping, Config::default().colouring(colouring)).expect("pool over the mapping")
 }
 
 /// The allocators under test, behind one interface for the single-thread groups.
@@ -645,7 +648,12 @@ fn table_line(label: &str, ours: Vec<(&str, Maker<'_>)>, dpdk: Vec<(&str, Maker<
 }
 
 /// The userdma ÷ DPDK table.
-fn ratios(pool: &'static Arc<Pool>, (mp, mp4k): Mempools, eal: &dpdk::Eal) {
+fn ratios(
+    pool: &'static Arc<Pool>,
+    coloured: &'static Arc<Pool>,
+    (mp, mp4k): Mempools,
+    eal: &dpdk::Eal,
+) {
     let (count, time) = rounds();
     if count == 1 {
         println!("\n(test mode: one short round each, to check the table runs; not a measurement)");
@@ -656,14 +664,18 @@ fn ratios(pool: &'static Arc<Pool>, (mp, mp4k): Mempools, eal: &dpdk::Eal) {
          in the pipeline.\n  {}; rte_mempool {} cache 256, 8191 objects, `dpdk` at DPDK's \
          default {}-byte stride (first lines spread over cache sets), `dpdk_4k_stride` at {} \
          bytes (4032-byte objects, no spread: the layout of page-aligned 4 KiB buffers, every \
-         first line in one L1 set).\n  userdma: pool over 256 MiB of base pages, default \
-         config; its 4 KiB buffers are 4 KiB-aligned (IOVA), so 4096 bytes apart.",
+         first line in one L1 set).\n  userdma: pools over 256 MiB of base pages; default \
+         config: 4 KiB buffers 4 KiB-aligned (IOVA), so 4096 bytes apart, the layout of \
+         `dpdk_4k_stride`; `_coloured`: cache colouring on, 4 KiB buffers 4352 bytes apart \
+         (16 offsets within a page), the counterpart of `dpdk`.",
         eal.memory(),
         mp.ops(),
         mp.stride(),
         mp4k.stride(),
     );
     let single: &'static PoolAllocator<'static> = Box::leak(Box::new(PoolAllocator(pool, KIB4)));
+    let single_coloured: &'static PoolAllocator<'static> =
+        Box::leak(Box::new(PoolAllocator(coloured, KIB4)));
     let owned: &'static OwnedAllocator<'static> = Box::leak(Box::new(OwnedAllocator(pool, KIB4)));
     cpu::pin(cpu::HOST);
     table_line(
@@ -699,6 +711,10 @@ fn ratios(pool: &'static Arc<Pool>, (mp, mp4k): Mempools, eal: &dpdk::Eal) {
                 Box::new(move || Box::new(move |n| batch_loop(pool, n.div_ceil(per_batch)))),
             ),
             (
+                "pool_batch_coloured",
+                Box::new(move || Box::new(move |n| batch_loop(coloured, n.div_ceil(per_batch)))),
+            ),
+            (
                 "pool_vec",
                 Box::new(move || {
                     let mut buffers = Vec::with_capacity(BURST);
@@ -727,6 +743,7 @@ fn ratios(pool: &'static Arc<Pool>, (mp, mp4k): Mempools, eal: &dpdk::Eal) {
         "  burst 1",
         vec![
             ("pool", Box::new(move || piped(single, 1))),
+            ("pool_coloured", Box::new(move || piped(single_coloured, 1))),
             ("pool_owned", Box::new(move || piped(owned, 1))),
         ],
         vec![
@@ -738,6 +755,10 @@ fn ratios(pool: &'static Arc<Pool>, (mp, mp4k): Mempools, eal: &dpdk::Eal) {
         "  burst 32",
         vec![
             ("pool_batch", Box::new(move || piped_batch(pool, BURST))),
+            (
+                "pool_batch_coloured",
+                Box::new(move || piped_batch(coloured, BURST)),
+            ),
             ("pool", Box::new(move || piped(single, BURST))),
             ("pool_vec", Box::new(move || piped_vec(pool, BURST))),
         ],
@@ -750,7 +771,12 @@ fn ratios(pool: &'static Arc<Pool>, (mp, mp4k): Mempools, eal: &dpdk::Eal) {
     println!("  ping-pong {after:.0} ns after (CPU 0 <-> CPU 1 round trip of one cache line)");
 }
 
-fn benches(c: &mut Criterion, pool: &'static Arc<Pool>, (mp, mp4k): Mempools) {
+fn benches(
+    c: &mut Criterion,
+    pool: &'static Arc<Pool>,
+    coloured: &'static Arc<Pool>,
+    (mp, mp4k): Mempools,
+) {
     // One second of traffic before the first measurement, so that the first group (the pool's)
     // does not pay for the process warming up (clock ramp, first touches of the code).
     let warm = Instant::now();
@@ -798,6 +824,9 @@ fn benches(c: &mut Criterion, pool: &'static Arc<Pool>, (mp, mp4k): Mempools) {
     group.bench_function("pool_batch", |b| {
         b.iter_custom(|iters| batch_loop(pool, iters))
     });
+    group.bench_function("pool_batch_coloured", |b| {
+        b.iter_custom(|iters| batch_loop(coloured, iters))
+    });
     {
         let mut buffers = Vec::with_capacity(BURST);
         group.bench_function("pool_vec", |b| {
@@ -839,6 +868,7 @@ fn benches(c: &mut Criterion, pool: &'static Arc<Pool>, (mp, mp4k): Mempools) {
         let mut cases: Vec<(&str, Run)> = Vec::new();
         if burst > 1 {
             cases.push(("pool_batch", piped_batch(pool, burst)));
+            cases.push(("pool_batch_coloured", piped_batch(coloured, burst)));
         }
         cases.push(("pool", piped(single, burst)));
         cases.push(("pool_owned", piped(owned, burst)));
@@ -873,15 +903,16 @@ fn main() {
     // DPDK first: the EAL makes this thread lcore 0 and pins it to CPU 0 (the host side).
     let eal = dpdk::eal().expect("DPDK EAL (-l 0-1 --no-pci -m 512)");
     cpu::pin(cpu::HOST);
-    let pool: &'static Arc<Pool> = Box::leak(Box::new(Arc::new(pool())));
+    let pool: &'static Arc<Pool> = Box::leak(Box::new(Arc::new(make_pool(false))));
+    let coloured: &'static Arc<Pool> = Box::leak(Box::new(Arc::new(make_pool(true))));
     let mempools = mempools();
     let mut criterion = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
         .configure_from_args();
-    benches(&mut criterion, pool, mempools);
+    benches(&mut criterion, pool, coloured, mempools);
     criterion.final_summary();
     if userdma_bench_support::wants_ratios() {
-        ratios(pool, mempools, eal);
+        ratios(pool, coloured, mempools, eal);
     }
 }
