@@ -9,7 +9,7 @@ use super::buffer::Buffer;
 use super::cache;
 use super::geometry::{class_of, Geometry};
 use super::meta::Meta;
-use super::{Config, Error, Stats};
+use super::{Config, Error, Stats, MIN_ALIGN};
 use crate::dma::Mapping;
 use crate::sync::{AtomicU32, Ordering};
 
@@ -168,6 +168,14 @@ impl Pool {
         let len = g.len as usize;
         let align = config.chunk_size.max(config.max_class) as u64;
         let host = mapping.as_ptr().as_ptr() as u64 + arena_offset as u64;
+        // Every buffer's host address is a multiple of MIN_ALIGN (`host_of` relies on it).
+        if host % MIN_ALIGN as u64 != 0 {
+            return Err(Error::Misaligned {
+                host,
+                iova: mapping.iova(arena_offset).map_or(0, |iova| iova.raw()),
+                align: MIN_ALIGN as u64,
+            });
+        }
         let first = mapping
             .iova(arena_offset)
             .ok_or(Error::ArenaTooSmall {
@@ -351,6 +359,10 @@ impl Pool {
     /// Host address of block `unit` (for [`Buffer::as_ptr`]).
     #[inline(always)]
     pub(super) fn host_of(&self, unit: u32) -> NonNull<u8> {
+        // SAFETY: `assemble` refused a base that is not a multiple of MIN_ALIGN. Telling the
+        // compiler so lets it drop the alignment checks of `Slice::read`/`write` at offsets
+        // it can see are aligned (every unit offset is a multiple of MIN_ALIGN too).
+        unsafe { std::hint::assert_unchecked(self.base.as_ptr() as usize % MIN_ALIGN == 0) };
         // SAFETY: `unit` is a block of this arena, so its offset is below the arena length, and
         // the arena lies inside the mapping: the result is inside it too.
         unsafe { self.base.add(Geometry::offset(unit) as usize) }
