@@ -17,12 +17,14 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ops::Deref;
+use std::ptr::NonNull;
 
 use super::allocator::Pool;
 use super::arena::Block;
 use super::buffer::Buffer;
-use super::geometry::class_of;
+use super::geometry::{class_of, Geometry};
 use super::Error;
+use crate::dma::Slice;
 
 /// Up to `N` buffers of `len` bytes each, of one size class of one [`Pool`], owned together:
 /// allocated with one copy out of this thread's cache ([`Pool::alloc_batch`],
@@ -187,6 +189,7 @@ impl<'pool, const N: usize> Batch<'pool, N> {
         Iter {
             units: self.units[..self.count as usize].iter(),
             tagged: self.tagged,
+            base: self.pool.host_of(0),
             len: self.len,
             _batch: PhantomData,
         }
@@ -196,6 +199,7 @@ impl<'pool, const N: usize> Batch<'pool, N> {
     fn entry(&self, unit: u32) -> Entry<'_, 'pool> {
         Entry {
             buffer: ManuallyDrop::new(Buffer::from_parts(self.tagged, unit, self.len)),
+            host: self.pool.host_of(unit),
             _batch: PhantomData,
         }
     }
@@ -252,7 +256,28 @@ impl<'pool, const N: usize> IntoIterator for Batch<'pool, N> {
 /// batch is borrowed. Dropping it frees nothing.
 pub struct Entry<'b, 'pool> {
     buffer: ManuallyDrop<Buffer<'pool>>,
+    /// The buffer's host address, computed once by the iterator from a base it read once (the
+    /// buffer's own `as_ptr` reads the pool's base again for every buffer: a store through
+    /// one buffer's slice might, as far as the compiler knows, have changed it).
+    host: NonNull<u8>,
     _batch: PhantomData<&'b ()>,
+}
+
+impl Entry<'_, '_> {
+    /// [`Buffer::as_ptr`], without reading the pool.
+    #[inline(always)]
+    pub fn as_ptr(&self) -> NonNull<u8> {
+        self.host
+    }
+
+    /// [`Buffer::slice`], without reading the pool.
+    #[inline(always)]
+    pub fn slice(&self) -> Slice<'_> {
+        // SAFETY: `host` is the buffer's host address (`Pool::host_of` of its unit), and the
+        // buffer, which the batch owns for as long as this view borrows it, owns `capacity >=
+        // len` bytes there, inside the pool's mapping; as for `Buffer::slice`.
+        unsafe { Slice::from_raw_parts(self.host, self.buffer.len()) }
+    }
 }
 
 impl<'pool> Deref for Entry<'_, 'pool> {
@@ -274,6 +299,8 @@ impl fmt::Debug for Entry<'_, '_> {
 pub struct Iter<'b, 'pool> {
     units: std::slice::Iter<'b, u32>,
     tagged: *const u8,
+    /// The host address of unit 0.
+    base: NonNull<u8>,
     len: u32,
     _batch: PhantomData<&'b Batch<'pool>>,
 }
@@ -284,8 +311,12 @@ impl<'b, 'pool> Iterator for Iter<'b, 'pool> {
     #[inline(always)]
     fn next(&mut self) -> Option<Entry<'b, 'pool>> {
         let &unit = self.units.next()?;
+        // SAFETY: `unit` is a block of the batch's pool, so its offset from the host address
+        // of unit 0 stays inside the pool's mapping (as in `Pool::host_of`).
+        let host = unsafe { self.base.add(Geometry::offset(unit) as usize) };
         Some(Entry {
             buffer: ManuallyDrop::new(Buffer::from_parts(self.tagged, unit, self.len)),
+            host,
             _batch: PhantomData,
         })
     }
