@@ -745,6 +745,12 @@ fn a_batch_allocates_distinct_buffers_and_frees_them_once() {
     for (i, buffer) in batch.iter().enumerate() {
         assert_eq!((buffer.len(), buffer.capacity()), (3000, 4096));
         assert_eq!(buffer.iova().raw() % 4096, 0);
+        // The view's own address and slice are the buffer's.
+        assert_eq!(buffer.as_ptr(), (*buffer).as_ptr());
+        assert_eq!(buffer.slice().len(), 3000);
+        assert_eq!(batch.get(i).map(|e| e.as_ptr()), Some(buffer.as_ptr()));
+        buffer.slice().write(8, i as u64).unwrap();
+        assert_eq!((*buffer).slice().read::<u64>(8).unwrap(), i as u64);
         buffer.write(0, &(i as u64).to_le_bytes()).unwrap();
     }
     for (i, buffer) in batch.iter().enumerate() {
