@@ -529,8 +529,9 @@ fn pool_bulk_is_all_or_nothing_and_frees_only_its_own() {
     assert_eq!(other.stats().classes[0].frees, 1);
 }
 
-#[test]
-fn shared_pool_opened_twice_in_one_process() {
+/// A shared pool created with `config` over 8 MiB of memfd memory, opened a second time, and
+/// the loopback space both are mapped into.
+fn shared_pair(config: Config) -> (Pool, Pool, Loopback) {
     let region = Region::builder(8 << 20)
         .page_size(PageSize::Base)
         .memfd()
@@ -538,10 +539,15 @@ fn shared_pool_opened_twice_in_one_process() {
         .expect("base-page memfd region");
     let region = Arc::new(region);
     let space = Loopback::new(48).unwrap();
-    let first =
-        Pool::create_shared(space.map(Arc::clone(&region)).unwrap(), small_config()).unwrap();
+    let first = Pool::create_shared(space.map(Arc::clone(&region)).unwrap(), config).unwrap();
     let second =
         Pool::open_shared(space.map(Arc::clone(&region)).unwrap(), Exhaustion::Fail).unwrap();
+    (first, second, space)
+}
+
+#[test]
+fn shared_pool_opened_twice_in_one_process() {
+    let (first, second, space) = shared_pair(small_config());
     assert_eq!(first.arena_offset(), second.arena_offset());
     assert_eq!(first.arena_len(), second.arena_len());
     assert!(first.is_shared() && second.is_shared());
@@ -584,17 +590,7 @@ fn shared_pool_opened_twice_in_one_process() {
 
 #[test]
 fn a_shared_coloured_pool_is_coloured_in_every_process() {
-    let region = Region::builder(8 << 20)
-        .page_size(PageSize::Base)
-        .memfd()
-        .build()
-        .expect("base-page memfd region");
-    let region = Arc::new(region);
-    let space = Loopback::new(48).unwrap();
-    let config = small_config().colouring(true);
-    let first = Pool::create_shared(space.map(Arc::clone(&region)).unwrap(), config).unwrap();
-    let second =
-        Pool::open_shared(space.map(Arc::clone(&region)).unwrap(), Exhaustion::Fail).unwrap();
+    let (first, second, _space) = shared_pair(small_config().colouring(true));
     assert!(second.config().colouring_enabled());
     assert!(first.is_coloured(4096) && second.is_coloured(4096));
     assert!(!second.is_coloured(2048) && !second.is_coloured(1 << 20));
