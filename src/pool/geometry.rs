@@ -6,15 +6,16 @@
 //! unless it is larger than a chunk, and every block is aligned (relative to the arena) to its
 //! size. Blocks are named by their *unit*: `offset >> MIN_SHIFT`, a `u32` (arenas up to 1 TiB).
 //!
-//! **Cache colouring** ([`Config::colouring`]) changes one thing: the blocks of a *coloured*
-//! class (4 KiB and up, smaller than a chunk, and only where it costs the slab at most one
-//! block in [`COLOUR_LOSS_MAX`]) are carved `size + 256` bytes apart instead of `size`. Blocks aligned to their size all start
-//! at the same offset within a page, so their first cache lines all fall into one set of an L1
-//! cache whose way is a page (32 KiB 8-way, the x86 and Arm norm): touching the first line of
-//! more than 8 of them in a row misses on each. At a stride of `size + 256` consecutive blocks
-//! start 256 bytes further into the page each time, 16 positions before the pattern repeats,
-//! so 16 times as many first lines fit. The price: blocks are aligned to 256 bytes only, and a
-//! slab holds fewer blocks (in 2 MiB: 481 of 4 KiB instead of 512, 31 of 64 KiB instead of 32).
+//! **Cache colouring** ([`Config::colouring`]) changes one thing: the blocks of a *coloured* class
+//! (4 KiB and up, smaller than a chunk, and only where it costs the slab at most one block in
+//! [`COLOUR_LOSS_MAX`]) are carved `size + 256` bytes apart instead of `size`. Blocks aligned to
+//! their size all start at the same offset within a page, so their first cache lines all fall into
+//! one set of an L1 cache whose way is a page (32 KiB 8-way, the x86 and Arm norm): touching the
+//! first line of more than 8 of them in a row misses on each. At a stride of `size + 256`
+//! consecutive blocks start 256 bytes further into the page each time, 16 positions before the
+//! pattern repeats, so 16 times as many first lines fit. The price: blocks are aligned to 256 bytes
+//! only, and a slab holds fewer blocks (in 2 MiB: 481 of 4 KiB instead of 512, 31 of 64 KiB instead
+//! of 32).
 
 use super::{Config, Error};
 

@@ -230,21 +230,20 @@ impl Config {
         self
     }
 
-    /// Cache colouring: blocks of the classes from 4 KiB up are placed `size + 256` bytes
-    /// apart in their slab instead of `size`, so that consecutive buffers start at 16
-    /// different offsets within a page and their first cache lines spread over the CPU's
-    /// cache sets. Without it every such buffer starts on a page boundary, and touching the
-    /// first line of more than 8 of them in a row (filling a batch, reading a burst's headers)
-    /// misses the L1 cache on each: DPDK's mempool spreads its objects the same way (a 64-byte
-    /// header before each). The price: buffers of those classes are aligned to 256 bytes
-    /// ([`MIN_ALIGN`]) rather than to their size, and a slab holds fewer of them (in a 2 MiB
-    /// chunk, 481 of 4 KiB instead of 512, 31 of 64 KiB instead of 32). A class is coloured only if it is smaller
-    /// than a chunk and colouring costs its slab at most one block in 16 (a 4 KiB class needs
-    /// chunks of 64 KiB or more); the others stay as they are. [`Pool::is_coloured`] says
-    /// which are. Leave it off for buffers that must be page-aligned: direct I/O through
-    /// [`stage`](crate::stage) on a file that needs 4 KiB alignment (the stager refuses such a
-    /// buffer with the alignment it needs), or a device that takes page-sized, page-aligned
-    /// data pointers (NVMe PRPs).
+    /// Cache colouring: blocks of the classes from 4 KiB up are placed `size + 256` bytes apart in
+    /// their slab instead of `size`, so that consecutive buffers start at up to 16 different
+    /// offsets within a page and their first cache lines spread over the CPU's cache sets. Without
+    /// it every such buffer starts on a page boundary, and touching the first line of more than 8
+    /// of them in a row (filling a batch, reading a burst's headers) misses the L1 cache on each:
+    /// DPDK's mempool spreads its objects the same way (a 64-byte header before each). The price:
+    /// buffers of those classes are aligned to 256 bytes ([`MIN_ALIGN`]) rather than to their size,
+    /// and a slab holds fewer of them (in a 2 MiB chunk, 481 of 4 KiB instead of 512, 31 of 64 KiB
+    /// instead of 32). A class is coloured only if it is smaller than a chunk and colouring costs
+    /// its slab at most one block in 16 (a 4 KiB class needs chunks of 64 KiB or more); the others
+    /// stay as they are. [`Pool::is_coloured`] says which are. Leave it off for buffers that must
+    /// be page-aligned: direct I/O through [`stage`](crate::stage) on a file that needs 4 KiB
+    /// alignment (the stager refuses such a buffer with the alignment it needs), or a device that
+    /// takes page-sized, page-aligned data pointers (NVMe PRPs).
     #[must_use]
     pub fn colouring(mut self, on: bool) -> Self {
         self.colouring = on;
