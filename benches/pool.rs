@@ -19,8 +19,10 @@
 //! get/put of 32, and the pipeline over an SP/SC `rte_ring` of 1024 slots, run from C by
 //! `userdma-bench-support` with the same loops, CPUs and buffer writes), glibc
 //! `malloc`/`free`, `posix_memalign(4096)`, mimalloc, and a pool of preallocated blocks in a
-//! crossbeam `ArrayQueue`. The pool runs over a 256 MiB loopback DMA mapping of base pages;
-//! DPDK on 2 MiB hugepages if 256 are free, else `--no-huge` (the output says which).
+//! crossbeam `ArrayQueue`. DPDK runs on 2 MiB hugepages if 256 are free, else `--no-huge`;
+//! the pools run over 256 MiB loopback DMA mappings of the same kind of page (2 MiB hugepages
+//! when DPDK has them and 256 more are free, else base pages), and the output says which.
+//! Reserve 512 hugepages (`userdma hugepages`, or `/proc/sys/vm/nr_hugepages`) for both.
 //! DPDK runs twice: `dpdk`, its default layout (4 KiB objects 4160 bytes apart, so their first
 //! lines spread over the L1 cache sets), and `dpdk_4k_stride`, objects 4096 bytes apart, the
 //! layout of page-aligned 4 KiB buffers like the pool's, whose first lines all fall into one L1
@@ -63,15 +65,31 @@ const BURST: usize = 32;
 /// Slots of the pipeline's SPSC ring (per-object cases; batches take `RING / BURST`).
 const RING: usize = 1024;
 
-/// A pool over 256 MiB of base pages, with the default config or with cache colouring.
-fn make_pool(colouring: bool) -> Pool {
+/// A pool over 256 MiB of `page` pages (2 MiB hugepages or base pages), with the default
+/// config or with cache colouring.
+fn make_pool(page: PageSize, colouring: bool) -> Pool {
     let region = Region::builder(256 << 20)
-        .page_size(PageSize::Base)
+        .page_size(page)
         .build()
-        .expect("256 MiB of locked base pages (raise RLIMIT_MEMLOCK or run as root)");
+        .expect("256 MiB of locked memory (raise RLIMIT_MEMLOCK or run as root)");
     let space = Loopback::new(48).expect("loopback DMA space");
     let mapping = space.map(Arc::new(region)).expect("loopback mapping");
     Pool::new(mapping, Config::default().colouring(colouring)).expect("pool over the mapping")
+}
+
+/// The pools' page size: 2 MiB hugepages when DPDK runs on them and 256 more are free for the
+/// two pools, else base pages, so that both sides run on the same kind of page when they can.
+fn pool_pages(eal: &dpdk::Eal) -> (PageSize, &'static str) {
+    if eal.hugepages && dpdk::free_hugepages() >= 256 {
+        (PageSize::Huge2M, "2 MiB hugepages")
+    } else if eal.hugepages {
+        (
+            PageSize::Base,
+            "base pages (fewer than 256 2 MiB hugepages left after DPDK's)",
+        )
+    } else {
+        (PageSize::Base, "base pages")
+    }
 }
 
 /// The allocators under test, behind one interface for the single-thread groups.
@@ -654,6 +672,7 @@ fn ratios(
     coloured: &'static Arc<Pool>,
     (mp, mp4k): Mempools,
     eal: &dpdk::Eal,
+    pages: &str,
 ) {
     let (count, time) = rounds();
     if count == 1 {
@@ -665,7 +684,7 @@ fn ratios(
          in the pipeline.\n  {}; rte_mempool {} cache 256, 8191 objects, `dpdk` at DPDK's \
          default {}-byte stride (first lines spread over cache sets), `dpdk_4k_stride` at {} \
          bytes (4032-byte objects, no spread: the layout of page-aligned 4 KiB buffers, every \
-         first line in one L1 set).\n  userdma: pools over 256 MiB of base pages; default \
+         first line in one L1 set).\n  userdma: pools over 256 MiB of {pages}; default \
          config: 4 KiB buffers 4 KiB-aligned (IOVA), so 4096 bytes apart, the layout of \
          `dpdk_4k_stride`; `_coloured`: cache colouring on, 4 KiB buffers 4352 bytes apart \
          (16 offsets within a page), the counterpart of `dpdk`.",
@@ -904,8 +923,10 @@ fn main() {
     // DPDK first: the EAL makes this thread lcore 0 and pins it to CPU 0 (the host side).
     let eal = dpdk::eal().expect("DPDK EAL (-l 0-1 --no-pci -m 512)");
     cpu::pin(cpu::HOST);
-    let pool: &'static Arc<Pool> = Box::leak(Box::new(Arc::new(make_pool(false))));
-    let coloured: &'static Arc<Pool> = Box::leak(Box::new(Arc::new(make_pool(true))));
+    let (page, pages) = pool_pages(eal);
+    println!("pools over {pages}");
+    let pool: &'static Arc<Pool> = Box::leak(Box::new(Arc::new(make_pool(page, false))));
+    let coloured: &'static Arc<Pool> = Box::leak(Box::new(Arc::new(make_pool(page, true))));
     let mempools = mempools();
     let mut criterion = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
@@ -914,6 +935,6 @@ fn main() {
     benches(&mut criterion, pool, coloured, mempools);
     criterion.final_summary();
     if userdma_bench_support::wants_ratios() {
-        ratios(pool, coloured, mempools, eal);
+        ratios(pool, coloured, mempools, eal, pages);
     }
 }

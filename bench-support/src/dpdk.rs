@@ -127,7 +127,7 @@ impl Eal {
 }
 
 /// Free 2 MiB hugepages on this machine (0 if the kernel has none configured).
-fn free_hugepages() -> u64 {
+pub fn free_hugepages() -> u64 {
     std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
         .ok()
         .and_then(|s| s.trim().parse().ok())
