@@ -10,7 +10,10 @@
 //! `pool` is the borrowed [`Buffer`] path, `pool_owned` the [`OwnedBuffer`] one (the same
 //! allocation plus the pool's reference count), `pool_batch` a [`Batch`] of 32 (allocated and
 //! freed as one; in the pipeline the batch is what crosses the ring, one slot per burst of a
-//! 32-slot ring: the same 1024 buffers in flight as the other cases' 1024 slots), `pool_vec` the
+//! 32-slot ring: the same 1024 buffers in flight as the other cases' 1024 slots), `pool_refill`
+//! one [`Batch`] kept across iterations, refilled (`Batch::fill`) and emptied (`Batch::free`)
+//! in place, as DPDK's loop keeps its array of pointers (a batch made per iteration is a
+//! 160-byte value the compiler moves twice on its way out of `alloc_batch`), `pool_vec` the
 //! older `alloc_bulk` / `free_bulk` calls on a `Vec`. A `_coloured` suffix: the same over a
 //! second pool with cache colouring (`Config::colouring`), whose 4 KiB buffers are 4352 bytes
 //! apart instead of 4096.
@@ -295,6 +298,22 @@ fn batch_loop(pool: &Pool, iters: u64) -> Duration {
         // Freed where it goes out of scope, in place: `drop(batch)` would move the
         // black-boxed value first, a 160-byte copy no caller makes.
         black_box(&batch);
+    }
+    start.elapsed()
+}
+
+/// `iters` of: refill one batch with 32, write each, free them (the batch stays, as DPDK's
+/// loop keeps its array of pointers).
+fn refill_loop(pool: &Pool, iters: u64) -> Duration {
+    let mut batch = Batch::<BURST>::new(pool, KIB4).expect("a batch of 4 KiB buffers");
+    let start = Instant::now();
+    for i in 0..iters {
+        batch.fill(BURST).expect("a pool batch");
+        for buffer in batch.iter() {
+            buffer.slice().write(0, i).expect("8 bytes at 0");
+        }
+        black_box(&batch);
+        batch.free();
     }
     start.elapsed()
 }
@@ -735,6 +754,14 @@ fn ratios(
                 Box::new(move || Box::new(move |n| batch_loop(coloured, n.div_ceil(per_batch)))),
             ),
             (
+                "pool_refill",
+                Box::new(move || Box::new(move |n| refill_loop(pool, n.div_ceil(per_batch)))),
+            ),
+            (
+                "pool_refill_coloured",
+                Box::new(move || Box::new(move |n| refill_loop(coloured, n.div_ceil(per_batch)))),
+            ),
+            (
                 "pool_vec",
                 Box::new(move || {
                     let mut buffers = Vec::with_capacity(BURST);
@@ -846,6 +873,12 @@ fn benches(
     });
     group.bench_function("pool_batch_coloured", |b| {
         b.iter_custom(|iters| batch_loop(coloured, iters))
+    });
+    group.bench_function("pool_refill", |b| {
+        b.iter_custom(|iters| refill_loop(pool, iters))
+    });
+    group.bench_function("pool_refill_coloured", |b| {
+        b.iter_custom(|iters| refill_loop(coloured, iters))
     });
     {
         let mut buffers = Vec::with_capacity(BURST);

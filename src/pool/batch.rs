@@ -35,6 +35,32 @@ use crate::dma::Slice;
 /// buffers through [`Batch::get`] / [`Batch::iter`] (each a [`Buffer`] view, borrowed from the
 /// batch), take one out with [`Batch::pop`] or all with `into_iter`, and add one allocated
 /// elsewhere with [`Batch::push`].
+///
+/// In a loop that allocates and frees a batch each round, keep one batch and refill it
+/// ([`Batch::new`] once, then [`Batch::fill`] and [`Batch::free`] each round): nothing but the
+/// units moves. A batch made by [`Pool::alloc_batch`] each round is a value of `16 + 4·N`
+/// bytes and more that the compiler copies on its way out of the call (twice, as of Rust
+/// 1.95): for `N = 32`, a round of allocating, writing and freeing 32 buffers takes 1.5–1.7
+/// times as long as with a kept batch (`cargo bench --bench pool`, `pool_batch_coloured`
+/// against `pool_refill_coloured`).
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use userdma::dma::{Loopback, Space};
+/// # use userdma::memory::{PageSize, Region};
+/// # use userdma::pool::{Batch, Config, Pool};
+/// # let region = Region::builder(4 << 20).page_size(PageSize::Base).build()?;
+/// # let pool = Pool::new(Loopback::new(48)?.map(Arc::new(region))?, Config::default())?;
+/// let mut batch = Batch::<32>::new(&pool, 4096)?;
+/// for round in 0..4u64 {
+///     batch.fill(32)?;
+///     for buffer in batch.iter() {
+///         buffer.slice().write(0, round)?;
+///     }
+///     batch.free();
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Batch<'pool, const N: usize = 32> {
     pool: &'pool Pool,
     /// `Buffer::tagged` of every buffer of the batch: the pool's address plus the class.
@@ -76,7 +102,8 @@ impl Pool {
         len: usize,
         count: usize,
     ) -> Result<Batch<'_, N>, Error> {
-        let mut batch = Batch::new(self, len)?;
+        let class = Batch::<N>::class_for(self, len)?;
+        let mut batch = Batch::empty(self, class, len);
         batch.fill(count)?;
         Ok(batch)
     }
@@ -93,6 +120,13 @@ impl<'pool, const N: usize> Batch<'pool, N> {
     /// are whole chunks of the buddy allocator, allocated one by one).
     #[inline(always)]
     pub fn new(pool: &'pool Pool, len: usize) -> Result<Self, Error> {
+        let class = Self::class_for(pool, len)?;
+        Ok(Self::empty(pool, class, len))
+    }
+
+    /// The size class of a batch of `len`-byte buffers of `pool`.
+    #[inline(always)]
+    fn class_for(pool: &Pool, len: usize) -> Result<usize, Error> {
         #[allow(clippy::let_unit_value)]
         let () = Self::SIZE_OK;
         let class = class_of(len);
@@ -102,17 +136,23 @@ impl<'pool, const N: usize> Batch<'pool, N> {
                 max_class: pool.config().largest_class(),
             });
         }
+        Ok(class)
+    }
+
+    /// An empty batch of class `class` (below `pool.classes()`, which fits `len`).
+    #[inline(always)]
+    fn empty(pool: &'pool Pool, class: usize, len: usize) -> Self {
         // The tag and pointer every buffer of this class of `pool` carries; `class` is below
         // the pool's classes, and `len` (at most the class size) fits a `u32`.
         let tagged = Buffer::new(pool, Block::small(0, class), 0).tagged_and_forget();
-        Ok(Self {
+        Self {
             pool,
             tagged,
             class: class as u32,
             len: len as u32,
             count: 0,
             units: [0; N],
-        })
+        }
     }
 
     /// Allocates `count` more buffers into the batch. All or nothing.
