@@ -13,7 +13,9 @@
 //! 32-slot ring: the same 1024 buffers in flight as the other cases' 1024 slots), `pool_refill`
 //! one [`Batch`] kept across iterations, refilled (`Batch::fill`) and emptied (`Batch::free`)
 //! in place, as DPDK's loop keeps its array of pointers (a batch made per iteration is a
-//! 160-byte value the compiler moves twice on its way out of `alloc_batch`), `pool_vec` the
+//! 160-byte value the compiler moves twice on its way out of `alloc_batch`), in the pipeline
+//! `pool_batch_in_place` the batch made and filled in its ring slot and read and dropped there
+//! (no move of it at all; the other batch case moves it into the ring and out), `pool_vec` the
 //! older `alloc_bulk` / `free_bulk` calls on a `Vec`. A `_coloured` suffix: the same over a
 //! second pool with cache colouring (`Config::colouring`), whose 4 KiB buffers are 4352 bytes
 //! apart instead of 4096.
@@ -539,6 +541,47 @@ fn piped_batch(pool: &'static Pool, burst: usize) -> Run {
     })
 }
 
+/// The pipeline of [`piped_batch`] with no batch moved: the producer makes its batch in the
+/// ring's slot and fills it there; the consumer reads it there and frees it by releasing the
+/// slot (which drops it in place).
+fn piped_batch_in_place(pool: &'static Pool, burst: usize) -> Run {
+    let mut pipe = Pipe::<Batch<'static, BURST>>::new(RING / BURST, |rx| {
+        let Ok(chunk) = rx.read_chunk(1) else {
+            return 0;
+        };
+        let (slots, _) = chunk.as_slices();
+        let batch = &slots[0];
+        let mut sum = 0u64;
+        for buffer in batch.iter() {
+            sum += buffer.slice().read::<u64>(0).expect("8 bytes at 0");
+        }
+        black_box(sum);
+        let n = batch.len() as u64;
+        chunk.commit_all();
+        n
+    });
+    let mut seq = 0u64;
+    Box::new(move |objects| {
+        pipe.run(objects, burst, |n, tx| {
+            wait_until(|| tx.slots() >= 1);
+            let mut chunk = tx.write_chunk_uninit(1).expect("a slot is writable");
+            let (slots, _) = chunk.as_mut_slices();
+            let batch = slots[0].write(Batch::new(pool, KIB4).expect("a batch of 4 KiB"));
+            batch.fill(n).expect("a pool batch");
+            for (k, buffer) in batch.iter().enumerate() {
+                buffer
+                    .slice()
+                    .write(0, seq + k as u64)
+                    .expect("8 bytes at 0");
+            }
+            seq += n as u64;
+            // SAFETY: the chunk's one slot was written above (a panic before this leaks the
+            // batch in the slot, never publishes it).
+            unsafe { chunk.commit_all() };
+        })
+    })
+}
+
 /// The pipeline with the older bulk calls: `alloc_bulk` into a `Vec`, moved into the ring per
 /// buffer; the consumer `free_bulk`s what it takes.
 fn piped_vec(pool: &'static Pool, burst: usize) -> Run {
@@ -806,6 +849,10 @@ fn ratios(
                 "pool_batch_coloured",
                 Box::new(move || piped_batch(coloured, BURST)),
             ),
+            (
+                "pool_batch_in_place_coloured",
+                Box::new(move || piped_batch_in_place(coloured, BURST)),
+            ),
             ("pool", Box::new(move || piped(single, BURST))),
             ("pool_vec", Box::new(move || piped_vec(pool, BURST))),
         ],
@@ -922,6 +969,10 @@ fn benches(
         if burst > 1 {
             cases.push(("pool_batch", piped_batch(pool, burst)));
             cases.push(("pool_batch_coloured", piped_batch(coloured, burst)));
+            cases.push((
+                "pool_batch_in_place_coloured",
+                piped_batch_in_place(coloured, burst),
+            ));
         }
         cases.push(("pool", piped(single, burst)));
         cases.push(("pool_owned", piped(owned, burst)));
