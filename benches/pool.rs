@@ -505,6 +505,27 @@ where
     })
 }
 
+/// Writes `seq`, `seq + 1`, ... into the first 8 bytes of the batch's buffers; returns the next.
+fn write_seq(batch: &Batch<'_, BURST>, seq: u64) -> u64 {
+    for (k, buffer) in batch.iter().enumerate() {
+        buffer
+            .slice()
+            .write(0, seq + k as u64)
+            .expect("8 bytes at 0");
+    }
+    seq + batch.len() as u64
+}
+
+/// Reads the first 8 bytes of every buffer of the batch; returns how many buffers it has.
+fn read_all(batch: &Batch<'_, BURST>) -> u64 {
+    let mut sum = 0u64;
+    for buffer in batch.iter() {
+        sum += buffer.slice().read::<u64>(0).expect("8 bytes at 0");
+    }
+    black_box(sum);
+    batch.len() as u64
+}
+
 /// The pipeline in batches: the producer allocates a [`Batch`] of the burst, writes each
 /// buffer, and enqueues the batch (one slot); the consumer takes a batch, reads each buffer and
 /// frees the batch.
@@ -513,12 +534,7 @@ fn piped_batch(pool: &'static Pool, burst: usize) -> Run {
         let Ok(batch) = rx.pop() else {
             return 0;
         };
-        let mut sum = 0u64;
-        for buffer in batch.iter() {
-            sum += buffer.slice().read::<u64>(0).expect("8 bytes at 0");
-        }
-        black_box(sum);
-        let n = batch.len() as u64;
+        let n = read_all(&batch);
         drop(batch);
         n
     });
@@ -527,13 +543,7 @@ fn piped_batch(pool: &'static Pool, burst: usize) -> Run {
         pipe.run(objects, burst, |n, tx| {
             wait_until(|| tx.slots() >= 1);
             let batch = pool.alloc_batch::<BURST>(KIB4, n).expect("a pool batch");
-            for (k, buffer) in batch.iter().enumerate() {
-                buffer
-                    .slice()
-                    .write(0, seq + k as u64)
-                    .expect("8 bytes at 0");
-            }
-            seq += n as u64;
+            seq = write_seq(&batch, seq);
             if tx.push(batch).is_err() {
                 unreachable!("a slot was free");
             }
@@ -551,12 +561,7 @@ fn piped_batch_in_place(pool: &'static Pool, burst: usize) -> Run {
         };
         let (slots, _) = chunk.as_slices();
         let batch = &slots[0];
-        let mut sum = 0u64;
-        for buffer in batch.iter() {
-            sum += buffer.slice().read::<u64>(0).expect("8 bytes at 0");
-        }
-        black_box(sum);
-        let n = batch.len() as u64;
+        let n = read_all(batch);
         chunk.commit_all();
         n
     });
@@ -568,13 +573,7 @@ fn piped_batch_in_place(pool: &'static Pool, burst: usize) -> Run {
             let (slots, _) = chunk.as_mut_slices();
             let batch = slots[0].write(Batch::new(pool, KIB4).expect("a batch of 4 KiB"));
             batch.fill(n).expect("a pool batch");
-            for (k, buffer) in batch.iter().enumerate() {
-                buffer
-                    .slice()
-                    .write(0, seq + k as u64)
-                    .expect("8 bytes at 0");
-            }
-            seq += n as u64;
+            seq = write_seq(batch, seq);
             // SAFETY: the chunk's one slot was written above (a panic before this leaks the
             // batch in the slot, never publishes it).
             unsafe { chunk.commit_all() };
