@@ -29,7 +29,7 @@ pub(crate) const MAX_CLASS_SHIFT: u32 = 30;
 pub(crate) const MAX_CLASSES: usize = (MAX_CLASS_SHIFT - MIN_SHIFT + 1) as usize;
 /// Largest magazine a thread cache keeps per class.
 #[cfg(not(loom))]
-pub(crate) const MAG_MAX: usize = 128;
+pub(crate) const MAG_MAX: usize = 256;
 /// Largest magazine a thread cache keeps per class. The loom models use caches of two blocks
 /// and run on 32 KiB coroutine stacks, which a slot of full-size magazines would overflow.
 #[cfg(loom)]
@@ -152,7 +152,7 @@ impl Geometry {
             return bad(
                 "thread_cache",
                 config.thread_cache as u64,
-                "at most 128 blocks",
+                "at most 256 blocks",
             );
         }
         if config.max_threads > 4096 {
@@ -337,10 +337,11 @@ mod tests {
         assert_eq!(g.max_order, 5);
         assert_eq!(g.classes, 13);
         assert_eq!(g.units, (64 << 20) >> 8);
-        assert_eq!(g.class[0].cap, 128);
-        assert_eq!(g.class[0].batch, 64);
-        // 4 KiB blocks: 128 of them are 512 KiB, under the byte cap.
-        assert_eq!(g.class[4].cap, 128);
+        assert_eq!(g.class[0].cap, 256);
+        assert_eq!(g.class[0].batch, 128);
+        // 4 KiB blocks: 256 of them are 1 MiB, under the byte cap.
+        assert_eq!(g.class[4].cap, 256);
+        assert_eq!(g.class[4].batch, 128);
         // 64 KiB blocks: the byte cap leaves 32.
         assert_eq!(g.class[8].cap, 32);
         // 1 MiB blocks: the byte cap leaves two per thread.
@@ -381,7 +382,7 @@ mod tests {
             })
         ));
         assert!(matches!(
-            Geometry::new(8 << 20, &Config::default().thread_cache(129)),
+            Geometry::new(8 << 20, &Config::default().thread_cache(MAG_MAX + 1)),
             Err(Error::Config {
                 field: "thread_cache",
                 ..

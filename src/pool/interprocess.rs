@@ -28,7 +28,7 @@ use crate::dma::Mapping;
 /// "udmapool", little-endian.
 const MAGIC: u64 = u64::from_le_bytes(*b"udmapool");
 /// Layout version; bump on any change to the metadata's types or order.
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
 /// Header state: being initialized.
 const INITIALIZING: u32 = 1;
 /// Header state: ready to open.

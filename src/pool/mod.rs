@@ -160,13 +160,13 @@ pub struct Config {
 }
 
 impl Default for Config {
-    /// 1 MiB largest class, 2 MiB chunks, 128-block thread caches of at most 2 MiB per class,
+    /// 1 MiB largest class, 2 MiB chunks, 256-block thread caches of at most 2 MiB per class,
     /// 64 cache slots, 1024 depot magazines, fail on exhaustion, no cache colouring.
     fn default() -> Self {
         Self {
             max_class: 1 << 20,
             chunk_size: 2 << 20,
-            thread_cache: 128,
+            thread_cache: 256,
             thread_cache_bytes: 2 << 20,
             max_threads: 64,
             magazines: 1024,
@@ -194,7 +194,10 @@ impl Config {
         self
     }
 
-    /// Blocks each thread caches per class (0 or 1: no thread caches; at most 128).
+    /// Blocks each thread caches per class (0 or 1: no thread caches; at most 256; 256 by
+    /// default, bounded by [`Config::thread_cache_bytes`]). A thread moves half of it at a time
+    /// to or from the shared level, so the more it caches, the less often a thread that frees
+    /// what another allocates (a pipeline across cores) goes there.
     #[must_use]
     pub fn thread_cache(mut self, blocks: usize) -> Self {
         self.thread_cache = blocks;
