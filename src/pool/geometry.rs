@@ -381,12 +381,14 @@ mod tests {
                 ..
             })
         ));
+        // The message names the limit (written out, as `expected` is a static string).
         assert!(matches!(
             Geometry::new(8 << 20, &Config::default().thread_cache(MAG_MAX + 1)),
             Err(Error::Config {
                 field: "thread_cache",
+                expected,
                 ..
-            })
+            }) if expected == format!("at most {MAG_MAX} blocks")
         ));
         // A largest class above the chunk size takes multi-chunk slabs.
         let g = Geometry::new(64 << 20, &Config::default().max_class(8 << 20)).unwrap();
