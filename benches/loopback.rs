@@ -4,7 +4,13 @@
 //!   baseline: what one core moves).
 //! - `copy/loopback/{4K,64K,1M}`: 32 host-to-device descriptors of the size through a
 //!   zero-cost loopback device (one doorbell, the engine thread copies, the host busy-polls the
-//!   32 completions): the ring, the translation and the engine on top of the same copies.
+//!   32 completions): the ring, the translation and the engine on top of the same copies, and
+//!   one round trip per 32 (the engine idles while the host sees the last completion and
+//!   queues the next 32).
+//! - `copy/loopback_streamed/{4K,64K,1M}`: the same 32 descriptors, queued (one doorbell) while
+//!   the 32 before them run, then the older 32 reaped: the queue is never empty, as a host that
+//!   moves bulk data keeps it, so this is the device's copy bandwidth; the difference from
+//!   `loopback` is the round trip.
 //!
 //! Like with like: each side copies the same bytes the same number of times (one copy per
 //! descriptor: a host-to-device transfer is one copy, as one `memcpy` is), from a source and
@@ -16,9 +22,10 @@
 //! the core that does the loopback's copies does the baseline's, and no run measures two
 //! threads sharing a core or a thread the scheduler moved.
 //!
-//! After criterion's report, alternating short rounds of each print the ratio loopback / memcpy
-//! per size: the median of the ratios of adjacent pairs of rounds, with their range (the target
-//! is at least 0.9 from 64 KiB up). Run nothing but the ratios with
+//! After criterion's report, alternating short rounds of each print the ratios loopback /
+//! memcpy and streamed / memcpy per size: the median of the ratios of each loopback round to the
+//! memcpy round just before it, with their range (the target, for the device's bandwidth, is
+//! streamed at least 0.9 from 64 KiB up). Run nothing but the ratios with
 //! `cargo bench --bench loopback -- ratios-only` (a filter no criterion benchmark matches).
 //! The table comes with the CPU 0 <-> CPU 1 cache-line ping-pong taken before and after it:
 //! every completion the engine writes is a line the polling host reads, so the loopback's
@@ -112,8 +119,10 @@ impl Rig {
             .expect("host memory");
         let host = device.dma_space().map(Arc::new(region)).expect("mapped");
         host.slice().fill(0x5a);
+        // Room for two batches (a streamed one queued behind the one running) and the
+        // ring's reserved slot.
         let queue = device
-            .open_queue(ring::Config::new(64), Wait::Poll)
+            .open_queue(ring::Config::new(4 * BATCH as u32), Wait::Poll)
             .expect("queue");
         Rig {
             queue,
@@ -136,6 +145,29 @@ impl Rig {
 
     /// `BATCH` host-to-device copies of `size` bytes: one doorbell, then poll them all back.
     fn copy(&mut self, size: usize) {
+        self.submit(size);
+        self.reap_to(0);
+    }
+
+    /// `BATCH` host-to-device copies of `size` bytes queued behind the `BATCH` in flight (the
+    /// first call queues two batches), then the older `BATCH` polled back: the engine finds
+    /// the next batch queued when it finishes one. [`Rig::drain`] ends the stream.
+    fn stream(&mut self, size: usize) {
+        if self.queue.in_flight() == 0 {
+            self.submit(size);
+        }
+        self.submit(size);
+        self.reap_to(BATCH);
+    }
+
+    /// Waits for every copy in flight, so the engine is idle (before a memcpy round on its
+    /// core, say).
+    fn drain(&mut self) {
+        self.reap_to(0);
+    }
+
+    /// Queues `BATCH` host-to-device copies of `size` bytes and rings the doorbell once.
+    fn submit(&mut self, size: usize) {
         let command = Command {
             opcode: Opcode::ToDevice as u8,
             src: self.host.iova(0).expect("mapped").raw(),
@@ -147,16 +179,19 @@ impl Rig {
             self.queue.push(command, ()).expect("room");
         }
         self.queue.flush().expect("doorbell");
-        let mut left = BATCH;
+    }
+
+    /// Busy-polls completions until at most `left` copies are in flight.
+    fn reap_to(&mut self, left: usize) {
         let mut idle = 0u32;
-        while left > 0 {
+        while self.queue.in_flight() > left {
+            let want = self.queue.in_flight() - left;
             let got = self
                 .queue
-                .reap(left, |done| {
+                .reap(want, |done| {
                     assert!(done.entry.is_success());
                 })
                 .expect("completions");
-            left -= got;
             idle = if got == 0 { idle + 1 } else { 0 };
             if idle % 64 == 63 {
                 // Let the engine run if it shares this core (the machine may have few).
@@ -208,6 +243,10 @@ fn copy(c: &mut Criterion, rig: &mut Rig) {
         group.bench_function(BenchmarkId::new("loopback", name), |b| {
             b.iter(|| rig.copy(size))
         });
+        group.bench_function(BenchmarkId::new("loopback_streamed", name), |b| {
+            b.iter(|| rig.stream(size))
+        });
+        rig.drain();
     }
     group.finish();
 }
@@ -226,13 +265,48 @@ fn rate(bytes: usize, time: Duration, mut f: impl FnMut()) -> f64 {
     (calls as f64 * bytes as f64) / start.elapsed().as_secs_f64()
 }
 
-/// The ratio table: loopback / memcpy per size. The two are measured in alternating short
-/// rounds, each loopback round right after a memcpy round, and the ratio is the median of those
-/// pairs' ratios (with their range): the two sides of a pair see the same machine, and the
-/// median is not decided by one round that a burst of load from another process slowed or
-/// spared. The best round of each side is printed too, and the engine's mean busy time per
-/// descriptor next to the mean time of one `memcpy` of the size (their difference is what a
-/// descriptor costs beyond its copy).
+/// One size's rounds: bytes per second of each memcpy round and of the loopback round after it.
+struct Rounds {
+    /// (memcpy, loopback one batch at a time), adjacent rounds.
+    batched: Vec<(f64, f64)>,
+    /// (memcpy, loopback streamed), adjacent rounds.
+    streamed: Vec<(f64, f64)>,
+}
+
+impl Rounds {
+    /// Median, least and greatest of loopback / memcpy over `pairs`.
+    fn ratio(pairs: &[(f64, f64)]) -> (f64, f64, f64) {
+        let mut ratios: Vec<f64> = pairs
+            .iter()
+            .map(|&(plain, device)| device / plain)
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        (
+            ratios[ratios.len() / 2],
+            ratios[0],
+            ratios[ratios.len() - 1],
+        )
+    }
+
+    /// The best loopback round of `pairs`, bytes per second.
+    fn best(pairs: &[(f64, f64)]) -> f64 {
+        pairs.iter().map(|p| p.1).fold(0.0, f64::max)
+    }
+
+    /// Every memcpy round, bytes per second.
+    fn plain(&self) -> impl Iterator<Item = f64> + '_ {
+        self.batched.iter().chain(&self.streamed).map(|p| p.0)
+    }
+}
+
+/// The ratio table: loopback / memcpy and streamed / memcpy per size. Memcpy and loopback are
+/// measured in alternating short rounds, each loopback round (one batch at a time, then
+/// streamed) right after a memcpy round, and each ratio is the median of those pairs' ratios
+/// (with their range): the two sides of a pair see the same machine, and the median is not
+/// decided by one round that a burst of load from another process slowed or spared. The best
+/// round of each side is printed too, and the engine's mean busy time per descriptor next to
+/// the mean time of one `memcpy` of the size (their difference is what a descriptor costs
+/// beyond its copy).
 fn ratios(rig: &mut Rig) {
     let (mut src, mut dst) = (Buffers::new(0x5a), Buffers::new(0));
     let (src, dst) = (src.page(), dst.page());
@@ -248,50 +322,55 @@ fn ratios(rig: &mut Rig) {
         }
     };
     println!(
-        "\nloopback copy bandwidth / memcpy bandwidth (same run, zero-cost model; ping-pong {} \
-         before):",
+        "\nloopback copy bandwidth / memcpy bandwidth (same run, zero-cost model; `batched`: 32 \
+         descriptors, then all polled back; `streamed`: 32 queued behind the 32 running, the \
+         device's bandwidth; ping-pong {} before):",
         pingpong(rig)
     );
     for (size, name) in SIZES {
         let bytes = size * BATCH;
-        // Eleven pairs of rounds of 100 ms; in criterion's test mode (`-- --test`: every
+        // Eleven rounds of each of 100 ms; in criterion's test mode (`-- --test`: every
         // benchmark once, to check it works) one of 2 ms.
         let (rounds, round) = if std::env::args().any(|arg| arg == "--test") {
             (1, Duration::from_millis(2))
         } else {
             (11, Duration::from_millis(100))
         };
-        let mut pairs = Vec::with_capacity(rounds);
+        let mut all = Rounds {
+            batched: Vec::with_capacity(rounds),
+            streamed: Vec::with_capacity(rounds),
+        };
         let before = rig.device.counters().expect("counters");
         for _ in 0..rounds {
             let plain = rig.on_engine_cpu(|| rate(bytes, round, || memcpy(src, dst, size)));
             let device = rate(bytes, round, || rig.copy(size));
-            pairs.push((plain, device));
+            all.batched.push((plain, device));
+            let plain = rig.on_engine_cpu(|| rate(bytes, round, || memcpy(src, dst, size)));
+            let device = rate(bytes, round, || rig.stream(size));
+            // The engine idle again before the next memcpy round on its core.
+            rig.drain();
+            all.streamed.push((plain, device));
         }
         let after = rig.device.counters().expect("counters");
         let busy = (after.busy_ns - before.busy_ns) as f64
             / (after.descriptors - before.descriptors).max(1) as f64;
         // Rounds of equal length: the mean time of one copy is the mean of the rounds' times.
-        let copy_ns = pairs
-            .iter()
-            .map(|&(plain, _)| size as f64 / plain)
-            .sum::<f64>()
-            * 1e9
-            / rounds as f64;
-        let best = |side: fn(&(f64, f64)) -> f64| pairs.iter().map(side).fold(0.0, f64::max);
-        let mut ratios: Vec<f64> = pairs
-            .iter()
-            .map(|&(plain, device)| device / plain)
-            .collect();
-        ratios.sort_by(f64::total_cmp);
+        let copy_ns =
+            all.plain().map(|plain| size as f64 / plain).sum::<f64>() * 1e9 / (2 * rounds) as f64;
+        let (batched, streamed) = (Rounds::ratio(&all.batched), Rounds::ratio(&all.streamed));
         println!(
-            "  {name:>4}: ratio {:.2} ({:.2}-{:.2}); best memcpy {:6.2} GB/s, best loopback \
-             {:6.2} GB/s; engine busy {busy:.0} ns per descriptor, memcpy {copy_ns:.0} ns per copy",
-            ratios[rounds / 2],
-            ratios[0],
-            ratios[rounds - 1],
-            best(|p| p.0) / 1e9,
-            best(|p| p.1) / 1e9,
+            "  {name:>4}: batched {:.2} ({:.2}-{:.2}), streamed {:.2} ({:.2}-{:.2}); best memcpy \
+             {:6.2} GB/s, best batched {:6.2} GB/s, best streamed {:6.2} GB/s; engine busy \
+             {busy:.0} ns per descriptor, memcpy {copy_ns:.0} ns per copy",
+            batched.0,
+            batched.1,
+            batched.2,
+            streamed.0,
+            streamed.1,
+            streamed.2,
+            all.plain().fold(0.0, f64::max) / 1e9,
+            Rounds::best(&all.batched) / 1e9,
+            Rounds::best(&all.streamed) / 1e9,
         );
     }
     println!("  ping-pong {} after", pingpong(rig));
