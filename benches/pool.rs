@@ -13,12 +13,12 @@
 //! 32-slot ring: the same 1024 buffers in flight as the other cases' 1024 slots), `pool_refill`
 //! one [`Batch`] kept across iterations, refilled (`Batch::fill`) and emptied (`Batch::free`)
 //! in place, as DPDK's loop keeps its array of pointers (a batch made per iteration is a
-//! 160-byte value the compiler moves twice on its way out of `alloc_batch`), in the pipeline
-//! `pool_batch_in_place` the batch made and filled in its ring slot and read and dropped there
-//! (no move of it at all; the other batch case moves it into the ring and out), `pool_vec` the
-//! older `alloc_bulk` / `free_bulk` calls on a `Vec`. A `_coloured` suffix: the same over a
-//! second pool with cache colouring (`Config::colouring`), whose 4 KiB buffers are 4352 bytes
-//! apart instead of 4096.
+//! 160-byte value the compiler copies out of `alloc_batch` and out of its `Result`), in the
+//! pipeline `pool_batch_in_place` the batch made and filled in its ring slot and read and
+//! dropped there (no move of it at all; the other batch case moves it into the ring and out),
+//! `pool_vec` the older `alloc_bulk` / `free_bulk` calls on a `Vec`. A `_coloured` suffix: the
+//! same over a second pool with cache colouring (`Config::colouring`), whose 4 KiB buffers are
+//! 4352 bytes apart instead of 4096.
 //!
 //! Baselines: DPDK 22.11's `rte_mempool` (cache 256, 8191 objects of 4 KiB; get/put, bulk
 //! get/put of 32, and the pipeline over an SP/SC `rte_ring` of 1024 slots, run from C by

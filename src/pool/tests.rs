@@ -792,14 +792,32 @@ fn a_batch_refuses_what_it_cannot_hold() {
         Err(Error::BatchFull { count: 3, room: 2 })
     ));
     assert_eq!(batch.len(), 6, "a refused fill keeps the batch as it was");
-    // Exhaustion (in a pool of its own: carved 64 KiB blocks stay in their class): 32 blocks
+    // Exhaustion (in a pool of its own: carved 64 KiB blocks stay in their class): 31 blocks
     // of 64 KiB in 2 MiB; the failed fill keeps nothing.
     let third = Pool::new(mapping(2 << 20), small_config()).unwrap();
     let mut big = third.alloc_batch::<128>(64 << 10, 30).unwrap();
     assert!(matches!(big.fill(10), Err(Error::Exhausted { .. })));
     assert_eq!(big.len(), 30);
     assert_eq!(third.stats().classes[8].in_use, 30);
-    drop(big);
+    // A new batch refused the same ways: more than it holds, above the largest class, more
+    // than the pool has left (2 of the 1 left: the pool carves 31); none keeps a block.
+    assert!(matches!(
+        third.alloc_batch::<8>(4096, 9),
+        Err(Error::BatchFull { count: 9, room: 8 })
+    ));
+    assert!(matches!(
+        third.alloc_batch::<8>((64 << 10) + 1, 1),
+        Err(Error::Unbatchable { .. })
+    ));
+    assert_eq!(third.stats().classes[8].carved, 31);
+    assert!(matches!(
+        third.alloc_batch::<8>(64 << 10, 2),
+        Err(Error::Exhausted { .. })
+    ));
+    assert_eq!(third.stats().classes[8].in_use, 30);
+    let last = third.alloc_batch::<8>(64 << 10, 1).unwrap();
+    assert_eq!((last.len(), third.stats().classes[8].in_use), (1, 31));
+    drop((big, last));
     third.flush_thread_cache();
     assert_all_free(&third.stats());
     // Only buffers of the same pool and class join; the others come back untouched.
