@@ -120,9 +120,10 @@ impl Rig {
         let host = device.dma_space().map(Arc::new(region)).expect("mapped");
         host.slice().fill(0x5a);
         // Room for two batches (a streamed one queued behind the one running) and the
-        // ring's reserved slot.
+        // ring's reserved slot, in a power-of-two depth.
+        let depth = (2 * BATCH as u32 + 1).next_power_of_two();
         let queue = device
-            .open_queue(ring::Config::new(4 * BATCH as u32), Wait::Poll)
+            .open_queue(ring::Config::new(depth), Wait::Poll)
             .expect("queue");
         Rig {
             queue,
