@@ -40,6 +40,14 @@
 //! before and after them: compare two runs only when it agrees (a VM can switch between a fast
 //! and a slow state for cross-core traffic).
 //!
+//! The one-thread loops (get + put, bulk of 32), ours and DPDK's, are timed in every layout:
+//! their code placed 0, 16, 32 or 48 bytes into a 64-byte line (`place::<AT>()` here, the same
+//! nop pad in the C), under each of four stack depths (`on_stack`). A round keeps each side's
+//! fastest layout; two lines under each give the medians per code placement and per stack
+//! depth. On this machine one code placement slowed DPDK's bulk loop 1.5× (0.59 -> 0.88 ns),
+//! and a stack depth slowed it 4× in one process and ours 4× in another: a figure taken in the
+//! one layout a build and a process happened to get is the layout's, not the loop's.
+//!
 //! ```text
 //! cargo bench --bench pool -- --warm-up-time 1 --measurement-time 3
 //! cargo bench --bench pool -- ratios-only
@@ -62,6 +70,7 @@ use userdma::memory::{PageSize, Region};
 use userdma::pool::{Batch, Buffer, Config, OwnedBuffer, Pool};
 use userdma_bench_support::cpu::{self, Line};
 use userdma_bench_support::dpdk::{self, Mempool, Pair};
+use userdma_bench_support::{on_stack, place, PLACEMENTS, STACK_OFFSETS};
 
 const KIB4: usize = 4 << 10;
 const KIB64: usize = 64 << 10;
@@ -235,19 +244,19 @@ impl Allocator for QueuePool {
 struct PoolAllocator<'p>(&'p Pool, usize);
 impl<'p> Allocator for PoolAllocator<'p> {
     type Block = Buffer<'p>;
-    #[inline]
+    #[inline(always)]
     fn alloc(&self) -> Buffer<'p> {
         self.0.alloc(self.1).expect("a pool buffer")
     }
-    #[inline]
+    #[inline(always)]
     fn free(&self, block: Buffer<'p>) {
         drop(block);
     }
-    #[inline]
+    #[inline(always)]
     fn touch(&self, block: &Buffer<'p>, value: u64) {
         block.slice().write(0, value).expect("8 bytes at 0");
     }
-    #[inline]
+    #[inline(always)]
     fn peek(&self, block: &Buffer<'p>) -> u64 {
         block.slice().read(0).expect("8 bytes at 0")
     }
@@ -258,26 +267,28 @@ impl<'p> Allocator for PoolAllocator<'p> {
 struct OwnedAllocator<'p>(&'p Arc<Pool>, usize);
 impl Allocator for OwnedAllocator<'_> {
     type Block = OwnedBuffer;
-    #[inline]
+    #[inline(always)]
     fn alloc(&self) -> OwnedBuffer {
         self.0.alloc_owned(self.1).expect("a pool buffer")
     }
-    #[inline]
+    #[inline(always)]
     fn free(&self, block: OwnedBuffer) {
         drop(block);
     }
-    #[inline]
+    #[inline(always)]
     fn touch(&self, block: &OwnedBuffer, value: u64) {
         block.slice().write(0, value).expect("8 bytes at 0");
     }
-    #[inline]
+    #[inline(always)]
     fn peek(&self, block: &OwnedBuffer) -> u64 {
         block.slice().read(0).expect("8 bytes at 0")
     }
 }
 
 /// `iters` of: allocate, write, free.
-fn alloc_free_loop<A: Allocator>(a: &A, iters: u64) -> Duration {
+#[inline(never)]
+fn alloc_free_loop<const AT: usize>(a: &impl Allocator, iters: u64) -> Duration {
+    place::<AT>();
     let start = Instant::now();
     for i in 0..iters {
         let block = black_box(a.alloc());
@@ -288,7 +299,9 @@ fn alloc_free_loop<A: Allocator>(a: &A, iters: u64) -> Duration {
 }
 
 /// `iters` of: allocate a batch of 32, write each, free the batch.
-fn batch_loop(pool: &Pool, iters: u64) -> Duration {
+#[inline(never)]
+fn batch_loop<const AT: usize>(pool: &Pool, iters: u64) -> Duration {
+    place::<AT>();
     let start = Instant::now();
     for i in 0..iters {
         let batch = pool
@@ -306,7 +319,9 @@ fn batch_loop(pool: &Pool, iters: u64) -> Duration {
 
 /// `iters` of: refill one batch with 32, write each, free them (the batch stays, as DPDK's
 /// loop keeps its array of pointers).
-fn refill_loop(pool: &Pool, iters: u64) -> Duration {
+#[inline(never)]
+fn refill_loop<const AT: usize>(pool: &Pool, iters: u64) -> Duration {
+    place::<AT>();
     let mut batch = Batch::<BURST>::new(pool, KIB4).expect("a batch of 4 KiB buffers");
     let start = Instant::now();
     for i in 0..iters {
@@ -320,8 +335,13 @@ fn refill_loop(pool: &Pool, iters: u64) -> Duration {
     start.elapsed()
 }
 
-/// `iters` of: `alloc_bulk` 32 into a `Vec`, write each, `free_bulk` them.
-fn vec_loop<'p>(pool: &'p Pool, buffers: &mut Vec<Buffer<'p>>, iters: u64) -> Duration {
+/// `iters` of: `alloc_bulk` 32 into a `Vec` (made once, before the clock starts), write each,
+/// `free_bulk` them.
+#[inline(never)]
+fn vec_loop<const AT: usize>(pool: &Pool, iters: u64) -> Duration {
+    place::<AT>();
+    let mut buffers = Vec::with_capacity(BURST);
+    let buffers = &mut buffers;
     let start = Instant::now();
     for i in 0..iters {
         pool.alloc_bulk(KIB4, BURST, buffers).expect("a pool batch");
@@ -352,7 +372,9 @@ fn bulk_loop<A: Allocator>(a: &A, blocks: &mut Vec<A::Block>, iters: u64) -> Dur
 }
 
 fn alloc_free<A: Allocator>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, a: &A) {
-    group.bench_function(name, |b| b.iter_custom(|iters| alloc_free_loop(a, iters)));
+    group.bench_function(name, |b| {
+        b.iter_custom(|iters| alloc_free_loop::<0>(a, iters))
+    });
 }
 
 fn in_flight<A: Allocator>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, a: &A) {
@@ -466,8 +488,29 @@ impl<T: Send + 'static> Drop for Pipe<T> {
 
 /// One measured side of a case: `run(objects)` moves that many objects and returns the time.
 type Run = Box<dyn FnMut(u64) -> Duration>;
-/// Makes a fresh [`Run`] (with fresh threads, for the two-thread cases).
-type Maker<'a> = Box<dyn Fn() -> Run + 'a>;
+/// Makes a fresh [`Run`] (with fresh threads, for the two-thread cases) of the loop at code
+/// placement `at`, an index into [`PLACEMENTS`] (the two-thread cases have one placement and
+/// ignore it).
+type Maker<'a> = Box<dyn Fn(usize) -> Run + 'a>;
+
+// `placed!` has one arm per placement.
+const _: () = assert!(PLACEMENTS.len() == 4, "placed! has one arm per placement");
+
+/// A [`Maker`] of a single-thread loop `f::<AT>(args)` that is generic over its placement:
+/// `placed!(|n| refill_loop(pool, n))` runs `refill_loop::<{ PLACEMENTS[at] }>`.
+macro_rules! placed {
+    (|$n:ident| $f:ident($($arg:expr),*)) => {
+        Box::new(move |at: usize| -> Run {
+            match at {
+                0 => Box::new(move |$n: u64| $f::<{ PLACEMENTS[0] }>($($arg),*)),
+                1 => Box::new(move |$n: u64| $f::<{ PLACEMENTS[1] }>($($arg),*)),
+                2 => Box::new(move |$n: u64| $f::<{ PLACEMENTS[2] }>($($arg),*)),
+                3 => Box::new(move |$n: u64| $f::<{ PLACEMENTS[3] }>($($arg),*)),
+                _ => unreachable!("placement {at} outside 0..{}", PLACEMENTS.len()),
+            }
+        })
+    };
+}
 
 /// The pipeline with one allocation and free per object: the producer waits for room for the
 /// burst, allocates and writes each object into a write chunk; the consumer takes up to a
@@ -686,33 +729,144 @@ fn spread(values: &mut [f64]) -> (f64, f64, f64) {
 }
 
 /// One line of the table: every side (ours, then DPDK's) in alternating rounds (each round a
-/// fresh `make()`), ns per object as median [min-max], then each of ours over each DPDK side,
+/// fresh `make(at)`), ns per object as median [min-max], then each of ours over each DPDK side,
 /// round by round (median [min-max] of the ratios of rounds run next to each other).
-fn table_line(label: &str, ours: Vec<(&str, Maker<'_>)>, dpdk: Vec<(&str, Maker<'_>)>) {
+///
+/// With `layouts` (the single-thread loops), a side's round times it in every layout, each
+/// code placement (`make(at)`, [`PLACEMENTS`]) under each stack offset ([`on_stack`]), for a
+/// quarter of the round time each, and keeps the fastest; two more lines give each side's
+/// median per code placement (in its best stack offset) and per stack offset (at its best
+/// placement).
+fn table_line(
+    label: &str,
+    layouts: bool,
+    ours: Vec<(&str, Maker<'_>)>,
+    dpdk: Vec<(&str, Maker<'_>)>,
+) {
     let (count, time) = rounds();
+    let (codes, stacks, time) = if layouts {
+        (PLACEMENTS.len(), STACK_OFFSETS.len(), time / 4)
+    } else {
+        (1, 1, time)
+    };
     let mine = ours.len();
     let sides: Vec<(&str, Maker<'_>)> = ours.into_iter().chain(dpdk).collect();
-    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
+    // ns[side][stack][code][round]
+    let mut ns = vec![vec![vec![Vec::new(); codes]; stacks]; sides.len()];
     for _ in 0..count {
         for (k, (_, make)) in sides.iter().enumerate() {
-            let mut run = make();
-            ns[k].push(round(&mut run, time));
+            for (stack, by_code) in ns[k].iter_mut().enumerate() {
+                for (at, values) in by_code.iter_mut().enumerate() {
+                    let mut run = make(at);
+                    values.push(on_stack(stack, &mut || round(&mut run, time)));
+                }
+            }
         }
     }
+    // Per side and round, the fastest layout.
+    let best: Vec<Vec<f64>> = ns
+        .iter()
+        .map(|by_stack| {
+            (0..count)
+                .map(|r| {
+                    by_stack
+                        .iter()
+                        .flatten()
+                        .map(|values| values[r])
+                        .fold(f64::INFINITY, f64::min)
+                })
+                .collect()
+        })
+        .collect();
     let parts: Vec<String> = sides
         .iter()
-        .zip(&ns)
+        .zip(&best)
         .map(|((name, _), values)| {
             let (m, lo, hi) = spread(&mut values.clone());
             format!("{name} {m:.2} ns [{lo:.2}-{hi:.2}]")
         })
         .collect();
     println!("  {label}: {}", parts.join(", "));
+    if layouts {
+        // median[side][stack][code]
+        let median: Vec<Vec<Vec<f64>>> = ns
+            .iter()
+            .map(|by_stack| {
+                by_stack
+                    .iter()
+                    .map(|by_code| {
+                        by_code
+                            .iter()
+                            .map(|values| spread(&mut values.clone()).0)
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let per_code = |m: &Vec<Vec<f64>>| -> String {
+            (0..codes)
+                .map(|at| {
+                    format!(
+                        "{:.2}",
+                        (0..stacks)
+                            .map(|st| m[st][at])
+                            .fold(f64::INFINITY, f64::min)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("/")
+        };
+        let per_stack = |m: &Vec<Vec<f64>>| -> String {
+            m.iter()
+                .map(|by_code| {
+                    format!(
+                        "{:.2}",
+                        by_code.iter().copied().fold(f64::INFINITY, f64::min)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("/")
+        };
+        let line = |what: String, of: &dyn Fn(&Vec<Vec<f64>>) -> String| {
+            let parts: Vec<String> = sides
+                .iter()
+                .zip(&median)
+                .map(|((name, _), m)| format!("{name} {}", of(m)))
+                .collect();
+            println!(
+                "  {:width$}  {what}, median ns: {}",
+                "",
+                parts.join(", "),
+                width = label.len()
+            );
+        };
+        let offsets = |values: &[usize]| -> String {
+            values
+                .iter()
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join("/")
+        };
+        line(
+            format!(
+                "by code placement (+{} bytes into a 64-byte line, best stack offset)",
+                offsets(&PLACEMENTS)
+            ),
+            &per_code,
+        );
+        line(
+            format!(
+                "by stack offset ({} bytes down, best code placement)",
+                offsets(&STACK_OFFSETS)
+            ),
+            &per_stack,
+        );
+    }
     for d in mine..sides.len() {
         let ratios: Vec<String> = (0..mine)
             .map(|k| {
                 let mut per_round: Vec<f64> =
-                    ns[k].iter().zip(&ns[d]).map(|(a, b)| a / b).collect();
+                    best[k].iter().zip(&best[d]).map(|(a, b)| a / b).collect();
                 let (r, lo, hi) = spread(&mut per_round);
                 format!("{} {r:.2}x [{lo:.2}-{hi:.2}]", sides[k].0)
             })
@@ -761,67 +915,59 @@ fn ratios(
     cpu::pin(cpu::HOST);
     table_line(
         "one thread, get + put",
+        true,
         vec![
-            (
-                "pool",
-                Box::new(move || Box::new(move |n| alloc_free_loop(single, n))),
-            ),
-            (
-                "pool_owned",
-                Box::new(move || Box::new(move |n| alloc_free_loop(owned, n))),
-            ),
+            ("pool", placed!(|n| alloc_free_loop(single, n))),
+            ("pool_owned", placed!(|n| alloc_free_loop(owned, n))),
         ],
         vec![
             (
                 "dpdk",
-                Box::new(move || Box::new(move |n| mp.get_put(n, 1))),
+                Box::new(move |at| Box::new(move |n| mp.get_put(n, 1, at))),
             ),
             (
                 "dpdk_4k_stride",
-                Box::new(move || Box::new(move |n| mp4k.get_put(n, 1))),
+                Box::new(move |at| Box::new(move |n| mp4k.get_put(n, 1, at))),
             ),
         ],
     );
     // The bulk loops time `n / 32` batches of 32 for `n` objects: per object as the rest.
     let per_batch = BURST as u64;
+    let bulk = BURST as u32;
     table_line(
         "one thread, bulk of 32, per buffer",
+        true,
         vec![
             (
                 "pool_batch",
-                Box::new(move || Box::new(move |n| batch_loop(pool, n.div_ceil(per_batch)))),
+                placed!(|n| batch_loop(pool, n.div_ceil(per_batch))),
             ),
             (
                 "pool_batch_coloured",
-                Box::new(move || Box::new(move |n| batch_loop(coloured, n.div_ceil(per_batch)))),
+                placed!(|n| batch_loop(coloured, n.div_ceil(per_batch))),
             ),
             (
                 "pool_refill",
-                Box::new(move || Box::new(move |n| refill_loop(pool, n.div_ceil(per_batch)))),
+                placed!(|n| refill_loop(pool, n.div_ceil(per_batch))),
             ),
             (
                 "pool_refill_coloured",
-                Box::new(move || Box::new(move |n| refill_loop(coloured, n.div_ceil(per_batch)))),
+                placed!(|n| refill_loop(coloured, n.div_ceil(per_batch))),
             ),
             (
                 "pool_vec",
-                Box::new(move || {
-                    let mut buffers = Vec::with_capacity(BURST);
-                    Box::new(move |n| vec_loop(pool, &mut buffers, n.div_ceil(per_batch)))
-                }),
+                placed!(|n| vec_loop(pool, n.div_ceil(per_batch))),
             ),
         ],
         vec![
             (
                 "dpdk",
-                Box::new(move || {
-                    Box::new(move |n| mp.get_put(n.div_ceil(per_batch), BURST as u32))
-                }),
+                Box::new(move |at| Box::new(move |n| mp.get_put(n.div_ceil(per_batch), bulk, at))),
             ),
             (
                 "dpdk_4k_stride",
-                Box::new(move || {
-                    Box::new(move |n| mp4k.get_put(n.div_ceil(per_batch), BURST as u32))
+                Box::new(move |at| {
+                    Box::new(move |n| mp4k.get_put(n.div_ceil(per_batch), bulk, at))
                 }),
             ),
         ],
@@ -830,34 +976,39 @@ fn ratios(
     println!("  two threads, alloc on CPU 0 -> SPSC ring -> free on CPU 1; ping-pong {before:.0} ns before:");
     table_line(
         "  burst 1",
+        false,
         vec![
-            ("pool", Box::new(move || piped(single, 1))),
-            ("pool_coloured", Box::new(move || piped(single_coloured, 1))),
-            ("pool_owned", Box::new(move || piped(owned, 1))),
+            ("pool", Box::new(move |_| piped(single, 1))),
+            (
+                "pool_coloured",
+                Box::new(move |_| piped(single_coloured, 1)),
+            ),
+            ("pool_owned", Box::new(move |_| piped(owned, 1))),
         ],
         vec![
-            ("dpdk", Box::new(move || piped_dpdk(mp, 1))),
-            ("dpdk_4k_stride", Box::new(move || piped_dpdk(mp4k, 1))),
+            ("dpdk", Box::new(move |_| piped_dpdk(mp, 1))),
+            ("dpdk_4k_stride", Box::new(move |_| piped_dpdk(mp4k, 1))),
         ],
     );
     table_line(
         "  burst 32",
+        false,
         vec![
-            ("pool_batch", Box::new(move || piped_batch(pool, BURST))),
+            ("pool_batch", Box::new(move |_| piped_batch(pool, BURST))),
             (
                 "pool_batch_coloured",
-                Box::new(move || piped_batch(coloured, BURST)),
+                Box::new(move |_| piped_batch(coloured, BURST)),
             ),
             (
                 "pool_batch_in_place_coloured",
-                Box::new(move || piped_batch_in_place(coloured, BURST)),
+                Box::new(move |_| piped_batch_in_place(coloured, BURST)),
             ),
-            ("pool", Box::new(move || piped(single, BURST))),
-            ("pool_vec", Box::new(move || piped_vec(pool, BURST))),
+            ("pool", Box::new(move |_| piped(single, BURST))),
+            ("pool_vec", Box::new(move |_| piped_vec(pool, BURST))),
         ],
         vec![
-            ("dpdk", Box::new(move || piped_dpdk(mp, BURST))),
-            ("dpdk_4k_stride", Box::new(move || piped_dpdk(mp4k, BURST))),
+            ("dpdk", Box::new(move |_| piped_dpdk(mp, BURST))),
+            ("dpdk_4k_stride", Box::new(move |_| piped_dpdk(mp4k, BURST))),
         ],
     );
     let after = cpu::pingpong(Duration::from_millis(20));
@@ -883,10 +1034,10 @@ fn benches(
         alloc_free(&mut group, "pool_owned", &OwnedAllocator(pool, size));
         if size == KIB4 {
             group.bench_function("dpdk_mempool", |b| {
-                b.iter_custom(|iters| mp.get_put(iters, 1))
+                b.iter_custom(|iters| mp.get_put(iters, 1, 0))
             });
             group.bench_function("dpdk_mempool_4k_stride", |b| {
-                b.iter_custom(|iters| mp4k.get_put(iters, 1))
+                b.iter_custom(|iters| mp4k.get_put(iters, 1, 0))
             });
         }
         alloc_free(&mut group, "malloc", &Malloc(size));
@@ -915,28 +1066,25 @@ fn benches(
 
     let mut group = c.benchmark_group("bulk_32/4KiB");
     group.bench_function("pool_batch", |b| {
-        b.iter_custom(|iters| batch_loop(pool, iters))
+        b.iter_custom(|iters| batch_loop::<0>(pool, iters))
     });
     group.bench_function("pool_batch_coloured", |b| {
-        b.iter_custom(|iters| batch_loop(coloured, iters))
+        b.iter_custom(|iters| batch_loop::<0>(coloured, iters))
     });
     group.bench_function("pool_refill", |b| {
-        b.iter_custom(|iters| refill_loop(pool, iters))
+        b.iter_custom(|iters| refill_loop::<0>(pool, iters))
     });
     group.bench_function("pool_refill_coloured", |b| {
-        b.iter_custom(|iters| refill_loop(coloured, iters))
+        b.iter_custom(|iters| refill_loop::<0>(coloured, iters))
     });
-    {
-        let mut buffers = Vec::with_capacity(BURST);
-        group.bench_function("pool_vec", |b| {
-            b.iter_custom(|iters| vec_loop(pool, &mut buffers, iters))
-        });
-    }
+    group.bench_function("pool_vec", |b| {
+        b.iter_custom(|iters| vec_loop::<0>(pool, iters))
+    });
     group.bench_function("dpdk_mempool", |b| {
-        b.iter_custom(|iters| mp.get_put(iters, BURST as u32))
+        b.iter_custom(|iters| mp.get_put(iters, BURST as u32, 0))
     });
     group.bench_function("dpdk_mempool_4k_stride", |b| {
-        b.iter_custom(|iters| mp4k.get_put(iters, BURST as u32))
+        b.iter_custom(|iters| mp4k.get_put(iters, BURST as u32, 0))
     });
     bulk(&mut group, "pool", &PoolAllocator(pool, KIB4));
     bulk(&mut group, "malloc", &Malloc(KIB4));

@@ -20,7 +20,10 @@ struct rte_mempool *udb_mempool_create(const char *name, unsigned count, unsigne
 unsigned udb_mempool_stride(const struct rte_mempool *mp);
 void udb_mempool_free(struct rte_mempool *mp);
 const char *udb_mempool_ops(const struct rte_mempool *mp);
-uint64_t udb_mempool_get_put(struct rte_mempool *mp, uint64_t iters, unsigned bulk);
+/* placement 0..3: the loop's code 0, 16, 32 or 48 bytes into a 64-byte line; 0 on a bad
+ * argument or an empty pool */
+uint64_t udb_mempool_get_put(struct rte_mempool *mp, uint64_t iters, unsigned bulk,
+			     unsigned placement);
 
 struct udb_pair *udb_pair_start(int kind, unsigned burst, unsigned esize, struct rte_mempool *mp);
 uint64_t udb_pair_run(struct udb_pair *p, uint64_t objects);

@@ -45,7 +45,8 @@ extern "C" {
     fn udb_mempool_stride(mp: *const RteMempool) -> c_uint;
     fn udb_mempool_free(mp: *mut RteMempool);
     fn udb_mempool_ops(mp: *const RteMempool) -> *const c_char;
-    fn udb_mempool_get_put(mp: *mut RteMempool, iters: u64, bulk: c_uint) -> u64;
+    fn udb_mempool_get_put(mp: *mut RteMempool, iters: u64, bulk: c_uint, placement: c_uint)
+        -> u64;
     fn udb_pair_start(
         kind: c_int,
         burst: c_uint,
@@ -224,16 +225,24 @@ impl Mempool {
     }
 
     /// `iters` rounds of: get `bulk` objects (1 or 32; `rte_mempool_get` for one), write 8 bytes
-    /// at offset 0 of each, put them back. The time taken.
+    /// at offset 0 of each, put them back. The time taken. `placement` (an index into
+    /// [`PLACEMENTS`](crate::PLACEMENTS)) picks the copy of the loop whose code starts that
+    /// many bytes into a 64-byte line.
     ///
     /// Panics if called on another thread than the one that initialized the EAL (DPDK would
-    /// bypass its per-lcore cache there), if `bulk` is not in 1..=32, or if the pool ran dry.
-    pub fn get_put(&self, iters: u64, bulk: u32) -> Duration {
+    /// bypass its per-lcore cache there), if `bulk` is not in 1..=32, if `placement` is out of
+    /// range, or if the pool ran dry.
+    pub fn get_put(&self, iters: u64, bulk: u32, placement: usize) -> Duration {
         assert!(on_main_lcore(), "mempool timings run on lcore 0");
         assert!((1..=32).contains(&bulk), "bulk {bulk} outside 1..=32");
+        assert!(
+            placement < crate::PLACEMENTS.len(),
+            "placement {placement} outside 0..{}",
+            crate::PLACEMENTS.len()
+        );
         // SAFETY: `mp` is a live pool whose objects are at least 8 bytes (the C side writes 8 at
-        // offset 0); this thread is an EAL thread.
-        let ns = unsafe { udb_mempool_get_put(self.mp.as_ptr(), iters, bulk) };
+        // offset 0); this thread is an EAL thread; `placement` is in range (checked above).
+        let ns = unsafe { udb_mempool_get_put(self.mp.as_ptr(), iters, bulk, placement as c_uint) };
         assert!(ns != 0 || iters == 0, "rte_mempool_get failed: pool empty");
         Duration::from_nanos(ns)
     }

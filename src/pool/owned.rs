@@ -46,7 +46,8 @@ impl Pool {
     ///
     /// # Errors
     /// As [`Pool::alloc`].
-    #[inline]
+    // Always inlined, as `Pool::alloc` (see there).
+    #[inline(always)]
     pub fn alloc_owned(self: &Arc<Self>, len: usize) -> Result<OwnedBuffer, Error> {
         let buffer = self.alloc(len)?;
         // SAFETY: only the lifetime changes. The pool `buffer` borrows is the one `self`
@@ -140,7 +141,8 @@ impl OwnedBuffer {
 }
 
 impl Drop for OwnedBuffer {
-    #[inline]
+    // Always inlined, as `Buffer`'s drop.
+    #[inline(always)]
     fn drop(&mut self) {
         // SAFETY: dropped once, here, and not used after; the pool it frees into is alive:
         // `self.pool` is dropped after this body returns.
