@@ -141,7 +141,8 @@ static inline __attribute__((always_inline)) uint64_t get_put(struct rte_mempool
  * more nops move what follows 0, 16, 32 or 48 bytes into the line. The same offsets as the Rust
  * cases' `place::<AT>()` (bench-support's PLACEMENTS). Where a linker happens to put a loop
  * changed its time by up to 1.5x on this machine, for DPDK's loop and for ours alike, so each
- * side is timed at every placement and the table keeps each side's fastest.
+ * side is timed at every placement (and, from the Rust side, at several stack depths:
+ * bench-support's `on_stack`) and the table keeps each side's fastest layout.
  */
 #if defined(__x86_64__)
 #define UDB_PLACE(pad) asm volatile(".balign 64, 0x90\n\t" pad)
