@@ -493,7 +493,6 @@ type Run = Box<dyn FnMut(u64) -> Duration>;
 /// ignore it).
 type Maker<'a> = Box<dyn Fn(usize) -> Run + 'a>;
 
-// `placed!` has one arm per placement.
 const _: () = assert!(PLACEMENTS.len() == 4, "placed! has one arm per placement");
 
 /// A [`Maker`] of a single-thread loop `f::<AT>(args)` that is generic over its placement:

@@ -32,6 +32,10 @@ pub const PLACEMENTS: [usize; 4] = [0, 16, 32, 48];
 /// of a 64-byte line), so that a false conflict one of them meets is unlikely to repeat in all.
 pub const STACK_OFFSETS: [usize; 4] = [0, 1040, 2080, 3120];
 
+// `on_stack` has one arm per stack offset, and the C side (`udb_mempool_get_put`) one copy of
+// its loop per placement.
+const _: () = assert!(STACK_OFFSETS.len() == 4 && PLACEMENTS.len() == 4);
+
 /// Runs `f` with its stack frame [`STACK_OFFSETS`]`[index]` bytes lower than it would be.
 /// Panics if `index` is out of range.
 pub fn on_stack<R>(index: usize, f: &mut dyn FnMut() -> R) -> R {

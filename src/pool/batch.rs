@@ -41,7 +41,7 @@ use crate::dma::Slice;
 /// units moves. A batch made by [`Pool::alloc_batch`] each round is a value of `16 + 4·N`
 /// bytes and more that the compiler copies on its way out of the call and again out of its
 /// `Result` (as of Rust 1.95): for `N = 32`, a round of allocating, writing and freeing 32
-/// buffers takes 1.3–1.5 times as long as with a kept batch (`cargo bench --bench pool`,
+/// buffers takes 1.2–1.5 times as long as with a kept batch (`cargo bench --bench pool`,
 /// `pool_batch_coloured` against `pool_refill_coloured`).
 ///
 /// ```
