@@ -12,8 +12,8 @@
 //! freed as one; in the pipeline the batch is what crosses the ring, one slot per burst of a
 //! 32-slot ring: the same 1024 buffers in flight as the other cases' 1024 slots), `pool_refill`
 //! one [`Batch`] kept across iterations, refilled (`Batch::fill`) and emptied (`Batch::free`)
-//! in place, as DPDK's loop keeps its array of pointers (a batch made per iteration is a
-//! 160-byte value the compiler copies out of `alloc_batch` and out of its `Result`), in the
+//! in place, as DPDK's loop keeps its array of pointers (whole batches of 32 move between the
+//! thread cache and the batch as one array value in both shapes, so the two should agree), in the
 //! pipeline `pool_batch_in_place` the batch made and filled in its ring slot and read and
 //! dropped there (no move of it at all; the other batch case moves it into the ring and out),
 //! `pool_vec` the older `alloc_bulk` / `free_bulk` calls on a `Vec`. A `_coloured` suffix: the
@@ -48,9 +48,13 @@
 //! and a stack depth slowed it 4× in one process and ours 4× in another: a figure taken in the
 //! one layout a build and a process happened to get is the layout's, not the loop's.
 //!
+//! `USERDMA_BENCH_LINES` runs only the table lines whose label contains one of its
+//! comma-separated words (`USERDMA_BENCH_LINES=bulk`, `=get,burst 32`).
+//!
 //! ```text
 //! cargo bench --bench pool -- --warm-up-time 1 --measurement-time 3
 //! cargo bench --bench pool -- ratios-only
+//! USERDMA_BENCH_LINES=bulk cargo bench --bench pool -- ratios-only
 //! chrt -f 50 target/release/deps/pool-<hash> --bench ratios-only
 //! ```
 
@@ -715,6 +719,18 @@ fn round(run: &mut Run, time: Duration) -> f64 {
     total.as_nanos() as f64 / done as f64
 }
 
+/// Whether the table line `label` is wanted: every line, unless `USERDMA_BENCH_LINES` names
+/// some (comma-separated words, each matched against the line's label), as in
+/// `USERDMA_BENCH_LINES=bulk,burst 32`.
+fn wanted(label: &str) -> bool {
+    match std::env::var("USERDMA_BENCH_LINES") {
+        Ok(lines) if !lines.trim().is_empty() => lines
+            .split(',')
+            .any(|word| !word.trim().is_empty() && label.contains(word.trim())),
+        _ => true,
+    }
+}
+
 /// Median, minimum and maximum.
 fn spread(values: &mut [f64]) -> (f64, f64, f64) {
     values.sort_by(f64::total_cmp);
@@ -742,6 +758,9 @@ fn table_line(
     ours: Vec<(&str, Maker<'_>)>,
     dpdk: Vec<(&str, Maker<'_>)>,
 ) {
+    if !wanted(label) {
+        return;
+    }
     let (count, time) = rounds();
     let (codes, stacks, time) = if layouts {
         (PLACEMENTS.len(), STACK_OFFSETS.len(), time / 4)

@@ -338,6 +338,24 @@ impl Pool {
             .map_err(|failure| self.error(failure, len))
     }
 
+    /// `N` blocks of class `c` from this thread's cache in one fixed-size copy, if it holds that
+    /// many; `None` (and nothing taken) otherwise.
+    #[inline(always)]
+    pub(super) fn alloc_array<const N: usize>(&self, c: usize) -> Option<[u32; N]> {
+        cache::fast_pop_array(self.id, c)
+    }
+
+    /// Frees the `N` blocks of class `c` in `units` into this thread's cache in one fixed-size
+    /// copy, if its magazine has room for all of them and nobody waits for a buffer; `false`
+    /// (and nothing freed) otherwise.
+    #[inline(always)]
+    pub(super) fn free_array<const N: usize>(&self, c: usize, units: &[u32; N]) -> bool {
+        // SAFETY: `waiters` points into the arena's metadata, alive as long as `self`.
+        let waiters = unsafe { self.waiters.as_ref() };
+        // Relaxed: see `Arena::someone_waits`.
+        waiters.load(Ordering::Relaxed) == 0 && cache::fast_push_array(self.id, c, units)
+    }
+
     /// Frees `units`, blocks of class `c` of this pool owned by the caller (see
     /// `Arena::free_units`).
     #[inline(always)]

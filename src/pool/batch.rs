@@ -36,13 +36,13 @@ use crate::dma::Slice;
 /// batch), take one out with [`Batch::pop`] or all with `into_iter`, and add one allocated
 /// elsewhere with [`Batch::push`].
 ///
-/// In a loop that allocates and frees a batch each round, keep one batch and refill it
-/// ([`Batch::new`] once, then [`Batch::fill`] and [`Batch::free`] each round): nothing but the
-/// units moves. A batch made by [`Pool::alloc_batch`] each round is a value of `16 + 4·N`
-/// bytes and more that the compiler copies on its way out of the call and again out of its
-/// `Result` (as of Rust 1.95): for `N = 32`, a round of allocating, writing and freeing 32
-/// buffers takes 1.2–1.5 times as long as with a kept batch (`cargo bench --bench pool`,
-/// `pool_batch_coloured` against `pool_refill_coloured`).
+/// A whole batch (`N` buffers: [`Pool::alloc_batch`] of `N`, [`Batch::fill`] of `N` into an
+/// empty batch, [`Batch::free`] or drop of a full one) moves as one fixed-size array between
+/// the thread cache and the batch, when the cache holds `N` blocks or has room for them: no
+/// loop, and a value the compiler builds straight where the batch lives, so a batch made by
+/// `alloc_batch` each round costs what a batch kept and refilled does. Other counts go
+/// through a loop over the units (and a call, for the free). Both shapes are timed in
+/// `cargo bench --bench pool` (`pool_batch`, made each round; `pool_refill`, kept).
 ///
 /// ```
 /// # use std::sync::Arc;
@@ -91,7 +91,7 @@ impl<const N: usize> fmt::Debug for Batch<'_, N> {
 impl Pool {
     /// Allocates `count` buffers of `len` bytes (at most the largest size class) as one batch:
     /// one thread-cache lookup and one copy when the cache holds them, which is the common
-    /// case. All or nothing.
+    /// case (a fixed-size copy when `count` is `N`: see [`Batch`]). All or nothing.
     ///
     /// # Errors
     /// [`Error::Unbatchable`] above the largest size class, [`Error::BatchFull`] if `count`
@@ -103,10 +103,17 @@ impl Pool {
         count: usize,
     ) -> Result<Batch<'_, N>, Error> {
         let class = Batch::<N>::class_for(self, len)?;
-        // Filled as a bare array, made a batch only once it holds the blocks: the array has no
-        // destructor, so the error path drops no batch, and the compiler builds the result
-        // with one 160-byte copy fewer than `Batch::empty` + `Batch::fill` (callgrind: 420 ->
-        // 370 instructions per round of 32 allocated, written and freed).
+        if count == N {
+            // The whole batch from this thread's cache as one array value: built where the
+            // result goes, with no loop and no copy of a filled array into the batch.
+            if let Some(units) = self.alloc_array::<N>(class) {
+                return Ok(Batch::from_units(self, class, len, N as u32, units));
+            }
+        }
+        // Any other count, or a cache holding fewer: filled as a bare array, made a batch only
+        // once it holds the blocks. The array has no destructor, so the error path drops no
+        // batch, and the compiler builds the result with one 160-byte copy fewer than
+        // `Batch::empty` + `Batch::fill` would.
         let mut units = [0u32; N];
         let Some(out) = units.get_mut(..count) else {
             return Err(Error::BatchFull { count, room: N });
@@ -184,6 +191,14 @@ impl<'pool, const N: usize> Batch<'pool, N> {
     #[inline(always)]
     pub fn fill(&mut self, count: usize) -> Result<(), Error> {
         let held = self.count as usize;
+        // A whole batch into an empty one: one fixed-size copy (see `Pool::alloc_batch`).
+        if held == 0 && count == N {
+            if let Some(units) = self.pool.alloc_array::<N>(self.class as usize) {
+                self.units = units;
+                self.count = N as u32;
+                return Ok(());
+            }
+        }
         let Some(out) = self.units.get_mut(held..held + count) else {
             return Err(Error::BatchFull {
                 count,
@@ -204,6 +219,18 @@ impl<'pool, const N: usize> Batch<'pool, N> {
         let held = self.count as usize;
         // Emptied before the blocks go back: whatever happens below, none is freed twice.
         self.count = 0;
+        // A full batch: one fixed-size copy into this thread's cache when it has room.
+        if held == N && self.pool.free_array(self.class as usize, &self.units) {
+            return;
+        }
+        self.free_some(held);
+    }
+
+    /// Frees the first `held` units: [`Batch::free`] of a partial batch, or of a full one the
+    /// thread cache had no room for. Out of line, so that the whole-batch path inlined into
+    /// every caller (and into the batch's drop) stays a few instructions.
+    #[inline(never)]
+    fn free_some(&self, held: usize) {
         if let Some(units) = self.units.get(..held) {
             self.pool.free_units(self.class as usize, units);
         }

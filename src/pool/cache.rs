@@ -225,6 +225,32 @@ impl<'a> Mine<'a> {
         n
     }
 
+    /// Takes the top `N` cached blocks of class `c` as an array (top first, as `pop_into` hands
+    /// them out), or `None` (and nothing taken) if fewer are cached.
+    #[inline(always)]
+    pub(crate) fn pop_array<const N: usize>(&self, c: usize) -> Option<[u32; N]> {
+        let cache = self.cache(c);
+        // SAFETY: `Mine` proves ownership.
+        let units = unsafe {
+            cache.with(|m| {
+                let len = m.len as usize;
+                let start = len.checked_sub(N)?;
+                let top: &[u32; N] = m.items.get(start..len)?.try_into().ok()?;
+                let mut units = *top;
+                units.reverse();
+                m.len = start as u32;
+                Some(units)
+            })
+        }?;
+        // Relaxed: statistics; single writer (see `bump`).
+        let allocs = &cache.allocs;
+        allocs.store(
+            allocs.load(Ordering::Relaxed).wrapping_add(N as u64),
+            Ordering::Relaxed,
+        );
+        Some(units)
+    }
+
     /// Pushes as many of `units` (freed blocks of class `c`) as the magazine has room for, in
     /// one copy; returns how many (a prefix of `units`).
     #[inline(always)]
@@ -255,6 +281,44 @@ impl<'a> Mine<'a> {
             Ordering::Relaxed,
         );
         n
+    }
+
+    /// Pushes `N` freed blocks of class `c` in one fixed-size copy (reversed, as `push_from`
+    /// stores them); `false` (and nothing pushed) if the magazine has room for fewer.
+    #[inline(always)]
+    pub(crate) fn push_array<const N: usize>(&self, c: usize, units: &[u32; N]) -> bool {
+        let cache = self.cache(c);
+        // SAFETY: `Mine` proves ownership; `units` is the caller's memory, not the magazine.
+        let pushed = unsafe {
+            cache.with(|m| {
+                let len = m.len as usize;
+                let end = len + N;
+                if end > m.cap as usize {
+                    return false;
+                }
+                // `end <= cap <= MAG_MAX`: in bounds; `get_mut` spares the panic path.
+                let Some(items) = m.items.get_mut(len..end) else {
+                    return false;
+                };
+                let Ok(items) = <&mut [u32; N]>::try_from(items) else {
+                    return false;
+                };
+                let mut reversed = *units;
+                reversed.reverse();
+                *items = reversed;
+                m.len = end as u32;
+                true
+            })
+        };
+        if pushed {
+            // Relaxed: statistics; single writer (see `bump`).
+            let frees = &cache.frees;
+            frees.store(
+                frees.load(Ordering::Relaxed).wrapping_add(N as u64),
+                Ordering::Relaxed,
+            );
+        }
+        pushed
     }
 
     /// Pushes a freed block of class `c`; `false` (and nothing pushed) if the magazine is full.
@@ -598,6 +662,22 @@ pub(crate) fn fast_pop(id: u64, c: usize) -> Option<u32> {
 #[inline(always)]
 pub(crate) fn fast_push(id: u64, c: usize, unit: u32) -> bool {
     with_home(id, |mine| mine.push(c, unit)).unwrap_or(false)
+}
+
+/// The whole-batch fast path of an allocation: the top `N` blocks of class `c` from this
+/// thread's cache of the pool `id` as one array, if that is its home entry and the magazine
+/// holds `N`.
+#[inline(always)]
+pub(crate) fn fast_pop_array<const N: usize>(id: u64, c: usize) -> Option<[u32; N]> {
+    with_home(id, |mine| mine.pop_array(c)).flatten()
+}
+
+/// The whole-batch fast path of a free: pushes the `N` blocks of class `c` in `units` into
+/// this thread's cache of the pool `id` in one copy, if that is its home entry and the
+/// magazine has room for all of them.
+#[inline(always)]
+pub(crate) fn fast_push_array<const N: usize>(id: u64, c: usize, units: &[u32; N]) -> bool {
+    with_home(id, |mine| mine.push_array(c, units)).unwrap_or(false)
 }
 
 /// Runs `f` on this thread's slot in `arena`, claiming one if needed; `f` gets `None` if the

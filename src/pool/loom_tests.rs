@@ -15,6 +15,7 @@
 //! thread's exit flush and the pool's drop has a model of its own.
 
 use super::arena::{Arena, Block};
+use super::cache;
 use super::geometry::Geometry;
 use super::meta::Meta;
 use super::stack::{Stack, EMPTY, NIL};
@@ -290,5 +291,58 @@ fn batches_allocated_on_one_thread_and_freed_on_another_are_never_shared() {
         assert_quiescent(&arena);
         let stats = arena.stats();
         assert_eq!((stats.classes[0].allocs, stats.classes[0].frees), (7, 7));
+    });
+}
+
+#[test]
+fn whole_batches_through_the_array_path_are_never_shared() {
+    model(|| {
+        let arena = arena(2, 2);
+        // Fill this thread's two-block magazine (a refill of one, and a free back), then take
+        // both as one array: the whole-batch path of `Batch`.
+        let mut two = [0u32; 2];
+        arena.alloc_units(0, &mut two).expect("room");
+        arena.free_units(0, &two);
+        let taken: [u32; 2] = cache::fast_pop_array(arena.id(), 0).expect("two cached");
+        let freer = {
+            let arena = Arc::clone(&arena);
+            thread::spawn(move || {
+                // One allocation claims this thread's slot and leaves its magazine empty:
+                // the array goes in whole, then the single free finds it full and flushes.
+                let mut one = [0u32; 1];
+                arena.alloc_units(0, &mut one).expect("room");
+                assert!(
+                    cache::fast_push_array(arena.id(), 0, &taken),
+                    "room for two"
+                );
+                arena.free_units(0, &one);
+                let mut mine = [0u32; 2];
+                arena.alloc_units(0, &mut mine).expect("room");
+                arena.flush_current_thread();
+                mine
+            })
+        };
+        // Meanwhile this thread, its magazine emptied by the array, refills from the shared
+        // level that the other thread flushes into.
+        let mut ours = [0u32; 2];
+        arena.alloc_units(0, &mut ours).expect("room");
+        let theirs = freer.join().unwrap();
+        let g = arena.geometry();
+        let all: Vec<Block> = ours
+            .iter()
+            .chain(&theirs)
+            .map(|&unit| Block::small(unit, 0))
+            .collect();
+        for (i, x) in all.iter().enumerate() {
+            for y in &all[i + 1..] {
+                assert!(!overlap(x, y, g), "{x:?} and {y:?} overlap");
+            }
+        }
+        arena.free_units(0, &ours);
+        arena.free_units(0, &theirs);
+        arena.flush_current_thread();
+        assert_quiescent(&arena);
+        let stats = arena.stats();
+        assert_eq!((stats.classes[0].allocs, stats.classes[0].frees), (9, 9));
     });
 }

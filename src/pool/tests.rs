@@ -853,6 +853,101 @@ fn a_batch_refuses_what_it_cannot_hold() {
     assert_all_free(&other.stats());
 }
 
+/// A config whose thread cache holds `blocks` blocks of 4 KiB (chunks of 64 KiB, as
+/// `small_config`).
+fn cache_of(blocks: usize) -> Config {
+    Config::default()
+        .chunk_size(64 << 10)
+        .max_class(64 << 10)
+        .thread_cache(blocks)
+        .thread_cache_bytes(blocks << 12)
+}
+
+#[test]
+fn a_whole_batch_leaves_and_reenters_the_cache_as_single_buffers_would() {
+    // A cache of 64 blocks of 4 KiB (refilled and flushed 32 at a time): room for a batch.
+    let pool = Pool::new(mapping(4 << 20), cache_of(64)).unwrap();
+    let offset = |b: &Buffer<'_>| b.offset();
+    // 32 single buffers, freed in order: the cache's top is the last one freed.
+    let singles: Vec<Buffer<'_>> = (0..32).map(|_| pool.alloc(4096).unwrap()).collect();
+    let freed: Vec<usize> = singles.iter().map(offset).collect();
+    drop(singles);
+    let before = pool.stats().classes[4].clone();
+    // A whole batch takes the 32 from the cache, top first, as 32 single allocations would,
+    // with no refill from the shared level.
+    let batch = pool.alloc_batch::<32>(4096, 32).unwrap();
+    let taken: Vec<usize> = batch.iter().map(|b| b.offset()).collect();
+    let top_first: Vec<usize> = freed.iter().rev().copied().collect();
+    assert_eq!(taken, top_first);
+    let after = pool.stats().classes[4].clone();
+    assert_eq!(after.allocs - before.allocs, 32);
+    assert_eq!(
+        after.cache_hits - before.cache_hits,
+        32,
+        "every one a cache hit"
+    );
+    assert_eq!(after.shared_hits, before.shared_hits, "no refill");
+    assert_eq!(after.in_use, 32);
+    // Freed whole, it goes back so that the next batch gets the same order, and single
+    // allocations take its first buffer first (as if its buffers were freed last to first).
+    drop(batch);
+    assert_eq!(pool.stats().classes[4].frees - before.frees, 32);
+    assert_eq!(pool.stats().classes[4].in_use, 0);
+    let mut kept = Batch::<32>::new(&pool, 4096).unwrap();
+    kept.fill(32).unwrap();
+    assert_eq!(
+        kept.iter().map(|b| b.offset()).collect::<Vec<_>>(),
+        top_first
+    );
+    kept.free();
+    let first = pool.alloc(4096).unwrap();
+    assert_eq!(first.offset(), top_first[0]);
+    drop(first);
+    // A part of a batch, and a batch larger than the cache could ever hold, take the loop
+    // path and end the same way: every block back, none twice.
+    let mut part = Batch::<32>::new(&pool, 4096).unwrap();
+    part.fill(20).unwrap();
+    part.fill(12).unwrap();
+    assert_eq!(part.len(), 32);
+    let huge = pool.alloc_batch::<300>(4096, 300).unwrap();
+    let mut all: Vec<usize> = huge.iter().map(|b| b.offset()).collect();
+    all.extend(part.iter().map(|b| b.offset()));
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), 332, "distinct blocks");
+    drop((huge, part));
+    pool.flush_thread_cache();
+    assert_all_free(&pool.stats());
+}
+
+#[test]
+fn a_whole_batch_the_cache_cannot_take_goes_to_the_shared_level() {
+    // A cache of 40 blocks: a batch of 32 fits only while it holds at most 8.
+    let pool = Pool::new(mapping(4 << 20), cache_of(40)).unwrap();
+    let first = pool.alloc_batch::<32>(4096, 32).unwrap();
+    let second = pool.alloc_batch::<32>(4096, 32).unwrap();
+    let third = pool.alloc_batch::<32>(4096, 32).unwrap();
+    assert_eq!(pool.stats().classes[4].in_use, 96);
+    // Each free meets a cache with less room than a batch: part goes in, the rest flushes.
+    drop((first, second, third));
+    let stats = pool.stats();
+    assert_eq!((stats.classes[4].frees, stats.classes[4].in_use), (96, 0));
+    assert!(
+        stats.classes[4].outstanding <= 40,
+        "the rest went to the shared level"
+    );
+    // An empty cache (flushed) cannot hand out a whole batch: the batch refills it first.
+    pool.flush_thread_cache();
+    let again = pool.alloc_batch::<32>(4096, 32).unwrap();
+    let mut offsets: Vec<usize> = again.iter().map(|b| b.offset()).collect();
+    offsets.sort_unstable();
+    offsets.dedup();
+    assert_eq!(offsets.len(), 32);
+    drop(again);
+    pool.flush_thread_cache();
+    assert_all_free(&pool.stats());
+}
+
 #[test]
 fn a_batch_freed_on_another_thread_goes_to_that_thread_and_back() {
     let pool = Pool::new(mapping(4 << 20), small_config()).unwrap();
