@@ -914,17 +914,21 @@ fn ratios(
     println!(
         "\nuserdma ÷ DPDK, ns per 4 KiB buffer, median [min-max] of {count} alternating rounds \
          of {time:?}; each buffer written once (8 bytes at offset 0), read back by the consumer \
-         in the pipeline.\n  {}; rte_mempool {} cache 256, 8191 objects, `dpdk` at DPDK's \
+         in the pipeline.\n  {}; rte_mempool {} cache 256 (a core's cache holds up to 384, \
+         refills 256 and more from the ring, flushes all above 256), 8191 objects, `dpdk` at DPDK's \
          default {}-byte stride (first lines spread over cache sets), `dpdk_4k_stride` at {} \
          bytes (4032-byte objects, no spread: the layout of page-aligned 4 KiB buffers, every \
          first line in one L1 set).\n  userdma: pools over 256 MiB of {pages}; default \
-         config: 4 KiB buffers 4 KiB-aligned (IOVA), so 4096 bytes apart, the layout of \
+         config (a thread's cache holds up to {cap} 4 KiB buffers, refills and flushes {half} at a \
+         time): 4 KiB buffers 4 KiB-aligned (IOVA), so 4096 bytes apart, the layout of \
          `dpdk_4k_stride`; `_coloured`: cache colouring on, 4 KiB buffers 4352 bytes apart \
          (16 offsets within a page), the counterpart of `dpdk`.",
         eal.memory(),
         mp.ops(),
         mp.stride(),
         mp4k.stride(),
+        cap = pool.config().thread_cache_blocks(KIB4),
+        half = pool.config().thread_cache_blocks(KIB4) / 2,
     );
     let single: &'static PoolAllocator<'static> = Box::leak(Box::new(PoolAllocator(pool, KIB4)));
     let single_coloured: &'static PoolAllocator<'static> =

@@ -316,6 +316,7 @@ fn pool_code(e: &pool::Error) -> Code {
         E::NotShareable | E::NotAPool { .. } | E::Version { .. } | E::Incompatible { .. } => {
             Code::Unsupported
         }
+        E::CacheSlots { .. } => Code::System,
         E::Access(e) => dma_code(e),
     }
 }

@@ -150,8 +150,9 @@ impl Pool {
                 needed: align as u64,
             })?;
         let g = Geometry::new(len - start as u64, &config)?;
+        let slots = Arena::slots_for(&g)?;
         let meta = Meta::heap(&g);
-        let arena = Arena::new(g, meta, true, config.timeout(), false);
+        let arena = Arena::new(g, meta, slots, true, config.timeout(), false);
         Pool::assemble(arena, mapping, start, config, false)
     }
 

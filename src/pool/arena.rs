@@ -9,12 +9,13 @@ use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use super::buddy::Buddy;
-use super::cache::{self, Mine, Slot};
+use super::cache::{self, Mine, SlotRef, Slots};
 use super::central::Central;
 use super::geometry::{class_of, Geometry, BATCH_MAX, MAX_CLASSES};
 use super::meta::Meta;
 use super::stats::{ClassStats, LargeStats, Stats};
 use super::wait;
+use super::Error;
 use crate::sync::{Arc, AtomicU32, AtomicU64, Ordering};
 
 /// Longest a waiter sleeps before re-checking the shared lists on its own: bounds the delay
@@ -141,7 +142,7 @@ pub(crate) struct Arena {
     id: u64,
     g: Geometry,
     meta: Meta,
-    slots: Box<[Arc<Slot>]>,
+    slots: Arc<Slots>,
     direct: [Direct; MAX_CLASSES],
     /// Large blocks this process allocated and freed.
     large: Direct,
@@ -158,13 +159,15 @@ unsafe impl Send for Arena {}
 unsafe impl Sync for Arena {}
 
 impl Arena {
-    /// An arena over `meta`. `fresh`: initialize the metadata (a new pool); otherwise attach to
+    /// An arena over `meta`, with `slots` (made for `g.threads`: [`Arena::slots_for`]) as its
+    /// thread-cache slots. `fresh`: initialize the metadata (a new pool); otherwise attach to
     /// metadata another process initialized. `timeout`: how long an allocation waits when
     /// nothing is free (`None`: fail at once). `shared_futex`: the metadata is in memory shared
     /// between processes.
     pub(crate) fn new(
         g: Geometry,
         meta: Meta,
+        slots: Slots,
         fresh: bool,
         timeout: Option<Duration>,
         shared_futex: bool,
@@ -178,13 +181,25 @@ impl Arena {
             waiters,
             // Relaxed: uniqueness is all that is needed.
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            slots: cache::slots(&g),
+            slots: Arc::new(slots),
             g,
             meta,
             direct: std::array::from_fn(|_| Direct::default()),
             large: Direct::default(),
             timeout,
             shared_futex,
+        })
+    }
+
+    /// The thread-cache slots for an arena of geometry `g`: made before the arena, so that a
+    /// pool being created fails before it has written anything.
+    ///
+    /// # Errors
+    /// [`Error::CacheSlots`] when their memory cannot be mapped.
+    pub(crate) fn slots_for(g: &Geometry) -> Result<Slots, Error> {
+        Slots::new(g.threads).map_err(|source| Error::CacheSlots {
+            threads: g.threads,
+            source,
         })
     }
 
@@ -219,8 +234,8 @@ impl Arena {
     }
 
     /// Claims a free cache slot for the calling thread.
-    pub(crate) fn claim_slot(&self) -> Option<Arc<Slot>> {
-        self.slots.iter().find(|s| s.claim()).cloned()
+    pub(crate) fn claim_slot(&self) -> Option<SlotRef> {
+        SlotRef::claim(&self.slots)
     }
 
     /// Allocates a block for `len` bytes.
@@ -263,7 +278,7 @@ impl Arena {
     fn try_alloc_small(&self, c: usize) -> Option<Block> {
         let mut batch = [0u32; BATCH_MAX];
         let cached = cache::with_slot(self, |mine| {
-            let mine = mine.filter(|mine| mine.enabled(c))?;
+            let mine = mine.filter(|mine| mine.enable(c, &self.g))?;
             if let Some(unit) = mine.pop(c) {
                 return Some(Some(unit));
             }
@@ -293,7 +308,7 @@ impl Arena {
     fn free_small_slow(&self, c: usize, unit: u32) {
         if !self.someone_waits() {
             let cached = cache::with_slot(self, |mine| {
-                let Some(mine) = mine.filter(|mine| mine.enabled(c)) else {
+                let Some(mine) = mine.filter(|mine| mine.enable(c, &self.g)) else {
                     return false;
                 };
                 if mine.push(c, unit) {
@@ -428,7 +443,7 @@ impl Arena {
         let mut done = 0;
         if c < self.g.classes {
             cache::with_slot(self, |mine| {
-                let Some(mine) = mine.filter(|mine| mine.enabled(c)) else {
+                let Some(mine) = mine.filter(|mine| mine.enable(c, &self.g)) else {
                     return;
                 };
                 let mut batch = [0u32; BATCH_MAX];
@@ -469,7 +484,7 @@ impl Arena {
                         continue;
                     };
                     let unit = block.unit();
-                    if mine.enabled(c) {
+                    if mine.enable(c, &self.g) {
                         if mine.push(c, unit) {
                             continue;
                         }
@@ -511,7 +526,7 @@ impl Arena {
         mut done: usize,
     ) -> Result<(), Failure> {
         cache::with_slot(self, |mine| {
-            let Some(mine) = mine.filter(|mine| mine.enabled(c)) else {
+            let Some(mine) = mine.filter(|mine| mine.enable(c, &self.g)) else {
                 return;
             };
             let mut batch = [0u32; BATCH_MAX];
@@ -564,7 +579,7 @@ impl Arena {
     pub(crate) fn free_units_slow(&self, c: usize, mut units: &[u32]) {
         if !self.someone_waits() {
             cache::with_slot(self, |mine| {
-                let Some(mine) = mine.filter(|mine| mine.enabled(c)) else {
+                let Some(mine) = mine.filter(|mine| mine.enable(c, &self.g)) else {
                     return;
                 };
                 let mut batch = [0u32; BATCH_MAX];

@@ -1,7 +1,9 @@
 //! Per-thread caches: magazines of block units, one per size class, per (thread, pool).
 //!
-//! A pool owns a fixed set of cache [`Slot`]s (`Config::max_threads`), allocated at creation.
-//! A thread claims a slot the first time it uses a pool (one CAS) and records it in its
+//! A pool owns a fixed set of cache [`Slot`]s (`Config::max_threads`), allocated at creation
+//! as zeroed memory ([`Slots::new`]): a slot's magazines take room (memory the process
+//! touches) only in the classes its thread uses, each sized by the pool's geometry the first
+//! time ([`Mine::enable`]). A thread claims a slot the first time it uses a pool (one CAS) and records it in its
 //! thread-local table: `WAYS` entries of `(pool id, slot)`, the pool's *home* entry being
 //! `id % WAYS` (a hit elsewhere swaps the entry home). The table has two halves: [`Hot`], what
 //! the fast path reads, has no destructor, so reaching it is a plain `%fs`-relative access with
@@ -12,8 +14,9 @@
 //! never match a live one. With more than `WAYS` pools in use, a thread evicts (flushes) the
 //! entry of the pool it used least recently at the home position.
 //!
-//! **Lifetimes.** A slot is shared by the pool and the thread through an `Arc`, and its `state`
-//! word arbitrates who may touch the pool through it:
+//! **Lifetimes.** The slots are shared by the pool and the threads that claimed one of them
+//! through an `Arc` ([`SlotRef`]), and each slot's `state` word arbitrates who may touch the
+//! pool through it:
 //!
 //! ```text
 //!   FREE --claim (thread, CAS)--> ACTIVE --release (thread exit / eviction, CAS)--> FLUSHING
@@ -26,7 +29,7 @@
 //! also empties `Hot`, so a buffer freed later in the thread's teardown goes to the shared
 //! lists) or evicts the entry; the pool's `Drop` waits while a slot is `FLUSHING`, so a flushing thread
 //! always flushes into a live pool, and marks every slot `GONE`, after which the thread only
-//! drops its `Arc`. The pool can drain an `ACTIVE` slot in its `Drop` because dropping a pool
+//! drops its `SlotRef`. The pool can drain an `ACTIVE` slot in its `Drop` because dropping a pool
 //! requires that no `&Pool` or `Buffer` borrow is alive, so no thread is inside a pool call, and
 //! the end of those borrows on other threads was synchronized (join, channel) as it must be for
 //! any `Sync` type. A dropped pool therefore neither leaks blocks into a cache nor leaves a
@@ -37,7 +40,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
-use std::ptr;
+use std::ptr::{self, NonNull};
 
 use super::arena::Arena;
 use super::geometry::{Geometry, BATCH_MAX, MAG_MAX, MAX_CLASSES};
@@ -90,15 +93,18 @@ fn bump(counter: &AtomicU64) {
 }
 
 impl ClassCache {
-    fn new(cap: u32, batch: u32) -> Self {
+    /// An empty cache with no room yet (all zero: see [`Slots::new`]); [`Mine::enable`] gives
+    /// it its capacity the first time the slot's thread uses the class.
+    #[cfg(loom)]
+    fn new() -> Self {
         Self {
             allocs: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             mag: UnsafeCell::new(Magazine {
                 len: 0,
-                cap,
-                batch,
+                cap: 0,
+                batch: 0,
                 items: [0; MAG_MAX],
             }),
         }
@@ -343,11 +349,25 @@ impl<'a> Mine<'a> {
         pushed
     }
 
-    /// Whether class `c` is cached at all (capacity above zero).
-    #[inline(always)]
-    pub(crate) fn enabled(&self, c: usize) -> bool {
+    /// Whether class `c` is cached at all, giving its magazine the capacity and batch of
+    /// geometry `g` (the slot's pool's) the first time: a slot is made with no room in any
+    /// class, so that the pages of the classes a thread never uses are never written. Called
+    /// by every slow path before it uses the magazine; until then the fast paths find a
+    /// magazine with no room and go there.
+    #[inline]
+    pub(crate) fn enable(&self, c: usize, g: &Geometry) -> bool {
         // SAFETY: `Mine` proves ownership.
-        unsafe { self.cache(c).with(|m| m.cap != 0) }
+        unsafe {
+            self.cache(c).with(|m| {
+                if m.cap == 0 && c < g.classes {
+                    // `len <= cap == 0`: nothing held, so any capacity is consistent.
+                    let class = g.class[c];
+                    m.cap = class.cap.min(MAG_MAX as u32);
+                    m.batch = class.batch;
+                }
+                m.cap != 0
+            })
+        }
     }
 
     /// Class `c`'s refill/flush batch.
@@ -407,17 +427,6 @@ unsafe impl Sync for Slot {}
 unsafe impl Send for Slot {}
 
 impl Slot {
-    /// An unclaimed slot with magazines sized for `g`.
-    pub(crate) fn new(g: &Geometry) -> Self {
-        Self {
-            state: AtomicU32::new(FREE),
-            classes: std::array::from_fn(|c| {
-                let geometry = g.class[c];
-                ClassCache::new(if c < g.classes { geometry.cap } else { 0 }, geometry.batch)
-            }),
-        }
-    }
-
     /// The counters of class `c` (`c < MAX_CLASSES`).
     pub(crate) fn class(&self, c: usize) -> &ClassCache {
         &self.classes[c]
@@ -514,7 +523,7 @@ struct Hot {
 #[derive(Debug)]
 struct Cold {
     arenas: [Cell<*const Arena>; WAYS],
-    owners: RefCell<[Option<Arc<Slot>>; WAYS]>,
+    owners: RefCell<[Option<SlotRef>; WAYS]>,
 }
 
 #[cfg(not(loom))]
@@ -571,7 +580,7 @@ impl Cold {
         // Reuse an empty entry or one of a dropped pool, preferring home; else evict home.
         let reusable = |e: &HotEntry| {
             let slot = e.slot.get();
-            // SAFETY: a non-null slot pointer is kept alive by the Arc in `owners`.
+            // SAFETY: a non-null slot pointer is kept alive by the `SlotRef` in `owners`.
             e.id.get() == 0 || (!slot.is_null() && unsafe { &*slot }.is_gone())
         };
         let victim = if reusable(&hot.entries[home]) {
@@ -580,7 +589,7 @@ impl Cold {
             hot.entries.iter().position(reusable).unwrap_or(home)
         };
         self.release(hot, victim);
-        let slot = claimed.as_ref().map_or(ptr::null(), Arc::as_ptr);
+        let slot = claimed.as_deref().map_or(ptr::null(), ptr::from_ref);
         hot.entries[victim].id.set(id);
         hot.entries[victim].slot.set(slot);
         self.arenas[victim].set(arena);
@@ -634,20 +643,22 @@ impl Drop for Cold {
 /// `None` if it is not, or if the thread runs uncached.
 #[inline(always)]
 pub(crate) fn with_home<R>(id: u64, f: impl FnOnce(Mine<'_>) -> R) -> Option<R> {
-    HOT.try_with(|hot| {
-        let entry = &hot.entries[Hot::home(id)];
-        if entry.id.get() != id {
-            return None;
-        }
-        let slot = entry.slot.get();
-        // SAFETY: a non-null slot in this thread's hot table is kept alive by the Arc in its
-        // cold table and was claimed by this thread, which has not released it (releasing
-        // clears the entry first); `f` runs on this thread and never reaches the tables (pool
-        // operations do not re-enter them), so the entry stays as it is during the call.
-        (!slot.is_null()).then(|| f(unsafe { Mine::new(&*slot) }))
-    })
-    .ok()
-    .flatten()
+    // Only the lookup runs inside the thread-local access, and `f` after it, so how much `f`
+    // inlines never decides whether the access itself is inlined (with a whole batch free
+    // inside it, `LocalKey::try_with` went out of line: a call on every batch free).
+    let slot = HOT
+        .try_with(|hot| {
+            let entry = &hot.entries[Hot::home(id)];
+            (entry.id.get() == id).then(|| entry.slot.get())
+        })
+        .ok()
+        .flatten()
+        .filter(|slot| !slot.is_null())?;
+    // SAFETY: a non-null slot in this thread's hot table is kept alive by the `SlotRef` in its
+    // cold table and was claimed by this thread, which has not released it (releasing clears
+    // the entry first). `f` runs on this thread and never reaches the tables (pool operations
+    // do not re-enter them), so nothing releases the slot during the call.
+    Some(f(unsafe { Mine::new(&*slot) }))
 }
 
 /// The fast path of an allocation: pops a block of class `c` from this thread's cache of the
@@ -691,7 +702,7 @@ pub(crate) fn with_slot<R>(arena: &Arena, f: impl FnOnce(Option<Mine<'_>>) -> R)
         })
         .ok()
         .flatten();
-    // SAFETY: `find_or_claim` returned a slot this thread claimed, kept alive by the Arc in
+    // SAFETY: `find_or_claim` returned a slot this thread claimed, kept alive by the `SlotRef` in
     // this thread's table until the entry is released. Only this thread releases it: on exit,
     // through `release_current` (flush), or by evicting it to claim a slot in another pool.
     // `f` is an operation on this same pool that never calls back into the table, so none of
@@ -710,7 +721,132 @@ pub(crate) fn release_current(id: u64) {
     });
 }
 
-/// A new, unclaimed slot set for a pool.
-pub(crate) fn slots(g: &Geometry) -> Box<[Arc<Slot>]> {
-    (0..g.threads).map(|_| Arc::new(Slot::new(g))).collect()
+/// A pool's cache slots, all unclaimed, in one allocation that lives as long as the pool or any
+/// thread that holds one of them (see [`SlotRef`]).
+pub(crate) struct Slots {
+    /// The slots' memory: an anonymous mapping, zero-filled by the kernel page by page as it
+    /// is first touched (an allocator's zeroed allocation of this alignment would write every
+    /// byte), unmapped when dropped (nothing in a slot owns anything). `None` for no slots.
+    #[cfg(not(loom))]
+    _map: Option<memmap2::MmapRaw>,
+    /// The first of `len` slots, at the start of `_map` (dangling when `len` is 0).
+    #[cfg(not(loom))]
+    first: NonNull<Slot>,
+    #[cfg(loom)]
+    slots: Box<[Slot]>,
+    len: usize,
+}
+
+impl std::fmt::Debug for Slots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slots")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: `Slots` owns its mapping and only hands out `&Slot`s, which are `Sync`; it holds no
+// thread-bound data (the raw pointer is into the mapping it owns).
+unsafe impl Send for Slots {}
+// SAFETY: as above: `&Slots` gives only `&Slot`s, and `Slot` is `Sync`.
+unsafe impl Sync for Slots {}
+
+// Unclaimed is all-zero: a slot is made by zeroing its memory.
+const _: () = assert!(FREE == 0);
+
+impl Slots {
+    /// `n` unclaimed slots, each with empty magazines that have no room yet.
+    ///
+    /// Made as zero-filled memory, which is every field's starting value (`FREE`, zero
+    /// counters, empty magazines with capacity zero), so nothing is written: a slot's pages
+    /// (about 47 KiB of magazines per slot) take memory only once its thread uses a class
+    /// (`Mine::enable`).
+    ///
+    /// # Errors
+    /// The mapping could not be made (address space or map count exhausted).
+    #[cfg(not(loom))]
+    pub(crate) fn new(n: usize) -> std::io::Result<Self> {
+        let size = std::mem::size_of::<Slot>()
+            .checked_mul(n)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
+        if size == 0 {
+            return Ok(Self {
+                _map: None,
+                first: NonNull::dangling(),
+                len: 0,
+            });
+        }
+        let map = memmap2::MmapRaw::from(memmap2::MmapOptions::new().len(size).map_anon()?);
+        // Page-aligned, and a slot's alignment (64) divides a page.
+        const _: () = assert!(std::mem::align_of::<Slot>() <= 4096);
+        let Some(first) = NonNull::new(map.as_mut_ptr().cast::<Slot>()) else {
+            unreachable!("a mapping is never at address 0");
+        };
+        Ok(Self {
+            _map: Some(map),
+            first,
+            len: n,
+        })
+    }
+
+    /// `n` unclaimed slots (loom's atomics and cells carry model state, so each is built).
+    #[cfg(loom)]
+    pub(crate) fn new(n: usize) -> std::io::Result<Self> {
+        let slots: Box<[Slot]> = (0..n)
+            .map(|_| Slot {
+                state: AtomicU32::new(FREE),
+                classes: std::array::from_fn(|_| ClassCache::new()),
+            })
+            .collect();
+        Ok(Self { slots, len: n })
+    }
+
+    /// The slots.
+    pub(crate) fn as_slice(&self) -> &[Slot] {
+        #[cfg(not(loom))]
+        // SAFETY: `first` points to `len` slots at the start of `_map`, which this value owns
+        // (a dangling pointer for none): the mapping is `len * size_of::<Slot>()` bytes,
+        // page-aligned (so aligned for `Slot`), and zero-filled where never written, and zero
+        // is a valid value of every field of a slot (atomics, `FREE` being 0; `u32`s in an
+        // `UnsafeCell`). Slots are only ever changed through those atomics and cells, never
+        // through a `&mut`, so shared references to them are sound for as long as `self`
+        // lives, which keeps the mapping.
+        unsafe {
+            std::slice::from_raw_parts(self.first.as_ptr(), self.len)
+        }
+        #[cfg(loom)]
+        &self.slots[..self.len]
+    }
+
+    /// The slots, one by one.
+    pub(crate) fn iter(&self) -> std::slice::Iter<'_, Slot> {
+        self.as_slice().iter()
+    }
+}
+
+/// One slot of a pool's [`Slots`], held by the thread that claimed it: it keeps the slots alive
+/// (after the pool is gone too, until the thread has released it).
+#[derive(Debug)]
+pub(crate) struct SlotRef {
+    slots: Arc<Slots>,
+    index: usize,
+}
+
+impl std::ops::Deref for SlotRef {
+    type Target = Slot;
+    fn deref(&self) -> &Slot {
+        &self.slots.as_slice()[self.index]
+    }
+}
+
+impl SlotRef {
+    /// Claims a free slot of `slots` for the calling thread: a handle that keeps every slot
+    /// alive.
+    pub(crate) fn claim(slots: &Arc<Slots>) -> Option<Self> {
+        let index = slots.iter().position(Slot::claim)?;
+        Some(Self {
+            slots: Arc::clone(slots),
+            index,
+        })
+    }
 }

@@ -27,17 +27,14 @@ pub(crate) const MIN_BLOCK: usize = 1 << MIN_SHIFT;
 pub(crate) const MAX_CLASS_SHIFT: u32 = 30;
 /// Number of size classes the fixed per-class tables have room for (256 B ..= 1 GiB).
 pub(crate) const MAX_CLASSES: usize = (MAX_CLASS_SHIFT - MIN_SHIFT + 1) as usize;
-/// Largest magazine a thread cache keeps per class.
+/// Largest magazine a thread cache keeps per class (its room is what the geometry gives each
+/// class, not this much for every class: see `cache::Slot::new`).
 #[cfg(not(loom))]
-pub(crate) const MAG_MAX: usize = 256;
+pub(crate) const MAG_MAX: usize = 512;
 /// Largest magazine a thread cache keeps per class. The loom models use caches of two blocks
-/// and run on 32 KiB coroutine stacks, which a slot of full-size magazines would overflow.
+/// and run on 32 KiB coroutine stacks, where the slow paths' `BATCH_MAX` arrays must stay small.
 #[cfg(loom)]
 pub(crate) const MAG_MAX: usize = 8;
-const _: () = assert!(
-    MAG_MAX.is_power_of_two(),
-    "magazine indices are masked with MAG_MAX - 1"
-);
 /// Largest batch moved between a thread cache and the shared lists (half a full magazine), and
 /// the capacity of a depot magazine.
 pub(crate) const BATCH_MAX: usize = MAG_MAX / 2;
@@ -152,7 +149,7 @@ impl Geometry {
             return bad(
                 "thread_cache",
                 config.thread_cache as u64,
-                "at most 256 blocks",
+                "at most 512 blocks",
             );
         }
         if config.max_threads > 4096 {
@@ -187,12 +184,8 @@ impl Geometry {
         for (c, g) in class.iter_mut().enumerate().take(classes) {
             // `c < MAX_CLASSES`, so the cast is exact.
             let shift = MIN_SHIFT + c as u32;
-            let cap = if config.thread_cache < 2 {
-                0
-            } else {
-                let by_bytes = (config.thread_cache_bytes >> shift).max(2);
-                by_bytes.min(config.thread_cache) as u32
-            };
+            // At most MAG_MAX (checked above): fits.
+            let cap = config.thread_cache_blocks(1 << shift) as u32;
             let size_units = 1u32 << (shift - MIN_SHIFT);
             // Coloured: asked for, big enough to alias, and cheap: a one-chunk slab holds
             // `plain` blocks `size` apart and `fit` blocks `size + 256` apart (the last one
@@ -337,11 +330,25 @@ mod tests {
         assert_eq!(g.max_order, 5);
         assert_eq!(g.classes, 13);
         assert_eq!(g.units, (64 << 20) >> 8);
-        assert_eq!(g.class[0].cap, 256);
-        assert_eq!(g.class[0].batch, 128);
-        // 4 KiB blocks: 256 of them are 1 MiB, under the byte cap.
-        assert_eq!(g.class[4].cap, 256);
-        assert_eq!(g.class[4].batch, 128);
+        assert_eq!(g.class[0].cap, 512);
+        assert_eq!(g.class[0].batch, 256);
+        // 4 KiB blocks: 512 of them are 2 MiB, the byte cap.
+        assert_eq!(g.class[4].cap, 512);
+        assert_eq!(g.class[4].batch, 256);
+        // 8 KiB blocks: the byte cap leaves 256.
+        assert_eq!(g.class[5].cap, 256);
+        assert_eq!(g.class[5].batch, 128);
+        // What the config tells its users is what the geometry gives each class.
+        let config = Config::default();
+        for (len, class) in [(1, 0), (4096, 4), (3000, 4), (5000, 5), (1 << 20, 12)] {
+            assert_eq!(config.thread_cache_blocks(len), g.class[class].cap as usize);
+        }
+        assert_eq!(
+            config.thread_cache_blocks((1 << 20) + 1),
+            0,
+            "above the largest class"
+        );
+        assert_eq!(config.clone().thread_cache(1).thread_cache_blocks(4096), 0);
         // 64 KiB blocks: the byte cap leaves 32.
         assert_eq!(g.class[8].cap, 32);
         // 1 MiB blocks: the byte cap leaves two per thread.

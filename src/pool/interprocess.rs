@@ -28,7 +28,7 @@ use crate::dma::Mapping;
 /// "udmapool", little-endian.
 const MAGIC: u64 = u64::from_le_bytes(*b"udmapool");
 /// Layout version; bump on any change to the metadata's types or order.
-const VERSION: u32 = 4;
+const VERSION: u32 = 5;
 /// Header state: being initialized.
 const INITIALIZING: u32 = 1;
 /// Header state: ready to open.
@@ -103,6 +103,7 @@ impl Pool {
             },
         )?;
         let g = Geometry::new(region_len - start as u64, &config)?;
+        let slots = Arena::slots_for(&g)?;
         let layout = Layout::new(&g, size_of::<Header>());
         let base = mapping.as_ptr();
         // SAFETY: `layout.len <= meta_len <= start < mapping.len()`: the metadata area is inside
@@ -136,7 +137,7 @@ impl Pool {
         // bytes of zeroed metadata and outlives the arena (the pool drops the arena first);
         // every process accesses them only as atomics.
         let meta = unsafe { Meta::place(&g, base, &layout) };
-        let arena = Arena::new(g, meta, true, config.timeout(), true);
+        let arena = Arena::new(g, meta, slots, true, config.timeout(), true);
         // Release: pairs with the Acquire load in `open_shared`; an opener that sees READY sees
         // the header and the initialized metadata.
         head.state.store(READY, Ordering::Release);
@@ -216,7 +217,8 @@ impl Pool {
         // below the arena, inside the mapping, which outlives the arena; the creator
         // initialized it before publishing READY, which we acquired.
         let meta = unsafe { Meta::place(&g, base, &layout) };
-        let arena = Arena::new(g, meta, false, config.timeout(), true);
+        let slots = Arena::slots_for(&g)?;
+        let arena = Arena::new(g, meta, slots, false, config.timeout(), true);
         Pool::assemble(arena, mapping, start, config, true)
     }
 }

@@ -44,7 +44,8 @@ fn arena(chunks: u64, threads: usize) -> Arc<Box<Arena>> {
         .magazines(2);
     let g = Geometry::new(chunks * 1024, &config).expect("valid loom geometry");
     let meta = Meta::heap(&g);
-    Arc::new(Arena::new(g, meta, true, None, false))
+    let slots = Arena::slots_for(&g).expect("cache slots");
+    Arc::new(Arena::new(g, meta, slots, true, None, false))
 }
 
 /// Every byte of an arena nobody uses is accounted for and no block is out.

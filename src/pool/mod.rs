@@ -45,6 +45,8 @@
 //! [`Config::thread_cache_bytes`]). Alloc pops, free pushes: one thread-local lookup, a compare,
 //! and plain loads and stores — no atomic read-modify-write, no lock, no division. An empty
 //! magazine refills half its capacity from the shared level; a full one flushes half back.
+//! A thread's slot reserves a 512-entry magazine for every class (about 47 KiB of address
+//! space), made as zero-filled pages that take memory only where the thread uses a class.
 //! The thread-local state is a small table of `(pool id, slot)` entries; the slots themselves
 //! are owned by the pool (a fixed number, [`Config::max_threads`]). A thread's caches go back to
 //! the shared lists when the thread exits (a thread-local destructor); a pool dropped while
@@ -52,7 +54,7 @@
 //! makes a thread exiting concurrently flush into a live pool or not at all. Pool ids are never
 //! reused, so a dead entry can never be mistaken for a live pool. See the `cache` module.
 //!
-//! **Shared lists.** Per class, a lock-free depot of full magazines (a batch of up to 64 blocks
+//! **Shared lists.** Per class, a lock-free depot of full magazines (a batch of up to 256 blocks
 //! moves with one CAS and the magazine's own cache lines) and a lock-free list of single blocks, both tagged Treiber stacks whose
 //! head packs a 32-bit generation tag next to a 32-bit index: the ABA defence is written next to
 //! each CAS in the `stack` module. No `Mutex` on alloc or free.
@@ -160,16 +162,16 @@ pub struct Config {
 }
 
 impl Default for Config {
-    /// 1 MiB largest class, 2 MiB chunks, 256-block thread caches of at most 2 MiB per class,
-    /// 64 cache slots, 1024 depot magazines, fail on exhaustion, no cache colouring.
+    /// 1 MiB largest class, 2 MiB chunks, 512-block thread caches of at most 2 MiB per class,
+    /// 64 cache slots, 512 depot magazines, fail on exhaustion, no cache colouring.
     fn default() -> Self {
         Self {
             max_class: 1 << 20,
             chunk_size: 2 << 20,
-            thread_cache: 256,
+            thread_cache: 512,
             thread_cache_bytes: 2 << 20,
             max_threads: 64,
-            magazines: 1024,
+            magazines: 512,
             exhaustion: Exhaustion::Fail,
             colouring: false,
         }
@@ -194,7 +196,7 @@ impl Config {
         self
     }
 
-    /// Blocks each thread caches per class (0 or 1: no thread caches; at most 256; 256 by
+    /// Blocks each thread caches per class (0 or 1: no thread caches; at most 512; 512 by
     /// default, bounded by [`Config::thread_cache_bytes`]). A thread moves half of it at a time
     /// to or from the shared level, so the more it caches, the less often a thread that frees
     /// what another allocates (a pipeline across cores) goes there.
@@ -213,6 +215,8 @@ impl Config {
     }
 
     /// Threads (per process) that get a cache; further threads run uncached (correct, slower).
+    /// Each reserves about 47 KiB of address space when the pool is made, which takes memory
+    /// only once a thread claims it, and then only for the classes that thread uses.
     #[must_use]
     pub fn max_threads(mut self, threads: usize) -> Self {
         self.max_threads = threads;
@@ -261,6 +265,21 @@ impl Config {
     /// The largest size class in bytes.
     pub fn largest_class(&self) -> usize {
         self.max_class
+    }
+
+    /// How many buffers of `len` bytes a thread's cache holds at most (the size class's
+    /// magazine; it moves half that many at a time to or from the shared level). 0 when
+    /// thread caches are off or `len` is above the largest class.
+    pub fn thread_cache_blocks(&self, len: usize) -> usize {
+        let class = geometry::class_of(len);
+        if self.thread_cache < 2 || len > self.max_class {
+            return 0;
+        }
+        // `class` is below the number of classes (`len` is at most the largest class).
+        let shift = geometry::MIN_SHIFT + class as u32;
+        (self.thread_cache_bytes >> shift)
+            .max(2)
+            .min(self.thread_cache)
     }
 
     /// The chunk size in bytes.
@@ -383,6 +402,18 @@ pub enum Error {
         len: usize,
         /// The buffer's capacity.
         capacity: usize,
+    },
+    /// The memory of the pool's thread-cache slots could not be mapped.
+    #[error(
+        "cannot map the thread caches of {threads} threads: {source} (lower max_threads, or \
+         raise the address-space or map-count limit)"
+    )]
+    CacheSlots {
+        /// `Config::max_threads`.
+        threads: usize,
+        /// The mapping's failure.
+        #[source]
+        source: std::io::Error,
     },
     /// A shared pool needs a region another process can map.
     #[error(

@@ -14,7 +14,8 @@ use crate::memory::{PageSize, Region};
 fn arena_with(len: u64, config: &Config) -> Box<Arena> {
     let g = Geometry::new(len, config).expect("valid test geometry");
     let meta = Meta::heap(&g);
-    Arena::new(g, meta, true, config.timeout(), false)
+    let slots = Arena::slots_for(&g).expect("cache slots");
+    Arena::new(g, meta, slots, true, config.timeout(), false)
 }
 
 /// 8 MiB arena, 64 KiB chunks, classes 256 B ..= 64 KiB.
