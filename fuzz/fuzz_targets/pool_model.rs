@@ -20,10 +20,14 @@ use userdma::pool::{Batch, Buffer, Config, Error, Pool, MIN_ALIGN};
 
 const REGION: usize = 2 << 20;
 const CHUNK: usize = 64 << 10;
+/// The thread-cache sizes an input picks from.
+const CACHES: [usize; 8] = [0, 1, 2, 3, 5, 7, 40, 96];
 
 #[derive(Debug, Arbitrary)]
 struct Input {
-    /// Thread-cache blocks per class (0..=7).
+    /// Thread-cache blocks per class: one of `CACHES` (small ones that refill and flush every
+    /// few operations, and ones that hold a whole batch of 32, which batches then take and give
+    /// back as one array).
     cache: u8,
     /// Cache slots (1..=2: with one, the helper thread runs uncached).
     slots: u8,
@@ -265,8 +269,8 @@ fuzz_target!(|input: Input| {
     let config = Config::default()
         .chunk_size(CHUNK)
         .max_class(256 << (input.max_class % 9))
-        .thread_cache(usize::from(input.cache % 8))
-        .thread_cache_bytes(16 << 10)
+        .thread_cache(CACHES[usize::from(input.cache) % CACHES.len()])
+        .thread_cache_bytes(512 << 10)
         .max_threads(1 + usize::from(input.slots % 2))
         .magazines(8)
         .colouring(input.colouring);
