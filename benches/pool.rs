@@ -911,11 +911,13 @@ fn ratios(
     if count == 1 {
         println!("\n(test mode: one short round each, to check the table runs; not a measurement)");
     }
+    let cached = pool.config().thread_cache_blocks(KIB4);
     println!(
         "\nuserdma ÷ DPDK, ns per 4 KiB buffer, median [min-max] of {count} alternating rounds \
          of {time:?}; each buffer written once (8 bytes at offset 0), read back by the consumer \
-         in the pipeline.\n  {}; rte_mempool {} cache 256 (a core's cache holds up to 384, \
-         refills 256 and more from the ring, flushes all above 256), 8191 objects, `dpdk` at DPDK's \
+         in the pipeline.\n  {}; rte_mempool {} cache 256 (a core's cache refills to 256 from \
+         the ring and, when a put would take it past 384, flushes all it holds), 8191 objects, \
+         `dpdk` at DPDK's \
          default {}-byte stride (first lines spread over cache sets), `dpdk_4k_stride` at {} \
          bytes (4032-byte objects, no spread: the layout of page-aligned 4 KiB buffers, every \
          first line in one L1 set).\n  userdma: pools over 256 MiB of {pages}; default \
@@ -927,8 +929,8 @@ fn ratios(
         mp.ops(),
         mp.stride(),
         mp4k.stride(),
-        cap = pool.config().thread_cache_blocks(KIB4),
-        half = pool.config().thread_cache_blocks(KIB4) / 2,
+        cap = cached,
+        half = cached / 2,
     );
     let single: &'static PoolAllocator<'static> = Box::leak(Box::new(PoolAllocator(pool, KIB4)));
     let single_coloured: &'static PoolAllocator<'static> =

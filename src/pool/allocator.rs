@@ -339,6 +339,16 @@ impl Pool {
             .map_err(|failure| self.error(failure, len))
     }
 
+    /// Whether no thread waits for a free block, so a free may stay in this thread's cache (see
+    /// `Arena::someone_waits`): the one check every cached free makes.
+    #[inline(always)]
+    fn nobody_waits(&self) -> bool {
+        // SAFETY: `waiters` points into the arena's metadata, alive as long as `self`.
+        let waiters = unsafe { self.waiters.as_ref() };
+        // Relaxed: see `Arena::someone_waits`.
+        waiters.load(Ordering::Relaxed) == 0
+    }
+
     /// `N` blocks of class `c` from this thread's cache in one fixed-size copy, if it holds that
     /// many; `None` (and nothing taken) otherwise.
     #[inline(always)]
@@ -351,20 +361,14 @@ impl Pool {
     /// (and nothing freed) otherwise.
     #[inline(always)]
     pub(super) fn free_array<const N: usize>(&self, c: usize, units: &[u32; N]) -> bool {
-        // SAFETY: `waiters` points into the arena's metadata, alive as long as `self`.
-        let waiters = unsafe { self.waiters.as_ref() };
-        // Relaxed: see `Arena::someone_waits`.
-        waiters.load(Ordering::Relaxed) == 0 && cache::fast_push_array(self.id, c, units)
+        self.nobody_waits() && cache::fast_push_array(self.id, c, units)
     }
 
     /// Frees `units`, blocks of class `c` of this pool owned by the caller (see
     /// `Arena::free_units`).
     #[inline(always)]
     pub(super) fn free_units(&self, c: usize, units: &[u32]) {
-        // SAFETY: `waiters` points into the arena's metadata, alive as long as `self`.
-        let waiters = unsafe { self.waiters.as_ref() };
-        // Relaxed: see `Arena::someone_waits`.
-        let done = if waiters.load(Ordering::Relaxed) == 0 {
+        let done = if self.nobody_waits() {
             cache::with_home(self.id, |mine| mine.push_from(c, units)).unwrap_or(0)
         } else {
             0
@@ -430,10 +434,7 @@ impl Pool {
     #[inline(always)]
     pub(super) fn free_block(&self, block: Block) {
         if let Some(c) = block.class() {
-            // SAFETY: `waiters` points into the arena's metadata, alive as long as `self`.
-            let waiters = unsafe { self.waiters.as_ref() };
-            // Relaxed: see `Arena::someone_waits`.
-            if waiters.load(Ordering::Relaxed) == 0 && cache::fast_push(self.id, c, block.unit()) {
+            if self.nobody_waits() && cache::fast_push(self.id, c, block.unit()) {
                 return;
             }
         }

@@ -3,8 +3,8 @@
 //! A pool owns a fixed set of cache [`Slot`]s (`Config::max_threads`), allocated at creation
 //! as zeroed memory ([`Slots::new`]): a slot's magazines take room (memory the process
 //! touches) only in the classes its thread uses, each sized by the pool's geometry the first
-//! time ([`Mine::enable`]). A thread claims a slot the first time it uses a pool (one CAS) and records it in its
-//! thread-local table: `WAYS` entries of `(pool id, slot)`, the pool's *home* entry being
+//! time ([`Mine::enable`]). A thread claims a slot the first time it uses a pool (one CAS) and
+//! records it in its thread-local table: `WAYS` entries of `(pool id, slot)`, the pool's *home* entry being
 //! `id % WAYS` (a hit elsewhere swaps the entry home). The table has two halves: [`Hot`], what
 //! the fast path reads, has no destructor, so reaching it is a plain `%fs`-relative access with
 //! no "initialized?" check; [`Cold`] owns the slots and has the destructor that flushes them
@@ -85,9 +85,15 @@ pub(crate) struct ClassCache {
 /// Adds one to a counter only its owner writes: a load and a store, no read-modify-write.
 #[inline(always)]
 fn bump(counter: &AtomicU64) {
+    add(counter, 1);
+}
+
+/// Adds `n` to a counter only its owner writes (see [`bump`]).
+#[inline(always)]
+fn add(counter: &AtomicU64, n: usize) {
     // Relaxed: statistics; single writer (the slot's owner), readers only load.
     counter.store(
-        counter.load(Ordering::Relaxed).wrapping_add(1),
+        counter.load(Ordering::Relaxed).wrapping_add(n as u64),
         Ordering::Relaxed,
     );
 }
@@ -187,12 +193,7 @@ impl<'a> Mine<'a> {
                 n
             })
         };
-        // Relaxed: statistics; single writer (see `bump`).
-        let allocs = &cache.allocs;
-        allocs.store(
-            allocs.load(Ordering::Relaxed).wrapping_add(n as u64),
-            Ordering::Relaxed,
-        );
+        add(&cache.allocs, n);
         n
     }
 
@@ -222,12 +223,7 @@ impl<'a> Mine<'a> {
                 n
             })
         };
-        // Relaxed: statistics; single writer (see `bump`).
-        let allocs = &cache.allocs;
-        allocs.store(
-            allocs.load(Ordering::Relaxed).wrapping_add(n as u64),
-            Ordering::Relaxed,
-        );
+        add(&cache.allocs, n);
         n
     }
 
@@ -248,12 +244,7 @@ impl<'a> Mine<'a> {
                 Some(units)
             })
         }?;
-        // Relaxed: statistics; single writer (see `bump`).
-        let allocs = &cache.allocs;
-        allocs.store(
-            allocs.load(Ordering::Relaxed).wrapping_add(N as u64),
-            Ordering::Relaxed,
-        );
+        add(&cache.allocs, N);
         Some(units)
     }
 
@@ -280,12 +271,7 @@ impl<'a> Mine<'a> {
                 n
             })
         };
-        // Relaxed: statistics; single writer (see `bump`).
-        let frees = &cache.frees;
-        frees.store(
-            frees.load(Ordering::Relaxed).wrapping_add(n as u64),
-            Ordering::Relaxed,
-        );
+        add(&cache.frees, n);
         n
     }
 
@@ -317,12 +303,7 @@ impl<'a> Mine<'a> {
             })
         };
         if pushed {
-            // Relaxed: statistics; single writer (see `bump`).
-            let frees = &cache.frees;
-            frees.store(
-                frees.load(Ordering::Relaxed).wrapping_add(N as u64),
-                Ordering::Relaxed,
-            );
+            add(&cache.frees, N);
         }
         pushed
     }
@@ -732,15 +713,17 @@ pub(crate) struct Slots {
     /// The first of `len` slots, at the start of `_map` (dangling when `len` is 0).
     #[cfg(not(loom))]
     first: NonNull<Slot>,
+    /// How many slots (not under loom, where `slots` knows).
+    #[cfg(not(loom))]
+    len: usize,
     #[cfg(loom)]
     slots: Box<[Slot]>,
-    len: usize,
 }
 
 impl std::fmt::Debug for Slots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Slots")
-            .field("len", &self.len)
+            .field("len", &self.as_slice().len())
             .finish_non_exhaustive()
     }
 }
@@ -798,7 +781,7 @@ impl Slots {
                 classes: std::array::from_fn(|_| ClassCache::new()),
             })
             .collect();
-        Ok(Self { slots, len: n })
+        Ok(Self { slots })
     }
 
     /// The slots.
@@ -815,7 +798,7 @@ impl Slots {
             std::slice::from_raw_parts(self.first.as_ptr(), self.len)
         }
         #[cfg(loom)]
-        &self.slots[..self.len]
+        &self.slots
     }
 
     /// The slots, one by one.

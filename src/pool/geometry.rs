@@ -27,14 +27,20 @@ pub(crate) const MIN_BLOCK: usize = 1 << MIN_SHIFT;
 pub(crate) const MAX_CLASS_SHIFT: u32 = 30;
 /// Number of size classes the fixed per-class tables have room for (256 B ..= 1 GiB).
 pub(crate) const MAX_CLASSES: usize = (MAX_CLASS_SHIFT - MIN_SHIFT + 1) as usize;
-/// Largest magazine a thread cache keeps per class (its room is what the geometry gives each
-/// class, not this much for every class: see `cache::Slot::new`).
+/// Largest magazine a thread cache keeps per class: every slot has room for this many in each
+/// class, which takes memory only where a thread uses a class (see `cache::Slots`); a class's
+/// capacity (`ClassGeometry::cap`, given to it by `cache::Mine::enable`) is at most this.
 #[cfg(not(loom))]
 pub(crate) const MAG_MAX: usize = 512;
 /// Largest magazine a thread cache keeps per class. The loom models use caches of two blocks
-/// and run on 32 KiB coroutine stacks, where the slow paths' `BATCH_MAX` arrays must stay small.
+/// and run on 32 KiB coroutine stacks, which a slot built there with full-size magazines, or
+/// the slow paths' `BATCH_MAX` arrays, would overflow.
 #[cfg(loom)]
 pub(crate) const MAG_MAX: usize = 8;
+const _: () = assert!(
+    MAG_MAX.is_power_of_two(),
+    "magazine indices are masked with MAG_MAX - 1"
+);
 /// Largest batch moved between a thread cache and the shared lists (half a full magazine), and
 /// the capacity of a depot magazine.
 pub(crate) const BATCH_MAX: usize = MAG_MAX / 2;

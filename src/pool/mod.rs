@@ -271,12 +271,11 @@ impl Config {
     /// magazine; it moves half that many at a time to or from the shared level). 0 when
     /// thread caches are off or `len` is above the largest class.
     pub fn thread_cache_blocks(&self, len: usize) -> usize {
-        let class = geometry::class_of(len);
         if self.thread_cache < 2 || len > self.max_class {
             return 0;
         }
-        // `class` is below the number of classes (`len` is at most the largest class).
-        let shift = geometry::MIN_SHIFT + class as u32;
+        // The class is below the number of classes (`len` is at most the largest class).
+        let shift = geometry::MIN_SHIFT + geometry::class_of(len) as u32;
         (self.thread_cache_bytes >> shift)
             .max(2)
             .min(self.thread_cache)

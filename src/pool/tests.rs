@@ -929,7 +929,8 @@ fn a_whole_batch_the_cache_cannot_take_goes_to_the_shared_level() {
     let second = pool.alloc_batch::<32>(4096, 32).unwrap();
     let third = pool.alloc_batch::<32>(4096, 32).unwrap();
     assert_eq!(pool.stats().classes[4].in_use, 96);
-    // Each free meets a cache with less room than a batch: part goes in, the rest flushes.
+    // The first free fits whole; the later ones meet a cache with less room than a batch, so
+    // part goes in and the rest flushes. The cache never holds more than its 40.
     drop((first, second, third));
     let stats = pool.stats();
     assert_eq!((stats.classes[4].frees, stats.classes[4].in_use), (96, 0));
