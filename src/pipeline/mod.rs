@@ -664,7 +664,7 @@ impl Pipeline {
             context: self.config.context,
             ..command
         };
-        push(&mut self.queues[q], command, payload, self.config.timeout)?;
+        push(&mut self.queues[q], command, payload)?;
         self.pushed[q] += 1;
         Ok(())
     }
@@ -1149,7 +1149,6 @@ fn measure_result_paths(
                 slot: slot.index,
                 step: (steps + 1) as u16,
             },
-            timeout,
         )?;
         *pushed += 1;
         queue.flush()?;
@@ -1183,30 +1182,16 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Queues `command`. The ring holds every slot's descriptors, but the device writes its SQ
-/// head back after the completions of a burst, so right after the last completion of a frame
-/// the ring may still look full for a moment: then it retries until `timeout`.
+/// Queues `command`. The ring holds every slot's descriptors, and a slot of the ring is free
+/// once the completion that frees it was taken (the device writes its SQ head back before each
+/// completion), so a refusal here is an error, never a moment to wait out.
 fn push<T: Send>(
     queue: &mut loopback::Queue<T>,
     command: Command,
     payload: T,
-    timeout: Duration,
 ) -> Result<(), Error> {
-    let mut payload = payload;
-    let start = Instant::now();
-    loop {
-        match queue.push(command, payload) {
-            Ok(_) => return Ok(()),
-            Err(rejected) if matches!(rejected.error, ring::Error::Full { .. }) => {
-                if start.elapsed() >= timeout {
-                    return Err(rejected.into());
-                }
-                payload = rejected.payload;
-                std::thread::yield_now();
-            }
-            Err(rejected) => return Err(rejected.into()),
-        }
-    }
+    queue.push(command, payload)?;
+    Ok(())
 }
 
 /// Descriptor `k` of a frame of `model` in the arena at `base`, with its input and result at

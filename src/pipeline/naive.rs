@@ -130,7 +130,7 @@ impl Naive {
                 context: self.context,
                 ..super::command(model, base, in_iova, out_iova, k)
             };
-            super::push(q, command, k as u16, timeout)?;
+            super::push(q, command, k as u16)?;
         }
         q.flush()?;
         let submitted = Instant::now();

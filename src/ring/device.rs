@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | reads the SQ tail doorbell | `fence(Acquire)`, reads entries | entries written, `fence(Release)`, doorbell |
 //! | reads entries | `fence(Release)`, writes the SQ head back | head read, `fence(Acquire)`, slots reused |
+//! | wrote the SQ head back | `fence(Release)`, writes a completion's phase word | phase read, `fence(Acquire)`, head read (the slot is free) |
 //! | reads the CQ head doorbell | `fence(Acquire)`, overwrites consumed slots | entries read, `fence(Release)`, doorbell |
 //! | writes a CQ entry but its phase word | `fence(Release)`, writes the phase word | phase read, `fence(Acquire)`, entry read |
 //! | wrote completions | `fence(SeqCst)`, reads the interrupt flag | flag set, `fence(SeqCst)`, phase read |
@@ -237,6 +238,12 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
     /// Writes `entry` as the next completion, with the phase bit of its pass over the ring: all
     /// of it but the phase word, a `fence(Release)`, then the phase word, so a host that sees
     /// the new phase sees the whole entry. `Error::CqFull` if the host has not consumed room.
+    ///
+    /// The SQ head is written back first ([`DeviceQueue::release`]) when entries were popped
+    /// since the last write-back: a host that holds a completion finds the slot of the command
+    /// it completes, and of every entry popped before it, free (as NVMe carries the SQ head in
+    /// each completion). Without that a host that took every completion of a full ring could
+    /// still find it full until the device's next write-back.
     #[inline]
     pub fn complete(&mut self, entry: C) -> Result<(), Error> {
         if self.cq_room()? == 0 {
@@ -245,6 +252,9 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
                 depth: self.layout.depth(),
             });
         }
+        // Ordered before the phase store below by its fence(Release): the host that reads the
+        // phase (then fence(Acquire)) and then the write-back word sees this head or a later one.
+        self.release();
         let offset = self.layout.cq_entry(self.cq_tail);
         let phase_at = self.layout.phase_word();
         let word = self

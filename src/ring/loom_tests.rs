@@ -124,6 +124,49 @@ fn loom_sq_and_cq_wrap_through_a_full_ring() {
     });
 }
 
+/// A slot is free once the host holds the completion that frees it: the device completes a
+/// full ring and only then (end of its burst) would write the head back on its own; the host
+/// that took both completions must be able to push again at once, with no retry.
+#[test]
+fn loom_a_completed_full_ring_takes_the_next_push_at_once() {
+    check(|| {
+        let (mut queue, mut device) = pair();
+        for seq in 0..DEPTH as u16 {
+            queue.push(small(seq), seq).expect("room for a full ring");
+        }
+        queue.flush().expect("doorbell");
+        let handle = thread::spawn(move || {
+            let mut served = 0;
+            while served < DEPTH {
+                device.fetch().expect("a legal SQ tail");
+                while let Some(desc) = device.pop() {
+                    device
+                        .complete(Status::new(desc.id, 0, result_of(&desc)))
+                        .expect("room");
+                    served += 1;
+                }
+                thread::yield_now();
+            }
+            // The end-of-burst write-back comes after every completion (and after the host
+            // may have taken them all).
+            device.release();
+        });
+        let mut got = 0;
+        while got < DEPTH {
+            match queue.poll_one().expect("a legal completion") {
+                Some(_) => got += 1,
+                None => thread::yield_now(),
+            }
+        }
+        assert_eq!(queue.in_flight(), 0);
+        queue
+            .push(small(DEPTH as u16), 9)
+            .map_err(|rejected| rejected.error)
+            .expect("a push with nothing in flight is taken at once");
+        handle.join().expect("device thread");
+    });
+}
+
 #[test]
 fn loom_posted_descriptors_one_doorbell_each_through_a_full_ring() {
     check(|| {

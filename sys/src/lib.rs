@@ -12,6 +12,7 @@
 //! | [`uio`] | UIO device nodes, sysfs class, interrupt enable/count protocol | `drivers/uio/uio.c` |
 //! | [`pci`] | PCI configuration space registers, sysfs `resource` flags | `<linux/pci_regs.h>`, `include/linux/ioport.h` |
 //! | [`mman`] | hugetlb `mmap`/`memfd_create` flags, `mbind` policies, pagemap entries, hugepage sysfs | `<linux/mman.h>`, `<linux/memfd.h>`, `<linux/mempolicy.h>` |
+//! | [`membarrier`] | process-wide memory barriers (asymmetric fences) | `<linux/membarrier.h>` |
 //!
 //! # How the ABI is proven
 //!
@@ -54,6 +55,7 @@ macro_rules! assert_layout {
 
 pub mod ioctl;
 pub mod iommufd;
+pub mod membarrier;
 pub mod mman;
 pub mod pci;
 pub mod uio;

@@ -23,7 +23,7 @@ use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use userdma_sys::{iommufd, mman, pci, vfio};
+use userdma_sys::{iommufd, membarrier, mman, pci, vfio};
 
 /// `KERNEL_VERSION(a, b, c)` of `<linux/version.h>`.
 const fn kv(a: u32, b: u32, c: u32) -> u32 {
@@ -305,6 +305,20 @@ fn rust_table() -> Table {
         mman::MPOL_DEFAULT, mman::MPOL_PREFERRED, mman::MPOL_BIND, mman::MPOL_INTERLEAVE,
         mman::MPOL_LOCAL, mman::MPOL_PREFERRED_MANY, mman::MPOL_MF_STRICT, mman::MPOL_MF_MOVE,
         mman::MPOL_MF_MOVE_ALL,
+    );
+
+    // ---- membarrier ----
+    consts!(t, BASELINE =>
+        membarrier::MEMBARRIER_CMD_QUERY, membarrier::MEMBARRIER_CMD_GLOBAL,
+        membarrier::MEMBARRIER_CMD_PRIVATE_EXPEDITED,
+        membarrier::MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+    );
+    // libc names the system call number SYS_membarrier; the kernel's header __NR_membarrier.
+    t.add(
+        "__NR_membarrier",
+        membarrier::SYS_membarrier,
+        BASELINE,
+        Origin::Uapi,
     );
 
     t

@@ -18,6 +18,8 @@
 
 #include <asm-generic/hugetlb_encode.h>
 #include <linux/magic.h>
+#include <asm/unistd.h>
+#include <linux/membarrier.h>
 #include <linux/memfd.h>
 #include <linux/mempolicy.h>
 #include <linux/mman.h>
@@ -484,6 +486,12 @@ static void mman(void)
 	VAL(MPOL_MF_STRICT);
 	VAL(MPOL_MF_MOVE);
 	VAL(MPOL_MF_MOVE_ALL);
+
+	VAL(MEMBARRIER_CMD_QUERY);
+	VAL(MEMBARRIER_CMD_GLOBAL);
+	VAL(MEMBARRIER_CMD_PRIVATE_EXPEDITED);
+	VAL(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED);
+	VAL(__NR_membarrier);
 }
 
 int main(void)
