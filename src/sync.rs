@@ -14,7 +14,7 @@ pub(crate) use loom::{
     hint,
     sync::{
         atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
-        Arc, Condvar, Mutex,
+        Arc, Condvar, Mutex, MutexGuard,
     },
     thread,
 };
@@ -24,13 +24,15 @@ pub(crate) use std::{
     hint,
     sync::{
         atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
-        Arc, Condvar, Mutex,
+        Arc, Condvar, Mutex, MutexGuard,
     },
     thread,
 };
 
 #[cfg(not(loom))]
 pub(crate) use self::cell::UnsafeCell;
+
+pub(crate) mod asymmetric;
 
 #[cfg(not(loom))]
 mod cell {

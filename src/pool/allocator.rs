@@ -11,7 +11,7 @@ use super::geometry::{class_of, Geometry};
 use super::meta::Meta;
 use super::{Config, Error, Stats, MIN_ALIGN};
 use crate::dma::Mapping;
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::AtomicU32;
 
 /// Offset -> IOVA translation of the arena, precomputed at creation so the fast path never asks
 /// the mapping.
@@ -339,14 +339,12 @@ impl Pool {
             .map_err(|failure| self.error(failure, len))
     }
 
-    /// Whether no thread waits for a free block, so a free may stay in this thread's cache (see
-    /// `Arena::someone_waits`): the one check every cached free makes.
+    /// The count of threads waiting for a free block, which every cached free reads after its
+    /// push (`cache::someone_waits_after_push`).
     #[inline(always)]
-    fn nobody_waits(&self) -> bool {
+    fn waiters(&self) -> &AtomicU32 {
         // SAFETY: `waiters` points into the arena's metadata, alive as long as `self`.
-        let waiters = unsafe { self.waiters.as_ref() };
-        // Relaxed: see `Arena::someone_waits`.
-        waiters.load(Ordering::Relaxed) == 0
+        unsafe { self.waiters.as_ref() }
     }
 
     /// `N` blocks of class `c` from this thread's cache in one fixed-size copy, if it holds that
@@ -361,18 +359,21 @@ impl Pool {
     /// (and nothing freed) otherwise.
     #[inline(always)]
     pub(super) fn free_array<const N: usize>(&self, c: usize, units: &[u32; N]) -> bool {
-        self.nobody_waits() && cache::fast_push_array(self.id, c, units)
+        let cached = cache::fast_push_array(self.id, c, units);
+        if cached && cache::someone_waits_after_push(self.waiters()) {
+            self.arena.hand_over(c);
+        }
+        cached
     }
 
     /// Frees `units`, blocks of class `c` of this pool owned by the caller (see
     /// `Arena::free_units`).
     #[inline(always)]
     pub(super) fn free_units(&self, c: usize, units: &[u32]) {
-        let done = if self.nobody_waits() {
-            cache::with_home(self.id, |mine| mine.push_from(c, units)).unwrap_or(0)
-        } else {
-            0
-        };
+        let done = cache::with_home(self.id, |mine| mine.push_from(c, units)).unwrap_or(0);
+        if done > 0 && cache::someone_waits_after_push(self.waiters()) {
+            self.arena.hand_over(c);
+        }
         if done < units.len() {
             self.arena.free_units_slow(c, &units[done..]);
         }
@@ -433,17 +434,25 @@ impl Pool {
     /// Frees a buffer's block (its `Drop`).
     #[inline(always)]
     pub(super) fn free_block(&self, block: Block) {
+        let mut cached = false;
         if let Some(c) = block.class() {
-            if self.nobody_waits() && cache::fast_push(self.id, c, block.unit()) {
+            cached = cache::fast_push(self.id, c, block.unit());
+            if cached && !cache::someone_waits_after_push(self.waiters()) {
                 return;
             }
         }
-        self.free_slow(block);
+        self.free_slow(block, cached);
     }
 
+    /// A free that the cache did not take, or that it took while a thread waits for a block
+    /// (`cached`): one out-of-line call from the fast path for both, so the path a `Buffer`'s
+    /// drop inlines stays small.
     #[cold]
-    fn free_slow(&self, block: Block) {
-        self.arena.free(block);
+    fn free_slow(&self, block: Block, cached: bool) {
+        match block.class() {
+            Some(c) if cached => self.arena.hand_over(c),
+            _ => self.arena.free(block),
+        }
     }
 
     /// The largest `len` [`Pool::alloc`] can ever satisfy: the largest buddy block, and at most

@@ -16,11 +16,16 @@ use super::meta::Meta;
 use super::stats::{ClassStats, LargeStats, Stats};
 use super::wait;
 use super::Error;
-use crate::sync::{Arc, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{asymmetric, thread, Arc, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
 
-/// Longest a waiter sleeps before re-checking the shared lists on its own: bounds the delay
-/// when a free went into a thread cache just as the waiter registered (see `Arena::free`).
+/// Longest a waiter sleeps before re-checking (and reclaiming) on its own: bounds the delay
+/// for a free in another process of a shared pool, whose caches this process cannot reclaim
+/// and whose frees this process's heavy barrier does not order.
 const POLL: Duration = Duration::from_millis(1);
+
+/// How long a reclaimer that finds nothing keeps looking while owners move blocks between
+/// their caches and the shared level (see `Arena::reclaim`).
+const RECLAIM_PATIENCE: Duration = Duration::from_millis(50);
 
 /// Tag bit of a block's kind for a buddy (large) block; the low bits are then its order.
 const LARGE: u32 = 1 << 31;
@@ -150,6 +155,12 @@ pub(crate) struct Arena {
     shared_futex: bool,
     /// `meta.wait[0].waiters`, read on every free: a pointer saves the table indirection.
     waiters: NonNull<AtomicU32>,
+    /// Per class: held by its reclaimer, and by an owner settling its magazine after one
+    /// ([`Arena::reclaim`], `cache::Mine::settle`).
+    locks: [Mutex<()>; MAX_CLASSES],
+    /// Per class: twice the moves of uncached threads through the shared level begun (see
+    /// [`Arena::take_direct`]), for reclaimers.
+    uncached_moves: [AtomicU64; MAX_CLASSES],
 }
 
 // SAFETY: `waiters` points into `meta`, which the arena owns (heap) or borrows from a mapping
@@ -188,6 +199,8 @@ impl Arena {
             large: Direct::default(),
             timeout,
             shared_futex,
+            locks: std::array::from_fn(|_| Mutex::new(())),
+            uncached_moves: std::array::from_fn(|_| AtomicU64::new(0)),
         })
     }
 
@@ -209,7 +222,7 @@ impl Arena {
         self.id
     }
 
-    /// The word waiters count themselves in (see `someone_waits`), for the pool's fast path.
+    /// The word waiters count themselves in (see `waiters_word`), for the pool's fast path.
     pub(crate) fn waiters(&self) -> NonNull<AtomicU32> {
         self.waiters
     }
@@ -223,19 +236,22 @@ impl Arena {
         Central::new(&self.g, &self.meta)
     }
 
-    /// Whether a thread (of any process) is waiting for a free block.
+    /// The count of threads (of any process) waiting for a free block, which a free reads
+    /// after pushing into its cache (`cache::someone_waits_after_push`).
     #[inline(always)]
-    fn someone_waits(&self) -> bool {
+    pub(crate) fn waiters_word(&self) -> &AtomicU32 {
         // SAFETY: `waiters` points into `self.meta` (see the field), alive as long as `self`.
-        let waiters = unsafe { self.waiters.as_ref() };
-        // Relaxed: a free that misses a just-registered waiter goes to its thread cache; the
-        // waiter re-checks every POLL, and later frees see the count.
-        waiters.load(Ordering::Relaxed) != 0
+        unsafe { self.waiters.as_ref() }
     }
 
     /// Claims a free cache slot for the calling thread.
     pub(crate) fn claim_slot(&self) -> Option<SlotRef> {
         SlotRef::claim(&self.slots)
+    }
+
+    /// Class `c`'s reclaim lock (see `Arena::reclaim`).
+    fn lock(&self, c: usize) -> &Mutex<()> {
+        &self.locks[c]
     }
 
     /// Allocates a block for `len` bytes.
@@ -256,12 +272,11 @@ impl Arena {
     pub(crate) fn free(&self, block: Block) {
         if let Some(c) = block.class() {
             let unit = block.unit();
-            if !self.someone_waits() {
-                if let Some(true) = cache::with_home(self.id, |mine| mine.push(c, unit)) {
-                    return;
-                }
+            if !cache::fast_push(self.id, c, unit) {
+                self.free_small_slow(c, unit);
+            } else if cache::someone_waits_after_push(self.waiters_word()) {
+                self.hand_over(c);
             }
-            self.free_small_slow(c, unit);
         } else {
             self.free_large(block);
         }
@@ -269,61 +284,133 @@ impl Arena {
 
     #[cold]
     fn alloc_small_slow(&self, c: usize) -> Result<Block, Failure> {
-        if let Some(block) = self.try_alloc_small(c) {
+        if let Some(block) = self.try_alloc_small(c).or_else(|| self.reclaim(c)) {
             return Ok(block);
         }
-        self.wait_for(|| self.try_alloc_small(c))
+        self.wait_for(|| self.try_alloc_small(c).or_else(|| self.reclaim(c)))
     }
 
+    /// A block of class `c` from this thread's cache, refilled from the shared level if empty,
+    /// or straight from the shared level for an uncached thread.
     fn try_alloc_small(&self, c: usize) -> Option<Block> {
-        let mut batch = [0u32; BATCH_MAX];
         let cached = cache::with_slot(self, |mine| {
             let mine = mine.filter(|mine| mine.enable(c, &self.g))?;
-            if let Some(unit) = mine.pop(c) {
+            if let Some(unit) = self.cache_pop(mine, c) {
                 return Some(Some(unit));
             }
-            let n = self.central().take(c, mine.batch(c), &mut batch);
-            if n == 0 {
+            if !self.refill(mine, c) {
                 return Some(None);
             }
-            mine.refill(c, &batch[..n]);
-            Some(mine.pop(c))
+            Some(self.cache_pop(mine, c))
         });
-        if let Some(result) = cached {
-            return result.map(|unit| Block::small(unit, c));
+        match cached {
+            Some(result) => result.map(|unit| Block::small(unit, c)),
+            None => self.take_direct(c),
         }
-        let n = self.central().take(c, 1, &mut batch);
-        if n == 0 {
-            return None;
+    }
+
+    /// Pops a block of class `c` from this thread's cache, settling the magazine when a
+    /// reclaimer took from it (a pop then finds its block claimed, or an empty top).
+    fn cache_pop(&self, mine: Mine<'_>, c: usize) -> Option<u32> {
+        // A reclaimer can claim again only after taking the lock `settle` takes, so each
+        // round either pops or settles a claim that came in between: a few rounds suffice.
+        for _ in 0..4 {
+            if let Some(unit) = mine.pop(c) {
+                return Some(unit);
+            }
+            if mine.held(c) == 0 && mine.is_settled(c) {
+                return None;
+            }
+            mine.settle(c, self.lock(c));
         }
-        if n > 1 {
-            self.give(c, &batch[1..n]);
+        None
+    }
+
+    /// Refills class `c`'s magazine with a batch from the shared level, giving back whatever
+    /// it did not take (a move: see `Mine::moving`); `false` if the shared level had nothing.
+    fn refill(&self, mine: Mine<'_>, c: usize) -> bool {
+        mine.moving(c, || {
+            let mut batch = [0u32; BATCH_MAX];
+            let n = self.central().take(c, mine.batch(c), &mut batch);
+            if n == 0 {
+                return false;
+            }
+            // Counts one miss; the pop that follows is that allocation.
+            let kept = mine.refill(c, &batch[..n]);
+            if kept < n {
+                self.give(c, &batch[kept..n]);
+            }
+            true
+        })
+    }
+
+    /// Moves up to a batch of class `c`'s cached blocks to the shared level (a move); returns
+    /// how many.
+    fn flush(&self, mine: Mine<'_>, c: usize) -> usize {
+        let batch = (mine.batch(c) as usize).max(1);
+        let mut units = [0u32; BATCH_MAX];
+        let mut n = mine.moving(c, || {
+            let n = mine.take(c, batch, &mut units);
+            self.give(c, &units[..n]);
+            n
+        });
+        if n == 0 && mine.held(c) > 0 {
+            // A reclaimer claimed the top blocks meanwhile: settle and try once more.
+            mine.settle(c, self.lock(c));
+            n = mine.moving(c, || {
+                let n = mine.take(c, batch, &mut units);
+                self.give(c, &units[..n]);
+                n
+            });
         }
-        // Relaxed: statistics.
-        self.direct[c].allocs.fetch_add(1, Ordering::Relaxed);
-        Some(Block::small(batch[0], c))
+        n
+    }
+
+    /// Frees `unit` (class `c`) into this thread's cache, making room if the magazine is full;
+    /// `false` if the class is uncached (the caller frees it directly). Hands the class's
+    /// blocks over if a thread waits.
+    fn cache_free(&self, mine: Mine<'_>, c: usize, unit: u32) -> bool {
+        if !mine.enable(c, &self.g) {
+            return false;
+        }
+        let mut pushed = mine.push(c, unit);
+        if !pushed {
+            // Room below a reclaimer's old claim comes back by settling; else flush a batch.
+            mine.settle(c, self.lock(c));
+            pushed = mine.push(c, unit) || (self.flush(mine, c) > 0 && mine.push(c, unit));
+        }
+        if pushed && cache::someone_waits_after_push(self.waiters_word()) {
+            self.hand_over_from(mine, c);
+        }
+        pushed
     }
 
     #[cold]
     fn free_small_slow(&self, c: usize, unit: u32) {
-        if !self.someone_waits() {
-            let cached = cache::with_slot(self, |mine| {
-                let Some(mine) = mine.filter(|mine| mine.enable(c, &self.g)) else {
-                    return false;
-                };
-                if mine.push(c, unit) {
-                    return true;
-                }
-                let mut batch = [0u32; BATCH_MAX];
-                let n = mine.take(c, mine.batch(c) as usize, &mut batch);
-                self.give(c, &batch[..n]);
-                mine.push(c, unit)
-            });
-            if cached {
-                return;
-            }
+        let cached = cache::with_slot(self, |mine| {
+            mine.is_some_and(|mine| self.cache_free(mine, c, unit))
+        });
+        if !cached {
+            self.free_direct(c, unit);
         }
-        self.free_direct(c, unit);
+    }
+
+    /// A free cached a block of class `c` while a thread waits for one: every block of the
+    /// class in this thread's cache goes to the shared level, where waiters look (and `give`
+    /// wakes them).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn hand_over(&self, c: usize) {
+        cache::with_slot(self, |mine| {
+            if let Some(mine) = mine {
+                self.hand_over_from(mine, c);
+            }
+        });
+    }
+
+    fn hand_over_from(&self, mine: Mine<'_>, c: usize) {
+        mine.settle(c, self.lock(c));
+        while self.flush(mine, c) > 0 {}
     }
 
     /// Frees a block straight to the shared level.
@@ -331,6 +418,97 @@ impl Arena {
         self.give(c, &[unit]);
         // Relaxed: statistics.
         self.direct[c].frees.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One block of class `c` straight from the shared level (an uncached thread, or a
+    /// reclaimer), the rest of what came with it given back. The blocks given back are in
+    /// neither place meanwhile: counted in `uncached_moves` for reclaimers.
+    fn take_direct(&self, c: usize) -> Option<Block> {
+        let moves = &self.uncached_moves[c];
+        // SeqCst (both): a reclaimer that reads the count after missing these blocks sees the
+        // move begun, or its end (after the give).
+        moves.fetch_add(1, Ordering::SeqCst);
+        let mut batch = [0u32; BATCH_MAX];
+        let n = self.central().take(c, 1, &mut batch);
+        if n > 1 {
+            self.give(c, &batch[1..n]);
+        }
+        moves.fetch_add(1, Ordering::SeqCst);
+        if n == 0 {
+            return None;
+        }
+        // Relaxed: statistics.
+        self.direct[c].allocs.fetch_add(1, Ordering::Relaxed);
+        Some(Block::small(batch[0], c))
+    }
+
+    /// Takes the blocks of class `c` the threads of this process hold in their caches (see
+    /// `ClassCache`: claim, heavy barrier, take what the owners did not pop meanwhile), keeps
+    /// one for the caller and gives the rest to the shared level, where other threads find
+    /// them. Looks again while an owner is moving blocks between its cache and the shared
+    /// level (they are in neither place for that moment). `None` if no block of the class is
+    /// free in this process: not in a cache, not on the shared level.
+    ///
+    /// One reclaimer per class at a time (its lock), which also keeps owners from settling
+    /// while a reclaimer reads their magazines. The caller holds no lock.
+    #[cold]
+    #[inline(never)]
+    fn reclaim(&self, c: usize) -> Option<Block> {
+        if self.g.class[c].cap == 0 {
+            return None;
+        }
+        let _locked = lock(self.lock(c));
+        // Bounded: moves end within microseconds; a thread that keeps moving blocks in and
+        // out for this long while the shared level stays dry is not giving any up. (Under
+        // loom, where time does not pass, a few rounds: the models check each round, not how
+        // long the patience lasts.)
+        let deadline = Instant::now() + RECLAIM_PATIENCE;
+        let mut rounds = 0u32;
+        loop {
+            rounds += 1;
+            // A reclaimer that held the lock before, or a move that ended, may have put blocks
+            // on the shared level.
+            // SeqCst: see `take_direct`.
+            let uncached = self.uncached_moves[c].load(Ordering::SeqCst);
+            if let Some(block) = self.take_direct(c) {
+                return Some(block);
+            }
+            for slot in self.slots.iter().filter(|slot| slot.is_owned()) {
+                slot.class(c).claim();
+            }
+            asymmetric::heavy();
+            let mut kept = None;
+            for slot in self.slots.iter() {
+                slot.class(c).take_claimed(|units| {
+                    let mut units = units;
+                    if kept.is_none() {
+                        if let Some((&first, rest)) = units.split_first() {
+                            kept = Some(first);
+                            units = rest;
+                        }
+                    }
+                    self.give(c, units);
+                });
+            }
+            if let Some(unit) = kept {
+                // Relaxed: statistics (the block was counted freed when its owner cached it).
+                self.direct[c].allocs.fetch_add(1, Ordering::Relaxed);
+                return Some(Block::small(unit, c));
+            }
+            if let Some(block) = self.take_direct(c) {
+                return Some(block);
+            }
+            let moved = self
+                .slots
+                .iter()
+                .any(|slot| slot.is_owned() && slot.class(c).moved())
+                // SeqCst: see `take_direct` (our own two calls added 4).
+                || self.uncached_moves[c].load(Ordering::SeqCst) != uncached + 4;
+            if !moved || Instant::now() >= deadline || (cfg!(loom) && rounds >= 2) {
+                return None;
+            }
+            thread::yield_now();
+        }
     }
 
     /// Returns blocks to the shared level and wakes waiters, if any.
@@ -341,11 +519,9 @@ impl Arena {
 
     fn wake_waiters(&self) {
         let words = &self.meta.wait[0];
-        // Relaxed, and no fence: this runs once per batch on the shared path, where a full
-        // fence would cost more than everything else. The price is the store-buffering race
-        // with a thread that starts waiting right now (it may miss these blocks and this
-        // wake-up); it re-checks the lists on its own every POLL, so the race costs it at most
-        // that long, never the buffer.
+        // Relaxed, and no fence here: a waiter of this process counts itself in and then runs a
+        // heavy barrier before it looks, so either this load sees it or its look sees the
+        // blocks given (see `wait_for`). A waiter in another process re-checks every POLL.
         if words.waiters.load(Ordering::Relaxed) != 0 {
             // Release: a waiter that sees the new sequence number also sees our blocks.
             words.seq.fetch_add(1, Ordering::Release);
@@ -360,8 +536,13 @@ impl Arena {
         };
         let deadline = Instant::now().checked_add(timeout);
         let words = &self.meta.wait[0];
-        // Relaxed: freers read it without ordering (see `wake_waiters`); the loop below polls.
+        // Relaxed, then the heavy barrier: a free of this process whose read of the count comes
+        // before the barrier's effect on its thread put its block in its cache (or the shared
+        // level) before it too, where the attempts below find it (by reclaiming, or on the
+        // shared level); one whose read comes after sees the count and hands the block over
+        // (shared level and wake-up). Other processes' frees are found by the POLL re-checks.
         words.waiters.fetch_add(1, Ordering::Relaxed);
+        asymmetric::heavy();
         let result = loop {
             // Acquire: pairs with the Release bump in `wake_waiters`.
             let seq = words.seq.load(Ordering::Acquire);
@@ -417,10 +598,8 @@ impl Arena {
         for c in 0..self.g.classes {
             for slot in self.slots.iter() {
                 let cache = slot.class(c);
-                // Relaxed: see above; the end of the borrows ordered the counters' writes.
-                out = out
-                    .wrapping_add(cache.allocs.load(Ordering::Relaxed))
-                    .wrapping_sub(cache.frees.load(Ordering::Relaxed));
+                // See above: the end of the borrows ordered the counters' writes.
+                out = out.wrapping_add(cache.allocs()).wrapping_sub(cache.frees());
             }
             out = out
                 .wrapping_add(self.direct[c].allocs.load(Ordering::Relaxed))
@@ -446,19 +625,22 @@ impl Arena {
                 let Some(mine) = mine.filter(|mine| mine.enable(c, &self.g)) else {
                     return;
                 };
-                let mut batch = [0u32; BATCH_MAX];
+                let mut units = [0u32; 64];
                 while done < count {
-                    let popped = mine.pop_many(c, count - done, |unit| sink(Block::small(unit, c)));
+                    let want = (count - done).min(units.len());
+                    let popped = mine.pop_into(c, &mut units[..want]);
+                    for &unit in &units[..popped] {
+                        sink(Block::small(unit, c));
+                    }
                     done += popped;
-                    if done == count {
+                    if popped > 0 {
+                        continue;
+                    }
+                    if mine.held(c) > 0 || !mine.is_settled(c) {
+                        mine.settle(c, self.lock(c));
+                    } else if !self.refill(mine, c) {
                         return;
                     }
-                    let n = self.central().take(c, mine.batch(c), &mut batch);
-                    if n == 0 {
-                        return;
-                    }
-                    // Counts one miss; the pop that follows is that allocation.
-                    mine.refill(c, &batch[..n]);
                 }
             });
         }
@@ -472,32 +654,21 @@ impl Arena {
     /// Frees every block of `blocks`, with one cache lookup for the whole batch.
     pub(crate) fn free_bulk(&self, blocks: impl IntoIterator<Item = Block>) {
         let mut blocks = blocks.into_iter();
-        if !self.someone_waits() {
-            cache::with_slot(self, |mine| {
-                let Some(mine) = mine else {
-                    return;
+        cache::with_slot(self, |mine| {
+            let Some(mine) = mine else {
+                return;
+            };
+            for block in blocks.by_ref() {
+                let Some(c) = block.class() else {
+                    self.free_large(block);
+                    continue;
                 };
-                let mut batch = [0u32; BATCH_MAX];
-                for block in blocks.by_ref() {
-                    let Some(c) = block.class() else {
-                        self.free_large(block);
-                        continue;
-                    };
-                    let unit = block.unit();
-                    if mine.enable(c, &self.g) {
-                        if mine.push(c, unit) {
-                            continue;
-                        }
-                        let n = mine.take(c, mine.batch(c) as usize, &mut batch);
-                        self.give(c, &batch[..n]);
-                        if mine.push(c, unit) {
-                            continue;
-                        }
-                    }
+                let unit = block.unit();
+                if !self.cache_free(mine, c, unit) {
                     self.free_direct(c, unit);
                 }
-            });
-        }
+            }
+        });
         for block in blocks {
             self.free(block);
         }
@@ -529,21 +700,21 @@ impl Arena {
             let Some(mine) = mine.filter(|mine| mine.enable(c, &self.g)) else {
                 return;
             };
-            let mut batch = [0u32; BATCH_MAX];
-            loop {
-                done += mine.pop_into(c, &mut out[done..]);
-                if done == out.len() {
+            while done < out.len() {
+                let popped = mine.pop_into(c, &mut out[done..]);
+                done += popped;
+                if popped > 0 {
+                    continue;
+                }
+                if mine.held(c) > 0 || !mine.is_settled(c) {
+                    mine.settle(c, self.lock(c));
+                } else if !self.refill(mine, c) {
                     return;
                 }
-                let n = self.central().take(c, mine.batch(c), &mut batch);
-                if n == 0 {
-                    return;
-                }
-                // Counts one miss; the pop that follows is that allocation.
-                mine.refill(c, &batch[..n]);
             }
         });
-        // Uncached, or the shared level ran dry: one at a time, waiting if the arena waits.
+        // Uncached, or the shared level ran dry: one at a time, reclaiming, and waiting if
+        // the arena waits.
         while done < out.len() {
             match self.alloc_small_slow(c) {
                 Ok(block) => {
@@ -563,41 +734,42 @@ impl Arena {
     /// cache when it has room, else flushing a batch to the shared level as needed.
     #[inline]
     pub(crate) fn free_units(&self, c: usize, units: &[u32]) {
-        if !self.someone_waits() {
-            let done = cache::with_home(self.id, |mine| mine.push_from(c, units)).unwrap_or(0);
-            if done == units.len() {
-                return;
-            }
+        let done = cache::with_home(self.id, |mine| mine.push_from(c, units)).unwrap_or(0);
+        if done > 0 && cache::someone_waits_after_push(self.waiters_word()) {
+            self.hand_over(c);
+        }
+        if done < units.len() {
             self.free_units_slow(c, &units[done..]);
-        } else {
-            self.free_units_slow(c, units);
         }
     }
 
     /// [`Arena::free_units`] for what its fast path could not take.
     #[cold]
     pub(crate) fn free_units_slow(&self, c: usize, mut units: &[u32]) {
-        if !self.someone_waits() {
-            cache::with_slot(self, |mine| {
-                let Some(mine) = mine.filter(|mine| mine.enable(c, &self.g)) else {
-                    return;
-                };
-                let mut batch = [0u32; BATCH_MAX];
-                loop {
-                    units = &units[mine.push_from(c, units)..];
-                    if units.is_empty() {
-                        return;
-                    }
-                    let n = mine.take(c, mine.batch(c) as usize, &mut batch);
-                    if n == 0 {
-                        return;
-                    }
-                    self.give(c, &batch[..n]);
+        cache::with_slot(self, |mine| {
+            let Some(mine) = mine.filter(|mine| mine.enable(c, &self.g)) else {
+                return;
+            };
+            let mut cached = false;
+            while !units.is_empty() {
+                let n = mine.push_from(c, units);
+                units = &units[n..];
+                cached |= n > 0;
+                if n > 0 || units.is_empty() {
+                    continue;
                 }
-            });
-        }
-        // Uncached, or someone waits (so the blocks must be where waiters look): straight to
-        // the shared level, a batch at a time.
+                // No room: what a reclaimer took is room again after settling; else flush.
+                if !mine.is_settled(c) {
+                    mine.settle(c, self.lock(c));
+                } else if self.flush(mine, c) == 0 {
+                    break;
+                }
+            }
+            if cached && cache::someone_waits_after_push(self.waiters_word()) {
+                self.hand_over_from(mine, c);
+            }
+        });
+        // Uncached: straight to the shared level, a batch at a time.
         let batch = (self.g.class[c].batch as usize).clamp(1, BATCH_MAX);
         for chunk in units.chunks(batch) {
             self.give(c, chunk);
@@ -610,15 +782,9 @@ impl Arena {
 
     /// Flushes a slot's magazines into the shared level: its owner releasing it, or `Drop`.
     pub(crate) fn drain_slot(&self, mine: Mine<'_>) {
-        let mut batch = [0u32; BATCH_MAX];
         for c in 0..self.g.classes {
-            loop {
-                let n = mine.take(c, mine.batch(c) as usize, &mut batch);
-                if n == 0 {
-                    break;
-                }
-                self.give(c, &batch[..n]);
-            }
+            mine.settle(c, self.lock(c));
+            while self.flush(mine, c) > 0 {}
         }
     }
 
@@ -635,10 +801,9 @@ impl Arena {
                 let (mut allocs, mut frees, mut misses) = (0u64, 0u64, 0u64);
                 for slot in self.slots.iter() {
                     let cache = slot.class(c);
-                    // Relaxed: statistics.
-                    allocs += cache.allocs.load(Ordering::Relaxed);
-                    frees += cache.frees.load(Ordering::Relaxed);
-                    misses += cache.misses.load(Ordering::Relaxed);
+                    allocs += cache.allocs();
+                    frees += cache.frees();
+                    misses += cache.misses();
                 }
                 let cache_hits = allocs.saturating_sub(misses);
                 allocs += self.direct[c].allocs.load(Ordering::Relaxed);
@@ -686,6 +851,13 @@ impl Arena {
             cached_threads: self.slots.iter().filter(|s| s.is_claimed()).count() as u64,
         }
     }
+}
+
+/// Locks `mutex`, which guards no data (a panic while holding it left nothing half done).
+fn lock(mutex: &Mutex<()>) -> MutexGuard<'_, ()> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Drop for Arena {

@@ -37,6 +37,22 @@
 //!
 //! If all slots are claimed, further threads run uncached: correct, slower (every operation goes
 //! to the shared lists). That decision is remembered per thread (an entry with no slot).
+//!
+//! **Reclaiming.** Blocks in a thread's magazine are free, and an allocation must not fail
+//! while a free block of its class is anywhere in the process, however large the caches and
+//! whether their threads are busy or idle. When a class's shared level is dry, the allocating
+//! thread becomes the class's *reclaimer* (`Arena::reclaim`, under the class's lock): it claims
+//! every owned slot's cached blocks of the class from the bottom of the magazine (moving its
+//! `top`), runs a heavy barrier (`crate::sync::asymmetric`: `membarrier`), reads each
+//! magazine's length again and takes what the owner did not pop meanwhile. The owner's pop
+//! reads `top` after lowering `len` and a compiler barrier; its push needs nothing (see
+//! [`ClassCache`]): one load per pop is all the fast path pays, because the reclaimer's
+//! barrier makes every CPU running an owner execute the fence. Blocks an owner is moving
+//! between its magazine and the shared level (a refill or a flush) are in neither place for a
+//! moment: the owner marks such moves ([`Mine::moving`]) and a reclaimer that finds nothing
+//! looks again while one is under way. A free reads the count of waiting allocations after its
+//! push ([`fast_push`]): a waiter counts itself in and then reclaims, so either it finds the
+//! block in the cache or the free hands the class's blocks over.
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
@@ -44,7 +60,9 @@ use std::ptr::{self, NonNull};
 
 use super::arena::Arena;
 use super::geometry::{Geometry, BATCH_MAX, MAG_MAX, MAX_CLASSES};
-use crate::sync::{thread, Arc, AtomicU32, AtomicU64, Ordering, UnsafeCell};
+#[cfg(loom)]
+use crate::sync::UnsafeCell;
+use crate::sync::{asymmetric, thread, Arc, AtomicU32, AtomicU64, Mutex, Ordering};
 
 /// Slot state: claimable.
 const FREE: u32 = 0;
@@ -58,40 +76,267 @@ const GONE: u32 = 3;
 /// Entries in a thread's table: the pools a thread can use concurrently without evictions.
 const WAYS: usize = 8;
 
-/// One class's magazine: a stack of block units, owned by the slot's thread. `repr(C)` keeps
-/// the header in the first cache line of its [`ClassCache`], next to the counters.
-#[repr(C)]
-#[derive(Debug)]
-struct Magazine {
-    len: u32,
-    cap: u32,
-    batch: u32,
-    items: [u32; MAG_MAX],
+/// The block units of one class's magazine: `items[top..len]` of its [`ClassCache`]. The owner
+/// reads and writes at the `len` end; a reclaimer reads only a range it claimed below the
+/// owner's (see [`ClassCache`]), so no element is ever touched by both at once. The elements
+/// are reached through raw pointers to exactly the range an access uses, never through a
+/// reference to the whole array, which the other side's accesses would alias.
+#[cfg(not(loom))]
+struct Items(std::cell::UnsafeCell<[u32; MAG_MAX]>);
+
+/// Under loom, one cell per element, so the model checks each element's accesses (a cell for
+/// the whole array would report the owner's and the reclaimer's disjoint accesses as a race).
+#[cfg(loom)]
+struct Items([UnsafeCell<u32>; MAG_MAX]);
+
+impl std::fmt::Debug for Items {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Items")
+    }
 }
 
-/// A thread's cache of one size class, with the thread's counters for that class.
+#[cfg(not(loom))]
+impl Items {
+    /// The first element.
+    #[inline(always)]
+    fn base(&self) -> *mut u32 {
+        self.0.get().cast::<u32>()
+    }
+
+    /// Element `i`.
+    ///
+    /// # Safety
+    /// `i < MAG_MAX`, and no other thread writes element `i` during the call.
+    #[inline(always)]
+    unsafe fn get(&self, i: usize) -> u32 {
+        // SAFETY: in bounds, and not written concurrently (caller's contract).
+        unsafe { self.base().add(i).read() }
+    }
+
+    /// Sets element `i`.
+    ///
+    /// # Safety
+    /// `i < MAG_MAX`, and no other thread touches element `i` during the call.
+    #[inline(always)]
+    unsafe fn set(&self, i: usize, unit: u32) {
+        // SAFETY: in bounds, and not touched concurrently (caller's contract).
+        unsafe { self.base().add(i).write(unit) }
+    }
+
+    /// Copies elements `start..start + out.len()` into `out`, the last first (the magazine's
+    /// top first, as single pops hand them out). Inlined by the compiler as vector loads,
+    /// shuffles and stores rather than a call, which costs more than the copy at these sizes.
+    ///
+    /// # Safety
+    /// In bounds, and no other thread writes those elements during the call.
+    #[inline(always)]
+    unsafe fn read_rev(&self, start: usize, out: &mut [u32]) {
+        // SAFETY: in bounds, initialized (zeroed memory or written units), and not written
+        // concurrently (caller's contract).
+        let items = unsafe { std::slice::from_raw_parts(self.base().add(start), out.len()) };
+        for (slot, &unit) in out.iter_mut().zip(items.iter().rev()) {
+            *slot = unit;
+        }
+    }
+
+    /// Writes `units` reversed at `start` (so `read_rev` hands them back in this order).
+    ///
+    /// # Safety
+    /// In bounds, and no other thread touches those elements during the call.
+    #[inline(always)]
+    unsafe fn write_rev(&self, start: usize, units: &[u32]) {
+        // SAFETY: in bounds and not touched concurrently (caller's contract): the only
+        // reference to them.
+        let items = unsafe { std::slice::from_raw_parts_mut(self.base().add(start), units.len()) };
+        for (slot, &unit) in items.iter_mut().rev().zip(units) {
+            *slot = unit;
+        }
+    }
+
+    /// Copies elements `start..start + out.len()` into `out`, in order.
+    ///
+    /// # Safety
+    /// As [`Items::read_rev`].
+    #[inline(always)]
+    unsafe fn read(&self, start: usize, out: &mut [u32]) {
+        // SAFETY: as `read_rev` (caller's contract); `out` is not the magazine.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.base().add(start), out.as_mut_ptr(), out.len())
+        }
+    }
+
+    /// Writes `units` at `start`, in order.
+    ///
+    /// # Safety
+    /// As [`Items::write_rev`].
+    #[inline(always)]
+    unsafe fn write(&self, start: usize, units: &[u32]) {
+        // SAFETY: as `write_rev` (caller's contract); `units` is not the magazine.
+        unsafe {
+            std::ptr::copy_nonoverlapping(units.as_ptr(), self.base().add(start), units.len())
+        }
+    }
+
+    /// The `N` elements from `start`, as an array.
+    ///
+    /// # Safety
+    /// As [`Items::range`].
+    #[inline(always)]
+    unsafe fn array<const N: usize>(&self, start: usize) -> [u32; N] {
+        // SAFETY: as `range` (caller's contract); `[u32; N]` has `u32`'s alignment.
+        unsafe { self.base().add(start).cast::<[u32; N]>().read() }
+    }
+
+    /// Writes `units` at `start`.
+    ///
+    /// # Safety
+    /// As [`Items::range_mut`].
+    #[inline(always)]
+    unsafe fn set_array<const N: usize>(&self, start: usize, units: [u32; N]) {
+        // SAFETY: as `range_mut` (caller's contract).
+        unsafe { self.base().add(start).cast::<[u32; N]>().write(units) }
+    }
+
+    /// Moves elements `from..from + len` to `to..to + len` (`to < from`).
+    ///
+    /// # Safety
+    /// In bounds, and no other thread touches either range during the call.
+    unsafe fn move_down(&self, from: usize, to: usize, len: usize) {
+        // SAFETY: in bounds and unshared (caller's contract); `copy` allows overlap.
+        unsafe { std::ptr::copy(self.base().add(from), self.base().add(to), len) }
+    }
+}
+
+#[cfg(loom)]
+impl Items {
+    fn new() -> Self {
+        Items(std::array::from_fn(|_| UnsafeCell::new(0)))
+    }
+
+    unsafe fn get(&self, i: usize) -> u32 {
+        // SAFETY: as in the non-loom build.
+        self.0[i].with(|p| unsafe { *p })
+    }
+
+    unsafe fn set(&self, i: usize, unit: u32) {
+        // SAFETY: as in the non-loom build.
+        self.0[i].with_mut(|p| unsafe { *p = unit })
+    }
+
+    unsafe fn array<const N: usize>(&self, start: usize) -> [u32; N] {
+        // SAFETY: as in the non-loom build.
+        std::array::from_fn(|k| unsafe { self.get(start + k) })
+    }
+
+    unsafe fn read_rev(&self, start: usize, out: &mut [u32]) {
+        let n = out.len();
+        for (k, slot) in out.iter_mut().enumerate() {
+            // SAFETY: as in the non-loom build.
+            *slot = unsafe { self.get(start + n - 1 - k) };
+        }
+    }
+
+    unsafe fn write_rev(&self, start: usize, units: &[u32]) {
+        let n = units.len();
+        for (k, &unit) in units.iter().enumerate() {
+            // SAFETY: as in the non-loom build.
+            unsafe { self.set(start + n - 1 - k, unit) };
+        }
+    }
+
+    unsafe fn read(&self, start: usize, out: &mut [u32]) {
+        for (k, slot) in out.iter_mut().enumerate() {
+            // SAFETY: as in the non-loom build.
+            *slot = unsafe { self.get(start + k) };
+        }
+    }
+
+    unsafe fn write(&self, start: usize, units: &[u32]) {
+        for (k, &unit) in units.iter().enumerate() {
+            // SAFETY: as in the non-loom build.
+            unsafe { self.set(start + k, unit) };
+        }
+    }
+
+    unsafe fn set_array<const N: usize>(&self, start: usize, units: [u32; N]) {
+        for (k, unit) in units.into_iter().enumerate() {
+            // SAFETY: as in the non-loom build.
+            unsafe { self.set(start + k, unit) };
+        }
+    }
+
+    unsafe fn move_down(&self, from: usize, to: usize, len: usize) {
+        for k in 0..len {
+            // SAFETY: as in the non-loom build.
+            unsafe { self.set(to + k, self.get(from + k)) };
+        }
+    }
+}
+
+/// A thread's cache of one size class: a magazine of block units, `items[top..len]`, and the
+/// thread's counters for the class.
+///
+/// **Who touches what.** The owner (the slot's thread) pops and pushes at the `len` end; it
+/// alone writes `len`, `cap` and `batch`. A *reclaimer* (`Arena::reclaim`, holding the class's
+/// reclaim lock) claims blocks from the `top` end: it stores `top = len` (all it saw), runs a
+/// heavy barrier, reads `len` again and keeps `[old top, min(claim, len))`, then stores `top`
+/// there. A pop stores its new `len`, runs a light barrier (`crate::sync::asymmetric`) and
+/// reads `top`: either the reclaimer's second read of `len` sees the pop (and leaves that
+/// block alone) or the pop sees the claim (and takes nothing, restores `len` and goes to its
+/// slow path, which settles under the lock). A push writes above `len` and needs no check: a
+/// reclaimer reads only below the `len` it saw. So the fast path pays one load (of `top`, in
+/// the line it writes anyway) per pop and nothing per push: no fence, no read-modify-write,
+/// no extra store.
+///
+/// `top` is written only under the class's reclaim lock, by a reclaimer or by the owner
+/// settling ([`Mine::settle`]: moving the blocks down to index 0 after a reclaim).
 #[repr(C, align(64))]
-#[derive(Debug)]
 pub(crate) struct ClassCache {
-    /// Allocations served through this cache (hits and refills).
-    pub(crate) allocs: AtomicU64,
-    /// Frees into this cache (including those that flushed).
-    pub(crate) frees: AtomicU64,
+    /// Allocations served through this cache (hits and refills). Written only by the owner.
+    allocs: AtomicU64,
+    /// Frees into this cache (including those that flushed). Written only by the owner.
+    frees: AtomicU64,
     /// Allocations that found the magazine empty and refilled it from the shared level.
-    pub(crate) misses: AtomicU64,
-    mag: UnsafeCell<Magazine>,
+    misses: AtomicU64,
+    /// One past the newest cached block. Written only by the owner.
+    len: AtomicU32,
+    /// Capacity, 0 until the class is first used ([`Mine::enable`]). Owner only.
+    cap: AtomicU32,
+    /// Blocks moved per refill or flush. Owner only.
+    batch: AtomicU32,
+    /// The oldest cached block the owner may use (see above).
+    top: AtomicU32,
+    items: Items,
+    // The fields of the slow paths after the magazine, so that its elements start where
+    // they did before the reclaimer's fields were added: moving them by 28 bytes slowed a
+    // batch made each round by half here (the elements' offset in the page against the
+    // buffers' first lines, which the same loop writes).
+    /// A reclaimer's claim: `1 + top` before it (0: none). Reclaimer only, under the lock.
+    claim: AtomicU32,
+    /// Twice the number of moves of blocks between this magazine and the shared level the
+    /// owner began, plus 1 while one is under way (the blocks then in neither place): a
+    /// reclaimer that found nothing retries while it sees one move, or one more than before.
+    /// Owner only (a plain load and store per move).
+    moves: AtomicU64,
+    /// The reclaimer's snapshot of `moves`. Reclaimer only, under the lock.
+    seen_moves: AtomicU64,
 }
 
-/// Adds one to a counter only its owner writes: a load and a store, no read-modify-write.
-#[inline(always)]
-fn bump(counter: &AtomicU64) {
-    add(counter, 1);
+impl std::fmt::Debug for ClassCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Relaxed: a snapshot for debugging.
+        f.debug_struct("ClassCache")
+            .field("len", &self.len.load(Ordering::Relaxed))
+            .field("top", &self.top.load(Ordering::Relaxed))
+            .field("cap", &self.cap.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
 }
 
-/// Adds `n` to a counter only its owner writes (see [`bump`]).
+/// Adds `n` to a counter only its owner writes: a load and a store, no read-modify-write.
 #[inline(always)]
 fn add(counter: &AtomicU64, n: usize) {
-    // Relaxed: statistics; single writer (the slot's owner), readers only load.
+    // Relaxed: single writer (the slot's owner); readers only load.
     counter.store(
         counter.load(Ordering::Relaxed).wrapping_add(n as u64),
         Ordering::Relaxed,
@@ -107,24 +352,136 @@ impl ClassCache {
             allocs: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             misses: AtomicU64::new(0),
-            mag: UnsafeCell::new(Magazine {
-                len: 0,
-                cap: 0,
-                batch: 0,
-                items: [0; MAG_MAX],
-            }),
+            len: AtomicU32::new(0),
+            top: AtomicU32::new(0),
+            cap: AtomicU32::new(0),
+            batch: AtomicU32::new(0),
+            moves: AtomicU64::new(0),
+            claim: AtomicU32::new(0),
+            seen_moves: AtomicU64::new(0),
+            items: Items::new(),
         }
     }
 
-    /// Runs `f` on the magazine.
-    ///
-    /// # Safety
-    /// The calling thread owns the slot, or has exclusive access to it (see [`Mine`]).
+    /// Allocations served through this cache (hits and refills), as of some moment during the
+    /// call (statistics).
+    pub(crate) fn allocs(&self) -> u64 {
+        // Relaxed: statistics.
+        self.allocs.load(Ordering::Relaxed)
+    }
+
+    /// Frees into this cache (statistics, as [`ClassCache::allocs`]).
+    pub(crate) fn frees(&self) -> u64 {
+        // Relaxed: statistics.
+        self.frees.load(Ordering::Relaxed)
+    }
+
+    /// Allocations that refilled the magazine (statistics, as [`ClassCache::allocs`]).
+    pub(crate) fn misses(&self) -> u64 {
+        // Relaxed: statistics.
+        self.misses.load(Ordering::Relaxed)
+    }
+
+    /// Owner: the magazine's length now.
     #[inline(always)]
-    unsafe fn with<R>(&self, f: impl FnOnce(&mut Magazine) -> R) -> R {
-        // SAFETY: only the owner touches the magazine (caller's contract), and `f` cannot reach
-        // it through another path, so this is the only reference during the call.
-        self.mag.with_mut(|m| f(unsafe { &mut *m }))
+    fn len(&self) -> u32 {
+        // Relaxed: only the owner writes it.
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Owner: sets the length.
+    #[inline(always)]
+    fn set_len(&self, len: u32) {
+        // Release: the units written below `len` before this are seen by a reclaimer that
+        // reads this value (Acquire); every store of `len` is a Release, so whichever value a
+        // reclaimer reads, it synchronizes with the store that wrote it.
+        self.len.store(len, Ordering::Release);
+    }
+
+    /// Owner, after lowering `len` to `new`: whether a reclaimer's claim reaches above `new`,
+    /// in which case the owner must not take the blocks (see [`ClassCache`]).
+    #[inline(always)]
+    fn claimed_above(&self, new: u32) -> bool {
+        asymmetric::light();
+        // Relaxed: what decides is which store of `len` and `top` each side saw, which the
+        // barriers order; no data moves through `top`.
+        self.top.load(Ordering::Relaxed) > new
+    }
+
+    /// Owner: a move between the magazine and the shared level begins (see `moves`).
+    fn move_begins(&self) {
+        // Relaxed, then the light barrier: a reclaimer's heavy barrier makes the mark visible
+        // before the blocks leave the magazine or the shared level, as far as it can tell.
+        add(&self.moves, 1);
+        asymmetric::light();
+    }
+
+    /// Owner: the move ended (the blocks are in their new place).
+    fn move_ends(&self) {
+        // Release: the blocks' arrival (the shared level's push, or `len`) happens before a
+        // reclaimer that reads this value (Acquire).
+        self.moves.store(
+            self.moves.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Release,
+        );
+    }
+
+    /// Reclaimer (holding the class's lock): claims every block the magazine holds and
+    /// records the owner's moves; `false` if it holds none.
+    pub(crate) fn claim(&self) -> bool {
+        // Acquire: pairs with the owner's Release stores (`move_ends`).
+        self.seen_moves
+            .store(self.moves.load(Ordering::Acquire), Ordering::Relaxed);
+        // Relaxed: `top` changes only under the lock we hold.
+        let top = self.top.load(Ordering::Relaxed);
+        // Acquire: pairs with `set_len`: the units below it are seen.
+        let len = self.len.load(Ordering::Acquire);
+        if len <= top {
+            self.claim.store(0, Ordering::Relaxed);
+            return false;
+        }
+        self.claim.store(top + 1, Ordering::Relaxed);
+        // Relaxed: ordered before the owner's next `claimed_above` by the heavy barrier the
+        // reclaimer runs before `take_claimed`.
+        self.top.store(len, Ordering::Relaxed);
+        true
+    }
+
+    /// Reclaimer, after [`ClassCache::claim`] and a heavy barrier: hands the claimed blocks the
+    /// owner did not take meanwhile to `sink`, in batches, and gives the rest back (`top`).
+    pub(crate) fn take_claimed(&self, mut sink: impl FnMut(&[u32])) {
+        // Relaxed: only the reclaimer writes it.
+        let Some(from) = self.claim.load(Ordering::Relaxed).checked_sub(1) else {
+            return;
+        };
+        self.claim.store(0, Ordering::Relaxed);
+        let claimed = self.top.load(Ordering::Relaxed);
+        // Acquire: as in `claim`. After the heavy barrier this sees every pop that did not see
+        // the claim, so the blocks below it are the owner's no more.
+        let end = claimed.min(self.len.load(Ordering::Acquire));
+        let mut units = [0u32; BATCH_MAX];
+        let mut at = from;
+        while at < end {
+            let n = ((end - at) as usize).min(BATCH_MAX);
+            for (k, unit) in units[..n].iter_mut().enumerate() {
+                // SAFETY: `at + k < end <= len <= MAG_MAX`; the owner touches no element below
+                // `end` while `top` (the claim) is above its `len` (see `ClassCache`).
+                *unit = unsafe { self.items.get(at as usize + k) };
+            }
+            sink(&units[..n]);
+            at += n as u32;
+        }
+        // Release: pairs with nothing the owner needs to see but the index itself; the
+        // blocks from `end` up are the owner's again.
+        self.top.store(end.max(from), Ordering::Release);
+    }
+
+    /// Reclaimer: whether the owner began or ended a move since [`ClassCache::claim`], or is
+    /// in one.
+    pub(crate) fn moved(&self) -> bool {
+        // Acquire: pairs with `move_ends`: a move seen ended has its blocks in place.
+        let now = self.moves.load(Ordering::Acquire);
+        now & 1 != 0 || now != self.seen_moves.load(Ordering::Relaxed)
     }
 }
 
@@ -142,7 +499,7 @@ impl<'a> Mine<'a> {
     /// # Safety
     /// For `'a`, the calling thread owns `slot` (claimed by it, not released), or has exclusive
     /// access to it (the pool's `Drop`). Several `Mine`s of one slot on its thread are fine:
-    /// each method borrows the magazine only for its own duration and none calls another.
+    /// each method touches the magazine only for its own duration and none calls another.
     #[inline(always)]
     pub(crate) unsafe fn new(slot: &'a Slot) -> Self {
         Self {
@@ -151,99 +508,78 @@ impl<'a> Mine<'a> {
         }
     }
 
+    /// Class `c`'s cache (`c` is a class of the pool: callers check it). Clamped rather than
+    /// bounds-checked: no panic path on the fast path, whose size decides whether a
+    /// `Buffer`'s drop inlines it.
     #[inline(always)]
     fn cache(&self, c: usize) -> &'a ClassCache {
-        &self.slot.classes[c]
+        &self.slot.classes[c.min(MAX_CLASSES - 1)]
     }
 
-    /// Pops a cached block of class `c`.
+    /// Pops a cached block of class `c`. `None` if the magazine is empty, or a reclaimer
+    /// claimed the block (the slow path then settles).
     #[inline(always)]
     pub(crate) fn pop(&self, c: usize) -> Option<u32> {
         let cache = self.cache(c);
-        // SAFETY: `Mine` proves ownership.
-        let unit = unsafe {
-            cache.with(|m| {
-                let len = m.len.checked_sub(1)?;
-                m.len = len;
-                // `len < cap <= MAG_MAX`: the mask changes nothing and spares a bounds check.
-                Some(m.items[len as usize & (MAG_MAX - 1)])
-            })
-        }?;
-        bump(&cache.allocs);
+        let len = cache.len();
+        let new = len.checked_sub(1)?;
+        // Read before the pop commits: only the owner ever writes a magazine's elements (a
+        // reclaimer only reads), so the read races with nothing; if the block turns out to be
+        // claimed, the value is dropped.
+        // SAFETY: `new < len <= cap <= MAG_MAX` (the mask changes nothing and spares a bounds
+        // check); no other thread writes it.
+        let unit = unsafe { cache.items.get(new as usize & (MAG_MAX - 1)) };
+        cache.set_len(new);
+        if cache.claimed_above(new) {
+            cache.set_len(len);
+            return None;
+        }
+        add(&cache.allocs, 1);
         Some(unit)
     }
 
-    /// Pops up to `max` cached blocks of class `c`, handing each to `sink`; returns how many.
-    /// One borrow of the magazine and one counter update for the whole batch.
-    #[inline]
-    pub(crate) fn pop_many(&self, c: usize, max: usize, mut sink: impl FnMut(u32)) -> usize {
-        let cache = self.cache(c);
-        // SAFETY: `Mine` proves ownership; `sink` is the pool's own buffer wrapping, which never
-        // reaches the magazine.
-        let n = unsafe {
-            cache.with(|m| {
-                let n = (m.len as usize).min(max);
-                let start = m.len as usize - n;
-                // Shortened before the blocks are handed out: if `sink` unwound halfway, the
-                // rest would be lost (leaked), never handed out twice.
-                m.len = start as u32;
-                for &unit in m.items[start..start + n].iter().rev() {
-                    sink(unit);
-                }
-                n
-            })
-        };
-        add(&cache.allocs, n);
-        n
-    }
-
     /// Moves up to `out.len()` cached blocks of class `c` into `out` (the magazine's top, in
-    /// its order), returns how many. One copy and one counter update for the whole batch: what
-    /// a [`Batch`](super::Batch) allocates with.
+    /// its order), returns how many: 0 as well if a reclaimer claimed some of them. One copy
+    /// and one counter update for the whole batch: what a [`Batch`](super::Batch) allocates
+    /// with.
     #[inline(always)]
     pub(crate) fn pop_into(&self, c: usize, out: &mut [u32]) -> usize {
         let cache = self.cache(c);
-        // SAFETY: `Mine` proves ownership; `out` is the caller's memory, not the magazine.
-        let n = unsafe {
-            cache.with(|m| {
-                let len = m.len as usize;
-                let n = len.min(out.len());
-                let start = len - n;
-                // `len <= cap <= MAG_MAX`: in bounds; `get` spares the panic path all the same.
-                let Some(items) = m.items.get(start..len) else {
-                    return 0;
-                };
-                // Top first, as single pops would hand them out. A reversed copy is also one
-                // the compiler inlines (vector loads, shuffles, stores) rather than a call to
-                // `memcpy`, which costs more than the copy at these sizes.
-                for (slot, &unit) in out[..n].iter_mut().zip(items.iter().rev()) {
-                    *slot = unit;
-                }
-                m.len = start as u32;
-                n
-            })
-        };
+        let len = cache.len();
+        let n = (len as usize).min(out.len()).min(MAG_MAX);
+        if n == 0 {
+            return 0;
+        }
+        // `n <= len`.
+        let new = len - n as u32;
+        // Read before the pop commits, as in `pop`. Top first, as single pops hand them out.
+        // SAFETY: `new + n = len <= MAG_MAX`; no other thread writes them.
+        unsafe { cache.items.read_rev(new as usize, &mut out[..n]) };
+        cache.set_len(new);
+        if cache.claimed_above(new) {
+            cache.set_len(len);
+            return 0;
+        }
         add(&cache.allocs, n);
         n
     }
 
     /// Takes the top `N` cached blocks of class `c` as an array (top first, as `pop_into` hands
-    /// them out), or `None` (and nothing taken) if fewer are cached.
+    /// them out), or `None` (and nothing taken) if fewer are cached or some are claimed.
     #[inline(always)]
     pub(crate) fn pop_array<const N: usize>(&self, c: usize) -> Option<[u32; N]> {
         let cache = self.cache(c);
-        // SAFETY: `Mine` proves ownership.
-        let units = unsafe {
-            cache.with(|m| {
-                let len = m.len as usize;
-                let start = len.checked_sub(N)?;
-                let top: &[u32; N] = m.items.get(start..len)?.try_into().ok()?;
-                let mut units = *top;
-                units.reverse();
-                m.len = start as u32;
-                Some(units)
-            })
-        }?;
+        let len = cache.len();
+        let new = len.checked_sub(u32::try_from(N).ok()?)?;
+        // Read before the pop commits, as in `pop`.
+        // SAFETY: `new + N = len <= MAG_MAX`; no other thread writes them.
+        let mut units: [u32; N] = unsafe { cache.items.array(new as usize) };
+        cache.set_len(new);
+        if cache.claimed_above(new) {
+            cache.set_len(len);
+            return None;
+        }
+        units.reverse();
         add(&cache.allocs, N);
         Some(units)
     }
@@ -253,24 +589,18 @@ impl<'a> Mine<'a> {
     #[inline(always)]
     pub(crate) fn push_from(&self, c: usize, units: &[u32]) -> usize {
         let cache = self.cache(c);
-        // SAFETY: `Mine` proves ownership; `units` is the caller's memory, not the magazine.
-        let n = unsafe {
-            cache.with(|m| {
-                let len = m.len as usize;
-                let n = (m.cap as usize).saturating_sub(len).min(units.len());
-                // `len + n <= cap <= MAG_MAX`: in bounds; `get_mut` spares the panic path.
-                let Some(items) = m.items.get_mut(len..len + n) else {
-                    return 0;
-                };
-                // Reversed, so that `pop_into` (which takes the top first) hands a batch back in
-                // the order it was freed; and inlined, as there (see `pop_into`).
-                for (slot, &unit) in items.iter_mut().rev().zip(&units[..n]) {
-                    *slot = unit;
-                }
-                m.len = (len + n) as u32;
-                n
-            })
-        };
+        let len = cache.len();
+        // Relaxed: owner only. `cap <= MAG_MAX`.
+        let cap = cache.cap.load(Ordering::Relaxed);
+        let n = (cap.saturating_sub(len) as usize).min(units.len());
+        if n == 0 {
+            return 0;
+        }
+        // SAFETY: `len + n <= cap <= MAG_MAX`; above `len`, where no reclaimer reads.
+        // Reversed, so that `pop_into` (which takes the top first) hands a batch back in the
+        // order it was freed.
+        unsafe { cache.items.write_rev(len as usize, &units[..n]) };
+        cache.set_len(len + n as u32);
         add(&cache.frees, n);
         n
     }
@@ -280,54 +610,37 @@ impl<'a> Mine<'a> {
     #[inline(always)]
     pub(crate) fn push_array<const N: usize>(&self, c: usize, units: &[u32; N]) -> bool {
         let cache = self.cache(c);
-        // SAFETY: `Mine` proves ownership; `units` is the caller's memory, not the magazine.
-        let pushed = unsafe {
-            cache.with(|m| {
-                let len = m.len as usize;
-                let end = len + N;
-                if end > m.cap as usize {
-                    return false;
-                }
-                // `end <= cap <= MAG_MAX`: in bounds; `get_mut` spares the panic path.
-                let Some(items) = m.items.get_mut(len..end) else {
-                    return false;
-                };
-                let Ok(items) = <&mut [u32; N]>::try_from(items) else {
-                    return false;
-                };
-                let mut reversed = *units;
-                reversed.reverse();
-                *items = reversed;
-                m.len = end as u32;
-                true
-            })
-        };
-        if pushed {
-            add(&cache.frees, N);
+        let len = cache.len() as usize;
+        // Relaxed: owner only.
+        let cap = cache.cap.load(Ordering::Relaxed) as usize;
+        let end = len + N;
+        if end > cap.min(MAG_MAX) {
+            return false;
         }
-        pushed
+        let mut reversed = *units;
+        reversed.reverse();
+        // SAFETY: `end <= MAG_MAX`; above `len`, where no reclaimer reads.
+        unsafe { cache.items.set_array(len, reversed) };
+        cache.set_len(end as u32);
+        add(&cache.frees, N);
+        true
     }
 
     /// Pushes a freed block of class `c`; `false` (and nothing pushed) if the magazine is full.
     #[inline(always)]
     pub(crate) fn push(&self, c: usize, unit: u32) -> bool {
         let cache = self.cache(c);
-        // SAFETY: `Mine` proves ownership.
-        let pushed = unsafe {
-            cache.with(|m| {
-                if m.len >= m.cap {
-                    return false;
-                }
-                // `len < cap <= MAG_MAX`: the mask changes nothing and spares a bounds check.
-                m.items[m.len as usize & (MAG_MAX - 1)] = unit;
-                m.len += 1;
-                true
-            })
-        };
-        if pushed {
-            bump(&cache.frees);
+        let len = cache.len();
+        // Relaxed: owner only.
+        if len >= cache.cap.load(Ordering::Relaxed) {
+            return false;
         }
-        pushed
+        // SAFETY: `len < cap <= MAG_MAX` (the mask changes nothing and spares a bounds check);
+        // above `len`, where no reclaimer reads.
+        unsafe { cache.items.set(len as usize & (MAG_MAX - 1), unit) };
+        cache.set_len(len + 1);
+        add(&cache.frees, 1);
+        true
     }
 
     /// Whether class `c` is cached at all, giving its magazine the capacity and batch of
@@ -337,58 +650,121 @@ impl<'a> Mine<'a> {
     /// magazine with no room and go there.
     #[inline]
     pub(crate) fn enable(&self, c: usize, g: &Geometry) -> bool {
-        // SAFETY: `Mine` proves ownership.
-        unsafe {
-            self.cache(c).with(|m| {
-                if m.cap == 0 && c < g.classes {
-                    // `len <= cap == 0`: nothing held, so any capacity is consistent.
-                    let class = g.class[c];
-                    m.cap = class.cap.min(MAG_MAX as u32);
-                    m.batch = class.batch;
-                }
-                m.cap != 0
-            })
+        let cache = self.cache(c);
+        // Relaxed: owner only.
+        if cache.cap.load(Ordering::Relaxed) == 0 && c < g.classes {
+            // Nothing held (`len <= cap == 0`), so any capacity is consistent.
+            let class = g.class[c];
+            cache
+                .cap
+                .store(class.cap.min(MAG_MAX as u32), Ordering::Relaxed);
+            cache.batch.store(class.batch, Ordering::Relaxed);
         }
+        cache.cap.load(Ordering::Relaxed) != 0
     }
 
-    /// Class `c`'s refill/flush batch.
+    /// Class `c`'s refill/flush batch (0 until the class is enabled).
     #[inline(always)]
     pub(crate) fn batch(&self, c: usize) -> u32 {
-        // SAFETY: `Mine` proves ownership.
-        unsafe { self.cache(c).with(|m| m.batch) }
+        // Relaxed: owner only.
+        self.cache(c).batch.load(Ordering::Relaxed)
+    }
+
+    /// Settles class `c` after a reclaimer took blocks from it: under `lock` (the class's
+    /// reclaim lock, so no reclaimer is at work), moves the remaining blocks down to index 0.
+    /// A pop that found its blocks claimed, or a push that found no room, calls this before
+    /// trying again.
+    pub(crate) fn settle(&self, c: usize, lock: &Mutex<()>) {
+        let cache = self.cache(c);
+        // Relaxed: a hint; the lock orders the real read.
+        if cache.top.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let _locked = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Relaxed: `top` changes only under the lock we hold (which ordered the last
+        // reclaimer's writes before this).
+        let top = cache.top.load(Ordering::Relaxed);
+        let len = cache.len();
+        // A reclaimer leaves `top <= len` (it keeps only what the owner did not take).
+        let kept = len.saturating_sub(top);
+        if top > 0 {
+            // SAFETY: `top + kept = len <= MAG_MAX`; no reclaimer works (we hold the lock) and
+            // this is the owner: nobody else touches the elements.
+            unsafe { cache.items.move_down(top as usize, 0, kept as usize) };
+        }
+        cache.set_len(kept);
+        // Relaxed: under the lock, which the next reclaimer takes.
+        cache.top.store(0, Ordering::Relaxed);
+    }
+
+    /// Marks a move of class `c`'s blocks between the magazine and the shared level: `f` does
+    /// it (see `ClassCache::moves`). A reclaimer that finds nothing while one is under way, or
+    /// happened since it looked, looks again.
+    pub(crate) fn moving<R>(&self, c: usize, f: impl FnOnce() -> R) -> R {
+        let cache = self.cache(c);
+        cache.move_begins();
+        // Ends however `f` returns.
+        struct End<'a>(&'a ClassCache);
+        impl Drop for End<'_> {
+            fn drop(&mut self) {
+                self.0.move_ends();
+            }
+        }
+        let _end = End(cache);
+        f()
     }
 
     /// Adds `items` to class `c`'s magazine (as many as fit; callers refill an empty one with at
-    /// most a batch) and counts one allocation that missed; the caller then pops.
-    pub(crate) fn refill(&self, c: usize, items: &[u32]) {
+    /// most a batch), returns how many it took, and counts one allocation that missed; the
+    /// caller then pops, and gives back what did not fit.
+    pub(crate) fn refill(&self, c: usize, items: &[u32]) -> usize {
         let cache = self.cache(c);
-        // SAFETY: `Mine` proves ownership.
-        unsafe {
-            cache.with(|m| {
-                let start = m.len as usize;
-                let room = (m.cap as usize)
-                    .min(MAG_MAX)
-                    .saturating_sub(start)
-                    .min(items.len());
-                m.items[start..start + room].copy_from_slice(&items[..room]);
-                m.len += room as u32;
-            });
-        }
-        bump(&cache.misses);
+        let len = cache.len() as usize;
+        // Relaxed: owner only.
+        let cap = (cache.cap.load(Ordering::Relaxed) as usize).min(MAG_MAX);
+        let room = cap.saturating_sub(len).min(items.len());
+        // SAFETY: `len + room <= MAG_MAX`; above `len`, where no reclaimer reads.
+        unsafe { cache.items.write(len, &items[..room]) };
+        cache.set_len((len + room) as u32);
+        add(&cache.misses, 1);
+        room
     }
 
-    /// Moves up to `n` of class `c`'s most recently cached blocks into `out`; returns how many.
+    /// Moves up to `n` of class `c`'s most recently cached blocks into `out`; returns how many
+    /// (0 as well if a reclaimer claimed them: settle first).
     pub(crate) fn take(&self, c: usize, n: usize, out: &mut [u32; BATCH_MAX]) -> usize {
-        // SAFETY: `Mine` proves ownership.
-        unsafe {
-            self.cache(c).with(|m| {
-                let n = n.min(m.len as usize).min(BATCH_MAX);
-                let start = m.len as usize - n;
-                out[..n].copy_from_slice(&m.items[start..start + n]);
-                m.len = start as u32;
-                n
-            })
+        let cache = self.cache(c);
+        let len = cache.len();
+        let n = n.min(len as usize).min(BATCH_MAX);
+        if n == 0 {
+            return 0;
         }
+        let new = len - n as u32;
+        // Read before the take commits, as in `pop`.
+        // SAFETY: `new + n = len <= MAG_MAX`; no other thread writes them.
+        unsafe { cache.items.read(new as usize, &mut out[..n]) };
+        cache.set_len(new);
+        if cache.claimed_above(new) {
+            cache.set_len(len);
+            return 0;
+        }
+        n
+    }
+
+    /// Whether no reclaimer took from class `c` since the magazine was last settled (its
+    /// blocks start at index 0).
+    pub(crate) fn is_settled(&self, c: usize) -> bool {
+        // Relaxed: a hint; `settle` reads it again under the lock.
+        self.cache(c).top.load(Ordering::Relaxed) == 0
+    }
+
+    /// Blocks cached in class `c` that this thread may use (statistics and tests).
+    pub(crate) fn held(&self, c: usize) -> usize {
+        let cache = self.cache(c);
+        // Relaxed: owner only (and `top` a hint).
+        cache
+            .len()
+            .saturating_sub(cache.top.load(Ordering::Relaxed)) as usize
     }
 }
 
@@ -399,10 +775,11 @@ pub(crate) struct Slot {
     classes: [ClassCache; MAX_CLASSES],
 }
 
-// SAFETY: the magazines (the only non-atomic state) are touched by one thread at a time: the
-// thread that claimed the slot (state ACTIVE or FLUSHING, handed over with Acquire/Release on
-// `state`), or the pool's Drop once no thread can be inside a pool call (see the module docs).
-// Everything else is atomics.
+// SAFETY: a magazine's elements (the only non-atomic state) are touched by one thread at a
+// time: the thread that claimed the slot (state ACTIVE or FLUSHING, handed over with
+// Acquire/Release on `state`) above the magazine's `top`, a reclaimer the range below it that
+// it claimed (see `ClassCache`), or the pool's Drop once no thread can be inside a pool call
+// (see the module docs). Everything else is atomics.
 unsafe impl Sync for Slot {}
 // SAFETY: as above; a slot holds no thread-bound data.
 unsafe impl Send for Slot {}
@@ -467,6 +844,15 @@ impl Slot {
                 }
             }
         }
+    }
+
+    /// Whether a thread holds the slot or is flushing it: whose magazines a reclaimer looks
+    /// in.
+    pub(crate) fn is_owned(&self) -> bool {
+        // Relaxed: a slot claimed after this has empty magazines (drained when last released,
+        // and the claim's Acquire saw it); one released after this is looked in all the same,
+        // and its flush is a marked move (`Mine::moving`).
+        matches!(self.state.load(Ordering::Relaxed), ACTIVE | FLUSHING)
     }
 
     /// Whether a thread holds the slot now (statistics).
@@ -620,26 +1006,43 @@ impl Drop for Cold {
     }
 }
 
+/// The slot of this thread in the pool `id`, if it is in the home entry and has a slot.
+#[inline(always)]
+fn home_slot(id: u64) -> Option<NonNull<Slot>> {
+    // Only the lookup runs inside the thread-local access, and the operation after it, so how
+    // much the operation inlines never decides whether the access itself is inlined (with a
+    // whole batch free inside it, `LocalKey::try_with` went out of line: a call on every
+    // batch free).
+    HOT.try_with(|hot| {
+        let entry = &hot.entries[Hot::home(id)];
+        (entry.id.get() == id).then(|| entry.slot.get())
+    })
+    .ok()
+    .flatten()
+    .and_then(|slot| NonNull::new(slot.cast_mut()))
+}
+
 /// Runs `f` on this thread's slot in the pool `id` if it is in the home entry (the fast path).
 /// `None` if it is not, or if the thread runs uncached.
 #[inline(always)]
 pub(crate) fn with_home<R>(id: u64, f: impl FnOnce(Mine<'_>) -> R) -> Option<R> {
-    // Only the lookup runs inside the thread-local access, and `f` after it, so how much `f`
-    // inlines never decides whether the access itself is inlined (with a whole batch free
-    // inside it, `LocalKey::try_with` went out of line: a call on every batch free).
-    let slot = HOT
-        .try_with(|hot| {
-            let entry = &hot.entries[Hot::home(id)];
-            (entry.id.get() == id).then(|| entry.slot.get())
-        })
-        .ok()
-        .flatten()
-        .filter(|slot| !slot.is_null())?;
+    let slot = home_slot(id)?;
     // SAFETY: a non-null slot in this thread's hot table is kept alive by the `SlotRef` in its
     // cold table and was claimed by this thread, which has not released it (releasing clears
     // the entry first). `f` runs on this thread and never reaches the tables (pool operations
     // do not re-enter them), so nothing releases the slot during the call.
-    Some(f(unsafe { Mine::new(&*slot) }))
+    Some(f(unsafe { Mine::new(slot.as_ref()) }))
+}
+
+/// After a push into a cache: whether a thread waits for a free block. Read after the push's
+/// store of `len` and a light barrier; a waiter counts itself in (`waiters`), runs a heavy
+/// barrier and then reclaims (reading `len`): either the waiter finds the block in the cache,
+/// or this sees the count and the free hands the blocks over (`Arena::hand_over`).
+#[inline(always)]
+pub(crate) fn someone_waits_after_push(waiters: &AtomicU32) -> bool {
+    asymmetric::light();
+    // Relaxed: ordered after the push by the light barrier, against the waiter's heavy one.
+    waiters.load(Ordering::Relaxed) != 0
 }
 
 /// The fast path of an allocation: pops a block of class `c` from this thread's cache of the
@@ -650,7 +1053,8 @@ pub(crate) fn fast_pop(id: u64, c: usize) -> Option<u32> {
 }
 
 /// The fast path of a free: pushes block `unit` of class `c` into this thread's cache of the
-/// pool `id`, if that is its home entry and the magazine has room.
+/// pool `id`, if that is its home entry and the magazine has room (the caller then checks
+/// [`someone_waits_after_push`]).
 #[inline(always)]
 pub(crate) fn fast_push(id: u64, c: usize, unit: u32) -> bool {
     with_home(id, |mine| mine.push(c, unit)).unwrap_or(false)
@@ -666,7 +1070,7 @@ pub(crate) fn fast_pop_array<const N: usize>(id: u64, c: usize) -> Option<[u32; 
 
 /// The whole-batch fast path of a free: pushes the `N` blocks of class `c` in `units` into
 /// this thread's cache of the pool `id` in one copy, if that is its home entry and the
-/// magazine has room for all of them.
+/// magazine has room for all of them (the caller then checks [`someone_waits_after_push`]).
 #[inline(always)]
 pub(crate) fn fast_push_array<const N: usize>(id: u64, c: usize, units: &[u32; N]) -> bool {
     with_home(id, |mine| mine.push_array(c, units)).unwrap_or(false)

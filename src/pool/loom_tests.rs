@@ -20,7 +20,7 @@ use super::geometry::Geometry;
 use super::meta::Meta;
 use super::stack::{Stack, EMPTY, NIL};
 use super::Config;
-use crate::sync::{thread, Arc, AtomicU32, AtomicU64};
+use crate::sync::{thread, Arc, AtomicU32, AtomicU64, Ordering};
 
 /// Runs `f` under loom with a default preemption bound of two.
 fn model<F>(f: F)
@@ -31,6 +31,10 @@ where
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(2);
     }
+    // A magazine's length, claim and counters are atomics (a reclaiming thread reads them),
+    // each a scheduling point: an execution of these models takes more than loom's default
+    // 1,000.
+    builder.max_branches = 20_000;
     builder.check(f);
 }
 
@@ -339,5 +343,54 @@ fn whole_batches_through_the_array_path_are_never_shared() {
         arena.alloc_units(0, &mut ours).expect("room");
         let theirs = freer.join().unwrap();
         free_both_and_check(&arena, &ours, &theirs, 9);
+    });
+}
+
+/// Blocks cached by another thread are reclaimed: a one-chunk arena has four 256-byte blocks.
+/// This thread takes all four, frees two into its cache (its capacity) and then keeps working
+/// on that cache (a free that flushes, an allocation), while another thread allocates two,
+/// which it can only have by reclaiming. At most four are ever in use, so no allocation may
+/// fail, and none may be handed out while in use (a bit per block, set on allocation and
+/// cleared before the free): the reclaimer's stop and heavy barrier against the owner's busy
+/// word and light barrier (both `fence(SeqCst)` under loom) must keep the two threads off
+/// each other's magazine.
+#[test]
+fn blocks_in_another_threads_cache_are_reclaimed() {
+    model(|| {
+        let arena = arena(1, 2);
+        let in_use = Arc::new(AtomicU32::new(0));
+        let take = |arena: &Arena, in_use: &AtomicU32| {
+            let block = arena.alloc(256).expect("room: at most four in use");
+            let bit = 1 << (block.offset() / 256);
+            let before = in_use.fetch_or(bit, Ordering::Relaxed);
+            assert_eq!(before & bit, 0, "block {block:?} handed out while in use");
+            block
+        };
+        let give = |arena: &Arena, in_use: &AtomicU32, block: Block| {
+            in_use.fetch_and(!(1 << (block.offset() / 256)), Ordering::Relaxed);
+            arena.free(block);
+        };
+        let all: Vec<Block> = (0..4).map(|_| take(&arena, &in_use)).collect();
+        give(&arena, &in_use, all[0]);
+        give(&arena, &in_use, all[1]);
+        let other = {
+            let (arena, in_use) = (Arc::clone(&arena), Arc::clone(&in_use));
+            thread::spawn(move || {
+                let x = take(&arena, &in_use);
+                let y = take(&arena, &in_use);
+                give(&arena, &in_use, x);
+                give(&arena, &in_use, y);
+                arena.flush_current_thread();
+            })
+        };
+        // This thread's cache meanwhile: a free with the magazine full (or emptied by the
+        // reclaimer), then an allocation.
+        give(&arena, &in_use, all[2]);
+        let again = take(&arena, &in_use);
+        other.join().unwrap();
+        give(&arena, &in_use, again);
+        give(&arena, &in_use, all[3]);
+        arena.flush_current_thread();
+        assert_quiescent(&arena);
     });
 }

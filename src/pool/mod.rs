@@ -70,13 +70,19 @@
 //! accesses ([`Buffer::write`], [`Buffer::read`], [`Buffer::slice`]). [`Pool::alloc_bulk`] and
 //! [`Pool::free_bulk`] move whole batches with one thread-cache lookup.
 //!
-//! **Exhaustion.** [`Exhaustion::Fail`] returns [`Error::Exhausted`] at once;
-//! [`Exhaustion::Wait`] sleeps on a futex in the metadata (so a free in another process wakes
-//! it too) until a buffer is freed or the timeout passes. The fast path pays one relaxed load of
-//! a read-mostly word for this; while someone waits, frees bypass the thread caches so the
-//! waiter can see them, and a waiter also re-checks every millisecond on its own (wake-ups are
-//! not fenced, to keep fences off the batch path). Blocks held in *other* threads' caches are
-//! not visible to a waiter: size thread caches accordingly.
+//! **Exhaustion.** An allocation fails only when no block of its class is free anywhere in the
+//! process: not on the shared level, not still to be carved, and not in any thread's cache.
+//! When the shared level is dry, the allocating thread *reclaims*: it takes the class's cached
+//! blocks from every thread's cache, busy or idle (see the `cache` module; the owners' fast
+//! paths pay one load per pop for it, and the reclaimer a `membarrier`). A small pool (device
+//! memory, a 32-bit DMA window) therefore needs no room for every thread's cache.
+//! [`Exhaustion::Fail`] then returns [`Error::Exhausted`] at once; [`Exhaustion::Wait`] sleeps
+//! on a futex in the metadata (so a free in another process wakes it too) until a buffer is
+//! freed or the timeout passes: a free on any thread of this process that finds a waiter hands
+//! its cached blocks of the class to the shared level and wakes it, and a waiter re-checks
+//! every millisecond on its own for frees in other processes. In a pool shared between
+//! processes, blocks cached by *another process's* threads are not reclaimed: they come back
+//! when that process's caches flush (a full cache, thread exit, `flush_thread_cache`).
 //!
 //! **Dropping a pool with buffers out.** The borrow checker makes a [`Buffer`] outlive its pool
 //! impossible, except through `mem::forget` — which is what a ring does on purpose when a
