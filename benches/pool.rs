@@ -74,7 +74,7 @@ use userdma::memory::{PageSize, Region};
 use userdma::pool::{Batch, Buffer, Config, OwnedBuffer, Pool};
 use userdma_bench_support::cpu::{self, Line};
 use userdma_bench_support::dpdk::{self, Mempool, Pair};
-use userdma_bench_support::{on_stack, place, PLACEMENTS, STACK_OFFSETS};
+use userdma_bench_support::{frame_pad, on_stack, place, PLACEMENTS, STACK_OFFSETS};
 
 const KIB4: usize = 4 << 10;
 const KIB64: usize = 64 << 10;
@@ -293,6 +293,7 @@ impl Allocator for OwnedAllocator<'_> {
 #[inline(never)]
 fn alloc_free_loop<const AT: usize>(a: &impl Allocator, iters: u64) -> Duration {
     place::<AT>();
+    let _pad = frame_pad::<AT>();
     let start = Instant::now();
     for i in 0..iters {
         let block = black_box(a.alloc());
@@ -306,6 +307,7 @@ fn alloc_free_loop<const AT: usize>(a: &impl Allocator, iters: u64) -> Duration 
 #[inline(never)]
 fn batch_loop<const AT: usize>(pool: &Pool, iters: u64) -> Duration {
     place::<AT>();
+    let _pad = frame_pad::<AT>();
     let start = Instant::now();
     for i in 0..iters {
         let batch = pool
@@ -326,6 +328,7 @@ fn batch_loop<const AT: usize>(pool: &Pool, iters: u64) -> Duration {
 #[inline(never)]
 fn refill_loop<const AT: usize>(pool: &Pool, iters: u64) -> Duration {
     place::<AT>();
+    let _pad = frame_pad::<AT>();
     let mut batch = Batch::<BURST>::new(pool, KIB4).expect("a batch of 4 KiB buffers");
     let start = Instant::now();
     for i in 0..iters {
@@ -344,6 +347,7 @@ fn refill_loop<const AT: usize>(pool: &Pool, iters: u64) -> Duration {
 #[inline(never)]
 fn vec_loop<const AT: usize>(pool: &Pool, iters: u64) -> Duration {
     place::<AT>();
+    let _pad = frame_pad::<AT>();
     let mut buffers = Vec::with_capacity(BURST);
     let buffers = &mut buffers;
     let start = Instant::now();

@@ -150,18 +150,28 @@ static inline __attribute__((always_inline)) uint64_t get_put(struct rte_mempool
 #define UDB_PLACE(pad) ((void)0)
 #endif
 
-#define UDB_GET_PUT_AT(at, pad)                                                         \
+/*
+ * The 16 and 48 placements also hold 24 bytes more in the frame, as the Rust loops do
+ * (bench-support's `frame_pad`): where the loop's `objs` array lands, 0 or 8 bytes into a
+ * 16-byte step, can change how fast stores to it forward to the loads that read it back, and
+ * the caller's stack offsets move the frame only by whole 16-byte steps.
+ */
+#define UDB_GET_PUT_AT(at, pad, words)                                                  \
 	static __attribute__((noinline)) uint64_t get_put_##at(struct rte_mempool *mp,   \
 							       uint64_t iters, unsigned bulk) \
 	{                                                                               \
 		UDB_PLACE(pad);                                                         \
-		return get_put(mp, iters, bulk);                                        \
+		volatile uint64_t frame_pad[words];                                     \
+		frame_pad[0] = 0;                                                       \
+		uint64_t t = get_put(mp, iters, bulk);                                  \
+		(void)frame_pad[0];                                                     \
+		return t;                                                               \
 	}
 
-UDB_GET_PUT_AT(0, "")
-UDB_GET_PUT_AT(16, ".skip 16, 0x90")
-UDB_GET_PUT_AT(32, ".skip 32, 0x90")
-UDB_GET_PUT_AT(48, ".skip 48, 0x90")
+UDB_GET_PUT_AT(0, "", 1)
+UDB_GET_PUT_AT(16, ".skip 16, 0x90", 4)
+UDB_GET_PUT_AT(32, ".skip 32, 0x90", 1)
+UDB_GET_PUT_AT(48, ".skip 48, 0x90", 4)
 
 uint64_t udb_mempool_get_put(struct rte_mempool *mp, uint64_t iters, unsigned bulk,
 			     unsigned placement)
