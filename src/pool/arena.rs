@@ -478,8 +478,10 @@ impl Arena {
             }
             asymmetric::heavy();
             let mut kept = None;
+            // The shared level takes at most a batch at a time (a depot magazine's size).
+            let batch = self.g.class[c].batch as usize;
             for slot in self.slots.iter() {
-                slot.class(c).take_claimed(|units| {
+                slot.class(c).take_claimed(batch, |units| {
                     let mut units = units;
                     if kept.is_none() {
                         if let Some((&first, rest)) = units.split_first() {

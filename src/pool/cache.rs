@@ -448,8 +448,9 @@ impl ClassCache {
     }
 
     /// Reclaimer, after [`ClassCache::claim`] and a heavy barrier: hands the claimed blocks the
-    /// owner did not take meanwhile to `sink`, in batches, and gives the rest back (`top`).
-    pub(crate) fn take_claimed(&self, mut sink: impl FnMut(&[u32])) {
+    /// owner did not take meanwhile to `sink`, in batches of at most `batch`, and gives the
+    /// rest back (`top`).
+    pub(crate) fn take_claimed(&self, batch: usize, mut sink: impl FnMut(&[u32])) {
         // Relaxed: only the reclaimer writes it.
         let Some(from) = self.claim.load(Ordering::Relaxed).checked_sub(1) else {
             return;
@@ -462,7 +463,7 @@ impl ClassCache {
         let mut units = [0u32; BATCH_MAX];
         let mut at = from;
         while at < end {
-            let n = ((end - at) as usize).min(BATCH_MAX);
+            let n = ((end - at) as usize).min(batch.clamp(1, BATCH_MAX));
             for (k, unit) in units[..n].iter_mut().enumerate() {
                 // SAFETY: `at + k < end <= len <= MAG_MAX`; the owner touches no element below
                 // `end` while `top` (the claim) is above its `len` (see `ClassCache`).
