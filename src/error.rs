@@ -217,7 +217,7 @@ fn irq_code(e: &irq::Error) -> Code {
 fn device_code(e: &device::Error) -> Code {
     use device::Error as E;
     match e {
-        E::DeviceMemoryRange { .. } => Code::InvalidArgument,
+        E::DeviceMemoryRange { .. } | E::QueueDepth { .. } => Code::InvalidArgument,
         E::NoSuchQueue { .. }
         | E::NoSuchBar { .. }
         | E::NoBar { .. }

@@ -129,6 +129,14 @@ impl device::Format for Format {
         Ok(())
     }
 
+    /// The admin queue: 4096 (AQA's 12-bit sizes); an I/O queue: CAP.MQES + 1.
+    fn max_depth(&self, _device: &dyn Device, queue: u16) -> Result<Option<u32>, device::Error> {
+        Ok(Some(match queue {
+            0 => 4096,
+            _ => self.controller.cap().max_queue_entries(),
+        }))
+    }
+
     /// SQ y tail at 0x1000 + (2y * stride), CQ y head at 0x1000 + ((2y + 1) * stride), the
     /// stride from CAP.DSTRD.
     fn doorbells(&self, _device: &dyn Device, queue: u16) -> Result<DoorbellRegs, device::Error> {

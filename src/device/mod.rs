@@ -307,6 +307,19 @@ pub enum Error {
         source: ring::Error,
     },
 
+    /// A queue depth above what the device takes (checked before the device is touched).
+    #[error("{device} queue {queue}: depth {depth} is more than the device's largest, {max}: use a power of two from 2 to {max}")]
+    QueueDepth {
+        /// The device.
+        device: String,
+        /// The queue.
+        queue: u16,
+        /// The depth asked for.
+        depth: u32,
+        /// The device's largest.
+        max: u32,
+    },
+
     /// A queue is enabled already.
     #[error("queue {queue} is in use (enabled, or stopped on a fault not acknowledged): drop its ring::Queue first")]
     QueueBusy {

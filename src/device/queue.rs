@@ -72,6 +72,15 @@ pub trait Format: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The deepest ring queue `queue` of the device takes, if it says (the loopback device's `max_depth`
+    /// register, NVMe's `CAP.MQES + 1`): [`open_queue`] refuses a deeper one with
+    /// [`Error::QueueDepth`] before anything is allocated or written to the device. The
+    /// default: `None` (only the ring's own limit, [`ring::MAX_DEPTH`], applies).
+    fn max_depth(&self, device: &dyn Device, queue: u16) -> Result<Option<u32>, Error> {
+        let _ = (device, queue);
+        Ok(None)
+    }
+
     /// Where queue `queue`'s doorbells are.
     fn doorbells(&self, device: &dyn Device, queue: u16) -> Result<DoorbellRegs, Error>;
 
@@ -110,8 +119,10 @@ pub trait Format: Send + Sync + 'static {
 /// and dropping it in any case turns the device queue off.
 ///
 /// # Errors
-/// [`Error::Ring`] for a configuration the ring refuses, [`Error::Memory`] / [`Error::Map`]
-/// if the ring memory cannot be had, and whatever the format's steps return.
+/// [`Error::QueueDepth`] for a depth above the device's largest, [`Error::Ring`] for a
+/// configuration the ring refuses (both before anything is written to the device),
+/// [`Error::Memory`] / [`Error::Map`] if the ring memory cannot be had, and whatever the
+/// format's steps return.
 pub fn open_queue<F: Format, T: Send>(
     device: &Arc<dyn Device>,
     format: F,
@@ -129,6 +140,16 @@ pub fn open_queue<F: Format, T: Send>(
         });
     }
     format.check(device.as_ref(), q)?;
+    if let Some(max) = format.max_depth(device.as_ref(), q)? {
+        if config.depth() > max {
+            return Err(Error::QueueDepth {
+                device: device.identity().to_string(),
+                queue: q,
+                depth: config.depth(),
+                max,
+            });
+        }
+    }
     let ring_error = |source| Error::Ring { queue: q, source };
     let layout = config
         .layout::<F::Submission, F::Completion>()

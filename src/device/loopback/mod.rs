@@ -687,6 +687,11 @@ impl crate::device::Format for Format {
         Ok(())
     }
 
+    /// The `max_depth` register.
+    fn max_depth(&self, _: &dyn Device, _: u16) -> Result<Option<u32>, DeviceError> {
+        Ok(Some(self.device.get(regs::MAX_DEPTH)?))
+    }
+
     fn doorbells(&self, _: &dyn Device, q: u16) -> Result<DoorbellRegs, DeviceError> {
         let d = &self.device;
         Ok(DoorbellRegs {
