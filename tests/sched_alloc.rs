@@ -83,3 +83,51 @@ fn thread_allocations_count_the_calling_thread_only() {
     assert_eq!(userdma::stats::thread_allocations() - before, 1);
     drop(one);
 }
+
+/// Waiting on several devices' interrupts (what `Streams` does with more than one device)
+/// allocates nothing, from the first wait: a waiter makes room for every registration's
+/// readiness when the fd is added, not when it first reports it.
+#[test]
+fn waiting_on_several_interrupts_allocates_nothing_from_the_first_wait() {
+    use std::time::Duration;
+    use userdma::irq::{EventFd, Waiter};
+
+    type Make = fn() -> Result<Waiter, userdma::irq::Error>;
+    let backends: [(&str, Make); 2] = [
+        ("io_uring", Waiter::with_io_uring),
+        ("epoll", Waiter::with_epoll),
+    ];
+    for (name, make) in backends {
+        let Ok(mut waiter) = make() else {
+            // io_uring may be disabled (kernel.io_uring_disabled): epoll is then what runs.
+            assert_eq!(name, "io_uring", "epoll is always there");
+            continue;
+        };
+        let fds: Vec<EventFd> = (0..3).map(|_| EventFd::new().expect("eventfd")).collect();
+        for (i, fd) in fds.iter().enumerate() {
+            waiter.add(fd, i as u64).expect("registered");
+        }
+        let before = userdma::stats::thread_allocations();
+        for round in 0..100u64 {
+            // All three at once, then one at a time.
+            let which: &[usize] = if round % 2 == 0 {
+                &[0, 1, 2]
+            } else {
+                &[(round % 3) as usize]
+            };
+            for &i in which {
+                fds[i].signal().expect("signalled");
+            }
+            let ready = waiter
+                .wait(Some(Duration::from_secs(5)))
+                .expect("a wait")
+                .len();
+            assert_eq!(ready, which.len(), "{name}, round {round}");
+            for &i in which {
+                fds[i].read().expect("read back");
+            }
+        }
+        let allocations = userdma::stats::thread_allocations() - before;
+        assert_eq!(allocations, 0, "{name}: waits allocated");
+    }
+}

@@ -220,6 +220,14 @@ impl Waiter {
             source,
         })?;
         let index = self.table.insert(token, own)?;
+        // Room for every registration's readiness now, while setting up: a wait then never
+        // allocates (a wait reports each registration at most once, and epoll fills one event
+        // per registration at most).
+        let registered = self.table.slots.len();
+        self.ready
+            .reserve(registered.saturating_sub(self.ready.len()));
+        self.events
+            .reserve(registered.saturating_sub(self.events.len()));
         if let Backend::Epoll(epoll) = &self.backend {
             let key = self.table.key(index);
             let slot_fd = self.table.slots[index]
