@@ -48,9 +48,18 @@ fn the_case_study_runs_every_way_and_reports_what_it_measured() {
     assert_eq!(report["strict"]["policy"], "StrictPriority");
     assert_eq!(report["published"]["fps_after"].as_f64().unwrap(), 27.0);
     // Six targets per "after" run (one rate target for the live stream, one wait target
-    // for the playback stream), each with what was measured.
+    // for the playback stream) and two every scheduled run has (every frame accounted for,
+    // every stream within its stated bound), one for "before" (accounted for), each with
+    // what was measured.
     let targets = report["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 12, "{targets:?}");
+    assert_eq!(targets.len(), 17, "{targets:?}");
+    for t in targets {
+        let name = t["target"].as_str().unwrap();
+        if name == "every frame accounted for" || name.starts_with("every stream within") {
+            assert_eq!(t["met"], true, "{t}");
+        }
+    }
+    accounted_and_within_bounds(&report);
     assert!(targets
         .iter()
         .all(|t| t["met"].is_boolean() && !t["measured"].as_str().unwrap().is_empty()));
@@ -74,6 +83,53 @@ fn the_case_study_runs_every_way_and_reports_what_it_measured() {
         );
         // A bar per frame of its last second (at least one per stream here).
         assert!(t.matches("<rect").count() >= 3, "{run}");
+    }
+}
+
+/// Every stream of every run accounts for every frame that arrived; in the scheduled runs
+/// every stream has the bound its scheduler states (the top stream under strict priority
+/// included: nothing is above it) and waited no longer.
+fn accounted_and_within_bounds(report: &serde_json::Value) {
+    for run in ["before", "after", "strict"] {
+        for s in report[run]["streams"].as_array().unwrap() {
+            let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{run}: {k} in {s}"));
+            assert_eq!(
+                n("arrived"),
+                n("frames") + n("failed") + n("lost") + n("dropped") + n("left_waiting"),
+                "{run}: {s}"
+            );
+            assert!(n("arrived") >= n("frames"), "{run}: {s}");
+            let bound = s["stated_wait_bound_ms"].as_f64();
+            if run == "before" {
+                assert!(bound.is_none(), "{run}: {s}");
+                continue;
+            }
+            let bound = bound.unwrap_or_else(|| panic!("{run}: a stated bound in {s}"));
+            let waited = s["longest_wait_ms"].as_f64().unwrap();
+            assert!(
+                waited <= bound,
+                "{run}: waited {waited} ms, bound {bound} ms: {s}"
+            );
+        }
+    }
+}
+
+/// The pooled runs allocate nothing from their first frame on, on one device or several (with
+/// several, the scheduler sleeps on every device's interrupt at once).
+#[test]
+fn pooled_runs_on_several_devices_allocate_nothing() {
+    for devices in ["2", "3"] {
+        let report = demo(&["--seconds", "1", "--devices", devices, "--playback", "2"]);
+        for run in ["after", "strict"] {
+            let r = &report[run];
+            assert_eq!(
+                r["allocations_per_sec"].as_f64().unwrap(),
+                0.0,
+                "{devices} devices, {run}: {r}"
+            );
+            assert_eq!(r["dma_maps_per_sec"].as_f64().unwrap(), 0.0, "{run}");
+        }
+        accounted_and_within_bounds(&report);
     }
 }
 

@@ -96,6 +96,14 @@ fn a_removed_device_stops_its_streams_and_the_other_device_goes_on() {
     assert!(s1.frames >= 15 && s1.frames <= 45, "{s1:?}");
     assert_eq!(s1.lost, fault.lost);
     assert!(s1.frames + s1.lost + s1.dropped + s1.left_waiting > s1.frames);
+    // Every frame that arrived is accounted for, on both devices.
+    for st in &report.streams {
+        assert_eq!(
+            st.arrived,
+            st.frames + st.failed + st.lost + st.dropped + st.left_waiting,
+            "{st:?}"
+        );
+    }
     drop(s.into_streams());
     assert_eq!(userdma::ring::leaks().queues, 0);
 }
@@ -129,6 +137,12 @@ fn a_device_that_stops_answering_is_reset_and_the_run_goes_on() {
     let lost: u64 = report.faults.iter().map(|f| f.lost).sum();
     assert_eq!(report.streams[0].lost, lost);
     assert!(lost >= 1);
+    let st = &report.streams[0];
+    assert_eq!(
+        st.arrived,
+        st.frames + st.failed + st.lost + st.dropped + st.left_waiting,
+        "every frame that arrived is accounted for: {st:?}"
+    );
     assert!(report.seconds < 2.0, "{}", report.seconds);
     let rt_device = rt.loopback_device().unwrap();
     assert!(

@@ -120,6 +120,7 @@ fn periodic_frames_all_run_and_round_robin_serves_both() {
     // each run or, on a machine too busy to keep up, still waiting at the end.
     let arrived = live.frames + live.left_waiting + live.dropped;
     assert!((40..=41).contains(&arrived), "{live:?}");
+    assert_eq!(live.arrived, arrived, "{live:?}");
     assert_eq!(live.dropped, 0);
     assert!(report.streams[1].frames > 0);
     assert_eq!(report.switches, device);

@@ -4,6 +4,7 @@
 use std::fmt;
 
 use crate::device::loopback::reference::{self, Compact};
+use crate::device::loopback::{Cost, Work};
 use crate::plan::{self, Kind, Plan, Tensor};
 
 /// A range of the model's arena: an offset and a length in bytes.
@@ -448,6 +449,37 @@ impl Model {
     /// Bytes the device computes over per frame (as its cost model charges them).
     pub fn compute_bytes(&self) -> u64 {
         self.steps.iter().map(Step::compute_bytes).sum()
+    }
+
+    /// The most one frame of this model can keep a loopback device with cost model `cost`
+    /// busy, in ns: its H2D copy, each step with none of its working set resident in SRAM
+    /// (every compute byte at the DRAM rate), its D2H copy, two cross-queue `Wait`s (a split
+    /// pipeline's) and a context switch on each of the two units, all one after the other.
+    /// What a scheduler's stated wait bounds take as a frame's service time
+    /// ([`Scheduler::wait_bound`](crate::sched::Scheduler::wait_bound), with the switch cost
+    /// already in it), so a bound computed from it holds whatever the SRAM held.
+    pub fn worst_frame_ns(&self, cost: &Cost) -> u64 {
+        let copy = |bytes| Work {
+            dma_bytes: bytes,
+            ..Work::default()
+        };
+        let step = |bytes| Work {
+            compute_bytes: bytes,
+            missed_bytes: bytes,
+            ..Work::default()
+        };
+        let wait = Work {
+            fence: true,
+            ..Work::default()
+        };
+        let works = [copy(self.input.bytes), copy(self.result.bytes), wait, wait]
+            .into_iter()
+            .chain(self.steps.iter().map(|s| step(s.compute_bytes())));
+        let ns = |w: Work| u64::try_from(cost.charge_work(w).as_nanos()).unwrap_or(u64::MAX);
+        works.map(ns).fold(
+            cost.context_switch_ns.saturating_mul(2),
+            u64::saturating_add,
+        )
     }
 
     /// The model with on-device result filtering: a compact step over the result tensor

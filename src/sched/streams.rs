@@ -69,6 +69,7 @@ pub struct ArrivalQueue {
     arrivals: Arrivals,
     waiting: VecDeque<Nanos>,
     next: Nanos,
+    arrived: u64,
     dropped: u64,
 }
 
@@ -79,15 +80,18 @@ impl ArrivalQueue {
             arrivals,
             waiting: VecDeque::with_capacity(MAX_WAITING),
             next: 0,
+            arrived: 0,
             dropped: 0,
         }
     }
 
-    /// Starts the clock again: nothing waits, the next periodic frame arrives at time 0
-    /// (allocates nothing).
+    /// Starts the clock again: nothing waits, the next periodic frame arrives at time 0, and
+    /// the counts start from zero (allocates nothing).
     pub fn restart(&mut self) {
         self.waiting.clear();
         self.next = 0;
+        self.arrived = 0;
+        self.dropped = 0;
     }
 
     /// Frames arriving up to `now`; an as-fast-as-possible stream gets its next frame once
@@ -96,6 +100,7 @@ impl ArrivalQueue {
         match self.arrivals {
             Arrivals::Periodic { period } => {
                 while self.next <= now {
+                    self.arrived += 1;
                     if self.waiting.len() < MAX_WAITING {
                         self.waiting.push_back(self.next);
                     } else {
@@ -106,6 +111,7 @@ impl ArrivalQueue {
             }
             Arrivals::Asap => {
                 if self.waiting.is_empty() && !busy {
+                    self.arrived += 1;
                     self.waiting.push_back(now);
                 }
             }
@@ -145,9 +151,14 @@ impl ArrivalQueue {
         self.waiting.is_empty()
     }
 
-    /// Frames dropped because [`MAX_WAITING`] were waiting.
+    /// Frames dropped because [`MAX_WAITING`] were waiting (since the last restart).
     pub fn dropped(&self) -> u64 {
         self.dropped
+    }
+
+    /// Frames that arrived since the last restart, dropped ones included.
+    pub fn arrived(&self) -> u64 {
+        self.arrived
     }
 }
 
@@ -207,6 +218,9 @@ pub struct StreamReport {
     pub name: String,
     /// The device it ran on (index into [`RunReport::devices`]).
     pub device: usize,
+    /// Frames that arrived in the run. Every one is accounted for: `arrived = frames + failed
+    /// + lost + dropped + left_waiting` (the run ends with nothing in flight).
+    pub arrived: u64,
     /// Frames finished.
     pub frames: u64,
     /// Frames the device failed.
@@ -603,6 +617,7 @@ impl Streams {
                 .map(|s| StreamReport {
                     name: s.stream.spec.name.clone(),
                     device: s.group,
+                    arrived: s.queue.arrived(),
                     frames: s.frames,
                     failed: s.failed,
                     dropped: s.queue.dropped(),

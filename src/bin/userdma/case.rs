@@ -21,10 +21,14 @@
 //!
 //! Every frame's detections are checked against the model run on the host (frames cycle through
 //! a few input patterns, each computed once), exit code 1 on a wrong one. Printed side by side:
-//! per stream frames/s, mean and p99 latency from arrival, the longest wait; per run
+//! per stream frames/s, mean and p99 latency from arrival, the longest wait beside the bound
+//! the run's scheduler states for it (`Scheduler::wait_bound`, with each frame's worst device
+//! time under the cost model), where every frame that arrived went (done, failed, lost to a
+//! device fault, dropped, left waiting: they add up); per run
 //! allocations/s, DMA maps/s, context switches/s (the schedulers' and the devices') and each
 //! context's SRAM hit rate; the device bound from what the devices charged; the case's targets,
-//! met or not, per run; the published figures of the case in their own column, labelled as
+//! met or not, per run (every run: every frame accounted for; the scheduled runs: every stream
+//! within its stated bound); the published figures of the case in their own column, labelled as
 //! published. `--svg DIR` draws the latency CDF of every stream in every run and, per run, a
 //! timeline of which stream's frame held each device when.
 
@@ -35,8 +39,8 @@ use serde::Serialize;
 use userdma::device::loopback::{self, Cost, Unit};
 use userdma::memory::numa;
 use userdma::pipeline::{naive::Naive, zoo, Config, Model, Pipeline, WorkingSet};
-use userdma::sched::streams::{ArrivalQueue, Arrivals, FrameSpan, Stream, Streams};
-use userdma::sched::{Policy, Scheduler, StreamId, StreamSpec};
+use userdma::sched::streams::{ArrivalQueue, Arrivals, FrameSpan, RunReport, Stream, Streams};
+use userdma::sched::{Nanos, Policy, Scheduler, StreamId, StreamSpec};
 use userdma::stats::{self, svg};
 use userdma::Runtime;
 
@@ -140,14 +144,39 @@ struct StreamFigures {
     priority: u8,
     /// Its arrival rate; `None`: as fast as the device allows.
     target_fps: Option<u32>,
+    /// Frames that arrived in the run; every one is accounted for below:
+    /// `arrived = frames + failed + lost + dropped + left_waiting`.
+    arrived: u64,
+    /// Frames finished (checked against the host's result).
     frames: u64,
+    /// Frames the device completed with an error.
+    failed: u64,
+    /// Frames in flight when a device fault was recovered.
+    lost: u64,
+    /// Frames that arrived while 256 of the stream's were waiting (never run).
+    dropped: u64,
+    /// Frames that had arrived but still waited when the run ended.
+    left_waiting: u64,
     fps: f64,
     latency_mean_ms: f64,
     latency_p99_ms: f64,
     longest_wait_ms: f64,
+    /// The longest any of its frames may wait for dispatch, as the run's scheduler states it
+    /// (`Scheduler::wait_bound`, with each frame's worst device time under the cost model,
+    /// `Model::worst_frame_ns`); `None` where the policy states none (strict priority below a
+    /// stream with no maximum wait) or the run's frames were not scheduled on a device
+    /// ("before" runs them synchronously on the host).
+    stated_wait_bound_ms: Option<f64>,
     /// Its maximum wait W in this run.
     max_wait_ms: Option<u64>,
     sram_hit_rate: Option<f64>,
+}
+
+impl StreamFigures {
+    /// Whether every frame that arrived is accounted for.
+    fn accounted(&self) -> bool {
+        self.arrived == self.frames + self.failed + self.lost + self.dropped + self.left_waiting
+    }
 }
 
 /// One run's figures.
@@ -580,11 +609,17 @@ fn before(args: &CaseArgs, mix: &Mix, model: &Model, frames: &Frames) -> Result<
                 numa_node: mix.node(mix.device[i]),
                 priority: specs[i].priority,
                 target_fps: mix.streams[i].fps,
+                arrived: queues[i].arrived(),
                 frames: done[i],
+                failed: 0,
+                lost: 0,
+                dropped: queues[i].dropped(),
+                left_waiting: queues[i].len() as u64,
                 fps: done[i] as f64 / seconds,
                 latency_mean_ms: latency[i].mean() / 1e6,
                 latency_p99_ms: latency[i].value_at_quantile(0.99) as f64 / 1e6,
                 longest_wait_ms: longest[i] as f64 / 1e6,
+                stated_wait_bound_ms: None,
                 max_wait_ms: None,
                 sram_hit_rate: rates[i],
             })
@@ -665,6 +700,7 @@ fn after(
         .map(|i| streams.latency(StreamId(i)).clone())
         .collect();
     let timeline = streams.timeline().copied().collect();
+    let bounds = stated_bounds(&streams, &report, &rts, model);
     for s in streams.into_streams() {
         s.pipeline.shutdown(|_| {})?;
     }
@@ -683,11 +719,17 @@ fn after(
                 numa_node: mix.node(s.device),
                 priority: mix.streams[i].priority,
                 target_fps: mix.streams[i].fps,
+                arrived: s.arrived,
                 frames: s.frames,
+                failed: s.failed,
+                lost: s.lost,
+                dropped: s.dropped,
+                left_waiting: s.left_waiting,
                 fps: s.fps,
                 latency_mean_ms: s.latency_mean_ns / 1e6,
                 latency_p99_ms: s.latency_p99_ns as f64 / 1e6,
                 longest_wait_ms: s.max_wait_ns as f64 / 1e6,
+                stated_wait_bound_ms: bounds[i].map(|b| b as f64 / 1e6),
                 max_wait_ms: mix.max_wait_ms(i),
                 sram_hit_rate: rates[i],
             })
@@ -706,6 +748,72 @@ fn after(
         latency,
         timeline,
     })
+}
+
+/// Each stream's wait bound as its device's scheduler states it for `report`'s run: every
+/// frame's service time the worst its model can take on that device (`Model::worst_frame_ns`,
+/// the switches included, so the switch cost given the formulas is 0).
+fn stated_bounds(
+    streams: &Streams,
+    report: &RunReport,
+    rts: &[Runtime],
+    model: &Model,
+) -> Vec<Option<Nanos>> {
+    let schedulers: Vec<&Scheduler> = streams.schedulers().collect();
+    report
+        .streams
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let scheduler = schedulers.get(s.device)?;
+            let device = rts.get(s.device)?.loopback_device()?;
+            let frame = model.worst_frame_ns(&device.config().cost_model());
+            // Its place among its device's streams, which are in the order given.
+            let position = report.streams[..i]
+                .iter()
+                .filter(|o| o.device == s.device)
+                .count();
+            let members = report
+                .streams
+                .iter()
+                .filter(|o| o.device == s.device)
+                .count();
+            let service = vec![frame; members];
+            scheduler.wait_bound(StreamId(position), &service, 0)
+        })
+        .collect()
+}
+
+/// The targets every run has: every frame accounted for, and (for the runs a scheduler
+/// dispatches to devices) no stream waiting longer than its stated bound.
+fn run_targets(r: &RunFigures) -> Vec<Target> {
+    let mut t = Vec::new();
+    let accounted = r.streams.iter().all(StreamFigures::accounted);
+    let arrived: u64 = r.streams.iter().map(|s| s.arrived).sum();
+    t.push(Target {
+        target: "every frame accounted for".into(),
+        run: r.name,
+        measured: format!("{arrived} arrived"),
+        met: accounted,
+    });
+    if r.streams.iter().any(|s| s.stated_wait_bound_ms.is_some()) {
+        let within = r.streams.iter().all(|s| {
+            s.stated_wait_bound_ms
+                .is_none_or(|bound| s.longest_wait_ms <= bound)
+        });
+        let worst = r
+            .streams
+            .iter()
+            .filter_map(|s| s.stated_wait_bound_ms.map(|b| s.longest_wait_ms / b))
+            .fold(0.0f64, f64::max);
+        t.push(Target {
+            target: "every stream within its stated wait bound".into(),
+            run: r.name,
+            measured: format!("longest wait {:.2}x its bound", worst),
+            met: within,
+        });
+    }
+    t
 }
 
 /// The case's targets for an "after" run against "before".
@@ -870,8 +978,11 @@ pub(crate) fn run(args: &CaseArgs, json: bool) -> Result<(), Error> {
         &model,
         &frames,
     )?;
-    let mut targets = targets(&before.figures, &after.figures);
+    let mut targets = run_targets(&before.figures);
+    targets.extend(self::targets(&before.figures, &after.figures));
+    targets.extend(run_targets(&after.figures));
     targets.extend(self::targets(&before.figures, &strict.figures));
+    targets.extend(run_targets(&strict.figures));
     let svg = match &args.svg {
         Some(dir) => plots(dir, &mix, &[&before, &after, &strict])?,
         None => Vec::new(),
@@ -955,8 +1066,25 @@ fn print_text(r: &Report) {
             },
         );
         row(
-            &format!("{} longest wait ms", s.name),
-            each(&|r| format!("{:.0}", r.streams[i].longest_wait_ms)),
+            &format!("{} longest wait / bound ms", s.name),
+            each(&|r| {
+                let s = &r.streams[i];
+                match s.stated_wait_bound_ms {
+                    Some(b) => format!("{:.0} / {:.0}", s.longest_wait_ms, b),
+                    None => format!("{:.0} / -", s.longest_wait_ms),
+                }
+            }),
+            String::new(),
+        );
+        row(
+            &format!("{} frames arrived (=)", s.name),
+            each(&|r| {
+                let s = &r.streams[i];
+                format!(
+                    "{} = {}+{}+{}+{}+{}",
+                    s.arrived, s.frames, s.failed, s.lost, s.dropped, s.left_waiting
+                )
+            }),
             String::new(),
         );
         row(
@@ -1004,6 +1132,10 @@ fn print_text(r: &Report) {
     println!(
         "every frame checked: {} wrong; published figures: the case study's own, not measured here",
         runs.iter().map(|r| r.wrong).sum::<u64>()
+    );
+    println!(
+        "frames arrived = done + failed + lost (device faults) + dropped (256 waiting) + left waiting at the end; \
+         bound: the longest wait the run's scheduler states, with each frame's worst device time"
     );
     println!();
     println!("{:<52} {:>10} {:>26}  met", "target", "run", "measured");
