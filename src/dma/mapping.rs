@@ -300,6 +300,8 @@ impl Counters {
             map_errors: self.map_errors.load(Ordering::Relaxed),
             unmaps: self.unmaps.load(Ordering::Relaxed),
             unmap_errors: self.unmap_errors.load(Ordering::Relaxed),
+            // Kept by the type1 space itself, which fills it in (`Type1::stats`).
+            unmaps_after_removal: 0,
             live_bytes: self.live_bytes.load(Ordering::Relaxed),
             last_unmap_error,
         }
@@ -314,10 +316,20 @@ pub struct Stats {
     pub maps: u64,
     /// Failed `map` calls.
     pub map_errors: u64,
-    /// Successful unmaps (drop or [`Mapping::unmap`]).
+    /// Successful unmaps (drop or [`Mapping::unmap`]), including those the kernel had already
+    /// done (see `unmaps_after_removal`).
     pub unmaps: u64,
-    /// Failed unmaps (drop or [`Mapping::unmap`]).
+    /// Failed unmaps (drop or [`Mapping::unmap`]): the mapping may still be there, and its IOVAs
+    /// stay reserved. Never an unmap the kernel had already done.
     pub unmap_errors: u64,
+    /// VFIO type1 only (0 in the other spaces): kernel unmaps that found the mapping already
+    /// gone because the container had lost its IOMMU, which the kernel releases, unmapping and
+    /// unpinning everything, when the container's last group leaves it: its device was
+    /// hot-unplugged or unbound, or dropped before its mappings. Such an unmap did what was
+    /// asked, so its mapping counts in `unmaps`, not in `unmap_errors`. Counted per kernel
+    /// mapping: one per [`Mapping`], unless the mapping was scattered over several IOVA ranges
+    /// ([`Mapping::segments`]) or a map was undone half-way.
+    pub unmaps_after_removal: u64,
     /// Bytes currently mapped.
     pub live_bytes: u64,
     /// The most recent unmap failure.

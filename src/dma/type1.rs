@@ -9,6 +9,19 @@
 //!
 //! The container fd comes already configured (groups attached, `VFIO_SET_IOMMU` done); opening it
 //! is the device layer's work.
+//!
+//! **Unmapping after the container lost its IOMMU.** When the last group leaves a container —
+//! the kernel detaches a group by itself when its last device goes away (hot-unplug, unbind:
+//! `vfio_device_remove_group` in `drivers/vfio/group.c`), and the device layer detaches it when
+//! the device is dropped — the kernel releases the container's type1 IOMMU, and with it every
+//! mapping: `vfio_group_detach_container` (`drivers/vfio/container.c`) calls the driver's
+//! `release`, whose `vfio_iommu_unmap_unpin_all` unmaps and unpins all of them. From then on every
+//! IOMMU ioctl on the container fails with `EINVAL` (`vfio_fops_unl_ioctl` passes it to no
+//! driver). An unmap that fails with `EINVAL` is therefore checked with a `VFIO_IOMMU_GET_INFO`
+//! on the same container, which a container with an IOMMU always answers: if that fails with
+//! `EINVAL` too, the mapping is gone as asked, and the unmap counts as done
+//! ([`Stats::unmaps`]) and in [`Stats::unmaps_after_removal`], not as an error. Any other
+//! failure, or an `EINVAL` from a container that still answers, stays an unmap error.
 
 use std::fmt;
 use std::io;
@@ -28,6 +41,7 @@ use super::shim::KernelType1;
 use super::{Error, Kind, Mapping, Space, Stats};
 use crate::memory::u64_of;
 use crate::memory::{base_page_size, Region};
+use crate::sync::{AtomicU64, Ordering};
 
 /// The kernel's default `vfio_iommu_type1.dma_entry_limit`, assumed when the container does not
 /// report how many mappings are left (kernels before 5.10).
@@ -49,7 +63,9 @@ pub trait Type1Ioctl: Send + Sync + fmt::Debug {
     fn map_dma(&self, vaddr: u64, iova: u64, size: u64) -> io::Result<()>;
 
     /// `VFIO_IOMMU_UNMAP_DMA` of `iova..+size`; returns the bytes unmapped (the kernel's
-    /// write-back of `size`).
+    /// write-back of `size`). Like the kernel, a double whose container lost its IOMMU (its last
+    /// group left it) fails this and `get_info` with `EINVAL`: the space then counts the unmap
+    /// as done, the mapping gone with the IOMMU (see the module docs).
     fn unmap_dma(&self, iova: u64, size: u64) -> io::Result<u64>;
 }
 
@@ -239,6 +255,23 @@ fn read_info(ioctl: &dyn Type1Ioctl) -> Result<Type1Info, Error> {
 #[derive(Debug)]
 struct Type1Iommu {
     ioctl: Box<dyn Type1Ioctl>,
+    /// Kernel unmaps that found the container without its IOMMU (see the module docs).
+    /// A statistic: `Relaxed`, nothing is synchronised through it.
+    unmaps_after_removal: AtomicU64,
+}
+
+impl Type1Iommu {
+    /// Whether the container has lost its IOMMU (its last group left it), so that the kernel
+    /// has unmapped everything: a `VFIO_IOMMU_GET_INFO` with a well-formed buffer, which type1
+    /// always answers, fails with `EINVAL` only when the container has no IOMMU driver.
+    fn iommu_released(&self) -> bool {
+        let mut buf = [0u8; size_of::<vfio_iommu_type1_info>()];
+        // The size of the info struct (24 bytes) fits in `argsz`.
+        let argsz = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+        buf[..4].copy_from_slice(&argsz.to_ne_bytes());
+        let probe = self.ioctl.get_info(&mut buf);
+        matches!(probe, Err(err) if err.raw_os_error() == Some(libc::EINVAL))
+    }
 }
 
 impl Iommu for Type1Iommu {
@@ -247,7 +280,15 @@ impl Iommu for Type1Iommu {
     }
 
     fn unmap(&self, iova: u64, len: u64) -> io::Result<u64> {
-        self.ioctl.unmap_dma(iova, len)
+        match self.ioctl.unmap_dma(iova, len) {
+            // The kernel dropped the mapping with the container's IOMMU: done, as asked.
+            Err(err) if err.raw_os_error() == Some(libc::EINVAL) && self.iommu_released() => {
+                // Relaxed: a statistic.
+                self.unmaps_after_removal.fetch_add(1, Ordering::Relaxed);
+                Ok(len)
+            }
+            other => other,
+        }
     }
 }
 
@@ -285,6 +326,7 @@ impl Type1 {
         let limit = info.dma_avail.map_or(DEFAULT_DMA_ENTRY_LIMIT, u64::from);
         let iommu = Type1Iommu {
             ioctl: Box::new(ioctl),
+            unmaps_after_removal: AtomicU64::new(0),
         };
         let core = Core::new(
             iommu,
@@ -323,7 +365,14 @@ impl Space for Type1 {
     }
 
     fn stats(&self) -> Stats {
-        self.core.stats()
+        let mut stats = self.core.stats();
+        // Relaxed: a statistic.
+        stats.unmaps_after_removal = self
+            .core
+            .iommu()
+            .unmaps_after_removal
+            .load(Ordering::Relaxed);
+        stats
     }
 
     fn kind(&self) -> Kind {
@@ -337,7 +386,173 @@ impl Space for Type1 {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::memory::PageSize;
+
+    /// A type1 container as the kernel keeps it, reduced to what unmapping needs: its mappings
+    /// (IOVA to size) while it has its IOMMU, and `EINVAL` for every IOMMU ioctl once the last
+    /// group left it (`vfio_fops_unl_ioctl` with no `iommu_driver`). Clones share the state.
+    #[derive(Debug, Clone)]
+    struct Container(Arc<std::sync::Mutex<ContainerState>>);
+
+    #[derive(Debug)]
+    struct ContainerState {
+        /// A group is attached and `VFIO_SET_IOMMU` done.
+        has_iommu: bool,
+        mappings: BTreeMap<u64, u64>,
+        /// Fail the next unmap with this errno (before anything else is checked).
+        fail_next_unmap: Option<i32>,
+    }
+
+    fn errno(code: i32) -> io::Error {
+        io::Error::from_raw_os_error(code)
+    }
+
+    impl Container {
+        fn new() -> Container {
+            Container(Arc::new(std::sync::Mutex::new(ContainerState {
+                has_iommu: true,
+                mappings: BTreeMap::new(),
+                fail_next_unmap: None,
+            })))
+        }
+
+        fn state(&self) -> std::sync::MutexGuard<'_, ContainerState> {
+            self.0.lock().unwrap()
+        }
+
+        /// What the kernel does when the container's last group leaves it (its device was
+        /// removed): `vfio_group_detach_container` releases the type1 IOMMU, which unmaps and
+        /// unpins every mapping, and the container has no IOMMU driver any more.
+        fn lose_iommu(&self) {
+            let mut state = self.state();
+            state.mappings.clear();
+            state.has_iommu = false;
+        }
+    }
+
+    impl Type1Ioctl for Container {
+        fn get_info(&self, buf: &mut [u8]) -> io::Result<()> {
+            let state = self.state();
+            let argsz = read_u32(buf, 0).and_then(|argsz| usize::try_from(argsz).ok());
+            let header = size_of::<vfio_iommu_type1_info>();
+            if !state.has_iommu || argsz.is_none_or(|argsz| argsz < header || argsz > buf.len()) {
+                return Err(errno(libc::EINVAL));
+            }
+            // Base pages only, no capabilities.
+            buf[4..8].copy_from_slice(&VFIO_IOMMU_INFO_PGSIZES.to_ne_bytes());
+            buf[8..16].copy_from_slice(&u64_of(base_page_size()).to_ne_bytes());
+            buf[16..24].fill(0);
+            Ok(())
+        }
+
+        fn map_dma(&self, _vaddr: u64, iova: u64, size: u64) -> io::Result<()> {
+            let mut state = self.state();
+            if !state.has_iommu {
+                return Err(errno(libc::EINVAL));
+            }
+            state.mappings.insert(iova, size);
+            Ok(())
+        }
+
+        fn unmap_dma(&self, iova: u64, size: u64) -> io::Result<u64> {
+            let mut state = self.state();
+            if let Some(code) = state.fail_next_unmap.take() {
+                return Err(errno(code));
+            }
+            if !state.has_iommu {
+                return Err(errno(libc::EINVAL));
+            }
+            match state.mappings.get(&iova) {
+                Some(&mapped) if mapped == size => {
+                    state.mappings.remove(&iova);
+                    Ok(size)
+                }
+                // type1v2 refuses to cut a mapping.
+                Some(_) => Err(errno(libc::EINVAL)),
+                None => Ok(0),
+            }
+        }
+    }
+
+    fn region(pages: usize) -> Arc<Region> {
+        let region = Region::builder(pages * base_page_size())
+            .page_size(PageSize::Base)
+            .lock(false)
+            .build();
+        Arc::new(region.expect("a small base-page region"))
+    }
+
+    #[test]
+    fn unmaps_after_the_container_lost_its_iommu_are_done_not_errors() {
+        let container = Container::new();
+        let space = Type1::with_ioctl(container.clone(), 48).unwrap();
+        let unmapped = space.map(region(2)).unwrap();
+        let dropped = space.map(region(1)).unwrap();
+        assert_eq!(container.state().mappings.len(), 2);
+
+        // The device is hot-unplugged: the kernel detaches its group, the container's last.
+        container.lose_iommu();
+
+        // Both ways of unmapping: the mapping is gone, as asked.
+        unmapped.unmap().expect("the kernel unmapped it already");
+        drop(dropped);
+        let stats = space.stats();
+        assert_eq!(
+            (
+                stats.maps,
+                stats.unmaps,
+                stats.unmap_errors,
+                stats.unmaps_after_removal
+            ),
+            (2, 2, 0, 2),
+            "{stats:?}"
+        );
+        assert_eq!(stats.live_bytes, 0);
+        assert!(stats.last_unmap_error.is_none(), "{stats:?}");
+    }
+
+    #[test]
+    fn unmap_failures_on_a_container_with_its_iommu_stay_errors() {
+        let container = Container::new();
+        let space = Type1::with_ioctl(container.clone(), 48).unwrap();
+
+        // EINVAL from a container that still answers: a real failure, the mapping stays.
+        let mapping = space.map(region(2)).unwrap();
+        let iova = mapping.iova(0).unwrap().raw();
+        container.state().fail_next_unmap = Some(libc::EINVAL);
+        let err = mapping.unmap().unwrap_err();
+        let Error::UnmapFailed { source } = &err else {
+            panic!("expected UnmapFailed, got {err:?}");
+        };
+        assert!(
+            matches!(source.as_ref(), Error::Unmap { iova: at, source, .. }
+                if *at == iova && source.raw_os_error() == Some(libc::EINVAL)),
+            "{source:?}"
+        );
+        assert!(container.state().mappings.contains_key(&iova));
+        let stats = space.stats();
+        assert_eq!(
+            (stats.unmaps, stats.unmap_errors, stats.unmaps_after_removal),
+            (0, 1, 0),
+            "{stats:?}"
+        );
+        assert!(stats.last_unmap_error.is_some());
+
+        // A failure other than EINVAL is an error even from a container without its IOMMU.
+        let mapping = space.map(region(1)).unwrap();
+        container.lose_iommu();
+        container.state().fail_next_unmap = Some(libc::EIO);
+        drop(mapping);
+        let stats = space.stats();
+        assert_eq!(
+            (stats.unmaps, stats.unmap_errors, stats.unmaps_after_removal),
+            (0, 2, 0),
+            "{stats:?}"
+        );
+    }
 
     /// A reply as the kernel lays it out: the info, then an IOVA-range capability (if `ranges`)
     /// and a DMA-avail capability (if `avail`), chained in that order.

@@ -5,6 +5,7 @@
 #
 #   tests/guest/run.sh                  # every boot (what scripts/guest-test.sh runs)
 #   BOOTS=iommu-pt tests/guest/run.sh   # some boots only (space-separated names)
+#   tests/guest/run.sh --self-test      # only the script's own checks (seconds; no QEMU, no root)
 #
 # The boots (their cases are listed by `guest_suite --list BOOT`):
 #   iommu-pt      q35 + emulated Intel IOMMU, intel_iommu=on iommu=pt (VFIO type1, UIO physical DMA);
@@ -78,6 +79,61 @@ die() {
 }
 # A command that fails outside a check of its own still ends the run with a result line.
 trap 'die "a command failed at line $LINENO of $0"' ERR
+
+# ---- the script's own parts, checked before anything else ------------------------------------------
+# ldd_libraries: the shared libraries in the output of `ldd FILE...` (on stdin), once each, in
+# C order: the target of each "NAME => /path (0x...)" line, and the dynamic loader, which ldd
+# names by its path alone ("/lib64/ld-linux-x86-64.so.2 (0x...)"). Nothing else is a library:
+# given several files, ldd heads each one's list with a line "FILE:", an absolute path when the
+# file was named by one (as the programs are under an absolute CARGO_TARGET_DIR); and
+# "linux-vdso.so.1 (0x...)" (in the kernel), "NAME => not found", "statically linked" are not
+# files to copy either.
+ldd_libraries() {
+	awk '$2 == "=>" && $3 ~ /^\// { print $3; next }
+		NF == 2 && $1 ~ /^\// && $2 ~ /^\(0x[0-9a-fA-F]+\)$/ { print $1 }' | LC_ALL=C sort -u
+}
+
+# check_ldd_libraries: ldd_libraries on a fixed ldd output (three programs: two named by
+# absolute paths, one with a space, and a static one), then on the host's own ldd of two
+# programs named by absolute paths: what it takes must be the libraries, each an existing file.
+check_ldd_libraries() {
+	local got want real lib
+	got=$(ldd_libraries <<'EOF'
+/work/target dir/release/examples/guest_suite:
+	linux-vdso.so.1 (0x00007ffd4e9f2000)
+	libgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x00007f0c1f6a1000)
+	libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f0c1f4c0000)
+	/lib64/ld-linux-x86-64.so.2 (0x00007f0c1f74e000)
+/work/target/release/userdma:
+	linux-vdso.so.1 (0x00007ffe0a3d1000)
+	libm.so.6 => not found
+	libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f5d2b1d7000)
+	/lib64/ld-linux-x86-64.so.2 (0x00007f5d2b3c2000)
+target/guest/edu_dma:
+	statically linked
+EOF
+)
+	want=$(printf '%s\n' /lib/x86_64-linux-gnu/libc.so.6 /lib/x86_64-linux-gnu/libgcc_s.so.1 \
+		/lib64/ld-linux-x86-64.so.2)
+	[ "$got" = "$want" ] ||
+		die "self-test: from a fixed ldd output, ldd_libraries took '${got//$'\n'/ }', not '${want//$'\n'/ }'"
+	command -v ldd >/dev/null || die "self-test: ldd is not on PATH (it comes with libc-bin)"
+	real=$(ldd "$BASH" "$(command -v sort)" | ldd_libraries) || die "self-test: ldd $BASH $(command -v sort) failed"
+	[ -n "$real" ] || die "self-test: ldd_libraries found no library in ldd's output for $BASH"
+	for lib in $real; do
+		[ -f "$lib" ] || die "self-test: ldd_libraries took '$lib' from ldd's output for $BASH, which is no file"
+	done
+}
+
+check_ldd_libraries
+case "${1:-}" in
+"") ;;
+--self-test)
+	echo "guest-test: self-test passed (ldd_libraries)"
+	exit 0
+	;;
+*) die "unknown argument '$1' (the only one is --self-test; see the top of $0)" ;;
+esac
 
 # ---- host packages ----------------------------------------------------------------------------
 APT_UPDATED=0
@@ -476,7 +532,7 @@ objcopy --strip-debug "$EDU_DMA" "$ROOTFS/edu_dma"
 # do on the host. The guest kernels are newer than the host's glibc needs.
 copy_libraries() {
 	local lib
-	for lib in $(ldd "$@" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u); do
+	for lib in $(ldd "$@" | ldd_libraries); do
 		mkdir -p "$ROOTFS$(dirname "$lib")"
 		cp -L "$lib" "$ROOTFS$lib"
 	done

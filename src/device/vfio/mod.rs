@@ -24,8 +24,10 @@
 //!
 //! Dropping a `Vfio` disables its interrupts, unmaps the BARs no [`mmio::DynBlock`] still uses,
 //! closes the device fd, detaches the group from the container, and closes the container when no
-//! other device or caller holds it. Drop [`dma::Mapping`]s (and pools) before the device: once
-//! the container is gone their unmaps fail (counted in [`dma::Stats`]).
+//! other device or caller holds it. Drop [`dma::Mapping`]s (and pools) before the device. A
+//! mapping dropped after the container lost its IOMMU (the device's group was its last, and left
+//! it: the device was dropped, unbound or hot-unplugged) was unmapped by the kernel with the
+//! IOMMU; its unmap counts as done, in [`dma::Stats::unmaps_after_removal`].
 //!
 //! The raw calls sit behind a crate-private system-call trait, so the whole open sequence,
 //! including the iommufd path, is tested against a double of the kernel.
