@@ -4,8 +4,13 @@
 use std::process::Command;
 use std::sync::Arc;
 
+use userdma::device::loopback::{self, Loopback};
+use userdma::device::{self, Device, Identity};
 use userdma::dma::{Error, Physical, Space};
+use userdma::irq::EventFd;
 use userdma::memory::{self, PageSize, Region};
+use userdma::mmio::DynBlock;
+use userdma::Runtime;
 
 /// Set in a child process started by a test: names the role it plays.
 const CHILD_ROLE: &str = "USERDMA_TEST_CHILD_ROLE";
@@ -100,4 +105,81 @@ fn physical_space_without_cap_sys_admin_is_refused() {
         .unwrap_or_else(|| panic!("child printed no error: {stdout}"));
     assert!(line.contains("physical-address DMA"), "{line}");
     assert!(line.contains("CAP_SYS_ADMIN"), "{line}");
+}
+
+/// The loopback device seen through a physical-address space, as a device bound to UIO (or
+/// no-IOMMU VFIO) gives one: what [`Runtime`] maps for it is addressed by physical address.
+#[derive(Debug)]
+struct PhysicalDevice {
+    loopback: Loopback,
+    space: Physical,
+}
+
+impl Device for PhysicalDevice {
+    fn identity(&self) -> &Identity {
+        self.loopback.identity()
+    }
+    fn bar(&self, index: usize) -> Result<DynBlock, device::Error> {
+        self.loopback.bar(index)
+    }
+    fn dma_space(&self) -> Arc<dyn Space> {
+        Arc::new(self.space.clone())
+    }
+    fn vectors(&self) -> u32 {
+        self.loopback.vectors()
+    }
+    fn interrupt(&self, vector: u32) -> Result<EventFd, device::Error> {
+        self.loopback.interrupt(vector)
+    }
+    fn set_masked(&self, vector: u32, masked: bool) -> Result<(), device::Error> {
+        self.loopback.set_masked(vector, masked)
+    }
+    fn reset(&self) -> Result<(), device::Error> {
+        self.loopback.reset()
+    }
+}
+
+/// `Runtime::pool` on base pages in a physical-address space: the pages are contiguous one by
+/// one, so the pool's chunk and largest class are a page (the default 64 KiB chunk and 1 MiB
+/// class could not be cut from it), and every buffer's device addresses are its pages'
+/// physical addresses, page by page, including a 64 KiB buffer that spans 16 pages.
+#[test]
+fn a_runtime_pool_over_physical_base_pages_is_cut_per_page_as_root() {
+    let device = PhysicalDevice {
+        loopback: Loopback::new(loopback::Config::default()).unwrap(),
+        space: Physical::new(64).unwrap(),
+    };
+    let rt = Runtime::from_device(Arc::new(device));
+    let pool = rt
+        .pool(4 << 20, PageSize::Base)
+        .unwrap_or_else(|err| panic!("a pool over physical base pages (needs root): {err}"));
+    let pages = pool.mapping().region().physical_pages().unwrap();
+    let mut held = Vec::new();
+    for len in [256, 1000, 4096, 8192, 64 << 10] {
+        for _ in 0..3 {
+            let buffer = pool
+                .alloc_owned(len)
+                .unwrap_or_else(|err| panic!("{len} B: {err}"));
+            let start = buffer.as_buffer().offset();
+            assert_eq!(Some(buffer.iova().raw()), pages.addr_of(start), "{len} B");
+            let mut at = 0;
+            while at < buffer.capacity() {
+                let contiguous = pool
+                    .mapping()
+                    .contiguous_len(start + at)
+                    .min(buffer.capacity() - at);
+                assert!(contiguous > 0, "{len} B at {at}");
+                for probe in [at, at + contiguous - 1] {
+                    assert_eq!(
+                        buffer.iova_at(probe).map(|iova| iova.raw()),
+                        pages.addr_of(start + probe),
+                        "{len} B: byte {probe}"
+                    );
+                }
+                at += contiguous;
+            }
+            held.push(buffer);
+        }
+    }
+    assert!(held.iter().all(|b| b.capacity() >= b.len()));
 }

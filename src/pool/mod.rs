@@ -96,7 +96,7 @@
 //!
 //! **Sharing between processes.** [`Pool::create_shared`] puts the metadata at the start of a
 //! shareable region (memfd or hugetlbfs, see [`Region::fd`](crate::memory::Region::fd)) behind a
-//! versioned header; another process maps the same file, builds its own [`Mapping`](crate::dma::Mapping) and calls
+//! versioned header; another process maps the same file, builds its own [`Mapping`] and calls
 //! [`Pool::open_shared`], then allocates from the same lists. Thread caches are per process.
 //! A process that dies holding buffers, cached blocks or the buddy lock leaves them held: the
 //! processes sharing a pool must exit cleanly (dropping the pool flushes the process's caches).
@@ -113,6 +113,7 @@
 //! # }
 //! ```
 
+use crate::dma::Mapping;
 use std::time::Duration;
 
 mod allocator;
@@ -199,6 +200,24 @@ impl Config {
     #[must_use]
     pub fn chunk_size(mut self, bytes: usize) -> Self {
         self.chunk_size = bytes;
+        self
+    }
+
+    /// This configuration with its chunk and largest class lowered to `mapping`'s page size
+    /// when the mapping is IOVA-contiguous only in pieces: base pages in a physical-address
+    /// space (UIO, no-IOMMU VFIO), where each page is contiguous and page-aligned but
+    /// neighbours seldom are, or an IOMMU mapping scattered over several IOVA ranges. Unchanged
+    /// for a mapping contiguous over its whole length. [`Runtime::pool`](crate::runtime::Runtime::pool)
+    /// applies it; buffers larger than a chunk then come from the buddy allocator in whole
+    /// pages, contiguous per page ([`Buffer::contiguous_len`], [`Buffer::iova_at`]).
+    #[must_use]
+    pub fn fit_to(mut self, mapping: &Mapping) -> Self {
+        if mapping.contiguous_len(0) >= mapping.len() {
+            return self;
+        }
+        let page = mapping.region().page_size().bytes();
+        self.chunk_size = self.chunk_size.min(page);
+        self.max_class = self.max_class.min(page);
         self
     }
 

@@ -190,13 +190,17 @@ impl Runtime {
     /// A buffer pool over `bytes` of fresh memory ([`Runtime::map_memory`]) with the default
     /// [`pool::Config`], except that on base pages the pool's chunk (the unit slabs of every
     /// size class are cut from) is 64 KiB instead of a hugepage, so that a few MiB hold every
-    /// size class. Allocate from it with [`Pool::alloc_owned`] (or, inside a borrow,
+    /// size class, and that on memory the device sees contiguous only per page (base pages in
+    /// a physical-address space: UIO, no-IOMMU VFIO) the chunk and the largest class are a page
+    /// ([`pool::Config::fit_to`]). Allocate from it with [`Pool::alloc_owned`] (or, inside a borrow,
     /// [`Pool::alloc`]).
     ///
     /// # Errors
     /// As [`Runtime::map_memory`], and [`Error::Pool`] for memory too small for the pool.
     pub fn pool(&self, bytes: usize, page_size: PageSize) -> Result<Arc<Pool>, Error> {
-        self.pool_with(bytes, page_size, Self::pool_config(page_size))
+        let mapping = self.map_memory(bytes, page_size)?;
+        let config = Self::pool_config(page_size).fit_to(&mapping);
+        Ok(Arc::new(Pool::new(mapping, config)?))
     }
 
     /// The configuration [`Runtime::pool`] uses for memory of `page_size`: the default, with
