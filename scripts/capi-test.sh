@@ -52,8 +52,10 @@ g++ "$out/header_cpp.o" -o "$out/header_cpp" -L"$out/lib" -luserdma
 LD_LIBRARY_PATH=$out/lib "$out/header_cpp"
 
 # capi_test.c: devices, memory, queues, plans, pipelines, streams; device_test.c: BAR
-# access, the loopback device's layer and compact ops, device-memory ranges.
-tests=(capi_test device_test)
+# access, the loopback device's layer and compact ops, device-memory ranges; limits_test.c:
+# a full ring's next push, a small pool shared by two threads, absurd sizes, a depth above
+# the device's largest.
+tests=(capi_test device_test limits_test)
 echo "--- C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 for t in "${tests[@]}"; do
 	echo "$t"
@@ -67,7 +69,7 @@ echo "--- C tests under Valgrind"
 for t in "${tests[@]}"; do
 	echo "$t"
 	gcc "${CFLAGS[@]}" -Icapi/include "capi/tests/$t.c" -o "$out/$t" -L"$out/lib" -luserdma -lpthread
-	LD_LIBRARY_PATH=$out/lib valgrind -q --error-exitcode=1 --leak-check=full --show-possibly-lost=no \
+	LD_LIBRARY_PATH=$out/lib UDMA_TEST_VALGRIND=1 valgrind -q --error-exitcode=1 --leak-check=full --show-possibly-lost=no \
 		--errors-for-leak-kinds=definite "$out/$t"
 done
 

@@ -169,7 +169,10 @@ fn memory_code(e: &memory::Error) -> Code {
         E::InvalidLength { .. } | E::UnsupportedPageSize { .. } | E::NotHugetlbfs { .. } => {
             Code::InvalidArgument
         }
-        E::HugepagesUnavailable { .. } | E::ReserveShort { .. } => Code::Exhausted,
+        E::HugepagesUnavailable { .. }
+        | E::ReserveShort { .. }
+        | E::HostMemory { .. }
+        | E::HostAlloc { .. } => Code::Exhausted,
         E::Lock { .. } => Code::Refused,
         E::NoSuchPool { .. } | E::NoSuchNode { .. } => Code::NotFound,
         E::NotContiguous { .. } | E::PhysicalAddressHidden => Code::Unsupported,

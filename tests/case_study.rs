@@ -55,8 +55,14 @@ fn the_case_study_runs_every_way_and_reports_what_it_measured() {
     assert_eq!(targets.len(), 17, "{targets:?}");
     for t in targets {
         let name = t["target"].as_str().unwrap();
-        if name == "every frame accounted for" || name.starts_with("every stream within") {
+        if name == "every frame accounted for" {
             assert_eq!(t["met"], true, "{t}");
+        }
+        if name.starts_with("every stream within") {
+            // Met, unless a device ran so far behind its model that no bound exists at its
+            // pace (what accounted_and_within_bounds checks then).
+            let unbounded = t["measured"].as_str().unwrap().contains("no bound at a");
+            assert!(t["met"] == true || unbounded, "{t}");
         }
     }
     accounted_and_within_bounds(&report);
@@ -87,8 +93,8 @@ fn the_case_study_runs_every_way_and_reports_what_it_measured() {
 }
 
 /// Every stream of every run accounts for every frame that arrived; in the scheduled runs
-/// every stream has the bound its scheduler states (the top stream under strict priority
-/// included: nothing is above it) and waited no longer.
+/// every stream has the bound its scheduler states for the service its device gave (the top
+/// stream under strict priority included: nothing is above it) and waited no longer.
 fn accounted_and_within_bounds(report: &serde_json::Value) {
     for run in ["before", "after", "strict"] {
         for s in report[run]["streams"].as_array().unwrap() {
@@ -101,17 +107,48 @@ fn accounted_and_within_bounds(report: &serde_json::Value) {
             assert!(n("arrived") >= n("frames"), "{run}: {s}");
             let bound = s["stated_wait_bound_ms"].as_f64();
             if run == "before" {
-                assert!(bound.is_none(), "{run}: {s}");
+                assert!(
+                    bound.is_none() && s["bound_at_model_ms"].is_null(),
+                    "{run}: {s}"
+                );
                 continue;
             }
-            let bound = bound.unwrap_or_else(|| panic!("{run}: a stated bound in {s}"));
-            let waited = s["longest_wait_ms"].as_f64().unwrap();
+            // The bound is for the service its device gave: never less than the model's worst.
+            let service = s["frame_service_ms"].as_f64().unwrap();
+            let modelled = s["modelled_frame_ms"].as_f64().unwrap();
+            assert!(modelled > 0.0 && service >= modelled, "{run}: {s}");
+            s["bound_at_model_ms"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{run}: a bound at the model's pace in {s}"));
+            let Some(bound) = bound else {
+                // None at the device's pace: only a device far behind its model (a sanitized
+                // or loaded host) has none, and the run's target says so.
+                assert!(service > modelled, "{run}: a stated bound in {s}");
+                assert!(unbounded_target(report, run), "{run}: {s}");
+                continue;
+            };
+            // As the bound counts a wait: from when the frame became its stream's oldest.
+            let waited = s["longest_head_wait_ms"].as_f64().unwrap();
+            assert!(
+                waited <= s["longest_wait_ms"].as_f64().unwrap(),
+                "{run}: {s}"
+            );
             assert!(
                 waited <= bound,
                 "{run}: waited {waited} ms, bound {bound} ms: {s}"
             );
         }
     }
+}
+
+/// Whether `run`'s bound target is unmet for a stream with no bound at its device's pace.
+fn unbounded_target(report: &serde_json::Value, run: &str) -> bool {
+    report["targets"].as_array().unwrap().iter().any(|t| {
+        t["run"] == run
+            && t["target"] == "every stream within its stated wait bound"
+            && t["met"] == false
+            && t["measured"].as_str().unwrap().contains("no bound at a")
+    })
 }
 
 /// The pooled runs allocate nothing from their first frame on, on one device or several (with

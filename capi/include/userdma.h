@@ -942,6 +942,11 @@ typedef struct udma_run_report {
   uint64_t faults;
   // Of those, devices removed.
   uint64_t removals;
+  // Of those, devices quarantined: they kept failing (5 faults in a row, or 6 resets of
+  // one fault that failed), and their streams get no more frames, in this run or the next.
+  // A program built against a header without it passes a smaller size and does not get
+  // it.
+  uint64_t quarantines;
 } udma_run_report;
 
 #ifdef __cplusplus
@@ -1388,7 +1393,9 @@ enum udma_status udma_buffer_read(const struct udma_buffer *buffer,
 // A chain of `layers` compute steps over tensors of `bytes` each (rounded up to 4-byte
 // words), planned into one arena: the synthetic model of `userdma pipeline`.
 //
-// Errors: `UDMA_ERR_INVALID_ARGUMENT` for 0 layers or 0 bytes.
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for 0 layers or 0 bytes, more than 4096 layers (what
+// one ring can carry for a pipeline) or tensors of more than 1 TiB; nothing is allocated
+// before these checks.
 //
 // # Safety
 // `model` points to a writable `udma_model *`.
@@ -1400,7 +1407,8 @@ enum udma_status udma_model_create_chain(uint32_t layers,
 // per activation) planned into one arena, each op one layer step, the detections filtered
 // on the device so that only a count and at most `max_detections` 32-byte records come back.
 //
-// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `max_detections` 0.
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `max_detections` 0 or above 25,200 (the records
+// the graph's result holds).
 //
 // # Safety
 // `model` points to a writable `udma_model *`.
@@ -1417,7 +1425,8 @@ enum udma_status udma_model_get_info(const struct udma_model *model, struct udma
 // least its `input_bytes` (extra input bytes are ignored). Allocates an arena on the host,
 // for setting up checks rather than per frame.
 //
-// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a NULL pointer or a length too short.
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a NULL pointer or a length too short;
+// `UDMA_ERR_EXHAUSTED` when the host has no room for the model's arena.
 //
 // # Safety
 // `input` points to `input_len` readable bytes, `result` to `result_len` writable ones.
@@ -1555,7 +1564,8 @@ enum udma_status udma_pipeline_destroy(struct udma_pipeline *pipeline);
 //
 // Errors: `UDMA_ERR_INVALID_ARGUMENT` for a malformed list (the message names the tensor: a
 // zero size, an interval backwards, an id used twice, a fixed offset misaligned or
-// colliding) or options.
+// colliding), more than 1,048,576 tensors (checked before anything is allocated), or
+// options.
 //
 // # Safety
 // `tensors` points to `count` elements of `tensors[0].size` readable bytes each, and each
@@ -1669,7 +1679,7 @@ enum udma_status udma_queue_wait(struct udma_queue *queue,
 // `*ready` to the index of one that has (take it with `udma_queue_poll`).
 //
 // Errors: `UDMA_ERR_TIMEOUT` when none has one in time; `UDMA_ERR_INVALID_ARGUMENT` for a
-// queue listed twice or `count` 0; `UDMA_ERR_UNSUPPORTED` for a queue made with
+// queue listed twice, `count` 0 or above 4096; `UDMA_ERR_UNSUPPORTED` for a queue made with
 // `UDMA_QUEUE_POLL` (no interrupt to sleep on).
 //
 // # Safety

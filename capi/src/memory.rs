@@ -794,6 +794,23 @@ fn alloc_into_slots(held: &Held, len: u64, count: usize) -> Result<Vec<Key>, Fai
             "count {count} is above {MAX_LIVE}, the most live buffer handles"
         )));
     }
+    // More buffers than the pool has blocks of that length can never be had: refused before
+    // anything is sized by the count.
+    let pool = &held.entry().pool;
+    let block = usize::try_from(len)
+        .unwrap_or(usize::MAX)
+        .max(udma::pool::MIN_ALIGN);
+    let blocks = pool.arena_len() / block;
+    if count > blocks {
+        return Err(Fail::new(
+            udma_status::UDMA_ERR_EXHAUSTED,
+            format!(
+                "{count} buffers of {len} bytes are more than the pool's {} bytes can hold \
+                 ({blocks} at most): create a larger pool or allocate fewer",
+                pool.arena_len()
+            ),
+        ));
+    }
     let mut made = Vec::with_capacity(count);
     for i in 0..count {
         let b = alloc_one(held.entry(), len)
@@ -958,6 +975,14 @@ pub unsafe extern "C" fn udma_pool_free_bulk(
     call("udma_pool_free_bulk", || {
         if buffers.is_null() && count > 0 {
             return Err(Fail::null("buffers"));
+        }
+        // At most MAX_LIVE buffer handles exist, each listed once: a longer list is wrong,
+        // refused before anything is sized by it.
+        if count > handle::MAX_LIVE {
+            return Err(Fail::invalid(format!(
+                "count is {count}, more buffers than can be alive at once ({})",
+                handle::MAX_LIVE
+            )));
         }
         let p = pin_pool(pool)?;
         let list: &[*mut udma_buffer] = if count == 0 {

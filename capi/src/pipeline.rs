@@ -18,7 +18,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use udma::device::Wait;
-use udma::pipeline::{self, zoo, Finished, Input, Model, Output, Pipeline, Results, WorkingSet};
+use udma::pipeline::{
+    self, zoo, Finished, Input, Model, ModelError, Output, Pipeline, Results, WorkingSet,
+};
 
 use crate::abi;
 use crate::device::{device, udma_device, Device};
@@ -77,7 +79,9 @@ unsafe impl abi::Sized for udma_model_info {
 /// A chain of `layers` compute steps over tensors of `bytes` each (rounded up to 4-byte
 /// words), planned into one arena: the synthetic model of `userdma pipeline`.
 ///
-/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for 0 layers or 0 bytes.
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for 0 layers or 0 bytes, more than 4096 layers (what
+/// one ring can carry for a pipeline) or tensors of more than 1 TiB; nothing is allocated
+/// before these checks.
 ///
 /// # Safety
 /// `model` points to a writable `udma_model *`.
@@ -105,7 +109,8 @@ pub unsafe extern "C" fn udma_model_create_chain(
 /// per activation) planned into one arena, each op one layer step, the detections filtered
 /// on the device so that only a count and at most `max_detections` 32-byte records come back.
 ///
-/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `max_detections` 0.
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `max_detections` 0 or above 25,200 (the records
+/// the graph's result holds).
 ///
 /// # Safety
 /// `model` points to a writable `udma_model *`.
@@ -157,7 +162,8 @@ pub unsafe extern "C" fn udma_model_get_info(
 /// least its `input_bytes` (extra input bytes are ignored). Allocates an arena on the host,
 /// for setting up checks rather than per frame.
 ///
-/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a NULL pointer or a length too short.
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a NULL pointer or a length too short;
+/// `UDMA_ERR_EXHAUSTED` when the host has no room for the model's arena.
 ///
 /// # Safety
 /// `input` points to `input_len` readable bytes, `result` to `result_len` writable ones.
@@ -190,14 +196,24 @@ pub unsafe extern "C" fn udma_model_expected(
         }
         // SAFETY: non-null and `input_len` readable bytes per this function's contract.
         let input = unsafe { std::slice::from_raw_parts(input.cast::<u8>(), input_len) };
-        let expected = m.expected(input);
-        // SAFETY: `expected.len()` is the result's bytes, at most `result_len`, writable per
-        // this function's contract; the caller's buffer is not the library's `expected`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(expected.as_ptr(), result.cast::<u8>(), expected.len())
-        };
+        // SAFETY: non-null and `result_len` writable bytes per this function's contract, and
+        // not the library's memory (so not aliased by `input`'s slice of the caller's either:
+        // the contract gives two buffers).
+        let result = unsafe { std::slice::from_raw_parts_mut(result.cast::<u8>(), result_len) };
+        m.expected_into(input, result).map_err(model_fail)?;
         Ok(())
     })
+}
+
+/// A model error as a C failure: no host memory is `UDMA_ERR_EXHAUSTED`, the rest a bad
+/// argument.
+fn model_fail(error: ModelError) -> Fail {
+    match error {
+        ModelError::NoHostMemory { .. } => {
+            Fail::new(udma_status::UDMA_ERR_EXHAUSTED, error.to_string())
+        }
+        other => Fail::invalid(other.to_string()),
+    }
 }
 
 /// Destroys a model handle (pipelines made from it keep their own copy).

@@ -272,7 +272,8 @@ fn tensor(t: &udma_tensor, i: usize) -> Result<Tensor, Fail> {
 ///
 /// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a malformed list (the message names the tensor: a
 /// zero size, an interval backwards, an id used twice, a fixed offset misaligned or
-/// colliding) or options.
+/// colliding), more than 1,048,576 tensors (checked before anything is allocated), or
+/// options.
 ///
 /// # Safety
 /// `tensors` points to `count` elements of `tensors[0].size` readable bytes each, and each
@@ -291,9 +292,24 @@ pub unsafe extern "C" fn udma_plan_create(
         if count == 0 {
             return Err(Fail::invalid("count is 0: pass at least one tensor"));
         }
+        if count > udma::plan::MAX_TENSORS {
+            return Err(Fail::invalid(format!(
+                "count is {count}, more than a plan takes ({}): split the graph",
+                udma::plan::MAX_TENSORS
+            )));
+        }
         // SAFETY: per this function's contract (checks NULL).
         let first = unsafe { abi::read(tensors, "tensors[0]", udma_tensor::default())? };
         let stride = first.size;
+        if count
+            .checked_mul(stride)
+            .is_none_or(|end| end > isize::MAX as usize)
+        {
+            return Err(Fail::invalid(format!(
+                "{count} tensors of {stride} bytes do not fit in memory: set tensors[0].size to \
+                 sizeof(udma_tensor)"
+            )));
+        }
         let mut list = Vec::with_capacity(count);
         for i in 0..count {
             // SAFETY: element `i` lies `i * stride` bytes in, readable per this function's

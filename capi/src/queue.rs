@@ -654,11 +654,14 @@ pub unsafe extern "C" fn udma_queue_wait(
     })
 }
 
+/// The most queues `udma_queue_wait_any` takes.
+const MAX_WAIT_ANY: usize = 4096;
+
 /// Sleeps until one of `queues[0..count]` has a completion, or `timeout_ns` passes, and sets
 /// `*ready` to the index of one that has (take it with `udma_queue_poll`).
 ///
 /// Errors: `UDMA_ERR_TIMEOUT` when none has one in time; `UDMA_ERR_INVALID_ARGUMENT` for a
-/// queue listed twice or `count` 0; `UDMA_ERR_UNSUPPORTED` for a queue made with
+/// queue listed twice, `count` 0 or above 4096; `UDMA_ERR_UNSUPPORTED` for a queue made with
 /// `UDMA_QUEUE_POLL` (no interrupt to sleep on).
 ///
 /// # Safety
@@ -678,6 +681,11 @@ pub unsafe extern "C" fn udma_queue_wait_any(
         if count == 0 {
             return Err(Fail::invalid("count is 0: pass at least one queue"));
         }
+        if count > MAX_WAIT_ANY {
+            return Err(Fail::invalid(format!(
+                "count is {count}: wait on at most {MAX_WAIT_ANY} queues at once"
+            )));
+        }
         // SAFETY: non-null, `count` readable entries per this function's contract.
         let list = unsafe { std::slice::from_raw_parts(queues, count) };
         let mut entries = Vec::with_capacity(count);
@@ -685,14 +693,21 @@ pub unsafe extern "C" fn udma_queue_wait_any(
             let e = QUEUES
                 .with(ptr, |_, q| Ok(Arc::clone(q)))
                 .map_err(|f| f.context(format!("queues[{i}]")))?;
-            if entries.iter().any(|(_, other)| Arc::ptr_eq(other, &e)) {
-                return Err(Fail::invalid(format!("queues[{i}] is listed twice")));
-            }
             entries.push((i, e));
         }
-        // Lock in one global order (by address), whatever the caller's order.
+        // Lock in one global order (by address), whatever the caller's order; a queue listed
+        // twice is next to itself in that order.
         let mut order: Vec<usize> = (0..count).collect();
-        order.sort_by_key(|&i| Arc::as_ptr(&entries[i].1).addr());
+        order.sort_by_key(|&i| (Arc::as_ptr(&entries[i].1).addr(), i));
+        if let Some(pair) = order
+            .windows(2)
+            .find(|w| Arc::ptr_eq(&entries[w[0]].1, &entries[w[1]].1))
+        {
+            return Err(Fail::invalid(format!(
+                "queues[{}] is listed twice (also queues[{}])",
+                pair[1], pair[0]
+            )));
+        }
         let mut guards: Vec<Option<MutexGuard<'_, _>>> = (0..count).map(|_| None).collect();
         for &i in &order {
             guards[i] = Some(entries[i].1.lock());

@@ -178,9 +178,14 @@ pub struct udma_run_report {
     pub faults: u64,
     /// Of those, devices removed.
     pub removals: u64,
+    /// Of those, devices quarantined: they kept failing (5 faults in a row, or 6 resets of
+    /// one fault that failed), and their streams get no more frames, in this run or the next.
+    /// A program built against a header without it passes a smaller size and does not get
+    /// it.
+    pub quarantines: u64,
 }
 
-// SAFETY: `repr(C)`, integers and a double, 8 * 6 = 48 bytes with no padding, `size` first.
+// SAFETY: `repr(C)`, integers and a double, 8 * 7 = 56 bytes with no padding, `size` first.
 unsafe impl abi::Sized for udma_run_report {
     const NAME: &'static str = "udma_run_report";
 }
@@ -472,6 +477,7 @@ pub unsafe extern "C" fn udma_streams_run(
                 decisions: r.decisions,
                 faults: r.faults.len() as u64,
                 removals: r.faults.iter().filter(|f| f.removed).count() as u64,
+                quarantines: r.faults.iter().filter(|f| f.quarantined).count() as u64,
             };
             // SAFETY: non-null; writable per this function's contract.
             unsafe { abi::write(run, "run", value)? };

@@ -1304,7 +1304,7 @@ static void test_streams(void)
 	CHECK(rep[0].fps > 0 && rep[0].latency_p99_ns >= rep[0].latency_p50_ns);
 	CHECK(rep[0].latency_max_ns >= rep[0].latency_p99_ns && rep[0].max_wait_ns > 0);
 	CHECK(run.seconds >= 0.2 && run.decisions == rep[0].frames + rep[1].frames);
-	CHECK(run.faults == 0 && run.removals == 0 && rep[0].lost == 0 && rep[1].lost == 0);
+	CHECK(run.faults == 0 && run.removals == 0 && run.quarantines == 0 && rep[0].lost == 0 && rep[1].lost == 0);
 	CHECK(r.reentered == (int)(r.frames[0] + r.frames[1]));
 	FAILS(udma_streams_run(st, 1000, NULL, NULL, NULL, rep, 1, NULL), UDMA_ERR_INVALID_ARGUMENT,
 	      "count is 1 but there are 2 streams");

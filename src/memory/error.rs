@@ -244,6 +244,27 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// Base pages asked for beyond what the host has available.
+    #[error("{len} bytes of base pages are more than the {available} bytes the host has available ({meminfo}, MemAvailable): ask for less, or use hugepages reserved for it")]
+    HostMemory {
+        /// The length asked for.
+        len: usize,
+        /// Bytes available.
+        available: u64,
+        /// Where that was read.
+        meminfo: PathBuf,
+    },
+
+    /// The host's allocator could not give a buffer the library needed (a heap copy sized by
+    /// the caller's model or request).
+    #[error("the host could not allocate {len} bytes for {what}: ask for less")]
+    HostAlloc {
+        /// What it was for.
+        what: &'static str,
+        /// Bytes asked for.
+        len: u64,
+    },
+
     /// Faulting the region's pages in failed.
     #[error("pre-faulting {len} bytes of {page_size} pages failed")]
     Populate {

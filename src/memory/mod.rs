@@ -165,6 +165,21 @@ pub(crate) fn base_page_size() -> usize {
         .unwrap_or(4096)
 }
 
+/// A zeroed heap buffer of `len` bytes for `what`, or [`Error::HostAlloc`] when the host's
+/// allocator cannot give it: for buffers sized by a caller (a model's tensors, a request),
+/// where a failed allocation must be an error, never the process aborted.
+///
+/// # Errors
+/// [`Error::HostAlloc`].
+pub fn zeroed(len: u64, what: &'static str) -> Result<Vec<u8>, Error> {
+    let fail = || Error::HostAlloc { what, len };
+    let n = usize::try_from(len).map_err(|_| fail())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| fail())?;
+    v.resize(n, 0);
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,6 +46,7 @@ pub struct Builder {
     node: Option<u32>,
     lock: bool,
     sysfs_root: PathBuf,
+    meminfo: PathBuf,
 }
 
 impl Builder {
@@ -58,6 +59,7 @@ impl Builder {
             node: None,
             lock: true,
             sysfs_root: PathBuf::from(SYSFS_ROOT),
+            meminfo: PathBuf::from(MEMINFO),
         }
     }
 
@@ -108,7 +110,20 @@ impl Builder {
         self
     }
 
+    /// Where `/proc/meminfo` is, for the check that base pages fit the host's available
+    /// memory (default `/proc/meminfo`).
+    pub fn meminfo(mut self, path: impl Into<PathBuf>) -> Self {
+        self.meminfo = path.into();
+        self
+    }
+
     /// Maps, binds, faults in, verifies and locks the region.
+    ///
+    /// Base pages are faulted in as they are mapped, so a region larger than the memory the
+    /// host has available would be met by the kernel's OOM killer rather than an error: such
+    /// a size is refused first ([`Error::HostMemory`], from `MemAvailable` in
+    /// `/proc/meminfo`; skipped where that file cannot be read). Hugepages are counted by
+    /// their pool (an error naming its counts when it is short).
     pub fn build(self) -> Result<Region, Error> {
         let Builder {
             len,
@@ -117,6 +132,7 @@ impl Builder {
             node,
             lock,
             sysfs_root,
+            meminfo,
         } = self;
         let page = page_size.bytes();
         if len == 0 || len % page != 0 {
@@ -125,6 +141,17 @@ impl Builder {
                 page_size,
                 suggested: len.max(1).div_ceil(page).saturating_mul(page),
             });
+        }
+        if !page_size.is_huge() {
+            if let Some(available) = mem_available(&meminfo) {
+                if u64_of(len) > available {
+                    return Err(Error::HostMemory {
+                        len,
+                        available,
+                        meminfo,
+                    });
+                }
+            }
         }
         let fd = open_backing(backing, len, page_size)?;
         let share = if fd.is_some() {
@@ -162,6 +189,23 @@ impl Builder {
         };
         region.settle(&context, lock)
     }
+}
+
+/// The default [`Builder::meminfo`].
+const MEMINFO: &str = "/proc/meminfo";
+
+/// `MemAvailable` of a `/proc/meminfo` file, in bytes; `None` if it cannot be read or has none.
+fn mem_available(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let kib: u64 = text
+        .lines()
+        .find_map(|line| line.strip_prefix("MemAvailable:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
 }
 
 /// What `Builder::build` needs to turn kernel errors into helpful ones.
@@ -507,5 +551,56 @@ impl Drop for Region {
             result.is_ok(),
             "munmap of an owned region failed: {result:?}"
         );
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn meminfo(available_kib: u64) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().expect("temp file");
+        std::fs::write(
+            file.path(),
+            format!("MemTotal:       16000000 kB\nMemFree:         1000 kB\nMemAvailable:   {available_kib} kB\n"),
+        )
+        .expect("written");
+        file
+    }
+
+    #[test]
+    fn base_pages_beyond_what_the_host_has_available_are_refused_before_mapping() {
+        let small = meminfo(1024);
+        let error = Region::builder(4 << 20)
+            .page_size(PageSize::Base)
+            .lock(false)
+            .meminfo(small.path())
+            .build()
+            .expect_err("4 MiB is more than 1 MiB available");
+        match &error {
+            Error::HostMemory { len, available, .. } => {
+                assert_eq!((*len, *available), (4 << 20, 1 << 20));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(error
+            .to_string()
+            .contains("1048576 bytes the host has available"));
+        let plenty = meminfo(1 << 30);
+        Region::builder(4 << 20)
+            .page_size(PageSize::Base)
+            .lock(false)
+            .meminfo(plenty.path())
+            .build()
+            .expect("4 MiB of a TiB available");
+    }
+
+    #[test]
+    fn mem_available_reads_kib_and_ignores_what_it_cannot_read() {
+        assert_eq!(mem_available(meminfo(7).path()), Some(7 * 1024));
+        assert_eq!(mem_available(Path::new("/nonexistent/meminfo")), None);
+        let odd = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(odd.path(), "MemAvailable: lots\n").unwrap();
+        assert_eq!(mem_available(odd.path()), None);
     }
 }

@@ -111,6 +111,12 @@ pub(super) unsafe fn munmap(addr: NonNull<u8>, len: usize) -> io::Result<()> {
 /// contents, so there are no further obligations.
 pub(super) unsafe fn mbind(addr: NonNull<u8>, len: usize, node: u32) -> io::Result<()> {
     const WORD_BITS: u32 = libc::c_ulong::BITS;
+    // Linux has at most 2^10 nodes (CONFIG_NODES_SHIFT): past that the node does not exist,
+    // and its mask is not built (it would be sized by the node number).
+    const MAX_NODES: u32 = 1 << 10;
+    if node >= MAX_NODES {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
     // One word per WORD_BITS nodes, enough for `node`.
     let words = usize::try_from(node / WORD_BITS + 1)
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;

@@ -646,6 +646,17 @@ impl Pipeline {
         self.queues.last_mut().map(|q| q as &mut dyn ring::Waitable)
     }
 
+    /// The error [`Pipeline::wait`] ends with when nothing finished for `waited` (the device
+    /// stopped answering), for a driver that sleeps on several pipelines at once and keeps the
+    /// deadline ([`Config::timeout`]) itself; [`Error::Device`] (removed) for a pipeline
+    /// without queues.
+    pub fn overdue(&self, waited: Duration) -> Error {
+        match self.queues.last() {
+            Some(queue) => Error::Ring(queue.overdue(waited)),
+            None => self.removed(),
+        }
+    }
+
     /// Whether a frame's last completion is in but the frame is not handed over yet (another
     /// of its completions is moments away, or an earlier frame is still out): a driver that
     /// sleeps on [`Pipeline::waitable`] polls again instead of sleeping.
@@ -1138,7 +1149,7 @@ fn measure_result_paths(
         ..command_of(model, slot, steps + 1)
     };
     let offset = (slot.arena + r.offset).raw() as usize;
-    let mut bytes = vec![0u8; r.bytes as usize];
+    let mut bytes = crate::memory::zeroed(r.bytes, "the result read back")?;
     let (mut copy_ns, mut in_place_ns) = (u64::MAX, u64::MAX);
     for _ in 0..MEASURE_ROUNDS {
         let start = Instant::now();

@@ -183,6 +183,39 @@ pub enum ModelError {
         /// Its output's length.
         bytes: u64,
     },
+    /// A size past what a model may have (checked before anything is allocated for it).
+    #[error("{what} of {value} is more than a model may have ({max}): {hint}")]
+    TooLarge {
+        /// What is too large.
+        what: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest allowed.
+        max: u64,
+        /// What to do.
+        hint: &'static str,
+    },
+    /// The host has no room for a buffer the model needs (its arena's host copy).
+    #[error("no host memory for {what} of {bytes} bytes: the model is too large for this host")]
+    NoHostMemory {
+        /// What it was for.
+        what: &'static str,
+        /// Its size.
+        bytes: u64,
+    },
+    /// A buffer given is shorter than the model's tensor it stands for.
+    #[error("{what} is {len} bytes, shorter than the model's {need}-byte tensor")]
+    Short {
+        /// Which buffer.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The tensor's length.
+        need: u64,
+    },
+    /// The planner refused the model's tensors.
+    #[error("the model's tensors cannot be planned: {0}")]
+    Plan(plan::Error),
     /// A filter's parameters do not fit the result tensor.
     #[error("the filter's records ({record} B, score at byte {score_at}) do not fit the {bytes}-byte result: use a record size of 4 to 4096 B, a multiple of 4 dividing the result, with the score inside it")]
     Filter {
@@ -242,7 +275,40 @@ fn check(what: impl Fn() -> String, span: Span, arena: u64) -> Result<(), ModelE
     Ok(())
 }
 
+/// Refuses a model of more than [`Model::MAX_STEPS`] tensors or steps.
+fn check_steps(n: u64) -> Result<(), ModelError> {
+    if n > Model::MAX_STEPS as u64 + 1 {
+        return Err(ModelError::TooLarge {
+            what: "steps",
+            value: n,
+            max: Model::MAX_STEPS as u64,
+            hint: "a pipeline runs a frame's steps from one ring; split the model",
+        });
+    }
+    Ok(())
+}
+
+/// Refuses a tensor of more than [`Model::MAX_TENSOR_BYTES`].
+fn check_tensor_bytes(what: &'static str, bytes: u64) -> Result<(), ModelError> {
+    if bytes > Model::MAX_TENSOR_BYTES {
+        return Err(ModelError::TooLarge {
+            what,
+            value: bytes,
+            max: Model::MAX_TENSOR_BYTES,
+            hint: "a tensor lives in device memory; give it at most 1 TiB",
+        });
+    }
+    Ok(())
+}
+
 impl Model {
+    /// The most steps (layers) a model has: a frame's descriptors (its steps, the two copies
+    /// and the waits between queues, for every slot of a pipeline) must fit one ring of at
+    /// most [`ring::MAX_DEPTH`](crate::ring::MAX_DEPTH) entries, so no pipeline could run more.
+    pub const MAX_STEPS: usize = 4096;
+    /// The largest tensor a model has, in bytes (1 TiB): tensors live in device memory.
+    pub const MAX_TENSOR_BYTES: u64 = 1 << 40;
+
     /// A model from its parts, every range checked against the arena.
     ///
     /// # Errors
@@ -267,7 +333,10 @@ impl Model {
                     && record % 4 == 0
                     && len % record == 0
                     && params.score_at % 4 == 0
-                    && params.score_at + 4 <= params.record;
+                    && params
+                        .score_at
+                        .checked_add(4)
+                        .is_some_and(|end| end <= params.record);
                 if !fits {
                     return Err(ModelError::Filter {
                         record: params.record,
@@ -307,6 +376,7 @@ impl Model {
     /// [`ModelError`] if the graph has no input or output tensor, a tensor is not in the plan,
     /// or a range is misaligned (plan with an alignment of at least 4).
     pub fn from_plan(tensors: &[Tensor], plan: &Plan) -> Result<Model, ModelError> {
+        check_steps(tensors.len() as u64)?;
         let at = |id: u64| {
             plan.placements
                 .iter()
@@ -385,9 +455,13 @@ impl Model {
     /// The synthetic model of `userdma pipeline`.
     ///
     /// # Errors
+    /// [`ModelError::TooLarge`] for more than [`Model::MAX_STEPS`] layers or tensors of more
+    /// than [`Model::MAX_TENSOR_BYTES`] (checked before anything is allocated); otherwise
     /// [`ModelError`] as [`Model::from_plan`] (not for `layers >= 1`, `bytes >= 1`).
     pub fn chain(layers: u32, bytes: u64) -> Result<Model, ModelError> {
         let layers = layers.max(1);
+        check_steps(u64::from(layers))?;
+        check_tensor_bytes("a tensor", bytes)?;
         let bytes = bytes.div_ceil(4).max(1) * 4;
         let tensors: Vec<Tensor> = (0..=layers)
             .map(|k| {
@@ -416,13 +490,14 @@ impl Model {
     /// # Errors
     /// [`ModelError`] as [`Model::from_plan`], and if the planner refuses the graph.
     pub fn planned(tensors: &[Tensor]) -> Result<Model, ModelError> {
+        check_steps(tensors.len() as u64)?;
         let plan = plan::plan(
             tensors,
             &plan::Options::default(),
             plan::Strategy::GreedySize,
             plan::Budget::Nodes(0),
         )
-        .map_err(|_| ModelError::Missing("planned"))?;
+        .map_err(ModelError::Plan)?;
         Model::from_plan(tensors, &plan)
     }
 
@@ -495,12 +570,26 @@ impl Model {
             && record % 4 == 0
             && bytes % record == 0
             && filter.score_at % 4 == 0
-            && filter.score_at + 4 <= filter.record;
+            && filter
+                .score_at
+                .checked_add(4)
+                .is_some_and(|end| end <= filter.record);
         if !fits {
             return Err(ModelError::Filter {
                 record: filter.record,
                 score_at: filter.score_at,
                 bytes,
+            });
+        }
+        // More records than the result holds can never pass: refused, before the output
+        // (and everything sized by it) is made that large.
+        let records = bytes / record;
+        if u64::from(filter.capacity) > records {
+            return Err(ModelError::TooLarge {
+                what: "the filter's capacity (records kept)",
+                value: u64::from(filter.capacity),
+                max: records,
+                hint: "keep at most as many records as the result tensor holds",
             });
         }
         let params = Compact {
@@ -533,6 +622,35 @@ impl Model {
         let mut result = vec![0u8; self.result().bytes as usize];
         self.reference(input, &mut arena, &mut result);
         result
+    }
+
+    /// [`Model::reference`] into `result` over a fresh, zeroed host arena, with every failure
+    /// an error: `input` or `result` shorter than the model's tensors, or no host memory for
+    /// the arena (a fallible allocation, never an abort). What the C API's
+    /// `udma_model_expected` runs.
+    ///
+    /// # Errors
+    /// [`ModelError::Short`], [`ModelError::NoHostMemory`].
+    pub fn expected_into(&self, input: &[u8], result: &mut [u8]) -> Result<(), ModelError> {
+        for (what, len, need) in [
+            ("the input", input.len(), self.input.bytes),
+            ("the result buffer", result.len(), self.result.bytes),
+        ] {
+            if (len as u64) < need {
+                return Err(ModelError::Short { what, len, need });
+            }
+        }
+        let bytes = self.arena_bytes;
+        let no_memory = || ModelError::NoHostMemory {
+            what: "the host copy of the arena",
+            bytes,
+        };
+        let len = usize::try_from(bytes).map_err(|_| no_memory())?;
+        let mut arena = Vec::new();
+        arena.try_reserve_exact(len).map_err(|_| no_memory())?;
+        arena.resize(len, 0);
+        self.reference(input, &mut arena, result);
+        Ok(())
     }
 
     /// Runs the model on the host: `input` into a host copy of the arena (`arena`, at least

@@ -115,12 +115,13 @@ impl Naive {
         let summary = &mut self.summary;
         let q = &mut self.queue;
         let began = Instant::now();
-        // A fresh heap buffer for the frame, filled by preprocessing.
-        let mut host_input = vec![0u8; input.bytes as usize];
-        preprocess(frame, &mut host_input);
-        // Fresh DMA-able memory: mapped now, unmapped when dropped at the end of the frame.
+        // Fresh DMA-able memory: mapped now, unmapped when dropped at the end of the frame
+        // (refused, before anything else, if the host has not that much available).
         let in_map = runtime.map_memory(input.bytes as usize, PageSize::Base)?;
         let out_map = runtime.map_memory(result.bytes as usize, PageSize::Base)?;
+        // A fresh heap buffer for the frame, filled by preprocessing.
+        let mut host_input = crate::memory::zeroed(input.bytes, "a frame's input")?;
+        preprocess(frame, &mut host_input);
         in_map.slice().write_from(0, &host_input)?;
         let arena = memory.alloc(model.arena_bytes(), 256)?;
         let base = arena.offset();
@@ -168,7 +169,7 @@ impl Naive {
         }
         times.to_host = Instant::now();
         // Copied out through a heap buffer, as a driver returning results by value does.
-        let mut host_result = vec![0u8; result.bytes as usize];
+        let mut host_result = crate::memory::zeroed(result.bytes, "a frame's result")?;
         out_map.slice().read_into(0, &mut host_result)?;
         summary.frames += 1;
         match error {

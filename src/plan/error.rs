@@ -5,6 +5,14 @@
 /// Tensors are named as `tensor ID` or `tensor ID ("name")`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
+    /// More tensors than a plan takes.
+    #[error("{count} tensors are more than a plan takes ({max}): split the graph")]
+    TooManyTensors {
+        /// The tensors given.
+        count: usize,
+        /// The most a plan takes ([`MAX_TENSORS`](super::MAX_TENSORS)).
+        max: usize,
+    },
     /// The arena alignment is zero or not a power of two.
     #[error("alignment {align} is not a power of two")]
     Alignment {

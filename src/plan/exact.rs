@@ -535,6 +535,30 @@ impl<'a> Search<'a> {
 
 /// Improves on `incumbent` (offsets of a valid plan) until the arena meets `lower` or the budget
 /// runs out.
+/// The most pairs of blocks live together a problem may have for the exact search to run:
+/// its tables grow with them (a pair costs two indices, 16 bytes).
+pub(crate) const MAX_PAIRS: u64 = 8 << 20;
+
+/// How many pairs of `items` are live at a common step, counted in O(n log n) without
+/// building them (stopping once past [`MAX_PAIRS`]).
+pub(crate) fn overlapping_pairs(items: &[Item]) -> u64 {
+    let mut firsts: Vec<u32> = items.iter().map(|it| it.first).collect();
+    firsts.sort_unstable();
+    let mut pairs = 0u64;
+    for it in items {
+        // Items that start within this one's life, after it in the order (or equal): each
+        // overlapping pair is counted once, by the one that starts first (ties both ways,
+        // so up to twice: an upper bound is all that is needed).
+        let from = firsts.partition_point(|&f| f < it.first);
+        let to = firsts.partition_point(|&f| f <= it.last);
+        pairs = pairs.saturating_add((to - from).saturating_sub(1) as u64);
+        if pairs > MAX_PAIRS {
+            break;
+        }
+    }
+    pairs
+}
+
 pub(crate) fn search(
     items: &[Item],
     align: u64,
@@ -551,7 +575,10 @@ pub(crate) fn search(
         improved: false,
         nodes: 0,
     };
-    if outcome.optimal {
+    // The search's tables hold every pair of blocks live together (and each block once per
+    // section it spans): past MAX_PAIRS the incumbent stands, unproven, rather than the
+    // tables taking gigabytes.
+    if outcome.optimal || overlapping_pairs(items) > MAX_PAIRS {
         return outcome;
     }
     // The search places the free blocks; fixed ones are obstacles they go around.

@@ -50,3 +50,9 @@ pub use exact::Budget;
 pub use problem::{LowerBound, Options, Problem, DEFAULT_ALIGN};
 pub use strategy::{compare, plan, plan_problem, Strategy, UnknownStrategy};
 pub use tensor::{Kind, Tensor};
+
+/// The most tensors one plan takes (a million: model graphs have thousands); more is
+/// [`Error::TooManyTensors`], refused before anything is sized by the count. The exact search
+/// also stands down, keeping the best heuristic's plan unproven, when more than
+/// `exact::MAX_PAIRS` pairs of tensors are live together.
+pub const MAX_TENSORS: usize = 1 << 20;

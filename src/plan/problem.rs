@@ -87,6 +87,12 @@ impl Problem {
     /// Each [`Error`] names the record: a zero size, `first > last`, a duplicate id, an unknown
     /// input id, a misaligned or colliding fixed offset, a sum that overflows, a bad alignment.
     pub fn new(tensors: &[Tensor], options: &Options) -> Result<Self, Error> {
+        if tensors.len() > super::MAX_TENSORS {
+            return Err(Error::TooManyTensors {
+                count: tensors.len(),
+                max: super::MAX_TENSORS,
+            });
+        }
         let align = options.align;
         if align == 0 || !align.is_power_of_two() {
             return Err(Error::Alignment { align });

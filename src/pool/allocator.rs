@@ -281,7 +281,8 @@ impl Pool {
     /// `out` has room for `count` more.
     ///
     /// # Errors
-    /// As [`Pool::alloc`].
+    /// As [`Pool::alloc`]; [`Error::Exhausted`] at once for more buffers than the arena could
+    /// ever hold.
     pub fn alloc_bulk<'a>(
         &'a self,
         len: usize,
@@ -291,8 +292,13 @@ impl Pool {
         if len > self.max_len() {
             return Err(self.error(Failure::TooLarge, len));
         }
+        // More buffers than the arena has blocks can never be had: refused before `out` is
+        // grown for them (and `out` grows fallibly: no abort for a count the host cannot hold).
+        let blocks = self.arena_len() / len.max(MIN_ALIGN);
+        if count > blocks || out.try_reserve(count).is_err() {
+            return Err(self.error(Failure::Exhausted, len));
+        }
         let before = out.len();
-        out.reserve(count);
         let result = self
             .arena
             .alloc_bulk(len, count, |block| out.push(self.buffer(block, len)));

@@ -144,9 +144,17 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
     }
 
     fn timeout(&self, start: Instant) -> Error {
+        self.overdue(start.elapsed())
+    }
+
+    /// The error a wait that saw nothing complete for `waited` ends with
+    /// ([`Error::Timeout`]), for a driver that keeps its own deadline: one that sleeps on
+    /// several queues at once ([`wait_any`](super::wait_any)) and finds this one's commands
+    /// overdue.
+    pub fn overdue(&self, waited: Duration) -> Error {
         Error::Timeout {
             queue: self.id,
-            waited: start.elapsed(),
+            waited,
             in_flight: self.in_flight(),
             oldest: self.oldest_in_flight(),
         }

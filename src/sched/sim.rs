@@ -54,6 +54,10 @@ pub enum Arrivals {
     Trace(Vec<Nanos>),
 }
 
+/// The most frames a saturating stream keeps in flight in the simulator (its queue is
+/// preallocated to that many).
+pub const MAX_IN_FLIGHT: u32 = 1 << 16;
+
 /// One stream's load.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Load {
@@ -87,6 +91,14 @@ pub enum Error {
     ZeroInFlight {
         /// The stream's index.
         stream: usize,
+    },
+    /// More frames kept in flight than the simulator holds.
+    #[error("stream {stream}: {in_flight} frames in flight are more than the simulator holds ({MAX_IN_FLIGHT}); use fewer")]
+    InFlight {
+        /// The stream's index.
+        stream: usize,
+        /// The frames asked for.
+        in_flight: u32,
     },
     /// A trace whose times go down.
     #[error("stream {stream}: trace time {index} is earlier than the one before; sort the trace")]
@@ -256,6 +268,12 @@ pub fn run(
             Arrivals::Periodic { period: 0, .. } => return Err(Error::ZeroPeriod { stream }),
             Arrivals::Periodic { offset, .. } => source.next = *offset,
             Arrivals::Saturating { in_flight: 0 } => return Err(Error::ZeroInFlight { stream }),
+            Arrivals::Saturating { in_flight } if *in_flight > MAX_IN_FLIGHT => {
+                return Err(Error::InFlight {
+                    stream,
+                    in_flight: *in_flight,
+                })
+            }
             Arrivals::Saturating { in_flight } => {
                 source.waiting.extend((0..*in_flight).map(|_| 0));
             }

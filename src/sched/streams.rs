@@ -58,6 +58,10 @@ pub struct Stream {
     pub pipeline: Pipeline,
 }
 
+/// The most frames a run's timeline keeps ([`Streams::with_timeline`]): about 64 MiB of
+/// them; a larger capacity is taken as this.
+pub const MAX_TIMELINE: usize = 1 << 20;
+
 /// Arrival times waiting per stream at most; later arrivals are dropped (and counted).
 pub const MAX_WAITING: usize = 256;
 
@@ -175,6 +179,10 @@ struct State {
     /// Frames lost to device faults this run (in flight when the device was recovered).
     lost: u64,
     max_wait: Nanos,
+    /// The longest wait as the bounds count it ([`StreamReport::max_head_wait_ns`]), and when
+    /// the stream last had a frame dispatched in this run.
+    max_head_wait: Nanos,
+    last_dispatch: Nanos,
 }
 
 /// The streams of one device and the scheduler that picks among them (the device is
@@ -187,8 +195,91 @@ struct Group {
     oldest: Vec<Option<Nanos>>,
     /// The scheduler's switches and decisions when the current run began.
     at_start: (u64, u64),
-    /// The device was removed: its streams get no more frames.
+    /// The device was removed or quarantined: its streams get no more frames.
     retired: bool,
+    /// Faults in a row: since the last frame the device finished (by itself, not handed back
+    /// by a recovery).
+    streak: u32,
+    /// After repeated faults: no frames before this.
+    hold_until: Option<Instant>,
+    /// Its reset failed: tried again at `retry_at` (its frames in flight stay with it).
+    down: Option<Down>,
+    /// When the device last showed progress while busy (took a frame while idle, or finished
+    /// one), in ns from the run's start: with several devices the loop sleeps on all of them
+    /// and declares one stuck when it shows none for its pipelines' timeout, not counting the
+    /// time the loop spent in the caller's code meanwhile.
+    progress: Nanos,
+    /// `Streams::host_ns` at `progress`.
+    host_at_progress: Nanos,
+    /// The longest of its pipelines' timeouts.
+    timeout: Duration,
+    /// When it last finished a frame in this run (ns from its start), and the longest a frame
+    /// held it ([`DeviceReport::longest_frame_ns`]).
+    last_done: Nanos,
+    longest_frame: Nanos,
+}
+
+/// A device being reset, or whose reset failed and waits for the next try.
+#[derive(Debug)]
+struct Down {
+    /// The fault being recovered from (index into `Streams::faults`).
+    fault: usize,
+    /// The reset, running on a thread of its own (a device that hangs in reset holds it up
+    /// to the device's acknowledgement timeout; the other devices' streams go on meanwhile).
+    reset: Option<std::thread::JoinHandle<Result<(), crate::device::Error>>>,
+    /// With no reset running: when the next one starts.
+    retry_at: Instant,
+}
+
+/// How often the loop looks at a reset running on its own thread.
+const RESET_POLL: Duration = Duration::from_millis(1);
+
+impl Group {
+    /// Whether the scheduler may give the device a frame at `now`.
+    fn takes_frames(&self, now: Instant) -> bool {
+        !self.retired && self.down.is_none() && self.hold_until.is_none_or(|t| now >= t)
+    }
+}
+
+/// How a run treats a device that keeps failing ([`Streams::with_recovery`]). Each fault is
+/// answered with a reset; a reset that fails is tried again after a back-off, and faults in
+/// a row (no frame finished by the device between them) hold the device's frames back for a
+/// growing back-off; a device past either limit is quarantined: its streams get no more
+/// frames in this run or the next, the others go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Recovery {
+    /// Faults in a row after which the device is quarantined (at least 1; 5 by default).
+    pub max_faults: u32,
+    /// Resets tried for one fault before the device is quarantined (at least 1; 6 by
+    /// default).
+    pub max_resets: u32,
+    /// The first back-off (10 ms by default): a failed reset's k-th try waits
+    /// `backoff * 2^(k-1)`; after the n-th fault in a row (n >= 2) the device gets no frames
+    /// for `backoff * 2^(n-2)`.
+    pub backoff: Duration,
+    /// The longest back-off (1 s by default).
+    pub max_backoff: Duration,
+}
+
+impl Default for Recovery {
+    fn default() -> Recovery {
+        Recovery {
+            max_faults: 5,
+            max_resets: 6,
+            backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Recovery {
+    /// `backoff * 2^k`, at most `max_backoff`.
+    fn backoff(&self, k: u32) -> Duration {
+        self.backoff
+            .checked_mul(1u32.checked_shl(k).unwrap_or(u32::MAX))
+            .unwrap_or(self.max_backoff)
+            .min(self.max_backoff)
+    }
 }
 
 /// One frame in a run's timeline: when it arrived, when the scheduler dispatched it to its
@@ -237,8 +328,14 @@ pub struct StreamReport {
     pub latency_p99_ns: u64,
     /// Its maximum.
     pub latency_max_ns: u64,
-    /// The longest wait from arrival to dispatch, in ns.
+    /// The longest wait from arrival to dispatch, in ns (a stream whose frames arrive faster
+    /// than it is served waits longer with every frame).
     pub max_wait_ns: u64,
+    /// The longest wait as [`Scheduler::wait_bound`] counts it, in ns: from when the frame
+    /// became its stream's oldest waiting frame (its arrival, or the dispatch of its stream's
+    /// previous frame if that is later) to its dispatch. What a stated bound is checked
+    /// against.
+    pub max_head_wait_ns: u64,
     /// Frames that had arrived but were still waiting when the run ended (not run).
     pub left_waiting: u64,
     /// Frames in flight when its device failed and was recovered (or removed): never
@@ -263,8 +360,25 @@ pub struct FaultReport {
     pub finished: u64,
     /// Frames of the device's streams that were lost.
     pub lost: u64,
-    /// How long the recovery took (reset, slots back, queues reopened), in ns.
+    /// How long the recovery took, from the fault to the device taking frames again (resets
+    /// tried, slots back, queues reopened; not the back-off after it), in ns; for a
+    /// quarantined device, until it was quarantined.
     pub recovery_ns: u64,
+    /// Resets tried (0 for a removed device; more than 1 when a reset failed and was tried
+    /// again).
+    pub resets: u32,
+    /// Why the last reset failed, if it did.
+    pub reset_error: Option<String>,
+    /// Faults of this device in a row, this one included ([`Recovery::max_faults`]).
+    pub in_a_row: u32,
+    /// The device got no frames for this long after it came back (a back-off after faults in
+    /// a row), in ns.
+    pub held_ns: u64,
+    /// The device was quarantined (too many faults in a row, or its resets kept failing):
+    /// its streams got no more frames, the other devices' went on. Its frames in flight stay
+    /// with their pipelines when its reset failed (the device might still write them), and
+    /// are never freed under it.
+    pub quarantined: bool,
 }
 
 /// What one device's scheduler did in a run.
@@ -276,6 +390,12 @@ pub struct DeviceReport {
     pub switches: u64,
     /// Decisions its scheduler made.
     pub decisions: u64,
+    /// The longest one frame held the device, as the loop saw it: from its dispatch (its
+    /// `preprocess` included) or the device's previous completion, whichever came later, to
+    /// its completion, in ns (0 if it finished none). The service time a stated wait bound
+    /// holds for ([`Scheduler::wait_bound`]): a device (or a host) slower than its model shows
+    /// here.
+    pub longest_frame_ns: Nanos,
 }
 
 /// What a run did.
@@ -295,8 +415,8 @@ pub struct RunReport {
     pub decisions: u64,
     /// Device faults survived, in the order they happened: a device that stopped answering
     /// or broke its queue protocol was reset and its pipelines recovered (their frames in
-    /// flight lost, the run going on); a removed device's streams stopped while the others
-    /// went on.
+    /// flight lost, the run going on), or quarantined when it kept failing ([`Recovery`]); a
+    /// removed device's streams stopped while the others went on.
     pub faults: Vec<FaultReport>,
 }
 
@@ -313,6 +433,11 @@ pub struct Streams {
     faults: Vec<FaultReport>,
     /// A device fault seen while dispatching, handled after it.
     pending_fault: Option<(usize, Error)>,
+    recovery: Recovery,
+    /// Time spent outside the devices' reach: in `preprocess` and `postprocess`, and
+    /// recovering devices (ns, growing over every run). A device is not overdue for what the
+    /// loop did not see of it meanwhile.
+    host_ns: Nanos,
 }
 
 impl std::fmt::Debug for Streams {
@@ -413,9 +538,22 @@ impl Streams {
                 },
                 hint: "fix the streams or the policy as the message says",
             })?;
+            let timeout = members
+                .iter()
+                .map(|&i| streams[i].pipeline.config().timeout)
+                .max()
+                .unwrap_or(Duration::MAX);
             groups.push(Group {
                 at_start: (0, 0),
                 retired: false,
+                streak: 0,
+                hold_until: None,
+                down: None,
+                progress: 0,
+                host_at_progress: 0,
+                timeout,
+                last_done: 0,
+                longest_frame: 0,
                 scheduler,
                 oldest: vec![None; members.len()],
                 members,
@@ -448,6 +586,8 @@ impl Streams {
                     failed: 0,
                     lost: 0,
                     max_wait: 0,
+                    max_head_wait: 0,
+                    last_dispatch: 0,
                 }
             })
             .collect();
@@ -460,13 +600,44 @@ impl Streams {
             timeline_capacity: 0,
             faults: Vec::new(),
             pending_fault: None,
+            recovery: Recovery::default(),
+            host_ns: 0,
         })
     }
 
+    /// Treats devices that keep failing by `recovery` instead of [`Recovery::default`].
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a limit of 0 or a back-off of 0 or longer than its maximum.
+    pub fn with_recovery(mut self, recovery: Recovery) -> Result<Streams, Error> {
+        if recovery.max_faults == 0 || recovery.max_resets == 0 {
+            return Err(Error::Invalid {
+                what: format!(
+                    "a recovery with max_faults {} and max_resets {}",
+                    recovery.max_faults, recovery.max_resets
+                ),
+                hint: "allow at least 1 fault in a row and 1 reset per fault",
+            });
+        }
+        if recovery.backoff.is_zero() || recovery.backoff > recovery.max_backoff {
+            return Err(Error::Invalid {
+                what: format!(
+                    "a back-off of {:?} with a maximum of {:?}",
+                    recovery.backoff, recovery.max_backoff
+                ),
+                hint: "give a back-off above 0 and at most max_backoff (10 ms and 1 s by default)",
+            });
+        }
+        self.recovery = recovery;
+        Ok(self)
+    }
+
     /// Keeps the last `frames` frames of each run in a timeline ([`Streams::timeline`]),
-    /// allocated here once: recording allocates nothing. 0 (the default) records none.
+    /// allocated here once: recording allocates nothing. 0 (the default) records none; at
+    /// most [`MAX_TIMELINE`].
     #[must_use]
     pub fn with_timeline(mut self, frames: usize) -> Streams {
+        let frames = frames.min(MAX_TIMELINE);
         self.timeline = VecDeque::with_capacity(frames);
         self.timeline_capacity = frames;
         self
@@ -507,15 +678,18 @@ impl Streams {
     /// start again at every run).
     ///
     /// A device that fails mid-run (its pipeline's wait times out, its queue protocol breaks,
-    /// it is removed) does not end the run: it is reset once (unless removed), every pipeline
-    /// on it takes its slots back and reopens its queues ([`Pipeline::reclaim`]), the frames
-    /// that were in flight there are counted as lost, and the run goes on; a removed device's
-    /// streams get no more frames while the other devices' go on. Each fault is in
-    /// [`RunReport::faults`].
+    /// it is removed) does not end the run: it is reset (unless removed), every pipeline on it
+    /// takes its slots back and reopens its queues ([`Pipeline::reclaim`]), the frames that
+    /// were in flight there are counted as lost, and the run goes on; a removed device's
+    /// streams get no more frames while the other devices' go on. A device that keeps
+    /// failing is treated by the [`Recovery`] policy ([`Streams::with_recovery`]): a reset
+    /// that fails is tried again after a back-off (the device gets no frames meanwhile),
+    /// faults in a row hold its frames back for a growing back-off, and past the policy's
+    /// limits the device is quarantined: its streams get no more frames, the others go on.
+    /// Each fault is in [`RunReport::faults`].
     ///
     /// # Errors
-    /// What the pipelines return that is not a device fault, what `preprocess` returns, and a
-    /// device that cannot be recovered (its reset or the reopening fails).
+    /// What the pipelines return that is not a device fault, and what `preprocess` returns.
     pub fn run(
         &mut self,
         duration: Duration,
@@ -527,11 +701,13 @@ impl Streams {
         // Nothing here allocates: a run's steady state allocates nothing.
         for g in &mut self.groups {
             g.at_start = (g.scheduler.switches(), g.scheduler.decisions());
+            (g.last_done, g.longest_frame) = (0, 0);
         }
         for s in &mut self.states {
             s.queue.restart();
             s.latency.reset();
             (s.frames, s.failed, s.lost, s.max_wait) = (0, 0, 0, 0);
+            (s.max_head_wait, s.last_dispatch) = (0, 0);
         }
         self.timeline.clear();
         self.faults.clear();
@@ -547,10 +723,19 @@ impl Streams {
                 for s in &mut self.states {
                     s.queue.arrive(end.saturating_sub(1), true);
                 }
+                // No more tries: a reset under way is waited for, and a device whose reset
+                // failed is quarantined, its frames in flight lost.
+                for g in 0..self.groups.len() {
+                    self.away(|this| this.finish_reset(g, start, &mut postprocess))?;
+                    if let Some(fault) = self.groups[g].down.as_ref().map(|d| d.fault) {
+                        self.quarantine(g, fault, start);
+                    }
+                }
             }
             if open {
+                self.away(|this| this.poll_resets(start, &mut postprocess))?;
                 self.arrive(now);
-                let dispatched = self.dispatch(now, &mut preprocess)?;
+                let dispatched = self.dispatch(now, start, &mut preprocess)?;
                 if let Some((g, err)) = self.pending_fault.take() {
                     self.recover(g, err, start, &mut postprocess)?;
                     continue;
@@ -559,13 +744,19 @@ impl Streams {
                     continue;
                 }
             }
-            let busy: usize = self.states.iter().map(|s| s.dispatched.len()).sum();
+            // Frames on devices that answer (a device whose reset failed keeps its frames
+            // until it is reset or quarantined).
+            let busy: usize = (0..self.states.len())
+                .filter(|&i| self.reapable(i))
+                .map(|i| self.states[i].dispatched.len())
+                .sum();
             if busy == 0 {
                 if !open {
                     break;
                 }
-                // Nothing on any device: sleep until the next arrival (or a little).
-                let next = self.next_arrival().unwrap_or(now + 100_000).min(end);
+                // Nothing on any device: sleep until the next arrival, back-off's end or
+                // reset's retry (or a little).
+                let next = self.next_wake(start).unwrap_or(now + 100_000).min(end);
                 if next > now {
                     std::thread::sleep(Duration::from_nanos(next - now));
                 }
@@ -576,21 +767,28 @@ impl Streams {
                 // for the oldest frame on the devices (its device can take nothing more until
                 // one finishes, or it would have been given it above).
                 let oldest = (0..self.states.len())
-                    .filter(|&i| !self.states[i].dispatched.is_empty())
+                    .filter(|&i| self.reapable(i))
                     .min_by_key(|&i| self.states[i].dispatched[0].1)
                     .expect("busy > 0");
                 self.reap_or_recover(oldest, start, true, &mut postprocess)?;
             } else {
                 // Several devices: sleep on every busy pipeline until one finishes or a frame
                 // arrives for a device that could take it.
-                let wake = if open { self.next_arrival() } else { None };
+                // Or until a device is overdue.
+                let wake = if open { self.next_wake(start) } else { None };
+                let wake = wake.into_iter().chain(self.deadlines()).min();
                 let left = wake.map_or(MAX_SLEEP, |w| {
                     Duration::from_nanos(w.saturating_sub(nanos(start.elapsed())))
                 });
                 self.sleep_any(left.min(MAX_SLEEP))?;
             }
             for i in 0..self.states.len() {
-                self.reap_or_recover(i, start, false, &mut postprocess)?;
+                if self.reapable(i) {
+                    self.reap_or_recover(i, start, false, &mut postprocess)?;
+                }
+            }
+            if self.waiter.is_some() {
+                self.recover_overdue(start, &mut postprocess)?;
             }
         }
         let seconds = start.elapsed().as_secs_f64();
@@ -606,6 +804,7 @@ impl Streams {
                     .collect(),
                 switches: g.scheduler.switches() - s0,
                 decisions: g.scheduler.decisions() - d0,
+                longest_frame_ns: g.longest_frame,
             })
             .collect();
         Ok(RunReport {
@@ -627,6 +826,7 @@ impl Streams {
                     latency_p99_ns: s.latency.value_at_quantile(0.99),
                     latency_max_ns: s.latency.max(),
                     max_wait_ns: s.max_wait,
+                    max_head_wait_ns: s.max_head_wait,
                     left_waiting: s.queue.len() as u64,
                     lost: s.lost,
                 })
@@ -655,9 +855,9 @@ impl Streams {
         }
     }
 
-    /// Brings device group `g` back after `err` (see [`Streams::run`]): one reset (unless the
-    /// device was removed), then every pipeline on it reclaims its slots, delivering what
-    /// finished and counting what was lost.
+    /// Answers device group `g`'s fault `err` (see [`Streams::run`] and [`Recovery`]): a
+    /// removed device's pipelines take their slots back and its streams stop; any other is
+    /// reset ([`Streams::start_reset`]).
     fn recover(
         &mut self,
         g: usize,
@@ -665,46 +865,291 @@ impl Streams {
         start: Instant,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
     ) -> Result<(), Error> {
-        let at_ns = nanos(start.elapsed());
+        self.away(|this| this.recover_from(g, err, start, postprocess))
+    }
+
+    /// Runs `work` (recovering a device) and counts its time as time away from the devices
+    /// (`host_ns`; `postprocess` inside it is counted once).
+    fn away<R>(&mut self, work: impl FnOnce(&mut Self) -> R) -> R {
         let began = Instant::now();
+        let before = self.host_ns;
+        let result = work(self);
+        let inside = self.host_ns - before;
+        self.host_ns += nanos(began.elapsed()).saturating_sub(inside);
+        result
+    }
+
+    /// [`Streams::recover`]'s work.
+    fn recover_from(
+        &mut self,
+        g: usize,
+        err: Error,
+        start: Instant,
+        postprocess: &mut impl FnMut(StreamId, Finished<'_>),
+    ) -> Result<(), Error> {
+        let at_ns = nanos(start.elapsed());
         let Some(&first) = self.groups[g].members.first() else {
             return Err(err);
         };
         let device = Arc::clone(self.states[first].stream.pipeline.device());
         let removed = crate::device::Device::is_removed(device.as_ref());
-        if !removed {
-            // A device that cannot even be reset is beyond recovery: the run ends with why.
-            crate::device::Device::reset(device.as_ref())?;
-        }
-        let (mut finished, mut lost) = (0u64, 0u64);
-        for k in 0..self.groups[g].members.len() {
-            let i = self.groups[g].members[k];
-            let before = self.states[i].frames;
-            self.take_finished(i, start, postprocess, |pipeline, each| {
-                pipeline.reclaim(each)
-            })?;
-            let s = &mut self.states[i];
-            finished += s.frames - before;
-            // What is still listed as dispatched never finished.
-            let gone = s.dispatched.len() as u64;
-            s.dispatched.clear();
-            s.lost += gone;
-            lost += gone;
-        }
-        if removed {
-            self.groups[g].retired = true;
-        }
+        let group = &mut self.groups[g];
+        group.streak = group.streak.saturating_add(1);
+        group.hold_until = None;
         self.faults.push(FaultReport {
             device: g,
             at_ns,
             error: err.to_string(),
             code: err.code(),
             removed,
-            finished,
-            lost,
-            recovery_ns: nanos(began.elapsed()),
+            finished: 0,
+            lost: 0,
+            recovery_ns: 0,
+            resets: 0,
+            reset_error: None,
+            in_a_row: group.streak,
+            held_ns: 0,
+            quarantined: false,
         });
+        let f = self.faults.len() - 1;
+        if removed {
+            self.groups[g].retired = true;
+            self.reclaim(g, f, start, postprocess)?;
+            self.faults[f].recovery_ns = nanos(start.elapsed()).saturating_sub(at_ns);
+            return Ok(());
+        }
+        self.start_reset(g, f, start, postprocess)
+    }
+
+    /// Takes the resets that are done, starts those whose back-off is over.
+    fn poll_resets(
+        &mut self,
+        start: Instant,
+        postprocess: &mut impl FnMut(StreamId, Finished<'_>),
+    ) -> Result<(), Error> {
+        let now = Instant::now();
+        for g in 0..self.groups.len() {
+            let Some(down) = &self.groups[g].down else {
+                continue;
+            };
+            match &down.reset {
+                Some(reset) if reset.is_finished() => self.finish_reset(g, start, postprocess)?,
+                None if now >= down.retry_at => {
+                    self.start_reset(g, down.fault, start, postprocess)?
+                }
+                _ => {}
+            }
+        }
         Ok(())
+    }
+
+    /// Resets device group `g` for fault `f` on a thread of its own ([`Down`]); the loop
+    /// takes the outcome ([`Streams::finish_reset`]) when it is done. Where no thread can be
+    /// started, the reset runs here.
+    fn start_reset(
+        &mut self,
+        g: usize,
+        f: usize,
+        start: Instant,
+        postprocess: &mut impl FnMut(StreamId, Finished<'_>),
+    ) -> Result<(), Error> {
+        let first = self.groups[g].members[0];
+        let device = Arc::clone(self.states[first].stream.pipeline.device());
+        self.faults[f].resets += 1;
+        let spawned = std::thread::Builder::new()
+            .name("userdma-reset".into())
+            .spawn({
+                let device = Arc::clone(&device);
+                move || crate::device::Device::reset(device.as_ref())
+            });
+        let reset = spawned.ok();
+        let inline = reset.is_none();
+        self.groups[g].down = Some(Down {
+            fault: f,
+            reset,
+            retry_at: Instant::now(),
+        });
+        if inline {
+            let result = crate::device::Device::reset(device.as_ref()).map_err(|e| e.to_string());
+            self.reset_done(g, f, result, start, postprocess)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for device group `g`'s reset under way, if any, and acts on its outcome.
+    fn finish_reset(
+        &mut self,
+        g: usize,
+        start: Instant,
+        postprocess: &mut impl FnMut(StreamId, Finished<'_>),
+    ) -> Result<(), Error> {
+        let Some(down) = self.groups[g].down.as_mut() else {
+            return Ok(());
+        };
+        let Some(reset) = down.reset.take() else {
+            return Ok(());
+        };
+        let f = down.fault;
+        let result = match reset.join() {
+            Ok(done) => done.map_err(|err| err.to_string()),
+            Err(_) => Err("the reset panicked".to_string()),
+        };
+        self.reset_done(g, f, result, start, postprocess)
+    }
+
+    /// Acts on the outcome of device group `g`'s reset for fault `f`: every pipeline on it
+    /// takes its slots back, delivering what finished and counting what was lost. A reset
+    /// that failed leaves the frames in flight with their pipelines (the device may still
+    /// write them) and is tried again after a back-off, up to [`Recovery::max_resets`] times;
+    /// a device that comes back after its n-th fault in a row gets no frames for a back-off,
+    /// and one at [`Recovery::max_faults`] (or that cannot be made to stop its queues or
+    /// reopen them) is quarantined.
+    fn reset_done(
+        &mut self,
+        g: usize,
+        f: usize,
+        result: Result<(), String>,
+        start: Instant,
+        postprocess: &mut impl FnMut(StreamId, Finished<'_>),
+    ) -> Result<(), Error> {
+        if let Err(err) = result {
+            self.faults[f].reset_error = Some(err);
+            let tries = self.faults[f].resets;
+            if tries >= self.recovery.max_resets {
+                self.quarantine(g, f, start);
+            } else {
+                self.groups[g].down = Some(Down {
+                    fault: f,
+                    reset: None,
+                    retry_at: Instant::now() + self.recovery.backoff(tries - 1),
+                });
+            }
+            return Ok(());
+        }
+        self.groups[g].down = None;
+        if let Err(err) = self.reclaim(g, f, start, postprocess) {
+            // A queue the device would not stop (its slots are leaked, never freed under it)
+            // or queues that would not open again: nothing more to try.
+            self.faults[f].reset_error = Some(format!("after the reset: {err}"));
+            self.quarantine(g, f, start);
+            return Ok(());
+        }
+        let streak = self.groups[g].streak;
+        if streak >= self.recovery.max_faults {
+            self.quarantine(g, f, start);
+            return Ok(());
+        }
+        if streak >= 2 {
+            let hold = self.recovery.backoff(streak - 2);
+            self.groups[g].hold_until = Some(Instant::now() + hold);
+            self.faults[f].held_ns = nanos(hold);
+        }
+        self.faults[f].recovery_ns = nanos(start.elapsed()).saturating_sub(self.faults[f].at_ns);
+        Ok(())
+    }
+
+    /// Every pipeline on device group `g` (reset or removed) takes its slots back: what
+    /// finished is delivered, what was in flight counted lost, both in fault `f`.
+    fn reclaim(
+        &mut self,
+        g: usize,
+        f: usize,
+        start: Instant,
+        postprocess: &mut impl FnMut(StreamId, Finished<'_>),
+    ) -> Result<(), Error> {
+        for k in 0..self.groups[g].members.len() {
+            let i = self.groups[g].members[k];
+            let before = self.states[i].frames;
+            let took = self.take_finished(i, start, postprocess, false, |pipeline, each| {
+                pipeline.reclaim(each)
+            });
+            self.faults[f].finished += self.states[i].frames - before;
+            took?;
+            // What is still listed as dispatched never finished.
+            let s = &mut self.states[i];
+            let gone = s.dispatched.len() as u64;
+            s.dispatched.clear();
+            s.lost += gone;
+            self.faults[f].lost += gone;
+        }
+        Ok(())
+    }
+
+    /// Takes device group `g` out of the run (fault `f`): its streams get no more frames, the
+    /// frames still in flight on it are lost. Their slots stay with the pipelines, which
+    /// free them only once the device is stopped (or leak them: [`crate::ring::leaks`]).
+    fn quarantine(&mut self, g: usize, f: usize, start: Instant) {
+        let group = &mut self.groups[g];
+        group.retired = true;
+        group.down = None;
+        group.hold_until = None;
+        for k in 0..self.groups[g].members.len() {
+            let s = &mut self.states[self.groups[g].members[k]];
+            let gone = s.dispatched.len() as u64;
+            s.dispatched.clear();
+            s.lost += gone;
+            self.faults[f].lost += gone;
+        }
+        let fault = &mut self.faults[f];
+        fault.quarantined = true;
+        fault.recovery_ns = nanos(start.elapsed()).saturating_sub(fault.at_ns);
+    }
+
+    /// When each busy device that answers is overdue (its last progress plus its timeout), in
+    /// ns from the run's start.
+    fn deadlines(&self) -> impl Iterator<Item = Nanos> + '_ {
+        (0..self.groups.len())
+            .filter(|&g| self.groups[g].down.is_none() && self.busy(g) > 0)
+            .map(|g| {
+                let group = &self.groups[g];
+                let away = self.host_ns - group.host_at_progress;
+                group
+                    .progress
+                    .saturating_add(nanos(group.timeout))
+                    .saturating_add(away)
+            })
+    }
+
+    /// Treats each busy device that showed no progress for its timeout as stuck (what a
+    /// pipeline's own wait reports on one device: [`Pipeline::overdue`]), with several devices,
+    /// where the loop sleeps on all of them instead of waiting on one.
+    fn recover_overdue(
+        &mut self,
+        start: Instant,
+        postprocess: &mut impl FnMut(StreamId, Finished<'_>),
+    ) -> Result<(), Error> {
+        for g in 0..self.groups.len() {
+            let now = nanos(start.elapsed());
+            let group = &self.groups[g];
+            let away = self.host_ns - group.host_at_progress;
+            let silent = now.saturating_sub(group.progress).saturating_sub(away);
+            if group.down.is_some() || self.busy(g) == 0 || silent < nanos(group.timeout) {
+                continue;
+            }
+            // The member whose frame went first.
+            let Some(i) = group
+                .members
+                .iter()
+                .copied()
+                .filter(|&i| !self.states[i].dispatched.is_empty())
+                .min_by_key(|&i| self.states[i].dispatched[0].1)
+            else {
+                continue;
+            };
+            let err = self.states[i]
+                .stream
+                .pipeline
+                .overdue(Duration::from_nanos(silent));
+            self.recover(g, err, start, postprocess)?;
+        }
+        Ok(())
+    }
+
+    /// Whether stream `i` has frames in flight on a device that answers (not one whose reset
+    /// failed and waits to be tried again).
+    fn reapable(&self, i: usize) -> bool {
+        let s = &self.states[i];
+        !s.dispatched.is_empty() && self.groups[s.group].down.is_none()
     }
 
     /// Frames arriving up to `now`.
@@ -714,13 +1159,27 @@ impl Streams {
         }
     }
 
-    /// When the next periodic frame arrives for a device with room for it.
-    fn next_arrival(&self) -> Option<Nanos> {
-        self.states
+    /// When the loop has something to do next without a completion: a periodic frame
+    /// arriving for a device with room for it, a device's back-off ending, a failed reset's
+    /// next try; in ns from `start`.
+    fn next_wake(&self, start: Instant) -> Option<Nanos> {
+        let now = Instant::now();
+        let at = |t: Instant| nanos(t.saturating_duration_since(start));
+        let arrival = self
+            .states
             .iter()
+            .filter(|s| self.groups[s.group].takes_frames(now))
             .filter(|s| self.busy(s.group) < self.in_flight)
-            .filter_map(|s| s.queue.next_arrival())
-            .min()
+            .filter_map(|s| s.queue.next_arrival());
+        let device = self.groups.iter().filter(|g| !g.retired).filter_map(|g| {
+            match &g.down {
+                Some(Down { reset: Some(_), .. }) => Some(now + RESET_POLL),
+                Some(down) => Some(down.retry_at),
+                None => g.hold_until.filter(|&t| t > now),
+            }
+            .map(at)
+        });
+        arrival.chain(device).min()
     }
 
     /// Frames in flight on device group `g`.
@@ -737,13 +1196,16 @@ impl Streams {
     fn dispatch(
         &mut self,
         now: Nanos,
+        start: Instant,
         preprocess: &mut impl FnMut(StreamId, u64, &Input<'_>) -> Result<(), Error>,
     ) -> Result<bool, Error> {
         let mut any = false;
+        let clock = Instant::now();
         for g in 0..self.groups.len() {
-            if self.groups[g].retired || self.busy(g) >= self.in_flight {
+            if !self.groups[g].takes_frames(clock) || self.busy(g) >= self.in_flight {
                 continue;
             }
+            let idle = self.busy(g) == 0;
             let group = &mut self.groups[g];
             for (o, &i) in group.oldest.iter_mut().zip(&group.members) {
                 *o = self.states[i].queue.oldest();
@@ -752,13 +1214,18 @@ impl Streams {
                 continue;
             };
             let i = group.members[d.stream.0];
+            // The device's progress, if it was idle: from here (an earlier device's
+            // `preprocess` in this pass is behind), with this frame's `preprocess` away.
+            let (at, host_before) = (nanos(start.elapsed()), self.host_ns);
+            let host = &mut self.host_ns;
             let s = &mut self.states[i];
             let arrival = s.queue.take().unwrap_or(now);
-            let submitted = match s
-                .stream
-                .pipeline
-                .try_submit(|n, input| preprocess(StreamId(i), n, input))
-            {
+            let submitted = match s.stream.pipeline.try_submit(|n, input| {
+                let began = Instant::now();
+                let filled = preprocess(StreamId(i), n, input);
+                *host += nanos(began.elapsed());
+                filled
+            }) {
                 Err(err) if is_device_fault(&err) => {
                     s.queue.put_back(arrival);
                     self.pending_fault = Some((g, err));
@@ -777,7 +1244,16 @@ impl Streams {
                     return Ok(true);
                 }
                 s.max_wait = s.max_wait.max(now.saturating_sub(arrival));
+                // As the bounds count it: from when it became its stream's oldest waiting
+                // frame (its arrival, or its stream's previous dispatch if that is later).
+                let head = arrival.max(s.last_dispatch);
+                s.max_head_wait = s.max_head_wait.max(now.saturating_sub(head));
+                s.last_dispatch = now;
                 s.dispatched.push_back((arrival, now));
+                if idle {
+                    self.groups[g].progress = at;
+                    self.groups[g].host_at_progress = host_before;
+                }
                 any = true;
             } else {
                 // Its pipeline is full (depth below in_flight): the frame waits again.
@@ -789,7 +1265,8 @@ impl Streams {
 
     /// Sleeps until a busy pipeline has a completion, or `timeout` passes.
     fn sleep_any(&mut self, timeout: Duration) -> Result<(), Error> {
-        let busy = |s: &State| !s.dispatched.is_empty();
+        let groups = &self.groups;
+        let busy = |s: &State| !s.dispatched.is_empty() && groups[s.group].down.is_none();
         if self
             .states
             .iter()
@@ -834,7 +1311,7 @@ impl Streams {
         if self.states[i].dispatched.is_empty() {
             return Ok(());
         }
-        self.take_finished(i, start, postprocess, |pipeline, each| {
+        self.take_finished(i, start, postprocess, true, |pipeline, each| {
             if block {
                 pipeline.wait(each).map(|_| ())
             } else {
@@ -844,20 +1321,25 @@ impl Streams {
     }
 
     /// Runs `take` on stream `i`'s pipeline with a callback that records each finished frame
-    /// (latency, counts, timeline) and hands it to `postprocess`.
+    /// (latency, counts, timeline) and hands it to `postprocess`. `answered`: the frames were
+    /// finished by the device by itself (not handed back by a recovery), which ends its run
+    /// of faults.
     fn take_finished<R>(
         &mut self,
         i: usize,
         start: Instant,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
+        answered: bool,
         take: impl FnOnce(&mut Pipeline, &mut dyn FnMut(Finished<'_>)) -> Result<R, Error>,
     ) -> Result<R, Error> {
         let s = &mut self.states[i];
+        let group = &mut self.groups[s.group];
         let dispatched = &mut s.dispatched;
         let latency = &mut s.latency;
         let (frames, failed) = (&mut s.frames, &mut s.failed);
         let timeline = &mut self.timeline;
         let capacity = self.timeline_capacity;
+        let host = &mut self.host_ns;
         let device = s.group;
         let mut each = |done: Finished<'_>| {
             let (arrival, dispatch) = dispatched.pop_front().unwrap_or((0, 0));
@@ -867,6 +1349,14 @@ impl Streams {
             let ok = done.result.is_ok();
             if !ok {
                 *failed += 1;
+            }
+            if answered {
+                group.streak = 0;
+                group.progress = now;
+                group.host_at_progress = *host;
+                let held = now.saturating_sub(dispatch.max(group.last_done));
+                group.longest_frame = group.longest_frame.max(held);
+                group.last_done = now;
             }
             if capacity > 0 {
                 if timeline.len() == capacity {
@@ -882,7 +1372,9 @@ impl Streams {
                     ok,
                 });
             }
+            let began = Instant::now();
             postprocess(StreamId(i), done);
+            *host += nanos(began.elapsed());
         };
         take(&mut s.stream.pipeline, &mut each)
     }

@@ -50,9 +50,12 @@ pub struct Recorder {
     next: usize,
 }
 
+/// The most frames a recorder's timeline keeps; a larger capacity is taken as this.
+pub(crate) const MAX_TIMELINE: usize = 1 << 20;
+
 impl Recorder {
     /// A recorder whose spans are nanoseconds since `epoch`, keeping the last
-    /// `timeline_capacity` frames for the timeline (0 keeps none).
+    /// `timeline_capacity` frames for the timeline (0 keeps none; at most 1,048,576).
     ///
     /// Allocates everything it will need: seven histograms of about 270 kB each and
     /// `timeline_capacity` frames.
@@ -71,8 +74,8 @@ impl Recorder {
             failed: 0,
             first_start_ns: u64::MAX,
             last_end_ns: 0,
-            timeline: Vec::with_capacity(timeline_capacity),
-            capacity: timeline_capacity,
+            timeline: Vec::with_capacity(timeline_capacity.min(MAX_TIMELINE)),
+            capacity: timeline_capacity.min(MAX_TIMELINE),
             next: 0,
         }
     }

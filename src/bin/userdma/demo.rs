@@ -45,6 +45,7 @@ use std::io::{self, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
 use serde::Serialize;
 use userdma::device::loopback::{self, Code, Cost, Descriptor, Mode, Program, Wait};
 use userdma::device::Range;
@@ -234,19 +235,20 @@ struct Latency {
 }
 
 impl Latency {
-    fn of(mut samples: Vec<u64>) -> Latency {
-        samples.sort_unstable();
-        let at = |q: f64| {
-            let index = ((samples.len() as f64 * q).ceil() as usize).saturating_sub(1);
-            samples.get(index).copied().unwrap_or(0)
-        };
+    fn of(h: &Histogram<u64>) -> Latency {
         Latency {
-            p50: at(0.50),
-            p99: at(0.99),
-            p999: at(0.999),
-            max: samples.last().copied().unwrap_or(0),
+            p50: h.value_at_quantile(0.50),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
         }
     }
+}
+
+/// A histogram of latencies in ns (1 ns to an hour, three significant digits): a fixed size
+/// whatever `--count` is.
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds")
 }
 
 /// Pool figures for the report.
@@ -557,13 +559,13 @@ impl Driver<'_> {
 
 /// Drives queue `q`: transfers `first, first + stride, ...` below `count`, `--depth` batches
 /// in flight (the next written while the host checks what came back). Returns the latencies
-/// of its transfers.
+/// of its transfers. Nothing it keeps grows with `--count`.
 fn drive(
     runtime: &Runtime,
     pool: &Arc<Pool>,
     args: &DemoArgs,
     q: u16,
-) -> Result<Vec<u64>, DemoError> {
+) -> Result<Histogram<u64>, DemoError> {
     let context = u32::from(q) + 1;
     let (size, batch, depth) = (args.size, args.batch as usize, args.depth as usize);
     // Room for every descriptor in flight (three a transfer).
@@ -588,28 +590,39 @@ fn drive(
         want: vec![vec![0u8; size]; depth * batch],
     };
     let mut check = vec![0u8; size];
-    let mut latencies = Vec::new();
-    let mine: Vec<u64> = (u64::from(q)..args.count)
-        .step_by(usize::from(args.queues))
-        .collect();
-    let batches: Vec<&[u64]> = mine.chunks(batch).collect();
+    let mut latencies = histogram();
+    // This queue's transfers: q, q + queues, ... below count; batch b holds the b-th run of
+    // `batch` of them, made when it is submitted.
+    let (first, stride) = (u64::from(q), u64::from(args.queues));
+    let mine = args.count.saturating_sub(first).div_ceil(stride);
+    let batches = mine.div_ceil(batch as u64);
+    let mut ids = Vec::with_capacity(batch);
+    let mut submit = |driver: &mut Driver<'_>, b: u64| {
+        ids.clear();
+        let from = b * batch as u64;
+        ids.extend((from..mine.min(from + batch as u64)).map(|k| first + k * stride));
+        // `b` counts batches of this queue, at most `count`: it fits a usize here (the
+        // driver uses it modulo the depth).
+        driver.submit(b as usize, &ids)
+    };
     // Descriptors still to complete of each batch in flight, oldest first (a queue completes
     // in order).
     let mut open = std::collections::VecDeque::with_capacity(depth);
-    let mut next = 0usize;
-    while next < batches.len() && open.len() < depth {
-        open.push_back(driver.submit(next, batches[next])?);
+    let mut next = 0u64;
+    while next < batches && open.len() < depth {
+        open.push_back(submit(&mut driver, next)?);
         next += 1;
     }
     while let Some(left) = open.front_mut() {
         *left -= 1;
         let last_of_batch = *left == 0;
-        let latency = driver.complete(&mut check)?;
-        latencies.extend(latency);
+        if let Some(ns) = driver.complete(&mut check)? {
+            let _ = latencies.record(ns.max(1));
+        }
         if last_of_batch {
             open.pop_front();
-            if next < batches.len() {
-                open.push_back(driver.submit(next, batches[next])?);
+            if next < batches {
+                open.push_back(submit(&mut driver, next)?);
                 next += 1;
             }
         }
@@ -755,14 +768,14 @@ pub(crate) fn run(args: &DemoArgs, json: bool) -> Result<(), DemoError> {
             })
         })
         .collect();
-    let results: Vec<Result<Vec<u64>, DemoError>> = threads
+    let results: Vec<Result<Histogram<u64>, DemoError>> = threads
         .into_iter()
         .map(|thread| thread.join().unwrap_or(Err(DemoError::Thread)))
         .collect();
     let seconds = start.elapsed().as_secs_f64();
-    let mut latencies = Vec::new();
+    let mut latencies = histogram();
     for result in results {
-        latencies.extend(result?);
+        let _ = latencies.add(result?);
     }
     let device = runtime.loopback_device().expect("a loopback runtime");
     let counters = device.counters()?;
@@ -773,7 +786,7 @@ pub(crate) fn run(args: &DemoArgs, json: bool) -> Result<(), DemoError> {
         .map(|c| c.high_water * c.size)
         .sum::<u64>()
         + stats.large.high_water_bytes;
-    let transfers = latencies.len() as u64;
+    let transfers = latencies.len();
     let bytes = transfers * args.size as u64;
     let report = Report {
         config: args.clone(),
@@ -782,7 +795,7 @@ pub(crate) fn run(args: &DemoArgs, json: bool) -> Result<(), DemoError> {
         seconds,
         bytes_per_sec: bytes as f64 / seconds,
         transfers_per_sec: transfers as f64 / seconds,
-        latency_ns: Latency::of(latencies),
+        latency_ns: Latency::of(&latencies),
         timing: Timing::of(&counters, transfers, engine_work, placement),
         device: counters,
         pool: PoolReport {
@@ -939,12 +952,16 @@ mod tests {
 
     #[test]
     fn percentiles() {
-        let latency = Latency::of((1..=1000).rev().collect());
+        let mut h = histogram();
+        for ns in (1..=1000).rev() {
+            h.record(ns).unwrap();
+        }
+        let latency = Latency::of(&h);
         assert_eq!(
             (latency.p50, latency.p99, latency.p999, latency.max),
             (500, 990, 999, 1000)
         );
-        assert_eq!(Latency::of(Vec::new()).max, 0);
+        assert_eq!(Latency::of(&histogram()).max, 0);
     }
 
     #[test]

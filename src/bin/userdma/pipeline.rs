@@ -377,7 +377,7 @@ fn pipelined(
     let (allocs, maps) = (allocations(), dma_maps(rt));
     let before = p.summary();
     let first = depth;
-    let end = first + args.frames;
+    let end = first.saturating_add(args.frames);
     let (mut next, mut next_expected) = (first, first);
     let start = Instant::now();
     while next < end || p.in_flight() > 0 {

@@ -31,8 +31,9 @@ pub(crate) struct StageArgs {
     /// into the pool buffers).
     #[arg(long)]
     direct: bool,
-    /// Requests in flight.
-    #[arg(long, value_name = "N", default_value_t = 16)]
+    /// Requests in flight (1 to 4096).
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(stage::MAX_DEPTH)))]
     depth: u32,
     /// Bytes per request (a pool buffer each; a multiple of the direct-I/O alignment).
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]

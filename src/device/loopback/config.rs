@@ -41,12 +41,13 @@ pub struct Config {
     pub(super) mode: Mode,
     pub(super) numa_node: Option<u32>,
     faults: Vec<(u16, Injection)>,
+    pub(super) ack_timeout: Duration,
 }
 
 impl Default for Config {
     /// `loopback0`: 4 queues, 64 MiB of device memory, depth up to 4096, a 48-bit DMA mask, the
     /// [`Cost::npu`] model, bursts of 32, 50 µs of idle spinning, a thread on any CPU, memory
-    /// on no particular NUMA node.
+    /// on no particular NUMA node, 5 s for the device to acknowledge.
     fn default() -> Config {
         Config {
             name: "loopback0".into(),
@@ -61,6 +62,7 @@ impl Default for Config {
             mode: Mode::Thread,
             numa_node: None,
             faults: Vec::new(),
+            ack_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -106,6 +108,18 @@ impl Config {
     #[must_use]
     pub fn cost(mut self, cost: Cost) -> Config {
         self.cost = cost;
+        self
+    }
+
+    /// How long the host waits for the device to acknowledge its start, a queue's enable, a
+    /// reset or a fault programming before it gives up with
+    /// [`DeviceError::Timeout`](crate::device::Error::Timeout) (default 5 s). A short one
+    /// stands in for a device that hangs in reset: an engine held up by a
+    /// [`Kind::Slow`](super::fault::Kind::Slow) descriptor acknowledges a reset only when the
+    /// descriptor is done.
+    #[must_use]
+    pub fn ack_timeout(mut self, timeout: Duration) -> Config {
+        self.ack_timeout = timeout;
         self
     }
 
@@ -233,6 +247,9 @@ impl Config {
         }
         if self.max_burst == 0 {
             return bad("max_burst", 0, "at least 1");
+        }
+        if self.ack_timeout.is_zero() {
+            return bad("ack_timeout", 0, "at least 1 ns (5 s by default)");
         }
         for (queue, injection) in &self.faults {
             if *queue >= self.queues {

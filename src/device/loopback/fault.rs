@@ -35,7 +35,7 @@ pub mod soak;
 use serde::Serialize;
 
 use super::regs::{self, FaultControl};
-use super::{Loopback, ACK_TIMEOUT};
+use super::Loopback;
 use crate::device::Error as DeviceError;
 use crate::ring;
 
@@ -483,7 +483,7 @@ impl Loopback {
                 return Err(super::Error::Stopped { exit: None }.into());
             }
             let waited = start.elapsed();
-            if waited >= ACK_TIMEOUT {
+            if waited >= self.config.ack_timeout {
                 return Err(DeviceError::Timeout {
                     operation: "program a fault injection",
                     waited,

@@ -211,9 +211,6 @@ pub struct Loopback {
     events: Source,
 }
 
-/// How long the host waits for the device to acknowledge a queue enable or a reset.
-const ACK_TIMEOUT: Duration = Duration::from_secs(5);
-
 impl Loopback {
     /// Starts a loopback device.
     pub fn new(config: Config) -> Result<Loopback, DeviceError> {
@@ -335,7 +332,7 @@ impl Loopback {
             runner,
             events,
         };
-        device.wait_for("start", ACK_TIMEOUT, |d| {
+        device.wait_for("start", device.config.ack_timeout, |d| {
             Ok(d.get(regs::STATUS)?.contains(regs::DeviceStatus::READY))
         })?;
         Ok(device)
@@ -615,7 +612,7 @@ impl Loopback {
         let control = self.queue_reg(regs::Q_CONTROL, q)?;
         self.set(control, QueueControl::ENABLE)?;
         let status = self.queue_reg(regs::Q_STATUS, q)?;
-        let started = self.wait_for("enable the queue", ACK_TIMEOUT, |d| {
+        let started = self.wait_for("enable the queue", self.config.ack_timeout, |d| {
             Ok(!d.get(status)?.is_empty())
         });
         let enabled = started.and_then(|()| self.get(status));
@@ -777,7 +774,7 @@ impl Device for Loopback {
         self.check_present()?;
         let before = self.get(regs::RESET_COUNT)?;
         self.set(regs::CONTROL, regs::Control::RESET)?;
-        self.wait_for("reset", ACK_TIMEOUT, |d| {
+        self.wait_for("reset", self.config.ack_timeout, |d| {
             Ok(d.get(regs::RESET_COUNT)? != before)
         })
     }
