@@ -8,7 +8,7 @@ use super::proto::{
 };
 use super::shapes::{self, dtype, Info, ShapeError};
 use super::{parse, parse_with, Error, Options};
-use crate::plan::{Kind, Tensor};
+use crate::{Kind, Tensor};
 
 /// A dimension of a graph input or declared value.
 enum D {

@@ -1,7 +1,7 @@
 //! Sliding-window operators: convolution, transposed convolution and pooling.
 
 use super::{ck, dim, dtype, missing, rank_at_least, Attrs, Ctx, Info, Result, ShapeError};
-use crate::plan::onnx::proto::Node;
+use crate::onnx::proto::Node;
 
 /// Output extent of a sliding window (convolution or pooling) along one axis.
 fn window(

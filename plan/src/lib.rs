@@ -8,7 +8,7 @@
 //! unsafe, no I/O.
 //!
 //! ```
-//! use userdma::plan::{self, Budget, Options, Strategy, Tensor};
+//! use userdma_plan::{self as plan, Budget, Options, Strategy, Tensor};
 //!
 //! let tensors = [Tensor::new(0, 1000, 0, 1), Tensor::new(1, 500, 1, 2), Tensor::new(2, 1000, 2, 3)];
 //! let plan = plan::plan(&tensors, &Options::default(), Strategy::Auto, Budget::Nodes(10_000))?;
@@ -29,7 +29,11 @@
 //! | [`arena`] | [`Plan`], [`Placement`], the independent checker ([`Invalid`]) |
 //! | [`multi`] | several models in one arena (sequential, concurrent) and per-shape-bucket plans |
 //! | [`levels`] | two memory levels: which tensors live in SRAM, and the share of touched bytes there |
-//! | [`onnx`] | the ONNX reader: tensors, sizes and lifetimes of a model graph |
+//! | `onnx` | the ONNX reader (feature `onnx`): tensors, sizes and lifetimes of a model graph |
+//!
+//! A package of its own, below the driver and the inference layer: it depends on nothing of
+//! theirs (`thiserror`, `serde` for the JSON reader and the reports; `prost` only with the
+//! `onnx` feature), so a tool that only plans links only this.
 
 pub mod arena;
 mod error;
@@ -39,6 +43,7 @@ mod heuristics;
 pub mod inplace;
 pub mod levels;
 pub mod multi;
+#[cfg(feature = "onnx")]
 pub mod onnx;
 pub mod problem;
 pub mod strategy;

@@ -1,11 +1,11 @@
 //! The ONNX reader: a `.onnx` model to the planner's [`Tensor`] records.
 //!
 //! ```no_run
-//! let tensors = userdma::plan::onnx::read("resnet50.onnx".as_ref())?;
+//! let tensors = userdma_plan::onnx::read("resnet50.onnx".as_ref())?;
 //! // A model with a symbolic batch dimension `N`: pin it.
-//! let options = userdma::plan::onnx::Options::default().dim("N", 1);
-//! let tensors = userdma::plan::onnx::read_with("bert.onnx".as_ref(), &options)?;
-//! # Ok::<(), userdma::plan::onnx::Error>(())
+//! let options = userdma_plan::onnx::Options::default().dim("N", 1);
+//! let tensors = userdma_plan::onnx::read_with("bert.onnx".as_ref(), &options)?;
+//! # Ok::<(), userdma_plan::onnx::Error>(())
 //! ```
 //!
 //! # What becomes a tensor

@@ -2,7 +2,7 @@
 //! and constants (`Constant`, `ConstantOfShape`).
 
 use super::{axis, ck, dim, dtype, Attrs, Ctx, Info, Result, ShapeError, MAX_VALUES};
-use crate::plan::onnx::proto::Node;
+use crate::onnx::proto::Node;
 
 /// `Shape` (with opset 15's `start` and `end`): the value is known.
 pub(super) fn shape(c: &Ctx<'_, '_>) -> Result<Vec<Info>> {
