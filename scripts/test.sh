@@ -155,7 +155,7 @@ step "benchmarks, test mode (each once; ratio tables in one short round)" \
 		cargo bench --locked -p userdma-capi -- --test'
 step "guest suite: real PCI devices (edu, NVMe) in QEMU guests" scripts/guest-test.sh
 step "main job (README)" cargo run --release --locked --quiet -- demo
-step "PCI listing (README)" cargo run --release --locked --quiet -- list
+step "PCI listing (docs/cli.md)" cargo run --release --locked --quiet -- list
 
 # One fuzz target for FUZZ_SECONDS: the working corpus (ignored by git) first, where new inputs
 # go; then the committed seeds, inputs that once found a defect, so every run replays them.
