@@ -1,0 +1,93 @@
+use super::*;
+
+#[test]
+fn queue_fields_step_by_the_stride() {
+    assert_eq!(queue_field(Q_SQ_TAIL, 0).unwrap().offset(), 0x118);
+    assert_eq!(queue_field(Q_SQ_TAIL, 1).unwrap().offset(), 0x178);
+    assert_eq!(
+        queue_field(Q_RING_BASE, 31).unwrap().offset(),
+        0x100 + 31 * 0x60
+    );
+    assert!(queue_field(Q_SQ_TAIL, MAX_QUEUES).is_none());
+}
+
+#[test]
+fn only_host_registers_are_writable() {
+    for field in [Q_SQ_TAIL, Q_CQ_HEAD] {
+        assert!(host_writable(queue_field(field, 3).unwrap().offset()));
+    }
+    assert!(host_writable(queue_field(Q_RING_BASE, 0).unwrap().offset()));
+    assert!(host_writable(
+        queue_field(Q_RING_BASE, 0).unwrap().offset() + 4
+    ));
+    assert!(host_writable(queue_field(Q_CONTROL, 2).unwrap().offset()));
+    assert!(host_writable(CONTROL.offset()));
+    assert!(host_writable(IRQ_MASK_SET.offset()));
+    for ro in [
+        ID.offset(),
+        STATUS.offset(),
+        IRQ_MASK.offset(),
+        IRQ_PENDING.offset(),
+    ] {
+        assert!(!host_writable(ro), "{ro:#x}");
+    }
+    assert!(!host_writable(queue_field(Q_STATUS, 0).unwrap().offset()));
+    assert!(!host_writable(
+        queue_field(Q_COMPLETED, 0).unwrap().offset()
+    ));
+    for rw in [Q_WS_PRIVATE, Q_WS_SHARED] {
+        assert!(host_writable(queue_field(rw, 5).unwrap().offset()));
+        assert!(host_writable(queue_field(rw, 5).unwrap().offset() + 4));
+    }
+    assert!(host_writable(queue_field(Q_SHARE_KEY, 5).unwrap().offset()));
+    for ro in [Q_SRAM_HITS, Q_SRAM_TOUCHED] {
+        assert!(!host_writable(queue_field(ro, 5).unwrap().offset()));
+    }
+    assert!(!host_writable(REGISTER_BAR_SIZE - 4));
+}
+
+#[test]
+fn raw_values_round_trip() {
+    for raw in 0..=7 {
+        assert_eq!(Opcode::from_raw(raw).map(|op| op as u8), Some(raw));
+    }
+    assert_eq!(Opcode::from_raw(0x40), None);
+    for raw in 0..=11 {
+        assert_eq!(Code::from_raw(raw).map(|c| c as u16), Some(raw));
+    }
+    assert_eq!(Code::from_raw(12), None);
+    for raw in 0..=5 {
+        assert_eq!(Fault::from_raw(raw).map(|f| f as u32), Some(raw));
+    }
+    assert_eq!(DEVICE_ID.to_le_bytes(), *b"UDLB");
+    assert_eq!(Opcode::from_raw(8), Some(Opcode::Wait));
+    assert_eq!(Fault::from_raw(6), Some(Fault::BadUnit));
+    assert_eq!(Unit::from_raw(1), Some(Unit::Compute));
+    assert_eq!(Unit::from_raw(2), None);
+}
+
+#[test]
+fn fault_registers() {
+    assert_eq!(FAULT_QUEUE.offset(), 0xd00);
+    assert_eq!(FAULT_SEED.offset(), 0xd10);
+    assert!(host_writable(FAULT_QUEUE.offset()));
+    assert!(host_writable(FAULT_SEED.offset() + 4));
+    assert!(host_writable(FAULT_CONTROL.offset()));
+    assert!(!host_writable(FAULT_APPLIED.offset()));
+    assert!(!host_writable(FAULT_INJECTED.offset()));
+    assert_eq!(
+        fault_injected(super::super::fault::Kind::Slow).offset(),
+        0xd28 + 7 * 8
+    );
+}
+
+#[test]
+fn unit_registers() {
+    assert!(host_writable(queue_field(Q_UNIT, 3).unwrap().offset()));
+    assert_eq!(unit_field(DESCRIPTORS, Unit::Copy).offset(), 0x38);
+    assert_eq!(unit_field(DESCRIPTORS, Unit::Compute).offset(), 0x70);
+    assert_eq!(unit_field(INTERRUPTS, Unit::Compute).offset(), 0x98);
+    assert_eq!(unit_field(MODELLED_NS, Unit::Compute).offset(), 0xa0);
+    assert!(!host_writable(unit_field(BUSY_NS, Unit::Compute).offset()));
+    assert!(!host_writable(unit_field(MODELLED_NS, Unit::Copy).offset()));
+}
