@@ -41,9 +41,10 @@
 //! trust) and is counted as [`Report::masked`]. A [`Kind::Slow`] injection is detected when
 //! its burst was late; a late burst with no slow injection (the host or engine thread was
 //! descheduled) is counted in [`Report::late_without_injection`], not as a detection. A wait
-//! that timed out with the device not past the oldest command and no stall injected (the
-//! engine thread was descheduled for longer than the timeout: a loaded machine) is recovered
-//! from like a stall and counted in [`Report::timeouts_without_injection`].
+//! that timed out with the device not past the oldest command and no stall injected, or past
+//! it and no drop injected (the engine thread was descheduled for longer than the timeout,
+//! before reading the descriptor or between reading and completing it: a loaded machine), is
+//! recovered from like a stall and counted in [`Report::timeouts_without_injection`].
 
 use std::time::{Duration, Instant};
 
@@ -336,6 +337,10 @@ struct Soak {
 #[derive(Debug, Default)]
 struct Seen {
     detected: Counts,
+    /// Of `detected.drop_completion`, the timeouts with the device past the oldest command
+    /// (not a completion seen missing): a drop, or an engine thread descheduled between
+    /// reading a descriptor and completing it.
+    read_timeouts: u64,
     /// A protocol fault or a timeout: the queue must be recovered.
     recover: bool,
     late: bool,
@@ -537,10 +542,21 @@ impl Soak {
         } else if injected.slow == 0 && seen.late {
             self.report.late_without_injection += 1;
         }
-        // A timeout with no stall injected is the scheduler's, not the device's.
+        // A timeout with no stall injected is the scheduler's, not the device's; so is one
+        // with the device past the oldest command and no drop injected (its engine thread
+        // descheduled between reading a descriptor and completing it).
         if detected.stall > injected.stall {
             self.report.timeouts_without_injection += detected.stall - injected.stall;
             detected.stall = injected.stall;
+        }
+        let drops = Kind::DropCompletion;
+        let spurious = detected
+            .get(drops)
+            .saturating_sub(injected.get(drops))
+            .min(seen.read_timeouts);
+        if spurious > 0 {
+            self.report.timeouts_without_injection += spurious;
+            *detected.get_mut(drops) -= spurious;
         }
         let twice = Kind::CompleteTwice;
         if !seen.recover && injected.get(twice) > detected.get(twice) {
@@ -574,7 +590,9 @@ impl Soak {
 /// fault explains is handed back.
 fn detect(seen: &mut Seen, error: ring::Error) -> Result<(), ring::Error> {
     let kind = match error {
-        ring::Error::LostCompletion { .. } | ring::Error::Stalled { read: true, .. } => {
+        ring::Error::LostCompletion { .. } => Kind::DropCompletion,
+        ring::Error::Stalled { read: true, .. } => {
+            seen.read_timeouts += 1;
             Kind::DropCompletion
         }
         ring::Error::DuplicateCompletion { .. } => Kind::CompleteTwice,
