@@ -325,7 +325,9 @@ pub struct Stats {
     /// VFIO type1 only (0 in the other spaces): kernel unmaps that found the mapping already
     /// gone because the container had lost its IOMMU, which the kernel releases, unmapping and
     /// unpinning everything, when the container's last group leaves it: its device was
-    /// hot-unplugged or unbound, or dropped before its mappings. Such an unmap did what was
+    /// hot-unplugged or unbound, or dropped before its mappings; or because the kernel had
+    /// dropped every mapping with the container's last IOMMU domain as the device went away
+    /// (the unmap then unmaps nothing, with the IOMMU still there). Such an unmap did what was
     /// asked, so its mapping counts in `unmaps`, not in `unmap_errors`. Counted per kernel
     /// mapping: one per [`Mapping`], unless the mapping was scattered over several IOVA ranges
     /// ([`Mapping::segments`]) or a map was undone half-way.

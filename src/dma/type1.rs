@@ -20,8 +20,12 @@
 //! driver). An unmap that fails with `EINVAL` is therefore checked with a `VFIO_IOMMU_GET_INFO`
 //! on the same container, which a container with an IOMMU always answers: if that fails with
 //! `EINVAL` too, the mapping is gone as asked, and the unmap counts as done
-//! ([`Stats::unmaps`]) and in [`Stats::unmaps_after_removal`], not as an error. Any other
-//! failure, or an `EINVAL` from a container that still answers, stays an unmap error.
+//! ([`Stats::unmaps`]) and in [`Stats::unmaps_after_removal`], not as an error. The kernel
+//! can also drop the mappings a moment before it lets go of the IOMMU (with the container's
+//! last IOMMU domain, as the device goes away): an unmap then succeeds having unmapped nothing
+//! (`size` 0 in the reply), nothing is mapped or pinned there any more, and it counts the same
+//! way. Any other failure, an `EINVAL` from a container that still answers, or an unmap that
+//! unmapped part of the range stays an unmap error.
 
 use std::fmt;
 use std::io;
@@ -283,6 +287,14 @@ impl Iommu for Type1Iommu {
         match self.ioctl.unmap_dma(iova, len) {
             // The kernel dropped the mapping with the container's IOMMU: done, as asked.
             Err(err) if err.raw_os_error() == Some(libc::EINVAL) && self.iommu_released() => {
+                // Relaxed: a statistic.
+                self.unmaps_after_removal.fetch_add(1, Ordering::Relaxed);
+                Ok(len)
+            }
+            // Nothing was mapped there any more: the kernel dropped the mapping with the
+            // container's last IOMMU domain before it let go of the IOMMU itself (seen when
+            // a device is hot-unplugged). Its pages were unpinned with it: done, as asked.
+            Ok(0) if len > 0 => {
                 // Relaxed: a statistic.
                 self.unmaps_after_removal.fetch_add(1, Ordering::Relaxed);
                 Ok(len)

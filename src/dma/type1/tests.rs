@@ -126,6 +126,35 @@ fn unmaps_after_the_container_lost_its_iommu_are_done_not_errors() {
     assert!(stats.last_unmap_error.is_none(), "{stats:?}");
 }
 
+/// The kernel dropped the mappings (with the container's last IOMMU domain) and still has
+/// the IOMMU: an unmap succeeds having unmapped nothing, and counts as done.
+#[test]
+fn unmaps_the_kernel_answers_with_nothing_unmapped_are_done_not_errors() {
+    let container = Container::new();
+    let space = Type1::with_ioctl(container.clone(), 48).unwrap();
+    let unmapped = space.map(region(2)).unwrap();
+    let dropped = space.map(region(1)).unwrap();
+    container.state().mappings.clear();
+    unmapped.unmap().expect("nothing was mapped there any more");
+    drop(dropped);
+    let stats = space.stats();
+    assert_eq!(
+        (
+            stats.unmaps,
+            stats.unmap_errors,
+            stats.unmaps_after_removal,
+            stats.live_bytes
+        ),
+        (2, 0, 2, 0),
+        "{stats:?}"
+    );
+    // The space is still usable: a new mapping maps and unmaps as usual.
+    let again = space.map(region(1)).unwrap();
+    again.unmap().unwrap();
+    let stats = space.stats();
+    assert_eq!((stats.unmaps, stats.unmaps_after_removal), (3, 2));
+}
+
 #[test]
 fn unmap_failures_on_a_container_with_its_iommu_stay_errors() {
     let container = Container::new();

@@ -151,7 +151,9 @@ pub(crate) fn hot_unplug(env: &Env) -> Result<(), Failure> {
     // Each mapping was unmapped: by the library, or by the kernel first (with the device gone its
     // group left the type1 container, whose IOMMU the kernel released with every mapping; the
     // library's VFIO_IOMMU_UNMAP_DMA then fails with EINVAL, and the space, finding the
-    // container without its IOMMU, counts it done and in `unmaps_after_removal`). No unmap is an
+    // container without its IOMMU, counts it done and in `unmaps_after_removal`; or, caught
+    // between the kernel dropping the mappings and releasing the IOMMU, it unmaps nothing and
+    // counts the same way). No unmap is an
     // error, and the pages are unpinned, which the process's locked memory shows (type1 counts
     // pinned pages there; hugepages are not counted by mlock).
     let stats = space.stats();
