@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the library's unit and integration tests under a sanitizer (scripts/test.sh runs both):
+# Runs the library's unit and integration tests, and the command-line tool's (the userdma-cli
+# package, cli/), under a sanitizer (scripts/test.sh runs both):
 #
 #   scripts/sanitize.sh address          # AddressSanitizer, with LeakSanitizer
 #   scripts/sanitize.sh thread           # ThreadSanitizer
@@ -48,7 +49,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/san-$san"
 export USERDMA_SOAK_TRANSFERS=${USERDMA_SOAK_TRANSFERS:-20000}
 export USERDMA_FAULT_SOAK_TRANSFERS=${USERDMA_FAULT_SOAK_TRANSFERS:-20000}
 # The loopback device's process (tests that run it out of process) is the sanitized binary of
-# this build; the default already is (CARGO_BIN_EXE_userdma).
+# this build: the test binary itself, re-executed (tests/common/device_process.rs).
 case "$san" in
 address)
 	# detect_stack_use_after_return: also stack frames used after they returned.
@@ -60,8 +61,8 @@ thread)
 	;;
 esac
 
-echo "--- $san sanitizer: unit and integration tests of the library ($host, $CARGO_TARGET_DIR)"
+echo "--- $san sanitizer: unit and integration tests of the library and the tool ($host, $CARGO_TARGET_DIR)"
 # tests/readme.rs is left to the plain run (scripts/test.sh): it builds and runs the README's
 # example with a nested cargo, which here would build the library a second time (about 100 s).
-exec cargo test -Zbuild-std --target "$host" --profile sanitize --locked -p userdma --lib --bins --tests \
+exec cargo test -Zbuild-std --target "$host" --profile sanitize --locked -p userdma -p userdma-cli --lib --bins --tests \
 	"$@" -- --skip readme_first_transfer_is_the_example_and_it_runs
