@@ -6,6 +6,9 @@
 #   scripts/sanitize.sh thread           # ThreadSanitizer
 #   scripts/sanitize.sh thread --test sched   # extra arguments go to `cargo test`
 #
+# By default every unit and integration test of both packages runs; target arguments among the
+# extra ones (`--test sched`, `--lib`, `--bin userdma`, ...) run those targets instead.
+#
 # On stable Rust: RUSTC_BOOTSTRAP=1 unlocks `-Zsanitizer` and `-Zbuild-std`, and the standard
 # library is rebuilt instrumented from the rust-src component (installed here if missing). An
 # uninstrumented std would hide its own memory accesses and, for ThreadSanitizer, its
@@ -61,8 +64,21 @@ thread)
 	;;
 esac
 
+# The targets: the caller's, if it names any (before a `--`), else every unit and integration
+# test (`--tests` would otherwise widen a `--test NAME` to all of them).
+targets=(--lib --bins --tests)
+for arg in "$@"; do
+	case "$arg" in
+	--) break ;;
+	--lib | --bins | --bin | --bin=* | --tests | --test | --test=* | --examples | --example | --example=* | --all-targets)
+		targets=()
+		break
+		;;
+	esac
+done
+
 echo "--- $san sanitizer: unit and integration tests of the library and the tool ($host, $CARGO_TARGET_DIR)"
 # tests/readme.rs is left to the plain run (scripts/test.sh): it builds and runs the README's
 # example with a nested cargo, which here would build the library a second time (about 100 s).
-exec cargo test -Zbuild-std --target "$host" --profile sanitize --locked -p userdma -p userdma-cli --lib --bins --tests \
+exec cargo test -Zbuild-std --target "$host" --profile sanitize --locked -p userdma -p userdma-cli ${targets[@]+"${targets[@]}"} \
 	"$@" -- --skip readme_first_transfer_is_the_example_and_it_runs
