@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Runs the library's unit and integration tests under a sanitizer (scripts/test.sh runs both):
+# Runs the library's unit and integration tests, and the command-line tool's (the userdma-cli
+# package, cli/), under a sanitizer (scripts/test.sh runs both):
 #
 #   scripts/sanitize.sh address          # AddressSanitizer, with LeakSanitizer
 #   scripts/sanitize.sh thread           # ThreadSanitizer
 #   scripts/sanitize.sh thread --test sched   # extra arguments go to `cargo test`
+#
+# By default every unit and integration test of both packages runs; target arguments among the
+# extra ones (`--test sched`, `--lib`, `--bin userdma`, ...) run those targets instead.
 #
 # On stable Rust: RUSTC_BOOTSTRAP=1 unlocks `-Zsanitizer` and `-Zbuild-std`, and the standard
 # library is rebuilt instrumented from the rust-src component (installed here if missing). An
@@ -48,7 +52,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/san-$san"
 export USERDMA_SOAK_TRANSFERS=${USERDMA_SOAK_TRANSFERS:-20000}
 export USERDMA_FAULT_SOAK_TRANSFERS=${USERDMA_FAULT_SOAK_TRANSFERS:-20000}
 # The loopback device's process (tests that run it out of process) is the sanitized binary of
-# this build; the default already is (CARGO_BIN_EXE_userdma).
+# this build: the test binary itself, re-executed (tests/common/device_process.rs).
 case "$san" in
 address)
 	# detect_stack_use_after_return: also stack frames used after they returned.
@@ -60,8 +64,21 @@ thread)
 	;;
 esac
 
-echo "--- $san sanitizer: unit and integration tests of the library ($host, $CARGO_TARGET_DIR)"
+# The targets: the caller's, if it names any (before a `--`), else every unit and integration
+# test (`--tests` would otherwise widen a `--test NAME` to all of them).
+targets=(--lib --bins --tests)
+for arg in "$@"; do
+	case "$arg" in
+	--) break ;;
+	--lib | --bins | --bin | --bin=* | --tests | --test | --test=* | --examples | --example | --example=* | --all-targets)
+		targets=()
+		break
+		;;
+	esac
+done
+
+echo "--- $san sanitizer: unit and integration tests of the library and the tool ($host, $CARGO_TARGET_DIR)"
 # tests/readme.rs is left to the plain run (scripts/test.sh): it builds and runs the README's
 # example with a nested cargo, which here would build the library a second time (about 100 s).
-exec cargo test -Zbuild-std --target "$host" --profile sanitize --locked -p userdma --lib --bins --tests \
+exec cargo test -Zbuild-std --target "$host" --profile sanitize --locked -p userdma -p userdma-cli ${targets[@]+"${targets[@]}"} \
 	"$@" -- --skip readme_first_transfer_is_the_example_and_it_runs

@@ -5,8 +5,8 @@
 #   FUZZ_SECONDS=5 scripts/test.sh   # shorter fuzz smoke runs while developing
 #
 # Steps: install prerequisites, fmt check, clippy -D warnings, docs -D warnings, the library's
-# unit + integration tests under AddressSanitizer (with LeakSanitizer) and under
-# ThreadSanitizer (scripts/sanitize.sh), and in a plain debug build its doc tests and what the
+# and the command-line tool's (cli/) unit + integration tests under AddressSanitizer (with
+# LeakSanitizer) and under ThreadSanitizer (scripts/sanitize.sh), and in a plain debug build its doc tests and what the
 # sanitizers cannot run, and the other crates' tests (the kernel ABI check against three uapi
 # header sets: the system's, Debian 13's and Debian 13 backports'; tests on real hugepages
 # reserve and restore them), the C API (scripts/capi-test.sh: the generated header and the
@@ -130,28 +130,28 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo fmt --check (fuzz)" cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo doc -D warnings" env RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
-# The library's unit and integration tests run in the two sanitizer steps below, instrumented
+# The library's and the tool's unit and integration tests run in the two sanitizer steps below, instrumented
 # builds with the dev profile's checks; this plain debug run keeps what those cannot run (the
 # doc tests; the two mlock tests and the system-call witness, which the sanitizer runtimes
 # defeat; the README's example, run through a nested cargo) and the other crates (the kernel ABI check, the C API's and the benches' unit tests).
 step "cargo test (doc tests, mlock and system-call witnesses; kernel ABI, C API and bench-support crates)" \
-	sh -c 'cargo test --locked --workspace --exclude userdma &&
+	sh -c 'cargo test --locked --workspace --exclude userdma --exclude userdma-cli &&
 		cargo test --locked -p userdma --doc &&
 		cargo test --locked -p userdma --test memory_region --test pool_steady_state --test readme'
-step "AddressSanitizer + LeakSanitizer: the library's unit and integration tests" scripts/sanitize.sh address
-step "ThreadSanitizer: the library's unit and integration tests" scripts/sanitize.sh thread
+step "AddressSanitizer + LeakSanitizer: the library's and the tool's unit and integration tests" scripts/sanitize.sh address
+step "ThreadSanitizer: the library's and the tool's unit and integration tests" scripts/sanitize.sh thread
 step "C API (header, symbols, C tests under ASan+UBSan and Valgrind, examples/c)" scripts/capi-test.sh
 step "loom models (pool, ring, wake-up handshakes)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-	cargo test --release --locked --lib -- pool:: ring:: wake::
+	cargo test --release --locked -p userdma --lib -- pool:: ring:: wake::
 step "loom models (C API handle slots, pool quiescence)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 	cargo test --release --locked -p userdma-capi --lib -- slots:: quiesce::
-step "planner on the MiniMalloc instances, release" cargo test --release --locked --test plan
-step "loopback soak, release (10^6 transfers)" cargo test --release --locked --test loopback_soak
-step "pipeline soak, release (10^5 frames)" cargo test --release --locked --test pipeline_soak
+step "planner on the MiniMalloc instances, release" cargo test --release --locked -p userdma --test plan
+step "loopback soak, release (10^6 transfers)" cargo test --release --locked -p userdma --test loopback_soak
+step "pipeline soak, release (10^5 frames)" cargo test --release --locked -p userdma --test pipeline_soak
 step "fault soak, release (10^7 round trips, every fault kind at about 1 in 10^4)" \
-	cargo test --release --locked --test fault_soak -- --nocapture
+	cargo test --release --locked -p userdma --test fault_soak -- --nocapture
 step "benchmarks, test mode (each once; ratio tables in one short round)" \
-	sh -c 'cargo bench --locked --bench pool --bench ring --bench loopback --bench plan --bench pipeline --bench sched --bench stage -- --test &&
+	sh -c 'cargo bench --locked -p userdma --bench pool --bench ring --bench loopback --bench plan --bench pipeline --bench sched --bench stage -- --test &&
 		cargo bench --locked -p userdma-capi -- --test'
 step "guest suite: real PCI devices (edu, NVMe) in QEMU guests" scripts/guest-test.sh
 step "main job (README)" cargo run --release --locked --quiet -- demo

@@ -8,13 +8,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use userdma::device::loopback::{regs, Config, Cost, Descriptor, Mode, Program, Wait};
+use userdma::device::loopback::{regs, Config, Cost, Descriptor, Mode, Wait};
 use userdma::device::{Device, Error as DeviceError, Event};
 use userdma::dma::DeviceOffset;
 use userdma::memory::PageSize;
 use userdma::pool::{OwnedBuffer, Pool};
 use userdma::ring::{self, Command};
 use userdma::{Code, Runtime};
+
+#[path = "common/device_process.rs"]
+mod device_process;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -29,10 +32,10 @@ fn runtime(mode: Mode) -> Runtime {
     .expect("a loopback device")
 }
 
-/// The device process: the `userdma` binary cargo built for the tests (as
-/// tests/loopback_process.rs runs it).
+/// The device process: this test binary, re-executed to serve the device
+/// (tests/common/device_process.rs).
 fn device_process() -> Mode {
-    Mode::Process(Program::new(env!("CARGO_BIN_EXE_userdma")))
+    Mode::Process(device_process::program())
 }
 
 /// A descriptor that holds queue 0 until queue 3 completes a million descriptors: what is

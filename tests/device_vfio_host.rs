@@ -1,15 +1,14 @@
 //! `device::Vfio`, `device::Uio` and `device::open` through the public API on this machine,
 //! against fake sysfs trees: every refusal that happens before the kernel is asked (unbound,
 //! wrong driver, a group member on a host driver, no-IOMMU without the opt-in, no group) and
-//! what happens when the kernel's VFIO nodes are not there; the VFIO view of `userdma info`;
-//! `userdma list` not offering DMA paths for host bridges. The open sequence against the kernel
+//! what happens when the kernel's VFIO nodes are not there. The open sequence against the kernel
 //! itself is unit-tested with a double (src/device/vfio/tests.rs) and run for real in the QEMU
-//! guest (tests/guest).
+//! guest (tests/guest). The VFIO view of `userdma info` and `userdma list` not offering DMA
+//! paths for host bridges are the tool's tests (cli/tests/device_vfio_host_cli.rs).
 
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
 use common::{Dev, Tree};
 use userdma::device::vfio::{Error as VfioError, IrqKind, Options, RegionInfo};
@@ -149,72 +148,4 @@ fn region_info_parses_through_the_public_api() {
     assert!(info.readable() && info.writable() && info.mappable());
     assert_eq!(info.mmap_areas().len(), 1);
     assert!(RegionInfo::parse(&reply[..31]).is_err());
-}
-
-/// Runs `userdma --sysfs-root ROOT ARGS`.
-fn userdma(root: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_userdma"))
-        .arg("--sysfs-root")
-        .arg(root)
-        .args(args)
-        .env("USERDMA_PCI_IDS", "")
-        .output()
-        .expect("running userdma");
-    (
-        out.status.code().expect("exit code"),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
-
-#[test]
-fn info_has_a_vfio_view_for_vfio_pci_devices() {
-    let t = tree();
-    let (code, out, err) = userdma(t.root(), &["info", DEV]);
-    assert_eq!(code, 0, "{err}");
-    // The fake device cannot be opened through this machine's /dev/vfio: the view says why.
-    assert!(out.contains("VFIO: unavailable: "), "{out}");
-    let (code, out, err) = userdma(t.root(), &["--json", "info", DEV]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert!(doc["vfio"]["error"].is_string(), "{doc}");
-    assert!(doc["vfio"]["regions"].as_array().is_some_and(Vec::is_empty));
-    // A device on another driver has no VFIO view.
-    let (_, out, _) = userdma(t.root(), &["--json", "info", PEER]);
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert!(doc.get("vfio").is_none(), "{doc}");
-    let (_, out, _) = userdma(t.root(), &["info", PEER]);
-    assert!(!out.contains("VFIO:") && !out.contains("VFIO ("), "{out}");
-}
-
-#[test]
-fn list_offers_no_dma_path_for_host_bridges() {
-    let t = Tree::new();
-    t.add(&Dev::new("0000:00:00.0").ids(0x8086, 0x29c0, 0x06_00_00))
-        .add(&Dev::new(DEV).ids(0x1234, 0x11e8, 0x00ff00));
-    let (code, out, err) = userdma(t.root(), &["--json", "list"]);
-    assert_eq!(code, 0, "{err}");
-    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let devices = doc["devices"].as_array().unwrap();
-    let paths = |b: &str| {
-        devices
-            .iter()
-            .find(|d| d["bdf"] == b)
-            .map(|d| d["dma_paths"].clone())
-            .unwrap()
-    };
-    assert_eq!(paths("0000:00:00.0"), serde_json::json!([]));
-    assert_eq!(paths(DEV), serde_json::json!(["uio"]));
-    let (_, text, _) = userdma(t.root(), &["list"]);
-    let bridge = text
-        .lines()
-        .find(|l| l.starts_with("0000:00:00.0"))
-        .unwrap();
-    assert!(!bridge.contains("uio"), "{bridge}");
-    let (_, info, _) = userdma(t.root(), &["info", "0000:00:00.0"]);
-    assert!(
-        info.lines()
-            .any(|l| l.contains("DMA paths:") && l.trim_end().ends_with('-')),
-        "{info}"
-    );
 }

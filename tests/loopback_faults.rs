@@ -14,6 +14,9 @@ use userdma::dma::{DeviceOffset, Mapping};
 use userdma::memory::PageSize;
 use userdma::ring::{self, Error};
 
+#[path = "common/device_process.rs"]
+mod device_process;
+
 /// Round trips per test.
 const TRANSFERS: usize = 4;
 /// Each transfer's length and its offset in its slot.
@@ -547,7 +550,7 @@ fn bad_injections_are_refused() {
 fn injection_is_programmed_through_the_bar_of_a_device_process() {
     let program = match std::env::var_os("USERDMA_LOOPBACK_DEVICE_PROGRAM") {
         Some(path) => userdma::device::loopback::Program::new(std::path::PathBuf::from(path)),
-        None => userdma::device::loopback::Program::new(env!("CARGO_BIN_EXE_userdma")),
+        None => device_process::program(),
     };
     let mut rig = rig_with(
         Config::default()

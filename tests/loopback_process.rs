@@ -1,10 +1,10 @@
-//! The loopback device out of process: its engine runs in a child process (the `userdma`
-//! binary's hidden `loopback-device` subcommand) that reaches host memory only through the
-//! shared files mapped into the device's DMA space.
+//! The loopback device out of process: its engine runs in a child process (this test binary
+//! re-executed to run only its device-process test, tests/common/device_process.rs) that
+//! reaches host memory only through the shared files mapped into the device's DMA space.
 //!
 //! `USERDMA_LOOPBACK_DEVICE_PROGRAM` may name another device program (one whose main calls
-//! `userdma::device::loopback::serve_process`); by default the tests run the `userdma` binary
-//! cargo built for them.
+//! `userdma::device::loopback::serve_process`, such as the `userdma` tool, which has it as its
+//! hidden `loopback-device` subcommand).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,12 +20,15 @@ mod procfs;
 
 use procfs::allowed_cpus;
 
+#[path = "common/device_process.rs"]
+mod device_process;
+
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(10));
 
 fn program() -> Program {
     match std::env::var_os("USERDMA_LOOPBACK_DEVICE_PROGRAM") {
         Some(path) => Program::new(PathBuf::from(path)),
-        None => Program::new(env!("CARGO_BIN_EXE_userdma")),
+        None => device_process::program(),
     }
 }
 
@@ -48,7 +51,7 @@ fn device_with(config: Config) -> Arc<Loopback> {
         Ok(device) => Arc::new(device),
         Err(err) => panic!(
             "starting the out-of-process loopback device failed: {err} (source: {:?}); the \
-             `userdma` binary must have the `loopback-device` subcommand",
+             device program must serve it (`userdma::device::loopback::serve_process`)",
             std::error::Error::source(&err)
         ),
     }
@@ -251,8 +254,16 @@ fn the_device_process_runs_on_the_engine_cpu() {
     let cpu = *allowed_cpus("/proc/thread-self").last().unwrap();
     let device = device_with(config("lb-remote-pinned").engine_cpu(cpu));
     let pid = device.process_id().unwrap();
-    // Every thread of the device process, the engine's included, is on that CPU.
-    let threads = procfs::threads(&pid.to_string());
+    // Every thread that serves the device, the engine's included, is on that CPU: the thread
+    // that calls `serve_process` and those it starts. That is every thread of the device process
+    // but, when the process is this test binary (the default), libtest's main thread, which only
+    // waits for the device-process test to end.
+    let harness = std::env::var_os("USERDMA_LOOPBACK_DEVICE_PROGRAM").is_none();
+    let main_thread = format!("/proc/{pid}/task/{pid}");
+    let threads: Vec<_> = procfs::threads(&pid.to_string())
+        .into_iter()
+        .filter(|(dir, _)| !(harness && *dir == main_thread))
+        .collect();
     for (dir, _) in &threads {
         assert_eq!(allowed_cpus(dir), vec![cpu], "{dir}");
     }

@@ -17,13 +17,17 @@ use userdma::dma::{DeviceOffset, Iova, Mapping};
 use userdma::memory::PageSize;
 use userdma::ring::{self, Command, Queue, Status};
 
+#[path = "common/device_process.rs"]
+mod device_process;
+
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(20));
 
-/// The device-process program: the `userdma` binary (or `USERDMA_LOOPBACK_PROGRAM`).
+/// The device-process program: this test binary (tests/common/device_process.rs), or
+/// `USERDMA_LOOPBACK_PROGRAM`.
 fn program() -> Program {
     match std::env::var_os("USERDMA_LOOPBACK_PROGRAM") {
         Some(path) => Program::new(path),
-        None => Program::new(env!("CARGO_BIN_EXE_userdma")),
+        None => device_process::program(),
     }
 }
 

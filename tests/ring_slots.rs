@@ -13,6 +13,9 @@ use userdma::device::loopback::{Config, Cost, Descriptor, Loopback, Mode, Progra
 use userdma::device::Wait;
 use userdma::ring::{self, Command, Queue, Status};
 
+#[path = "common/device_process.rs"]
+mod device_process;
+
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(20));
 
 fn device(mode: Mode) -> Arc<Loopback> {
@@ -27,7 +30,7 @@ fn device(mode: Mode) -> Arc<Loopback> {
 fn program() -> Program {
     match std::env::var_os("USERDMA_LOOPBACK_PROGRAM") {
         Some(path) => Program::new(path),
-        None => Program::new(env!("CARGO_BIN_EXE_userdma")),
+        None => device_process::program(),
     }
 }
 

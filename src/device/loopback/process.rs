@@ -2,10 +2,11 @@
 //! shared memory — the register file and the device memory (memfds), and each DMA-mapped region
 //! (a memfd or hugetlbfs file) — the shape of a device behind a real IOMMU.
 //!
-//! The host starts the child by re-executing a program (the `userdma` binary's hidden
-//! `loopback-device` subcommand, or any program whose main calls [`serve_process`]) with one end
-//! of a `SOCK_SEQPACKET` socket pair inherited and its number in `USERDMA_LOOPBACK_SOCKET`. Over
-//! that socket it sends, with the file descriptors attached (`SCM_RIGHTS`):
+//! The host starts the child by re-executing a program (the `userdma` tool's hidden
+//! `loopback-device` subcommand, or any program whose main, or a test, calls [`serve_process`])
+//! with one end of a `SOCK_SEQPACKET` socket pair inherited and its number in
+//! `USERDMA_LOOPBACK_SOCKET`. Over that socket it sends, with the file descriptors attached
+//! (`SCM_RIGHTS`):
 //!
 //! | message | words after the tag | descriptors | the child |
 //! |---|---|---|---|
@@ -57,8 +58,13 @@ const WORDS: usize = 16;
 /// How long the host waits for one answer from the child.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The program the device process runs: `path` with `args` (by default the hidden
-/// `loopback-device` subcommand of the `userdma` binary).
+/// The program the device process runs: `path` with `args`.
+///
+/// By default the arguments are `loopback-device`, the hidden subcommand of the `userdma`
+/// command-line tool (the userdma-cli package). Any program whose main calls [`serve_process`]
+/// can be the device process, with the arguments it needs ([`Program::args`]): a test binary,
+/// for one, re-executed to run only a test that calls it (the library's integration tests do
+/// this, tests/common/device_process.rs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Program {
     path: PathBuf,
@@ -66,7 +72,7 @@ pub struct Program {
 }
 
 impl Program {
-    /// `path loopback-device` (the `userdma` binary's device-process subcommand).
+    /// `path loopback-device` (the `userdma` tool's device-process subcommand).
     pub fn new(path: impl Into<PathBuf>) -> Program {
         Program {
             path: path.into(),
@@ -74,7 +80,7 @@ impl Program {
         }
     }
 
-    /// The running executable with `loopback-device` (for the `userdma` binary itself).
+    /// The running executable with `loopback-device` (for the `userdma` tool itself).
     pub fn current_exe() -> io::Result<Program> {
         Ok(Program::new(std::env::current_exe()?))
     }
@@ -537,8 +543,9 @@ fn ack(socket: BorrowedFd<'_>, tag: u64, status: i32) -> Result<(), Error> {
 }
 
 /// The device process's main: serves the device the parent hands over the socket in
-/// [`SOCKET_ENV`] until the parent closes it. The `userdma` binary's hidden
-/// `loopback-device` subcommand calls this; any program can, to be a device process.
+/// [`SOCKET_ENV`] until the parent closes it. The `userdma` tool's hidden
+/// `loopback-device` subcommand calls this; any program (or a test in a re-executed test
+/// binary) can, to be a device process.
 pub fn serve_process() -> Result<(), Error> {
     let socket = inherited_socket()?;
     let mut buf = [0u8; WORDS * 8];

@@ -1,6 +1,7 @@
 //! The `userdma` binary against fake sysfs trees and this machine's `/sys`: text and JSON output,
 //! error lines, and exit codes.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;

@@ -1,0 +1,159 @@
+//! The `userdma plan` command: its JSON output's keys, its summary of every strategy, and bad
+//! input exiting 2 with the record named.
+
+use std::path::{Path, PathBuf};
+
+/// A file of the library's test data (tests/data/ at the repository root).
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/data")
+        .join(name)
+}
+
+fn userdma(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_userdma"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn cli_plan_json_output_has_exactly_the_documented_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model.json");
+    std::fs::write(
+        &file,
+        r#"{"model": "m", "tensors": [
+            {"id": 0, "bytes": 1000, "first": 0, "last": 1, "op": "Conv", "inputs": [], "kind": "input"},
+            {"id": 1, "bytes": 1000, "first": 1, "last": 2, "op": "Conv", "inputs": [0], "kind": "intermediate"},
+            {"id": 2, "bytes": 1000, "first": 2, "last": 3, "op": "Relu", "inputs": [1], "kind": "output"}
+        ]}"#,
+    )
+    .unwrap();
+    let svg = dir.path().join("arena.svg");
+    let out = userdma(&[
+        "plan",
+        file.to_str().unwrap(),
+        "--inplace",
+        "--budget",
+        "1000n",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut keys: Vec<&str> = doc
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "arena_bytes",
+            "lower_bound_bytes",
+            "naive_bytes",
+            "optimal",
+            "seconds",
+            "strategy",
+            "tensors"
+        ]
+    );
+    assert_eq!(doc["arena_bytes"], 2048);
+    assert_eq!(doc["naive_bytes"], 3072);
+    let t = doc["tensors"].as_array().unwrap();
+    assert_eq!(t.len(), 3);
+    assert_eq!(t[2]["inplace_of"], 1);
+    assert!(t[0]["inplace_of"].is_null());
+    let mut tkeys: Vec<&str> = t[0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    tkeys.sort_unstable();
+    assert_eq!(tkeys, ["bytes", "id", "inplace_of", "offset"]);
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.starts_with("<svg") && picture.matches("<rect").count() >= 3 + 2);
+    assert!(picture.contains("peak: step"));
+}
+
+#[test]
+fn cli_plan_summary_shows_every_strategy() {
+    let file = data("minimalloc/K.csv");
+    let out = userdma(&["plan", file.to_str().unwrap(), "--budget", "20000n"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for word in [
+        "naive",
+        "lower bound",
+        "arena",
+        "x lower bound",
+        "saved against naive",
+        "colour",
+        "greedy-size",
+        "first-fit",
+        "best-fit",
+        "exact",
+        "auto:",
+        "total time",
+    ] {
+        assert!(text.contains(word), "{word}: {text}");
+    }
+}
+
+#[test]
+fn cli_plan_bad_input_exits_2_naming_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "zero.csv",
+            "id,lower,upper,size\n0,0,2,100\n7,1,3,0\n",
+            "tensor 7",
+        ),
+        (
+            "short.csv",
+            "id,lower,upper,size\n0,0,2,100\n1,1,3\n",
+            "line 3",
+        ),
+        (
+            "dup.json",
+            r#"{"tensors": [{"id": 1, "bytes": 1, "first": 0, "last": 0}, {"id": 1, "bytes": 1, "first": 0, "last": 0}]}"#,
+            "tensor 1",
+        ),
+        ("cut.json", "{\"tensors\": [{\"id\": 1, \"bytes\"", "line 1"),
+        (
+            "input.json",
+            r#"{"tensors": [{"id": 2, "bytes": 1, "first": 0, "last": 0, "inputs": [5]}]}"#,
+            "input 5",
+        ),
+        (
+            "order.json",
+            r#"{"tensors": [{"id": 3, "bytes": 1, "first": 2, "last": 1}]}"#,
+            "tensor 3",
+        ),
+        ("model.txt", "", "--format"),
+    ];
+    for (name, text, needle) in cases {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).unwrap();
+        let out = userdma(&["plan", file.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+    }
+    let out = userdma(&["plan", "/nonexistent/x.csv"]);
+    assert_eq!(out.status.code(), Some(2));
+}
