@@ -37,8 +37,10 @@
 //! # }
 //! ```
 //!
-//! Every module's error converts into the crate's [`Error`], whose [`Error::code`] is a stable
-//! [`Code`]. This file is the table of contents; each module documents one concept.
+//! Each module's error gives its own stable [`Code`] next to its enum (a `code()` naming every
+//! variant, so a new one cannot silently become [`Code::System`]) and converts into the crate's
+//! [`Error`], whose [`Error::code`] is the wrapped error's code. This file is the table of
+//! contents; each module documents one concept.
 //!
 //! | module | owns |
 //! |---|---|
@@ -87,13 +89,13 @@ pub mod sched;
 pub mod stage;
 pub mod stats;
 
-#[cfg(not(loom))]
 mod error;
 mod keep;
 mod sync;
 mod wake;
 
+pub use self::error::Code;
 #[cfg(not(loom))]
-pub use self::error::{Code, Error};
+pub use self::error::Error;
 #[cfg(not(loom))]
 pub use self::runtime::Runtime;

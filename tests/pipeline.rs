@@ -158,7 +158,17 @@ fn an_in_place_result_refuses_reads_outside_it() {
             let mut word = [0u8; 4];
             out.read(60, &mut word).unwrap();
             let err = out.read(61, &mut word).unwrap_err();
-            assert!(matches!(err, Error::Invalid { .. }), "{err}");
+            assert!(
+                matches!(
+                    err,
+                    Error::Pipeline(pipeline::Error::OutsideResult {
+                        offset: 61,
+                        len: 4,
+                        size: 64
+                    })
+                ),
+                "{err:?}"
+            );
             assert!(err.to_string().contains("of a 64-byte result"), "{err}");
             assert!(out.read(usize::MAX, &mut word).is_err());
         },
@@ -248,6 +258,10 @@ fn bad_settings_are_errors_that_say_what_to_do() {
         assert!(
             err.to_string().contains("use a depth of 1 to 1024"),
             "{err}"
+        );
+        assert!(
+            matches!(err, Error::Pipeline(pipeline::Error::Depth { depth: d, batch: b }) if d == depth && b == batch),
+            "{err:?}"
         );
     }
     // More arenas than device memory holds.

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use userdma::device::loopback::{self, Cost, Unit};
 use userdma::pipeline::{Config, Model, Pipeline};
-use userdma::sched::streams::{Arrivals, Stream, Streams};
-use userdma::sched::{Policy, StreamId, StreamSpec};
-use userdma::{Error, Runtime};
+use userdma::sched::streams::{self, Arrivals, Stream, Streams};
+use userdma::sched::{self, Policy, StreamId, StreamSpec};
+use userdma::{Code, Error, Runtime};
 
 mod frames;
 
@@ -134,19 +134,53 @@ fn bad_settings_are_errors_that_say_what_to_do() {
     let model = Model::chain(1, 64).unwrap();
     let one = || vec![stream(&rt, &model, 0, 0, Arrivals::Asap)];
     let err = Streams::new(Policy::RoundRobin, one(), 0).unwrap_err();
-    assert!(matches!(err, Error::Invalid { .. }) && err.to_string().contains("at least 1"));
+    assert!(
+        matches!(err, Error::Streams(streams::Error::ZeroInFlight))
+            && err.to_string().contains("at least 1"),
+        "{err}"
+    );
     let err = Streams::new(Policy::RoundRobin, Vec::new(), 1).unwrap_err();
+    assert!(
+        matches!(err, Error::Streams(streams::Error::NoStreams)),
+        "{err}"
+    );
     assert!(err.to_string().contains("stream"), "{err}");
     let mut wrong = one();
     wrong[0].spec.context = 9;
     let err = Streams::new(Policy::RoundRobin, wrong, 1).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Streams(streams::Error::Context {
+                context: 9,
+                pipeline: 1,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("Config::context"), "{err}");
     let mut zero = one();
     zero[0].arrivals = Arrivals::Periodic { period: 0 };
     let err = Streams::new(Policy::RoundRobin, zero, 1).unwrap_err();
+    assert!(
+        matches!(err, Error::Streams(streams::Error::ZeroPeriod { .. })),
+        "{err}"
+    );
     assert!(err.to_string().contains("period"), "{err}");
     let err = Streams::new(Policy::Batch { k: 0 }, one(), 1).unwrap_err();
-    assert!(matches!(err, Error::Invalid { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Streams(streams::Error::Scheduler {
+                device: None,
+                source: sched::Error::ZeroBatch,
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("K = 0"), "{err}");
+    assert_eq!(err.code(), Code::InvalidArgument);
 }
 
 #[test]

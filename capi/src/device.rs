@@ -371,7 +371,8 @@ fn open_pci(bdf: pci::Bdf, o: &udma_pci_options) -> Result<Runtime, Fail> {
 /// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a malformed BDF or options; `UDMA_ERR_NOT_FOUND`
 /// for no such function, or one bound to no driver or another one (the message names the
 /// `userdma bind` command); `UDMA_ERR_REFUSED` for no-IOMMU mode not allowed, an IOMMU group
-/// not viable, or permission.
+/// not viable, or permission; `UDMA_ERR_BUSY` for a device (its IOMMU group) another process
+/// or a VM holds.
 ///
 /// # Safety
 /// `bdf` is a NUL-terminated string; `options` is NULL or points to `options->size` readable

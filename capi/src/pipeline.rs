@@ -18,9 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use udma::device::Wait;
-use udma::pipeline::{
-    self, zoo, Finished, Input, Model, ModelError, Output, Pipeline, Results, WorkingSet,
-};
+use udma::pipeline::{self, zoo, Finished, Input, Model, Output, Pipeline, Results, WorkingSet};
 
 use crate::abi;
 use crate::device::{device, udma_device, Device};
@@ -200,20 +198,11 @@ pub unsafe extern "C" fn udma_model_expected(
         // not the library's memory (so not aliased by `input`'s slice of the caller's either:
         // the contract gives two buffers).
         let result = unsafe { std::slice::from_raw_parts_mut(result.cast::<u8>(), result_len) };
-        m.expected_into(input, result).map_err(model_fail)?;
+        // The model error's own code: no host memory is `UDMA_ERR_EXHAUSTED`, the rest a bad
+        // argument.
+        m.expected_into(input, result).map_err(lib)?;
         Ok(())
     })
-}
-
-/// A model error as a C failure: no host memory is `UDMA_ERR_EXHAUSTED`, the rest a bad
-/// argument.
-fn model_fail(error: ModelError) -> Fail {
-    match error {
-        ModelError::NoHostMemory { .. } => {
-            Fail::new(udma_status::UDMA_ERR_EXHAUSTED, error.to_string())
-        }
-        other => Fail::invalid(other.to_string()),
-    }
 }
 
 /// Destroys a model handle (pipelines made from it keep their own copy).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use udma::plan::{self, Budget, Kind as TensorKind, Options, Strategy, Tensor};
 
 use crate::abi;
-use crate::error::{call, udma_status, Fail};
+use crate::error::{call, lib, udma_status, Fail};
 use crate::handle::{Kind, Registry};
 
 /// A plan, made by `udma_plan_create`, destroyed by `udma_plan_destroy`.
@@ -359,8 +359,7 @@ pub unsafe extern "C" fn udma_plan_create(
         } else {
             o.search_nodes
         });
-        let made =
-            plan::plan(&list, &opts, strategy, budget).map_err(|e| Fail::invalid(e.to_string()))?;
+        let made = plan::plan(&list, &opts, strategy, budget).map_err(lib)?;
         made.validate(&list).map_err(|e| {
             Fail::new(
                 udma_status::UDMA_ERR_INTERNAL,

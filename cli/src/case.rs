@@ -314,10 +314,6 @@ struct Mix {
     nodes: Option<numa::NodeList>,
 }
 
-fn usage(what: String, hint: &'static str) -> Error {
-    Error::Library(userdma::Error::Invalid { what, hint })
-}
-
 impl Mix {
     fn new(args: &CaseArgs) -> Result<Mix, Error> {
         let streams = if args.streams.is_empty() {
@@ -339,10 +335,9 @@ impl Mix {
         };
         for (i, s) in streams.iter().enumerate() {
             if streams[..i].iter().any(|o| o.name == s.name) {
-                return Err(usage(
-                    format!("two streams named {:?}", s.name),
-                    "give each --stream its own name",
-                ));
+                return Err(Error::DuplicateStream {
+                    name: s.name.clone(),
+                });
             }
         }
         let devices = usize::from(args.devices);
@@ -353,11 +348,11 @@ impl Mix {
             queue.push(u16::try_from(3 * on_device[d]).unwrap_or(u16::MAX));
             on_device[d] += 1;
         }
-        if let Some(n) = on_device.iter().find(|&&n| n > STREAMS_PER_DEVICE) {
-            return Err(usage(
-                format!("{n} streams on one device: a device takes at most {STREAMS_PER_DEVICE}"),
-                "use fewer streams or more --devices",
-            ));
+        if let Some(&count) = on_device.iter().find(|&&n| n > STREAMS_PER_DEVICE) {
+            return Err(Error::StreamsPerDevice {
+                count,
+                max: STREAMS_PER_DEVICE,
+            });
         }
         let top = streams.iter().map(|s| s.priority).max().unwrap_or(0);
         Ok(Mix {
@@ -498,13 +493,6 @@ fn device_figures(
     Ok((switches, bound, rates))
 }
 
-fn invalid(e: userdma::sched::Error) -> userdma::Error {
-    userdma::Error::Invalid {
-        what: e.to_string(),
-        hint: "change --k, --max-wait-ms or the streams",
-    }
-}
-
 /// "before": naive frames, round-robin, synchronous.
 fn before(args: &CaseArgs, mix: &Mix, model: &Model, frames: &Frames) -> Result<Run, Error> {
     let n = mix.len();
@@ -527,8 +515,8 @@ fn before(args: &CaseArgs, mix: &Mix, model: &Model, frames: &Frames) -> Result<
             timeout,
         )?);
     }
-    let mut scheduler = Scheduler::new(Policy::RoundRobin, specs.clone())
-        .map_err(|e| Error::Library(invalid(e)))?;
+    let mut scheduler =
+        Scheduler::new(Policy::RoundRobin, specs.clone()).map_err(Error::Schedule)?;
     let mut queues: Vec<ArrivalQueue> =
         (0..n).map(|i| ArrivalQueue::new(mix.arrivals(i))).collect();
     let mut oldest = vec![None; n];

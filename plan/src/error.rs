@@ -3,6 +3,9 @@
 /// Why [`plan`](super::plan()) (or [`Problem::new`](super::Problem::new)) refused its input.
 ///
 /// Tensors are named as `tensor ID` or `tensor ID ("name")`.
+///
+/// Not `#[non_exhaustive]` on purpose: userdma gives each variant its error code in an
+/// exhaustive match (its `plan_code`), so a new variant must be given a code there too.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// More tensors than a plan takes.

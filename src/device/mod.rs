@@ -483,6 +483,47 @@ pub enum Error {
     Uio(#[from] uio::Error),
 }
 
+impl Error {
+    /// The kind of failure, as a stable [`Code`](crate::Code); a wrapped module error gives
+    /// its own. Exhaustive: a new variant must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        use crate::Code;
+        match self {
+            Error::DeviceMemoryRange { .. } | Error::QueueDepth { .. } => Code::InvalidArgument,
+            Error::NoSuchQueue { .. }
+            | Error::NoSuchBar { .. }
+            | Error::NoBar { .. }
+            | Error::NoSuchVector { .. }
+            | Error::NotBound { .. }
+            | Error::WrongDriver { .. } => Code::NotFound,
+            Error::QueueBusy { .. } => Code::Busy,
+            Error::Removed { .. } => Code::Removed,
+            Error::Driver { .. } => Code::Device,
+            Error::Timeout { .. } => Code::Timeout,
+            Error::NoReset { .. } => Code::Unsupported,
+            Error::DeviceMemoryExhausted { .. } => Code::Exhausted,
+            // As `open_hint` reads the cause: no node, no permission, held by another process.
+            Error::Open { source, .. } if source.kind() == io::ErrorKind::NotFound => {
+                Code::NotFound
+            }
+            Error::Open { source, .. } if source.kind() == io::ErrorKind::PermissionDenied => {
+                Code::Refused
+            }
+            Error::Open { source, .. } if source.raw_os_error() == Some(libc::EBUSY) => Code::Busy,
+            Error::Open { .. } => Code::System,
+            Error::Register { source, .. } | Error::ConfigAccess { source, .. } => source.code(),
+            Error::Interrupt { source, .. } | Error::Events { source } => source.code(),
+            Error::Memory { source, .. } => source.code(),
+            Error::Map { source, .. } | Error::DmaSpace { source, .. } => source.code(),
+            Error::Ring { source, .. } => source.code(),
+            Error::Sysfs { source, .. } => source.code(),
+            Error::Loopback(e) => e.code(),
+            Error::Vfio(e) => e.code(),
+            Error::Uio(e) => e.code(),
+        }
+    }
+}
+
 /// What to do about a failed open.
 fn open_hint(source: &io::Error) -> &'static str {
     match source.kind() {

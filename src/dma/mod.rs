@@ -350,3 +350,33 @@ pub enum Error {
         align: usize,
     },
 }
+
+impl Error {
+    /// The kind of failure, as a stable [`Code`](crate::Code). Exhaustive: a new variant
+    /// must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        use crate::Code;
+        match self {
+            Error::InvalidDmaMask { .. }
+            | Error::InvalidIovaRequest { .. }
+            | Error::OutOfBounds { .. }
+            | Error::Misaligned { .. }
+            | Error::BeyondMask { .. } => Code::InvalidArgument,
+            Error::IovaExhausted { .. } | Error::MappingLimit { .. } => Code::Exhausted,
+            // The exact range asked for is held by a live allocation.
+            Error::IovaUnavailable { .. } => Code::Busy,
+            Error::UnknownIova { .. } => Code::NotFound,
+            Error::Refused { .. } => Code::Refused,
+            Error::NotShareable { .. } | Error::IommuPageSize { .. } => Code::Unsupported,
+            Error::GetInfo { .. }
+            | Error::MalformedInfo { .. }
+            | Error::IoasAlloc { .. }
+            | Error::IovaRanges { .. }
+            | Error::Map { .. }
+            | Error::Unmap { .. }
+            | Error::UnmapIncomplete { .. } => Code::System,
+            Error::UnmapFailed { source } => source.code(),
+            Error::Physical { source } => source.code(),
+        }
+    }
+}

@@ -166,3 +166,28 @@ pub enum Error {
         source: io::Error,
     },
 }
+
+impl Error {
+    /// The kind of failure, as a stable [`Code`](crate::Code). Exhaustive: a new variant
+    /// must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        use crate::Code;
+        match self {
+            Error::Duplicate { .. } | Error::DuplicateToken { .. } | Error::NotEventFd { .. } => {
+                Code::InvalidArgument
+            }
+            Error::UnknownToken { .. } => Code::NotFound,
+            Error::Create { .. }
+            | Error::Adopt { .. }
+            | Error::Signal { .. }
+            | Error::Read { .. }
+            | Error::Poll { .. }
+            | Error::RingSetup { .. }
+            | Error::EpollSetup { .. }
+            | Error::Register { .. }
+            | Error::Deregister { .. }
+            | Error::Wait { .. }
+            | Error::Reactor { .. } => Code::System,
+        }
+    }
+}

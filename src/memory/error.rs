@@ -448,3 +448,46 @@ pub enum Error {
         granted: u64,
     },
 }
+
+impl Error {
+    /// The kind of failure, as a stable [`Code`](crate::Code). Exhaustive: a new variant
+    /// must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        use crate::Code;
+        match self {
+            // The caller's length, page size or backing file cannot make the region.
+            Error::InvalidLength { .. }
+            | Error::UnsupportedPageSize { .. }
+            | Error::NotHugetlbfs { .. }
+            | Error::UnexpectedHugetlbfs { .. }
+            | Error::FileTooShort { .. } => Code::InvalidArgument,
+            Error::HugepagesUnavailable { .. }
+            | Error::ReserveShort { .. }
+            | Error::HostMemory { .. }
+            | Error::HostAlloc { .. } => Code::Exhausted,
+            Error::Lock { .. } => Code::Refused,
+            Error::NoSuchPool { .. } | Error::NoSuchNode { .. } => Code::NotFound,
+            Error::NotContiguous { .. } | Error::PhysicalAddressHidden => Code::Unsupported,
+            // A system call failed, or the kernel's answer (a page not resident, on another
+            // node, not present; a sysfs file not a number) is not what it should be.
+            Error::Memfd { .. }
+            | Error::OpenFile { .. }
+            | Error::Stat { .. }
+            | Error::Truncate { .. }
+            | Error::Seal { .. }
+            | Error::Map { .. }
+            | Error::Bind { .. }
+            | Error::Populate { .. }
+            | Error::Mincore { .. }
+            | Error::NotResident { .. }
+            | Error::NodeQuery { .. }
+            | Error::PageNode { .. }
+            | Error::WrongNode { .. }
+            | Error::Pagemap { .. }
+            | Error::PageNotPresent { .. }
+            | Error::SysfsRead { .. }
+            | Error::SysfsParse { .. }
+            | Error::SysfsWrite { .. } => Code::System,
+        }
+    }
+}

@@ -176,6 +176,20 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The kind of failure, as a stable [`Code`](crate::Code). Exhaustive: a new variant
+    /// must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        use crate::Code;
+        match self {
+            Error::OutOfBounds { .. } | Error::Misaligned { .. } | Error::UnalignedBase { .. } => {
+                Code::InvalidArgument
+            }
+            Error::Read { .. } | Error::Write { .. } => Code::System,
+        }
+    }
+}
+
 /// How a [`Block`] reaches its registers. Offsets given to a backend are already checked by the
 /// block: `offset + width.bytes() <= self.len()` and `offset % width.bytes() == 0`. A backend
 /// still returns an error rather than misbehave if that is not so.

@@ -413,6 +413,22 @@ pub enum Error {
 }
 
 impl Error {
+    /// The kind of failure, as a stable [`Code`](crate::Code). Exhaustive: a new variant
+    /// must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        use crate::Code;
+        match self {
+            Error::NotFound { .. } | Error::NoPciBus { .. } => Code::NotFound,
+            // sysfs unreadable, or not in the kernel's format: the system failed.
+            Error::Read { .. }
+            | Error::Parse { .. }
+            | Error::BadEntry { .. }
+            | Error::Link { .. }
+            | Error::LinkTarget { .. }
+            | Error::Resource { .. } => Code::System,
+        }
+    }
+
     pub(super) fn parse(path: &Path, value: &str, expected: &'static str) -> Self {
         Self::Parse {
             path: path.to_owned(),

@@ -32,6 +32,7 @@
 //! device runs frame i); deeper rings absorb jitter. [`naive`] is the per-frame-allocation
 //! path to compare against, in the same run.
 
+mod error;
 pub mod model;
 pub mod naive;
 pub mod zoo;
@@ -40,6 +41,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use self::error::Error;
 pub use model::{Filter, Model, ModelError, Span, Step};
 
 use crate::device::loopback::{self, Code, Descriptor, Loopback};
@@ -48,12 +50,16 @@ use crate::dma::{DeviceOffset, Iova};
 use crate::memory::PageSize;
 use crate::pool::{OwnedBuffer, Pool};
 use crate::ring::{self, Command};
-use crate::{Error, Runtime};
+use crate::Runtime;
+
+/// The most slots a pipeline takes ([`Config::depth`]).
+const MAX_DEPTH: usize = 1024;
 
 /// How a pipeline is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
-    /// Slots in the ring: frames in flight at most (1 = synchronous, 2 = double buffering).
+    /// Slots in the ring: frames in flight at most (1 = synchronous, 2 = double buffering;
+    /// at most 1024).
     pub depth: usize,
     /// Frames per doorbell: the descriptors of this many frames are announced together.
     pub batch: usize,
@@ -176,8 +182,8 @@ impl Input<'_> {
     /// Writes `bytes` at `offset` of the input, straight into DMA memory.
     ///
     /// # Errors
-    /// [`Error::Pool`] if the range leaves the input.
-    pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<(), Error> {
+    /// [`crate::Error::Pool`] if the range leaves the input.
+    pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<(), crate::Error> {
         Ok(self.buffer.write(offset, bytes)?)
     }
 
@@ -237,9 +243,9 @@ impl Output<'_> {
     /// Reads `dst.len()` bytes at `offset` of the result.
     ///
     /// # Errors
-    /// [`Error::Pool`] (a host result) or [`Error::Invalid`] (in place) if the range leaves
-    /// the result.
-    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), Error> {
+    /// [`crate::Error::Pool`] (a host result) or [`Error::OutsideResult`] (in place) if the
+    /// range leaves the result.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), crate::Error> {
         match self.source {
             Source::Host(buffer) => Ok(buffer.read(offset, dst)?),
             Source::Device {
@@ -248,13 +254,12 @@ impl Output<'_> {
                 len,
             } => {
                 if offset.checked_add(dst.len()).is_none_or(|end| end > len) {
-                    return Err(Error::Invalid {
-                        what: format!(
-                            "a read of {} bytes at {offset} of a {len}-byte result",
-                            dst.len()
-                        ),
-                        hint: "read inside the result (Output::len)",
-                    });
+                    return Err(Error::OutsideResult {
+                        offset,
+                        len: dst.len(),
+                        size: len,
+                    }
+                    .into());
                 }
                 Ok(device.read_device_memory(base + offset, dst)?)
             }
@@ -438,16 +443,19 @@ impl Pipeline {
     /// two.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for a device without the loopback descriptor format or device
-    /// memory; [`Error::Device`] if device memory cannot hold `depth` arenas (lower the depth)
-    /// or the queues do not exist; [`Error::Pool`]/[`Error::Memory`] for the host buffers;
-    /// [`Error::Invalid`] for a depth or batch out of range.
-    pub fn new(runtime: &Runtime, model: Model, config: Config) -> Result<Pipeline, Error> {
-        if config.depth == 0 || config.batch == 0 || config.depth > 1024 {
-            return Err(Error::Invalid {
-                what: format!("pipeline depth {} and batch {}", config.depth, config.batch),
-                hint: "use a depth of 1 to 1024 slots and a batch of at least 1 frame",
-            });
+    /// [`crate::Error::Unsupported`] for a device without the loopback descriptor format or
+    /// device memory; [`crate::Error::Device`] if device memory cannot hold `depth` arenas
+    /// (lower the depth) or the queues do not exist; [`crate::Error::Pool`] /
+    /// [`crate::Error::Memory`] for the host buffers; [`crate::Error::Pipeline`] for a depth
+    /// or batch out of range ([`Error::Depth`]), queues past the last id ([`Error::Queues`])
+    /// or host buffers too large for the address space ([`Error::HostBuffers`]).
+    pub fn new(runtime: &Runtime, model: Model, config: Config) -> Result<Pipeline, crate::Error> {
+        if config.depth == 0 || config.batch == 0 || config.depth > MAX_DEPTH {
+            return Err(Error::Depth {
+                depth: config.depth,
+                batch: config.batch,
+            }
+            .into());
         }
         let per_frame = model.steps().len() + 4;
         // Twice what the slots need: the SQ head the device writes back lags its completions
@@ -465,7 +473,7 @@ impl Pipeline {
         };
         let device = runtime
             .loopback_device()
-            .ok_or_else(|| Error::Unsupported {
+            .ok_or_else(|| crate::Error::Unsupported {
                 device: runtime.device().identity().to_string(),
                 what: "loopback descriptor format",
                 hint: "the pipeline runs the loopback device's layer ops; use Runtime::loopback",
@@ -475,13 +483,10 @@ impl Pipeline {
         let mut specs = Vec::with_capacity(units.len());
         let mut base = Vec::with_capacity(units.len());
         for (k, &unit) in units.iter().enumerate() {
-            let id = config
-                .queue
-                .checked_add(k as u16)
-                .ok_or_else(|| Error::Invalid {
-                    what: format!("queue {} and the two after it", config.queue),
-                    hint: "use a lower first queue",
-                })?;
+            let id = config.queue.checked_add(k as u16).ok_or(Error::Queues {
+                queue: config.queue,
+                after: units.len() - 1,
+            })?;
             let steps_here = if config.split { k == COMPUTE } else { k == 0 };
             if let (true, Some(ws)) = (steps_here, config.working_set) {
                 device.set_working_set(id, ws.private, ws.shared, ws.key)?;
@@ -510,7 +515,10 @@ impl Pipeline {
             .checked_mul(2 * config.depth as u64)
             .and_then(|b| b.checked_add(4 << 20))
             .and_then(|b| usize::try_from(b).ok())
-            .ok_or_else(pool_too_big)?;
+            .ok_or(Error::HostBuffers {
+                depth: config.depth,
+                slot_bytes: per_slot,
+            })?;
         let pool = runtime.pool(pool_bytes, PageSize::Base)?;
         let memory = runtime.device_memory()?;
         let mut free = VecDeque::with_capacity(config.depth);
@@ -648,11 +656,11 @@ impl Pipeline {
 
     /// The error [`Pipeline::wait`] ends with when nothing finished for `waited` (the device
     /// stopped answering), for a driver that sleeps on several pipelines at once and keeps the
-    /// deadline ([`Config::timeout`]) itself; [`Error::Device`] (removed) for a pipeline
+    /// deadline ([`Config::timeout`]) itself; [`crate::Error::Device`] (removed) for a pipeline
     /// without queues.
-    pub fn overdue(&self, waited: Duration) -> Error {
+    pub fn overdue(&self, waited: Duration) -> crate::Error {
         match self.queues.last() {
-            Some(queue) => Error::Ring(queue.overdue(waited)),
+            Some(queue) => crate::Error::Ring(queue.overdue(waited)),
             None => self.removed(),
         }
     }
@@ -670,7 +678,12 @@ impl Pipeline {
     }
 
     /// Pushes `command` with `payload` to queue `q`.
-    fn push_to(&mut self, q: usize, command: Command, payload: Payload) -> Result<(), Error> {
+    fn push_to(
+        &mut self,
+        q: usize,
+        command: Command,
+        payload: Payload,
+    ) -> Result<(), crate::Error> {
         let command = Command {
             context: self.config.context,
             ..command
@@ -695,8 +708,8 @@ impl Pipeline {
     /// What `preprocess` returns, and ring errors (the queue broke).
     pub fn try_submit(
         &mut self,
-        preprocess: impl FnOnce(u64, &Input<'_>) -> Result<(), Error>,
-    ) -> Result<Option<u64>, Error> {
+        preprocess: impl FnOnce(u64, &Input<'_>) -> Result<(), crate::Error>,
+    ) -> Result<Option<u64>, crate::Error> {
         if self.queues.is_empty() {
             return Err(self.removed());
         }
@@ -801,7 +814,7 @@ impl Pipeline {
     ///
     /// # Errors
     /// Ring errors.
-    pub fn flush(&mut self) -> Result<(), Error> {
+    pub fn flush(&mut self) -> Result<(), crate::Error> {
         if self.unannounced == 0 {
             return Ok(());
         }
@@ -917,7 +930,10 @@ impl Pipeline {
     ///
     /// # Errors
     /// Ring errors (a completion the queue does not know).
-    pub fn poll(&mut self, mut postprocess: impl FnMut(Finished<'_>)) -> Result<usize, Error> {
+    pub fn poll(
+        &mut self,
+        mut postprocess: impl FnMut(Finished<'_>),
+    ) -> Result<usize, crate::Error> {
         let mut finished = 0;
         for q in 0..self.queues.len() {
             while let Some(done) = self.queues[q].poll_one()? {
@@ -932,9 +948,12 @@ impl Pipeline {
     /// nothing is in flight).
     ///
     /// # Errors
-    /// [`Error::Ring`] when nothing completes within the configured timeout (the device
+    /// [`crate::Error::Ring`] when nothing completes within the configured timeout (the device
     /// stopped answering), and ring errors.
-    pub fn wait(&mut self, mut postprocess: impl FnMut(Finished<'_>)) -> Result<usize, Error> {
+    pub fn wait(
+        &mut self,
+        mut postprocess: impl FnMut(Finished<'_>),
+    ) -> Result<usize, crate::Error> {
         self.flush()?;
         let mut finished = self.poll(&mut postprocess)?;
         if self.queues.is_empty() {
@@ -965,9 +984,9 @@ impl Pipeline {
     pub fn run(
         &mut self,
         frames: u64,
-        mut preprocess: impl FnMut(u64, &Input<'_>) -> Result<(), Error>,
+        mut preprocess: impl FnMut(u64, &Input<'_>) -> Result<(), crate::Error>,
         mut postprocess: impl FnMut(Finished<'_>),
-    ) -> Result<Summary, Error> {
+    ) -> Result<Summary, crate::Error> {
         let start = self.next_frame;
         let end = start + frames;
         while self.next_frame < end || self.in_flight > 0 {
@@ -986,8 +1005,8 @@ impl Pipeline {
     }
 
     /// The error of a pipeline whose device was removed.
-    fn removed(&self) -> Error {
-        Error::Device(crate::device::Error::Removed {
+    fn removed(&self) -> crate::Error {
+        crate::Error::Device(crate::device::Error::Removed {
             device: self.device.identity().to_string(),
         })
     }
@@ -1002,7 +1021,10 @@ impl Pipeline {
     /// The reset or reopening failing (the device is beyond recovery: drop the pipeline);
     /// a queue the device could not be made to stop (its slots are then leaked, never freed
     /// under the device: [`ring::leaks`]).
-    pub fn recover(&mut self, postprocess: impl FnMut(Finished<'_>)) -> Result<Recovery, Error> {
+    pub fn recover(
+        &mut self,
+        postprocess: impl FnMut(Finished<'_>),
+    ) -> Result<Recovery, crate::Error> {
         let start = Instant::now();
         if !self.device.is_removed() {
             self.device.reset()?;
@@ -1024,7 +1046,7 @@ impl Pipeline {
     pub fn reclaim(
         &mut self,
         mut postprocess: impl FnMut(Finished<'_>),
-    ) -> Result<Recovery, Error> {
+    ) -> Result<Recovery, crate::Error> {
         let start = Instant::now();
         let removed = self.device.is_removed();
         // The device is stopped (reset) or gone: every queue stops at once, handing back what
@@ -1079,7 +1101,7 @@ impl Pipeline {
     }
 
     /// Opens the queues again after a reset, as [`Pipeline::new`] did.
-    fn reopen(&mut self) -> Result<(), Error> {
+    fn reopen(&mut self) -> Result<(), crate::Error> {
         let counters = self.device.counters()?;
         for spec in &self.specs {
             let id = spec.config.id();
@@ -1112,7 +1134,10 @@ impl Pipeline {
     ///
     /// # Errors
     /// As [`Pipeline::wait`].
-    pub fn shutdown(mut self, mut postprocess: impl FnMut(Finished<'_>)) -> Result<Summary, Error> {
+    pub fn shutdown(
+        mut self,
+        mut postprocess: impl FnMut(Finished<'_>),
+    ) -> Result<Summary, crate::Error> {
         while self.in_flight > 0 {
             self.wait(&mut postprocess)?;
         }
@@ -1140,7 +1165,7 @@ fn measure_result_paths(
     queue: &mut loopback::Queue<Payload>,
     pushed: &mut u64,
     config: &Config,
-) -> Result<ResultPath, Error> {
+) -> Result<ResultPath, crate::Error> {
     let timeout = config.timeout;
     let r = model.result();
     let steps = model.steps().len();
@@ -1165,14 +1190,11 @@ fn measure_result_paths(
         queue.flush()?;
         let done = queue.wait(Some(timeout))?;
         if done.entry.loopback_code().ok() != Some(Code::Success) {
-            return Err(Error::Invalid {
-                what: format!(
-                    "the D2H copy of the {}-byte result, measured for Results::Auto (device code {})",
-                    r.bytes,
-                    done.entry.code()
-                ),
-                hint: "the device refused a copy of the model's result: check the model's result range",
-            });
+            return Err(Error::ResultCopy {
+                bytes: r.bytes,
+                code: done.entry.code(),
+            }
+            .into());
         }
         // The host's side of a copied result: reading it out of the result buffer.
         slot.result.read(0, &mut bytes)?;
@@ -1200,7 +1222,7 @@ fn push<T: Send>(
     queue: &mut loopback::Queue<T>,
     command: Command,
     payload: T,
-) -> Result<(), Error> {
+) -> Result<(), crate::Error> {
     queue.push(command, payload)?;
     Ok(())
 }
@@ -1256,11 +1278,4 @@ fn command(model: &Model, base: DeviceOffset, input: Iova, result: Iova, k: usiz
         Descriptor::to_host(base + r.offset, result, r.bytes)
     };
     d.build()
-}
-
-fn pool_too_big() -> Error {
-    Error::Invalid {
-        what: "the pipeline's host buffers".into(),
-        hint: "they do not fit the address space: lower the depth or the tensor sizes",
-    }
 }

@@ -228,6 +228,27 @@ pub enum ModelError {
     },
 }
 
+impl ModelError {
+    /// The kind of failure, as a stable [`Code`](crate::Code); the planner's refusal gives its
+    /// own. Exhaustive: a new variant must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        use crate::Code;
+        match self {
+            ModelError::OutOfArena { .. }
+            | ModelError::Misaligned { .. }
+            | ModelError::Empty { .. }
+            | ModelError::Missing(_)
+            | ModelError::Unplanned(_)
+            | ModelError::Overlap { .. }
+            | ModelError::TooLarge { .. }
+            | ModelError::Short { .. }
+            | ModelError::Filter { .. } => Code::InvalidArgument,
+            ModelError::NoHostMemory { .. } => Code::Exhausted,
+            ModelError::Plan(e) => crate::error::plan_code(e),
+        }
+    }
+}
+
 /// A model the pipeline can run: an arena size, the input tensor (written by H2D), the result
 /// tensor (read back by D2H) and the device steps between.
 #[derive(Clone, PartialEq, Eq)]

@@ -9,13 +9,13 @@
 
 use std::time::{Duration, Instant};
 
-use super::{step_name, FrameError, Model, Summary, Times};
+use super::{step_name, Error, FrameError, Model, Summary, Times};
 use crate::device::loopback::Code;
 use crate::device::Wait;
 use crate::dma::{Iova, Mapping};
 use crate::memory::PageSize;
 use crate::ring;
-use crate::{Error, Runtime};
+use crate::Runtime;
 
 /// Runs `frames` frames of `model` the naive way on `runtime`'s device (queue `queue`),
 /// calling `preprocess` to fill each frame's heap input and `postprocess` with each frame's
@@ -31,7 +31,7 @@ pub fn run(
     timeout: Duration,
     mut preprocess: impl FnMut(u64, &mut [u8]),
     mut postprocess: impl FnMut(u64, Result<&[u8], FrameError>, Times),
-) -> Result<Summary, Error> {
+) -> Result<Summary, crate::Error> {
     let mut naive = Naive::new(runtime, model.clone(), queue, 0, timeout)?;
     for frame in 0..frames {
         naive.frame(frame, &mut preprocess, &mut postprocess)?;
@@ -72,7 +72,7 @@ impl Naive {
         queue: u16,
         context: u32,
         timeout: Duration,
-    ) -> Result<Naive, Error> {
+    ) -> Result<Naive, crate::Error> {
         let per_frame = model.steps().len() + 2;
         let depth = u32::try_from((2 * per_frame).next_power_of_two()).unwrap_or(u32::MAX);
         let queue = runtime.queue_with::<u16>(
@@ -107,7 +107,7 @@ impl Naive {
         frame: u64,
         preprocess: &mut impl FnMut(u64, &mut [u8]),
         postprocess: &mut impl FnMut(u64, Result<&[u8], FrameError>, Times),
-    ) -> Result<(), Error> {
+    ) -> Result<(), crate::Error> {
         let (model, runtime, timeout) = (&self.model, &self.runtime, self.timeout);
         let per_frame = model.steps().len() + 2;
         let memory = runtime.device_memory()?;
@@ -125,7 +125,10 @@ impl Naive {
         in_map.slice().write_from(0, &host_input)?;
         let arena = memory.alloc(model.arena_bytes(), 256)?;
         let base = arena.offset();
-        let (in_iova, out_iova) = (first_iova(&in_map)?, first_iova(&out_map)?);
+        let (in_iova, out_iova) = (
+            first_iova(&in_map, "input")?,
+            first_iova(&out_map, "result")?,
+        );
         for k in 0..per_frame {
             let command = ring::Command {
                 context: self.context,
@@ -192,7 +195,7 @@ impl Naive {
     ///
     /// # Errors
     /// Ring errors.
-    pub fn shutdown(self) -> Result<Summary, Error> {
+    pub fn shutdown(self) -> Result<Summary, crate::Error> {
         let Naive {
             queue,
             timeout,
@@ -204,10 +207,7 @@ impl Naive {
     }
 }
 
-/// The IOVA of a mapping's first byte.
-fn first_iova(mapping: &Mapping) -> Result<Iova, Error> {
-    mapping.iova(0).ok_or_else(|| Error::Invalid {
-        what: "an empty DMA mapping".into(),
-        hint: "the model's input and result must be at least one word",
-    })
+/// The IOVA of the first byte of the mapping of a frame's `what` (input or result).
+fn first_iova(mapping: &Mapping, what: &'static str) -> Result<Iova, Error> {
+    mapping.iova(0).ok_or(Error::EmptyMapping { what })
 }

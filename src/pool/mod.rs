@@ -480,6 +480,32 @@ pub enum Error {
     Access(#[source] crate::dma::Error),
 }
 
+impl Error {
+    /// The kind of failure, as a stable [`Code`](crate::Code). Exhaustive: a new variant
+    /// must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        use crate::Code;
+        match self {
+            Error::Config { .. }
+            | Error::ArenaTooSmall { .. }
+            | Error::ArenaTooLarge { .. }
+            | Error::Misaligned { .. }
+            | Error::NotContiguous { .. }
+            | Error::Length { .. }
+            | Error::TooLarge { .. }
+            | Error::Unbatchable { .. }
+            | Error::BatchFull { .. } => Code::InvalidArgument,
+            Error::Exhausted { .. } => Code::Exhausted,
+            Error::NotShareable
+            | Error::NotAPool { .. }
+            | Error::Version { .. }
+            | Error::Incompatible { .. } => Code::Unsupported,
+            Error::CacheSlots { .. } => Code::System,
+            Error::Access(e) => e.code(),
+        }
+    }
+}
+
 impl From<crate::dma::Error> for Error {
     fn from(source: crate::dma::Error) -> Self {
         Error::Access(source)

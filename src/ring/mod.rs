@@ -476,6 +476,44 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The kind of failure, as a stable [`Code`](crate::Code); a wrapped module error gives
+    /// its own. Exhaustive: a new variant must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        use crate::Code;
+        match self {
+            Error::InvalidDepth { .. }
+            | Error::EntryType { .. }
+            | Error::MisalignedMemory { .. }
+            | Error::MemoryRange { .. }
+            | Error::NotContiguous { .. }
+            | Error::InvalidAlign { .. }
+            | Error::PartAlign { .. }
+            | Error::MemoryTooSmall { .. }
+            | Error::DoorbellOffset { .. }
+            | Error::SameDoorbell { .. } => Code::InvalidArgument,
+            Error::Full { .. } | Error::NoCommandId { .. } | Error::CqFull { .. } => {
+                Code::Exhausted
+            }
+            Error::Timeout { .. } | Error::Stalled { .. } => Code::Timeout,
+            Error::Removed { .. } => Code::Removed,
+            Error::UnknownCommand { .. }
+            | Error::LostCompletion { .. }
+            | Error::DuplicateCompletion { .. }
+            | Error::WrongCommand { .. }
+            | Error::Faulted { .. }
+            | Error::DeviceSqHead { .. }
+            | Error::CompletionSqHead { .. }
+            | Error::HostSqTail { .. }
+            | Error::HostCqHead { .. } => Code::Device,
+            // The device did not stop when asked, with commands in flight.
+            Error::Quiesce { .. } => Code::Device,
+            Error::Doorbell { source, .. } => source.code(),
+            Error::Interrupt { source, .. } | Error::WaitMany { source } => source.code(),
+        }
+    }
+}
+
 /// "id N" or "none in flight", for messages.
 fn expected_id(id: Option<u16>) -> String {
     id.map_or_else(

@@ -289,6 +289,21 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The kind of failure, as a stable [`Code`](crate::Code). Exhaustive: a new variant
+    /// must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        match self {
+            Error::NoStreams
+            | Error::TooManyStreams { .. }
+            | Error::ZeroBatch
+            | Error::ZeroMaxWait { .. }
+            | Error::EmptyName { .. }
+            | Error::DuplicateName { .. } => crate::Code::InvalidArgument,
+        }
+    }
+}
+
 /// How the running batch was chosen ([`Policy::Batch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {

@@ -32,7 +32,9 @@ use super::{Nanos, Policy, Scheduler, StreamId, StreamSpec};
 use crate::device::loopback::Loopback;
 use crate::irq::Waiter;
 use crate::pipeline::{Finished, Input, Pipeline};
-use crate::Error;
+
+mod error;
+pub use self::error::Error;
 
 /// When a stream's frames become ready.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -432,7 +434,7 @@ pub struct Streams {
     /// The faults of the current run.
     faults: Vec<FaultReport>,
     /// A device fault seen while dispatching, handled after it.
-    pending_fault: Option<(usize, Error)>,
+    pending_fault: Option<(usize, crate::Error)>,
     recovery: Recovery,
     /// Time spent outside the devices' reach: in `preprocess` and `postprocess`, and
     /// recovering devices (ns, growing over every run). A device is not overdue for what the
@@ -471,45 +473,44 @@ impl Streams {
     /// queue (context affinity), and the bounds of the [`super`] docs hold per device.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for no streams, an `in_flight` of 0, two streams with one name, a
-    /// stream whose context is not its pipeline's, a periodic stream with a period of 0, and
-    /// what a device's scheduler refuses (its message says what to change).
-    pub fn new(policy: Policy, streams: Vec<Stream>, in_flight: usize) -> Result<Streams, Error> {
+    /// [`crate::Error::Streams`] ([`Error`]) for no streams, an `in_flight` of 0, two streams
+    /// with one name, a stream whose context is not its pipeline's, a periodic stream with a
+    /// period of 0, and what a device's scheduler refuses ([`Error::Scheduler`]: its message
+    /// says what to change); what the interrupt waiter fails with, for streams on several
+    /// devices.
+    pub fn new(
+        policy: Policy,
+        streams: Vec<Stream>,
+        in_flight: usize,
+    ) -> Result<Streams, crate::Error> {
         if in_flight == 0 {
-            return Err(Error::Invalid {
-                what: "0 frames in flight".into(),
-                hint: "allow at least 1 frame on the device (1 keeps the scheduler's bounds)",
-            });
+            return Err(Error::ZeroInFlight.into());
         }
         if streams.is_empty() {
-            return Err(Error::Invalid {
-                what: super::Error::NoStreams.to_string(),
-                hint: "give Streams::new at least one stream",
-            });
+            return Err(Error::NoStreams.into());
         }
         for (i, s) in streams.iter().enumerate() {
             if s.spec.context != s.pipeline.config().context {
-                return Err(Error::Invalid {
-                    what: format!(
-                        "stream {:?} in context {} over a pipeline in context {}",
-                        s.spec.name,
-                        s.spec.context,
-                        s.pipeline.config().context
-                    ),
-                    hint: "build each stream's pipeline with Config::context equal to its spec's",
-                });
+                return Err(Error::Context {
+                    stream: s.spec.name.clone(),
+                    context: s.spec.context,
+                    pipeline: s.pipeline.config().context,
+                }
+                .into());
             }
             if s.arrivals == (Arrivals::Periodic { period: 0 }) {
-                return Err(Error::Invalid {
-                    what: format!("stream {:?} with a period of 0 ns", s.spec.name),
-                    hint: "give a periodic stream a period of at least 1 ns, or make it Asap",
-                });
+                return Err(Error::ZeroPeriod {
+                    stream: s.spec.name.clone(),
+                }
+                .into());
             }
             if let Some(j) = streams[..i].iter().position(|o| o.spec.name == s.spec.name) {
-                return Err(Error::Invalid {
-                    what: format!("streams {j} and {i} are both named {:?}", s.spec.name),
-                    hint: "give each stream its own name, reports use the names",
-                });
+                return Err(Error::DuplicateName {
+                    name: s.spec.name.clone(),
+                    first: j,
+                    second: i,
+                }
+                .into());
             }
         }
         // Group by device, in the order each device's first stream comes.
@@ -530,13 +531,9 @@ impl Streams {
         for g in 0..devices.len() {
             let members: Vec<usize> = (0..streams.len()).filter(|&i| device_of[i] == g).collect();
             let specs = members.iter().map(|&i| streams[i].spec.clone()).collect();
-            let scheduler = Scheduler::new(policy, specs).map_err(|e| Error::Invalid {
-                what: if devices.len() > 1 {
-                    format!("device {g}: {e}")
-                } else {
-                    e.to_string()
-                },
-                hint: "fix the streams or the policy as the message says",
+            let scheduler = Scheduler::new(policy, specs).map_err(|source| Error::Scheduler {
+                device: (devices.len() > 1).then_some(g),
+                source,
             })?;
             let timeout = members
                 .iter()
@@ -608,25 +605,22 @@ impl Streams {
     /// Treats devices that keep failing by `recovery` instead of [`Recovery::default`].
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a limit of 0 or a back-off of 0 or longer than its maximum.
-    pub fn with_recovery(mut self, recovery: Recovery) -> Result<Streams, Error> {
+    /// [`crate::Error::Streams`] ([`Error::Recovery`], [`Error::Backoff`]) for a limit of 0 or
+    /// a back-off of 0 or longer than its maximum.
+    pub fn with_recovery(mut self, recovery: Recovery) -> Result<Streams, crate::Error> {
         if recovery.max_faults == 0 || recovery.max_resets == 0 {
-            return Err(Error::Invalid {
-                what: format!(
-                    "a recovery with max_faults {} and max_resets {}",
-                    recovery.max_faults, recovery.max_resets
-                ),
-                hint: "allow at least 1 fault in a row and 1 reset per fault",
-            });
+            return Err(Error::Recovery {
+                max_faults: recovery.max_faults,
+                max_resets: recovery.max_resets,
+            }
+            .into());
         }
         if recovery.backoff.is_zero() || recovery.backoff > recovery.max_backoff {
-            return Err(Error::Invalid {
-                what: format!(
-                    "a back-off of {:?} with a maximum of {:?}",
-                    recovery.backoff, recovery.max_backoff
-                ),
-                hint: "give a back-off above 0 and at most max_backoff (10 ms and 1 s by default)",
-            });
+            return Err(Error::Backoff {
+                backoff: recovery.backoff,
+                max_backoff: recovery.max_backoff,
+            }
+            .into());
         }
         self.recovery = recovery;
         Ok(self)
@@ -693,9 +687,9 @@ impl Streams {
     pub fn run(
         &mut self,
         duration: Duration,
-        mut preprocess: impl FnMut(StreamId, u64, &Input<'_>) -> Result<(), Error>,
+        mut preprocess: impl FnMut(StreamId, u64, &Input<'_>) -> Result<(), crate::Error>,
         mut postprocess: impl FnMut(StreamId, Finished<'_>),
-    ) -> Result<RunReport, Error> {
+    ) -> Result<RunReport, crate::Error> {
         let start = Instant::now();
         let end = nanos(duration);
         // Nothing here allocates: a run's steady state allocates nothing.
@@ -845,7 +839,7 @@ impl Streams {
         start: Instant,
         block: bool,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
-    ) -> Result<(), Error> {
+    ) -> Result<(), crate::Error> {
         match self.reap(i, start, block, postprocess) {
             Err(err) if is_device_fault(&err) => {
                 let g = self.states[i].group;
@@ -861,10 +855,10 @@ impl Streams {
     fn recover(
         &mut self,
         g: usize,
-        err: Error,
+        err: crate::Error,
         start: Instant,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
-    ) -> Result<(), Error> {
+    ) -> Result<(), crate::Error> {
         self.away(|this| this.recover_from(g, err, start, postprocess))
     }
 
@@ -883,10 +877,10 @@ impl Streams {
     fn recover_from(
         &mut self,
         g: usize,
-        err: Error,
+        err: crate::Error,
         start: Instant,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
-    ) -> Result<(), Error> {
+    ) -> Result<(), crate::Error> {
         let at_ns = nanos(start.elapsed());
         let Some(&first) = self.groups[g].members.first() else {
             return Err(err);
@@ -926,7 +920,7 @@ impl Streams {
         &mut self,
         start: Instant,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
-    ) -> Result<(), Error> {
+    ) -> Result<(), crate::Error> {
         let now = Instant::now();
         for g in 0..self.groups.len() {
             let Some(down) = &self.groups[g].down else {
@@ -952,7 +946,7 @@ impl Streams {
         f: usize,
         start: Instant,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
-    ) -> Result<(), Error> {
+    ) -> Result<(), crate::Error> {
         let first = self.groups[g].members[0];
         let device = Arc::clone(self.states[first].stream.pipeline.device());
         self.faults[f].resets += 1;
@@ -982,7 +976,7 @@ impl Streams {
         g: usize,
         start: Instant,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
-    ) -> Result<(), Error> {
+    ) -> Result<(), crate::Error> {
         let Some(down) = self.groups[g].down.as_mut() else {
             return Ok(());
         };
@@ -1011,7 +1005,7 @@ impl Streams {
         result: Result<(), String>,
         start: Instant,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
-    ) -> Result<(), Error> {
+    ) -> Result<(), crate::Error> {
         if let Err(err) = result {
             self.faults[f].reset_error = Some(err);
             let tries = self.faults[f].resets;
@@ -1056,7 +1050,7 @@ impl Streams {
         f: usize,
         start: Instant,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
-    ) -> Result<(), Error> {
+    ) -> Result<(), crate::Error> {
         for k in 0..self.groups[g].members.len() {
             let i = self.groups[g].members[k];
             let before = self.states[i].frames;
@@ -1117,7 +1111,7 @@ impl Streams {
         &mut self,
         start: Instant,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
-    ) -> Result<(), Error> {
+    ) -> Result<(), crate::Error> {
         for g in 0..self.groups.len() {
             let now = nanos(start.elapsed());
             let group = &self.groups[g];
@@ -1197,8 +1191,8 @@ impl Streams {
         &mut self,
         now: Nanos,
         start: Instant,
-        preprocess: &mut impl FnMut(StreamId, u64, &Input<'_>) -> Result<(), Error>,
-    ) -> Result<bool, Error> {
+        preprocess: &mut impl FnMut(StreamId, u64, &Input<'_>) -> Result<(), crate::Error>,
+    ) -> Result<bool, crate::Error> {
         let mut any = false;
         let clock = Instant::now();
         for g in 0..self.groups.len() {
@@ -1264,7 +1258,7 @@ impl Streams {
     }
 
     /// Sleeps until a busy pipeline has a completion, or `timeout` passes.
-    fn sleep_any(&mut self, timeout: Duration) -> Result<(), Error> {
+    fn sleep_any(&mut self, timeout: Duration) -> Result<(), crate::Error> {
         let groups = &self.groups;
         let busy = |s: &State| !s.dispatched.is_empty() && groups[s.group].down.is_none();
         if self
@@ -1297,7 +1291,7 @@ impl Streams {
                 queue.disarm_interrupt();
             }
         }
-        slept.map_err(Error::from)
+        slept.map_err(crate::Error::from)
     }
 
     /// Hands stream `i`'s finished frames to `postprocess` (waiting for one if `block`).
@@ -1307,7 +1301,7 @@ impl Streams {
         start: Instant,
         block: bool,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
-    ) -> Result<(), Error> {
+    ) -> Result<(), crate::Error> {
         if self.states[i].dispatched.is_empty() {
             return Ok(());
         }
@@ -1330,8 +1324,8 @@ impl Streams {
         start: Instant,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
         answered: bool,
-        take: impl FnOnce(&mut Pipeline, &mut dyn FnMut(Finished<'_>)) -> Result<R, Error>,
-    ) -> Result<R, Error> {
+        take: impl FnOnce(&mut Pipeline, &mut dyn FnMut(Finished<'_>)) -> Result<R, crate::Error>,
+    ) -> Result<R, crate::Error> {
         let s = &mut self.states[i];
         let group = &mut self.groups[s.group];
         let dispatched = &mut s.dispatched;
@@ -1387,7 +1381,7 @@ impl Streams {
 
 /// Whether `err` is a device fault a run recovers from: a wait that timed out (the device
 /// stopped answering), the device breaking its protocol, or its removal.
-fn is_device_fault(err: &Error) -> bool {
+fn is_device_fault(err: &crate::Error) -> bool {
     matches!(
         err.code(),
         crate::Code::Timeout | crate::Code::Device | crate::Code::Removed

@@ -386,6 +386,49 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The kind of failure, as a stable [`Code`](crate::Code). Exhaustive: a new variant
+    /// must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        use crate::Code;
+        match self {
+            Error::Depth { .. }
+            | Error::Misaligned { .. }
+            | Error::Empty
+            | Error::Offset { .. }
+            | Error::NotRegistered { .. }
+            | Error::ReadOnly { .. }
+            | Error::Length { .. }
+            | Error::NotAStream { .. }
+            | Error::ShortFrame { .. }
+            | Error::InPlaceResult { .. }
+            | Error::ShortRead { .. }
+            | Error::Eof { .. } => Code::InvalidArgument,
+            // A wait with nothing to wait for: the caller's sequence of calls is wrong.
+            Error::Idle => Code::InvalidArgument,
+            Error::Unavailable { .. } | Error::DirectUnsupported { .. } => Code::Unsupported,
+            Error::Disabled { .. } | Error::MemlockLimit { .. } | Error::Register { .. } => {
+                Code::Refused
+            }
+            Error::TooManyFixedBuffers { .. } | Error::Full { .. } => Code::Exhausted,
+            Error::Open { source, .. } | Error::Stat { source, .. }
+                if source.kind() == io::ErrorKind::NotFound =>
+            {
+                Code::NotFound
+            }
+            // A system call failed, or the kernel completed a request with an error, short,
+            // or cancelled (on the caller's `cancel`, or the kernel's own).
+            Error::Open { .. }
+            | Error::Stat { .. }
+            | Error::RingSetup { .. }
+            | Error::Enter(_)
+            | Error::Io { .. }
+            | Error::ShortWrite { .. }
+            | Error::Cancelled { .. } => Code::System,
+        }
+    }
+}
+
 /// A request the stager did not take: the reason, and the buffer back.
 pub struct Refused {
     /// Why.

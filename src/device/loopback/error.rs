@@ -85,6 +85,24 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The kind of failure, as a stable [`Code`](crate::Code). Exhaustive: a new variant
+    /// must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        use crate::Code;
+        match self {
+            // A setting, or the environment `serve_process` was started with, is wrong.
+            Error::Config { .. } | Error::NotDeviceProcess { .. } => Code::InvalidArgument,
+            Error::QueueFault { .. } | Error::Stopped { .. } | Error::Protocol { .. } => {
+                Code::Device
+            }
+            // A thread, a process, or a control-socket call (or the call the device process
+            // made for it, its errno sent back) failed.
+            Error::Thread { .. } | Error::Spawn { .. } | Error::Control { .. } => Code::System,
+        }
+    }
+}
+
 /// ` (its process exited ...)` when known.
 fn exit_detail(exit: &Option<std::process::ExitStatus>) -> String {
     exit.as_ref()

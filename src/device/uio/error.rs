@@ -43,3 +43,16 @@ pub enum Error {
         domain: String,
     },
 }
+
+impl Error {
+    /// The kind of failure, as a stable [`Code`](crate::Code). Exhaustive: a new variant
+    /// must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        use crate::Code;
+        match self {
+            Error::NoUioNode { .. } => Code::NotFound,
+            Error::IommuTranslates { .. } => Code::Refused,
+            Error::Node { .. } => Code::System,
+        }
+    }
+}

@@ -139,6 +139,24 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The kind of failure, as a stable [`Code`](crate::Code). Exhaustive: a new variant
+    /// must be given its code here.
+    pub fn code(&self) -> crate::Code {
+        use crate::Code;
+        match self {
+            Error::NoSuchIrq { .. } | Error::NoGroup { .. } => Code::NotFound,
+            Error::NoIommuRefused { .. } | Error::GroupNotViable { .. } => Code::Refused,
+            Error::Unsupported { .. } | Error::NotMaskable { .. } => Code::Unsupported,
+            Error::MalformedRegion { .. } => Code::Device,
+            // The caller put the device in a shared container that cannot take it (a narrower
+            // DMA mask, the other IOMMU model): give it its own.
+            Error::ContainerMask { .. } | Error::ContainerModel { .. } => Code::InvalidArgument,
+            Error::Container { .. } | Error::Ioctl { .. } | Error::MapBar { .. } => Code::System,
+        }
+    }
+}
+
 /// What to do about a failed VFIO ioctl.
 fn ioctl_hint(ioctl: &str) -> &'static str {
     match ioctl {

@@ -1,0 +1,513 @@
+//! Each wrapped error's code: the existing mappings, the new typed errors (once strings with
+//! `InvalidArgument`), and the variants given a code deliberately when the wildcard went.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::memory::PageSize;
+use crate::sched::streams;
+
+#[test]
+fn module_errors_convert_with_their_codes_and_messages() {
+    let e: Error = pool::Error::Exhausted {
+        len: 4096,
+        waited: std::time::Duration::ZERO,
+    }
+    .into();
+    assert_eq!(e.code(), Code::Exhausted);
+    let e: Error = device::Error::QueueBusy { queue: 3 }.into();
+    assert_eq!((e.code(), e.code().raw()), (Code::Busy, 4));
+    assert!(e.to_string().contains('3'), "{e}");
+    let e: Error = dma::Error::InvalidDmaMask { bits: 99 }.into();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(e);
+    assert!(boxed.to_string().contains("99"));
+}
+
+fn bdf() -> pci::Bdf {
+    "0000:01:00.0".parse().unwrap()
+}
+
+fn os(errno: i32) -> io::Error {
+    io::Error::from_raw_os_error(errno)
+}
+
+/// Asserts each error's code and that its message is the wrapped error's (or its own).
+fn check(table: Vec<(Error, Code)>) {
+    for (e, code) in table {
+        assert_eq!(e.code(), code, "{e:?}");
+        assert!(!e.to_string().is_empty(), "{e:?}");
+    }
+}
+
+/// The planner's, the model's, the pipeline's, the scheduler's and the streams' errors,
+/// once strings in `Error::Invalid` (`InvalidArgument`), keep that code as typed errors;
+/// a model without host memory is `Exhausted`, as the C API has always said.
+#[test]
+fn planner_model_pipeline_and_scheduler_errors_keep_their_codes() {
+    let invalid = Code::InvalidArgument;
+    let tensor = || "tensor 1".to_owned();
+    check(vec![
+        (
+            plan::Error::TooManyTensors { count: 9, max: 8 }.into(),
+            invalid,
+        ),
+        (plan::Error::Alignment { align: 3 }.into(), invalid),
+        (plan::Error::ZeroSize { tensor: tensor() }.into(), invalid),
+        (
+            plan::Error::Interval {
+                tensor: tensor(),
+                first: 2,
+                last: 1,
+            }
+            .into(),
+            invalid,
+        ),
+        (
+            plan::Error::DuplicateId {
+                tensor: tensor(),
+                id: 1,
+            }
+            .into(),
+            invalid,
+        ),
+        (
+            plan::Error::UnknownInput {
+                tensor: tensor(),
+                input: 7,
+            }
+            .into(),
+            invalid,
+        ),
+        (
+            plan::Error::Misaligned {
+                tensor: tensor(),
+                offset: 3,
+                align: 4,
+            }
+            .into(),
+            invalid,
+        ),
+        (
+            plan::Error::FixedCollision {
+                tensor: tensor(),
+                offset: 0,
+                end: 8,
+                other: "tensor 2".into(),
+            }
+            .into(),
+            invalid,
+        ),
+        (
+            plan::Error::Overflow {
+                tensor: tensor(),
+                what: "the sum",
+            }
+            .into(),
+            invalid,
+        ),
+    ]);
+    use pipeline::ModelError as M;
+    let what = || "the input".to_owned();
+    check(vec![
+        (
+            M::OutOfArena {
+                what: what(),
+                offset: 0,
+                bytes: 8,
+                arena: 4,
+            }
+            .into(),
+            invalid,
+        ),
+        (
+            M::Misaligned {
+                what: what(),
+                offset: 1,
+                bytes: 4,
+            }
+            .into(),
+            invalid,
+        ),
+        (M::Empty { what: what() }.into(), invalid),
+        (M::Missing("input").into(), invalid),
+        (M::Unplanned(3).into(), invalid),
+        (
+            M::Overlap {
+                step: 1,
+                offset: 0,
+                bytes: 4,
+            }
+            .into(),
+            invalid,
+        ),
+        (
+            M::TooLarge {
+                what: "layers",
+                value: 9,
+                max: 8,
+                hint: "fewer",
+            }
+            .into(),
+            invalid,
+        ),
+        (
+            M::NoHostMemory {
+                what: "the arena",
+                bytes: 1 << 40,
+            }
+            .into(),
+            Code::Exhausted,
+        ),
+        (
+            M::Short {
+                what: "input",
+                len: 1,
+                need: 4,
+            }
+            .into(),
+            invalid,
+        ),
+        (M::Plan(plan::Error::Alignment { align: 0 }).into(), invalid),
+        (
+            M::Filter {
+                record: 3,
+                score_at: 0,
+                bytes: 64,
+            }
+            .into(),
+            invalid,
+        ),
+    ]);
+    use pipeline::Error as P;
+    check(vec![
+        (P::Depth { depth: 0, batch: 1 }.into(), invalid),
+        (
+            P::Queues {
+                queue: u16::MAX,
+                after: 2,
+            }
+            .into(),
+            invalid,
+        ),
+        (
+            P::HostBuffers {
+                depth: 1024,
+                slot_bytes: u64::MAX / 1024,
+            }
+            .into(),
+            invalid,
+        ),
+        (P::ResultCopy { bytes: 64, code: 3 }.into(), invalid),
+        (
+            P::OutsideResult {
+                offset: 61,
+                len: 4,
+                size: 64,
+            }
+            .into(),
+            invalid,
+        ),
+        (P::EmptyMapping { what: "input" }.into(), invalid),
+    ]);
+    use sched::Error as S;
+    let name = || "cam".to_owned();
+    let scheduler = vec![
+        S::NoStreams,
+        S::TooManyStreams { count: 65, max: 64 },
+        S::ZeroBatch,
+        S::ZeroMaxWait { stream: name() },
+        S::EmptyName { index: 0 },
+        S::DuplicateName {
+            name: name(),
+            first: 0,
+            second: 1,
+        },
+    ];
+    check(
+        scheduler
+            .iter()
+            .map(|e| (e.clone().into(), invalid))
+            .collect(),
+    );
+    use streams::Error as T;
+    let mut on_streams = vec![
+        T::ZeroInFlight,
+        T::NoStreams,
+        T::Context {
+            stream: name(),
+            context: 9,
+            pipeline: 1,
+        },
+        T::ZeroPeriod { stream: name() },
+        T::DuplicateName {
+            name: name(),
+            first: 0,
+            second: 1,
+        },
+        T::Recovery {
+            max_faults: 0,
+            max_resets: 1,
+        },
+        T::Backoff {
+            backoff: Duration::ZERO,
+            max_backoff: Duration::from_secs(1),
+        },
+    ];
+    for (device, source) in [None, Some(1)].into_iter().zip(scheduler) {
+        on_streams.push(T::Scheduler { device, source });
+    }
+    check(
+        on_streams
+            .into_iter()
+            .map(|e| (e.into(), invalid))
+            .collect(),
+    );
+    let e: Error = T::Scheduler {
+        device: Some(1),
+        source: S::ZeroBatch,
+    }
+    .into();
+    assert!(
+        e.to_string()
+            .starts_with("device 1: batch switching with K = 0"),
+        "{e}"
+    );
+    let e: Error = T::Scheduler {
+        device: None,
+        source: S::ZeroBatch,
+    }
+    .into();
+    assert!(e.to_string().starts_with("batch switching"), "{e}");
+    let unsupported = Error::Unsupported {
+        device: "d".into(),
+        what: "x",
+        hint: "y",
+    };
+    check(vec![(unsupported, Code::Unsupported)]);
+}
+
+/// The variants that fell under the old wildcard arm (`System`) and were given a code of
+/// their own (or their wrapped error's), and some that stay `System`.
+#[test]
+fn variants_once_under_the_wildcard_have_their_chosen_codes() {
+    let open = |source| device::Error::Open {
+        bdf: bdf(),
+        path: "/dev/vfio/7".into(),
+        source,
+    };
+    let read = mmio::Error::Read {
+        offset: 0,
+        file_offset: 0,
+        width: mmio::Width::U32,
+        source: os(libc::EIO),
+    };
+    let outside = || mmio::Error::OutOfBounds {
+        offset: 8,
+        len: 4,
+        size: 8,
+    };
+    let not_contiguous = memory::Error::NotContiguous {
+        offset: 0,
+        page_size: PageSize::Base,
+        subpage: 1,
+        expected: 2,
+        found: 3,
+    };
+    let unmap = dma::Error::Unmap {
+        kind: dma::Kind::Type1,
+        iova: 0x1000,
+        len: 0x1000,
+        source: os(libc::EINVAL),
+    };
+    let path = || std::path::PathBuf::from("f");
+    check(vec![
+        // A device node: missing, forbidden, held by another process, other.
+        (open(os(libc::ENOENT)).into(), Code::NotFound),
+        (open(os(libc::EACCES)).into(), Code::Refused),
+        (open(os(libc::EBUSY)).into(), Code::Busy),
+        (open(os(libc::EIO)).into(), Code::System),
+        // Wrapped module errors give their own codes.
+        (
+            device::Error::Register {
+                offset: 8,
+                source: outside(),
+            }
+            .into(),
+            Code::InvalidArgument,
+        ),
+        (
+            device::Error::Register {
+                offset: 0,
+                source: read,
+            }
+            .into(),
+            Code::System,
+        ),
+        (
+            device::Error::ConfigAccess {
+                bdf: bdf(),
+                offset: 0x100,
+                source: outside(),
+            }
+            .into(),
+            Code::InvalidArgument,
+        ),
+        (
+            device::Error::Interrupt {
+                vector: 0,
+                source: irq::Error::Create {
+                    source: os(libc::EMFILE),
+                },
+            }
+            .into(),
+            Code::System,
+        ),
+        (
+            device::Error::Events {
+                source: irq::Error::UnknownToken { token: 1 },
+            }
+            .into(),
+            Code::NotFound,
+        ),
+        (
+            device::Error::DmaSpace {
+                bdf: bdf(),
+                source: dma::Error::InvalidDmaMask { bits: 0 },
+            }
+            .into(),
+            Code::InvalidArgument,
+        ),
+        (
+            dma::Error::Physical {
+                source: not_contiguous,
+            }
+            .into(),
+            Code::Unsupported,
+        ),
+        (
+            dma::Error::Physical {
+                source: memory::Error::PhysicalAddressHidden,
+            }
+            .into(),
+            Code::Unsupported,
+        ),
+        (
+            dma::Error::UnmapFailed {
+                source: Arc::new(unmap),
+            }
+            .into(),
+            Code::System,
+        ),
+        (
+            dma::Error::IovaUnavailable {
+                range: dma::IovaRange {
+                    start: 0x1000,
+                    last: 0x1fff,
+                },
+                mask_bits: 32,
+                ranges: dma::RangeList(Vec::new()),
+            }
+            .into(),
+            Code::Busy,
+        ),
+        (
+            ring::Error::Interrupt {
+                queue: 0,
+                source: irq::Error::UnknownToken { token: 2 },
+            }
+            .into(),
+            Code::NotFound,
+        ),
+        (
+            ring::Error::Quiesce {
+                queue: 0,
+                in_flight: 1,
+                leaked: 1,
+                source: io::ErrorKind::TimedOut.into(),
+            }
+            .into(),
+            Code::Device,
+        ),
+        // The caller's file or setting.
+        (
+            memory::Error::UnexpectedHugetlbfs {
+                block_size: 2 << 20,
+            }
+            .into(),
+            Code::InvalidArgument,
+        ),
+        (
+            memory::Error::FileTooShort {
+                len: 8192,
+                file_len: 4096,
+            }
+            .into(),
+            Code::InvalidArgument,
+        ),
+        (
+            device::Error::Loopback(device::loopback::Error::NotDeviceProcess {
+                variable: "X",
+                defect: "unset",
+            })
+            .into(),
+            Code::InvalidArgument,
+        ),
+        (
+            device::Error::Vfio(device::vfio::Error::ContainerMask {
+                bdf: bdf(),
+                wanted: 32,
+                space: 64,
+            })
+            .into(),
+            Code::InvalidArgument,
+        ),
+        (
+            device::Error::Vfio(device::vfio::Error::ContainerModel {
+                bdf: bdf(),
+                model: "no-IOMMU",
+            })
+            .into(),
+            Code::InvalidArgument,
+        ),
+        (stage::Error::Idle.into(), Code::InvalidArgument),
+        // Failing system calls, and the kernel's own answers, stay `System`.
+        (
+            device::Error::Loopback(device::loopback::Error::Control {
+                operation: "MAP",
+                source: os(libc::ENOMEM),
+            })
+            .into(),
+            Code::System,
+        ),
+        (
+            stage::Error::Cancelled {
+                op: stage::Op::Read,
+                path: path(),
+                offset: 0,
+            }
+            .into(),
+            Code::System,
+        ),
+        (
+            memory::Error::WrongNode {
+                offset: 0,
+                node: 1,
+                found: 0,
+            }
+            .into(),
+            Code::System,
+        ),
+        (
+            pci::Error::Parse {
+                path: path(),
+                value: "x".into(),
+                expected: "hex",
+            }
+            .into(),
+            Code::System,
+        ),
+    ]);
+}
