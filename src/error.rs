@@ -74,6 +74,23 @@ pub enum Error {
         /// What to do instead.
         hint: &'static str,
     },
+    /// The caller's own code failed: a `preprocess` or fill callback ([`Pipeline::try_submit`],
+    /// [`Streams::run`]) returned this for a reason of its own (a camera frame that did not
+    /// come, a file that would not read), handed back as it was. Its code is
+    /// [`Code::InvalidArgument`]: the frame's input could not be made; match the variant for
+    /// the cause.
+    ///
+    /// [`Pipeline::try_submit`]: crate::pipeline::Pipeline::try_submit
+    /// [`Streams::run`]: crate::sched::streams::Streams::run
+    #[error("{0}")]
+    Caller(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl Error {
+    /// The caller's own failure, from a callback ([`Error::Caller`]).
+    pub fn caller(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Error {
+        Error::Caller(error.into())
+    }
 }
 
 /// What kind of failure an [`Error`] is: stable numbers, never reused (new kinds get new
@@ -131,6 +148,7 @@ impl Error {
             Error::Sched(e) => e.code(),
             Error::Streams(e) => e.code(),
             Error::Unsupported { .. } => Code::Unsupported,
+            Error::Caller(_) => Code::InvalidArgument,
         }
     }
 }

@@ -511,3 +511,15 @@ fn variants_once_under_the_wildcard_have_their_chosen_codes() {
         ),
     ]);
 }
+
+#[test]
+fn a_callers_own_failure_is_handed_back_as_it_was() {
+    let e = Error::caller("camera 2 sent no frame");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert_eq!(e.to_string(), "camera 2 sent no frame");
+    let io = Error::caller(std::io::Error::other("short read"));
+    let Error::Caller(inner) = &io else {
+        panic!("{io:?}");
+    };
+    assert!(inner.downcast_ref::<std::io::Error>().is_some());
+}
