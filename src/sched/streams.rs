@@ -219,6 +219,8 @@ struct Group {
     /// held it ([`DeviceReport::longest_frame_ns`]).
     last_done: Nanos,
     longest_frame: Nanos,
+    /// When it last took a frame in this run (the loop's clock, as waits are counted).
+    last_dispatch: Option<Nanos>,
 }
 
 /// A device being reset, or whose reset failed and waits for the next try.
@@ -392,11 +394,13 @@ pub struct DeviceReport {
     pub switches: u64,
     /// Decisions its scheduler made.
     pub decisions: u64,
-    /// The longest one frame held the device, as the loop saw it: from its dispatch (its
-    /// `preprocess` included) or the device's previous completion, whichever came later, to
-    /// its completion, in ns (0 if it finished none). The service time a stated wait bound
-    /// holds for ([`Scheduler::wait_bound`]): a device (or a host) slower than its model shows
-    /// here.
+    /// The longest one frame held the device, as the loop saw it, in ns (0 if it finished
+    /// none): from its dispatch (its `preprocess` included) or the device's previous
+    /// completion, whichever came later, to its completion; and, where the next frame was
+    /// already waiting when it finished, from its dispatch to that next dispatch (its
+    /// `postprocess` and the loop's turn included, as the waiting frame saw them). The service
+    /// time a stated wait bound holds for ([`Scheduler::wait_bound`]): a device (or a host)
+    /// slower than its model shows here.
     pub longest_frame_ns: Nanos,
 }
 
@@ -551,6 +555,7 @@ impl Streams {
                 timeout,
                 last_done: 0,
                 longest_frame: 0,
+                last_dispatch: None,
                 scheduler,
                 oldest: vec![None; members.len()],
                 members,
@@ -695,7 +700,7 @@ impl Streams {
         // Nothing here allocates: a run's steady state allocates nothing.
         for g in &mut self.groups {
             g.at_start = (g.scheduler.switches(), g.scheduler.decisions());
-            (g.last_done, g.longest_frame) = (0, 0);
+            (g.last_done, g.longest_frame, g.last_dispatch) = (0, 0, None);
         }
         for s in &mut self.states {
             s.queue.restart();
@@ -1243,6 +1248,16 @@ impl Streams {
                 let head = arrival.max(s.last_dispatch);
                 s.max_head_wait = s.max_head_wait.max(now.saturating_sub(head));
                 s.last_dispatch = now;
+                // The device's previous frame held it until this one could go, if this one was
+                // waiting when that one finished: from that dispatch to this one, its
+                // postprocess and the loop's own turn included, as this frame's wait saw it.
+                let group = &mut self.groups[g];
+                if let Some(prev) = group.last_dispatch {
+                    if head <= group.last_done && group.last_done >= prev {
+                        group.longest_frame = group.longest_frame.max(now.saturating_sub(prev));
+                    }
+                }
+                group.last_dispatch = Some(now);
                 s.dispatched.push_back((arrival, now));
                 if idle {
                     self.groups[g].progress = at;

@@ -598,9 +598,11 @@ pub fn serve_process() -> Result<(), Error> {
         faults: Vec::new(),
     };
     if let Some(cpu) = settings.cpu {
-        // The engine thread spawned below inherits the mask. A CPU the process may not use is
-        // the host's configuration error: say so (EINVAL) and stop.
-        if shim::pin_to_cpu(cpu).is_err() {
+        // The whole process runs there: the engine thread spawned below inherits the mask,
+        // and threads started before (a test harness's, a sanitizer runtime's) are moved. A
+        // CPU the process may not use is the host's configuration error: say so (EINVAL) and
+        // stop.
+        if shim::pin_process_to_cpu(cpu).is_err() {
             ack(socket.as_fd(), HELLO, libc::EINVAL)?;
             return Err(super::config::bad_engine_cpu(Some(cpu)));
         }

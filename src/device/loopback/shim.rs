@@ -35,6 +35,29 @@ pub(super) fn pin_to_cpu(cpu: u32) -> io::Result<()> {
     Ok(sched_setaffinity(Pid::from_raw(0), &set)?)
 }
 
+/// Pins every thread of this process to `cpu`: the calling thread (its error returned), then
+/// every other one `/proc/self/task` lists (a harness's or a sanitizer runtime's threads, started
+/// before the device process knew its CPU; one that exits meanwhile is skipped).
+pub(super) fn pin_process_to_cpu(cpu: u32) -> io::Result<()> {
+    pin_to_cpu(cpu)?;
+    let mut set = CpuSet::new();
+    set.set(usize::try_from(cpu).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?)?;
+    for entry in std::fs::read_dir("/proc/self/task")?.flatten() {
+        let Some(tid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        match sched_setaffinity(Pid::from_raw(tid), &set) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Ok(())
+}
+
 /// Sets the calling thread's timer slack (`prctl(PR_SET_TIMERSLACK)`): how late the kernel may
 /// end its sleeps to batch wake-ups (50 µs by default), here made small so a modelled wait
 /// ends when it should.
