@@ -86,6 +86,7 @@ pub enum Error {
     Caller(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
+#[cfg(not(loom))]
 impl Error {
     /// The caller's own failure, from a callback ([`Error::Caller`]).
     pub fn caller(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Error {
