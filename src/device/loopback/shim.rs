@@ -26,31 +26,38 @@ use crate::sync::AtomicU32;
 /// The most descriptors one message carries.
 pub(super) const MAX_FDS: usize = 64;
 
-/// Restricts the calling thread to `cpu` (`sched_setaffinity`).
-pub(super) fn pin_to_cpu(cpu: u32) -> io::Result<()> {
+/// The set of `cpu` alone. A CPU past the set's size is EINVAL, as the kernel says of a CPU it
+/// does not have.
+fn only(cpu: u32) -> io::Result<CpuSet> {
     let cpu = usize::try_from(cpu).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let mut set = CpuSet::new();
-    // A CPU past the set's size is EINVAL, as the kernel says of a CPU it does not have.
     set.set(cpu)?;
-    Ok(sched_setaffinity(Pid::from_raw(0), &set)?)
+    Ok(set)
+}
+
+/// Restricts the calling thread to `cpu` (`sched_setaffinity`).
+pub(super) fn pin_to_cpu(cpu: u32) -> io::Result<()> {
+    Ok(sched_setaffinity(Pid::from_raw(0), &only(cpu)?)?)
 }
 
 /// Pins every thread of this process to `cpu`: the calling thread (its error returned), then
 /// every other one `/proc/self/task` lists (a harness's or a sanitizer runtime's threads, started
 /// before the device process knew its CPU; one that exits meanwhile is skipped).
 pub(super) fn pin_process_to_cpu(cpu: u32) -> io::Result<()> {
-    pin_to_cpu(cpu)?;
-    let mut set = CpuSet::new();
-    set.set(usize::try_from(cpu).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?)?;
+    let set = only(cpu)?;
+    sched_setaffinity(Pid::from_raw(0), &set)?;
+    let me = nix::unistd::gettid();
     for entry in std::fs::read_dir("/proc/self/task")?.flatten() {
         let Some(tid) = entry
             .file_name()
             .to_str()
             .and_then(|t| t.parse::<i32>().ok())
+            .map(Pid::from_raw)
+            .filter(|&tid| tid != me)
         else {
             continue;
         };
-        match sched_setaffinity(Pid::from_raw(tid), &set) {
+        match sched_setaffinity(tid, &set) {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
             Err(err) => return Err(err.into()),
         }
