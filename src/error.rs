@@ -8,12 +8,11 @@
 //! type wraps them without losing anything, so `std::error::Error::source` walks down to the
 //! system call that failed, and [`Error::code`] asks the wrapped error for its code.
 //!
-//! The planner's error is the one exception: the `userdma-plan` package depends on nothing of
-//! this crate (not even [`Code`]), so its codes are given here, by [`plan_code`], as
-//! exhaustively.
+//! The inference layer (the `userdma-infer` package) has an error of its own that wraps this
+//! one beside the planner's, the pipeline's, the scheduler's and staging's.
 
 #[cfg(not(loom))]
-use crate::{device, dma, irq, memory, mmio, pci, pipeline, plan, pool, ring, sched, stage};
+use crate::{device, dma, irq, memory, mmio, pci, pool, ring};
 
 /// Any failure of the crate. Its `Display` is the failing module's message; the cause chain is
 /// intact.
@@ -45,25 +44,6 @@ pub enum Error {
     /// The buffer pool.
     #[error(transparent)]
     Pool(#[from] pool::Error),
-    /// Staging files through io_uring.
-    #[error(transparent)]
-    Stage(#[from] stage::Error),
-    /// The planner refused its tensors or options.
-    #[error(transparent)]
-    Plan(#[from] plan::Error),
-    /// A model the pipeline cannot run.
-    #[error(transparent)]
-    Model(#[from] pipeline::ModelError),
-    /// A pipeline setting out of range (a depth, a batch, queues), or a request outside a
-    /// result.
-    #[error(transparent)]
-    Pipeline(#[from] pipeline::Error),
-    /// A scheduler refused its streams or policy.
-    #[error(transparent)]
-    Sched(#[from] sched::Error),
-    /// Streams on devices refused their streams or settings.
-    #[error(transparent)]
-    Streams(#[from] sched::streams::Error),
     /// A runtime asked for something its device does not have.
     #[error("{device} has no {what}: {hint}")]
     Unsupported {
@@ -74,29 +54,12 @@ pub enum Error {
         /// What to do instead.
         hint: &'static str,
     },
-    /// The caller's own code failed: a `preprocess` or fill callback ([`Pipeline::try_submit`],
-    /// [`Streams::run`]) returned this for a reason of its own (a camera frame that did not
-    /// come, a file that would not read), handed back as it was. Its code is
-    /// [`Code::InvalidArgument`]: the frame's input could not be made; match the variant for
-    /// the cause.
-    ///
-    /// [`Pipeline::try_submit`]: crate::pipeline::Pipeline::try_submit
-    /// [`Streams::run`]: crate::sched::streams::Streams::run
-    #[error("{0}")]
-    Caller(Box<dyn std::error::Error + Send + Sync + 'static>),
-}
-
-#[cfg(not(loom))]
-impl Error {
-    /// The caller's own failure, from a callback ([`Error::Caller`]).
-    pub fn caller(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Error {
-        Error::Caller(error.into())
-    }
 }
 
 /// What kind of failure an [`Error`] is: stable numbers, never reused (new kinds get new
 /// numbers). 0 is success in the C API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[repr(i32)]
 pub enum Code {
     /// An argument or configuration out of range, malformed input.
@@ -142,35 +105,8 @@ impl Error {
             Error::Device(e) => e.code(),
             Error::Ring(e) => e.code(),
             Error::Pool(e) => e.code(),
-            Error::Stage(e) => e.code(),
-            Error::Plan(e) => plan_code(e),
-            Error::Model(e) => e.code(),
-            Error::Pipeline(e) => e.code(),
-            Error::Sched(e) => e.code(),
-            Error::Streams(e) => e.code(),
             Error::Unsupported { .. } => Code::Unsupported,
-            Error::Caller(_) => Code::InvalidArgument,
         }
-    }
-}
-
-/// The code of a planner's refusal ([`plan::Error`]), given here because `userdma-plan`
-/// depends on nothing of this crate. Exhaustive like a module's own `code()`: `plan::Error` is
-/// not `#[non_exhaustive]`, so a new planner variant fails to compile here until it has its
-/// code. Every one is a refusal of the caller's tensors or options.
-#[cfg(not(loom))]
-pub(crate) fn plan_code(e: &plan::Error) -> Code {
-    use plan::Error as E;
-    match e {
-        E::TooManyTensors { .. }
-        | E::Alignment { .. }
-        | E::ZeroSize { .. }
-        | E::Interval { .. }
-        | E::DuplicateId { .. }
-        | E::UnknownInput { .. }
-        | E::Misaligned { .. }
-        | E::FixedCollision { .. }
-        | E::Overflow { .. } => Code::InvalidArgument,
     }
 }
 
@@ -180,14 +116,6 @@ impl<D, T> From<ring::Rejected<D, T>> for Error {
     /// [`ring::Rejected`] first to keep them).
     fn from(rejected: ring::Rejected<D, T>) -> Error {
         Error::Ring(rejected.error)
-    }
-}
-
-#[cfg(not(loom))]
-impl From<stage::Refused> for Error {
-    /// Keeps the reason; the buffer goes back to its pool.
-    fn from(refused: stage::Refused) -> Error {
-        Error::Stage(refused.error)
     }
 }
 

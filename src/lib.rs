@@ -52,17 +52,15 @@
 //! | [`irq`] | interrupts as eventfds; waiting on many at once (io_uring, epoll fallback) |
 //! | [`device`] | the `Device` trait (BARs, DMA space, interrupt vectors, reset, queue stop), queue formats and [`device::open_queue`], device memory ranges, and the backends: VFIO, UIO and the software loopback device (register map, descriptors, DMA engine, cost model, in-thread or out-of-process) |
 //! | [`ring`] | descriptor rings: submission/completion queues in DMA memory, doorbells, phase-bit completions, ownership of in-flight buffers, waiting (poll, interrupt, future) |
-//! | [`plan`] | static buffer planning: tensor lifetimes to offsets in one arena, in-place reuse, an exact solver; tensor-usage JSON, MiniMalloc CSV and ONNX readers (the `userdma-plan` package, re-exported) |
-//! | [`pipeline`] | the N-deep inference pipeline: slots of host buffers and device arenas made once, frames through H2D, a planned model's layers, on-device filtering and D2H across the loopback device's copy engine and compute unit; the naive per-frame path to compare |
-//! | [`sched`] | several streams on one device: round-robin, strict priority, priority with batch switching (K), a maximum wait (W), context affinity, the stated bound on a frame's wait, switch counting; a simulator that checks the bounds |
-//! | [`stats`] | counters, latency histograms per stage, the time split, DMA/compute overlap, slot occupancy; JSON, Prometheus text and SVG plots |
-//! | [`stage`] | zero-copy staging: files read into and written from pool buffers with io_uring fixed buffers, O_DIRECT where the file system supports it, many requests in flight |
 //! | [`pool`] | the DMA buffer pool: size classes, buddy blocks, per-thread caches, lock-free shared lists, borrowed and owned buffers, sharing between processes |
 //!
 //! **Layering** (a module uses only those to its left): `sys` ← `memory`, `mmio`, `irq`,
-//! `pci` ← `dma` ← `pool`, `ring` ← `device` ← `runtime` ← `pipeline`, `stage` (on `pool`); `stats`
-//! stands alone, and `plan` is a package of its own below them all (`userdma-plan`, which
-//! depends on nothing here); [`Error`] sits beside them all.
+//! `pci` ← `dma` ← `pool`, `ring` ← `device` ← `runtime`; [`Error`] sits beside them all. The
+//! inference layer (pipelines, stream scheduling, staging, statistics, planned arenas) is the
+//! `userdma-infer` package, on this one and the planner (`userdma-plan`).
+//!
+//! **Features** (all off by default): `serde` (Serialize for the driver's plain data),
+//! `io-uring` (the io_uring backend of [`irq::Waiter`]; epoll otherwise).
 //!
 //! The kernel ABI (structs, ioctl numbers, constants) lives in the `userdma-sys` crate,
 //! re-exported as [`sys`].
@@ -76,21 +74,12 @@ pub mod irq;
 pub mod memory;
 pub mod mmio;
 pub mod pci;
-#[cfg(not(loom))]
-pub mod pipeline;
-/// Static buffer planning: the [`userdma-plan`](userdma_plan) package, re-exported.
-pub use userdma_plan as plan;
 pub mod pool;
 pub mod ring;
 #[cfg(not(loom))]
 pub mod runtime;
-pub mod sched;
-#[cfg(not(loom))]
-pub mod stage;
-pub mod stats;
 
 mod error;
-mod keep;
 mod sync;
 mod wake;
 

@@ -1,6 +1,8 @@
 //! `irq::Waiter`: the same behaviour from the io_uring and the epoll backend, each built
-//! explicitly. The io_uring tests need a kernel that allows io_uring
-//! (`sysctl kernel.io_uring_disabled=0`, no seccomp filter denying it).
+//! explicitly. The io_uring tests run with the `io-uring` feature (`cargo test -p userdma
+//! --features io-uring`) and need a kernel that allows io_uring (`sysctl
+//! kernel.io_uring_disabled=0`, no seccomp filter denying it); without the feature, asking for
+//! io_uring is an error that says how to get it, and the default waiter is epoll's.
 #![cfg(not(loom))]
 
 use std::thread;
@@ -115,6 +117,7 @@ fn wakes_a_thread_sleeping_forever(kind: Kind) {
 }
 
 #[test]
+#[cfg(feature = "io-uring")]
 fn io_uring_reports_exactly_the_readable_fds() {
     reports_exactly_the_readable_fds(Kind::IoUring);
 }
@@ -125,6 +128,7 @@ fn epoll_reports_exactly_the_readable_fds() {
 }
 
 #[test]
+#[cfg(feature = "io-uring")]
 fn io_uring_registrations_are_managed() {
     registrations_are_managed(Kind::IoUring);
 }
@@ -135,6 +139,7 @@ fn epoll_registrations_are_managed() {
 }
 
 #[test]
+#[cfg(feature = "io-uring")]
 fn io_uring_wakes_a_thread_sleeping_forever() {
     wakes_a_thread_sleeping_forever(Kind::IoUring);
 }
@@ -145,6 +150,7 @@ fn epoll_wakes_a_thread_sleeping_forever() {
 }
 
 #[test]
+#[cfg(feature = "io-uring")]
 fn default_waiter_prefers_io_uring_where_allowed() {
     let waiter = Waiter::new().unwrap();
     let io_uring_allowed = Waiter::with_io_uring().is_ok();
@@ -154,4 +160,14 @@ fn default_waiter_prefers_io_uring_where_allowed() {
         Kind::Epoll
     };
     assert_eq!(waiter.kind(), expect);
+}
+
+#[test]
+#[cfg(not(feature = "io-uring"))]
+fn without_the_feature_io_uring_is_an_error_and_the_default_is_epoll() {
+    let err = Waiter::with_io_uring().expect_err("no io_uring backend in this build");
+    assert!(matches!(err, Error::IoUringNotBuilt), "{err:?}");
+    assert_eq!(err.code(), userdma::Code::Unsupported);
+    assert!(err.to_string().contains("`io-uring` feature"), "{err}");
+    assert_eq!(Waiter::new().unwrap().kind(), Kind::Epoll);
 }

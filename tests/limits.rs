@@ -3,75 +3,10 @@
 #![cfg(not(loom))]
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use userdma::dma::{Loopback, Space};
 use userdma::memory::{PageSize, Region};
-use userdma::pipeline::{zoo, Model, ModelError};
-use userdma::plan::{self, Budget, Kind, Options, Strategy, Tensor};
 use userdma::pool::{Config, Error as PoolError, Pool};
-
-#[test]
-fn models_past_what_any_pipeline_could_run_are_refused_before_they_are_built() {
-    for (layers, bytes) in [
-        (u32::MAX, 4096u64),
-        (5000, 4096),
-        (1, u64::MAX),
-        (3, 1 << 62),
-    ] {
-        let error = Model::chain(layers, bytes).expect_err("too large");
-        assert!(
-            matches!(error, ModelError::TooLarge { .. }),
-            "{layers} x {bytes}: {error:?}"
-        );
-    }
-    // The largest of each is built.
-    Model::chain(Model::MAX_STEPS as u32, 64).expect("the most steps");
-    Model::chain(1, Model::MAX_TENSOR_BYTES).expect("the largest tensor");
-    // A filter keeping more records than the result holds.
-    let error = zoo::yolov5s_like(u32::MAX).expect_err("more records than the result holds");
-    assert!(error.to_string().contains("25200"), "{error}");
-    zoo::yolov5s_like(25_200).expect("every record");
-}
-
-#[test]
-fn a_model_too_large_for_the_host_is_an_error_when_its_result_is_computed() {
-    let model = Model::chain(1, Model::MAX_TENSOR_BYTES).expect("a 1 TiB model");
-    let mut result = vec![0u8; 16];
-    let error = model
-        .expected_into(&[0u8; 16], &mut result)
-        .expect_err("inputs shorter than the model's");
-    assert!(matches!(error, ModelError::Short { .. }), "{error:?}");
-}
-
-#[test]
-fn a_planner_error_is_reported_as_it_is() {
-    let mut t = Tensor::new(1, 64, 3, 1);
-    t.kind = Kind::Input;
-    let error = Model::planned(&[t]).expect_err("an interval backwards");
-    assert!(matches!(error, ModelError::Plan(_)), "{error:?}");
-    assert!(error.to_string().contains("after last step"), "{error}");
-}
-
-#[test]
-fn the_exact_search_stands_down_on_a_graph_too_dense_for_its_tables() {
-    // 5,000 tensors all live together: 12.5 million pairs, past what the exact search's
-    // tables may hold. It keeps the best heuristic's plan (valid, unproven) and returns fast.
-    let tensors: Vec<Tensor> = (0..5_000u64)
-        .map(|i| Tensor::new(i, 256 + (i % 7) * 64, 0, 1))
-        .collect();
-    let start = Instant::now();
-    let plan = plan::plan(
-        &tensors,
-        &Options::default(),
-        Strategy::Exact,
-        Budget::Nodes(1_000),
-    )
-    .expect("a plan");
-    assert!(start.elapsed().as_secs() < 60, "took {:?}", start.elapsed());
-    assert_eq!(plan.placements.len(), 5_000);
-    plan.validate(&tensors).expect("a valid plan");
-}
 
 #[test]
 fn more_buffers_than_a_pool_holds_are_refused_before_anything_is_reserved() {

@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::Path;
 
-use userdma::pci::{Bdf, ConfigSpace, DmaPath, Ids, ResourceKind, Sysfs, Walk, SEARCH_PATHS};
+use userdma::pci::{Bdf, ConfigSpace, DmaPath, ResourceKind, Sysfs, Walk};
 
 fn system_devices() -> Vec<userdma::pci::DeviceInfo> {
     let devices = Sysfs::system()
@@ -123,20 +123,4 @@ fn links_groups_and_bars_are_consistent() {
             assert!(paths.contains(&DmaPath::Uio), "{}: {paths:?}", d.bdf);
         }
     }
-}
-
-#[test]
-fn system_pci_ids_parses() {
-    let path = SEARCH_PATHS
-        .iter()
-        .map(Path::new)
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!("no pci.ids in {SEARCH_PATHS:?}: install it (Debian: apt-get install pci.ids)")
-        });
-    let ids = Ids::load_from(path).unwrap();
-    assert!(ids.vendor_count() > 1000, "{} vendors", ids.vendor_count());
-    assert!(ids.class_count() > 10);
-    assert_eq!(ids.vendor(0x8086), Some("Intel Corporation"));
-    assert_eq!(ids.class(0x02_00_00), Some("Ethernet controller"));
 }

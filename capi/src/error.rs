@@ -146,27 +146,41 @@ impl Fail {
     }
 }
 
+/// The whole chain of an error: its message, then each cause (the failing system call) not
+/// already in it.
+#[cfg(not(loom))]
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
 #[cfg(not(loom))]
 impl From<udma::Error> for Fail {
     fn from(error: udma::Error) -> Fail {
-        // The whole chain: the library's message, then each cause (the failing system call).
-        let mut message = error.to_string();
-        let mut source = std::error::Error::source(&error);
-        while let Some(cause) = source {
-            let text = cause.to_string();
-            if !message.contains(&text) {
-                message.push_str(": ");
-                message.push_str(&text);
-            }
-            source = cause.source();
-        }
-        Fail::new(udma_status::of(error.code()), message)
+        Fail::new(udma_status::of(error.code()), chain(&error))
     }
 }
 
-/// Converts a module error of userdma through the crate's [`udma::Error`].
 #[cfg(not(loom))]
-pub(crate) fn lib<E: Into<udma::Error>>(error: E) -> Fail {
+impl From<userdma_infer::Error> for Fail {
+    fn from(error: userdma_infer::Error) -> Fail {
+        Fail::new(udma_status::of(error.code()), chain(&error))
+    }
+}
+
+/// Converts an error of the driver's modules or of the inference layer through the inference
+/// layer's [`userdma_infer::Error`] (which passes a driver error through whole).
+#[cfg(not(loom))]
+pub(crate) fn lib<E: Into<userdma_infer::Error>>(error: E) -> Fail {
     Fail::from(error.into())
 }
 

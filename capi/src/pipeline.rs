@@ -18,7 +18,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use udma::device::Wait;
-use udma::pipeline::{self, zoo, Finished, Input, Model, Output, Pipeline, Results, WorkingSet};
+use userdma_infer::pipeline::{
+    self, zoo, Finished, Input, Model, Output, Pipeline, Results, WorkingSet,
+};
 
 use crate::abi;
 use crate::device::{device, udma_device, Device};

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use udma::plan::{self, Budget, Kind as TensorKind, Options, Strategy, Tensor};
+use userdma_infer::plan::{self, Budget, Kind as TensorKind, Options, Strategy, Tensor};
 
 use crate::abi;
 use crate::error::{call, lib, udma_status, Fail};
@@ -292,10 +292,10 @@ pub unsafe extern "C" fn udma_plan_create(
         if count == 0 {
             return Err(Fail::invalid("count is 0: pass at least one tensor"));
         }
-        if count > udma::plan::MAX_TENSORS {
+        if count > userdma_infer::plan::MAX_TENSORS {
             return Err(Fail::invalid(format!(
                 "count is {count}, more than a plan takes ({}): split the graph",
-                udma::plan::MAX_TENSORS
+                userdma_infer::plan::MAX_TENSORS
             )));
         }
         // SAFETY: per this function's contract (checks NULL).

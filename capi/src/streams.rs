@@ -8,9 +8,9 @@ use std::ffi::{c_char, c_void, CStr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use udma::pipeline::Pipeline;
-use udma::sched::streams::{Arrivals, RunReport, Stream, Streams};
-use udma::sched::{Policy, StreamSpec, MAX_STREAMS};
+use userdma_infer::pipeline::Pipeline;
+use userdma_infer::sched::streams::{Arrivals, RunReport, Stream, Streams};
+use userdma_infer::sched::{Policy, StreamSpec, MAX_STREAMS};
 
 use crate::abi;
 use crate::device::Device;

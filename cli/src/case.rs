@@ -40,11 +40,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use userdma::device::loopback::{self, Cost, Unit};
 use userdma::memory::numa;
-use userdma::pipeline::{naive::Naive, zoo, Config, Model, Pipeline, WorkingSet};
-use userdma::sched::streams::{ArrivalQueue, Arrivals, FrameSpan, RunReport, Stream, Streams};
-use userdma::sched::{Nanos, Policy, Scheduler, StreamId, StreamSpec};
-use userdma::stats::{self, svg};
 use userdma::Runtime;
+use userdma_infer::pipeline::{naive::Naive, zoo, Config, Model, Pipeline, WorkingSet};
+use userdma_infer::sched::streams::{
+    ArrivalQueue, Arrivals, FrameSpan, RunReport, Stream, Streams,
+};
+use userdma_infer::sched::{Nanos, Policy, Scheduler, StreamId, StreamSpec};
+use userdma_infer::stats::{self, svg};
 
 use crate::pipeline::Error;
 

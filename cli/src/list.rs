@@ -1,7 +1,9 @@
 //! `userdma list`: every PCI device on one line, like `dpdk-devbind --status`.
 
 use serde::Serialize;
-use userdma::pci::{Bdf, DeviceInfo, DmaPath, Ids, Iommu, Sysfs};
+use userdma::pci::{Bdf, DeviceInfo, DmaPath, Iommu, Sysfs};
+
+use crate::ids::Ids;
 
 use crate::exit::Failure;
 use crate::names::{self, or_dash, Names};

@@ -57,6 +57,7 @@ mod demo;
 mod exit;
 mod faults;
 mod hugepages;
+mod ids;
 mod info;
 mod list;
 mod names;
@@ -77,7 +78,7 @@ use crate::exit::Failure;
 /// Heap allocations of the whole process are counted, for the per-frame figures `userdma
 /// pipeline` prints (measured, not assumed).
 #[global_allocator]
-static GLOBAL: userdma::stats::CountingAllocator = userdma::stats::CountingAllocator;
+static GLOBAL: userdma_infer::stats::CountingAllocator = userdma_infer::stats::CountingAllocator;
 
 /// Find, inspect and bind PCIe devices for user-space DMA (VFIO / UIO).
 #[derive(Debug, Parser)]

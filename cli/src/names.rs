@@ -1,7 +1,9 @@
 //! Names from the PCI ID database, loaded only by the commands that show them, and the small
 //! formatting helpers the text output shares.
 
-use userdma::pci::{DeviceInfo, Ids};
+use userdma::pci::DeviceInfo;
+
+use crate::ids::Ids;
 
 /// The PCI ID database, if there is one. A database that cannot be read or parsed costs the
 /// names, not the command: it is reported on stderr as a warning.

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use userdma::device::loopback::{self, Cost};
 use userdma::device::Wait;
-use userdma::pipeline::{
+use userdma::Runtime;
+use userdma_infer::pipeline::{
     self, naive, Config, Finished, Input, Model, Pipeline, ResultPath, Summary, Times,
 };
-use userdma::stats::{self, Recorder, Stage};
-use userdma::Runtime;
+use userdma_infer::stats::{self, Recorder, Stage};
 
 use crate::demo::CostModel;
 use crate::exit;
@@ -115,7 +115,7 @@ impl From<ResultsArg> for pipeline::Results {
 pub(crate) enum Error {
     /// The library failed.
     #[error(transparent)]
-    Library(#[from] userdma::Error),
+    Library(#[from] userdma_infer::Error),
     /// The model could not be built.
     #[error(transparent)]
     Model(#[from] pipeline::ModelError),
@@ -158,7 +158,13 @@ pub(crate) enum Error {
     /// The scheduler refused the streams or the policy the options make. (Its message is
     /// this one's start: not a `source`, which would repeat it in the one-line chain.)
     #[error("{0}: change --k, --max-wait-ms or the streams")]
-    Schedule(userdma::sched::Error),
+    Schedule(userdma_infer::sched::Error),
+}
+
+impl From<userdma::Error> for Error {
+    fn from(e: userdma::Error) -> Error {
+        Error::Library(e.into())
+    }
 }
 
 impl Error {
@@ -316,7 +322,7 @@ fn fill_from(n: u64, first: usize, out: &mut [u8]) {
 
 /// Frame `n`'s input written into the slot's DMA buffer a cache-sized piece at a time: no
 /// frame-sized host buffer in between.
-fn write_input(n: u64, input: &Input<'_>) -> Result<(), userdma::Error> {
+fn write_input(n: u64, input: &Input<'_>) -> Result<(), userdma_infer::Error> {
     let mut piece = [0u8; 4096];
     let mut at = 0;
     while at < input.len() {

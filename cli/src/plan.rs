@@ -1,7 +1,7 @@
 //! `userdma plan FILE [--format json|csv|onnx] [--dim NAME=VALUE]... [--strategy S] [--align N]
 //! [--inplace] [--budget 1s] [--svg FILE]`: static buffer planning of one model's tensors into
 //! one arena. An ONNX model's activations are read with their shapes inferred
-//! (`userdma::plan::onnx`); `--dim N=1` pins a named (dynamic) dimension.
+//! (`userdma_infer::plan::onnx`); `--dim N=1` pins a named (dynamic) dimension.
 //!
 //! The text summary shows the tensors, the naive size, the lower bound, the arena, arena ÷
 //! lower bound, the saving against naive, every strategy's result from the same run with its
@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use userdma::plan::{self, format, Budget, Options, Plan, Problem, Strategy};
+use userdma_infer::plan::{self, format, Budget, Options, Plan, Problem, Strategy};
 
 use crate::exit;
 

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use userdma::device::loopback;
 use userdma::memory::PageSize;
-use userdma::stage::{self, Direct, File, Mode, Stager};
 use userdma::Runtime;
+use userdma_infer::stage::{self, Direct, File, Mode, Stager};
 
 use crate::exit;
 
@@ -45,7 +45,7 @@ pub(crate) struct StageArgs {
 pub(crate) enum Error {
     /// Setting up the loopback runtime or its pool failed.
     #[error(transparent)]
-    Runtime(#[from] userdma::Error),
+    Runtime(#[from] userdma_infer::Error),
     /// Opening, registering or reading failed.
     #[error(transparent)]
     Stage(#[from] stage::Error),
@@ -58,6 +58,12 @@ pub(crate) enum Error {
     /// Encoding JSON failed.
     #[error("cannot encode the output as JSON")]
     Json(#[source] serde_json::Error),
+}
+
+impl From<userdma::Error> for Error {
+    fn from(e: userdma::Error) -> Error {
+        Error::Runtime(e.into())
+    }
 }
 
 impl From<stage::Refused> for Error {

@@ -3,10 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-/// A file of the library's test data (tests/data/ at the repository root).
+/// A file of the library's test data (plan/tests/data/).
 fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data")
+        .join("../plan/tests/data")
         .join(name)
 }
 

@@ -3,7 +3,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use userdma::pci::Ids;
+#[path = "../../cli/src/ids.rs"]
+#[allow(dead_code)]
+mod ids;
+
+use ids::Ids;
 
 /// The ID at the start of `s` if it is `width` hex digits followed by whitespace.
 fn id(s: &str, width: usize) -> Option<u32> {

@@ -11,8 +11,8 @@ use std::sync::{Mutex, OnceLock};
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use userdma::device::loopback::{self, Cost};
-use userdma::pipeline::{Config, Model, Pipeline, Results};
 use userdma::Runtime;
+use userdma_infer::pipeline::{Config, Model, Pipeline, Results};
 
 #[derive(Debug, Arbitrary)]
 enum Op {
@@ -57,7 +57,7 @@ struct Checker {
 }
 
 impl Checker {
-    fn check(&mut self, done: userdma::pipeline::Finished<'_>) {
+    fn check(&mut self, done: userdma_infer::pipeline::Finished<'_>) {
         assert_eq!(done.frame, self.next_out, "results out of order");
         self.next_out += 1;
         let out = done.result.expect("no device error in a valid model");

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use userdma::plan::{self, format, Budget, Options, Strategy};
+use userdma_plan::{self as plan, format, Budget, Options, Strategy};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

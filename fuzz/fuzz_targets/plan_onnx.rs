@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use userdma::plan::{onnx, Kind};
+use userdma_plan::{onnx, Kind};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(tensors) = onnx::parse(data) else {

@@ -6,7 +6,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use userdma::plan::{self, Budget, Kind, Options, Strategy, Tensor};
+use userdma_plan::{self as plan, Budget, Kind, Options, Strategy, Tensor};
 
 const OPS: [&str; 5] = ["Relu", "Add", "Conv", "Reshape", "MyOp"];
 

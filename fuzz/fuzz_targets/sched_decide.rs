@@ -11,7 +11,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use userdma::sched::{Error, Nanos, Policy, Scheduler, StreamId, StreamSpec, MAX_STREAMS};
+use userdma_infer::sched::{Error, Nanos, Policy, Scheduler, StreamId, StreamSpec, MAX_STREAMS};
 
 #[derive(Debug, Arbitrary)]
 struct Stream {

@@ -19,7 +19,7 @@ use libfuzzer_sys::fuzz_target;
 use userdma::dma::{Loopback, Space};
 use userdma::memory::{PageSize, Region};
 use userdma::pool::{Config, Pool};
-use userdma::stage::{self, Alignment, Completion, Direct, Error, File, Stager};
+use userdma_infer::stage::{self, Alignment, Completion, Direct, Error, File, Stager};
 
 const FILE_LEN: u64 = 256 << 10;
 

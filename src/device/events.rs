@@ -25,13 +25,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 use crate::{irq, ring};
 
 /// Something that happened to a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase", tag = "event")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase", tag = "event"))]
 #[non_exhaustive]
 pub enum Event {
     /// The device was taken away (or asked back by the kernel, which waits for the process to

@@ -28,8 +28,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
-
 use crate::{dma, irq, memory, mmio, pci, ring};
 
 mod config;
@@ -48,8 +46,9 @@ pub use self::uio::Uio;
 pub use self::vfio::Vfio;
 
 /// The kinds of device backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Kind {
     /// A PCI function bound to vfio-pci.
     Vfio,
@@ -70,7 +69,8 @@ impl fmt::Display for Kind {
 }
 
 /// Who a device is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Identity {
     /// A name for messages (`loopback0`, or the PCI device's name).
     pub name: String,

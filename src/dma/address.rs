@@ -5,18 +5,18 @@
 
 use std::fmt;
 
-use serde::Serialize;
-
 /// An address in a device's DMA address space: what the device puts on the bus to reach host
 /// memory (an IOVA behind an IOMMU, a physical address without one, an address of the loopback
 /// device's table).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct Iova(pub u64);
 
 /// A byte offset in a device's own memory (the loopback device's BAR 2, an NPU's DRAM window).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct DeviceOffset(pub u64);
 
 macro_rules! address {

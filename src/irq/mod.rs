@@ -104,6 +104,10 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// An io_uring waiter was asked for in a build without the `io-uring` feature.
+    #[error("this build of userdma has no io_uring waiter: build with the `io-uring` feature, or use `Waiter::with_epoll` (what `Waiter::new` gives in this build)")]
+    IoUringNotBuilt,
+
     /// `epoll_create1` failed.
     #[error("creating an epoll instance failed: too many open files? (raise `ulimit -n`)")]
     EpollSetup {
@@ -177,6 +181,7 @@ impl Error {
                 Code::InvalidArgument
             }
             Error::UnknownToken { .. } => Code::NotFound,
+            Error::IoUringNotBuilt => Code::Unsupported,
             Error::Create { .. }
             | Error::Adopt { .. }
             | Error::Signal { .. }

@@ -1,12 +1,14 @@
 //! [`Waiter`]: one thread waiting on many interrupt eventfds at once, through io_uring (a
 //! `POLL_ADD` per fd and one `io_uring_enter` with a timeout) or, where io_uring cannot be set up
-//! (`ENOSYS`: an old kernel; `EPERM`: disabled by sysctl or a seccomp filter), epoll.
+//! (`ENOSYS`: an old kernel; `EPERM`: disabled by sysctl or a seccomp filter), epoll. The
+//! io_uring backend is built with the `io-uring` feature; without it every waiter is epoll's.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "io-uring")]
 use io_uring::{opcode, types, IoUring};
 
 use super::eventfd::remaining;
@@ -37,6 +39,7 @@ struct Slot {
     token: u64,
     fd: OwnedFd,
     /// io_uring only: a `POLL_ADD` for this slot is in flight.
+    #[cfg_attr(not(feature = "io-uring"), allow(dead_code))]
     armed: bool,
 }
 
@@ -106,6 +109,7 @@ impl Table {
 
 /// The mechanism behind a waiter.
 enum Backend {
+    #[cfg(feature = "io-uring")]
     Uring(Box<IoUring>),
     Epoll(nix::sys::epoll::Epoll),
 }
@@ -113,6 +117,7 @@ enum Backend {
 impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            #[cfg(feature = "io-uring")]
             Backend::Uring(ring) => write!(f, "Uring(fd {})", ring.as_raw_fd()),
             Backend::Epoll(fd) => write!(f, "Epoll({fd:?})"),
         }
@@ -120,9 +125,11 @@ impl std::fmt::Debug for Backend {
 }
 
 /// The `user_data` of a `POLL_REMOVE`, whose own completion is ignored.
+#[cfg(feature = "io-uring")]
 const REMOVE: u64 = u64::MAX;
 
 /// Submission-queue entries of the ring; more registrations are armed in several submits.
+#[cfg(feature = "io-uring")]
 const RING_ENTRIES: u32 = 64;
 
 /// Waits on many fds (interrupt eventfds, usually) at once and says which are readable.
@@ -156,23 +163,35 @@ pub struct Waiter {
 
 impl Waiter {
     /// An io_uring waiter, or an epoll one if io_uring cannot be set up here (`ENOSYS`,
-    /// `EPERM`). Any other io_uring failure (out of memory, too many open files) is an error.
+    /// `EPERM`) or this build has no io_uring backend (the `io-uring` feature is off). Any
+    /// other io_uring failure (out of memory, too many open files) is an error.
     pub fn new() -> Result<Waiter, Error> {
-        match Waiter::with_io_uring() {
-            Ok(waiter) => Ok(waiter),
-            Err(Error::RingSetup { source })
-                if matches!(source.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) =>
-            {
-                Waiter::with_epoll()
+        #[cfg(feature = "io-uring")]
+        {
+            match Waiter::with_io_uring() {
+                Ok(waiter) => Ok(waiter),
+                Err(Error::RingSetup { source })
+                    if matches!(source.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) =>
+                {
+                    Waiter::with_epoll()
+                }
+                Err(err) => Err(err),
             }
-            Err(err) => Err(err),
         }
+        #[cfg(not(feature = "io-uring"))]
+        Waiter::with_epoll()
     }
 
-    /// An io_uring waiter, with no fallback.
+    /// An io_uring waiter, with no fallback; [`Error::IoUringNotBuilt`] in a build without the
+    /// `io-uring` feature.
     pub fn with_io_uring() -> Result<Waiter, Error> {
-        let ring = IoUring::new(RING_ENTRIES).map_err(|source| Error::RingSetup { source })?;
-        Ok(Waiter::from_backend(Backend::Uring(Box::new(ring))))
+        #[cfg(feature = "io-uring")]
+        {
+            let ring = IoUring::new(RING_ENTRIES).map_err(|source| Error::RingSetup { source })?;
+            Ok(Waiter::from_backend(Backend::Uring(Box::new(ring))))
+        }
+        #[cfg(not(feature = "io-uring"))]
+        Err(Error::IoUringNotBuilt)
     }
 
     /// An epoll waiter.
@@ -193,6 +212,7 @@ impl Waiter {
     /// Which mechanism this waiter uses.
     pub fn kind(&self) -> Kind {
         match self.backend {
+            #[cfg(feature = "io-uring")]
             Backend::Uring(_) => Kind::IoUring,
             Backend::Epoll(_) => Kind::Epoll,
         }
@@ -228,6 +248,7 @@ impl Waiter {
             .reserve(registered.saturating_sub(self.ready.len()));
         self.events
             .reserve(registered.saturating_sub(self.events.len()));
+        #[cfg_attr(not(feature = "io-uring"), allow(irrefutable_let_patterns))]
         if let Backend::Epoll(epoll) = &self.backend {
             let key = self.table.key(index);
             let slot_fd = self.table.slots[index]
@@ -250,12 +271,14 @@ impl Waiter {
 
     /// Stops watching the fd registered under `token`.
     pub fn remove(&mut self, token: u64) -> Result<(), Error> {
+        #[cfg_attr(not(feature = "io-uring"), allow(unused_variables))]
         let (index, slot) = self.table.remove(token)?;
         match &mut self.backend {
             Backend::Epoll(epoll) => {
                 shim::epoll_delete(epoll, slot.fd.as_fd())
                     .map_err(|source| Error::Deregister { token, source })?;
             }
+            #[cfg(feature = "io-uring")]
             Backend::Uring(ring) => {
                 if slot.armed {
                     // The key still has the old generation: the table bumped it on removal.
@@ -286,6 +309,7 @@ impl Waiter {
                 timeout,
                 deadline,
             )?,
+            #[cfg(feature = "io-uring")]
             Backend::Uring(ring) => {
                 wait_uring(ring, &mut self.table, &mut self.ready, timeout, deadline)?
             }
@@ -333,6 +357,7 @@ fn wait_epoll(
 }
 
 /// Pushes one entry, submitting what is queued first if the submission queue is full.
+#[cfg(feature = "io-uring")]
 fn push(ring: &mut IoUring, entry: &io_uring::squeue::Entry) -> io::Result<()> {
     // SAFETY: the entries pushed here are POLL_ADD (an fd and an event mask, no buffers) and
     // POLL_REMOVE (a key): nothing the kernel reads or writes through a pointer of ours. The
@@ -347,6 +372,7 @@ fn push(ring: &mut IoUring, entry: &io_uring::squeue::Entry) -> io::Result<()> {
         .map_err(|_| io::Error::other("io_uring submission queue full after submitting"))
 }
 
+#[cfg(feature = "io-uring")]
 fn wait_uring(
     ring: &mut IoUring,
     table: &mut Table,
@@ -401,6 +427,7 @@ fn wait_uring(
 /// Arms every registration whose poll is not in flight (new ones, and those reported by the
 /// previous wait): a one-shot `POLL_ADD` completes at once if the fd is readable now, which makes
 /// the waiter level-triggered.
+#[cfg(feature = "io-uring")]
 fn arm(ring: &mut IoUring, table: &mut Table) -> io::Result<()> {
     for index in 0..table.slots.len() {
         let key = table.key(index);

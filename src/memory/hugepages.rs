@@ -13,7 +13,6 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
 use userdma_sys::mman::{
     FREE_HUGEPAGES, NODE_HUGEPAGES_DIR, NR_HUGEPAGES, RESV_HUGEPAGES, SURPLUS_HUGEPAGES,
 };
@@ -21,7 +20,8 @@ use userdma_sys::mman::{
 use super::{Error, PageSize};
 
 /// One hugepage pool: a page size, system-wide or on one NUMA node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Pool {
     /// The page size.
     pub page_size: PageSize,
@@ -46,7 +46,8 @@ impl Pool {
 }
 
 /// Every hugepage pool the kernel has: each supported size system-wide, then per node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Status {
     /// System-wide pools first (smallest size first), then each node's, by node and size.
     pub pools: Vec<Pool>,
@@ -169,7 +170,8 @@ pub fn status(sysfs_root: &Path) -> Result<Status, Error> {
 }
 
 /// What a resize of a pool achieved.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Reservation {
     /// The page size.
     pub page_size: PageSize,

@@ -30,12 +30,14 @@ use std::str::FromStr;
 
 mod error;
 pub mod hugepages;
+mod keep;
 pub mod numa;
 mod pagemap;
 mod region;
 mod shim;
 
 pub use self::error::{Error, MemlockLimit, ReserveHint};
+pub use self::keep::keep_until_exit;
 pub use self::pagemap::PhysicalPages;
 pub use self::region::{Backing, Builder, Region};
 
@@ -131,6 +133,7 @@ impl FromStr for PageSize {
     }
 }
 
+#[cfg(feature = "serde")]
 impl serde::Serialize for PageSize {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(self.label())

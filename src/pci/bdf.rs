@@ -160,12 +160,14 @@ impl FromStr for Bdf {
     }
 }
 
+#[cfg(feature = "serde")]
 impl serde::Serialize for Bdf {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)
     }
 }
 
+#[cfg(feature = "serde")]
 impl<'de> serde::Deserialize<'de> for Bdf {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
@@ -338,6 +340,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "serde")]
     fn serde_uses_the_string() {
         let b = p("0000:03:00.1").unwrap();
         assert_eq!(serde_json::to_string(&b).unwrap(), "\"0000:03:00.1\"");

@@ -24,7 +24,8 @@ pub struct BindOptions {
 }
 
 /// One function whose driver changed.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Change {
     /// The function.
     pub bdf: Bdf,
@@ -295,7 +296,8 @@ impl<K: Kernel> Binder<K> {
 }
 
 /// A member of an IOMMU group bound to a host driver.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct GroupMember {
     /// The member.
     pub bdf: Bdf,

@@ -6,13 +6,14 @@ use std::str::FromStr;
 use super::BindError;
 
 /// A user-space driver a device can be bound to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum Driver {
     /// `vfio-pci`: VFIO, with IOMMU isolation (or no-IOMMU mode).
-    #[serde(rename = "vfio-pci")]
+    #[cfg_attr(feature = "serde", serde(rename = "vfio-pci"))]
     VfioPci,
     /// `uio_pci_generic`: UIO, BAR access and INTx, DMA by physical address.
-    #[serde(rename = "uio_pci_generic")]
+    #[cfg_attr(feature = "serde", serde(rename = "uio_pci_generic"))]
     UioPciGeneric,
 }
 
@@ -83,6 +84,7 @@ mod tests {
         let e = "nvme".parse::<Driver>().unwrap_err();
         assert!(e.to_string().contains("\"nvme\"") && e.to_string().contains("vfio-pci"));
         assert_eq!(Driver::UioPciGeneric.to_string(), "uio_pci_generic");
+        #[cfg(feature = "serde")]
         assert_eq!(
             serde_json::to_string(&Driver::VfioPci).unwrap(),
             "\"vfio-pci\""

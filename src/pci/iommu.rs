@@ -73,16 +73,17 @@ impl Iommu {
 ///   device must use; behind a translating IOMMU they would fault. `uio_pci_generic` binds a
 ///   device without an interrupt pin too (BAR access and DMA work, interrupts do not), so the
 ///   pin does not decide the path; [`DeviceInfo::has_intx`] tells whether interrupts will.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum DmaPath {
     /// `vfio-pci` with IOMMU translation.
-    #[serde(rename = "vfio")]
+    #[cfg_attr(feature = "serde", serde(rename = "vfio"))]
     Vfio,
     /// `vfio-pci` in no-IOMMU mode.
-    #[serde(rename = "vfio-noiommu")]
+    #[cfg_attr(feature = "serde", serde(rename = "vfio-noiommu"))]
     VfioNoIommu,
     /// `uio_pci_generic` with physical addresses.
-    #[serde(rename = "uio")]
+    #[cfg_attr(feature = "serde", serde(rename = "uio"))]
     Uio,
 }
 
@@ -292,6 +293,7 @@ mod tests {
     #[test]
     fn names_and_activity() {
         assert_eq!(DmaPath::VfioNoIommu.to_string(), "vfio-noiommu");
+        #[cfg(feature = "serde")]
         assert_eq!(serde_json::to_string(&DmaPath::Uio).unwrap(), "\"uio\"");
         assert!(!NO_IOMMU.is_active());
         assert!(Iommu {

@@ -9,14 +9,13 @@
 //! | `capability` | [`Capabilities`]: what the walk found, MSI / MSI-X / PCIe decoded |
 //! | `resource` | [`Resource`]: BARs and ROM from the `resource` file |
 //! | `iommu` | [`Iommu`], [`IommuGroup`], and which [`DmaPath`]s a device can use |
-//! | `ids` | [`Ids`]: vendor, device and class names from `pci.ids` |
 //! | `driver` | [`Driver`]: the user-space drivers, and which drivers VFIO tolerates in a group |
 //! | `kernel` | [`Kernel`]: the sysfs writes binding makes ([`LiveKernel`], or a test double) |
 //! | `bind` | [`Binder`]: moving a device to `vfio-pci` / `uio_pci_generic` and back |
 //! | `rollback` | [`Rollback`]: undoing a failed bind or unbind, and reporting the result |
 //!
 //! The parsers ([`Bdf::from_str`](std::str::FromStr), [`ConfigSpace::capabilities`],
-//! [`parse_resource`], [`Ids::parse`], [`parse_hex`]) are pure functions of their input, never
+//! [`parse_resource`], [`parse_hex`]) are pure functions of their input, never
 //! panic, and are fuzzed.
 //!
 //! ```no_run
@@ -40,7 +39,6 @@ mod config;
 mod device;
 mod driver;
 pub mod faults;
-mod ids;
 mod iommu;
 mod kernel;
 mod regs;
@@ -58,7 +56,6 @@ pub use self::capability::{
 pub use self::config::ConfigSpace;
 pub use self::device::DeviceInfo;
 pub use self::driver::{user_space_driver, vfio_compatible, Driver};
-pub use self::ids::{Ids, IdsError, Syntax, IDS_ENV, SEARCH_PATHS};
 pub use self::iommu::{DmaPath, Iommu, IommuGroup};
 pub use self::kernel::{Kernel, LiveKernel};
 pub use self::resource::{

@@ -86,7 +86,7 @@ impl Drop for Pool {
         } else {
             // Relaxed: a statistic.
             LEAKED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            crate::keep::forever(mapping);
+            crate::memory::keep_until_exit(mapping);
         }
     }
 }

@@ -273,7 +273,7 @@ impl Config {
     /// instead of 32). A class is coloured only if it is smaller than a chunk and colouring costs
     /// its slab at most one block in 16 (a 4 KiB class needs chunks of 64 KiB or more); the others
     /// stay as they are. [`Pool::is_coloured`] says which are. Leave it off for buffers that must
-    /// be page-aligned: direct I/O through [`stage`](crate::stage) on a file that needs 4 KiB
+    /// be page-aligned: direct I/O through staging (the `userdma-infer` package's `stage`) on a file that needs 4 KiB
     /// alignment (the stager refuses such a buffer with the alignment it needs), or a device that
     /// takes page-sized, page-aligned data pointers (NVMe PRPs).
     #[must_use]

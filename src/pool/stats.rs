@@ -13,10 +13,9 @@
 //! large-buffer figures describe the pool's shared state, so for a pool shared between
 //! processes they cover all of them.
 
-use serde::Serialize;
-
 /// Statistics of one size class.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ClassStats {
     /// Block size of the class in bytes.
     pub size: u64,
@@ -53,7 +52,8 @@ pub struct ClassStats {
 }
 
 /// Statistics of the buddy allocator and of buffers above the largest class.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct LargeStats {
     /// Large-buffer allocations.
     pub allocs: u64,
@@ -78,7 +78,8 @@ pub struct LargeStats {
 }
 
 /// A snapshot of a pool's counters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Stats {
     /// Arena size in bytes (the part of the mapping buffers are carved from).
     pub arena_bytes: u64,

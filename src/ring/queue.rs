@@ -881,12 +881,12 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         let mut count = 0u64;
         for slot in self.payloads.slots.iter_mut() {
             if let Some(payload) = slot.take() {
-                crate::keep::forever(payload);
+                crate::memory::keep_until_exit(payload);
                 count += 1;
             }
         }
         // The device may still write the rings: their memory must never be unmapped.
-        crate::keep::forever(self.memory.clone());
+        crate::memory::keep_until_exit(self.memory.clone());
         LEAKED_QUEUES.fetch_add(1, StdOrdering::Relaxed);
         LEAKED_PAYLOADS.fetch_add(count, StdOrdering::Relaxed);
         self.closed = true;

@@ -45,10 +45,6 @@
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-mod arena;
-
-pub use self::arena::{DeviceArena, DeviceTensor, HostArena, HostTensor};
-
 use crate::device::loopback::{self, Loopback};
 use crate::device::{self, Device, DeviceMemory, Format, Wait};
 use crate::memory::{PageSize, Region};
@@ -162,7 +158,7 @@ impl Runtime {
     /// ([`Runtime::numa_node`]; the pages must come from that node). A memfd, so an
     /// out-of-process device can share it; locked only where nothing else pins it (a
     /// physical-address space: UIO, no-IOMMU VFIO), since an IOMMU mapping pins the pages
-    /// itself. Pools ([`Runtime::pool`]) and host arenas ([`Runtime::host_arena`]) are made of
+    /// itself. Pools ([`Runtime::pool`]) and mapped memory ([`Runtime::map_memory`]) are made of
     /// this memory.
     ///
     /// # Errors
@@ -288,29 +284,6 @@ impl Runtime {
             config,
             wait,
         )?)
-    }
-
-    /// A planned model's arena in the device's memory ([`Runtime::device_memory`]): one range,
-    /// taken now; each tensor's device offset from [`DeviceArena::tensor`].
-    ///
-    /// # Errors
-    /// As [`Runtime::device_memory`], and [`Error::Device`] if no free range holds the arena.
-    pub fn device_arena(&self, plan: &crate::plan::Plan) -> Result<DeviceArena, Error> {
-        DeviceArena::new(self.device_memory()?, plan)
-    }
-
-    /// A planned model's arena in host memory (on the device's NUMA node, as
-    /// [`Runtime::map_memory`]) mapped once into the device's DMA space; each
-    /// tensor's host address and IOVA from [`HostArena::tensor`].
-    ///
-    /// # Errors
-    /// As [`Runtime::map_memory`].
-    pub fn host_arena(
-        &self,
-        plan: &crate::plan::Plan,
-        page_size: PageSize,
-    ) -> Result<HostArena, Error> {
-        HostArena::new(self, plan, page_size)
     }
 
     /// The loopback device behind this runtime, for what only it has built in; otherwise

@@ -470,7 +470,9 @@ fi
 
 # ---- the test program -----------------------------------------------------------------------------
 log "building the guest test program (release)"
-cargo build --release --locked --quiet --example guest_suite --example nvme --bin userdma ||
+cargo build --release --locked --quiet -p userdma-infer --example guest_suite &&
+	cargo build --release --locked --quiet -p userdma --example nvme &&
+	cargo build --release --locked --quiet -p userdma-cli --bin userdma ||
 	die "building the guest_suite and nvme examples and the userdma tool failed"
 suite_boots=$("$SUITE" --boots | tr '\n' ' ')
 [ "$suite_boots" = "$ALL_BOOTS " ] ||

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
-
 use super::cost::Cost;
 use super::engine::Settings;
 use super::fault::Injection;
@@ -293,7 +291,8 @@ pub(super) fn bad_engine_cpu(cpu: Option<u32>) -> Error {
 }
 
 /// One queue's counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct QueueCounters {
     /// Descriptors executed.
     pub completed: u64,
@@ -314,7 +313,8 @@ impl QueueCounters {
 }
 
 /// One unit's counters ([`regs::UnitRegs`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct UnitCounters {
     /// Descriptors the unit executed.
     pub descriptors: u64,
@@ -337,7 +337,8 @@ pub struct UnitCounters {
 
 /// The device's counters, read from its registers: each device-wide figure is the sum of the
 /// two units' ([`Counters::units`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Counters {
     /// Descriptors executed.
     pub descriptors: u64,

@@ -33,17 +33,16 @@
 //! rate means "free": [`Cost::zero`] charges nothing and never waits.
 //!
 //! [`Cost::npu`] is the default. Its rates are chosen so that a YOLOv5s-like frame
-//! ([`pipeline::zoo::yolov5s_like`](crate::pipeline::zoo::yolov5s_like): 640x640x3 input,
+//! (`userdma_infer::pipeline::zoo::yolov5s_like`: 640x640x3 input,
 //! about 77 MB of tensor traffic) costs
 //! about 18 ms of compute with its working set resident, as in the case study the demo
 //! reproduces.
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 /// The cost model. See the module docs for how a descriptor is charged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Cost {
     /// DMA bandwidth in bytes per second (0: unlimited).
     pub dma_bytes_per_sec: u64,

@@ -32,8 +32,6 @@ use std::time::{Duration, Instant};
 
 pub mod soak;
 
-use serde::Serialize;
-
 use super::regs::{self, FaultControl};
 use super::Loopback;
 use crate::device::Error as DeviceError;
@@ -103,7 +101,8 @@ impl Kind {
 }
 
 /// A kind serialises as its short name ([`Kind::name`]).
-impl Serialize for Kind {
+#[cfg(feature = "serde")]
+impl serde::Serialize for Kind {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(self.name())
     }
@@ -245,7 +244,8 @@ pub(super) fn rate_of(probability: f64) -> u32 {
 }
 
 /// Faults the device injected into one queue, per kind.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Counts {
     /// [`Kind::Stall`].
     pub stall: u64,
@@ -306,7 +306,8 @@ impl Counts {
 }
 
 /// What the device injected, per queue ([`Loopback::injected`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct InjectedCounts {
     /// Per queue, by queue index.
     pub queues: Vec<Counts>,

@@ -290,7 +290,7 @@ pub fn layer(seed: u32, inputs: &[&[u8]], out: &mut [u8]) -> Result<u64, Error> 
 /// Each input pointer is valid for reads of its length, a positive multiple of 4; `out` is
 /// valid for writes of `out_len` bytes, a multiple of 4; the output overlaps no input; and no
 /// one else writes any of them during the call.
-pub(crate) unsafe fn layer_raw(
+pub unsafe fn layer_raw(
     seed: u32,
     inputs: &[(*const u8, usize)],
     out: *mut u8,

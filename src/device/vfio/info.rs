@@ -6,7 +6,6 @@
 use std::fmt;
 use std::mem::{offset_of, size_of};
 
-use serde::Serialize;
 use userdma_sys::vfio::{
     vfio_info_cap_header, vfio_irq_info, vfio_region_info, vfio_region_info_cap_sparse_mmap,
     vfio_region_info_cap_type, vfio_region_sparse_mmap_area, VFIO_IRQ_INFO_AUTOMASKED,
@@ -21,7 +20,8 @@ pub const MAX_SPARSE_AREAS: u32 = 1 << 12;
 
 /// One part of a region the kernel allows to be mapped (`vfio_region_sparse_mmap_area`), in
 /// bytes from the region's start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct SparseArea {
     /// Offset from the start of the region.
     pub offset: u64,
@@ -31,7 +31,8 @@ pub struct SparseArea {
 
 /// A device region (a BAR, the ROM, config space, VGA), as `VFIO_DEVICE_GET_REGION_INFO`
 /// reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RegionInfo {
     /// The region index (`VFIO_PCI_BAR0_REGION_INDEX` ..).
     pub index: u32,
@@ -304,7 +305,8 @@ impl fmt::Display for RegionDefect {
 
 /// One interrupt index (INTx, MSI, MSI-X, error, request), as `VFIO_DEVICE_GET_IRQ_INFO`
 /// reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct IrqInfo {
     /// The index (`VFIO_PCI_INTX_IRQ_INDEX` ..).
     pub index: u32,

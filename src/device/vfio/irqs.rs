@@ -5,7 +5,6 @@
 use std::fmt;
 use std::os::fd::AsFd;
 
-use serde::Serialize;
 use userdma_sys::vfio::{
     VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE,
     VFIO_PCI_INTX_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_PCI_MSI_IRQ_INDEX,
@@ -18,7 +17,8 @@ use crate::device::Error;
 use crate::irq;
 
 /// The kinds of interrupt a PCI function can signal through VFIO.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum IrqKind {
     /// Legacy INTx (one vector; the kernel masks it when it fires: unmask after each).
     Intx,

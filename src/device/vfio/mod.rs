@@ -37,7 +37,6 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 
-use serde::Serialize;
 use std::time::Duration;
 
 use userdma_sys::vfio::{
@@ -200,8 +199,9 @@ pub struct Vfio {
 }
 
 /// How the device reaches its IOMMU ([`Vfio::mode`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Mode {
     /// A group in a container, with the type1 IOMMU.
     Type1,

@@ -83,6 +83,13 @@ pub(crate) enum Failure {
         #[source]
         source: Box<userdma::Error>,
     },
+    /// An inference-layer operation failed (a pipeline, staging).
+    #[error("{op}")]
+    Infer {
+        op: String,
+        #[source]
+        source: Box<userdma_infer::Error>,
+    },
 }
 
 impl Failure {
@@ -144,6 +151,10 @@ impl Failure {
                 op: before(op),
                 source,
             },
+            Failure::Infer { op, source } => Failure::Infer {
+                op: before(op),
+                source,
+            },
         }
     }
 }
@@ -178,6 +189,7 @@ context!(
     device::Error => Device,
     irq::Error => Irq,
     userdma::Error => Runtime,
+    userdma_infer::Error => Infer,
 );
 
 /// Fails the case with a [`Failure::Check`] unless the condition holds.

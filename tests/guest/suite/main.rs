@@ -39,7 +39,7 @@ use crate::failure::Failure;
 
 /// Counts heap allocations, so that a case can show that its steady state makes none.
 #[global_allocator]
-static ALLOCATOR: userdma::stats::CountingAllocator = userdma::stats::CountingAllocator;
+static ALLOCATOR: userdma_infer::stats::CountingAllocator = userdma_infer::stats::CountingAllocator;
 
 /// The guests the harness boots. They differ in the kernel command line, the QEMU machine and
 /// the `vfio` module loaded; `tests/guest/run.sh` holds the matching QEMU arguments.

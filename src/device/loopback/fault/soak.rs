@@ -48,8 +48,6 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 use super::{Counts, Injection, Kind};
 use crate::device::loopback::{Code, Config, Cost, Descriptor, Loopback, Queue, Wait};
 use crate::device::{Device, Error as DeviceError};
@@ -105,7 +103,8 @@ impl Default for Plan {
 }
 
 /// What a soak found.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Report {
     /// Round trips run.
     pub transfers: u64,

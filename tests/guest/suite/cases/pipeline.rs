@@ -29,7 +29,7 @@ use userdma::device::Device;
 use userdma::irq::EventFd;
 use userdma::memory::PageSize;
 use userdma::pool::{Config, OwnedBuffer, Pool};
-use userdma::stats;
+use userdma_infer::stats;
 
 use super::{compare, vfio, CANARY};
 use crate::edu::{self, Direction, Edu, Transfer};

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use userdma::memory::PageSize;
 use userdma::pool::Config;
-use userdma::stage::{self, Direct, File, Mode, Stager};
+use userdma_infer::stage::{self, Direct, File, Mode, Stager};
 
 use super::nvme::Plan;
 use super::vfio;
@@ -176,8 +176,8 @@ fn namespace(env: &Env) -> Result<(PathBuf, usize), Failure> {
     }
 }
 
-fn stage_err(e: stage::Error) -> userdma::Error {
-    userdma::Error::from(e)
+fn stage_err(e: stage::Error) -> userdma_infer::Error {
+    userdma_infer::Error::from(e)
 }
 
 /// Disk → pool buffer (O_DIRECT, io_uring fixed buffers) → edu → pool buffer, byte for byte.

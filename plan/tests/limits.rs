@@ -1,0 +1,26 @@
+//! The exact search checks its own limits before it builds its tables: a graph too dense for
+//! them gets the best heuristic's plan, valid and unproven, never an aborted process.
+
+use std::time::Instant;
+
+use userdma_plan::{self as plan, Budget, Options, Strategy, Tensor};
+
+#[test]
+fn the_exact_search_stands_down_on_a_graph_too_dense_for_its_tables() {
+    // 5,000 tensors all live together: 12.5 million pairs, past what the exact search's
+    // tables may hold. It keeps the best heuristic's plan (valid, unproven) and returns fast.
+    let tensors: Vec<Tensor> = (0..5_000u64)
+        .map(|i| Tensor::new(i, 256 + (i % 7) * 64, 0, 1))
+        .collect();
+    let start = Instant::now();
+    let plan = plan::plan(
+        &tensors,
+        &Options::default(),
+        Strategy::Exact,
+        Budget::Nodes(1_000),
+    )
+    .expect("a plan");
+    assert!(start.elapsed().as_secs() < 60, "took {:?}", start.elapsed());
+    assert_eq!(plan.placements.len(), 5_000);
+    plan.validate(&tensors).expect("a valid plan");
+}
