@@ -1,7 +1,7 @@
 #!/bin/sh
 # Fetch the ONNX model-zoo graphs that the `onnx` wheel ships (ResNet-50, DenseNet-121, Inception
 # v1 and v2, ShuffleNet, SqueezeNet, VGG-19, ZFNet-512, AlexNet; "light" versions whose weights are
-# ConstantOfShape nodes) for the ONNX reader's test (tests/plan_onnx.rs), WITHOUT installing
+# ConstantOfShape nodes) for the ONNX reader's test (plan/tests/plan_onnx.rs), WITHOUT installing
 # anything: `pip download --no-deps` puts one pinned wheel into a cache directory, its SHA-256 is
 # checked, and only onnx/backend/test/data/light/*.onnx is unpacked from it (a wheel is a zip).
 #

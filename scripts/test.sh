@@ -90,7 +90,7 @@ prerequisites() {
 	USERDMA_UAPI_INCLUDE=$(scripts/uapi-headers.sh | tail -n 1)
 	export USERDMA_UAPI_INCLUDE
 	echo "extra uapi headers: $USERDMA_UAPI_INCLUDE"
-	# The model-zoo graphs in the onnx wheel, fetched without installing it (tests/plan_onnx.rs).
+	# The model-zoo graphs in the onnx wheel, fetched without installing it (plan/tests/plan_onnx.rs).
 	USERDMA_ONNX_MODELS=$(scripts/onnx-models.sh | tail -n 1)
 	export USERDMA_ONNX_MODELS
 	echo "ONNX models: $USERDMA_ONNX_MODELS"

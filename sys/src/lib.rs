@@ -17,8 +17,8 @@
 //! # How the ABI is proven
 //!
 //! * Structs come from the bindgen-generated `vfio-bindings` and `iommufd-bindings` crates. Every struct
-//!   this crate exposes has compile-time assertions (`static_assertions`) on its size, alignment and the
-//!   offset of every field, and a destructuring check that no field was left out of the list.
+//!   this crate exposes has compile-time assertions (`const` `assert!`s naming the struct and field) on
+//!   its size, alignment and the offset of every field, and a destructuring check that no field was left out of the list.
 //! * Ioctl numbers are never literals: each one is computed by [`ioctl`] from the kernel's
 //!   `(type, number)` pair (and `size_of::<T>()` where the kernel encodes a size).
 //! * The integration test `tests/kernel_abi.rs` compiles a C program against real kernel uapi headers
@@ -40,10 +40,22 @@ macro_rules! assert_layout {
         fields { $($field:ident : $off:expr),+ $(,)? }
         $(nested { $($($path:ident).+ : $noff:expr),+ $(,)? })?
     ) => {
-        static_assertions::const_assert_eq!(::core::mem::size_of::<$ty>(), $size);
-        static_assertions::const_assert_eq!(::core::mem::align_of::<$ty>(), $align);
-        $(static_assertions::const_assert_eq!(::core::mem::offset_of!($ty, $field), $off);)+
-        $($(static_assertions::const_assert_eq!(::core::mem::offset_of!($ty, $($path).+), $noff);)+)?
+        const _: () = assert!(
+            ::core::mem::size_of::<$ty>() == $size,
+            concat!("the size of ", stringify!($ty), " is not ", stringify!($size)),
+        );
+        const _: () = assert!(
+            ::core::mem::align_of::<$ty>() == $align,
+            concat!("the alignment of ", stringify!($ty), " is not ", stringify!($align)),
+        );
+        $(const _: () = assert!(
+            ::core::mem::offset_of!($ty, $field) == $off,
+            concat!(stringify!($ty), ".", stringify!($field), " is not at offset ", stringify!($off)),
+        );)+
+        $($(const _: () = assert!(
+            ::core::mem::offset_of!($ty, $($path).+) == $noff,
+            concat!(stringify!($ty), ".", stringify!($($path).+), " is not at offset ", stringify!($noff)),
+        );)+)?
         const _: () = {
             // Fails to compile if `$ty` has a field the list above does not name.
             fn _every_field_listed(value: &$ty) {

@@ -37,4 +37,7 @@ pub const UIO_IRQ_DISABLE: IrqWord = 0;
 /// The only size `read` (interrupt count) and `write` (enable/disable) accept: 4 bytes.
 pub const UIO_IRQ_WORD_SIZE: usize = core::mem::size_of::<IrqWord>();
 
-static_assertions::const_assert_eq!(UIO_IRQ_WORD_SIZE, 4);
+const _: () = assert!(
+    UIO_IRQ_WORD_SIZE == 4,
+    "a UIO interrupt word is not 4 bytes"
+);

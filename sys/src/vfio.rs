@@ -223,10 +223,10 @@ assert_layout! {
     fields { __bindgen_anon_1: 0, segment: 4, bus: 6, devfn: 7 }
     nested { __bindgen_anon_1.group_id: 0, __bindgen_anon_1.devid: 0 }
 }
-static_assertions::const_assert_eq!(
+const _: () = assert!(
     ::core::mem::size_of::<vfio_bindings::bindings::vfio::vfio_pci_dependent_device__bindgen_ty_1>(
-    ),
-    4
+    ) == 4,
+    "the union of vfio_pci_dependent_device is not 4 bytes",
 );
 assert_layout! {
     vfio_pci_hot_reset_info { size: 12, align: 4 }

@@ -1,5 +1,5 @@
 //! Unit tests of the decisions and the bound formulas, step by step. The simulator sweeps
-//! that check the bounds on whole runs are in `tests/sched.rs`.
+//! that check the bounds on whole runs are in `infer/tests/sched.rs`.
 
 use super::*;
 
