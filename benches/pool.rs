@@ -69,7 +69,7 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion};
 use crossbeam_queue::ArrayQueue;
 use mimalloc::MiMalloc;
-use userdma::dma::{Loopback, Space};
+use userdma::dma::{SoftIommu, Space};
 use userdma::memory::{PageSize, Region};
 use userdma::pool::{Batch, Buffer, Config, OwnedBuffer, Pool};
 use userdma_bench_support::cpu::{self, Line};
@@ -90,7 +90,7 @@ fn make_pool(page: PageSize, colouring: bool) -> Pool {
         .page_size(page)
         .build()
         .expect("256 MiB of locked memory (raise RLIMIT_MEMLOCK or run as root)");
-    let space = Loopback::new(48).expect("loopback DMA space");
+    let space = SoftIommu::new(48).expect("loopback DMA space");
     let mapping = space.map(Arc::new(region)).expect("loopback mapping");
     Pool::new(mapping, Config::default().colouring(colouring)).expect("pool over the mapping")
 }

@@ -63,7 +63,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use crossbeam_queue::ArrayQueue;
-use userdma::dma::{Loopback, Space};
+use userdma::dma::{SoftIommu, Space};
 use userdma::memory::{PageSize, Region};
 use userdma::mmio::{Block, Shared, Width};
 use userdma::ring::{
@@ -174,7 +174,9 @@ fn spawn_device(f: impl FnOnce() + Send + 'static) -> thread::JoinHandle<()> {
 /// A host queue and its device view over loopback DMA memory; the doorbells sit on separate
 /// cache lines of a shared-memory BAR (the loopback device's layout), lines wholly inside its
 /// allocation so that no other heap object shares them.
-fn pair<D: Submission, T: Send>(space: &Loopback) -> (Queue<D, Status, T>, DeviceQueue<D, Status>) {
+fn pair<D: Submission, T: Send>(
+    space: &SoftIommu,
+) -> (Queue<D, Status, T>, DeviceQueue<D, Status>) {
     let layout = Layout::new::<D, Status>(DEPTH).unwrap();
     let len = layout.size().next_multiple_of(4096);
     let region = Region::builder(len)
@@ -275,7 +277,7 @@ impl Drop for Handoff {
 /// the device thread `fetch`es, reads every announced descriptor (`EACH`: one `pop` each, the
 /// loopback engine's way; otherwise one `pop_burst`) and `release`s.
 fn ring_handoff<D: Item, const EACH: bool>(burst: u64) -> Handoff {
-    let space = Loopback::new(48).unwrap();
+    let space = SoftIommu::new(48).unwrap();
     let (mut queue, mut device) = pair::<D, ()>(&space);
     let step = move || {
         let mut sum = 0;
@@ -575,7 +577,7 @@ fn floor_trip(_: u64) -> Handoff {
 /// The ring: submit (descriptor, payload into the in-flight table, doorbell), the device
 /// completes it, the host polls the completion and takes the payload back.
 fn ring_trip(_: u64) -> Handoff {
-    let space = Loopback::new(48).unwrap();
+    let space = SoftIommu::new(48).unwrap();
     let (mut queue, mut device) = pair::<Command, ()>(&space);
     let device = device_loop(move || {
         device.fetch().unwrap();

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use userdma::dma::{Error, Iova, IovaRange, Kind, Loopback, Space};
+use userdma::dma::{Error, Iova, IovaRange, Kind, SoftIommu, Space};
 use userdma::memory::{PageSize, Region};
 
 const PAGE: usize = 4096;
@@ -21,10 +21,10 @@ fn region(pages: usize) -> Arc<Region> {
 
 #[test]
 fn the_device_reaches_exactly_what_is_mapped() {
-    let space = Loopback::new(32).unwrap();
+    let space = SoftIommu::new(32).unwrap();
     let mapping = space.map(region(4)).unwrap();
     let base = mapping.iova(0).unwrap();
-    assert_eq!(mapping.kind(), Kind::Loopback);
+    assert_eq!(mapping.kind(), Kind::SoftIommu);
     assert_eq!(
         space.mapped_ranges(),
         vec![IovaRange::from_len(base.raw(), 4 * PAGE as u64).unwrap()]
@@ -60,7 +60,7 @@ fn the_device_reaches_exactly_what_is_mapped() {
 
 #[test]
 fn neighbouring_mappings_do_not_leak_into_each_other() {
-    let space = Loopback::new(32).unwrap();
+    let space = SoftIommu::new(32).unwrap();
     let a = space.map(region(1)).unwrap();
     let b = space.map(region(1)).unwrap();
     let (ia, ib) = (a.iova(0).unwrap(), b.iova(0).unwrap());
@@ -90,7 +90,7 @@ fn neighbouring_mappings_do_not_leak_into_each_other() {
 
 #[test]
 fn the_dma_mask_and_ranges_bound_placement() {
-    let space = Loopback::new(20).unwrap();
+    let space = SoftIommu::new(20).unwrap();
     let mut mappings = Vec::new();
     while let Ok(mapping) = space.map(region(16)) {
         let last = mapping.iova(mapping.len() - 1).unwrap();
@@ -104,7 +104,7 @@ fn the_dma_mask_and_ranges_bound_placement() {
     assert!(err.to_string().contains("20-bit"), "{err}");
 
     let windows = [IovaRange::new(0x1_0000, 0x1_ffff).unwrap()];
-    let space = Loopback::with_ranges(32, &windows).unwrap();
+    let space = SoftIommu::with_ranges(32, &windows).unwrap();
     let mapping = space.map(region(16)).unwrap();
     assert_eq!(mapping.iova(0).map(|i| i.raw()), Some(0x1_0000));
     assert!(matches!(
@@ -115,7 +115,7 @@ fn the_dma_mask_and_ranges_bound_placement() {
 
 #[test]
 fn a_window_keeps_memory_alive_after_the_host_unmaps() {
-    let space = Loopback::new(32).unwrap();
+    let space = SoftIommu::new(32).unwrap();
     let mapping = space.map(region(1)).unwrap();
     mapping.slice().write(0, 0x55aa_u16).unwrap();
     let window = space
@@ -129,7 +129,7 @@ fn a_window_keeps_memory_alive_after_the_host_unmaps() {
 
 #[test]
 fn lookups_race_safely_with_map_and_unmap() {
-    let space = Loopback::new(32).unwrap();
+    let space = SoftIommu::new(32).unwrap();
     let stop = AtomicBool::new(false);
     let lookups = AtomicU64::new(0);
     let stable = space.map(region(1)).unwrap();
@@ -182,7 +182,7 @@ fn handles_are_send_and_sync() {
     send_sync::<userdma::dma::Mapping>();
     send_sync::<userdma::dma::Slice<'static>>();
     send_sync::<userdma::dma::Window>();
-    send_sync::<Loopback>();
+    send_sync::<SoftIommu>();
     send_sync::<userdma::dma::Type1>();
     send_sync::<userdma::dma::Iommufd>();
     send_sync::<userdma::dma::Physical>();

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use userdma::dma::{Loopback, Space};
+use userdma::dma::{SoftIommu, Space};
 use userdma::memory::{PageSize, Region};
 use userdma::pool::{Config, Error as PoolError, Pool};
 
@@ -15,7 +15,7 @@ fn more_buffers_than_a_pool_holds_are_refused_before_anything_is_reserved() {
         .lock(false)
         .build()
         .expect("region");
-    let mapping = Loopback::new(48)
+    let mapping = SoftIommu::new(48)
         .expect("space")
         .map(Arc::new(region))
         .expect("mapping");

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use userdma::device::loopback::fault::{Counts, Injection, Kind};
-use userdma::device::loopback::{Code, Config, Cost, Descriptor, Loopback, Queue, Wait};
+use userdma::device::loopback::{Config, Cost, Descriptor, Loopback, Queue, StatusCode, Wait};
 use userdma::device::Device;
 use userdma::dma::{DeviceOffset, Mapping};
 use userdma::memory::PageSize;
@@ -414,7 +414,7 @@ fn an_error_status_is_handed_out_with_its_payload_and_touches_no_data() {
     let ids = rig.submit(7);
     let done = rig.drain();
     assert_eq!(done[0].id, ids[0]);
-    assert_eq!(done[0].entry.loopback_code(), Ok(Code::Injected));
+    assert_eq!(done[0].entry.loopback_code(), Ok(StatusCode::Injected));
     assert_eq!(done[0].entry.queue_id, 0);
     assert!(done[1..].iter().all(|d| d.entry.is_success()));
     // The failed ToDevice wrote nothing: the ToHost after it brought back the device's
@@ -444,7 +444,7 @@ fn a_corrupted_descriptor_fails_its_checks_and_touches_no_memory() {
     let ids = rig.submit(8);
     let done = rig.drain();
     assert_eq!(done[0].id, ids[0]);
-    assert_eq!(done[0].entry.loopback_code(), Ok(Code::BadContext));
+    assert_eq!(done[0].entry.loopback_code(), Ok(StatusCode::BadContext));
     let mut device = vec![0xffu8; LEN];
     rig.device
         .device_memory()
@@ -498,8 +498,8 @@ fn an_injection_from_the_configuration_hits_from_the_start() {
     let mut rig = rig_with(Config::default().inject(0, Injection::next(Kind::ErrorStatus, 2)));
     rig.submit(9);
     let done = rig.drain();
-    assert_eq!(done[0].entry.loopback_code(), Ok(Code::Injected));
-    assert_eq!(done[1].entry.loopback_code(), Ok(Code::Injected));
+    assert_eq!(done[0].entry.loopback_code(), Ok(StatusCode::Injected));
+    assert_eq!(done[1].entry.loopback_code(), Ok(StatusCode::Injected));
     assert!(done[2..].iter().all(|d| d.entry.is_success()));
     assert_eq!(rig.injected().error_status, 2);
     // Used up: the device is clean again.

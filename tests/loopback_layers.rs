@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use userdma::device::loopback::reference::{self, Compact};
-use userdma::device::loopback::{Code, Descriptor, Loopback, Wait};
+use userdma::device::loopback::{Descriptor, Loopback, StatusCode, Wait};
 use userdma::dma::{DeviceOffset, Mapping};
 use userdma::ring;
 
@@ -120,7 +120,7 @@ fn run_model(
     let mut results = [0; 6];
     for (step, result) in steps.into_iter().zip(&mut results) {
         let status = run(&mut queue, step);
-        assert_eq!(status.loopback_code(), Ok(Code::Success), "{step:?}");
+        assert_eq!(status.loopback_code(), Ok(StatusCode::Success), "{step:?}");
         *result = status.result;
     }
     assert_eq!(results[0], X as u64);
@@ -222,6 +222,6 @@ fn a_wrong_placement_shows_as_wrong_output() {
     let status = run(&mut queue, over);
     assert_eq!(
         (status.loopback_code(), status.result),
-        (Ok(Code::Overlap), GOOD.a)
+        (Ok(StatusCode::Overlap), GOOD.a)
     );
 }

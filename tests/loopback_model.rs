@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use userdma::device::loopback::{Code, Config, Cost, Descriptor, Loopback, Unit, Wait};
+use userdma::device::loopback::{Config, Cost, Descriptor, Loopback, StatusCode, Unit, Wait};
 use userdma::dma::DeviceOffset;
 use userdma::ring::{self, Command, Queue, Status};
 
@@ -50,7 +50,7 @@ fn run_all(queue: &mut Queue<Command, Status, ()>, descriptors: &[Command]) {
     queue.flush().expect("doorbell");
     for _ in descriptors {
         let done = queue.wait(TIMEOUT).expect("a completion").entry;
-        assert_eq!(done.loopback_code(), Ok(Code::Success), "{done:?}");
+        assert_eq!(done.loopback_code(), Ok(StatusCode::Success), "{done:?}");
     }
 }
 

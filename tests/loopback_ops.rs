@@ -2,7 +2,7 @@
 //! descriptor field (each bad descriptor gets its own error code and touches nothing), device
 //! memory bounds, unmapped host addresses, the register map, and the counters.
 
-use userdma::device::loopback::{regs, Code, Opcode, Wait};
+use userdma::device::loopback::{regs, Opcode, StatusCode, Wait};
 use userdma::device::Device;
 use userdma::ring::{self, Command, Queue, Status};
 
@@ -89,7 +89,7 @@ fn every_operation_byte_for_byte() {
     let status = run(&mut queue, to_device);
     assert_eq!(
         (status.code(), status.result),
-        (Code::Success as u16, 20_003)
+        (StatusCode::Success as u16, 20_003)
     );
     assert_eq!(device_bytes(&device, 1001, 20_003), data);
     assert_eq!(device_bytes(&device, 1000, 1), [0]);
@@ -190,7 +190,7 @@ fn unmapped_host_addresses_fail_and_touch_nothing() {
         };
         assert_eq!(
             (status.code(), status.result),
-            (Code::HostUnmapped as u16, iova),
+            (StatusCode::HostUnmapped as u16, iova),
             "{case:?}"
         );
     }
@@ -219,42 +219,42 @@ fn device_memory_bounds_and_overflow() {
     let cases = [
         (
             cmd(Opcode::ToDevice, iova.raw(), size - 4, 8),
-            Code::DeviceOutOfBounds,
+            StatusCode::DeviceOutOfBounds,
             size - 4,
         ),
         (
             cmd(Opcode::ToDevice, iova.raw(), size, 1),
-            Code::DeviceOutOfBounds,
+            StatusCode::DeviceOutOfBounds,
             size,
         ),
         (
             cmd(Opcode::ToHost, size - 1, iova.raw(), 2),
-            Code::DeviceOutOfBounds,
+            StatusCode::DeviceOutOfBounds,
             size - 1,
         ),
         (
             cmd(Opcode::DeviceCopy, 0, size - 2, 4),
-            Code::DeviceOutOfBounds,
+            StatusCode::DeviceOutOfBounds,
             size - 2,
         ),
         (
             cmd(Opcode::DeviceCopy, u64::MAX - 1, 0, 1),
-            Code::DeviceOutOfBounds,
+            StatusCode::DeviceOutOfBounds,
             u64::MAX - 1,
         ),
         (
             cmd(Opcode::DeviceCopy, u64::MAX, 0, 1),
-            Code::AddressOverflow,
+            StatusCode::AddressOverflow,
             u64::MAX,
         ),
         (
             cmd(Opcode::ToDevice, iova.raw(), u64::MAX - 1, 4),
-            Code::AddressOverflow,
+            StatusCode::AddressOverflow,
             u64::MAX - 1,
         ),
         (
             cmd(Opcode::ToHost, 0, u64::MAX - 7, 9),
-            Code::AddressOverflow,
+            StatusCode::AddressOverflow,
             u64::MAX - 7,
         ),
     ];
@@ -269,7 +269,10 @@ fn device_memory_bounds_and_overflow() {
     }
     let mut fill = cmd(Opcode::Fill, 0, size - 16, 17);
     fill.args[0] = 1;
-    assert_eq!(run(&mut queue, fill).code(), Code::DeviceOutOfBounds as u16);
+    assert_eq!(
+        run(&mut queue, fill).code(),
+        StatusCode::DeviceOutOfBounds as u16
+    );
     assert_eq!(device_bytes(&device, 0, MEMORY), before);
 }
 
@@ -291,27 +294,27 @@ fn malformed_descriptors_get_their_code_and_change_nothing() {
         f(&mut c);
         c
     };
-    let cases: Vec<(Command, Code)> = vec![
-        (with(&|c| c.opcode = 0x40), Code::BadOpcode),
-        (with(&|c| c.opcode = 0xff), Code::BadOpcode),
-        (with(&|c| c.flags = 0x80), Code::BadFlags),
-        (with(&|c| c.context = 3), Code::BadContext),
-        (with(&|c| c.args[2] = 1), Code::BadArgs),
-        (with(&|c| c.len = 0), Code::BadLength),
+    let cases: Vec<(Command, StatusCode)> = vec![
+        (with(&|c| c.opcode = 0x40), StatusCode::BadOpcode),
+        (with(&|c| c.opcode = 0xff), StatusCode::BadOpcode),
+        (with(&|c| c.flags = 0x80), StatusCode::BadFlags),
+        (with(&|c| c.context = 3), StatusCode::BadContext),
+        (with(&|c| c.args[2] = 1), StatusCode::BadArgs),
+        (with(&|c| c.len = 0), StatusCode::BadLength),
         (
             with(&|c| {
                 c.opcode = Opcode::Fill as u8;
                 c.src = 0;
                 c.args[0] = 0x100;
             }),
-            Code::BadArgs,
+            StatusCode::BadArgs,
         ),
         (
             with(&|c| {
                 c.opcode = Opcode::Fill as u8;
                 c.args[0] = 1;
             }),
-            Code::BadArgs,
+            StatusCode::BadArgs,
         ),
         (
             with(&|c| {
@@ -319,14 +322,14 @@ fn malformed_descriptors_get_their_code_and_change_nothing() {
                 c.src = 0;
                 c.args[0] = 1 << 32;
             }),
-            Code::BadArgs,
+            StatusCode::BadArgs,
         ),
         (
             with(&|c| {
                 c.opcode = Opcode::Compute as u8;
                 c.src = 2;
             }),
-            Code::Misaligned,
+            StatusCode::Misaligned,
         ),
         (
             with(&|c| {
@@ -334,7 +337,7 @@ fn malformed_descriptors_get_their_code_and_change_nothing() {
                 c.src = 0;
                 c.len = 6;
             }),
-            Code::Misaligned,
+            StatusCode::Misaligned,
         ),
         (
             with(&|c| {
@@ -342,14 +345,14 @@ fn malformed_descriptors_get_their_code_and_change_nothing() {
                 c.src = 0;
                 c.dst = 0;
             }),
-            Code::BadLength,
+            StatusCode::BadLength,
         ),
         (
             with(&|c| {
                 c.opcode = Opcode::Nop as u8;
                 c.len = 0;
             }),
-            Code::BadArgs,
+            StatusCode::BadArgs,
         ),
     ];
     let device_before = device_bytes(&device, 0, MEMORY);

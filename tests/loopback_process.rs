@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use userdma::device::loopback::{self, Code, Config, Cost, Loopback, Mode, Opcode, Program, Wait};
+use userdma::device::loopback::{
+    self, Config, Cost, Loopback, Mode, Opcode, Program, StatusCode, Wait,
+};
 use userdma::device::{Device, Error};
 use userdma::dma::Mapping;
 use userdma::memory::{PageSize, Region};
@@ -197,7 +199,7 @@ fn the_device_process_reaches_only_what_is_mapped() {
     );
     assert_eq!(
         (past.code(), past.result),
-        (Code::HostUnmapped as u16, (iova + 4096).raw())
+        (StatusCode::HostUnmapped as u16, (iova + 4096).raw())
     );
 
     // Once unmapped on the host, the device process no longer reaches it.
@@ -205,7 +207,7 @@ fn the_device_process_reaches_only_what_is_mapped() {
     let gone = run(&mut queue, cmd(Opcode::ToDevice, iova.raw(), 0, 64));
     assert_eq!(
         (gone.code(), gone.result),
-        (Code::HostUnmapped as u16, iova.raw())
+        (StatusCode::HostUnmapped as u16, iova.raw())
     );
     // A new mapping may reuse the IOVAs: the device then reaches the new memory.
     let again = shared_memory(&device, 8192);

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use userdma::device::loopback::{Code, Config, Cost, Descriptor, Loopback, Unit, Wait};
+use userdma::device::loopback::{Config, Cost, Descriptor, Loopback, StatusCode, Unit, Wait};
 use userdma::device::Device;
 use userdma::dma::DeviceOffset;
 use userdma::memory::PageSize;
@@ -53,7 +53,7 @@ fn compute(queue: &mut Queue<Command, Status, ()>, id: u16, n: usize) {
             .build();
         queue.submit(c, ()).expect("submitted");
         let done = queue.wait(TIMEOUT).expect("completed");
-        assert_eq!(done.entry.loopback_code(), Ok(Code::Success));
+        assert_eq!(done.entry.loopback_code(), Ok(StatusCode::Success));
     }
 }
 

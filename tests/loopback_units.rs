@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use userdma::device::loopback::{
-    regs, Code, Config, Cost, Counters, Descriptor, Fault, Loopback, Mode, Program, QueueCounters,
-    Unit, Wait,
+    regs, Config, Cost, Counters, Descriptor, Fault, Loopback, Mode, Program, QueueCounters,
+    StatusCode, Unit, Wait,
 };
 use userdma::device::Device;
 use userdma::dma::{DeviceOffset, Iova, Mapping};
@@ -61,7 +61,7 @@ fn complete(queue: &mut Queue<Command, Status, ()>, count: usize) -> Vec<Status>
     (0..count)
         .map(|_| {
             let done = queue.wait(TIMEOUT).expect("a completion").entry;
-            assert_eq!(done.loopback_code(), Ok(Code::Success), "{done:?}");
+            assert_eq!(done.loopback_code(), Ok(StatusCode::Success), "{done:?}");
             done
         })
         .collect()
@@ -271,33 +271,40 @@ fn bad_waits_and_a_bad_unit_are_refused() {
     };
     assert_eq!(
         code(&mut queue, Descriptor::wait(1, 0).build()),
-        Ok(Code::BadArgs),
+        Ok(StatusCode::BadArgs),
         "its own queue"
     );
     assert_eq!(
         code(&mut queue, Descriptor::wait(3, 0).build()),
-        Ok(Code::BadArgs),
+        Ok(StatusCode::BadArgs),
         "past the queues"
     );
     assert_eq!(
         code(&mut queue, Descriptor::wait(1000, 0).build()),
-        Ok(Code::BadArgs)
+        Ok(StatusCode::BadArgs)
     );
     let mut c = Descriptor::wait(0, 0).build();
     c.src = 8;
-    assert_eq!(code(&mut queue, c), Ok(Code::BadArgs), "src");
+    assert_eq!(code(&mut queue, c), Ok(StatusCode::BadArgs), "src");
     let mut c = Descriptor::wait(0, 0).build();
     c.dst = 8;
-    assert_eq!(code(&mut queue, c), Ok(Code::BadArgs), "dst");
+    assert_eq!(code(&mut queue, c), Ok(StatusCode::BadArgs), "dst");
     let mut c = Descriptor::wait(0, 0).build();
     c.args[2] = 1;
-    assert_eq!(code(&mut queue, c), Ok(Code::BadArgs), "a reserved word");
+    assert_eq!(
+        code(&mut queue, c),
+        Ok(StatusCode::BadArgs),
+        "a reserved word"
+    );
     let mut c = Descriptor::wait(0, 0).build();
     c.len = 4;
-    assert_eq!(code(&mut queue, c), Ok(Code::BadLength), "len");
+    assert_eq!(code(&mut queue, c), Ok(StatusCode::BadLength), "len");
     // A good one on an idle queue: its counter is 0.
     let done = run(&mut queue, Descriptor::wait(2, 0).build());
-    assert_eq!((done.loopback_code(), done.result), (Ok(Code::Success), 0));
+    assert_eq!(
+        (done.loopback_code(), done.result),
+        (Ok(StatusCode::Success), 0)
+    );
     let counters = device.counters().unwrap();
     assert_eq!(counters.units[Unit::Compute as usize].errors, 7);
     assert_eq!(counters.units[Unit::Copy as usize].descriptors, 0);
@@ -334,7 +341,7 @@ fn bad_waits_and_a_bad_unit_are_refused() {
     let mut fixed = open(&device, q, 16, 0, Unit::Compute);
     assert_eq!(
         run(&mut fixed, Descriptor::nop().build()).loopback_code(),
-        Ok(Code::Success)
+        Ok(StatusCode::Success)
     );
 }
 
@@ -371,11 +378,11 @@ fn an_unsatisfied_wait_holds_only_its_queue_until_stopped_or_reset() {
     for _ in 0..100 {
         assert_eq!(
             run(&mut copy, Descriptor::nop().build()).loopback_code(),
-            Ok(Code::Success)
+            Ok(StatusCode::Success)
         );
         assert_eq!(
             run(&mut other, Descriptor::nop().build()).loopback_code(),
-            Ok(Code::Success)
+            Ok(StatusCode::Success)
         );
     }
     assert!(
@@ -409,7 +416,7 @@ fn an_unsatisfied_wait_holds_only_its_queue_until_stopped_or_reset() {
     let mut again = open(&device, 1, 64, 0, Unit::Compute);
     assert_eq!(
         run(&mut again, Descriptor::nop().build()).loopback_code(),
-        Ok(Code::Success)
+        Ok(StatusCode::Success)
     );
 
     // So does a reset.
@@ -440,10 +447,13 @@ fn an_unsatisfied_wait_holds_only_its_queue_until_stopped_or_reset() {
     let mut compute = open(&device, 1, 16, 0, Unit::Compute);
     assert_eq!(
         run(&mut copy, Descriptor::nop().build()).loopback_code(),
-        Ok(Code::Success)
+        Ok(StatusCode::Success)
     );
     let done = run(&mut compute, Descriptor::wait(0, 1).build());
-    assert_eq!((done.loopback_code(), done.result), (Ok(Code::Success), 1));
+    assert_eq!(
+        (done.loopback_code(), done.result),
+        (Ok(StatusCode::Success), 1)
+    );
 }
 
 /// The counters of a device with `queues` queues that did nothing.
@@ -469,12 +479,12 @@ fn counters_add_up_per_queue_and_per_unit() {
     for _ in 0..2 {
         for (queue, context) in [(&mut q0, 1), (&mut q2, 2)] {
             let d = Descriptor::nop().context(context).build();
-            assert_eq!(run(queue, d).loopback_code(), Ok(Code::Success));
+            assert_eq!(run(queue, d).loopback_code(), Ok(StatusCode::Success));
         }
     }
     assert_eq!(
         run(&mut q0, Descriptor::nop().context(1).build()).loopback_code(),
-        Ok(Code::Success)
+        Ok(StatusCode::Success)
     );
     // Then both units busy at once: 200 copies on queue 0, 200 computes on queues 1 and 3
     // each, with one bad descriptor each on 0 and 1.
@@ -497,7 +507,7 @@ fn counters_add_up_per_queue_and_per_unit() {
         let mut errors = 0;
         for _ in 0..count {
             let done = queue.wait(TIMEOUT).unwrap().entry;
-            errors += usize::from(done.loopback_code() != Ok(Code::Success));
+            errors += usize::from(done.loopback_code() != Ok(StatusCode::Success));
         }
         errors
     };

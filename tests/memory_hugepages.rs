@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use userdma::dma::{Loopback, Slice, Space};
+use userdma::dma::{Slice, SoftIommu, Space};
 use userdma::memory::hugepages;
 use userdma::memory::{Backing, Error, PageSize, Region, SYSFS_ROOT};
 
@@ -323,7 +323,7 @@ fn loopback_mapping_of_hugepages_is_aligned_hugepages() {
     let _serial = serial();
     let _pool = reserve(2, PageSize::Huge2M);
     let region = Arc::new(Region::builder(4 << 20).build().unwrap());
-    let space = Loopback::new(28).unwrap();
+    let space = SoftIommu::new(28).unwrap();
     let mapping = space.map(Arc::clone(&region)).unwrap();
     let iova = mapping.iova(0).unwrap();
     assert_eq!(iova % (2 << 20), 0);

@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use userdma::dma::{Loopback, Physical, Space};
+use userdma::dma::{Physical, SoftIommu, Space};
 use userdma::memory::hugepages::Guard;
 use userdma::memory::{PageSize, Region, SYSFS_ROOT};
 use userdma::pool::{Config, Exhaustion, Pool, MIN_ALIGN};
@@ -41,7 +41,7 @@ fn every_class_is_aligned_to_its_size_on_hugepages() {
             .build()
             .expect("64 MiB of 2 MiB pages"),
     );
-    let mapping = Loopback::new(48).unwrap().map(region).unwrap();
+    let mapping = SoftIommu::new(48).unwrap().map(region).unwrap();
     let pool = Pool::new(mapping, Config::default()).unwrap();
     assert_eq!(
         pool.arena_offset(),
@@ -154,7 +154,7 @@ fn shared_pool_on_a_hugetlb_memfd_mapped_twice_hugepages() {
     let fd: OwnedFd = region.fd().unwrap().as_fd().try_clone_to_owned().unwrap();
     // A second, independent mapping of the same file: what another process would do.
     let again = Region::from_fd(fd, 16 * MIB, PageSize::Huge2M).expect("map the memfd again");
-    let space = Loopback::new(48).unwrap();
+    let space = SoftIommu::new(48).unwrap();
     let creator =
         Pool::create_shared(space.map(Arc::new(region)).unwrap(), Config::default()).unwrap();
     let opener = Pool::open_shared(space.map(Arc::new(again)).unwrap(), Exhaustion::Fail).unwrap();

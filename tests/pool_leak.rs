@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use userdma::dma::{Loopback, Space};
+use userdma::dma::{SoftIommu, Space};
 use userdma::memory::{PageSize, Region};
 use userdma::pool::{leaked_mappings, Config, Pool};
 
@@ -19,7 +19,7 @@ fn new_pool() -> Pool {
         .page_size(PageSize::Base)
         .build()
         .expect("16 MiB of locked base pages (raise RLIMIT_MEMLOCK or run as root)");
-    let space = Loopback::new(48).expect("loopback DMA space");
+    let space = SoftIommu::new(48).expect("loopback DMA space");
     let mapping = space.map(Arc::new(region)).expect("loopback mapping");
     Pool::new(mapping, Config::default()).expect("pool over the mapping")
 }

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use userdma::dma::{Loopback, Space};
+use userdma::dma::{SoftIommu, Space};
 use userdma::memory::{PageSize, Region};
 use userdma::pool::{Config, Pool};
 
@@ -32,7 +32,7 @@ fn thread_caches_take_memory_only_for_what_threads_use() {
         .lock(false)
         .build()
         .expect("32 MiB region");
-    let mapping = Loopback::new(48)
+    let mapping = SoftIommu::new(48)
         .expect("loopback DMA space")
         .map(Arc::new(region))
         .expect("mapping");

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use userdma::dma::{Loopback, Space};
+use userdma::dma::{SoftIommu, Space};
 use userdma::memory::{PageSize, Region};
 use userdma::pool::{Buffer, Config, Exhaustion, Pool};
 
@@ -81,7 +81,7 @@ fn child() {
     // environment; nothing else in this process owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     let region = Region::from_fd(fd, LEN, PageSize::Base).expect("map the shared region");
-    let space = Loopback::new(48).unwrap();
+    let space = SoftIommu::new(48).unwrap();
     let pool = Pool::open_shared(space.map(Arc::new(region)).unwrap(), Exhaustion::Fail)
         .expect("open the parent's pool");
     let held = churn_then_hold(&pool, 0xc41d, 5_000, 150, b'C');
@@ -118,7 +118,7 @@ fn two_processes_share_one_pool() {
         .build()
         .expect("a 32 MiB memfd region of base pages (run as root or raise RLIMIT_MEMLOCK)");
     let region = Arc::new(region);
-    let space = Loopback::new(48).unwrap();
+    let space = SoftIommu::new(48).unwrap();
     let pool = Pool::create_shared(space.map(Arc::clone(&region)).unwrap(), config()).unwrap();
     let fd = region.fd().expect("a memfd region has a descriptor");
     // SAFETY: dup has no memory-safety preconditions; the copy lacks CLOEXEC, so the child

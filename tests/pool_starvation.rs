@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use userdma::dma::{Loopback, Mapping, Space};
+use userdma::dma::{Mapping, SoftIommu, Space};
 use userdma::memory::{PageSize, Region};
 use userdma::pool::{Buffer, Config, Error, Exhaustion, Pool};
 use userdma::Runtime;
@@ -22,7 +22,7 @@ fn mapping(bytes: usize) -> Mapping {
         .lock(false)
         .build()
         .expect("region");
-    Loopback::new(48)
+    SoftIommu::new(48)
         .expect("loopback DMA space")
         .map(Arc::new(region))
         .expect("mapping")

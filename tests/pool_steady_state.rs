@@ -14,7 +14,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Once};
 
-use userdma::dma::{Loopback, Space};
+use userdma::dma::{SoftIommu, Space};
 use userdma::memory::{PageSize, Region};
 use userdma::pool::{Buffer, Config, Pool};
 
@@ -203,7 +203,7 @@ fn pool() -> Arc<Pool> {
         .page_size(PageSize::Base)
         .build()
         .expect("64 MiB of locked base pages (run as root or raise RLIMIT_MEMLOCK)");
-    let mapping = Loopback::new(48).unwrap().map(Arc::new(region)).unwrap();
+    let mapping = SoftIommu::new(48).unwrap().map(Arc::new(region)).unwrap();
     Arc::new(Pool::new(mapping, Config::default()).unwrap())
 }
 

@@ -17,7 +17,7 @@ fn pair(
 ) -> (
     Queue<Command, Status, u64>,
     DeviceQueue<Command, Status>,
-    userdma::dma::Loopback,
+    userdma::dma::SoftIommu,
 ) {
     ring_pair::pair(Config::new(depth), interrupt)
 }

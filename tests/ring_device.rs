@@ -17,7 +17,7 @@ fn pair<T: Send>(
 ) -> (
     Queue<Command, Status, T>,
     DeviceQueue<Command, Status>,
-    userdma::dma::Loopback,
+    userdma::dma::SoftIommu,
 ) {
     ring_pair::pair(Config::new(depth).with_id(1).with_context(7), true)
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use userdma::dma::{Loopback, Space};
+use userdma::dma::{SoftIommu, Space};
 use userdma::irq::{EventFd, Kind, Waiter};
 use userdma::memory::{PageSize, Region};
 use userdma::mmio::{Block, Shared};
@@ -24,8 +24,8 @@ const STRIDE: usize = 128;
 
 type HostQueue = Queue<Command, Status, (u16, u64)>;
 
-fn queues() -> (Vec<HostQueue>, Vec<DeviceQueue<Command, Status>>, Loopback) {
-    let space = Loopback::new(48).unwrap();
+fn queues() -> (Vec<HostQueue>, Vec<DeviceQueue<Command, Status>>, SoftIommu) {
+    let space = SoftIommu::new(48).unwrap();
     let layout = Layout::new::<Command, Status>(DEPTH).unwrap();
     let per_queue = layout.size().next_multiple_of(4096);
     let region = Region::builder(per_queue * usize::from(QUEUES))

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use userdma::device::loopback::{self, Code, Cost, Descriptor, Mode, Program, Wait};
+use userdma::device::loopback::{self, Cost, Descriptor, Mode, Program, StatusCode, Wait};
 use userdma::device::Range;
 use userdma::memory::{self, PageSize};
 use userdma::pool::{self, OwnedBuffer, Pool};
@@ -222,7 +222,7 @@ impl DemoError {
 
 /// A status code's name.
 fn code_name(code: u16) -> String {
-    Code::from_raw(code).map_or_else(|| "unknown".to_owned(), |c| format!("{c:?}"))
+    StatusCode::from_raw(code).map_or_else(|| "unknown".to_owned(), |c| format!("{c:?}"))
 }
 
 /// Latency percentiles, in nanoseconds.

@@ -77,7 +77,7 @@ impl Error {
 /// The JSON document.
 #[derive(Debug, Serialize)]
 struct Report<'a> {
-    pools: &'a [hugepages::Pool],
+    pools: &'a [hugepages::Counts],
     reservation: Option<&'a Reservation>,
 }
 

@@ -65,7 +65,7 @@ pub(crate) struct PlanArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Input {
     /// Tensor records in a text format.
-    Records(format::Format),
+    Records(format::FileFormat),
     /// An ONNX model.
     Onnx,
 }
@@ -78,14 +78,14 @@ impl Input {
         {
             return Some(Input::Onnx);
         }
-        format::Format::from_extension(path).map(Input::Records)
+        format::FileFormat::from_extension(path).map(Input::Records)
     }
 }
 
 fn parse_format(text: &str) -> Result<Input, String> {
     match text {
-        "json" => Ok(Input::Records(format::Format::Json)),
-        "csv" => Ok(Input::Records(format::Format::Csv)),
+        "json" => Ok(Input::Records(format::FileFormat::Json)),
+        "csv" => Ok(Input::Records(format::FileFormat::Csv)),
         "onnx" => Ok(Input::Onnx),
         _ => Err(format!("unknown format {text:?} (json, csv, onnx)")),
     }

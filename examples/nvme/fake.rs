@@ -13,7 +13,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use userdma::device::{self, Identity, Kind};
-use userdma::dma::{Iova, Loopback, Space};
+use userdma::dma::{Iova, SoftIommu, Space};
 use userdma::irq::EventFd;
 use userdma::mmio::{Block, DynBlock, Shared};
 
@@ -75,7 +75,7 @@ struct Cq {
 /// The controller's state, owned by its thread.
 struct Device {
     bar: DynBlock,
-    space: Arc<Loopback>,
+    space: Arc<SoftIommu>,
     irqs: Vec<EventFd>,
     disk: Arc<Mutex<Vec<u8>>>,
     seen: Arc<Mutex<Seen>>,
@@ -104,7 +104,7 @@ pub(crate) struct FakeController {
     /// BAR0 (what the driver is given).
     pub(crate) bar: DynBlock,
     /// The DMA space (what the driver is given).
-    pub(crate) space: Arc<Loopback>,
+    pub(crate) space: Arc<SoftIommu>,
     /// The disk.
     pub(crate) disk: Arc<Mutex<Vec<u8>>>,
     /// What it saw.
@@ -122,7 +122,7 @@ impl FakeController {
         bar.write::<u32>(0x04, (CAP >> 32) as u32)
             .expect("CAP high");
         bar.write::<u32>(0x08, 0x0001_0400).expect("VS");
-        let space = Arc::new(Loopback::new(48).expect("a loopback DMA space"));
+        let space = Arc::new(SoftIommu::new(48).expect("a loopback DMA space"));
         let irqs: Vec<EventFd> = (0..VECTORS)
             .map(|_| EventFd::new().expect("an eventfd"))
             .collect();
@@ -201,7 +201,7 @@ impl Drop for FakeController {
 struct FakeDevice {
     identity: Identity,
     bar: DynBlock,
-    space: Arc<Loopback>,
+    space: Arc<SoftIommu>,
     irqs: Vec<EventFd>,
 }
 

@@ -109,7 +109,7 @@ impl Format {
     }
 }
 
-impl device::Format for Format {
+impl device::QueueFormat for Format {
     type Submission = Sqe;
     type Completion = Cqe;
 

@@ -24,7 +24,9 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use userdma::device::loopback::reference::{self, Compact};
-use userdma::device::loopback::{Code, Config, Cost, Descriptor, Loopback, Opcode, Unit, Wait};
+use userdma::device::loopback::{
+    Config, Cost, Descriptor, Loopback, Opcode, StatusCode, Unit, Wait,
+};
 use userdma::device::Device;
 use userdma::dma::{DeviceOffset, Mapping};
 use userdma::memory::{PageSize, Region};
@@ -158,7 +160,7 @@ fn fixture() -> &'static Mutex<Fixture> {
                 .submit(userdma::device::loopback::Descriptor::nop().build(), ())
                 .expect("submitted");
             let done = other.wait(Some(Duration::from_secs(10))).expect("done");
-            assert_eq!(done.entry.code(), Code::Success as u16);
+            assert_eq!(done.entry.code(), StatusCode::Success as u16);
         }
         // The ring memory is mapped in whole base pages, and the device may reach all of the
         // mapping, the padding past the ring included: that is the range to keep clear of.
@@ -361,15 +363,15 @@ impl Fixture {
     }
 
     /// The model: the documented checks in order, then the effect on the shadow memories.
-    fn predict(&mut self, c: &Command) -> (Code, u64) {
+    fn predict(&mut self, c: &Command) -> (StatusCode, u64) {
         let Some(op) = Opcode::from_raw(c.opcode) else {
-            return (Code::BadOpcode, 0);
+            return (StatusCode::BadOpcode, 0);
         };
         if c.flags != 0 {
-            return (Code::BadFlags, 0);
+            return (StatusCode::BadFlags, 0);
         }
         if c.context != CONTEXT {
-            return (Code::BadContext, 0);
+            return (StatusCode::BadContext, 0);
         }
         match op {
             Opcode::Layer => return self.predict_layer(c),
@@ -389,37 +391,37 @@ impl Fixture {
             _ => true,
         };
         if !args_ok || !unused_ok {
-            return (Code::BadArgs, 0);
+            return (StatusCode::BadArgs, 0);
         }
         if op == Opcode::Wait {
             return match (c.len, a[0]) {
                 (0, 1) => {
                     assert!(a[1] <= OTHER_COMPLETED, "an unreachable Wait was generated");
-                    (Code::Success, OTHER_COMPLETED)
+                    (StatusCode::Success, OTHER_COMPLETED)
                 }
                 // Its own queue (0) or no queue.
-                (0, _) => (Code::BadArgs, 0),
-                _ => (Code::BadLength, 0),
+                (0, _) => (StatusCode::BadArgs, 0),
+                _ => (StatusCode::BadLength, 0),
             };
         }
         if op == Opcode::Nop {
             return if c.len == 0 {
-                (Code::Success, 0)
+                (StatusCode::Success, 0)
             } else {
-                (Code::BadLength, 0)
+                (StatusCode::BadLength, 0)
             };
         }
         if c.len == 0 {
-            return (Code::BadLength, 0);
+            return (StatusCode::BadLength, 0);
         }
         if op != Opcode::Fill && c.src.checked_add(c.len).is_none() {
-            return (Code::AddressOverflow, c.src);
+            return (StatusCode::AddressOverflow, c.src);
         }
         if c.dst.checked_add(c.len).is_none() {
-            return (Code::AddressOverflow, c.dst);
+            return (StatusCode::AddressOverflow, c.dst);
         }
         if op == Opcode::Compute && (c.src % 4 != 0 || c.dst % 4 != 0 || c.len % 4 != 0) {
-            return (Code::Misaligned, 0);
+            return (StatusCode::Misaligned, 0);
         }
         let dram = DRAM as u64;
         let in_dram = |offset: u64| offset + c.len <= dram;
@@ -427,48 +429,48 @@ impl Fixture {
         match op {
             Opcode::ToDevice => {
                 if !in_dram(c.dst) {
-                    return (Code::DeviceOutOfBounds, c.dst);
+                    return (StatusCode::DeviceOutOfBounds, c.dst);
                 }
                 let Some(h) = self.host_range(c.src, c.len) else {
-                    return (Code::HostUnmapped, c.src);
+                    return (StatusCode::HostUnmapped, c.src);
                 };
                 let d = c.dst as usize;
                 self.model_dram[d..d + len].copy_from_slice(&self.model_host[h..h + len]);
-                (Code::Success, c.len)
+                (StatusCode::Success, c.len)
             }
             Opcode::ToHost => {
                 if !in_dram(c.src) {
-                    return (Code::DeviceOutOfBounds, c.src);
+                    return (StatusCode::DeviceOutOfBounds, c.src);
                 }
                 let Some(h) = self.host_range(c.dst, c.len) else {
-                    return (Code::HostUnmapped, c.dst);
+                    return (StatusCode::HostUnmapped, c.dst);
                 };
                 let s = c.src as usize;
                 self.model_host[h..h + len].copy_from_slice(&self.model_dram[s..s + len]);
-                (Code::Success, c.len)
+                (StatusCode::Success, c.len)
             }
             Opcode::DeviceCopy => {
                 for offset in [c.src, c.dst] {
                     if !in_dram(offset) {
-                        return (Code::DeviceOutOfBounds, offset);
+                        return (StatusCode::DeviceOutOfBounds, offset);
                     }
                 }
                 let s = c.src as usize;
                 self.model_dram.copy_within(s..s + len, c.dst as usize);
-                (Code::Success, c.len)
+                (StatusCode::Success, c.len)
             }
             Opcode::Fill => {
                 if !in_dram(c.dst) {
-                    return (Code::DeviceOutOfBounds, c.dst);
+                    return (StatusCode::DeviceOutOfBounds, c.dst);
                 }
                 let d = c.dst as usize;
                 self.model_dram[d..d + len].fill(a[0] as u8);
-                (Code::Success, c.len)
+                (StatusCode::Success, c.len)
             }
             Opcode::Compute => {
                 for offset in [c.src, c.dst] {
                     if !in_dram(offset) {
-                        return (Code::DeviceOutOfBounds, offset);
+                        return (StatusCode::DeviceOutOfBounds, offset);
                     }
                 }
                 let (s, d) = (c.src as usize, c.dst as usize);
@@ -480,7 +482,7 @@ impl Fixture {
                     self.model_dram[d + i..d + i + 4].copy_from_slice(&out.to_le_bytes());
                     sum = sum.wrapping_add(u64::from(out));
                 }
-                (Code::Success, sum)
+                (StatusCode::Success, sum)
             }
             Opcode::Nop | Opcode::Wait => unreachable!("handled above"),
             Opcode::Layer | Opcode::Compact => unreachable!("predicted on their own"),
@@ -488,22 +490,22 @@ impl Fixture {
     }
 
     /// `Layer`'s checks as documented, then the output from the reference.
-    fn predict_layer(&mut self, c: &Command) -> (Code, u64) {
+    fn predict_layer(&mut self, c: &Command) -> (StatusCode, u64) {
         let a = c.args;
         let low = |w: u64| w & 0xffff_ffff;
         let all = [(c.src, low(a[2])), (a[0], a[2] >> 32), (a[1], low(a[3]))];
         let seed = (a[3] >> 32) as u32;
         if all.iter().any(|&(o, l)| l == 0 && o != 0) {
-            return (Code::BadArgs, 0);
+            return (StatusCode::BadArgs, 0);
         }
         if c.len == 0 || all[0].1 == 0 {
-            return (Code::BadLength, 0);
+            return (StatusCode::BadLength, 0);
         }
         let present: Vec<(u64, u64)> = all.into_iter().filter(|&(_, l)| l != 0).collect();
         let out = (c.dst, c.len);
         for &(o, l) in present.iter().chain([&out]) {
             if o.checked_add(l).is_none() {
-                return (Code::AddressOverflow, o);
+                return (StatusCode::AddressOverflow, o);
             }
         }
         if present
@@ -511,16 +513,16 @@ impl Fixture {
             .chain([&out])
             .any(|&(o, l)| o % 4 != 0 || l % 4 != 0)
         {
-            return (Code::Misaligned, 0);
+            return (StatusCode::Misaligned, 0);
         }
         for &(o, l) in present.iter().chain([&out]) {
             if o + l > DRAM as u64 {
-                return (Code::DeviceOutOfBounds, o);
+                return (StatusCode::DeviceOutOfBounds, o);
             }
         }
         for &(o, l) in &present {
             if c.dst < o + l && o < c.dst + c.len {
-                return (Code::Overlap, o);
+                return (StatusCode::Overlap, o);
             }
         }
         let inputs: Vec<&[u8]> = present
@@ -531,40 +533,40 @@ impl Fixture {
         let sum = reference::layer(seed, &inputs, &mut written).expect("valid layer");
         let d = c.dst as usize;
         self.model_dram[d..d + written.len()].copy_from_slice(&written);
-        (Code::Success, sum)
+        (StatusCode::Success, sum)
     }
 
     /// `Compact`'s checks as documented, then the output from the reference.
-    fn predict_compact(&mut self, c: &Command) -> (Code, u64) {
+    fn predict_compact(&mut self, c: &Command) -> (StatusCode, u64) {
         let a = c.args;
         if a.iter().any(|&w| w > u64::from(u32::MAX)) {
-            return (Code::BadArgs, 0);
+            return (StatusCode::BadArgs, 0);
         }
         let (record, score_at) = (a[0], a[1]);
         if !(4..=4096).contains(&record) || score_at + 4 > record {
-            return (Code::BadArgs, 0);
+            return (StatusCode::BadArgs, 0);
         }
         if c.len == 0 || c.len % record != 0 {
-            return (Code::BadLength, 0);
+            return (StatusCode::BadLength, 0);
         }
         let out_len = 8 + a[3] * record;
         if c.src.checked_add(c.len).is_none() {
-            return (Code::AddressOverflow, c.src);
+            return (StatusCode::AddressOverflow, c.src);
         }
         if c.dst.checked_add(out_len).is_none() {
-            return (Code::AddressOverflow, c.dst);
+            return (StatusCode::AddressOverflow, c.dst);
         }
         if c.src % 4 != 0 || c.dst % 4 != 0 || record % 4 != 0 || score_at % 4 != 0 {
-            return (Code::Misaligned, 0);
+            return (StatusCode::Misaligned, 0);
         }
         if c.src + c.len > DRAM as u64 {
-            return (Code::DeviceOutOfBounds, c.src);
+            return (StatusCode::DeviceOutOfBounds, c.src);
         }
         if c.dst + out_len > DRAM as u64 {
-            return (Code::DeviceOutOfBounds, c.dst);
+            return (StatusCode::DeviceOutOfBounds, c.dst);
         }
         if c.dst < c.src + c.len && c.src < c.dst + out_len {
-            return (Code::Overlap, c.src);
+            return (StatusCode::Overlap, c.src);
         }
         let params = Compact {
             record: record as u32,
@@ -581,7 +583,7 @@ impl Fixture {
         )
         .expect("valid compact");
         self.model_dram[d..d + written.len()].copy_from_slice(&written);
-        (Code::Success, found)
+        (StatusCode::Success, found)
     }
 
     fn check_memory(&self) {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use userdma::dma::{Loopback, Space};
+use userdma::dma::{SoftIommu, Space};
 use userdma::memory::{PageSize, Region};
 use userdma::pool::{Batch, Buffer, Config, Error, Pool, MIN_ALIGN};
 
@@ -278,7 +278,7 @@ fuzz_target!(|input: Input| {
         .page_size(PageSize::Base)
         .build()
         .expect("2 MiB of locked memory");
-    let mapping = Loopback::new(48).unwrap().map(Arc::new(region)).unwrap();
+    let mapping = SoftIommu::new(48).unwrap().map(Arc::new(region)).unwrap();
     let pool = Pool::new(mapping, config).unwrap();
     let (to_helper, inbox) = mpsc::sync_channel::<Buffer<'_>>(0);
     let (batch_to_helper, batch_inbox) = mpsc::sync_channel::<Batch<'_, 32>>(0);

@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use userdma::dma::{Loopback, Space};
+use userdma::dma::{SoftIommu, Space};
 use userdma::memory::{PageSize, Region};
 use userdma::pool::{Config, Pool};
 use userdma_infer::stage::{self, Alignment, Completion, Direct, Error, File, Stager};
@@ -71,7 +71,7 @@ fn fixture() -> &'static Fixture {
             .lock(false)
             .build()
             .expect("4 MiB region");
-        let mapping = Loopback::new(48)
+        let mapping = SoftIommu::new(48)
             .expect("space")
             .map(Arc::new(region))
             .expect("map");

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use userdma::dma::{Loopback, Space};
+use userdma::dma::{SoftIommu, Space};
 use userdma::memory::{PageSize, Region};
 use userdma::pool::{Config, Pool};
 use userdma_infer::stage::{self, Direct, File, Mode, Stager};
@@ -40,7 +40,7 @@ fn pool() -> Arc<Pool> {
         .lock(false)
         .build()
         .expect("32 MiB region");
-    let mapping = Loopback::new(48)
+    let mapping = SoftIommu::new(48)
         .expect("loopback DMA space")
         .map(Arc::new(region))
         .expect("mapping");

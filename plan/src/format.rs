@@ -53,19 +53,19 @@ pub enum Error {
 
 /// Which reader to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub enum FileFormat {
     /// `{"tensors": [...]}`.
     Json,
     /// MiniMalloc's `id,lower,upper,size`.
     Csv,
 }
 
-impl Format {
+impl FileFormat {
     /// The format a file name's extension suggests (`.json`, `.csv`).
     pub fn from_extension(path: &std::path::Path) -> Option<Self> {
         match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
-            "json" => Some(Format::Json),
-            "csv" => Some(Format::Csv),
+            "json" => Some(FileFormat::Json),
+            "csv" => Some(FileFormat::Csv),
             _ => None,
         }
     }
@@ -77,8 +77,8 @@ impl Format {
     /// See [`Error`].
     pub fn read(self, text: &str) -> Result<Vec<Tensor>, Error> {
         match self {
-            Format::Json => read_json(text),
-            Format::Csv => read_csv(text),
+            FileFormat::Json => read_json(text),
+            FileFormat::Csv => read_csv(text),
         }
     }
 }

@@ -11,7 +11,7 @@
 //! | method | loopback | [`Vfio`] | [`Uio`] |
 //! |---|---|---|---|
 //! | [`Device::bar`] | shared-memory register file, memfd device memory | `VFIO_DEVICE_GET_REGION_INFO` + `mmap` of what the kernel allows (sparse areas, [`mmio::Direct`]), `pread`/`pwrite` on the device fd elsewhere ([`mmio::FileBacked`]) | `mmap` of sysfs `resourceN` |
-//! | [`Device::dma_space`] | [`dma::Loopback`] (or its out-of-process twin) | [`dma::Type1`] / [`dma::Iommufd`] / [`dma::Physical`] (no-IOMMU, opt-in) | [`dma::Physical`], refused behind a translating IOMMU |
+//! | [`Device::dma_space`] | [`dma::SoftIommu`] (or its out-of-process twin) | [`dma::Type1`] / [`dma::Iommufd`] / [`dma::Physical`] (no-IOMMU, opt-in) | [`dma::Physical`], refused behind a translating IOMMU |
 //! | [`Device::interrupt`] | an eventfd the engine signals | the eventfds given to `VFIO_DEVICE_SET_IRQS` (INTx, MSI, MSI-X) | an eventfd a relay thread signals on each `/dev/uioN` interrupt |
 //! | [`Device::set_masked`] | the mask registers | `VFIO_IRQ_SET_ACTION_MASK` / `UNMASK` (INTx; MSI/MSI-X where VFIO allows) | `INTX_DISABLE` in the command register |
 //! | [`Device::numa_node`] | [`loopback::Config::numa_node`] | sysfs `numa_node`, when that node has memory | as VFIO |
@@ -41,7 +41,7 @@ pub mod vfio;
 pub use self::dram::{DeviceMemory, Range};
 pub use self::events::{Event, Events, Source};
 pub use self::loopback::Loopback;
-pub use self::queue::{open_queue, DoorbellRegs, Format, Wait};
+pub use self::queue::{open_queue, DoorbellRegs, QueueFormat, Wait};
 pub use self::uio::Uio;
 pub use self::vfio::Vfio;
 
@@ -427,7 +427,7 @@ pub enum Error {
         affected: Vec<String>,
     },
 
-    /// A driver's queue format ([`Format`]) failed, for a reason of its own.
+    /// A driver's queue format ([`QueueFormat`]) failed, for a reason of its own.
     #[error("queue {queue}: the driver could not {operation}")]
     Driver {
         /// The queue.

@@ -1,4 +1,4 @@
-//! Opening a hardware queue on any device: [`Format`], what a driver says about its queue
+//! Opening a hardware queue on any device: [`QueueFormat`], what a driver says about its queue
 //! format, and [`open_queue`], the steps every queue takes, in one place.
 //!
 //! A queue pair needs the same six steps on every device: size the ring memory for the entry
@@ -6,8 +6,8 @@
 //! view it as [`ring::Memory`], find the two doorbell registers in a BAR, take the queue's
 //! interrupt vector, build the [`ring::Queue`]; then the device-specific part, programming the
 //! ring's IOVA into the device and enabling it, and a way to stop it again. The device-specific
-//! part is the driver's [`Format`]; [`open_queue`] does the rest. The loopback device's format
-//! is [`loopback::Format`](super::loopback::Format); a driver for a real device (the NVMe
+//! part is the driver's [`QueueFormat`]; [`open_queue`] does the rest. The loopback device's format
+//! is [`loopback::NpuFormat`](super::loopback::NpuFormat); a driver for a real device (the NVMe
 //! example) brings its own.
 
 use std::io;
@@ -44,7 +44,7 @@ pub struct DoorbellRegs {
 
 /// A device's queue format, supplied by its driver: the entry types, where the doorbells
 /// are, and how a ring is programmed into the device and stopped.
-pub trait Format: Send + Sync + 'static {
+pub trait QueueFormat: Send + Sync + 'static {
     /// The submission entry.
     type Submission: ring::Submission;
     /// The completion entry.
@@ -103,7 +103,7 @@ pub trait Format: Send + Sync + 'static {
 
     /// The queue is gone (dropped, with nothing of it in flight any more): turn the device
     /// queue off so it serves no ring nobody owns and can be opened again. The default is
-    /// [`Format::disable`]; a device where stopping one queue stops them all (a controller
+    /// [`QueueFormat::disable`]; a device where stopping one queue stops them all (a controller
     /// reset) overrides it to do only what the queue itself needs.
     fn release(&self, device: &dyn Device, queue: u16) -> Result<(), Error> {
         self.disable(device, queue, ring::DROP_QUIESCE_TIMEOUT)
@@ -123,7 +123,7 @@ pub trait Format: Send + Sync + 'static {
 /// configuration the ring refuses (both before anything is written to the device),
 /// [`Error::Memory`] / [`Error::Map`] if the ring memory cannot be had, and whatever the
 /// format's steps return.
-pub fn open_queue<F: Format, T: Send>(
+pub fn open_queue<F: QueueFormat, T: Send>(
     device: &Arc<dyn Device>,
     format: F,
     config: ring::Config,
@@ -216,13 +216,13 @@ fn ring_region(len: usize, lock: bool, node: Option<u32>) -> Result<Region, Erro
 /// dropped or shut down with work in flight, and once more when the queue is gone (it drops
 /// with it), so the device stops serving a ring nobody owns and the queue can be opened again.
 /// Holds the device: it outlives its queues.
-struct Stop<F: Format> {
+struct Stop<F: QueueFormat> {
     device: Arc<dyn Device>,
     format: F,
     queue: u16,
 }
 
-impl<F: Format> std::fmt::Debug for Stop<F> {
+impl<F: QueueFormat> std::fmt::Debug for Stop<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stop")
             .field("device", self.device.identity())
@@ -231,7 +231,7 @@ impl<F: Format> std::fmt::Debug for Stop<F> {
     }
 }
 
-impl<F: Format> ring::Quiesce for Stop<F> {
+impl<F: QueueFormat> ring::Quiesce for Stop<F> {
     fn quiesce(&mut self, queue: u16, timeout: Duration) -> io::Result<()> {
         // A removed device was cut off from memory before the removal was reported.
         if self.device.is_removed() {
@@ -246,7 +246,7 @@ impl<F: Format> ring::Quiesce for Stop<F> {
     }
 }
 
-impl<F: Format> Drop for Stop<F> {
+impl<F: QueueFormat> Drop for Stop<F> {
     fn drop(&mut self) {
         // The ring queue is gone: nothing of it may be in flight any more (it quiesced or
         // leaked), so this only turns the device queue off. A device that does not answer

@@ -10,7 +10,7 @@
 //! | [`Type1`] | IOVAs of a VFIO type1 container | `VFIO_IOMMU_MAP_DMA` at IOVAs from the allocator, within the container's IOVA ranges and mapping-count limit |
 //! | [`Iommufd`] | IOVAs of an iommufd IO address space | `IOMMU_IOAS_MAP` at fixed IOVAs from the allocator |
 //! | [`Physical`] | physical addresses (UIO, no-IOMMU VFIO) | looks up `/proc/self/pagemap`, refuses non-contiguous pages |
-//! | [`Loopback`] | IOVAs of the loopback device's own table | records IOVA -> host ranges; the device translates through it |
+//! | [`SoftIommu`] | IOVAs of a software device's own table (the loopback device's) | records IOVA -> host ranges; the device translates through it |
 //!
 //! The IOMMU-backed spaces and the loopback table place mappings with one [`IovaAllocator`]
 //! logic: within the device's DMA mask, the kernel's valid IOVA ranges, aligned to the region's
@@ -22,13 +22,13 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use userdma::dma::{Loopback, Space};
+//! use userdma::dma::{SoftIommu, Space};
 //! use userdma::memory::{PageSize, Region};
 //!
 //! # fn main() -> Result<(), userdma::dma::Error> {
 //! let region = Region::builder(64 << 10).page_size(PageSize::Base).build();
 //! let region = Arc::new(region.expect("64 KiB of locked memory"));
-//! let space = Loopback::new(32)?;
+//! let space = SoftIommu::new(32)?;
 //! let mapping = space.map(region)?;
 //! let iova = mapping.iova(0x100).expect("in bounds");
 //! mapping.slice().write(0x100, 0xfeed_u32)?;
@@ -47,20 +47,20 @@ mod address;
 mod iommu;
 mod iommufd;
 mod iova;
-mod loopback;
 mod mapping;
 mod physical;
 mod shim;
 mod slice;
+mod soft_iommu;
 mod type1;
 
 pub use self::address::{DeviceOffset, Iova};
 pub use self::iommufd::{Iommufd, IommufdIoctl};
 pub use self::iova::{mask_of, IovaAllocator, IovaRange, RangeList};
-pub use self::loopback::{Change, Loopback, Watching, Window};
 pub use self::mapping::{Mapping, Stats};
 pub use self::physical::Physical;
 pub use self::slice::{Pod, Slice};
+pub use self::soft_iommu::{Change, SoftIommu, Watching, Window};
 pub use self::type1::{InfoDefect, Type1, Type1Info, Type1Ioctl, DEFAULT_DMA_ENTRY_LIMIT};
 
 use crate::memory::{self, PageSize, Region};
@@ -92,8 +92,8 @@ pub enum Kind {
     Iommufd,
     /// Physical addresses, no IOMMU ([`Physical`]).
     Physical,
-    /// The loopback device's table ([`Loopback`]).
-    Loopback,
+    /// A software IOMMU, a simulated device's own table ([`SoftIommu`]).
+    SoftIommu,
 }
 
 impl fmt::Display for Kind {
@@ -102,7 +102,7 @@ impl fmt::Display for Kind {
             Kind::Type1 => "VFIO type1",
             Kind::Iommufd => "iommufd",
             Kind::Physical => "physical",
-            Kind::Loopback => "loopback",
+            Kind::SoftIommu => "software IOMMU",
         })
     }
 }

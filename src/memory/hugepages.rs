@@ -19,10 +19,10 @@ use userdma_sys::mman::{
 
 use super::{Error, PageSize};
 
-/// One hugepage pool: a page size, system-wide or on one NUMA node.
+/// One hugepage pool's counts: a page size, system-wide or on one NUMA node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct Pool {
+pub struct Counts {
     /// The page size.
     pub page_size: PageSize,
     /// The NUMA node, or `None` for the system-wide pool.
@@ -38,7 +38,7 @@ pub struct Pool {
     pub surplus: u64,
 }
 
-impl Pool {
+impl Counts {
     /// Free pages a new mapping can actually get: free minus those promised to others.
     pub fn available(&self) -> u64 {
         self.free.saturating_sub(self.reserved.unwrap_or(0))
@@ -50,12 +50,12 @@ impl Pool {
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Status {
     /// System-wide pools first (smallest size first), then each node's, by node and size.
-    pub pools: Vec<Pool>,
+    pub pools: Vec<Counts>,
 }
 
 impl Status {
     /// The pool of `page_size` on `node` (`None`: system-wide).
-    pub fn pool(&self, page_size: PageSize, node: Option<u32>) -> Option<&Pool> {
+    pub fn pool(&self, page_size: PageSize, node: Option<u32>) -> Option<&Counts> {
         self.pools
             .iter()
             .find(|pool| pool.page_size == page_size && pool.node == node)
@@ -100,7 +100,11 @@ fn read_count(path: &Path) -> Result<u64, Error> {
 }
 
 /// Reads one pool.
-pub fn read_pool(sysfs_root: &Path, page_size: PageSize, node: Option<u32>) -> Result<Pool, Error> {
+pub fn read_pool(
+    sysfs_root: &Path,
+    page_size: PageSize,
+    node: Option<u32>,
+) -> Result<Counts, Error> {
     let dir = pool_dir(sysfs_root, page_size, node);
     if !page_size.is_huge() || !dir.is_dir() {
         return Err(Error::NoSuchPool {
@@ -109,7 +113,7 @@ pub fn read_pool(sysfs_root: &Path, page_size: PageSize, node: Option<u32>) -> R
             path: dir,
         });
     }
-    Ok(Pool {
+    Ok(Counts {
         page_size,
         node,
         total: read_count(&dir.join(NR_HUGEPAGES))?,

@@ -336,7 +336,7 @@ impl Pool {
     /// `Arena::alloc_units`); `len` is only for the error.
     #[inline(always)]
     pub(super) fn alloc_units(&self, c: usize, out: &mut [u32], len: usize) -> Result<(), Error> {
-        let done = cache::with_home(self.id, |mine| mine.pop_into(c, out)).unwrap_or(0);
+        let done = cache::with_fast_slot(self.id, |mine| mine.pop_into(c, out)).unwrap_or(0);
         if done == out.len() {
             return Ok(());
         }
@@ -376,7 +376,7 @@ impl Pool {
     /// `Arena::free_units`).
     #[inline(always)]
     pub(super) fn free_units(&self, c: usize, units: &[u32]) {
-        let done = cache::with_home(self.id, |mine| mine.push_from(c, units)).unwrap_or(0);
+        let done = cache::with_fast_slot(self.id, |mine| mine.push_from(c, units)).unwrap_or(0);
         if done > 0 && cache::someone_waits_after_push(self.waiters()) {
             self.arena.hand_over(c);
         }

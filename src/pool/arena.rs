@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use super::buddy::Buddy;
-use super::cache::{self, Mine, SlotRef, Slots};
+use super::cache::{self, OwnedSlot, SlotRef, Slots};
 use super::central::Central;
 use super::geometry::{class_of, Geometry, BATCH_MAX, MAX_CLASSES};
 use super::meta::Meta;
@@ -156,7 +156,7 @@ pub(crate) struct Arena {
     /// `meta.wait[0].waiters`, read on every free: a pointer saves the table indirection.
     waiters: NonNull<AtomicU32>,
     /// Per class: held by its reclaimer, and by an owner settling its magazine after one
-    /// ([`Arena::reclaim`], `cache::Mine::settle`).
+    /// ([`Arena::reclaim`], `cache::OwnedSlot::settle`).
     locks: [Mutex<()>; MAX_CLASSES],
     /// Per class: twice the moves of uncached threads through the shared level begun (see
     /// [`Arena::take_direct`]), for reclaimers.
@@ -259,7 +259,7 @@ impl Arena {
     pub(crate) fn alloc(&self, len: usize) -> Result<Block, Failure> {
         let c = class_of(len);
         if c < self.g.classes {
-            if let Some(Some(unit)) = cache::with_home(self.id, |mine| mine.pop(c)) {
+            if let Some(Some(unit)) = cache::with_fast_slot(self.id, |mine| mine.pop(c)) {
                 return Ok(Block::small(unit, c));
             }
             return self.alloc_small_slow(c);
@@ -311,7 +311,7 @@ impl Arena {
 
     /// Pops a block of class `c` from this thread's cache, settling the magazine when a
     /// reclaimer took from it (a pop then finds its block claimed, or an empty top).
-    fn cache_pop(&self, mine: Mine<'_>, c: usize) -> Option<u32> {
+    fn cache_pop(&self, mine: OwnedSlot<'_>, c: usize) -> Option<u32> {
         // A reclaimer can claim again only after taking the lock `settle` takes, so each
         // round either pops or settles a claim that came in between: a few rounds suffice.
         for _ in 0..4 {
@@ -327,8 +327,8 @@ impl Arena {
     }
 
     /// Refills class `c`'s magazine with a batch from the shared level, giving back whatever
-    /// it did not take (a move: see `Mine::moving`); `false` if the shared level had nothing.
-    fn refill(&self, mine: Mine<'_>, c: usize) -> bool {
+    /// it did not take (a move: see `OwnedSlot::moving`); `false` if the shared level had nothing.
+    fn refill(&self, mine: OwnedSlot<'_>, c: usize) -> bool {
         mine.moving(c, || {
             let mut batch = [0u32; BATCH_MAX];
             let n = self.central().take(c, mine.batch(c), &mut batch);
@@ -346,7 +346,7 @@ impl Arena {
 
     /// Moves up to a batch of class `c`'s cached blocks to the shared level (a move); returns
     /// how many.
-    fn flush(&self, mine: Mine<'_>, c: usize) -> usize {
+    fn flush(&self, mine: OwnedSlot<'_>, c: usize) -> usize {
         let batch = (mine.batch(c) as usize).max(1);
         let mut units = [0u32; BATCH_MAX];
         let mut n = mine.moving(c, || {
@@ -369,7 +369,7 @@ impl Arena {
     /// Frees `unit` (class `c`) into this thread's cache, making room if the magazine is full;
     /// `false` if the class is uncached (the caller frees it directly). Hands the class's
     /// blocks over if a thread waits.
-    fn cache_free(&self, mine: Mine<'_>, c: usize, unit: u32) -> bool {
+    fn cache_free(&self, mine: OwnedSlot<'_>, c: usize, unit: u32) -> bool {
         if !mine.enable(c, &self.g) {
             return false;
         }
@@ -408,7 +408,7 @@ impl Arena {
         });
     }
 
-    fn hand_over_from(&self, mine: Mine<'_>, c: usize) {
+    fn hand_over_from(&self, mine: OwnedSlot<'_>, c: usize) {
         mine.settle(c, self.lock(c));
         while self.flush(mine, c) > 0 {}
     }
@@ -683,7 +683,7 @@ impl Arena {
     /// the pool's copy of the id; this entry is the one the loom models and unit tests drive.
     #[cfg(test)]
     pub(crate) fn alloc_units(&self, c: usize, out: &mut [u32]) -> Result<(), Failure> {
-        let done = cache::with_home(self.id, |mine| mine.pop_into(c, out)).unwrap_or(0);
+        let done = cache::with_fast_slot(self.id, |mine| mine.pop_into(c, out)).unwrap_or(0);
         if done == out.len() {
             return Ok(());
         }
@@ -736,7 +736,7 @@ impl Arena {
     /// cache when it has room, else flushing a batch to the shared level as needed.
     #[inline]
     pub(crate) fn free_units(&self, c: usize, units: &[u32]) {
-        let done = cache::with_home(self.id, |mine| mine.push_from(c, units)).unwrap_or(0);
+        let done = cache::with_fast_slot(self.id, |mine| mine.push_from(c, units)).unwrap_or(0);
         if done > 0 && cache::someone_waits_after_push(self.waiters_word()) {
             self.hand_over(c);
         }
@@ -783,7 +783,7 @@ impl Arena {
     }
 
     /// Flushes a slot's magazines into the shared level: its owner releasing it, or `Drop`.
-    pub(crate) fn drain_slot(&self, mine: Mine<'_>) {
+    pub(crate) fn drain_slot(&self, mine: OwnedSlot<'_>) {
         for c in 0..self.g.classes {
             mine.settle(c, self.lock(c));
             while self.flush(mine, c) > 0 {}
@@ -871,7 +871,7 @@ impl Drop for Arena {
                 // SAFETY: no thread is inside a pool call (no borrow of the arena is alive) and
                 // the slot is GONE, so its former owner will not touch it again: we have
                 // exclusive access.
-                self.drain_slot(unsafe { Mine::new(slot) });
+                self.drain_slot(unsafe { OwnedSlot::new(slot) });
             }
         }
     }

@@ -46,7 +46,7 @@ use crate::dma::Slice;
 ///
 /// ```
 /// # use std::sync::Arc;
-/// # use userdma::dma::{Loopback, Space};
+/// # use userdma::dma::{SoftIommu, Space};
 /// # use userdma::memory::{PageSize, Region};
 /// # use userdma::pool::{Batch, Config, Pool};
 /// # let region = Region::builder(4 << 20).page_size(PageSize::Base).build()?;

@@ -3,11 +3,11 @@
 //! A pool owns a fixed set of cache [`Slot`]s (`Config::max_threads`), allocated at creation
 //! as zeroed memory ([`Slots::new`]): a slot's magazines take room (memory the process
 //! touches) only in the classes its thread uses, each sized by the pool's geometry the first
-//! time ([`Mine::enable`]). A thread claims a slot the first time it uses a pool (one CAS) and
+//! time ([`OwnedSlot::enable`]). A thread claims a slot the first time it uses a pool (one CAS) and
 //! records it in its thread-local table: `WAYS` entries of `(pool id, slot)`, the pool's *home* entry being
-//! `id % WAYS` (a hit elsewhere swaps the entry home). The table has two halves: [`Hot`], what
+//! `id % WAYS` (a hit elsewhere swaps the entry home). The table has two halves: [`FastTable`], what
 //! the fast path reads, has no destructor, so reaching it is a plain `%fs`-relative access with
-//! no "initialized?" check; [`Cold`] owns the slots and has the destructor that flushes them
+//! no "initialized?" check; [`OwnerTable`] owns the slots and has the destructor that flushes them
 //! at thread exit. The fast path is that one thread-local access, one compare of the home
 //! entry's id, and a pop or push on the class's magazine: plain loads and stores, no atomic
 //! read-modify-write. Pool ids are never reused, so an entry left behind by a dropped pool can
@@ -25,8 +25,8 @@
 //!   FREE or ACTIVE --pool drop (CAS)--> GONE   (the pool drains an ACTIVE slot's magazines)
 //! ```
 //!
-//! A thread flushes its slot back to the shared lists when it exits (`Cold`'s destructor, which
-//! also empties `Hot`, so a buffer freed later in the thread's teardown goes to the shared
+//! A thread flushes its slot back to the shared lists when it exits (`OwnerTable`'s destructor, which
+//! also empties `FastTable`, so a buffer freed later in the thread's teardown goes to the shared
 //! lists) or evicts the entry; the pool's `Drop` waits while a slot is `FLUSHING`, so a flushing thread
 //! always flushes into a live pool, and marks every slot `GONE`, after which the thread only
 //! drops its `SlotRef`. The pool can drain an `ACTIVE` slot in its `Drop` because dropping a pool
@@ -49,7 +49,7 @@
 //! [`ClassCache`]): one load per pop is all the fast path pays, because the reclaimer's
 //! barrier makes every CPU running an owner execute the fence. Blocks an owner is moving
 //! between its magazine and the shared level (a refill or a flush) are in neither place for a
-//! moment: the owner marks such moves ([`Mine::moving`]) and a reclaimer that finds nothing
+//! moment: the owner marks such moves ([`OwnedSlot::moving`]) and a reclaimer that finds nothing
 //! looks again while one is under way. A free reads the count of waiting allocations after its
 //! push ([`fast_push`]): a waiter counts itself in and then reclaims, so either it finds the
 //! block in the cache or the free hands the class's blocks over.
@@ -289,7 +289,7 @@ impl Items {
 /// no extra store.
 ///
 /// `top` is written only under the class's reclaim lock, by a reclaimer or by the owner
-/// settling ([`Mine::settle`]: moving the blocks down to index 0 after a reclaim).
+/// settling ([`OwnedSlot::settle`]: moving the blocks down to index 0 after a reclaim).
 #[repr(C, align(64))]
 pub(crate) struct ClassCache {
     /// Allocations served through this cache (hits and refills). Written only by the owner.
@@ -300,7 +300,7 @@ pub(crate) struct ClassCache {
     misses: AtomicU64,
     /// One past the newest cached block. Written only by the owner.
     len: AtomicU32,
-    /// Capacity, 0 until the class is first used ([`Mine::enable`]). Owner only.
+    /// Capacity, 0 until the class is first used ([`OwnedSlot::enable`]). Owner only.
     cap: AtomicU32,
     /// Blocks moved per refill or flush. Owner only.
     batch: AtomicU32,
@@ -344,7 +344,7 @@ fn add(counter: &AtomicU64, n: usize) {
 }
 
 impl ClassCache {
-    /// An empty cache with no room yet (all zero: see [`Slots::new`]); [`Mine::enable`] gives
+    /// An empty cache with no room yet (all zero: see [`Slots::new`]); [`OwnedSlot::enable`] gives
     /// it its capacity the first time the slot's thread uses the class.
     #[cfg(loom)]
     fn new() -> Self {
@@ -489,17 +489,17 @@ impl ClassCache {
 /// A cache slot the calling thread owns (it claimed it and has not released it), or that the
 /// pool's `Drop` has exclusive access to, for `'a`. Not `Send`: ownership is per thread.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Mine<'a> {
+pub(crate) struct OwnedSlot<'a> {
     slot: &'a Slot,
     _not_send: PhantomData<*const ()>,
 }
 
-impl<'a> Mine<'a> {
+impl<'a> OwnedSlot<'a> {
     /// Asserts ownership of `slot`.
     ///
     /// # Safety
     /// For `'a`, the calling thread owns `slot` (claimed by it, not released), or has exclusive
-    /// access to it (the pool's `Drop`). Several `Mine`s of one slot on its thread are fine:
+    /// access to it (the pool's `Drop`). Several `OwnedSlot`s of one slot on its thread are fine:
     /// each method touches the magazine only for its own duration and none calls another.
     #[inline(always)]
     pub(crate) unsafe fn new(slot: &'a Slot) -> Self {
@@ -817,7 +817,7 @@ impl Slot {
         {
             // SAFETY: the state is FLUSHING, so the arena's Drop has not passed this slot and
             // waits for it: the arena is alive until we store FREE. We are the owner (contract).
-            unsafe { (*arena).drain_slot(Mine::new(self)) };
+            unsafe { (*arena).drain_slot(OwnedSlot::new(self)) };
             // Release: pairs with the Acquire CAS in `claim` (next owner) and in `retire` (the
             // pool's Drop), publishing the emptied magazines.
             self.state.store(FREE, Ordering::Release);
@@ -852,7 +852,7 @@ impl Slot {
     pub(crate) fn is_owned(&self) -> bool {
         // Relaxed: a slot claimed after this has empty magazines (drained when last released,
         // and the claim's Acquire saw it); one released after this is looked in all the same,
-        // and its flush is a marked move (`Mine::moving`).
+        // and its flush is a marked move (`OwnedSlot::moving`).
         matches!(self.state.load(Ordering::Relaxed), ACTIVE | FLUSHING)
     }
 
@@ -868,9 +868,9 @@ impl Slot {
     }
 }
 
-/// One entry of a thread's hot table: what the fast path reads.
+/// One entry of a thread's fast table: what the fast path reads.
 #[derive(Debug)]
-struct HotEntry {
+struct FastEntry {
     /// Pool id, 0 for an empty entry.
     id: Cell<u64>,
     /// The claimed slot, or null if the pool had no free slot (the thread runs uncached).
@@ -879,38 +879,38 @@ struct HotEntry {
 
 /// The fast path's half of a thread's table. No destructor, so a thread-local access to it is a
 /// plain `%fs`-relative address with no "initialized / destroyed" check; entries are only set
-/// while [`Cold`] (which has the destructor) holds the slots, and `Cold`'s destructor clears
+/// while [`OwnerTable`] (which has the destructor) holds the slots, and `OwnerTable`'s destructor clears
 /// them.
 #[derive(Debug)]
-struct Hot {
-    entries: [HotEntry; WAYS],
+struct FastTable {
+    entries: [FastEntry; WAYS],
 }
 
 /// The slow path's half of a thread's table: ownership of the slots and the arenas to flush
-/// them into. Entry `i` describes the same pool as `Hot::entries[i]`.
+/// them into. Entry `i` describes the same pool as `FastTable::entries[i]`.
 #[derive(Debug)]
-struct Cold {
+struct OwnerTable {
     arenas: [Cell<*const Arena>; WAYS],
     owners: RefCell<[Option<SlotRef>; WAYS]>,
 }
 
 #[cfg(not(loom))]
 std::thread_local! {
-    static HOT: Hot = const { Hot::new() };
-    static COLD: Cold = const { Cold::new() };
+    static FAST: FastTable = const { FastTable::new() };
+    static OWNERS: OwnerTable = const { OwnerTable::new() };
 }
 
 #[cfg(loom)]
 loom::thread_local! {
-    static HOT: Hot = Hot::new();
-    static COLD: Cold = Cold::new();
+    static FAST: FastTable = FastTable::new();
+    static OWNERS: OwnerTable = OwnerTable::new();
 }
 
-impl Hot {
+impl FastTable {
     const fn new() -> Self {
         Self {
             entries: [const {
-                HotEntry {
+                FastEntry {
                     id: Cell::new(0),
                     slot: Cell::new(ptr::null()),
                 }
@@ -926,7 +926,7 @@ impl Hot {
     }
 }
 
-impl Cold {
+impl OwnerTable {
     const fn new() -> Self {
         Self {
             arenas: [const { Cell::new(ptr::null()) }; WAYS],
@@ -935,50 +935,50 @@ impl Cold {
     }
 
     /// The slot of `arena` in this thread: found, or claimed now. `None`: uncached.
-    fn find_or_claim(&self, hot: &Hot, arena: &Arena) -> Option<*const Slot> {
+    fn find_or_claim(&self, fast: &FastTable, arena: &Arena) -> Option<*const Slot> {
         let id = arena.id();
-        let home = Hot::home(id);
-        if let Some(at) = hot.entries.iter().position(|e| e.id.get() == id) {
+        let home = FastTable::home(id);
+        if let Some(at) = fast.entries.iter().position(|e| e.id.get() == id) {
             if at != home {
-                self.swap(hot, at, home);
+                self.swap(fast, at, home);
             }
-            return Some(hot.entries[home].slot.get()).filter(|p| !p.is_null());
+            return Some(fast.entries[home].slot.get()).filter(|p| !p.is_null());
         }
         let claimed = arena.claim_slot();
         // Reuse an empty entry or one of a dropped pool, preferring home; else evict home.
-        let reusable = |e: &HotEntry| {
+        let reusable = |e: &FastEntry| {
             let slot = e.slot.get();
             // SAFETY: a non-null slot pointer is kept alive by the `SlotRef` in `owners`.
             e.id.get() == 0 || (!slot.is_null() && unsafe { &*slot }.is_gone())
         };
-        let victim = if reusable(&hot.entries[home]) {
+        let victim = if reusable(&fast.entries[home]) {
             home
         } else {
-            hot.entries.iter().position(reusable).unwrap_or(home)
+            fast.entries.iter().position(reusable).unwrap_or(home)
         };
-        self.release(hot, victim);
+        self.release(fast, victim);
         let slot = claimed.as_deref().map_or(ptr::null(), ptr::from_ref);
-        hot.entries[victim].id.set(id);
-        hot.entries[victim].slot.set(slot);
+        fast.entries[victim].id.set(id);
+        fast.entries[victim].slot.set(slot);
         self.arenas[victim].set(arena);
         self.owners.borrow_mut()[victim] = claimed;
         if victim != home {
-            self.swap(hot, victim, home);
+            self.swap(fast, victim, home);
         }
         Some(slot).filter(|p| !p.is_null())
     }
 
-    fn swap(&self, hot: &Hot, a: usize, b: usize) {
-        hot.entries[a].id.swap(&hot.entries[b].id);
-        hot.entries[a].slot.swap(&hot.entries[b].slot);
+    fn swap(&self, fast: &FastTable, a: usize, b: usize) {
+        fast.entries[a].id.swap(&fast.entries[b].id);
+        fast.entries[a].slot.swap(&fast.entries[b].slot);
         self.arenas[a].swap(&self.arenas[b]);
         self.owners.borrow_mut().swap(a, b);
     }
 
     /// Releases entry `at`: forgets it, then flushes its slot into its pool (if alive).
-    fn release(&self, hot: &Hot, at: usize) {
-        hot.entries[at].id.set(0);
-        hot.entries[at].slot.set(ptr::null());
+    fn release(&self, fast: &FastTable, at: usize) {
+        fast.entries[at].id.set(0);
+        fast.entries[at].slot.set(ptr::null());
         let arena = self.arenas[at].replace(ptr::null());
         let owner = self.owners.borrow_mut()[at].take();
         if let Some(slot) = owner {
@@ -989,19 +989,19 @@ impl Cold {
     }
 }
 
-impl Drop for Cold {
+impl Drop for OwnerTable {
     fn drop(&mut self) {
-        let drained = HOT.try_with(|hot| {
+        let drained = FAST.try_with(|fast| {
             for at in 0..WAYS {
-                self.release(hot, at);
+                self.release(fast, at);
             }
         });
         if drained.is_err() {
-            // The hot table is already gone (loom drops every thread-local at once): flush with
+            // The fast table is already gone (loom drops every thread-local at once): flush with
             // a scratch one.
-            let hot = Hot::new();
+            let fast = FastTable::new();
             for at in 0..WAYS {
-                self.release(&hot, at);
+                self.release(&fast, at);
             }
         }
     }
@@ -1009,13 +1009,13 @@ impl Drop for Cold {
 
 /// The slot of this thread in the pool `id`, if it is in the home entry and has a slot.
 #[inline(always)]
-fn home_slot(id: u64) -> Option<NonNull<Slot>> {
+fn fast_slot(id: u64) -> Option<NonNull<Slot>> {
     // Only the lookup runs inside the thread-local access, and the operation after it, so how
     // much the operation inlines never decides whether the access itself is inlined (with a
     // whole batch free inside it, `LocalKey::try_with` went out of line: a call on every
     // batch free).
-    HOT.try_with(|hot| {
-        let entry = &hot.entries[Hot::home(id)];
+    FAST.try_with(|fast| {
+        let entry = &fast.entries[FastTable::home(id)];
         (entry.id.get() == id).then(|| entry.slot.get())
     })
     .ok()
@@ -1026,13 +1026,13 @@ fn home_slot(id: u64) -> Option<NonNull<Slot>> {
 /// Runs `f` on this thread's slot in the pool `id` if it is in the home entry (the fast path).
 /// `None` if it is not, or if the thread runs uncached.
 #[inline(always)]
-pub(crate) fn with_home<R>(id: u64, f: impl FnOnce(Mine<'_>) -> R) -> Option<R> {
-    let slot = home_slot(id)?;
-    // SAFETY: a non-null slot in this thread's hot table is kept alive by the `SlotRef` in its
-    // cold table and was claimed by this thread, which has not released it (releasing clears
+pub(crate) fn with_fast_slot<R>(id: u64, f: impl FnOnce(OwnedSlot<'_>) -> R) -> Option<R> {
+    let slot = fast_slot(id)?;
+    // SAFETY: a non-null slot in this thread's fast table is kept alive by the `SlotRef` in its
+    // owner table and was claimed by this thread, which has not released it (releasing clears
     // the entry first). `f` runs on this thread and never reaches the tables (pool operations
     // do not re-enter them), so nothing releases the slot during the call.
-    Some(f(unsafe { Mine::new(slot.as_ref()) }))
+    Some(f(unsafe { OwnedSlot::new(slot.as_ref()) }))
 }
 
 /// After a push into a cache: whether a thread waits for a free block. Read after the push's
@@ -1050,7 +1050,7 @@ pub(crate) fn someone_waits_after_push(waiters: &AtomicU32) -> bool {
 /// pool `id`, if that is its home entry and the magazine is not empty.
 #[inline(always)]
 pub(crate) fn fast_pop(id: u64, c: usize) -> Option<u32> {
-    with_home(id, |mine| mine.pop(c)).flatten()
+    with_fast_slot(id, |mine| mine.pop(c)).flatten()
 }
 
 /// The fast path of a free: pushes block `unit` of class `c` into this thread's cache of the
@@ -1058,7 +1058,7 @@ pub(crate) fn fast_pop(id: u64, c: usize) -> Option<u32> {
 /// [`someone_waits_after_push`]).
 #[inline(always)]
 pub(crate) fn fast_push(id: u64, c: usize, unit: u32) -> bool {
-    with_home(id, |mine| mine.push(c, unit)).unwrap_or(false)
+    with_fast_slot(id, |mine| mine.push(c, unit)).unwrap_or(false)
 }
 
 /// The whole-batch fast path of an allocation: the top `N` blocks of class `c` from this
@@ -1066,7 +1066,7 @@ pub(crate) fn fast_push(id: u64, c: usize, unit: u32) -> bool {
 /// holds `N`.
 #[inline(always)]
 pub(crate) fn fast_pop_array<const N: usize>(id: u64, c: usize) -> Option<[u32; N]> {
-    with_home(id, |mine| mine.pop_array(c)).flatten()
+    with_fast_slot(id, |mine| mine.pop_array(c)).flatten()
 }
 
 /// The whole-batch fast path of a free: pushes the `N` blocks of class `c` in `units` into
@@ -1074,15 +1074,16 @@ pub(crate) fn fast_pop_array<const N: usize>(id: u64, c: usize) -> Option<[u32; 
 /// magazine has room for all of them (the caller then checks [`someone_waits_after_push`]).
 #[inline(always)]
 pub(crate) fn fast_push_array<const N: usize>(id: u64, c: usize, units: &[u32; N]) -> bool {
-    with_home(id, |mine| mine.push_array(c, units)).unwrap_or(false)
+    with_fast_slot(id, |mine| mine.push_array(c, units)).unwrap_or(false)
 }
 
 /// Runs `f` on this thread's slot in `arena`, claiming one if needed; `f` gets `None` if the
 /// thread runs uncached (no free slot, or its table is gone during thread teardown).
-pub(crate) fn with_slot<R>(arena: &Arena, f: impl FnOnce(Option<Mine<'_>>) -> R) -> R {
-    let slot = HOT
-        .try_with(|hot| {
-            COLD.try_with(|cold| cold.find_or_claim(hot, arena))
+pub(crate) fn with_slot<R>(arena: &Arena, f: impl FnOnce(Option<OwnedSlot<'_>>) -> R) -> R {
+    let slot = FAST
+        .try_with(|fast| {
+            OWNERS
+                .try_with(|owners| owners.find_or_claim(fast, arena))
                 .ok()
                 .flatten()
         })
@@ -1093,15 +1094,15 @@ pub(crate) fn with_slot<R>(arena: &Arena, f: impl FnOnce(Option<Mine<'_>>) -> R)
     // through `release_current` (flush), or by evicting it to claim a slot in another pool.
     // `f` is an operation on this same pool that never calls back into the table, so none of
     // those can happen while it runs.
-    f(slot.map(|slot| unsafe { Mine::new(&*slot) }))
+    f(slot.map(|slot| unsafe { OwnedSlot::new(&*slot) }))
 }
 
 /// Flushes and releases this thread's slot in the pool `id`, if it has one.
 pub(crate) fn release_current(id: u64) {
-    let _ = HOT.try_with(|hot| {
-        COLD.try_with(|cold| {
-            if let Some(at) = hot.entries.iter().position(|e| e.id.get() == id) {
-                cold.release(hot, at);
+    let _ = FAST.try_with(|fast| {
+        OWNERS.try_with(|owners| {
+            if let Some(at) = fast.entries.iter().position(|e| e.id.get() == id) {
+                owners.release(fast, at);
             }
         })
     });
@@ -1148,7 +1149,7 @@ impl Slots {
     /// Made as zero-filled memory, which is every field's starting value (`FREE`, zero
     /// counters, empty magazines with capacity zero), so nothing is written: a slot's pages
     /// (about 47 KiB of magazines per slot) take memory only once its thread uses a class
-    /// (`Mine::enable`).
+    /// (`OwnedSlot::enable`).
     ///
     /// # Errors
     /// The mapping could not be made (address space or map count exhausted).

@@ -29,7 +29,7 @@ pub(crate) const MAX_CLASS_SHIFT: u32 = 30;
 pub(crate) const MAX_CLASSES: usize = (MAX_CLASS_SHIFT - MIN_SHIFT + 1) as usize;
 /// Largest magazine a thread cache keeps per class: every slot has room for this many in each
 /// class, which takes memory only where a thread uses a class (see `cache::Slots`); a class's
-/// capacity (`ClassGeometry::cap`, given to it by `cache::Mine::enable`) is at most this.
+/// capacity (`ClassGeometry::cap`, given to it by `cache::OwnedSlot::enable`) is at most this.
 #[cfg(not(loom))]
 pub(crate) const MAG_MAX: usize = 512;
 /// Largest magazine a thread cache keeps per class. The loom models use caches of two blocks

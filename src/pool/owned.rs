@@ -154,7 +154,7 @@ impl Drop for OwnedBuffer {
 mod tests {
     use std::sync::Arc;
 
-    use crate::dma::{Loopback, Space};
+    use crate::dma::{SoftIommu, Space};
     use crate::memory::{PageSize, Region};
     use crate::pool::{Config, Pool};
 
@@ -164,7 +164,7 @@ mod tests {
             .lock(false)
             .build()
             .expect("4 MiB");
-        let mapping = Loopback::new(48)
+        let mapping = SoftIommu::new(48)
             .expect("space")
             .map(Arc::new(region))
             .expect("mapped");

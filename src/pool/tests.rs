@@ -8,7 +8,7 @@ use super::arena::{Arena, Block, Failure};
 use super::geometry::Geometry;
 use super::meta::Meta;
 use super::*;
-use crate::dma::{Loopback, Space};
+use crate::dma::{SoftIommu, Space};
 use crate::memory::{PageSize, Region};
 
 fn arena_with(len: u64, config: &Config) -> Box<Arena> {
@@ -428,7 +428,7 @@ fn mapping(len: usize) -> crate::dma::Mapping {
         .page_size(PageSize::Base)
         .build()
         .expect("base-page region (needs RLIMIT_MEMLOCK for the test size)");
-    Loopback::new(48).unwrap().map(Arc::new(region)).unwrap()
+    SoftIommu::new(48).unwrap().map(Arc::new(region)).unwrap()
 }
 
 #[test]
@@ -532,14 +532,14 @@ fn pool_bulk_is_all_or_nothing_and_frees_only_its_own() {
 
 /// A shared pool created with `config` over 8 MiB of memfd memory, opened a second time, and
 /// the loopback space both are mapped into.
-fn shared_pair(config: Config) -> (Pool, Pool, Loopback) {
+fn shared_pair(config: Config) -> (Pool, Pool, SoftIommu) {
     let region = Region::builder(8 << 20)
         .page_size(PageSize::Base)
         .memfd()
         .build()
         .expect("base-page memfd region");
     let region = Arc::new(region);
-    let space = Loopback::new(48).unwrap();
+    let space = SoftIommu::new(48).unwrap();
     let first = Pool::create_shared(space.map(Arc::clone(&region)).unwrap(), config).unwrap();
     let second =
         Pool::open_shared(space.map(Arc::clone(&region)).unwrap(), Exhaustion::Fail).unwrap();
@@ -635,7 +635,7 @@ fn a_mapping_in_pieces_gets_per_chunk_iovas() {
             last: 0x400f_ffff,
         },
     ];
-    let space = Loopback::with_ranges(48, &ranges).unwrap();
+    let space = SoftIommu::with_ranges(48, &ranges).unwrap();
     let region = Region::builder(2 << 20)
         .page_size(PageSize::Base)
         .build()
@@ -664,7 +664,7 @@ fn a_mapping_in_pieces_gets_per_chunk_iovas() {
         .page_size(PageSize::Base)
         .build()
         .unwrap();
-    let space = Loopback::with_ranges(48, &ranges).unwrap();
+    let space = SoftIommu::with_ranges(48, &ranges).unwrap();
     let mapping = space.map(Arc::new(region)).unwrap();
     let err = Pool::new(mapping, small_config().chunk_size(16 << 10)).unwrap_err();
     assert!(matches!(err, Error::NotContiguous { .. }), "{err}");

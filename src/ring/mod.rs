@@ -47,7 +47,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use userdma::dma::{Loopback, Space};
+//! use userdma::dma::{SoftIommu, Space};
 //! use userdma::memory::{PageSize, Region};
 //! use userdma::mmio::{Block, Shared};
 //! use userdma::ring::{Command, Config, DeviceQueue, Doorbells, Layout, Memory, Queue, Status};

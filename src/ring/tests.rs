@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::dma::{Loopback, Mapping, Space};
+use crate::dma::{Mapping, SoftIommu, Space};
 use crate::memory::{PageSize, Region};
 use crate::mmio::{Access, Block, Op, Recording, Shared, Width};
 
@@ -47,10 +47,10 @@ struct Rig<T: Send> {
     queue: Queue<Small, Status, T>,
     device: DeviceQueue<Small, Status>,
     bar: Recording<Shared>,
-    _space: Loopback,
+    _space: SoftIommu,
 }
 
-fn mapped(space: &Loopback, len: usize) -> Arc<Mapping> {
+fn mapped(space: &SoftIommu, len: usize) -> Arc<Mapping> {
     let len = len.div_ceil(4096) * 4096;
     let region = Region::builder(len)
         .page_size(PageSize::Base)
@@ -61,7 +61,7 @@ fn mapped(space: &Loopback, len: usize) -> Arc<Mapping> {
 }
 
 fn setup<T: Send>(depth: u32, interrupt: bool) -> Rig<T> {
-    let space = Loopback::new(48).unwrap();
+    let space = SoftIommu::new(48).unwrap();
     let layout = Layout::new::<Small, Status>(depth).unwrap();
     let mapping = mapped(&space, layout.size());
     let memory = Memory::from_mapping(mapping, 0, layout.size()).unwrap();
@@ -178,7 +178,7 @@ fn layout_checks_depth_and_entry_types() {
 
 #[test]
 fn memory_and_doorbells_are_checked() {
-    let space = Loopback::new(48).unwrap();
+    let space = SoftIommu::new(48).unwrap();
     let mapping = mapped(&space, 8192);
     assert!(matches!(
         Memory::from_mapping(Arc::clone(&mapping), 8000, 400),
@@ -1025,7 +1025,7 @@ impl crate::mmio::Backend for Flaky {
 
 #[test]
 fn a_failed_doorbell_leaves_the_descriptor_queued_for_the_next_flush() {
-    let space = Loopback::new(48).unwrap();
+    let space = SoftIommu::new(48).unwrap();
     let layout = Layout::new::<Small, Status>(4).unwrap();
     let memory = Memory::from_mapping(mapped(&space, layout.size()), 0, layout.size()).unwrap();
     let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -46,7 +46,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use crate::device::loopback::{self, Loopback};
-use crate::device::{self, Device, DeviceMemory, Format, Wait};
+use crate::device::{self, Device, DeviceMemory, QueueFormat, Wait};
 use crate::memory::{PageSize, Region};
 use crate::pool::{self, Pool};
 use crate::{dma, pci, ring, Error};
@@ -259,10 +259,10 @@ impl Runtime {
     ) -> Result<loopback::Queue<T>, Error> {
         let device = self.built_in(
             "built-in queue format",
-            "open its queues with Runtime::open_queue and the device::Format of its driver",
+            "open its queues with Runtime::open_queue and the device::QueueFormat of its driver",
         )?;
         self.open_queue(
-            loopback::Format::new(Arc::clone(device)).unit(unit),
+            loopback::NpuFormat::new(Arc::clone(device)).unit(unit),
             config,
             wait,
         )
@@ -272,7 +272,7 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`device::open_queue`].
-    pub fn open_queue<F: Format, T: Send>(
+    pub fn open_queue<F: QueueFormat, T: Send>(
         &self,
         format: F,
         config: ring::Config,

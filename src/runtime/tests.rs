@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Runtime;
-use crate::device::loopback::{self, Code as Status, Cost, Descriptor};
+use crate::device::loopback::{self, Cost, Descriptor, StatusCode};
 use crate::device::{self, Device};
 use crate::dma::DeviceOffset;
 use crate::memory::PageSize;
@@ -58,9 +58,9 @@ fn one_transfer_there_and_back_through_device_memory() {
         .expect("to host");
     queue.flush().expect("doorbell");
     let first = queue.wait(TIMEOUT).expect("first");
-    assert_eq!(first.entry.loopback_code(), Ok(Status::Success));
+    assert_eq!(first.entry.loopback_code(), Ok(StatusCode::Success));
     let back = queue.wait(TIMEOUT).expect("second");
-    assert_eq!(back.entry.loopback_code(), Ok(Status::Success));
+    assert_eq!(back.entry.loopback_code(), Ok(StatusCode::Success));
     let mut got = vec![0u8; 4096];
     back.payload.read(0, &mut got).expect("read");
     assert_eq!(got, payload);
@@ -72,7 +72,7 @@ fn one_transfer_there_and_back_through_device_memory() {
         )
         .expect("submitted");
     let refused = queue.wait(TIMEOUT).expect("completion");
-    assert_eq!(refused.entry.loopback_code(), Ok(Status::HostUnmapped));
+    assert_eq!(refused.entry.loopback_code(), Ok(StatusCode::HostUnmapped));
 }
 
 #[test]
@@ -129,7 +129,7 @@ fn a_device_without_a_built_in_format_says_what_to_use() {
     // The generic path works with the driver's format.
     let mut queue: loopback::Queue<()> = runtime
         .open_queue(
-            loopback::Format::new(loopback),
+            loopback::NpuFormat::new(loopback),
             ring::Config::new(64),
             device::Wait::Poll,
         )

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use userdma::dma::Loopback;
+use userdma::dma::SoftIommu;
 use userdma::irq::EventFd;
 use userdma::memory::PageSize;
 use userdma::mmio::{Block, Shared};
@@ -20,10 +20,10 @@ pub(crate) fn pair<T: Send>(
 ) -> (
     Queue<Command, Status, T>,
     DeviceQueue<Command, Status>,
-    Loopback,
+    SoftIommu,
 ) {
     let depth = config.depth();
-    let space = Loopback::new(48).unwrap();
+    let space = SoftIommu::new(48).unwrap();
     let layout = Layout::new::<Command, Status>(depth).unwrap();
     let mapping = userdma::runtime::map_memory(&space, layout.size(), PageSize::Base).unwrap();
     let memory = Memory::from_mapping(Arc::new(mapping), 0, layout.size()).unwrap();

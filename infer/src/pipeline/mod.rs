@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 pub use self::error::Error;
 pub use model::{Filter, Model, ModelError, Span, Step};
 
-use userdma::device::loopback::{self, Code, Descriptor, Loopback};
+use userdma::device::loopback::{self, Descriptor, Loopback, StatusCode};
 use userdma::device::{Device, Range, Wait};
 use userdma::dma::{DeviceOffset, Iova};
 use userdma::memory::PageSize;
@@ -157,7 +157,7 @@ pub struct FrameError {
     /// What that descriptor was.
     pub what: &'static str,
     /// The device's completion code.
-    pub code: Code,
+    pub code: StatusCode,
     /// The completion's result field (an address or offset for range errors).
     pub result: u64,
 }
@@ -846,14 +846,14 @@ impl Pipeline {
             Payload::Last { slot, step } => (slot.index, *step),
         };
         let p = &mut self.progress[index];
-        if code != Some(Code::Success) && p.error.is_none() {
+        if code != Some(StatusCode::Success) && p.error.is_none() {
             p.error = Some(FrameError {
                 frame: p.frame,
                 queue: done.entry.queue_id,
                 command: done.id,
                 step,
                 what: step_name(step, steps),
-                code: code.unwrap_or(Code::BadOpcode),
+                code: code.unwrap_or(StatusCode::BadOpcode),
                 result: done.entry.result,
             });
         }
@@ -1190,7 +1190,7 @@ fn measure_result_paths(
         *pushed += 1;
         queue.flush()?;
         let done = queue.wait(Some(timeout))?;
-        if done.entry.loopback_code().ok() != Some(Code::Success) {
+        if done.entry.loopback_code().ok() != Some(StatusCode::Success) {
             return Err(Error::ResultCopy {
                 bytes: r.bytes,
                 code: done.entry.code(),

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use super::{step_name, Error, FrameError, Model, Summary, Times};
-use userdma::device::loopback::Code;
+use userdma::device::loopback::StatusCode;
 use userdma::device::Wait;
 use userdma::dma::{Iova, Mapping};
 use userdma::memory::PageSize;
@@ -158,14 +158,14 @@ impl Naive {
                 _ => {}
             }
             let code = done.entry.loopback_code().ok();
-            if code != Some(Code::Success) && error.is_none() {
+            if code != Some(StatusCode::Success) && error.is_none() {
                 error = Some(FrameError {
                     frame,
                     queue: q.id(),
                     command: done.id,
                     step,
                     what: step_name(step, model.steps().len()),
-                    code: code.unwrap_or(Code::BadOpcode),
+                    code: code.unwrap_or(StatusCode::BadOpcode),
                     result: done.entry.result,
                 });
             }

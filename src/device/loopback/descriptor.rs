@@ -6,7 +6,7 @@
 //! The format itself, every field and the order of the device's checks, is documented on
 //! [`Opcode`] and [`Code`]; the layout on [`Command`] and [`Status`].
 
-use super::regs::{Code, Opcode};
+use super::regs::{Opcode, StatusCode};
 use crate::dma::{DeviceOffset, Iova};
 use crate::ring::{Command, Status};
 
@@ -150,7 +150,7 @@ impl Descriptor {
     }
 
     /// Runs in device context `context` (it must be the queue's: a descriptor naming another
-    /// completes with [`Code::BadContext`]). The default is 0.
+    /// completes with [`StatusCode::BadContext`]). The default is 0.
     pub fn context(mut self, context: u32) -> Descriptor {
         self.command.context = context;
         self
@@ -177,8 +177,8 @@ impl From<Descriptor> for Command {
 impl Status {
     /// The completion's code as the loopback device defines it, or the raw value if it is not
     /// one of its codes (a completion from another device format).
-    pub fn loopback_code(&self) -> Result<Code, u16> {
-        Code::from_raw(self.code()).ok_or(self.code())
+    pub fn loopback_code(&self) -> Result<StatusCode, u16> {
+        StatusCode::from_raw(self.code()).ok_or(self.code())
     }
 }
 
@@ -272,8 +272,14 @@ mod tests {
 
     #[test]
     fn status_codes_read_back_typed() {
-        assert_eq!(Status::new(1, 0, 0).loopback_code(), Ok(Code::Success));
-        assert_eq!(Status::new(1, 9, 0).loopback_code(), Ok(Code::HostUnmapped));
+        assert_eq!(
+            Status::new(1, 0, 0).loopback_code(),
+            Ok(StatusCode::Success)
+        );
+        assert_eq!(
+            Status::new(1, 9, 0).loopback_code(),
+            Ok(StatusCode::HostUnmapped)
+        );
         assert_eq!(Status::new(1, 999, 0).loopback_code(), Err(999));
     }
 }

@@ -54,7 +54,7 @@ use super::cost::{Clock, Cost, Work, TIMER_SLACK_NS};
 use super::fault::{Kind, Programme};
 use super::ops::{self, Dram, Host, Outcome, Plan, Span, Translate};
 use super::regs::{
-    self, Code, Control, DeviceStatus, Fault, FaultControl, QueueControl, QueueStatus,
+    self, Control, DeviceStatus, Fault, FaultControl, QueueControl, QueueStatus, StatusCode,
     Unit as UnitId,
 };
 use super::shim;
@@ -827,7 +827,7 @@ impl<'a> Unit<'a> {
                         seen.context ^= 1 << 31;
                     }
                     match ops::check(&seen, active.context, u64_of(self.dram.len)) {
-                        Ok(_) if kind == Kind::ErrorStatus => Err((Code::Injected, 0)),
+                        Ok(_) if kind == Kind::ErrorStatus => Err((StatusCode::Injected, 0)),
                         checked => checked,
                     }
                 }
@@ -842,14 +842,14 @@ impl<'a> Unit<'a> {
                             }
                             fence = true;
                             Outcome {
-                                code: Code::Success,
+                                code: StatusCode::Success,
                                 result: seen,
                                 bytes: 0,
                                 dma_bytes: 0,
                                 compute_bytes: 0,
                             }
                         }
-                        Waited::Bad => Outcome::failed(Code::BadArgs, 0),
+                        Waited::Bad => Outcome::failed(StatusCode::BadArgs, 0),
                         Waited::Pending => {
                             if !was_blocked {
                                 self.blocked += 1;
@@ -904,7 +904,7 @@ impl<'a> Unit<'a> {
             if switch {
                 file.set64(c.switches, t.switches);
             }
-            if outcome.code == Code::Success {
+            if outcome.code == StatusCode::Success {
                 t.bytes += outcome.bytes;
                 file.set64(c.bytes, t.bytes);
             } else {

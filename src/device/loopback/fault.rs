@@ -18,8 +18,8 @@
 //! | [`Kind::DropCompletion`] | executes it and writes no completion |
 //! | [`Kind::CompleteTwice`] | executes it and writes its completion twice (only when the CQ has room for both; otherwise it injects nothing and the trigger is not used up) |
 //! | [`Kind::WrongId`] | executes it and completes it with another command id: the newest announced command's when at least two are announced after it (an id in flight, not the next one), else the queue's depth (an id no command of the queue can have) |
-//! | [`Kind::ErrorStatus`] | completes it with [`Code::Injected`](super::Code::Injected) without touching memory |
-//! | [`Kind::CorruptDescriptor`] | reads a copy with bit 31 of the context flipped, which the context check rejects: a [`Code::BadContext`](super::Code::BadContext) completion, no memory touched |
+//! | [`Kind::ErrorStatus`] | completes it with [`StatusCode::Injected`](super::StatusCode::Injected) without touching memory |
+//! | [`Kind::CorruptDescriptor`] | reads a copy with bit 31 of the context flipped, which the context check rejects: a [`StatusCode::BadContext`](super::StatusCode::BadContext) completion, no memory touched |
 //! | [`Kind::Slow`] | waits [`Injection::delay`] before executing it |
 //!
 //! A reset keeps the injections programmed and the counts (they are the device's record of
@@ -50,7 +50,7 @@ pub enum Kind {
     CompleteTwice = 3,
     /// The completion names another command id.
     WrongId = 4,
-    /// The completion carries [`Code::Injected`](super::Code::Injected); nothing is executed.
+    /// The completion carries [`StatusCode::Injected`](super::StatusCode::Injected); nothing is executed.
     ErrorStatus = 5,
     /// The device reads a corrupted copy of the descriptor, which its checks reject.
     CorruptDescriptor = 6,

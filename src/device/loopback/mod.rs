@@ -13,12 +13,12 @@
 //! - **Two units that run concurrently** ([`Unit`]): a DMA (copy) engine and a compute unit,
 //!   each its own thread (of this process, or of a separate device process: [`Mode`]), each
 //!   serving only the queues assigned to it (the queue's `unit` register, set with
-//!   [`Format::unit`] or [`Loopback::open_queue_on`]; the copy engine by default), with its
+//!   [`NpuFormat::unit`] or [`Loopback::open_queue_on`]; the copy engine by default), with its
 //!   own modelled clock, its own context-switch tracking and its own counters. A unit reads
 //!   descriptors ([`ring::Command`]) from the SQ in host memory by IOVA, translates every host
-//!   address through the device's own table ([`dma::Loopback`]: the device reaches only what
+//!   address through the device's own table ([`dma::SoftIommu`]: the device reaches only what
 //!   was mapped into [`Device::dma_space`]), executes the [`Opcode`] (any opcode runs on either
-//!   unit), and writes a [`ring::Status`] completion whose code is a [`Code`]. Every field is
+//!   unit), and writes a [`ring::Status`] completion whose code is a [`StatusCode`]. Every field is
 //!   checked before anything is touched; a malformed descriptor gets an error completion (and
 //!   is counted), never a stray access. So copies on a copy queue overlap computes on a
 //!   compute queue, as on an NPU; [`Opcode::Wait`] orders a queue after another's
@@ -92,7 +92,7 @@
 //! the host: `Layer` (one output tensor mixed from up to three input tensors) and `Compact`
 //! (the records whose score passes a threshold, packed); [`reference`](mod@reference)
 //! computes on the host exactly what they and `Compute` write. Status codes and the order in
-//! which fields are checked: [`Code`].
+//! which fields are checked: [`StatusCode`].
 //!
 //! # Waking the engine
 //!
@@ -171,7 +171,7 @@ pub use self::cost::{Cost, Work};
 pub use self::descriptor::{BuildError, Descriptor};
 pub use self::error::Error;
 pub use self::process::{serve_process, Program, SOCKET_ENV};
-pub use self::regs::{Code, Fault, Opcode, Unit};
+pub use self::regs::{Fault, Opcode, StatusCode, Unit};
 pub use crate::device::Wait;
 
 use self::bar::{HostBar, MemoryBar, RegisterFile};
@@ -222,7 +222,7 @@ impl Loopback {
             config.numa_node,
         )?);
         let cost = config.cost_model();
-        let table = dma::Loopback::new(config.dma_mask_bits)
+        let table = dma::SoftIommu::new(config.dma_mask_bits)
             .map_err(|source| DeviceError::Map {
                 what: "translation table",
                 source,
@@ -571,7 +571,7 @@ impl Loopback {
 
     /// Opens queue `config.id()` on a fresh ring of `config.depth()` entries (memfd-backed,
     /// mapped into the device's DMA space), programs it into the device and enables it: the
-    /// loopback device's [`Format`] through [`device::open_queue`](crate::device::open_queue).
+    /// loopback device's [`NpuFormat`] through [`device::open_queue`](crate::device::open_queue).
     /// The queue stops its device queue when dropped with work in flight. With [`Wait::Poll`]
     /// the queue has no interrupt vector.
     pub fn open_queue<T: Send>(
@@ -582,8 +582,8 @@ impl Loopback {
         self.open_queue_on(config, wait, Unit::Copy)
     }
 
-    /// [`Loopback::open_queue`] for a queue served by `unit` (the [`Format`] with
-    /// [`Format::unit`]).
+    /// [`Loopback::open_queue`] for a queue served by `unit` (the [`NpuFormat`] with
+    /// [`NpuFormat::unit`]).
     pub fn open_queue_on<T: Send>(
         self: &Arc<Self>,
         config: ring::Config,
@@ -592,11 +592,11 @@ impl Loopback {
     ) -> Result<Queue<T>, DeviceError> {
         self.check_present()?;
         let device: Arc<dyn Device> = Arc::clone(self) as Arc<dyn Device>;
-        let format = Format::new(Arc::clone(self)).unit(unit);
+        let format = NpuFormat::new(Arc::clone(self)).unit(unit);
         crate::device::open_queue(&device, format, config, wait)
     }
 
-    /// Enables queue `config.id()` on the ring at `iova`, served by `unit` (the [`Format`]'s
+    /// Enables queue `config.id()` on the ring at `iova`, served by `unit` (the [`NpuFormat`]'s
     /// enable).
     fn enable_queue(
         &self,
@@ -638,19 +638,19 @@ impl Loopback {
 
 /// The loopback device's queue format: [`Command`] descriptors, [`Status`] completions,
 /// doorbells in its queue register blocks (BAR 0), and the enable handshake of the register
-/// map (the module docs), on the [`Unit`] chosen with [`Format::unit`] (the copy engine by
+/// map (the module docs), on the [`Unit`] chosen with [`NpuFormat::unit`] (the copy engine by
 /// default). Give it to [`device::open_queue`](crate::device::open_queue) or
 /// [`Runtime::open_queue`](crate::Runtime::open_queue), or use [`Loopback::open_queue`].
 #[derive(Debug, Clone)]
-pub struct Format {
+pub struct NpuFormat {
     device: Arc<Loopback>,
     unit: Unit,
 }
 
-impl Format {
+impl NpuFormat {
     /// The format of `device`'s queues, served by the copy engine.
-    pub fn new(device: Arc<Loopback>) -> Format {
-        Format {
+    pub fn new(device: Arc<Loopback>) -> NpuFormat {
+        NpuFormat {
             device,
             unit: Unit::Copy,
         }
@@ -659,13 +659,13 @@ impl Format {
     /// The unit that serves the queues opened with this format (written to the queue's
     /// `unit` register before it is enabled).
     #[must_use]
-    pub fn unit(mut self, unit: Unit) -> Format {
+    pub fn unit(mut self, unit: Unit) -> NpuFormat {
         self.unit = unit;
         self
     }
 }
 
-impl crate::device::Format for Format {
+impl crate::device::QueueFormat for NpuFormat {
     type Submission = Command;
     type Completion = Status;
 

@@ -6,7 +6,7 @@ use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
 use super::reference::{self, Compact};
-use super::regs::{Code, Opcode};
+use super::regs::{Opcode, StatusCode};
 use crate::dma;
 use crate::memory::{u64_of, Region};
 use crate::ring::Command;
@@ -94,7 +94,7 @@ pub(super) trait Translate: Send + Sync + std::fmt::Debug {
     }
 }
 
-impl Translate for dma::Loopback {
+impl Translate for dma::SoftIommu {
     fn piece(&self, iova: u64) -> Option<(u64, u64, Span)> {
         let (range, window) = self.piece_at(iova)?;
         Some((
@@ -109,7 +109,7 @@ impl Translate for dma::Loopback {
     }
 
     fn generation(&self) -> u64 {
-        dma::Loopback::generation(self)
+        dma::SoftIommu::generation(self)
     }
 }
 
@@ -242,7 +242,7 @@ pub(super) enum Plan {
 /// How a descriptor ended: status code, result word, and what the cost model charges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Outcome {
-    pub(super) code: Code,
+    pub(super) code: StatusCode,
     pub(super) result: u64,
     /// The descriptor's `len` if it succeeded (what the `bytes` counter adds).
     pub(super) bytes: u64,
@@ -254,7 +254,7 @@ pub(super) struct Outcome {
 }
 
 impl Outcome {
-    pub(super) fn failed(code: Code, result: u64) -> Outcome {
+    pub(super) fn failed(code: StatusCode, result: u64) -> Outcome {
         Outcome {
             code,
             result,
@@ -266,30 +266,35 @@ impl Outcome {
 }
 
 /// `addr + len` without overflow, or the failure naming `addr`.
-fn end_of(addr: u64, len: u64) -> Result<u64, (Code, u64)> {
-    addr.checked_add(len).ok_or((Code::AddressOverflow, addr))
+fn end_of(addr: u64, len: u64) -> Result<u64, (StatusCode, u64)> {
+    addr.checked_add(len)
+        .ok_or((StatusCode::AddressOverflow, addr))
 }
 
 /// A device range `offset..offset + len` (already overflow-checked) as `usize`s inside
 /// `memory_size`, or the failure naming `offset`.
-fn device_range(offset: u64, len: u64, memory_size: u64) -> Result<usize, (Code, u64)> {
+fn device_range(offset: u64, len: u64, memory_size: u64) -> Result<usize, (StatusCode, u64)> {
     let end = end_of(offset, len)?;
     if end > memory_size {
-        return Err((Code::DeviceOutOfBounds, offset));
+        return Err((StatusCode::DeviceOutOfBounds, offset));
     }
-    usize::try_from(offset).map_err(|_| (Code::DeviceOutOfBounds, offset))
+    usize::try_from(offset).map_err(|_| (StatusCode::DeviceOutOfBounds, offset))
 }
 
 /// Checks every field of `cmd` for a queue of context `context` and a device memory of
 /// `memory_size` bytes, in the order the register map documents; `Err((code, result))` on the
 /// first problem.
-pub(super) fn check(cmd: &Command, context: u32, memory_size: u64) -> Result<Plan, (Code, u64)> {
-    let op = Opcode::from_raw(cmd.opcode).ok_or((Code::BadOpcode, 0))?;
+pub(super) fn check(
+    cmd: &Command,
+    context: u32,
+    memory_size: u64,
+) -> Result<Plan, (StatusCode, u64)> {
+    let op = Opcode::from_raw(cmd.opcode).ok_or((StatusCode::BadOpcode, 0))?;
     if cmd.flags != 0 {
-        return Err((Code::BadFlags, 0));
+        return Err((StatusCode::BadFlags, 0));
     }
     if cmd.context != context {
-        return Err((Code::BadContext, 0));
+        return Err((StatusCode::BadContext, 0));
     }
     // Their fields are laid out otherwise: checked by their own functions, in the same order
     // of codes.
@@ -316,7 +321,7 @@ pub(super) fn check(cmd: &Command, context: u32, memory_size: u64) -> Result<Pla
         _ => true,
     };
     if !args_ok || !unused_ok {
-        return Err((Code::BadArgs, 0));
+        return Err((StatusCode::BadArgs, 0));
     }
     let len = cmd.len;
     match (op, len) {
@@ -327,17 +332,17 @@ pub(super) fn check(cmd: &Command, context: u32, memory_size: u64) -> Result<Pla
                 target: args[1],
             })
         }
-        (Opcode::Nop | Opcode::Wait, _) | (_, 0) => return Err((Code::BadLength, 0)),
+        (Opcode::Nop | Opcode::Wait, _) | (_, 0) => return Err((StatusCode::BadLength, 0)),
         _ => {}
     }
-    let ulen = usize::try_from(len).map_err(|_| (Code::BadLength, 0))?;
+    let ulen = usize::try_from(len).map_err(|_| (StatusCode::BadLength, 0))?;
     let uses_src = op != Opcode::Fill;
     if uses_src {
         end_of(cmd.src, len)?;
     }
     end_of(cmd.dst, len)?;
     if op == Opcode::Compute && (cmd.src % 4 != 0 || cmd.dst % 4 != 0 || len % 4 != 0) {
-        return Err((Code::Misaligned, 0));
+        return Err((StatusCode::Misaligned, 0));
     }
     Ok(match op {
         Opcode::ToDevice => Plan::ToDevice {
@@ -390,19 +395,19 @@ fn overlaps(a: usize, a_len: usize, b: usize, b_len: usize) -> bool {
 }
 
 /// [`check`] for [`Opcode::Layer`] (the header fields already checked).
-fn check_layer(cmd: &Command, memory_size: u64) -> Result<Plan, (Code, u64)> {
+fn check_layer(cmd: &Command, memory_size: u64) -> Result<Plan, (StatusCode, u64)> {
     let (len0, len1) = halves(cmd.args[2]);
     let (len2, seed) = halves(cmd.args[3]);
     let all = [(cmd.src, len0), (cmd.args[0], len1), (cmd.args[1], len2)]
         .map(|(offset, len)| (offset, u64::from(len)));
     // An absent input names no memory.
     if all.iter().any(|&(offset, len)| len == 0 && offset != 0) {
-        return Err((Code::BadArgs, 0));
+        return Err((StatusCode::BadArgs, 0));
     }
     if cmd.len == 0 || len0 == 0 {
-        return Err((Code::BadLength, 0));
+        return Err((StatusCode::BadLength, 0));
     }
-    let ulen = usize::try_from(cmd.len).map_err(|_| (Code::BadLength, 0))?;
+    let ulen = usize::try_from(cmd.len).map_err(|_| (StatusCode::BadLength, 0))?;
     let present = || all.iter().copied().filter(|&(_, len)| len != 0);
     for (offset, len) in present() {
         end_of(offset, len)?;
@@ -413,13 +418,13 @@ fn check_layer(cmd: &Command, memory_size: u64) -> Result<Plan, (Code, u64)> {
         .chain([(cmd.dst, cmd.len)])
         .all(|(offset, len)| aligned(offset) && aligned(len))
     {
-        return Err((Code::Misaligned, 0));
+        return Err((StatusCode::Misaligned, 0));
     }
     let mut inputs = [(0usize, 0usize); 3];
     let mut count = 0;
     for (offset, len) in present() {
         let at = device_range(offset, len, memory_size)?;
-        let len = usize::try_from(len).map_err(|_| (Code::DeviceOutOfBounds, offset))?;
+        let len = usize::try_from(len).map_err(|_| (StatusCode::DeviceOutOfBounds, offset))?;
         inputs[count] = (at, len);
         count += 1;
     }
@@ -428,7 +433,7 @@ fn check_layer(cmd: &Command, memory_size: u64) -> Result<Plan, (Code, u64)> {
         .iter()
         .find(|&&(at, len)| overlaps(dst, ulen, at, len))
     {
-        return Err((Code::Overlap, u64_of(at)));
+        return Err((StatusCode::Overlap, u64_of(at)));
     }
     Ok(Plan::Layer {
         inputs,
@@ -440,20 +445,20 @@ fn check_layer(cmd: &Command, memory_size: u64) -> Result<Plan, (Code, u64)> {
 }
 
 /// [`check`] for [`Opcode::Compact`] (the header fields already checked).
-fn check_compact(cmd: &Command, memory_size: u64) -> Result<Plan, (Code, u64)> {
+fn check_compact(cmd: &Command, memory_size: u64) -> Result<Plan, (StatusCode, u64)> {
     let [record, score_at, threshold, capacity] = cmd.args.map(u32::try_from);
     let (Ok(record), Ok(score_at), Ok(threshold), Ok(capacity)) =
         (record, score_at, threshold, capacity)
     else {
-        return Err((Code::BadArgs, 0));
+        return Err((StatusCode::BadArgs, 0));
     };
     if !(4..=Compact::MAX_RECORD).contains(&record) || u64::from(score_at) + 4 > u64::from(record) {
-        return Err((Code::BadArgs, 0));
+        return Err((StatusCode::BadArgs, 0));
     }
     if cmd.len == 0 || cmd.len % u64::from(record) != 0 {
-        return Err((Code::BadLength, 0));
+        return Err((StatusCode::BadLength, 0));
     }
-    let ulen = usize::try_from(cmd.len).map_err(|_| (Code::BadLength, 0))?;
+    let ulen = usize::try_from(cmd.len).map_err(|_| (StatusCode::BadLength, 0))?;
     let params = Compact {
         record,
         score_at,
@@ -464,13 +469,14 @@ fn check_compact(cmd: &Command, memory_size: u64) -> Result<Plan, (Code, u64)> {
     end_of(cmd.src, cmd.len)?;
     end_of(cmd.dst, out_len)?;
     if cmd.src % 4 != 0 || cmd.dst % 4 != 0 || record % 4 != 0 || score_at % 4 != 0 {
-        return Err((Code::Misaligned, 0));
+        return Err((StatusCode::Misaligned, 0));
     }
     let src = device_range(cmd.src, cmd.len, memory_size)?;
     let dst = device_range(cmd.dst, out_len, memory_size)?;
-    let out_ulen = usize::try_from(out_len).map_err(|_| (Code::DeviceOutOfBounds, cmd.dst))?;
+    let out_ulen =
+        usize::try_from(out_len).map_err(|_| (StatusCode::DeviceOutOfBounds, cmd.dst))?;
     if overlaps(dst, out_ulen, src, ulen) {
-        return Err((Code::Overlap, cmd.src));
+        return Err((StatusCode::Overlap, cmd.src));
     }
     Ok(Plan::Compact {
         src,
@@ -492,11 +498,11 @@ pub(super) fn execute(cmd: &Command, context: u32, dram: Dram, host: &mut Host) 
 }
 
 /// Runs a checked plan (a [`Plan::Wait`] is the engine's to evaluate: here it fails with
-/// [`Code::BadArgs`]).
+/// [`StatusCode::BadArgs`]).
 pub(super) fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
     let base = dram.ptr.as_ptr();
     let moved = |len: usize, dma: u64| Outcome {
-        code: Code::Success,
+        code: StatusCode::Success,
         result: u64_of(len),
         bytes: u64_of(len),
         dma_bytes: dma,
@@ -511,10 +517,10 @@ pub(super) fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
     // in-flight table), so the host does not access them meanwhile.
     match plan {
         Plan::Nop => moved(0, 0),
-        Plan::Wait { .. } => Outcome::failed(Code::BadArgs, 0),
+        Plan::Wait { .. } => Outcome::failed(StatusCode::BadArgs, 0),
         Plan::ToDevice { iova, dst, len } => {
             let Some(from) = host.resolve(iova, len) else {
-                return Outcome::failed(Code::HostUnmapped, iova);
+                return Outcome::failed(StatusCode::HostUnmapped, iova);
             };
             // SAFETY: see above: `len` readable bytes at `from`, `len` writable bytes at
             // `base + dst`, in two different mappings.
@@ -523,7 +529,7 @@ pub(super) fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
         }
         Plan::ToHost { src, iova, len } => {
             let Some(to) = host.resolve(iova, len) else {
-                return Outcome::failed(Code::HostUnmapped, iova);
+                return Outcome::failed(StatusCode::HostUnmapped, iova);
             };
             // SAFETY: as for `ToDevice`, the other way.
             unsafe { ptr::copy_nonoverlapping(base.add(src), to.as_ptr(), len) };
@@ -553,7 +559,7 @@ pub(super) fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
             let sum =
                 unsafe { reference::compute_raw(xor, add, base.add(src), base.add(dst), len) };
             Outcome {
-                code: Code::Success,
+                code: StatusCode::Success,
                 result: sum,
                 bytes: u64_of(len),
                 dma_bytes: 0,
@@ -582,7 +588,7 @@ pub(super) fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
             // compute unit's buffer), and the output written.
             let read: usize = inputs.iter().map(|&(_, in_len)| in_len.min(len)).sum();
             Outcome {
-                code: Code::Success,
+                code: StatusCode::Success,
                 result: sum,
                 bytes: u64_of(len),
                 dma_bytes: 0,
@@ -646,7 +652,7 @@ pub(super) fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
             }
             let out_len = params.output_len();
             Outcome {
-                code: Code::Success,
+                code: StatusCode::Success,
                 result: found,
                 bytes: u64_of(len),
                 dma_bytes: 0,

@@ -17,8 +17,8 @@
 //! and the child answers each with `ACK` (4) and a status word (0: done). Closing the socket
 //! (the host dropping the device, or dying) stops the child.
 //!
-//! The host keeps the IOVA allocation and its own table in a [`dma::Loopback`]; a watcher on it
-//! ([`dma::Loopback::watch`]) mirrors every change into the child as it happens, in the table's
+//! The host keeps the IOVA allocation and its own table in a [`dma::SoftIommu`]; a watcher on it
+//! ([`dma::SoftIommu::watch`]) mirrors every change into the child as it happens, in the table's
 //! order: a new mapping is in the child's table before `map` returns, and a dropped one is out
 //! of it before the drop returns (and so before its IOVAs can be reused) — the synchronous
 //! unmap of an IOMMU, with no polling and no work on the doorbell path. The child holds its own
@@ -309,19 +309,19 @@ pub(super) fn spawn(program: &Program, hello: Hello<'_>) -> Result<Remote, Error
     }
 }
 
-/// The out-of-process device's DMA space: the host's [`dma::Loopback`] table (IOVA allocation,
+/// The out-of-process device's DMA space: the host's [`dma::SoftIommu`] table (IOVA allocation,
 /// the host's own view), mirrored into the device process by a watcher on it (see the module
 /// docs).
 #[derive(Debug)]
 pub(super) struct RemoteSpace {
-    table: dma::Loopback,
-    /// The watcher's registration ([`dma::Loopback::watch`]): the mirroring stops with it.
+    table: dma::SoftIommu,
+    /// The watcher's registration ([`dma::SoftIommu::watch`]): the mirroring stops with it.
     _mirror: Box<dyn std::fmt::Debug + Send + Sync>,
 }
 
 impl RemoteSpace {
     /// The space over `table`, mirrored into `remote`'s table from now on.
-    pub(super) fn new(table: dma::Loopback, remote: &Remote) -> Result<RemoteSpace, Error> {
+    pub(super) fn new(table: dma::SoftIommu, remote: &Remote) -> Result<RemoteSpace, Error> {
         let channel = Arc::clone(&remote.channel);
         let mirror = table
             .watch(move |change| match change.mapped() {
@@ -396,7 +396,7 @@ impl Space for RemoteSpace {
     fn map(&self, region: Arc<Region>) -> Result<Mapping, dma::Error> {
         if region.fd().is_none() {
             return Err(dma::Error::NotShareable {
-                kind: dma::Kind::Loopback,
+                kind: dma::Kind::SoftIommu,
                 len: u64_of(region.len()),
             });
         }
@@ -408,7 +408,7 @@ impl Space for RemoteSpace {
     }
 
     fn kind(&self) -> dma::Kind {
-        dma::Kind::Loopback
+        dma::Kind::SoftIommu
     }
 
     fn dma_mask_bits(&self) -> u32 {

@@ -541,7 +541,7 @@ raw_enum! {
         /// completes, everything the unit serving queue `args[0]` wrote to device memory
         /// before those completions is visible to this queue's later descriptors. `args[0]`
         /// must be another queue of the device (not this one) and `src`, `dst` and `len` must
-        /// be zero ([`Code::BadArgs`], [`Code::BadLength`] as for `Nop`). Stopping the queue or
+        /// be zero ([`StatusCode::BadArgs`], [`StatusCode::BadLength`] as for `Nop`). Stopping the queue or
         /// resetting the device releases a pending wait (the queue is torn down). Result: the
         /// counter value seen.
         Wait = 8,
@@ -556,7 +556,7 @@ raw_enum! {
     /// checked in this order and fails on the first problem; nothing is read or written unless
     /// every check passed.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-    pub enum Code: u16 {
+    pub enum StatusCode: u16 {
         /// Done.
         Success = 0,
         /// `opcode` is not an [`Opcode`].

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::super::*;
 use super::mapped;
-use crate::dma::{Iova, Loopback};
+use crate::dma::{Iova, SoftIommu};
 use crate::irq::EventFd;
 use crate::mmio::{Access, Block, DynBlock, Op, Recording, Shared, Width};
 
@@ -88,7 +88,7 @@ struct Nvme {
 }
 
 impl Nvme {
-    fn new(space: &Loopback, depth: u32, sq_iova: u64, cq_iova: u64, bar: DynBlock) -> Nvme {
+    fn new(space: &SoftIommu, depth: u32, sq_iova: u64, cq_iova: u64, bar: DynBlock) -> Nvme {
         let sq_len = depth as usize * 64;
         let cq_len = depth as usize * 16;
         let sq_iova = Iova(sq_iova);
@@ -184,7 +184,7 @@ struct Rig {
     device: Nvme,
     bar: Recording<Shared>,
     layout: Layout,
-    _space: Loopback,
+    _space: SoftIommu,
 }
 
 fn config(depth: u32) -> Config {
@@ -195,7 +195,7 @@ fn config(depth: u32) -> Config {
 }
 
 fn nvme_rig(depth: u32, interrupt: bool) -> Rig {
-    let space = Loopback::new(48).unwrap();
+    let space = SoftIommu::new(48).unwrap();
     let layout = config(depth).layout::<Sqe, Cqe>().unwrap();
     assert_eq!(layout, Layout::with_align::<Sqe, Cqe>(depth, PAGE).unwrap());
     let mapping = mapped(&space, layout.size());
@@ -288,7 +288,7 @@ fn nvme_layout_puts_each_ring_on_its_own_page() {
     }
 
     // Ring memory off the page boundary is refused: the device could not be given its bases.
-    let space = Loopback::new(48).unwrap();
+    let space = SoftIommu::new(48).unwrap();
     let mapping = mapped(&space, 4 * PAGE);
     let memory = Memory::from_mapping(mapping, 0, 4 * PAGE).unwrap();
     let doorbells = Doorbells::new(Block::new(Shared::new(64)).erase(), 8, 12).unwrap();
@@ -528,7 +528,7 @@ fn nvme_queue_waits_on_an_msix_eventfd() {
 #[test]
 fn slot_doorbells_with_the_crate_device_queue() {
     // The same doorbell format with the write-back SQ head: `DeviceQueue` decodes the slots.
-    let space = Loopback::new(48).unwrap();
+    let space = SoftIommu::new(48).unwrap();
     let depth = 4;
     let layout = Layout::new::<Sqe, Status>(depth).unwrap();
     let mapping = mapped(&space, layout.size());

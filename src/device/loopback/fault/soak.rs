@@ -14,8 +14,8 @@
 //!
 //! | the host sees | detected as | then |
 //! |---|---|---|
-//! | a completion with [`Code::Injected`] | [`Kind::ErrorStatus`] | the transfer fails, the queue goes on |
-//! | a completion with [`Code::BadContext`] (the host sent the right context) | [`Kind::CorruptDescriptor`] | the same |
+//! | a completion with [`StatusCode::Injected`] | [`Kind::ErrorStatus`] | the transfer fails, the queue goes on |
+//! | a completion with [`StatusCode::BadContext`] (the host sent the right context) | [`Kind::CorruptDescriptor`] | the same |
 //! | [`ring::Error::LostCompletion`] | [`Kind::DropCompletion`] | recovery |
 //! | [`ring::Error::DuplicateCompletion`] | [`Kind::CompleteTwice`] | recovery |
 //! | [`ring::Error::WrongCommand`] | [`Kind::WrongId`] | recovery |
@@ -49,7 +49,7 @@
 use std::time::{Duration, Instant};
 
 use super::{Counts, Injection, Kind};
-use crate::device::loopback::{Code, Config, Cost, Descriptor, Loopback, Queue, Wait};
+use crate::device::loopback::{Config, Cost, Descriptor, Loopback, Queue, StatusCode, Wait};
 use crate::device::{Device, Error as DeviceError};
 use crate::dma::{DeviceOffset, Mapping};
 use crate::memory::PageSize;
@@ -467,12 +467,12 @@ impl Soak {
     ) {
         let t = &mut transfers[usize::from(done.payload.transfer)];
         match done.entry.loopback_code() {
-            Ok(Code::Success) => t.succeeded += 1,
-            Ok(Code::Injected) => {
+            Ok(StatusCode::Success) => t.succeeded += 1,
+            Ok(StatusCode::Injected) => {
                 *seen.detected.get_mut(Kind::ErrorStatus) += 1;
                 t.failed = true;
             }
-            Ok(Code::BadContext) => {
+            Ok(StatusCode::BadContext) => {
                 // The host sent the queue's context: the device read something else.
                 *seen.detected.get_mut(Kind::CorruptDescriptor) += 1;
                 t.failed = true;

@@ -18,44 +18,44 @@ fn fields_are_checked_in_order() {
         flags: 1,
         ..Command::default()
     };
-    assert_eq!(check(&bad_op, 0, size), Err((Code::BadOpcode, 0)));
+    assert_eq!(check(&bad_op, 0, size), Err((StatusCode::BadOpcode, 0)));
     let mut c = cmd(Opcode::ToDevice, 0, 0, 8);
     c.flags = 1;
     c.context = 5;
-    assert_eq!(check(&c, 0, size), Err((Code::BadFlags, 0)));
+    assert_eq!(check(&c, 0, size), Err((StatusCode::BadFlags, 0)));
     c.flags = 0;
-    assert_eq!(check(&c, 0, size), Err((Code::BadContext, 0)));
+    assert_eq!(check(&c, 0, size), Err((StatusCode::BadContext, 0)));
     assert!(check(&c, 5, size).is_ok());
     c.args[3] = 1;
-    assert_eq!(check(&c, 5, size), Err((Code::BadArgs, 0)));
+    assert_eq!(check(&c, 5, size), Err((StatusCode::BadArgs, 0)));
     assert_eq!(
         check(&cmd(Opcode::ToDevice, 0, 0, 0), 0, size),
-        Err((Code::BadLength, 0))
+        Err((StatusCode::BadLength, 0))
     );
     assert_eq!(
         check(&cmd(Opcode::Nop, 0, 0, 1), 0, size),
-        Err((Code::BadLength, 0))
+        Err((StatusCode::BadLength, 0))
     );
     assert_eq!(
         check(&cmd(Opcode::Nop, 4, 0, 0), 0, size),
-        Err((Code::BadArgs, 0))
+        Err((StatusCode::BadArgs, 0))
     );
     assert_eq!(check(&cmd(Opcode::Nop, 0, 0, 0), 0, size), Ok(Plan::Nop));
     assert_eq!(
         check(&cmd(Opcode::ToHost, u64::MAX - 3, 0, 8), 0, size),
-        Err((Code::AddressOverflow, u64::MAX - 3))
+        Err((StatusCode::AddressOverflow, u64::MAX - 3))
     );
     assert_eq!(
         check(&cmd(Opcode::ToHost, 0, u64::MAX, 8), 0, size),
-        Err((Code::AddressOverflow, u64::MAX))
+        Err((StatusCode::AddressOverflow, u64::MAX))
     );
     assert_eq!(
         check(&cmd(Opcode::Compute, 2, 0, 8), 0, size),
-        Err((Code::Misaligned, 0))
+        Err((StatusCode::Misaligned, 0))
     );
     assert_eq!(
         check(&cmd(Opcode::ToDevice, 0, 0xff9, 8), 0, size),
-        Err((Code::DeviceOutOfBounds, 0xff9))
+        Err((StatusCode::DeviceOutOfBounds, 0xff9))
     );
     assert_eq!(
         check(&cmd(Opcode::ToDevice, 0, 0xff8, 8), 0, size),
@@ -67,7 +67,7 @@ fn fields_are_checked_in_order() {
     );
     assert_eq!(
         check(&cmd(Opcode::DeviceCopy, 0x1000, 0, 1), 0, size),
-        Err((Code::DeviceOutOfBounds, 0x1000))
+        Err((StatusCode::DeviceOutOfBounds, 0x1000))
     );
 }
 
@@ -84,13 +84,13 @@ fn wait_fields() {
         })
     );
     w.args[3] = 1;
-    assert_eq!(check(&w, 0, size), Err((Code::BadArgs, 0)));
+    assert_eq!(check(&w, 0, size), Err((StatusCode::BadArgs, 0)));
     w.args[3] = 0;
     w.src = 4;
-    assert_eq!(check(&w, 0, size), Err((Code::BadArgs, 0)));
+    assert_eq!(check(&w, 0, size), Err((StatusCode::BadArgs, 0)));
     w.src = 0;
     w.len = 4;
-    assert_eq!(check(&w, 0, size), Err((Code::BadLength, 0)));
+    assert_eq!(check(&w, 0, size), Err((StatusCode::BadLength, 0)));
 }
 
 #[test]
@@ -98,7 +98,7 @@ fn fill_and_compute_arguments() {
     let size = 0x100;
     let mut fill = cmd(Opcode::Fill, 0, 0x10, 4);
     fill.args[0] = 0x100;
-    assert_eq!(check(&fill, 0, size), Err((Code::BadArgs, 0)));
+    assert_eq!(check(&fill, 0, size), Err((StatusCode::BadArgs, 0)));
     fill.args[0] = 0xab;
     assert_eq!(
         check(&fill, 0, size),
@@ -109,10 +109,10 @@ fn fill_and_compute_arguments() {
         })
     );
     fill.src = 4;
-    assert_eq!(check(&fill, 0, size), Err((Code::BadArgs, 0)));
+    assert_eq!(check(&fill, 0, size), Err((StatusCode::BadArgs, 0)));
     let mut compute = cmd(Opcode::Compute, 0, 0, 8);
     compute.args[1] = 1 << 32;
-    assert_eq!(check(&compute, 0, size), Err((Code::BadArgs, 0)));
+    assert_eq!(check(&compute, 0, size), Err((StatusCode::BadArgs, 0)));
     compute.args = [u64::from(u32::MAX), 7, 0, 0];
     assert!(check(&compute, 0, size).is_ok());
 }
@@ -127,7 +127,7 @@ fn the_translation_cache_follows_the_table() {
         ptr: NonNull::new(backing.as_mut_ptr().cast::<u8>()).unwrap(),
         len: 64,
     };
-    let space = dma::Loopback::new(32).unwrap();
+    let space = dma::SoftIommu::new(32).unwrap();
     let mut host = Host::new(Arc::new(space.clone()));
     let region = Region::builder(8 << 10)
         .page_size(PageSize::Base)
@@ -139,7 +139,7 @@ fn the_translation_cache_follows_the_table() {
     mapping.slice().fill(0x77);
     let iova = mapping.iova(0x100).unwrap();
     let copy = cmd(Opcode::ToDevice, iova.raw(), 0, 16);
-    assert_eq!(execute(&copy, 0, dram, &mut host).code, Code::Success);
+    assert_eq!(execute(&copy, 0, dram, &mut host).code, StatusCode::Success);
     // A hit in the cached piece; and a range running past it is still refused.
     let tail = cmd(
         Opcode::ToDevice,
@@ -147,7 +147,7 @@ fn the_translation_cache_follows_the_table() {
         16,
         8,
     );
-    assert_eq!(execute(&tail, 0, dram, &mut host).code, Code::Success);
+    assert_eq!(execute(&tail, 0, dram, &mut host).code, StatusCode::Success);
     let across = cmd(
         Opcode::ToDevice,
         mapping.iova((8 << 10) - 8).unwrap().raw(),
@@ -156,12 +156,15 @@ fn the_translation_cache_follows_the_table() {
     );
     assert_eq!(
         execute(&across, 0, dram, &mut host).code,
-        Code::HostUnmapped
+        StatusCode::HostUnmapped
     );
     drop(mapping);
     // Unmapped since the piece was cached: the device must not reach it any more.
     let out = execute(&copy, 0, dram, &mut host);
-    assert_eq!((out.code, out.result), (Code::HostUnmapped, iova.raw()));
+    assert_eq!(
+        (out.code, out.result),
+        (StatusCode::HostUnmapped, iova.raw())
+    );
     drop(host);
     let bytes: Vec<u8> = backing.iter().flat_map(|w| w.to_ne_bytes()).collect();
     assert_eq!(&bytes[..24], &[0x77u8; 24]);
@@ -175,11 +178,14 @@ fn device_memory_operations() {
         ptr: NonNull::new(backing.as_mut_ptr().cast::<u8>()).unwrap(),
         len: 64,
     };
-    let table = dma::Loopback::new(32).unwrap();
+    let table = dma::SoftIommu::new(32).unwrap();
     let mut table = Host::new(Arc::new(table));
     let mut fill = cmd(Opcode::Fill, 0, 0, 16);
     fill.args[0] = 0x01;
-    assert_eq!(execute(&fill, 0, dram, &mut table).code, Code::Success);
+    assert_eq!(
+        execute(&fill, 0, dram, &mut table).code,
+        StatusCode::Success
+    );
     let mut compute = cmd(Opcode::Compute, 0, 16, 16);
     compute.args = [0xff, 2, 0, 0];
     let out = execute(&compute, 0, dram, &mut table);
@@ -190,7 +196,10 @@ fn device_memory_operations() {
     assert_eq!(execute(&copy, 0, dram, &mut table).dma_bytes, 32);
     let unmapped = cmd(Opcode::ToDevice, 0x10_0000, 0, 8);
     let out = execute(&unmapped, 0, dram, &mut table);
-    assert_eq!((out.code, out.result), (Code::HostUnmapped, 0x10_0000));
+    assert_eq!(
+        (out.code, out.result),
+        (StatusCode::HostUnmapped, 0x10_0000)
+    );
     drop(table);
     let bytes: Vec<u8> = backing.iter().flat_map(|w| w.to_ne_bytes()).collect();
     assert_eq!(&bytes[..16], &[1u8; 16]);
@@ -228,7 +237,7 @@ fn run_on(dram: &mut [u8], c: &Command) -> Outcome {
         ptr: NonNull::new(dram.as_mut_ptr()).unwrap(),
         len: dram.len(),
     };
-    let mut host = Host::new(Arc::new(dma::Loopback::new(32).unwrap()));
+    let mut host = Host::new(Arc::new(dma::SoftIommu::new(32).unwrap()));
     execute(c, 0, memory, &mut host)
 }
 
@@ -244,7 +253,7 @@ fn layer_writes_the_reference_and_charges_reads_and_writes() {
     dram[32..40].copy_from_slice(&words(&[10, 20]));
     // Known answer, by hand: word j of a one-input layer, seed 0.
     let out = run_on(&mut dram, &layer(&[(0, 16)], 64, 8, 0));
-    assert_eq!(out.code, Code::Success);
+    assert_eq!(out.code, StatusCode::Success);
     let by_hand = |j: u32, w: u32| {
         (j.wrapping_mul(0x9e37_79b9) ^ w)
             .wrapping_mul(0x85eb_ca6b)
@@ -258,13 +267,13 @@ fn layer_writes_the_reference_and_charges_reads_and_writes() {
     assert_eq!((out.bytes, out.compute_bytes, out.dma_bytes), (8, 8 + 8, 0));
     // Three inputs, two of them repeating, input 1 absent and input 2 present.
     let c = layer(&[(0, 16), (0, 0), (32, 8)], 128, 32, 99);
-    assert_eq!(run_on(&mut dram, &c).code, Code::Success);
+    assert_eq!(run_on(&mut dram, &c).code, StatusCode::Success);
     let c = layer(&[(0, 16), (16, 4), (32, 8)], 96, 32, 7);
     let out = run_on(&mut dram, &c);
     let mut expect = [0u8; 32];
     let sum =
         reference::layer(7, &[&dram[..16], &dram[16..20], &dram[32..40]], &mut expect).unwrap();
-    assert_eq!((out.code, out.result), (Code::Success, sum));
+    assert_eq!((out.code, out.result), (StatusCode::Success, sum));
     assert_eq!(&dram[96..128], &expect);
     assert_eq!(out.compute_bytes, 16 + 4 + 8 + 32);
     let mut absent = [0u8; 32];
@@ -284,13 +293,13 @@ fn layer_checks_every_field_and_touches_nothing_on_failure() {
         check(&c, 0, size)
     };
     // An absent input names no memory; input 0 must be present.
-    assert_eq!(with(&|c| c.args[1] = 32), Err((Code::BadArgs, 0)));
+    assert_eq!(with(&|c| c.args[1] = 32), Err((StatusCode::BadArgs, 0)));
     assert_eq!(
         with(&|c| {
             c.src = 4;
             c.args[2] = 8 << 32;
         }),
-        Err((Code::BadArgs, 0)),
+        Err((StatusCode::BadArgs, 0)),
         "input 0 absent but its offset set"
     );
     assert_eq!(
@@ -298,17 +307,17 @@ fn layer_checks_every_field_and_touches_nothing_on_failure() {
             c.src = 0;
             c.args[2] &= !0xffff_ffff;
         }),
-        Err((Code::BadLength, 0))
+        Err((StatusCode::BadLength, 0))
     );
-    assert_eq!(with(&|c| c.len = 0), Err((Code::BadLength, 0)));
+    assert_eq!(with(&|c| c.len = 0), Err((StatusCode::BadLength, 0)));
     // Overflow of an input range, then of the output range.
     assert_eq!(
         with(&|c| c.args[0] = u64::MAX - 3),
-        Err((Code::AddressOverflow, u64::MAX - 3))
+        Err((StatusCode::AddressOverflow, u64::MAX - 3))
     );
     assert_eq!(
         with(&|c| c.dst = u64::MAX - 7),
-        Err((Code::AddressOverflow, u64::MAX - 7))
+        Err((StatusCode::AddressOverflow, u64::MAX - 7))
     );
     // Every offset and length.
     for f in [
@@ -324,36 +333,36 @@ fn layer_checks_every_field_and_touches_nothing_on_failure() {
         },
     ] as [&dyn Fn(&mut Command); 7]
     {
-        assert_eq!(with(f), Err((Code::Misaligned, 0)));
+        assert_eq!(with(f), Err((StatusCode::Misaligned, 0)));
     }
     // Bounds: each input, then the output.
     assert_eq!(
         with(&|c| c.args[0] = size - 4),
-        Err((Code::DeviceOutOfBounds, size - 4))
+        Err((StatusCode::DeviceOutOfBounds, size - 4))
     );
     assert_eq!(
         with(&|c| {
             c.args[1] = size;
             c.args[3] = 4;
         }),
-        Err((Code::DeviceOutOfBounds, size))
+        Err((StatusCode::DeviceOutOfBounds, size))
     );
     assert_eq!(
         with(&|c| c.dst = size - 12),
-        Err((Code::DeviceOutOfBounds, size - 12))
+        Err((StatusCode::DeviceOutOfBounds, size - 12))
     );
     // The output may touch an input's end but not overlap it; the first one it overlaps
     // is named.
     assert!(with(&|c| c.dst = 24).is_ok());
-    assert_eq!(with(&|c| c.dst = 20), Err((Code::Overlap, 16)));
-    assert_eq!(with(&|c| c.dst = 12), Err((Code::Overlap, 0)));
+    assert_eq!(with(&|c| c.dst = 20), Err((StatusCode::Overlap, 16)));
+    assert_eq!(with(&|c| c.dst = 12), Err((StatusCode::Overlap, 0)));
     assert_eq!(
         with(&|c| {
             c.args[1] = 256;
             c.args[3] = 16;
             c.dst = 248;
         }),
-        Err((Code::Overlap, 256))
+        Err((StatusCode::Overlap, 256))
     );
     // A failing layer writes nothing.
     let mut dram: Vec<u8> = (0..=255).collect();
@@ -361,7 +370,7 @@ fn layer_checks_every_field_and_touches_nothing_on_failure() {
     let out = run_on(&mut dram, &layer(&[(0, 16)], 8, 16, 1));
     assert_eq!(
         (out.code, out.result, out.compute_bytes),
-        (Code::Overlap, 0, 0)
+        (StatusCode::Overlap, 0, 0)
     );
     assert_eq!(dram, before);
 }
@@ -372,7 +381,7 @@ fn compact_writes_the_reference_and_counts_past_the_capacity() {
     // Four 8-byte records (score, id): scores 3, 8, 1, 9.
     dram[..32].copy_from_slice(&words(&[3, 100, 8, 101, 1, 102, 9, 103]));
     let out = run_on(&mut dram, &compact(0, 32, [8, 0, 3, 4], 64));
-    assert_eq!((out.code, out.result), (Code::Success, 3));
+    assert_eq!((out.code, out.result), (StatusCode::Success, 3));
     // Known answer: 3 written, 3 found, records 0, 1, 3, then a zeroed slot.
     assert_eq!(
         &dram[64..104],
@@ -382,7 +391,7 @@ fn compact_writes_the_reference_and_counts_past_the_capacity() {
     assert_eq!((out.bytes, out.compute_bytes), (32, 32 + 40));
     // Capacity 1: only the first survivor, the total still 3.
     let out = run_on(&mut dram, &compact(0, 32, [8, 0, 3, 1], 128));
-    assert_eq!((out.code, out.result), (Code::Success, 3));
+    assert_eq!((out.code, out.result), (StatusCode::Success, 3));
     assert_eq!(&dram[128..144], &words(&[1, 3, 3, 100])[..]);
     // The score at byte 4 (the id): ids 102 and 103 pass 102.
     let out = run_on(&mut dram, &compact(0, 32, [8, 4, 102, 2], 160));
@@ -398,7 +407,7 @@ fn compact_writes_the_reference_and_counts_past_the_capacity() {
     assert_eq!(&dram[160..184], &expect);
     // Capacity 0 only counts.
     let out = run_on(&mut dram, &compact(0, 32, [8, 0, 0, 0], 200));
-    assert_eq!((out.code, out.result), (Code::Success, 4));
+    assert_eq!((out.code, out.result), (StatusCode::Success, 4));
     assert_eq!(&dram[200..208], &words(&[0, 4])[..]);
     assert_eq!(&dram[208..], &[0xeeu8; 48]);
 }
@@ -422,18 +431,18 @@ fn compact_checks_every_field_and_touches_nothing_on_failure() {
         &|c: &mut Command| c.args[3] = 1 << 32,
     ] as [&dyn Fn(&mut Command); 6]
     {
-        assert_eq!(with(f), Err((Code::BadArgs, 0)));
+        assert_eq!(with(f), Err((StatusCode::BadArgs, 0)));
     }
-    assert_eq!(with(&|c| c.len = 0), Err((Code::BadLength, 0)));
-    assert_eq!(with(&|c| c.len = 40), Err((Code::BadLength, 0)));
+    assert_eq!(with(&|c| c.len = 0), Err((StatusCode::BadLength, 0)));
+    assert_eq!(with(&|c| c.len = 40), Err((StatusCode::BadLength, 0)));
     assert_eq!(
         with(&|c| c.src = u64::MAX - 60),
-        Err((Code::AddressOverflow, u64::MAX - 60))
+        Err((StatusCode::AddressOverflow, u64::MAX - 60))
     );
     // The output is 8 + 2 * 16 = 40 bytes.
     assert_eq!(
         with(&|c| c.dst = u64::MAX - 36),
-        Err((Code::AddressOverflow, u64::MAX - 36))
+        Err((StatusCode::AddressOverflow, u64::MAX - 36))
     );
     for f in [
         &|c: &mut Command| c.src = 2,
@@ -445,29 +454,29 @@ fn compact_checks_every_field_and_touches_nothing_on_failure() {
         &|c: &mut Command| c.args[1] = 2,
     ] as [&dyn Fn(&mut Command); 4]
     {
-        assert_eq!(with(f), Err((Code::Misaligned, 0)));
+        assert_eq!(with(f), Err((StatusCode::Misaligned, 0)));
     }
     assert_eq!(
         with(&|c| c.src = size - 32),
-        Err((Code::DeviceOutOfBounds, size - 32))
+        Err((StatusCode::DeviceOutOfBounds, size - 32))
     );
     assert!(with(&|c| c.dst = size - 40).is_ok());
     assert_eq!(
         with(&|c| c.dst = size - 36),
-        Err((Code::DeviceOutOfBounds, size - 36))
+        Err((StatusCode::DeviceOutOfBounds, size - 36))
     );
     assert!(with(&|c| c.dst = 64).is_ok());
-    assert_eq!(with(&|c| c.dst = 60), Err((Code::Overlap, 0)));
+    assert_eq!(with(&|c| c.dst = 60), Err((StatusCode::Overlap, 0)));
     assert_eq!(
         with(&|c| {
             c.src = 0x110;
             c.dst = 0xec;
         }),
-        Err((Code::Overlap, 0x110))
+        Err((StatusCode::Overlap, 0x110))
     );
     let mut dram: Vec<u8> = (0..=255).collect();
     let before = dram.clone();
     let out = run_on(&mut dram, &compact(0, 64, [16, 4, 0, 2], 32));
-    assert_eq!((out.code, out.result), (Code::Overlap, 0));
+    assert_eq!((out.code, out.result), (StatusCode::Overlap, 0));
     assert_eq!(dram, before);
 }

@@ -30,7 +30,7 @@ fn recorder(seen: &Seen, fail_maps: bool) -> impl Fn(&Change<'_>) -> io::Result<
 
 #[test]
 fn watchers_hear_every_change_in_order() {
-    let space = Loopback::new(32).unwrap();
+    let space = SoftIommu::new(32).unwrap();
     let before = space.map(region(8 << 10)).unwrap();
     let g0 = space.generation();
     let seen = Seen::default();
@@ -59,7 +59,7 @@ fn watchers_hear_every_change_in_order() {
 
 #[test]
 fn a_failing_watcher_undoes_the_map() {
-    let space = Loopback::new(32).unwrap();
+    let space = SoftIommu::new(32).unwrap();
     let seen = Seen::default();
     let _watching = space.watch(recorder(&seen, true)).unwrap();
     let err = space.map(region(8 << 10)).unwrap_err();
@@ -67,7 +67,7 @@ fn a_failing_watcher_undoes_the_map() {
         matches!(
             err,
             Error::Map {
-                kind: Kind::Loopback,
+                kind: Kind::SoftIommu,
                 ..
             }
         ),
@@ -90,7 +90,7 @@ fn a_failing_watcher_undoes_the_map() {
 
 #[test]
 fn a_failed_unmap_notice_keeps_the_iovas_reserved() {
-    let space = Loopback::new(32).unwrap();
+    let space = SoftIommu::new(32).unwrap();
     let refuse = Arc::new(StdMutex::new(false));
     let r = Arc::clone(&refuse);
     let _watching = space
@@ -120,7 +120,7 @@ fn a_failed_unmap_notice_keeps_the_iovas_reserved() {
 
 #[test]
 fn pieces_cover_whole_mappings() {
-    let space = Loopback::new(32).unwrap();
+    let space = SoftIommu::new(32).unwrap();
     let mapping = space.map(region(16 << 10)).unwrap();
     let iova = mapping.iova(0).unwrap();
     let (range, window) = space.piece_at((iova + 0x1234).raw()).unwrap();

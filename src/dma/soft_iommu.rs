@@ -1,14 +1,15 @@
-//! [`Loopback`]: the DMA address space of the software loopback device — its own translation
-//! table, the way an IOMMU's page table is the hardware's. Mapping assigns IOVAs from the shared
+//! [`SoftIommu`]: a software IOMMU, the DMA address space of a device simulated in software (the
+//! loopback NPU, a test playing a device) — its own translation table, the way an IOMMU's page
+//! table is the hardware's. Mapping assigns IOVAs from the shared
 //! allocator and records each IOVA range with the host memory behind it; the device thread
-//! resolves every address it is given with [`Loopback::translate`] and can reach nothing that is
+//! resolves every address it is given with [`SoftIommu::translate`] and can reach nothing that is
 //! not mapped. Unmapping removes the entry; a lookup that raced with it keeps the memory mapped
 //! (it holds the region) until it is done, so a late device access is never a use-after-free.
 //!
 //! A device that keeps its own copy of the table (the out-of-process loopback device, or a
 //! translation cache) learns of every change through a watcher registered with
-//! [`Loopback::watch`] — told of each mapped piece before `map` returns and of each unmapped
-//! piece before its IOVAs can be reused — or checks [`Loopback::generation`], which moves on
+//! [`SoftIommu::watch`] — told of each mapped piece before `map` returns and of each unmapped
+//! piece before its IOVAs can be reused — or checks [`SoftIommu::generation`], which moves on
 //! every change, instead of polling the table.
 
 use std::collections::BTreeMap;
@@ -25,7 +26,7 @@ use crate::memory::u64_of;
 use crate::memory::Region;
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
-/// A change of a [`Loopback`] table, as a watcher registered with [`Loopback::watch`] is told
+/// A change of a [`SoftIommu`] table, as a watcher registered with [`SoftIommu::watch`] is told
 /// of it.
 #[derive(Debug, Clone, Copy)]
 pub enum Change<'a> {
@@ -78,7 +79,7 @@ impl fmt::Debug for Watcher {
     }
 }
 
-/// A registration made by [`Loopback::watch`]; dropping it stops the calls.
+/// A registration made by [`SoftIommu::watch`]; dropping it stops the calls.
 #[must_use = "dropping the registration stops the watcher at once"]
 pub struct Watching {
     inner: Weak<Inner>,
@@ -138,10 +139,10 @@ impl Table {
 struct Inner {
     table: Mutex<Table>,
     counters: Counters,
-    /// Moves on every change of the table (see [`Loopback::generation`]).
+    /// Moves on every change of the table (see [`SoftIommu::generation`]).
     generation: AtomicU64,
     /// What mapping and unmapping one 4 KiB page costs the calling thread, in ns (see
-    /// [`Loopback::with_mapping_cost`]).
+    /// [`SoftIommu::with_mapping_cost`]).
     map_page_ns: AtomicU64,
     unmap_page_ns: AtomicU64,
 }
@@ -172,7 +173,7 @@ impl Inner {
 
     /// Records a change of the table (called with the table locked, after the change).
     fn changed(&self) {
-        // Release: pairs with the Acquire in `Loopback::generation`; a reader that sees the new
+        // Release: pairs with the Acquire in `SoftIommu::generation`; a reader that sees the new
         // value and then takes the lock sees the change (the lock orders it anyway; the
         // counter lets a cache skip the lock while nothing changed).
         self.generation.fetch_add(1, Ordering::Release);
@@ -181,7 +182,7 @@ impl Inner {
 
 impl Backend for Inner {
     fn unmap(&self, region: &Region, pieces: &[Piece]) -> Result<(), Error> {
-        // Relaxed: a setting (see `Loopback::with_mapping_cost`).
+        // Relaxed: a setting (see `SoftIommu::with_mapping_cost`).
         pay_for_pages(
             pieces.iter().map(|p| p.len).sum(),
             self.unmap_page_ns.load(Ordering::Relaxed),
@@ -207,7 +208,7 @@ impl Backend for Inner {
                     // A watcher may still reach the range: its IOVAs stay reserved.
                     Err(source) => {
                         first = first.and(Err(Error::Unmap {
-                            kind: Kind::Loopback,
+                            kind: Kind::SoftIommu,
                             iova: piece.iova,
                             len: piece.len,
                             source,
@@ -262,20 +263,21 @@ impl Window {
     }
 }
 
-/// The loopback device's DMA address space: a translation table. Cheap to clone: the device
+/// A software IOMMU: a simulated device's DMA address space (the loopback device's), a
+/// translation table. Cheap to clone: the device
 /// thread keeps a clone for lookups while the host maps and unmaps through another.
 #[derive(Debug, Clone)]
-pub struct Loopback {
+pub struct SoftIommu {
     inner: Arc<Inner>,
     mask_bits: u32,
 }
 
-impl Loopback {
+impl SoftIommu {
     /// A table for a device with a `dma_mask_bits`-bit DMA mask, over the whole mask (without
     /// IOVA page 0).
-    pub fn new(dma_mask_bits: u32) -> Result<Loopback, Error> {
+    pub fn new(dma_mask_bits: u32) -> Result<SoftIommu, Error> {
         let mask = mask_of(dma_mask_bits)?;
-        Loopback::with_ranges(
+        SoftIommu::with_ranges(
             dma_mask_bits,
             &[IovaRange {
                 start: 0,
@@ -286,9 +288,9 @@ impl Loopback {
 
     /// A table that places mappings only in `ranges` (clipped to the mask, without page 0), to
     /// mimic an IOMMU with reserved windows.
-    pub fn with_ranges(dma_mask_bits: u32, ranges: &[IovaRange]) -> Result<Loopback, Error> {
+    pub fn with_ranges(dma_mask_bits: u32, ranges: &[IovaRange]) -> Result<SoftIommu, Error> {
         let alloc = IovaAllocator::new(dma_mask_bits, &without_null_page(ranges))?;
-        Ok(Loopback {
+        Ok(SoftIommu {
             inner: Arc::new(Inner {
                 table: Mutex::new(Table {
                     alloc,
@@ -309,7 +311,7 @@ impl Loopback {
     /// `unmap_page_ns` per 4 KiB page (the cost model's
     /// [`Cost::map_page_ns`](crate::device::loopback::Cost::map_page_ns)), so a path that maps
     /// per frame pays on the loopback device what it pays on hardware. Clones share it.
-    pub fn with_mapping_cost(self, map_page_ns: u64, unmap_page_ns: u64) -> Loopback {
+    pub fn with_mapping_cost(self, map_page_ns: u64, unmap_page_ns: u64) -> SoftIommu {
         // Relaxed: a setting, read by each map and unmap; no data is published with it.
         self.inner.map_page_ns.store(map_page_ns, Ordering::Relaxed);
         self.inner
@@ -336,7 +338,7 @@ impl Loopback {
     }
 
     /// The whole mapped piece that holds `iova`: its IOVA range and a window over all of it
-    /// (for a device that caches translations; check [`Loopback::generation`] before reusing
+    /// (for a device that caches translations; check [`SoftIommu::generation`] before reusing
     /// one).
     pub fn piece_at(&self, iova: u64) -> Option<(IovaRange, Window)> {
         self.inner.with_table(|table| {
@@ -398,7 +400,7 @@ impl Loopback {
                     offset: entry.offset,
                 };
                 watcher(&change).map_err(|source| Error::Map {
-                    kind: Kind::Loopback,
+                    kind: Kind::SoftIommu,
                     iova: start,
                     len: entry.last - start + 1,
                     source,
@@ -488,7 +490,7 @@ impl Loopback {
                 }
             }
             Err(Error::Map {
-                kind: Kind::Loopback,
+                kind: Kind::SoftIommu,
                 iova: failed.iova,
                 len: failed.len,
                 source,
@@ -497,7 +499,7 @@ impl Loopback {
     }
 }
 
-impl Space for Loopback {
+impl Space for SoftIommu {
     fn map(&self, region: Arc<Region>) -> Result<Mapping, Error> {
         let placed = self.try_map(&region);
         if placed.is_ok() {
@@ -508,7 +510,7 @@ impl Space for Loopback {
             );
         }
         let inner = &self.inner;
-        Mapping::from_placement(region, placed, Kind::Loopback, &inner.counters, inner)
+        Mapping::from_placement(region, placed, Kind::SoftIommu, &inner.counters, inner)
     }
 
     fn stats(&self) -> Stats {
@@ -516,7 +518,7 @@ impl Space for Loopback {
     }
 
     fn kind(&self) -> Kind {
-        Kind::Loopback
+        Kind::SoftIommu
     }
 
     fn dma_mask_bits(&self) -> u32 {
