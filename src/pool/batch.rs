@@ -50,7 +50,7 @@ use crate::dma::Slice;
 /// # use userdma::memory::{PageSize, Region};
 /// # use userdma::pool::{Batch, Config, Pool};
 /// # let region = Region::builder(4 << 20).page_size(PageSize::Base).build()?;
-/// # let pool = Pool::new(Loopback::new(48)?.map(Arc::new(region))?, Config::default())?;
+/// # let pool = Pool::new(SoftIommu::new(48)?.map(Arc::new(region))?, Config::default())?;
 /// let mut batch = Batch::<32>::new(&pool, 4096)?;
 /// for round in 0..4u64 {
 ///     batch.fill(32)?;

@@ -53,7 +53,7 @@
 //! use userdma::ring::{Command, Config, DeviceQueue, Doorbells, Layout, Memory, Queue, Status};
 //!
 //! # fn main() -> Result<(), userdma::ring::Error> {
-//! let space = Loopback::new(48).expect("a 48-bit loopback space");
+//! let space = SoftIommu::new(48).expect("a 48-bit loopback space");
 //! let region = Region::builder(64 << 10).page_size(PageSize::Base).lock(false).build();
 //! let mapping = Arc::new(space.map(Arc::new(region.expect("64 KiB"))).expect("mapped"));
 //! let layout = Layout::new::<Command, Status>(64)?;
