@@ -1,12 +1,13 @@
 //! A first transfer: host memory -> device memory -> host memory on the software loopback
 //! device, through the runtime (the README shows this file). Run it with
-//! `cargo run --example first_transfer`; change `Runtime::loopback(..)` to
-//! `Runtime::open(bdf)` for a device bound to vfio-pci or uio_pci_generic.
+//! `cargo run --example first_transfer`. For a device bound to vfio-pci or uio_pci_generic,
+//! `Runtime::open(bdf)` opens it and `runtime.open_queue(format, config, wait)` its queues in
+//! its driver's format (docs/own-device.md); the rest is the same.
 
 use std::time::Duration;
-use userdma::device::loopback::{self, Descriptor};
 use userdma::memory::PageSize;
 use userdma::{ring, Runtime};
+use userdma_loopback::{self as loopback, Descriptor, LoopbackRuntime};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runtime = Runtime::loopback(loopback::Config::default())?; // or Runtime::open(bdf)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Runs the driver's unit and integration tests (the userdma package), the inference layer's
-# (userdma-infer, infer/) and the command-line tool's (userdma-cli, cli/), under a sanitizer
-# (scripts/test.sh runs both):
+# Runs the unit and integration tests of the driver (the userdma package), the loopback NPU
+# (userdma-loopback, loopback/), the inference layer (userdma-infer, infer/) and the
+# command-line tool (userdma-cli, cli/), under a sanitizer (scripts/test.sh runs both):
 #
 #   scripts/sanitize.sh address          # AddressSanitizer, with LeakSanitizer
 #   scripts/sanitize.sh thread           # ThreadSanitizer
 #   scripts/sanitize.sh thread --test sched   # extra arguments go to `cargo test`
 #
-# By default every unit and integration test of the three packages runs; target arguments among the
+# By default every unit and integration test of the four packages runs; target arguments among the
 # extra ones (`--test sched`, `--lib`, `--bin userdma`, ...) run those targets instead.
 #
 # On stable Rust: RUSTC_BOOTSTRAP=1 unlocks `-Zsanitizer` and `-Zbuild-std`, and the standard
@@ -81,5 +81,5 @@ done
 echo "--- $san sanitizer: unit and integration tests of the library and the tool ($host, $CARGO_TARGET_DIR)"
 # tests/readme.rs is left to the plain run (scripts/test.sh): it builds and runs the README's
 # example with a nested cargo, which here would build the library a second time (about 100 s).
-exec cargo test -Zbuild-std --target "$host" --profile sanitize --locked -p userdma -p userdma-infer -p userdma-cli ${targets[@]+"${targets[@]}"} \
+exec cargo test -Zbuild-std --target "$host" --profile sanitize --locked -p userdma -p userdma-loopback -p userdma-infer -p userdma-cli ${targets[@]+"${targets[@]}"} \
 	"$@" -- --skip readme_first_transfer_is_the_example_and_it_runs

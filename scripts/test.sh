@@ -135,24 +135,26 @@ step "cargo doc -D warnings" env RUSTDOCFLAGS=-Dwarnings cargo doc --workspace -
 # doc tests; the two mlock tests and the system-call witness, which the sanitizer runtimes
 # defeat; the README's example, run through a nested cargo) and the other crates (the kernel ABI check, the C API's and the benches' unit tests).
 step "cargo test (doc tests, mlock and system-call witnesses; kernel ABI, C API and bench-support crates)" \
-	sh -c 'cargo test --locked --workspace --exclude userdma --exclude userdma-infer --exclude userdma-cli &&
-		cargo test --locked -p userdma --doc && cargo test --locked -p userdma-infer --doc &&
+	sh -c 'cargo test --locked --workspace --exclude userdma --exclude userdma-loopback --exclude userdma-infer --exclude userdma-cli &&
+		cargo test --locked -p userdma --doc && cargo test --locked -p userdma-loopback --doc && cargo test --locked -p userdma-infer --doc &&
 		cargo test --locked -p userdma --features serde,io-uring --lib --test irq_waiter &&
 		cargo test --locked -p userdma --test memory_region --test pool_steady_state --test readme'
 step "AddressSanitizer + LeakSanitizer: the library's and the tool's unit and integration tests" scripts/sanitize.sh address
 step "ThreadSanitizer: the library's and the tool's unit and integration tests" scripts/sanitize.sh thread
 step "C API (header, symbols, C tests under ASan+UBSan and Valgrind, examples/c)" scripts/capi-test.sh
-step "loom models (pool, ring, wake-up handshakes)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-	cargo test --release --locked -p userdma --lib -- pool:: ring:: wake::
+step "loom models (pool, ring, the loopback device's wake-up handshakes)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+	sh -c 'cargo test --release --locked -p userdma --lib -- pool:: ring:: &&
+		cargo test --release --locked -p userdma-loopback --lib -- wake::'
 step "loom models (C API handle slots, pool quiescence)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 	cargo test --release --locked -p userdma-capi --lib -- slots:: quiesce::
 step "planner on the MiniMalloc instances, release" cargo test --release --locked -p userdma-plan --test plan
-step "loopback soak, release (10^6 transfers)" cargo test --release --locked -p userdma --test loopback_soak
+step "loopback soak, release (10^6 transfers)" cargo test --release --locked -p userdma-loopback --test loopback_soak
 step "pipeline soak, release (10^5 frames)" cargo test --release --locked -p userdma-infer --test pipeline_soak
 step "fault soak, release (10^7 round trips, every fault kind at about 1 in 10^4)" \
-	cargo test --release --locked -p userdma --test fault_soak -- --nocapture
+	cargo test --release --locked -p userdma-loopback --test fault_soak -- --nocapture
 step "benchmarks, test mode (each once; ratio tables in one short round)" \
-	sh -c 'cargo bench --locked -p userdma --bench pool --bench ring --bench loopback -- --test &&
+	sh -c 'cargo bench --locked -p userdma --bench pool --bench ring -- --test &&
+		cargo bench --locked -p userdma-loopback --bench loopback -- --test &&
 		cargo bench --locked -p userdma-plan --bench plan -- --test &&
 		cargo bench --locked -p userdma-infer --bench pipeline --bench sched --bench stage -- --test &&
 		cargo bench --locked -p userdma-capi -- --test'

@@ -1,16 +1,19 @@
 //! userdma: drive PCIe accelerators from Linux user space.
 //!
-//! The crate opens a device through VFIO or UIO (or a software loopback device with the same
-//! contract), maps its BARs and pinned hugepage memory into the process, hands out DMA-capable
-//! buffers, and moves data through descriptor rings.
+//! The crate opens a device through VFIO or UIO, maps its BARs and pinned hugepage memory into
+//! the process, hands out DMA-capable buffers, and moves data through descriptor rings. A
+//! device simulated in software implements the same [`device::Device`] trait from its own
+//! package: the loopback NPU (`userdma-loopback`) keeps the hardware contract, so every path
+//! runs without an accelerator.
 //!
 //! Start with the [`Runtime`]: one owner of a device, its DMA space, the memory mapped into
 //! it, its buffer pools, its device memory and its queues, handing out `'static`, `Send`
-//! handles ([`pool::OwnedBuffer`], [`device::loopback::Queue`], [`device::Range`]):
+//! handles ([`pool::OwnedBuffer`], [`ring::Queue`], [`device::Range`]). Here on the loopback
+//! NPU, whose package adds `Runtime::loopback` and its queue format (`runtime.queue`):
 //!
 //! ```
 //! use std::time::Duration;
-//! use userdma::device::loopback::{self, Descriptor};
+//! use userdma_loopback::{self as loopback, Descriptor, LoopbackRuntime};
 //! use userdma::memory::PageSize;
 //! use userdma::{ring, Runtime};
 //!
@@ -81,7 +84,6 @@ pub mod runtime;
 
 mod error;
 mod sync;
-mod wake;
 
 pub use self::error::Code;
 #[cfg(not(loom))]

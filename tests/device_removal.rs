@@ -8,15 +8,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use userdma::device::loopback::{regs, Config, Cost, Descriptor, Mode, Wait};
 use userdma::device::{Device, Error as DeviceError, Event};
 use userdma::dma::DeviceOffset;
 use userdma::memory::PageSize;
 use userdma::pool::{OwnedBuffer, Pool};
 use userdma::ring::{self, Command};
 use userdma::{Code, Runtime};
+use userdma_loopback::LoopbackRuntime as _;
+use userdma_loopback::{regs, Config, Cost, Descriptor, Mode, Wait};
 
-#[path = "common/device_process.rs"]
+#[path = "../loopback/tests/common/device_process.rs"]
 mod device_process;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -63,7 +64,7 @@ fn removal_in(mode: Mode) {
     assert!(!device.is_removed());
 
     // Queue 0: held by the blocker, with eight buffers in flight behind it.
-    let mut held: userdma::device::loopback::Queue = device
+    let mut held: userdma_loopback::Queue = device
         .open_queue(ring::Config::new(16), Wait::Interrupt)
         .expect("queue 0");
     held.submit(blocker(), pool.alloc_owned(64).unwrap())
@@ -73,7 +74,7 @@ fn removal_in(mode: Mode) {
         held.submit(to_device(&buffer, i * 4096), buffer).unwrap();
     }
     // Queue 1: works normally until the removal.
-    let mut working: userdma::device::loopback::Queue = device
+    let mut working: userdma_loopback::Queue = device
         .open_queue(ring::Config::new(16).with_id(1), Wait::Interrupt)
         .expect("queue 1");
     let buffer = pool.alloc_owned(4096).unwrap();
@@ -192,7 +193,7 @@ fn a_queue_dropped_with_work_in_flight_on_a_removed_device_frees_its_buffers() {
     let runtime = runtime(Mode::Thread);
     let device = Arc::clone(runtime.loopback_device().unwrap());
     let pool = runtime.pool(4 << 20, PageSize::Base).unwrap();
-    let mut queue: userdma::device::loopback::Queue = device
+    let mut queue: userdma_loopback::Queue = device
         .open_queue(ring::Config::new(16), Wait::Poll)
         .unwrap();
     queue
@@ -218,10 +219,10 @@ fn a_queue_dropped_with_work_in_flight_on_a_removed_device_frees_its_buffers() {
 fn wait_any_wakes_for_a_removed_device() {
     let runtime = runtime(Mode::Thread);
     let device = Arc::clone(runtime.loopback_device().unwrap());
-    let mut a: userdma::device::loopback::Queue<()> = device
+    let mut a: userdma_loopback::Queue<()> = device
         .open_queue(ring::Config::new(16), Wait::Interrupt)
         .unwrap();
-    let mut b: userdma::device::loopback::Queue<()> = device
+    let mut b: userdma_loopback::Queue<()> = device
         .open_queue(ring::Config::new(16).with_id(1), Wait::Interrupt)
         .unwrap();
     a.submit(blocker(), ()).unwrap();

@@ -4,13 +4,13 @@
 use std::process::Command;
 use std::sync::Arc;
 
-use userdma::device::loopback::{self, Loopback};
 use userdma::device::{self, Device, Identity};
 use userdma::dma::{Error, Physical, Space};
 use userdma::irq::EventFd;
 use userdma::memory::{self, PageSize, Region};
 use userdma::mmio::DynBlock;
 use userdma::Runtime;
+use userdma_loopback::{self as loopback, Loopback};
 
 /// Set in a child process started by a test: names the role it plays.
 const CHILD_ROLE: &str = "USERDMA_TEST_CHILD_ROLE";

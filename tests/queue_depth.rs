@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use userdma::device::loopback::{Config, Cost, Loopback};
 use userdma::device::{self, Wait};
 use userdma::ring::{self, Command, Queue, Status};
 use userdma::{Code, Error};
+use userdma_loopback::{Config, Cost, Loopback};
 
 fn device(max_depth: u32) -> Arc<Loopback> {
     let config = Config::default()

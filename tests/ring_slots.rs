@@ -9,11 +9,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use userdma::device::loopback::{Config, Cost, Descriptor, Loopback, Mode, Program};
 use userdma::device::Wait;
 use userdma::ring::{self, Command, Queue, Status};
+use userdma_loopback::{Config, Cost, Descriptor, Loopback, Mode, Program};
 
-#[path = "common/device_process.rs"]
+#[path = "../loopback/tests/common/device_process.rs"]
 mod device_process;
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(20));

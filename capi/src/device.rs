@@ -7,13 +7,15 @@ use std::os::fd::{AsFd, IntoRawFd};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use udma::device::{self, loopback, vfio, DeviceMemory, Range};
+use udma::device::{self, vfio, DeviceMemory, Range};
 use udma::mmio::DynBlock;
 use udma::{pci, Runtime};
+use userdma_loopback as loopback;
 
 use crate::abi;
 use crate::error::{call, lib, udma_status, Fail};
 use crate::handle::{Kind, Registry};
+use userdma_loopback::LoopbackRuntime as _;
 
 /// A device: the loopback device or a PCI function, with everything the library maps for it.
 /// Made by `udma_device_open_loopback` or `udma_device_open_pci`, destroyed by
@@ -437,7 +439,7 @@ pub unsafe extern "C" fn udma_device_get_info(
         let d = self::device(device)?;
         let dev = d.runtime.device();
         let kind = match dev.identity().kind {
-            device::Kind::Loopback => udma_device_kind::UDMA_DEVICE_LOOPBACK,
+            device::Kind::Simulated => udma_device_kind::UDMA_DEVICE_LOOPBACK,
             device::Kind::Vfio => udma_device_kind::UDMA_DEVICE_VFIO,
             device::Kind::Uio => udma_device_kind::UDMA_DEVICE_UIO,
         };

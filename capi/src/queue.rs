@@ -12,16 +12,17 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use udma::device::loopback::{self, Descriptor};
 use udma::device::Wait;
 use udma::dma::{DeviceOffset, Iova};
 use udma::{irq, ring};
+use userdma_loopback::{self as loopback, Descriptor};
 
 use crate::abi;
 use crate::device::{device, timeout, udma_device, Device};
 use crate::error::{call, cstr, lib, udma_status, Fail};
 use crate::handle::{Key, Kind, Registry};
 use crate::memory::{self, udma_buffer, HostBuffer};
+use userdma_loopback::LoopbackRuntime as _;
 
 /// A hardware queue of a device, made by `udma_queue_create`, destroyed by
 /// `udma_queue_destroy`.

@@ -38,7 +38,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use userdma::device::loopback::{self, Cost, Unit};
 use userdma::memory::numa;
 use userdma::Runtime;
 use userdma_infer::pipeline::{naive::Naive, zoo, Config, Model, Pipeline, WorkingSet};
@@ -47,8 +46,10 @@ use userdma_infer::sched::streams::{
 };
 use userdma_infer::sched::{Nanos, Policy, Scheduler, StreamId, StreamSpec};
 use userdma_infer::stats::{self, svg};
+use userdma_loopback::{self as loopback, Cost, Unit};
 
 use crate::pipeline::Error;
+use userdma_loopback::LoopbackRuntime as _;
 
 /// One stream of the mix, as `--stream` gives it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

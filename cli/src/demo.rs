@@ -47,13 +47,14 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use userdma::device::loopback::{self, Cost, Descriptor, Mode, Program, StatusCode, Wait};
 use userdma::device::Range;
 use userdma::memory::{self, PageSize};
 use userdma::pool::{self, OwnedBuffer, Pool};
 use userdma::{ring, Runtime};
+use userdma_loopback::{self as loopback, Cost, Descriptor, Mode, Program, StatusCode, Wait};
 
 use crate::exit;
+use userdma_loopback::LoopbackRuntime as _;
 
 /// The compute pass every transfer goes through.
 const XOR: u32 = 0x5a5a_5a5a;
@@ -817,7 +818,7 @@ pub(crate) fn run(args: &DemoArgs, json: bool) -> Result<(), DemoError> {
 }
 
 /// The hidden `loopback-device` subcommand: serve a loopback device for the parent process
-/// that started this one (see `userdma::device::loopback::serve_process`).
+/// that started this one (see `userdma_loopback::serve_process`).
 pub(crate) fn serve_device() -> Result<(), DemoError> {
     Ok(loopback::serve_process()?)
 }

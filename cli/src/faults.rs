@@ -1,5 +1,5 @@
 //! `userdma faults [--transfers N] [--rate R] [--kinds K,...] [--seed S] [--json]`: the fault
-//! soak on the loopback device (`userdma::device::loopback::fault::soak`): random round trips
+//! soak on the loopback device (`userdma_loopback::fault::soak`): random round trips
 //! with faults of the chosen kinds injected at random, every byte checked, every fault
 //! detected on the host and recovered from; prints the accounting table. Progress goes to
 //! stderr about once a second on long runs.
@@ -17,8 +17,8 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use userdma::device::loopback::fault::soak::{self, Plan, Report};
-use userdma::device::loopback::fault::Kind;
+use userdma_loopback::fault::soak::{self, Plan, Report};
+use userdma_loopback::fault::Kind;
 
 use crate::exit;
 

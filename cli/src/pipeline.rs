@@ -10,16 +10,17 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use userdma::device::loopback::{self, Cost};
 use userdma::device::Wait;
 use userdma::Runtime;
 use userdma_infer::pipeline::{
     self, naive, Config, Finished, Input, Model, Pipeline, ResultPath, Summary, Times,
 };
 use userdma_infer::stats::{self, Recorder, Stage};
+use userdma_loopback::{self as loopback, Cost};
 
 use crate::demo::CostModel;
 use crate::exit;
+use userdma_loopback::LoopbackRuntime as _;
 
 /// Arguments of `userdma pipeline`.
 #[derive(Debug, Clone, clap::Args, Serialize)]

@@ -15,12 +15,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use userdma::device::loopback;
 use userdma::memory::PageSize;
 use userdma::Runtime;
 use userdma_infer::stage::{self, Direct, File, Mode, Stager};
+use userdma_loopback as loopback;
 
 use crate::exit;
+use userdma_loopback::LoopbackRuntime as _;
 
 /// Arguments of `userdma stage`.
 #[derive(Debug, clap::Args)]

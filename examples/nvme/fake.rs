@@ -168,7 +168,7 @@ impl FakeController {
         Arc::new(FakeDevice {
             identity: Identity {
                 name: "fake-nvme".to_owned(),
-                kind: Kind::Loopback,
+                kind: Kind::Simulated,
                 bdf: "0000:00:04.0".parse().ok(),
             },
             bar: self.bar.clone(),

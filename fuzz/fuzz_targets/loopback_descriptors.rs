@@ -23,14 +23,12 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use userdma::device::loopback::reference::{self, Compact};
-use userdma::device::loopback::{
-    Config, Cost, Descriptor, Loopback, Opcode, StatusCode, Unit, Wait,
-};
 use userdma::device::Device;
 use userdma::dma::{DeviceOffset, Mapping};
 use userdma::memory::{PageSize, Region};
 use userdma::ring::{self, Command, Queue, Status};
+use userdma_loopback::reference::{self, Compact};
+use userdma_loopback::{Config, Cost, Descriptor, Loopback, Opcode, StatusCode, Unit, Wait};
 
 const HOST: usize = 16 << 10;
 const DRAM: usize = 64 << 10;
@@ -157,7 +155,7 @@ fn fixture() -> &'static Mutex<Fixture> {
             .expect("queue 1");
         for _ in 0..OTHER_COMPLETED {
             other
-                .submit(userdma::device::loopback::Descriptor::nop().build(), ())
+                .submit(userdma_loopback::Descriptor::nop().build(), ())
                 .expect("submitted");
             let done = other.wait(Some(Duration::from_secs(10))).expect("done");
             assert_eq!(done.entry.code(), StatusCode::Success as u16);

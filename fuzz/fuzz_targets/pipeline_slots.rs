@@ -10,9 +10,10 @@ use std::sync::{Mutex, OnceLock};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use userdma::device::loopback::{self, Cost};
 use userdma::Runtime;
 use userdma_infer::pipeline::{Config, Model, Pipeline, Results};
+use userdma_loopback::LoopbackRuntime as _;
+use userdma_loopback::{self as loopback, Cost};
 
 #[derive(Debug, Arbitrary)]
 enum Op {

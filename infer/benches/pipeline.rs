@@ -16,9 +16,10 @@
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use userdma::device::loopback::{self, Cost};
 use userdma::Runtime;
 use userdma_infer::pipeline::{naive, Config, Model, Pipeline, Results};
+use userdma_loopback::LoopbackRuntime as _;
+use userdma_loopback::{self as loopback, Cost};
 
 /// CPU time of the calling thread.
 fn thread_cpu() -> Duration {

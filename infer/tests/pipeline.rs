@@ -4,11 +4,12 @@
 
 use std::time::Duration;
 
-use userdma::device::loopback::{self, Cost};
 use userdma::device::Wait;
 use userdma::Runtime;
 use userdma_infer::pipeline::{self, naive, Config, Model, Pipeline, Results};
 use userdma_infer::Error;
+use userdma_loopback::LoopbackRuntime as _;
+use userdma_loopback::{self as loopback, Cost};
 
 fn runtime(cost: Cost) -> Runtime {
     Runtime::loopback(loopback::Config::default().cost(cost)).expect("loopback device")

@@ -3,10 +3,11 @@
 //! depths 1 to 3, by interrupt and by polling, results copied back and read in place, with
 //! every result still checked.
 
-use userdma::device::loopback;
 use userdma::device::Wait;
 use userdma::Runtime;
 use userdma_infer::pipeline::{Config, Model, Pipeline, Results};
+use userdma_loopback as loopback;
+use userdma_loopback::LoopbackRuntime as _;
 
 #[global_allocator]
 static GLOBAL: userdma_infer::stats::CountingAllocator = userdma_infer::stats::CountingAllocator;

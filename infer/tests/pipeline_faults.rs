@@ -6,15 +6,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use userdma::device::loopback::{self, Cost};
 use userdma::device::{Device, Wait};
 use userdma::{Code, Runtime};
 use userdma_infer::pipeline::{Config, Model, Pipeline, Results};
 use userdma_infer::Error;
+use userdma_loopback::{self as loopback, Cost};
 
 mod frames;
 
 use frames::{expected, fill};
+use userdma_loopback::LoopbackRuntime as _;
 
 fn runtime(cost: Cost) -> Runtime {
     Runtime::loopback(loopback::Config::default().cost(cost)).expect("loopback device")

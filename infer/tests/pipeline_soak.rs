@@ -4,9 +4,10 @@
 //! (the ring layer's leak counters at zero, all device memory free again) and the device's
 //! counters consistent, with no error completion.
 
-use userdma::device::loopback::{self, Cost};
 use userdma::{ring, Runtime};
 use userdma_infer::pipeline::{Config, Model, Pipeline, Results};
+use userdma_loopback::LoopbackRuntime as _;
+use userdma_loopback::{self as loopback, Cost};
 
 #[test]
 #[cfg_attr(

@@ -6,16 +6,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use userdma::device::loopback::fault::{Injection, Kind};
-use userdma::device::loopback::{self, Cost};
 use userdma::{Code, Runtime};
 use userdma_infer::pipeline::{Config, Model, Pipeline};
 use userdma_infer::sched::streams::{Arrivals, Recovery, RunReport, Stream, StreamReport, Streams};
 use userdma_infer::sched::{Policy, StreamId, StreamSpec};
+use userdma_loopback::fault::{Injection, Kind};
+use userdma_loopback::{self as loopback, Cost};
 
 mod frames;
 
 use frames::{expected, fill};
+use userdma_loopback::LoopbackRuntime as _;
 
 fn runtime(cost: Cost) -> Runtime {
     Runtime::loopback(loopback::Config::default().cost(cost).queues(8)).expect("loopback device")

@@ -4,16 +4,17 @@
 
 use std::time::Duration;
 
-use userdma::device::loopback::{self, Cost, Unit};
 use userdma::{Code, Runtime};
 use userdma_infer::pipeline::{Config, Model, Pipeline};
 use userdma_infer::sched::streams::{self, Arrivals, Stream, Streams};
 use userdma_infer::sched::{self, Policy, StreamId, StreamSpec};
 use userdma_infer::Error;
+use userdma_loopback::{self as loopback, Cost, Unit};
 
 mod frames;
 
 use frames::{expected, fill};
+use userdma_loopback::LoopbackRuntime as _;
 
 fn runtime() -> Runtime {
     let config = loopback::Config::default().cost(Cost::npu()).queues(8);

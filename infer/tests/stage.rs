@@ -8,11 +8,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use userdma::device::loopback;
 use userdma::memory::PageSize;
 use userdma::pool::Pool;
 use userdma::Runtime;
 use userdma_infer::stage::{self, Direct, Error, File, Mode, Stager};
+use userdma_loopback as loopback;
+use userdma_loopback::LoopbackRuntime as _;
 
 const MIB: usize = 1 << 20;
 

@@ -10,11 +10,12 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use userdma::device::loopback;
 use userdma::memory::PageSize;
 use userdma::pool::Pool;
 use userdma::Runtime;
 use userdma_infer::stage::{self, Direct, Error, File, Stager};
+use userdma_loopback as loopback;
+use userdma_loopback::LoopbackRuntime as _;
 
 const KIB: usize = 1 << 10;
 

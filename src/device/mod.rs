@@ -1,12 +1,13 @@
-//! Devices: the [`Device`] trait every backend implements, its backends ([`Vfio`], [`Uio`],
-//! the software [`Loopback`]), and [`open`], which picks the backend from the driver a PCI
-//! function is bound to.
+//! Devices: the [`Device`] trait every backend implements, its backends ([`Vfio`], [`Uio`]),
+//! and [`open`], which picks the backend from the driver a PCI function is bound to. A device
+//! simulated in software implements the same trait from its own package (the loopback NPU:
+//! `userdma-loopback`).
 //!
 //! A device is what an SDK drives: BARs reached as [`mmio`] register blocks, a DMA address space
 //! its buffers are mapped into, one interrupt vector (an eventfd) per queue, a reset, and an
-//! identity. The [`loopback`] backend is a software device with the same contract as hardware
-//! (its register map is documented there); [`vfio`] and [`uio`] fill the same trait from the
-//! kernel:
+//! identity. The loopback NPU (the `userdma-loopback` package) is a software device with the
+//! same contract as hardware (its register map is documented there); [`vfio`] and [`uio`] fill
+//! the same trait from the kernel:
 //!
 //! | method | loopback | [`Vfio`] | [`Uio`] |
 //! |---|---|---|---|
@@ -14,7 +15,7 @@
 //! | [`Device::dma_space`] | [`dma::SoftIommu`] (or its out-of-process twin) | [`dma::Type1`] / [`dma::Iommufd`] / [`dma::Physical`] (no-IOMMU, opt-in) | [`dma::Physical`], refused behind a translating IOMMU |
 //! | [`Device::interrupt`] | an eventfd the engine signals | the eventfds given to `VFIO_DEVICE_SET_IRQS` (INTx, MSI, MSI-X) | an eventfd a relay thread signals on each `/dev/uioN` interrupt |
 //! | [`Device::set_masked`] | the mask registers | `VFIO_IRQ_SET_ACTION_MASK` / `UNMASK` (INTx; MSI/MSI-X where VFIO allows) | `INTX_DISABLE` in the command register |
-//! | [`Device::numa_node`] | [`loopback::Config::numa_node`] | sysfs `numa_node`, when that node has memory | as VFIO |
+//! | [`Device::numa_node`] | its configured node | sysfs `numa_node`, when that node has memory | as VFIO |
 //! | [`Device::reset`] | the reset register | `VFIO_DEVICE_RESET` (the hot-reset info names what a bus reset would touch when there is none) | sysfs `reset`, when the kernel offers one |
 //! | [`Device::stop_queue`] | clears the queue's enable bit and waits for the acknowledgement | the default: resets the function | as VFIO |
 //!
@@ -33,14 +34,12 @@ use crate::{dma, irq, memory, mmio, pci, ring};
 mod config;
 mod dram;
 mod events;
-pub mod loopback;
 mod queue;
 pub mod uio;
 pub mod vfio;
 
 pub use self::dram::{DeviceMemory, Range};
 pub use self::events::{Event, Events, Source};
-pub use self::loopback::Loopback;
 pub use self::queue::{open_queue, DoorbellRegs, QueueFormat, Wait};
 pub use self::uio::Uio;
 pub use self::vfio::Vfio;
@@ -54,8 +53,8 @@ pub enum Kind {
     Vfio,
     /// A PCI function bound to uio_pci_generic.
     Uio,
-    /// The software loopback device.
-    Loopback,
+    /// A device simulated in software (the loopback NPU, a test's device).
+    Simulated,
 }
 
 impl fmt::Display for Kind {
@@ -63,7 +62,7 @@ impl fmt::Display for Kind {
         f.write_str(match self {
             Kind::Vfio => "vfio",
             Kind::Uio => "uio",
-            Kind::Loopback => "loopback",
+            Kind::Simulated => "simulated",
         })
     }
 }
@@ -116,8 +115,8 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn reset(&self) -> Result<(), Error>;
 
     /// The NUMA node host memory for this device goes on: the node a PCI function sits on
-    /// (sysfs `numa_node`) when that node has memory, the loopback device's
-    /// [`Config::numa_node`](loopback::Config::numa_node). [`Runtime`](crate::Runtime) places
+    /// (sysfs `numa_node`) when that node has memory, a simulated device's configured node.
+    /// [`Runtime`](crate::Runtime) places
     /// the memory it maps for the device (pools, mappings, host arenas) and its queues' rings
     /// there. The default, for devices that do not say: `None`, no placement.
     fn numa_node(&self) -> Option<u32> {
@@ -154,6 +153,86 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Whether the device was removed (see [`Events`]).
     fn is_removed(&self) -> bool {
         self.event_source().is_some_and(Source::is_removed)
+    }
+
+    /// The device's own memory, when the device says where it is: the BAR that holds it and
+    /// its size in bytes (an NPU's DRAM window; the loopback NPU's BAR 2).
+    /// [`Runtime::device_memory`](crate::Runtime::device_memory) hands out ranges of it. The
+    /// default, for devices that do not say: `None`.
+    fn memory_bar(&self) -> Option<MemoryBar> {
+        None
+    }
+}
+
+/// Where a device's own memory is ([`Device::memory_bar`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBar {
+    /// The BAR that holds it.
+    pub index: usize,
+    /// Its size in bytes (at most the BAR's).
+    pub bytes: u64,
+}
+
+/// The failure of a backend outside this package ([`Error::Backend`]): the backend's own
+/// error, boxed, with the [`Code`](crate::Code) it gives it. Displays as that error, and its
+/// [`source`](std::error::Error::source) is that error's, so the cause chain reads as if the
+/// backend's error were here itself.
+#[derive(Debug)]
+pub struct Backend {
+    code: crate::Code,
+    error: Box<dyn std::error::Error + Send + Sync + 'static>,
+}
+
+impl Backend {
+    /// Wraps a backend's `error` with its `code`.
+    pub fn new(
+        code: crate::Code,
+        error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Backend {
+        Backend {
+            code,
+            error: error.into(),
+        }
+    }
+
+    /// The code the backend gave.
+    pub fn code(&self) -> crate::Code {
+        self.code
+    }
+
+    /// The backend's error as its own type, when it is a `T`.
+    pub fn downcast_ref<T: std::error::Error + 'static>(&self) -> Option<&T> {
+        self.error.downcast_ref::<T>()
+    }
+
+    /// The backend's error as its own type, by value, when it is a `T`; the backend error
+    /// back otherwise.
+    ///
+    /// # Errors
+    /// `self` when the error is not a `T`.
+    pub fn downcast<T: std::error::Error + 'static>(self) -> Result<T, Backend> {
+        let code = self.code;
+        self.error
+            .downcast::<T>()
+            .map(|error| *error)
+            .map_err(|error| Backend { code, error })
+    }
+
+    /// The backend's error.
+    pub fn error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self.error.as_ref()
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl std::error::Error for Backend {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
     }
 }
 
@@ -470,9 +549,11 @@ pub enum Error {
         why: &'static str,
     },
 
-    /// The loopback device failed.
+    /// A backend outside this package failed for a reason of its own (the loopback NPU's
+    /// errors, a vendor backend's): its error and code, as it gave them
+    /// ([`Backend::downcast_ref`] for the error itself).
     #[error(transparent)]
-    Loopback(#[from] loopback::Error),
+    Backend(#[from] Backend),
 
     /// A VFIO device failed.
     #[error(transparent)]
@@ -517,7 +598,7 @@ impl Error {
             Error::Map { source, .. } | Error::DmaSpace { source, .. } => source.code(),
             Error::Ring { source, .. } => source.code(),
             Error::Sysfs { source, .. } => source.code(),
-            Error::Loopback(e) => e.code(),
+            Error::Backend(e) => e.code(),
             Error::Vfio(e) => e.code(),
             Error::Uio(e) => e.code(),
         }

@@ -308,8 +308,8 @@ impl SoftIommu {
     }
 
     /// Makes every later map and unmap cost the calling thread `map_page_ns` and
-    /// `unmap_page_ns` per 4 KiB page (the cost model's
-    /// [`Cost::map_page_ns`](crate::device::loopback::Cost::map_page_ns)), so a path that maps
+    /// `unmap_page_ns` per 4 KiB page (the loopback NPU's cost model's `Cost::map_page_ns`),
+    /// so a path that maps
     /// per frame pays on the loopback device what it pays on hardware. Clones share it.
     pub fn with_mapping_cost(self, map_page_ns: u64, unmap_page_ns: u64) -> SoftIommu {
         // Relaxed: a setting, read by each map and unmap; no data is published with it.

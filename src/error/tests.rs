@@ -199,14 +199,6 @@ fn variants_once_under_the_wildcard_have_their_chosen_codes() {
             Code::InvalidArgument,
         ),
         (
-            device::Error::Loopback(device::loopback::Error::NotDeviceProcess {
-                variable: "X",
-                defect: "unset",
-            })
-            .into(),
-            Code::InvalidArgument,
-        ),
-        (
             device::Error::Vfio(device::vfio::Error::ContainerMask {
                 bdf: bdf(),
                 wanted: 32,
@@ -224,14 +216,6 @@ fn variants_once_under_the_wildcard_have_their_chosen_codes() {
             Code::InvalidArgument,
         ),
         // Failing system calls, and the kernel's own answers, stay `System`.
-        (
-            device::Error::Loopback(device::loopback::Error::Control {
-                operation: "MAP",
-                source: os(libc::ENOMEM),
-            })
-            .into(),
-            Code::System,
-        ),
         (
             memory::Error::WrongNode {
                 offset: 0,
@@ -261,4 +245,24 @@ fn unsupported_is_its_own_code() {
         hint: "y",
     };
     check(vec![(unsupported, Code::Unsupported)]);
+}
+
+/// A backend outside the driver (the loopback NPU, a vendor's) keeps its own code and message
+/// through `device::Error::Backend`, and gives its error back by type.
+#[test]
+fn a_backends_error_keeps_its_code_message_and_type() {
+    #[derive(Debug, thiserror::Error)]
+    #[error("vendor engine {0} hung")]
+    struct Hung(u32);
+    let e: Error = device::Error::Backend(device::Backend::new(Code::Timeout, Hung(3))).into();
+    assert_eq!(e.code(), Code::Timeout);
+    assert_eq!(e.to_string(), "vendor engine 3 hung");
+    let Error::Device(device::Error::Backend(backend)) = e else {
+        panic!("{e:?}");
+    };
+    assert_eq!(backend.downcast_ref::<Hung>().map(|h| h.0), Some(3));
+    let hung = backend.downcast::<Hung>().expect("a Hung");
+    assert_eq!(hung.0, 3);
+    let other = device::Backend::new(Code::Device, std::io::Error::other("x"));
+    assert!(other.downcast::<Hung>().is_err());
 }

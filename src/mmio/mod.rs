@@ -250,8 +250,13 @@ macro_rules! forward_backend {
 
 forward_backend!(Arc, Box);
 
-/// Checks that an access of `width` at `offset` fits in `size` bytes and is aligned.
-pub(crate) fn check(offset: usize, width: Width, size: usize) -> Result<(), Error> {
+/// Checks that an access of `width` at `offset` fits in `size` bytes and is aligned: what a
+/// [`Backend`] implementation checks before every access (a register file simulated in
+/// software, as the loopback NPU's).
+///
+/// # Errors
+/// [`Error::OutOfBounds`] past `size`, [`Error::Misaligned`] off the width's alignment.
+pub fn check(offset: usize, width: Width, size: usize) -> Result<(), Error> {
     let len = width.bytes();
     match offset.checked_add(len) {
         Some(end) if end <= size => {}

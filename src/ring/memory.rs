@@ -284,9 +284,10 @@ impl Memory {
         let _ = offset;
     }
 
-    /// Atomically loads the word at `offset`, with no ordering: callers fence.
+    /// Atomically loads the word at `offset`, with no ordering: callers fence (a device
+    /// simulated in software peeking at a ring word, as the loopback NPU's engine does).
     #[inline]
-    pub(crate) fn load_u32(&self, offset: usize) -> u32 {
+    pub fn load_u32(&self, offset: usize) -> u32 {
         // Relaxed: the ring places explicit fences around the words it polls (see queue.rs);
         // Acquire under ThreadSanitizer (see `WORD_LOAD`).
         self.with_atomic(offset, |word| word.load(crate::sync::WORD_LOAD))

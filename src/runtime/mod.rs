@@ -3,14 +3,19 @@
 //! `'static`, `Send` handles the layers above (a pipeline, a scheduler, a C handle) can hold.
 //!
 //! ```text
-//!   Runtime::loopback(config) | Runtime::open(bdf)     device + its DMA space (+ NUMA node)
+//!   Runtime::open(bdf) | Runtime::from_device(device)   device + its DMA space (+ NUMA node)
 //!     .pool(bytes, page size)   -> Arc<Pool>          memory allocated on the device's node,
 //!                                                     mapped once, carved
-//!     .queue(ring config)       -> loopback::Queue    ring memory, doorbells, vector, enabled
+//!     .open_queue(format, ring config, wait)          ring memory, doorbells, vector, enabled
+//!                               -> ring::Queue        in the driver's queue format
 //!     .device_memory()          -> DeviceMemory       ranges of the device's own memory
 //!   pool.alloc_owned(len)       -> OwnedBuffer        no lifetime: keeps its pool alive
-//!   queue.submit(Descriptor::to_device(buf.iova(), range.offset(), len), buf)
+//!   queue.submit(command, buf)
 //! ```
+//!
+//! A simulated device's package adds its own constructor and queue format on top (the loopback
+//! NPU's `Runtime::loopback(config)` and `runtime.queue(config)`, from `userdma-loopback`'s
+//! `LoopbackRuntime`), through [`Runtime::from_concrete`] and [`Runtime::device_as`].
 //!
 //! **What outlives what.** Nothing here depends on the order in which handles are dropped:
 //! a queue holds its device (so the device's engine, its BARs and its DMA space outlive it),
@@ -20,32 +25,11 @@
 //! buffer of a pool going away drops the pool, which unmaps the memory from the device's DMA
 //! space. So "quiesce before unmap" holds whether the runtime, a queue or a pool goes first.
 //!
-//! ```
-//! use std::time::Duration;
-//! use userdma::device::loopback::{self, Descriptor};
-//! use userdma::dma::DeviceOffset;
-//! use userdma::memory::PageSize;
-//! use userdma::{ring, Runtime};
-//!
-//! # fn main() -> Result<(), userdma::Error> {
-//! let runtime = Runtime::loopback(loopback::Config::default())?;
-//! let pool = runtime.pool(4 << 20, PageSize::Base)?;
-//! let mut queue = runtime.queue(ring::Config::new(64))?;
-//!
-//! let buffer = pool.alloc_owned(4096)?;
-//! buffer.write(0, b"hello, device")?;
-//! let to_device = Descriptor::to_device(buffer.iova(), DeviceOffset(0), 13);
-//! queue.submit(to_device.build(), buffer)?;
-//! let done = queue.wait(Some(Duration::from_secs(5)))?;
-//! assert!(done.entry.is_success());
-//! # Ok(())
-//! # }
-//! ```
-
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use crate::device::loopback::{self, Loopback};
+use std::any::Any;
+
 use crate::device::{self, Device, DeviceMemory, QueueFormat, Wait};
 use crate::memory::{PageSize, Region};
 use crate::pool::{self, Pool};
@@ -63,8 +47,9 @@ pub struct Runtime {
 
 struct Inner {
     device: Arc<dyn Device>,
-    /// The same device, when it is the loopback device (its queue format is built in).
-    loopback: Option<Arc<Loopback>>,
+    /// The same device as its concrete type (an `Arc<D>`), when the runtime was made with
+    /// [`Runtime::from_concrete`]: for what only that backend has ([`Runtime::device_as`]).
+    concrete: Option<Box<dyn Any + Send + Sync>>,
     space: Arc<dyn dma::Space>,
     /// The NUMA node the runtime's memory goes on (the device's).
     numa_node: Option<u32>,
@@ -82,16 +67,6 @@ impl fmt::Debug for Runtime {
 }
 
 impl Runtime {
-    /// Starts a loopback device (in a thread or a child process, as `config` says) and owns it.
-    ///
-    /// # Errors
-    /// [`Error::Device`] if the device does not start (a bad configuration, the engine CPU).
-    pub fn loopback(config: loopback::Config) -> Result<Runtime, Error> {
-        let device = Arc::new(Loopback::new(config)?);
-        let dynamic: Arc<dyn Device> = Arc::clone(&device) as Arc<dyn Device>;
-        Ok(Runtime::build(dynamic, Some(device)))
-    }
-
     /// Opens the PCI function `bdf` with the backend its driver calls for (vfio-pci or
     /// uio_pci_generic, [`device::open`]).
     ///
@@ -117,13 +92,21 @@ impl Runtime {
         Runtime::build(device, None)
     }
 
-    fn build(device: Arc<dyn Device>, loopback: Option<Arc<Loopback>>) -> Runtime {
+    /// Owns an open device and keeps its concrete type, so that [`Runtime::device_as`] gives
+    /// it back: how a backend's own package builds on the runtime (the loopback NPU's counters,
+    /// faults and queue format).
+    pub fn from_concrete<D: Device + 'static>(device: Arc<D>) -> Runtime {
+        let concrete: Box<dyn Any + Send + Sync> = Box::new(Arc::clone(&device));
+        Runtime::build(device, Some(concrete))
+    }
+
+    fn build(device: Arc<dyn Device>, concrete: Option<Box<dyn Any + Send + Sync>>) -> Runtime {
         let space = device.dma_space();
         let numa_node = device.numa_node();
         Runtime {
             inner: Arc::new(Inner {
                 device,
-                loopback,
+                concrete,
                 space,
                 numa_node,
                 device_memory: OnceLock::new(),
@@ -136,9 +119,10 @@ impl Runtime {
         &self.inner.device
     }
 
-    /// The device as the loopback device, when it is one (its counters, device memory).
-    pub fn loopback_device(&self) -> Option<&Arc<Loopback>> {
-        self.inner.loopback.as_ref()
+    /// The device as its concrete type `D`, when the runtime was made with
+    /// [`Runtime::from_concrete`] from a `D`; `None` otherwise.
+    pub fn device_as<D: Device + 'static>(&self) -> Option<&Arc<D>> {
+        self.inner.concrete.as_ref()?.downcast_ref::<Arc<D>>()
     }
 
     /// The device's DMA address space.
@@ -222,52 +206,6 @@ impl Runtime {
         Ok(Arc::new(Pool::new(mapping, config)?))
     }
 
-    /// Opens queue `config.id()` in the device's built-in queue format (the loopback
-    /// device's [`Command`](ring::Command) / [`Status`](ring::Status)), waiting on its
-    /// interrupt. Payloads are [`OwnedBuffer`](pool::OwnedBuffer)s; for other payloads or for
-    /// polling use [`Runtime::queue_with`].
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] for a device whose driver supplies its own format (use
-    /// [`Runtime::open_queue`]); otherwise as [`device::open_queue`].
-    pub fn queue(&self, config: ring::Config) -> Result<loopback::Queue, Error> {
-        self.queue_with(config, Wait::Interrupt)
-    }
-
-    /// [`Runtime::queue`] with any payload type and either way of waiting.
-    ///
-    /// # Errors
-    /// As [`Runtime::queue`].
-    pub fn queue_with<T: Send>(
-        &self,
-        config: ring::Config,
-        wait: Wait,
-    ) -> Result<loopback::Queue<T>, Error> {
-        self.queue_on(config, wait, loopback::Unit::Copy)
-    }
-
-    /// [`Runtime::queue_with`] on a queue served by `unit` of the loopback device (its copy
-    /// engine or its compute unit, which run concurrently).
-    ///
-    /// # Errors
-    /// As [`Runtime::queue`].
-    pub fn queue_on<T: Send>(
-        &self,
-        config: ring::Config,
-        wait: Wait,
-        unit: loopback::Unit,
-    ) -> Result<loopback::Queue<T>, Error> {
-        let device = self.built_in(
-            "built-in queue format",
-            "open its queues with Runtime::open_queue and the device::QueueFormat of its driver",
-        )?;
-        self.open_queue(
-            loopback::NpuFormat::new(Arc::clone(device)).unit(unit),
-            config,
-            wait,
-        )
-    }
-
     /// Opens queue `config.id()` in a driver-supplied `format` ([`device::open_queue`]).
     ///
     /// # Errors
@@ -286,37 +224,27 @@ impl Runtime {
         )?)
     }
 
-    /// The loopback device behind this runtime, for what only it has built in; otherwise
-    /// [`Error::Unsupported`] naming `what` the device lacks and the `hint`.
-    fn built_in(&self, what: &'static str, hint: &'static str) -> Result<&Arc<Loopback>, Error> {
-        self.inner
-            .loopback
-            .as_ref()
-            .ok_or_else(|| Error::Unsupported {
-                device: self.inner.device.identity().to_string(),
-                what,
-                hint,
-            })
-    }
-
-    /// The device's own memory as a range allocator: the loopback device's BAR 2 (all of it).
-    /// Every call returns the same allocator.
+    /// The device's own memory as a range allocator, where the device says where it is
+    /// ([`Device::memory_bar`]: the loopback NPU's BAR 2, an NPU's DRAM window). Every call
+    /// returns the same allocator.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for a device whose memory BAR this runtime does not know (make a
-    /// [`DeviceMemory::of_bar`] for it).
+    /// [`Error::Unsupported`] for a device that does not say (make a
+    /// [`DeviceMemory::of_bar`] for the BAR that holds its memory).
     pub fn device_memory(&self) -> Result<&DeviceMemory, Error> {
         if let Some(memory) = self.inner.device_memory.get() {
             return Ok(memory);
         }
-        let device = self.built_in(
-            "known device-memory BAR",
-            "make a device::DeviceMemory::of_bar for the BAR that holds its memory",
-        )?;
-        let memory = DeviceMemory::new(
-            loopback::regs::MEMORY_BAR,
-            device.config().memory_bytes() as u64,
-        );
+        let bar = self
+            .inner
+            .device
+            .memory_bar()
+            .ok_or_else(|| Error::Unsupported {
+                device: self.inner.device.identity().to_string(),
+                what: "known device-memory BAR",
+                hint: "make a device::DeviceMemory::of_bar for the BAR that holds its memory",
+            })?;
+        let memory = DeviceMemory::new(bar.index, bar.bytes);
         Ok(self.inner.device_memory.get_or_init(|| memory))
     }
 }
@@ -366,6 +294,3 @@ pub fn map_memory_on(
         .build()?;
     Ok(space.map(Arc::new(region))?)
 }
-
-#[cfg(test)]
-mod tests;

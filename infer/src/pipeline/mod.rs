@@ -44,13 +44,15 @@ use std::time::{Duration, Instant};
 pub use self::error::Error;
 pub use model::{Filter, Model, ModelError, Span, Step};
 
-use userdma::device::loopback::{self, Descriptor, Loopback, StatusCode};
 use userdma::device::{Device, Range, Wait};
 use userdma::dma::{DeviceOffset, Iova};
 use userdma::memory::PageSize;
 use userdma::pool::{OwnedBuffer, Pool};
 use userdma::ring::{self, Command};
 use userdma::Runtime;
+use userdma_loopback::LoopbackRuntime as _;
+use userdma_loopback::LoopbackStatus as _;
+use userdma_loopback::{self as loopback, Descriptor, Loopback, StatusCode};
 
 /// The most slots a pipeline takes ([`Config::depth`]).
 const MAX_DEPTH: usize = 1024;

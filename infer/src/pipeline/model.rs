@@ -4,8 +4,8 @@
 use std::fmt;
 
 use crate::plan::{self, Kind, Plan, Tensor};
-use userdma::device::loopback::reference::{self, Compact};
-use userdma::device::loopback::{Cost, Work};
+use userdma_loopback::reference::{self, Compact};
+use userdma_loopback::{Cost, Work};
 
 /// A range of the model's arena: an offset and a length in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -145,7 +145,7 @@ pub fn yolov5s_like(max_detections: u32) -> Result<Model, ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use userdma::device::loopback::{Cost, Work};
+    use userdma_loopback::{Cost, Work};
 
     #[test]
     fn the_graph_has_yolov5s_shapes_and_plans_into_one_arena() {

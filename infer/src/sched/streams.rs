@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use super::{Nanos, Policy, Scheduler, StreamId, StreamSpec};
 use crate::pipeline::{Finished, Input, Pipeline};
-use userdma::device::loopback::Loopback;
 use userdma::irq::Waiter;
+use userdma_loopback::Loopback;
 
 mod error;
 pub use self::error::Error;

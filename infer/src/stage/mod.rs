@@ -69,7 +69,7 @@
 //! [`Error::Register`].
 //!
 //! ```no_run
-//! use userdma::device::loopback;
+//! use userdma_loopback::{self as loopback, LoopbackRuntime};
 //! use userdma::memory::PageSize;
 //! use userdma_infer::stage::{self, Direct, File, Stager};
 //! use userdma::Runtime;

@@ -3,9 +3,10 @@ use std::os::unix::net::UnixStream;
 
 use super::*;
 use crate::stage::Direct;
-use userdma::device::loopback;
 use userdma::memory::PageSize;
 use userdma::Runtime;
+use userdma_loopback as loopback;
+use userdma_loopback::LoopbackRuntime as _;
 
 #[test]
 fn a_lent_read_completes_while_owned_requests_stay_in_flight() {

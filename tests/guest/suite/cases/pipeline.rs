@@ -23,13 +23,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use userdma::device::loopback::reference;
 use userdma::device::vfio::IrqKind;
 use userdma::device::Device;
 use userdma::irq::EventFd;
 use userdma::memory::PageSize;
 use userdma::pool::{Config, OwnedBuffer, Pool};
 use userdma_infer::stats;
+use userdma_loopback::reference;
 
 use super::{compare, vfio, CANARY};
 use crate::edu::{self, Direction, Edu, Transfer};

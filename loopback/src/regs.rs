@@ -1,0 +1,687 @@
+//! The loopback device's register map (BAR 0), opcodes, completion status codes and queue fault
+//! codes: the contract an SDK programs against. Every layout is a `#[repr(C)]` struct whose
+//! offsets are asserted below; the [`Field`] constants are derived from them with `offset_of!`.
+
+use std::mem::{offset_of, size_of};
+
+use userdma::mmio::{Field, ReadOnly, ReadWrite, Value, WriteOnly};
+
+/// The value of the [`ID`] register: `"UDLB"` in little-endian ASCII.
+pub const DEVICE_ID: u32 = u32::from_le_bytes(*b"UDLB");
+/// The value of the [`VERSION`] register: the version of this register map.
+pub const VERSION_1: u32 = 1;
+/// BAR index of the register block.
+pub const REGISTER_BAR: usize = 0;
+/// BAR index of the device memory (a 64-bit BAR after the 64-bit register BAR, as on hardware).
+pub const MEMORY_BAR: usize = 2;
+/// Size in bytes of the register BAR.
+pub const REGISTER_BAR_SIZE: usize = 0x1000;
+/// Offset of queue 0's register block; queue `q`'s is `QUEUE_BASE + q * QUEUE_STRIDE`.
+pub const QUEUE_BASE: usize = 0x100;
+/// Bytes between two queues' register blocks.
+pub const QUEUE_STRIDE: usize = size_of::<QueueRegs>();
+/// The most queues the register map has room for (one interrupt bit each in a 32-bit register).
+pub const MAX_QUEUES: u16 = 32;
+
+/// The global registers, at offset 0 of BAR 0. Never instantiated: it gives the offsets.
+#[repr(C)]
+#[derive(Debug)]
+#[allow(dead_code)] // A layout description: the fields are read through `offset_of!` only.
+pub struct GlobalRegs {
+    /// RO: [`DEVICE_ID`].
+    pub id: u32,
+    /// RO: [`VERSION_1`].
+    pub version: u32,
+    /// RO: number of queues (each with an interrupt vector of the same index).
+    pub queues: u32,
+    /// RO: [`DeviceStatus`].
+    pub status: u32,
+    /// WO: [`Control`]; the device clears it once it has acted.
+    pub control: u32,
+    /// RO: resets completed since the device started.
+    pub reset_count: u32,
+    /// RO: width of the device's DMA mask in bits.
+    pub dma_mask_bits: u32,
+    /// RO: the largest queue depth the device accepts.
+    pub max_depth: u32,
+    /// RO: size of the device memory (BAR 2) in bytes.
+    pub memory_size: u64,
+    /// RO: bit `q` set: vector `q` is masked.
+    pub irq_mask: u32,
+    /// WO: write 1s to mask those vectors (NVMe's INTMS).
+    pub irq_mask_set: u32,
+    /// WO: write 1s to unmask those vectors (NVMe's INTMC); a pending vector fires at once.
+    pub irq_mask_clear: u32,
+    /// RO: bit `q` set: vector `q` was raised while masked and fires when unmasked.
+    pub irq_pending: u32,
+    /// RO: descriptors the copy engine executed (successful or not). This and the next five
+    /// are the copy engine's block ([`UnitRegs`]).
+    pub descriptors: u64,
+    /// RO: bytes moved or computed by the copy engine's successful descriptors.
+    pub bytes: u64,
+    /// RO: times the copy engine moved from one context to another.
+    pub context_switches: u64,
+    /// RO: the copy engine's descriptors completed with an error status.
+    pub errors: u64,
+    /// RO: nanoseconds the copy engine spent executing descriptors (including modelled
+    /// time). With a cost model it grows before each completion; with
+    /// [`Cost::zero`](super::Cost::zero), once per burst, after the burst's completions.
+    pub busy_ns: u64,
+    /// RO: interrupts the copy engine raised (eventfd signals).
+    pub interrupts: u64,
+    /// RO: nanoseconds of modelled time the cost model charged the copy engine's
+    /// descriptors: beside [`GlobalRegs::busy_ns`] (the measured time), it shows whether the
+    /// modelled device held (the two agree when the host-speed work is shorter than the model).
+    pub modelled_ns: u64,
+    /// RO: the compute unit's counters; the seven counters above are the copy engine's. Each
+    /// unit writes only its own block; the device's totals are the sums of the two
+    /// ([`Loopback::counters`](super::Loopback::counters) adds them up).
+    pub compute: UnitRegs,
+    _reserved: [u32; 22],
+}
+
+/// One unit's counters ([`Unit`]): the copy engine's at [`DESCRIPTORS`] (offset 0x38), the
+/// compute unit's [`UNIT_STRIDE`] bytes further ([`GlobalRegs::compute`]; see
+/// [`unit_field`]). Never instantiated.
+#[repr(C)]
+#[derive(Debug)]
+#[allow(dead_code)] // A layout description: the fields are read through `offset_of!` only.
+pub struct UnitRegs {
+    /// RO: descriptors the unit executed (successful or not).
+    pub descriptors: u64,
+    /// RO: bytes moved or computed by the unit's successful descriptors.
+    pub bytes: u64,
+    /// RO: times the unit took a descriptor of another context than its previous one.
+    pub context_switches: u64,
+    /// RO: the unit's descriptors completed with an error status.
+    pub errors: u64,
+    /// RO: nanoseconds the unit spent executing descriptors (as [`GlobalRegs::busy_ns`]).
+    pub busy_ns: u64,
+    /// RO: interrupts the unit raised.
+    pub interrupts: u64,
+    /// RO: modelled nanoseconds charged to the unit's descriptors (as
+    /// [`GlobalRegs::modelled_ns`]).
+    pub modelled_ns: u64,
+}
+
+/// One queue's registers, at `QUEUE_BASE + q * QUEUE_STRIDE`. Never instantiated.
+#[repr(C)]
+#[derive(Debug)]
+#[allow(dead_code)] // A layout description: the fields are read through `offset_of!` only.
+pub struct QueueRegs {
+    /// RW: IOVA of the queue's ring memory, laid out as
+    /// [`ring::Layout`](userdma::ring::Layout) for [`Command`](userdma::ring::Command) /
+    /// [`Status`](userdma::ring::Status) at [`QueueRegs::depth`] entries; 64-byte aligned.
+    pub ring_base: u64,
+    /// RW: entries per ring (a power of two, 2 to [`GlobalRegs::max_depth`]).
+    pub depth: u32,
+    /// RW: the context every descriptor of this queue must name.
+    pub context: u32,
+    /// RW: [`QueueControl`]. Set `ENABLE` after programming the other registers; clear it to
+    /// stop the queue (the device acknowledges by clearing [`QueueStatus::ENABLED`]).
+    pub control: u32,
+    /// RO: [`QueueStatus`].
+    pub status: u32,
+    /// WO: SQ tail doorbell (free-running counter of the next entry the host writes).
+    pub sq_tail: u32,
+    /// WO: CQ head doorbell (free-running counter of the next completion the host reads).
+    pub cq_head: u32,
+    /// RO: [`Fault`] code while [`QueueStatus::FAULT`] is set.
+    pub fault: u32,
+    /// RW: the [`Unit`] that serves the queue (0: the copy engine, 1: the compute unit),
+    /// read when the queue is enabled; any other value faults it with [`Fault::BadUnit`].
+    pub unit: u32,
+    /// RO: descriptors of this queue executed.
+    pub completed: u64,
+    /// RO: descriptors of this queue completed with an error status.
+    pub errors: u64,
+    /// RW: bytes of the queue's context's private working set in device SRAM (its hot
+    /// activations), read when the queue is enabled; 0 with [`QueueRegs::ws_shared`] 0: the
+    /// context declares none and the SRAM model leaves it alone (see
+    /// [`Cost::sram_bytes`](super::Cost::sram_bytes)).
+    pub ws_private: u64,
+    /// RW: bytes of the working set shared with every queue of the same
+    /// [`QueueRegs::share_key`] (the weights of one model), read when the queue is enabled.
+    pub ws_shared: u64,
+    /// RW: the share key of [`QueueRegs::ws_shared`]; 0: not shared (counted as private).
+    pub share_key: u32,
+    _reserved1: u32,
+    /// RO: bytes of this queue's compute descriptors served from SRAM (resident).
+    pub sram_hits: u64,
+    /// RO: bytes this queue's compute descriptors touched while it declared a working set;
+    /// `sram_hits / sram_touched` is the context's SRAM hit rate.
+    pub sram_touched: u64,
+}
+
+/// Offset of the fault-injection block ([`FaultRegs`]), after the last queue's registers.
+pub const FAULT_BASE: usize = 0xd00;
+
+/// The fault-injection registers, at [`FAULT_BASE`] (see [`fault`](super::fault)). A window:
+/// `queue` selects the queue the programme registers are applied to and the `injected`
+/// counters show. Never instantiated.
+#[repr(C)]
+#[derive(Debug)]
+#[allow(dead_code)] // A layout description: the fields are read through `offset_of!` only.
+pub struct FaultRegs {
+    /// RW: the queue the next `control` write programs and `injected` shows.
+    pub queue: u32,
+    /// RW: bit `k` set: [`Kind`](super::fault::Kind) `k` may be injected (one is drawn per
+    /// hit when several are set).
+    pub kinds: u32,
+    /// RW: trigger: the next `count` descriptors of the queue are hit.
+    pub count: u32,
+    /// RW: trigger (once `count` is used up, or with `count` 0): each descriptor is hit with
+    /// probability `rate / 2^32`.
+    pub rate: u32,
+    /// RW: the seed of the generator that draws the rate's hits and the kinds.
+    pub seed: u64,
+    /// RW: microseconds [`Kind::Slow`](super::fault::Kind::Slow) delays a descriptor by.
+    pub delay_us: u32,
+    /// WO: [`FaultControl`]: `APPLY` programs queue `queue` with the registers above
+    /// (replacing its programme), `CLEAR` removes its programme; the device clears it once it
+    /// has acted.
+    pub control: u32,
+    /// RO: `control` writes the device has acted on (the host waits for it to move).
+    pub applied: u32,
+    _reserved: u32,
+    /// RO: faults injected into queue `queue` so far, by kind: element `k` for kind `k`,
+    /// element 0 their sum. Kept across resets.
+    pub injected: [u64; 8],
+}
+
+const _: () = {
+    assert!(offset_of!(FaultRegs, queue) == 0x00);
+    assert!(offset_of!(FaultRegs, kinds) == 0x04);
+    assert!(offset_of!(FaultRegs, count) == 0x08);
+    assert!(offset_of!(FaultRegs, rate) == 0x0c);
+    assert!(offset_of!(FaultRegs, seed) == 0x10);
+    assert!(offset_of!(FaultRegs, delay_us) == 0x18);
+    assert!(offset_of!(FaultRegs, control) == 0x1c);
+    assert!(offset_of!(FaultRegs, applied) == 0x20);
+    assert!(offset_of!(FaultRegs, injected) == 0x28);
+    assert!(size_of::<FaultRegs>() == 0x68);
+    assert!(QUEUE_BASE + MAX_QUEUES as usize * QUEUE_STRIDE <= FAULT_BASE);
+    assert!(FAULT_BASE + size_of::<FaultRegs>() <= REGISTER_BAR_SIZE);
+};
+
+const _: () = {
+    assert!(offset_of!(GlobalRegs, id) == 0x00);
+    assert!(offset_of!(GlobalRegs, version) == 0x04);
+    assert!(offset_of!(GlobalRegs, queues) == 0x08);
+    assert!(offset_of!(GlobalRegs, status) == 0x0c);
+    assert!(offset_of!(GlobalRegs, control) == 0x10);
+    assert!(offset_of!(GlobalRegs, reset_count) == 0x14);
+    assert!(offset_of!(GlobalRegs, dma_mask_bits) == 0x18);
+    assert!(offset_of!(GlobalRegs, max_depth) == 0x1c);
+    assert!(offset_of!(GlobalRegs, memory_size) == 0x20);
+    assert!(offset_of!(GlobalRegs, irq_mask) == 0x28);
+    assert!(offset_of!(GlobalRegs, irq_mask_set) == 0x2c);
+    assert!(offset_of!(GlobalRegs, irq_mask_clear) == 0x30);
+    assert!(offset_of!(GlobalRegs, irq_pending) == 0x34);
+    assert!(offset_of!(GlobalRegs, descriptors) == 0x38);
+    assert!(offset_of!(GlobalRegs, bytes) == 0x40);
+    assert!(offset_of!(GlobalRegs, context_switches) == 0x48);
+    assert!(offset_of!(GlobalRegs, errors) == 0x50);
+    assert!(offset_of!(GlobalRegs, busy_ns) == 0x58);
+    assert!(offset_of!(GlobalRegs, interrupts) == 0x60);
+    assert!(offset_of!(GlobalRegs, modelled_ns) == 0x68);
+    assert!(offset_of!(GlobalRegs, compute) == 0x70);
+    assert!(size_of::<GlobalRegs>() == QUEUE_BASE);
+    assert!(size_of::<UnitRegs>() == UNIT_STRIDE);
+    assert!(offset_of!(GlobalRegs, descriptors) + UNIT_STRIDE == offset_of!(GlobalRegs, compute));
+    assert!(
+        offset_of!(GlobalRegs, interrupts) - offset_of!(GlobalRegs, descriptors)
+            == offset_of!(UnitRegs, interrupts)
+    );
+    assert!(
+        offset_of!(GlobalRegs, modelled_ns) - offset_of!(GlobalRegs, descriptors)
+            == offset_of!(UnitRegs, modelled_ns)
+    );
+
+    assert!(offset_of!(QueueRegs, ring_base) == 0x00);
+    assert!(offset_of!(QueueRegs, depth) == 0x08);
+    assert!(offset_of!(QueueRegs, context) == 0x0c);
+    assert!(offset_of!(QueueRegs, control) == 0x10);
+    assert!(offset_of!(QueueRegs, status) == 0x14);
+    assert!(offset_of!(QueueRegs, sq_tail) == 0x18);
+    assert!(offset_of!(QueueRegs, cq_head) == 0x1c);
+    assert!(offset_of!(QueueRegs, fault) == 0x20);
+    assert!(offset_of!(QueueRegs, unit) == 0x24);
+    assert!(offset_of!(QueueRegs, completed) == 0x28);
+    assert!(offset_of!(QueueRegs, errors) == 0x30);
+    assert!(offset_of!(QueueRegs, ws_private) == 0x38);
+    assert!(offset_of!(QueueRegs, ws_shared) == 0x40);
+    assert!(offset_of!(QueueRegs, share_key) == 0x48);
+    assert!(offset_of!(QueueRegs, sram_hits) == 0x50);
+    assert!(offset_of!(QueueRegs, sram_touched) == 0x58);
+    assert!(size_of::<QueueRegs>() == 0x60);
+
+    assert!(QUEUE_BASE + MAX_QUEUES as usize * QUEUE_STRIDE <= REGISTER_BAR_SIZE);
+};
+
+/// [`GlobalRegs::id`].
+pub const ID: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, id));
+/// [`GlobalRegs::version`].
+pub const VERSION: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, version));
+/// [`GlobalRegs::queues`].
+pub const QUEUES: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, queues));
+/// [`GlobalRegs::status`].
+pub const STATUS: Field<DeviceStatus, ReadOnly> = Field::new(offset_of!(GlobalRegs, status));
+/// [`GlobalRegs::control`].
+pub const CONTROL: Field<Control, WriteOnly> = Field::new(offset_of!(GlobalRegs, control));
+/// [`GlobalRegs::reset_count`].
+pub const RESET_COUNT: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, reset_count));
+/// [`GlobalRegs::dma_mask_bits`].
+pub const DMA_MASK_BITS: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, dma_mask_bits));
+/// [`GlobalRegs::max_depth`].
+pub const MAX_DEPTH: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, max_depth));
+/// [`GlobalRegs::memory_size`].
+pub const MEMORY_SIZE: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, memory_size));
+/// [`GlobalRegs::irq_mask`].
+pub const IRQ_MASK: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, irq_mask));
+/// [`GlobalRegs::irq_mask_set`].
+pub const IRQ_MASK_SET: Field<u32, WriteOnly> = Field::new(offset_of!(GlobalRegs, irq_mask_set));
+/// [`GlobalRegs::irq_mask_clear`].
+pub const IRQ_MASK_CLEAR: Field<u32, WriteOnly> =
+    Field::new(offset_of!(GlobalRegs, irq_mask_clear));
+/// [`GlobalRegs::irq_pending`].
+pub const IRQ_PENDING: Field<u32, ReadOnly> = Field::new(offset_of!(GlobalRegs, irq_pending));
+/// [`GlobalRegs::descriptors`].
+pub const DESCRIPTORS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, descriptors));
+/// [`GlobalRegs::bytes`].
+pub const BYTES: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, bytes));
+/// [`GlobalRegs::context_switches`].
+pub const CONTEXT_SWITCHES: Field<u64, ReadOnly> =
+    Field::new(offset_of!(GlobalRegs, context_switches));
+/// [`GlobalRegs::errors`].
+pub const ERRORS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, errors));
+/// [`GlobalRegs::busy_ns`].
+pub const BUSY_NS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, busy_ns));
+/// [`GlobalRegs::interrupts`].
+pub const INTERRUPTS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, interrupts));
+/// [`GlobalRegs::modelled_ns`] (the copy engine's; see [`unit_field`]).
+pub const MODELLED_NS: Field<u64, ReadOnly> = Field::new(offset_of!(GlobalRegs, modelled_ns));
+
+/// Bytes between two units' counter blocks ([`UnitRegs`]).
+pub const UNIT_STRIDE: usize = size_of::<UnitRegs>();
+
+/// Unit `unit`'s copy of the counter register `field` (one of [`DESCRIPTORS`], [`BYTES`],
+/// [`CONTEXT_SWITCHES`], [`ERRORS`], [`BUSY_NS`], [`INTERRUPTS`], which are the copy
+/// engine's).
+pub const fn unit_field<V, A>(field: Field<V, A>, unit: Unit) -> Field<V, A> {
+    Field::new(field.offset() + unit as usize * UNIT_STRIDE)
+}
+
+/// Per-queue registers: `Q_*.at(q, QUEUE_STRIDE)` is queue `q`'s (see [`queue_field`]).
+const fn q<V, A>(offset: usize) -> Field<V, A> {
+    Field::new(QUEUE_BASE + offset)
+}
+
+/// Queue 0's [`QueueRegs::ring_base`].
+pub const Q_RING_BASE: Field<u64, ReadWrite> = q(offset_of!(QueueRegs, ring_base));
+/// Queue 0's [`QueueRegs::depth`].
+pub const Q_DEPTH: Field<u32, ReadWrite> = q(offset_of!(QueueRegs, depth));
+/// Queue 0's [`QueueRegs::context`].
+pub const Q_CONTEXT: Field<u32, ReadWrite> = q(offset_of!(QueueRegs, context));
+/// Queue 0's [`QueueRegs::control`].
+pub const Q_CONTROL: Field<QueueControl, ReadWrite> = q(offset_of!(QueueRegs, control));
+/// Queue 0's [`QueueRegs::status`].
+pub const Q_STATUS: Field<QueueStatus, ReadOnly> = q(offset_of!(QueueRegs, status));
+/// Queue 0's [`QueueRegs::sq_tail`].
+pub const Q_SQ_TAIL: Field<u32, WriteOnly> = q(offset_of!(QueueRegs, sq_tail));
+/// Queue 0's [`QueueRegs::cq_head`].
+pub const Q_CQ_HEAD: Field<u32, WriteOnly> = q(offset_of!(QueueRegs, cq_head));
+/// Queue 0's [`QueueRegs::fault`].
+pub const Q_FAULT: Field<u32, ReadOnly> = q(offset_of!(QueueRegs, fault));
+/// Queue 0's [`QueueRegs::unit`].
+pub const Q_UNIT: Field<u32, ReadWrite> = q(offset_of!(QueueRegs, unit));
+/// Queue 0's [`QueueRegs::completed`].
+pub const Q_COMPLETED: Field<u64, ReadOnly> = q(offset_of!(QueueRegs, completed));
+/// Queue 0's [`QueueRegs::errors`].
+pub const Q_ERRORS: Field<u64, ReadOnly> = q(offset_of!(QueueRegs, errors));
+/// [`QueueRegs::ws_private`].
+pub const Q_WS_PRIVATE: Field<u64, ReadWrite> = q(offset_of!(QueueRegs, ws_private));
+/// [`QueueRegs::ws_shared`].
+pub const Q_WS_SHARED: Field<u64, ReadWrite> = q(offset_of!(QueueRegs, ws_shared));
+/// [`QueueRegs::share_key`].
+pub const Q_SHARE_KEY: Field<u32, ReadWrite> = q(offset_of!(QueueRegs, share_key));
+/// [`QueueRegs::sram_hits`].
+pub const Q_SRAM_HITS: Field<u64, ReadOnly> = q(offset_of!(QueueRegs, sram_hits));
+/// [`QueueRegs::sram_touched`].
+pub const Q_SRAM_TOUCHED: Field<u64, ReadOnly> = q(offset_of!(QueueRegs, sram_touched));
+
+/// A register of the fault block.
+const fn fault<V, A>(offset: usize) -> Field<V, A> {
+    Field::new(FAULT_BASE + offset)
+}
+
+/// [`FaultRegs::queue`].
+pub const FAULT_QUEUE: Field<u32, ReadWrite> = fault(offset_of!(FaultRegs, queue));
+/// [`FaultRegs::kinds`].
+pub const FAULT_KINDS: Field<u32, ReadWrite> = fault(offset_of!(FaultRegs, kinds));
+/// [`FaultRegs::count`].
+pub const FAULT_COUNT: Field<u32, ReadWrite> = fault(offset_of!(FaultRegs, count));
+/// [`FaultRegs::rate`].
+pub const FAULT_RATE: Field<u32, ReadWrite> = fault(offset_of!(FaultRegs, rate));
+/// [`FaultRegs::seed`].
+pub const FAULT_SEED: Field<u64, ReadWrite> = fault(offset_of!(FaultRegs, seed));
+/// [`FaultRegs::delay_us`].
+pub const FAULT_DELAY_US: Field<u32, ReadWrite> = fault(offset_of!(FaultRegs, delay_us));
+/// [`FaultRegs::control`].
+pub const FAULT_CONTROL: Field<FaultControl, WriteOnly> = fault(offset_of!(FaultRegs, control));
+/// [`FaultRegs::applied`].
+pub const FAULT_APPLIED: Field<u32, ReadOnly> = fault(offset_of!(FaultRegs, applied));
+/// [`FaultRegs::injected`]`[0]`, the sum over the kinds.
+pub const FAULT_INJECTED: Field<u64, ReadOnly> = fault(offset_of!(FaultRegs, injected));
+
+/// [`FaultRegs::injected`] of `kind`.
+pub const fn fault_injected(kind: super::fault::Kind) -> Field<u64, ReadOnly> {
+    Field::new(FAULT_INJECTED.offset() + 8 * kind as usize)
+}
+
+/// Queue `queue`'s copy of the per-queue register `field` (one of the `Q_*` constants).
+/// `None` past [`MAX_QUEUES`].
+pub const fn queue_field<V, A>(field: Field<V, A>, queue: u16) -> Option<Field<V, A>> {
+    if queue >= MAX_QUEUES {
+        return None;
+    }
+    field.at(queue as usize, QUEUE_STRIDE)
+}
+
+/// Implements [`Value`] for a `bitflags` type over `u32`, keeping unknown bits.
+macro_rules! u32_value {
+    ($($ty:ty),*) => {$(
+        impl Value for $ty {
+            type Raw = u32;
+            fn from_raw(raw: u32) -> Self {
+                <$ty>::from_bits_retain(raw)
+            }
+            fn to_raw(self) -> u32 {
+                self.bits()
+            }
+        }
+    )*};
+}
+
+bitflags::bitflags! {
+    /// [`GlobalRegs::status`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct DeviceStatus: u32 {
+        /// The engine is running and accepts work.
+        const READY = 1 << 0;
+    }
+
+    /// [`GlobalRegs::control`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Control: u32 {
+        /// Reset the device: every queue stopped and its registers zeroed, vectors unmasked and
+        /// nothing pending, counters zeroed, device memory zeroed; then `reset_count` increments.
+        const RESET = 1 << 0;
+    }
+
+    /// [`QueueRegs::control`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct QueueControl: u32 {
+        /// Serve the queue.
+        const ENABLE = 1 << 0;
+    }
+
+    /// [`FaultRegs::control`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct FaultControl: u32 {
+        /// Program the selected queue with the fault registers.
+        const APPLY = 1 << 0;
+        /// Remove the selected queue's programme.
+        const CLEAR = 1 << 1;
+    }
+
+    /// [`QueueRegs::status`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct QueueStatus: u32 {
+        /// The engine serves the queue (acknowledges `ENABLE`; cleared once it has stopped
+        /// touching the queue's memory after `ENABLE` was cleared).
+        const ENABLED = 1 << 0;
+        /// The queue stopped on an error ([`QueueRegs::fault`] says which); clear `ENABLE` to
+        /// acknowledge.
+        const FAULT = 1 << 1;
+    }
+}
+
+u32_value!(
+    DeviceStatus,
+    Control,
+    QueueControl,
+    QueueStatus,
+    FaultControl
+);
+
+/// Defines a fieldless enum with its variants' raw values, `#[repr]` of the raw type, and its
+/// `from_raw` (the variant of a raw value, `None` for any other) from the same list, so each
+/// value is written once; `variant as raw` is the other way.
+macro_rules! raw_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident: $raw:ident {
+            $($(#[$variant_meta:meta])* $variant:ident = $value:literal,)*
+        }
+        $(#[$from_meta:meta])*
+        fn from_raw;
+    ) => {
+        $(#[$meta])*
+        #[repr($raw)]
+        pub enum $name {
+            $($(#[$variant_meta])* $variant = $value,)*
+        }
+
+        impl $name {
+            $(#[$from_meta])*
+            pub fn from_raw(raw: $raw) -> Option<$name> {
+                match raw {
+                    $($value => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+raw_enum! {
+    /// Descriptor opcodes ([`Command::opcode`](userdma::ring::Command::opcode)). Unless stated,
+    /// `flags` and every `args` word must be zero, `context` must equal the queue's context
+    /// register, and "device offset" is a byte offset in device memory (BAR 2).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Opcode: u8 {
+        /// Does nothing; `src`, `dst` and `len` must be zero. Result: 0.
+        Nop = 0,
+        /// Copies `len` bytes from host IOVA `src` to device offset `dst`. Result: `len`.
+        ToDevice = 1,
+        /// Copies `len` bytes from device offset `src` to host IOVA `dst`. Result: `len`.
+        ToHost = 2,
+        /// Copies `len` bytes from device offset `src` to device offset `dst`; the ranges may
+        /// overlap (as `memmove`). Result: `len`.
+        DeviceCopy = 3,
+        /// Sets `len` bytes at device offset `dst` to the byte `args[0]` (`args[0] <= 0xff`);
+        /// `src` must be zero. Result: `len`.
+        Fill = 4,
+        /// For each little-endian `u32` word `w` of the `len` bytes at device offset `src`, in
+        /// ascending order, writes `(w ^ args[0]).wrapping_add(args[1])` to the same word of device
+        /// offset `dst` (`args[0]`, `args[1]` are `u32` values; `src`, `dst` and `len` multiples of
+        /// 4; the ranges may be the same). Result: the wrapping `u64` sum of the words written.
+        Compute = 5,
+        /// A model layer: one output tensor from up to three input tensors, each output word a
+        /// mix of the seed, its index and one word of every input
+        /// ([`reference::mix`](super::reference::mix)). Fields: `src` = device offset of input 0,
+        /// `dst` = device offset of the output, `len` = output length in bytes; `args[0]` =
+        /// device offset of input 1, `args[1]` = device offset of input 2, `args[2]` = input 0
+        /// length (bits 0..32) | input 1 length (bits 32..64), `args[3]` = input 2 length
+        /// (bits 0..32) | the layer's seed (bits 32..64). An input of length 0 is absent and
+        /// its offset must be 0 (else `BadArgs`); input 0 must be present and `len` non-zero
+        /// (else `BadLength`); every offset and length a multiple of 4 (else `Misaligned`).
+        /// Output word `j` (little-endian `u32`) is `mix(seed, j, [w_k])` over the present
+        /// inputs `k` in ascending order, `w_k` being input `k`'s word at index `j mod words_k`
+        /// (a shorter input repeats: a bias or a broadcast). The output range must not overlap
+        /// any input range (else `Overlap`): inputs are read word by word while the output is
+        /// written. Result: the wrapping `u64` sum of the output words.
+        Layer = 6,
+        /// Result filtering: keeps the fixed-size records whose score passes a threshold. Reads
+        /// the `len` bytes at device offset `src` as records of `args[0]` bytes (4 to 4096, a
+        /// multiple of 4; `len` a non-zero multiple of it); a record's score is the
+        /// little-endian `u32` at byte `args[1]` of it (a multiple of 4, with `args[1] + 4 <=
+        /// args[0]`); it survives if `score >= args[2]` (a `u32`). `args[3]` (a `u32`) is the
+        /// output capacity in records. Writes the `8 + args[3] * args[0]` bytes at device
+        /// offset `dst` (a multiple of 4, not overlapping the input, else `Overlap`): the
+        /// little-endian `u32` count of survivors written (at most the capacity), the `u32`
+        /// total of survivors found (saturating at `u32::MAX`), then the first survivors in
+        /// input order, packed, and zeros in the slots left over
+        /// ([`reference::compact`](super::reference::compact)). Result: the survivors found.
+        Compact = 7,
+        /// Waits for another queue: completes once the completed-descriptor counter of queue
+        /// `args[0]` ([`QueueRegs::completed`]) is at least `args[1]`. Until then its queue
+        /// serves nothing after it (in order), while every other queue goes on; once it
+        /// completes, everything the unit serving queue `args[0]` wrote to device memory
+        /// before those completions is visible to this queue's later descriptors. `args[0]`
+        /// must be another queue of the device (not this one) and `src`, `dst` and `len` must
+        /// be zero ([`StatusCode::BadArgs`], [`StatusCode::BadLength`] as for `Nop`). Stopping the queue or
+        /// resetting the device releases a pending wait (the queue is torn down). Result: the
+        /// counter value seen.
+        Wait = 8,
+    }
+
+    /// The opcode of a raw value.
+    fn from_raw;
+}
+
+raw_enum! {
+    /// Completion status codes ([`Status::code`](userdma::ring::Status::code)). A descriptor is
+    /// checked in this order and fails on the first problem; nothing is read or written unless
+    /// every check passed.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum StatusCode: u16 {
+        /// Done.
+        Success = 0,
+        /// `opcode` is not an [`Opcode`].
+        BadOpcode = 1,
+        /// `flags` is not zero.
+        BadFlags = 2,
+        /// `context` differs from the queue's context register.
+        BadContext = 3,
+        /// An `args` word is out of range, a reserved one is not zero, or an address field the
+        /// opcode does not use (`src` and `dst` of `Nop`, `src` of `Fill`, the offset of an
+        /// absent `Layer` input) is not zero; for `Compact`, a record size outside 4..=4096 or
+        /// a score not inside the record.
+        BadArgs = 4,
+        /// `len` is zero for a data operation, or not zero for `Nop`; `Layer` without input 0;
+        /// `Compact` with `len` not a multiple of the record size.
+        BadLength = 5,
+        /// A range's end (offset plus length) overflows 64 bits: `src + len` or `dst + len`;
+        /// for `Layer` each present input, then the output; for `Compact` the input, then the
+        /// output. Result: the address.
+        AddressOverflow = 6,
+        /// `Compute` with `src`, `dst` or `len` not a multiple of 4; `Layer` with any offset
+        /// or length not a multiple of 4; `Compact` with `src`, `dst`, the record size or the
+        /// score's offset not a multiple of 4.
+        Misaligned = 7,
+        /// A device-memory range beyond the device memory (for `Layer` the inputs are checked
+        /// in order, then the output). Result: the offset.
+        DeviceOutOfBounds = 8,
+        /// A host range not inside one mapping of the device's DMA space. Result: the IOVA.
+        HostUnmapped = 9,
+        /// `Layer` or `Compact` whose output range overlaps an input range (checked after
+        /// `DeviceOutOfBounds`; these opcodes touch no host memory). Result: the offset of the
+        /// first input it overlaps.
+        Overlap = 10,
+        /// The device failed the descriptor on purpose (fault injection,
+        /// [`Kind::ErrorStatus`](super::fault::Kind::ErrorStatus)); nothing was read or
+        /// written. Result: 0.
+        Injected = 11,
+    }
+
+    /// The code of a raw value.
+    fn from_raw;
+}
+
+raw_enum! {
+    /// Why a queue stopped ([`QueueRegs::fault`]).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Fault: u32 {
+        /// No fault.
+        None = 0,
+        /// `depth` is not a power of two from 2 to `max_depth`.
+        BadDepth = 1,
+        /// The ring memory (`ring_base`, the layout's size) is not inside one mapping.
+        RingUnmapped = 2,
+        /// `ring_base` is not 64-byte aligned.
+        RingMisaligned = 3,
+        /// The host rang an SQ tail behind the previous one or more than `depth` ahead.
+        BadSqTail = 4,
+        /// The host rang a CQ head behind the previous one or past the device's CQ tail.
+        BadCqHead = 5,
+        /// [`QueueRegs::unit`] is not a [`Unit`].
+        BadUnit = 6,
+    }
+
+    /// The fault of a raw value.
+    fn from_raw;
+}
+
+raw_enum! {
+    /// The device's execution units ([`QueueRegs::unit`]): each is its own thread with its own
+    /// modelled clock, serving only the queues assigned to it, so a copy queue and a compute
+    /// queue run concurrently as on an NPU. Any opcode runs on either; the unit only decides
+    /// which engine executes it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub enum Unit: u32 {
+        /// The DMA (copy) engine, the default.
+        #[default]
+        Copy = 0,
+        /// The compute unit.
+        Compute = 1,
+    }
+
+    /// The unit of a raw value.
+    fn from_raw;
+}
+
+impl Unit {
+    /// Both units, in register order.
+    pub const ALL: [Unit; 2] = [Unit::Copy, Unit::Compute];
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Fault::None => "no fault",
+            Fault::BadDepth => "the depth register is not a power of two from 2 to max_depth",
+            Fault::RingUnmapped => "the ring memory is not inside one mapping of the DMA space",
+            Fault::RingMisaligned => "the ring base IOVA is not 64-byte aligned",
+            Fault::BadSqTail => "the host rang an impossible SQ tail",
+            Fault::BadCqHead => "the host rang an impossible CQ head",
+            Fault::BadUnit => "the unit register names no unit of the device",
+        })
+    }
+}
+
+/// Whether the host may write the register at byte `offset` of BAR 0 (writes elsewhere are
+/// dropped, as a device ignores writes to read-only registers).
+pub(super) fn host_writable(offset: usize) -> bool {
+    match offset {
+        o if o == CONTROL.offset() => true,
+        o if o == IRQ_MASK_SET.offset() || o == IRQ_MASK_CLEAR.offset() => true,
+        // The fault programme and its control, not `applied` nor the counters.
+        o if (FAULT_BASE..FAULT_APPLIED.offset()).contains(&o) => true,
+        o if (QUEUE_BASE..QUEUE_BASE + MAX_QUEUES as usize * QUEUE_STRIDE).contains(&o) => {
+            let within = (o - QUEUE_BASE) % QUEUE_STRIDE;
+            // ring_base (either half), depth, context and control precede status.
+            within < offset_of!(QueueRegs, status)
+                || within == offset_of!(QueueRegs, sq_tail)
+                || within == offset_of!(QueueRegs, cq_head)
+                || within == offset_of!(QueueRegs, unit)
+                || (offset_of!(QueueRegs, ws_private)..offset_of!(QueueRegs, sram_hits))
+                    .contains(&within)
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,214 @@
+//! The runtime against the loopback device: one transfer each way through owned buffers and
+//! typed descriptors, handles that outlive each other in any order, and the errors of a device
+//! without a built-in format.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use userdma::device::{self, Device};
+use userdma::dma::DeviceOffset;
+use userdma::memory::PageSize;
+use userdma::pool::OwnedBuffer;
+use userdma::{ring, Runtime};
+use userdma_loopback::{
+    self as loopback, Cost, Descriptor, LoopbackRuntime, LoopbackStatus, StatusCode,
+};
+
+const TIMEOUT: Option<Duration> = Some(Duration::from_secs(10));
+
+fn runtime() -> Runtime {
+    Runtime::loopback(loopback::Config::default().queues(2).cost(Cost::zero()))
+        .expect("a loopback device")
+}
+
+fn assert_owned<T: Send + Sync + 'static>() {}
+
+#[test]
+fn runtime_and_its_handles_are_static_and_send() {
+    assert_owned::<Runtime>();
+    assert_owned::<OwnedBuffer>();
+    fn send<T: Send + 'static>() {}
+    send::<loopback::Queue>();
+}
+
+#[test]
+fn one_transfer_there_and_back_through_device_memory() {
+    let runtime = runtime();
+    let pool = runtime.pool(4 << 20, PageSize::Base).expect("pool");
+    let memory = runtime.device_memory().expect("device memory");
+    let window = memory.alloc(4096, 256).expect("a device range");
+    let mut queue = runtime.queue(ring::Config::new(64)).expect("queue");
+
+    let source = pool.alloc_owned(4096).expect("source");
+    let payload: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    source.write(0, &payload).expect("write");
+    let destination = pool.alloc_owned(4096).expect("destination");
+    let (src, dst) = (source.iova(), destination.iova());
+
+    queue
+        .push(
+            Descriptor::to_device(src, window.offset(), 4096).build(),
+            source,
+        )
+        .expect("to device");
+    queue
+        .push(
+            Descriptor::to_host(window.offset(), dst, 4096).build(),
+            destination,
+        )
+        .expect("to host");
+    queue.flush().expect("doorbell");
+    let first = queue.wait(TIMEOUT).expect("first");
+    assert_eq!(first.entry.loopback_code(), Ok(StatusCode::Success));
+    let back = queue.wait(TIMEOUT).expect("second");
+    assert_eq!(back.entry.loopback_code(), Ok(StatusCode::Success));
+    let mut got = vec![0u8; 4096];
+    back.payload.read(0, &mut got).expect("read");
+    assert_eq!(got, payload);
+    // Memory the device was not given is refused with an error completion, not written.
+    queue
+        .submit(
+            Descriptor::to_device(userdma::dma::Iova(0x10), DeviceOffset(0), 8).build(),
+            pool.alloc_owned(8).expect("buffer"),
+        )
+        .expect("submitted");
+    let refused = queue.wait(TIMEOUT).expect("completion");
+    assert_eq!(refused.entry.loopback_code(), Ok(StatusCode::HostUnmapped));
+}
+
+#[test]
+fn handles_outlive_the_runtime_in_any_order_and_in_flight_buffers_come_back() {
+    let runtime = runtime();
+    let pool = runtime.pool(4 << 20, PageSize::Base).expect("pool");
+    let weak = Arc::downgrade(&pool);
+    let mut queue = runtime
+        .queue(ring::Config::new(64).with_id(1).with_context(0))
+        .expect("queue");
+    let buffers: Vec<_> = (0..8)
+        .map(|_| pool.alloc_owned(512).expect("buffer"))
+        .collect();
+    for buffer in buffers {
+        let d = Descriptor::to_device(buffer.iova(), DeviceOffset(0), 512).build();
+        queue.push(d, buffer).expect("pushed");
+    }
+    queue.flush().expect("doorbell");
+    // Everything but the queue goes first; the queue still owns its buffers and its device.
+    drop((runtime, pool));
+    assert!(
+        weak.upgrade().is_some(),
+        "buffers in flight keep their pool"
+    );
+    let queue = std::thread::spawn(move || {
+        let mut done = 0;
+        while done < 4 {
+            let completion = queue.wait(TIMEOUT).expect("completion");
+            assert!(completion.entry.is_success());
+            done += 1;
+        }
+        queue
+    })
+    .join()
+    .expect("thread");
+    // Dropping the queue with work possibly in flight stops the device queue first.
+    drop(queue);
+    assert!(
+        weak.upgrade().is_none(),
+        "the last buffer dropped the pool and its mapping"
+    );
+}
+
+#[test]
+fn a_device_without_a_built_in_format_says_what_to_use() {
+    let loopback = Arc::new(
+        loopback::Loopback::new(loopback::Config::default().cost(Cost::zero())).expect("device"),
+    );
+    let runtime = Runtime::from_device(Arc::clone(&loopback) as Arc<dyn Device>);
+    let err = runtime.queue(ring::Config::new(64)).unwrap_err();
+    assert_eq!(err.code(), userdma::Code::Unsupported);
+    assert!(err.to_string().contains("Runtime::open_queue"), "{err}");
+    // Device memory is the device's own say (`Device::memory_bar`), known without its type.
+    let memory = runtime.device_memory().expect("the device says where its memory is");
+    assert_eq!(memory.size(), loopback.config().memory_bytes() as u64);
+    // A device that does not say gets an error naming what to make instead.
+    let vfio_like = Runtime::from_device(Arc::new(NoMemory(Arc::clone(&loopback))));
+    let err = vfio_like.device_memory().expect_err("no memory BAR said");
+    assert_eq!(err.code(), userdma::Code::Unsupported);
+    assert!(err.to_string().contains("DeviceMemory::of_bar"), "{err}");
+    assert!(vfio_like.device_as::<loopback::Loopback>().is_none());
+    assert!(Runtime::from_concrete(Arc::clone(&loopback))
+        .device_as::<loopback::Loopback>()
+        .is_some());
+    // The generic path works with the driver's format.
+    let mut queue: loopback::Queue<()> = runtime
+        .open_queue(
+            loopback::NpuFormat::new(loopback),
+            ring::Config::new(64),
+            device::Wait::Poll,
+        )
+        .expect("queue through the format");
+    queue.submit(Descriptor::nop().build(), ()).expect("nop");
+    assert!(queue.wait(TIMEOUT).expect("done").entry.is_success());
+}
+
+#[test]
+fn queue_ids_in_use_and_out_of_range_are_refused() {
+    let runtime = runtime();
+    let _first = runtime.queue(ring::Config::new(64)).expect("queue 0");
+    let busy = runtime.queue(ring::Config::new(64)).unwrap_err();
+    assert_eq!(busy.code(), userdma::Code::Busy, "{busy}");
+    let missing = runtime.queue(ring::Config::new(64).with_id(9)).unwrap_err();
+    assert_eq!(missing.code(), userdma::Code::NotFound, "{missing}");
+    let bad = runtime.pool(0, PageSize::Base).unwrap_err();
+    assert_eq!(bad.code(), userdma::Code::InvalidArgument, "{bad}");
+}
+
+#[test]
+fn a_queue_waits_on_the_vector_it_names() {
+    let runtime = runtime();
+    // Queue 1's completions raise vector 1 on the loopback device: naming it explicitly is
+    // the same as the default.
+    let config = ring::Config::new(64).with_id(1);
+    let mut queue: loopback::Queue<()> = runtime
+        .queue_with(config, device::Wait::Vector(1))
+        .expect("queue 1 on vector 1");
+    queue.submit(Descriptor::nop().build(), ()).expect("nop");
+    assert!(queue.wait(TIMEOUT).expect("woken").entry.is_success());
+    drop(queue);
+    let missing = runtime
+        .queue_with::<()>(config, device::Wait::Vector(7))
+        .unwrap_err();
+    assert_eq!(missing.code(), userdma::Code::NotFound, "{missing}");
+    // The failed open released everything: the queue opens again.
+    runtime
+        .queue_with::<()>(config, device::Wait::Poll)
+        .expect("queue 1 again");
+}
+
+/// A device that forwards everything to the loopback device but does not say where its
+/// memory is (the default `Device::memory_bar`), as a backend that does not know would.
+#[derive(Debug)]
+struct NoMemory(Arc<loopback::Loopback>);
+
+impl Device for NoMemory {
+    fn identity(&self) -> &device::Identity {
+        self.0.identity()
+    }
+    fn bar(&self, index: usize) -> Result<userdma::mmio::DynBlock, device::Error> {
+        self.0.bar(index)
+    }
+    fn dma_space(&self) -> Arc<dyn userdma::dma::Space> {
+        self.0.dma_space()
+    }
+    fn vectors(&self) -> u32 {
+        self.0.vectors()
+    }
+    fn interrupt(&self, vector: u32) -> Result<userdma::irq::EventFd, device::Error> {
+        self.0.interrupt(vector)
+    }
+    fn set_masked(&self, vector: u32, masked: bool) -> Result<(), device::Error> {
+        self.0.set_masked(vector, masked)
+    }
+    fn reset(&self) -> Result<(), device::Error> {
+        self.0.reset()
+    }
+}
