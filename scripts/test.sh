@@ -128,7 +128,8 @@ prerequisites
 # ---- checks ---------------------------------------------------------------------------------
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo fmt --check (fuzz)" cargo fmt --manifest-path fuzz/Cargo.toml -- --check
-step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
+step "cargo clippy -D warnings" sh -c 'cargo clippy --workspace --all-targets --locked -- -D warnings &&
+	cargo clippy -p userdma --all-targets --locked -- -D warnings' # the driver alone: its lean defaults
 step "cargo doc -D warnings" env RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 # The library's and the tool's unit and integration tests run in the two sanitizer steps below, instrumented
 # builds with the dev profile's checks; this plain debug run keeps what those cannot run (the
@@ -137,7 +138,7 @@ step "cargo doc -D warnings" env RUSTDOCFLAGS=-Dwarnings cargo doc --workspace -
 step "cargo test (doc tests, mlock and system-call witnesses; kernel ABI, C API and bench-support crates)" \
 	sh -c 'cargo test --locked --workspace --exclude userdma --exclude userdma-loopback --exclude userdma-infer --exclude userdma-cli &&
 		cargo test --locked -p userdma --doc && cargo test --locked -p userdma-loopback --doc && cargo test --locked -p userdma-infer --doc &&
-		cargo test --locked -p userdma --features serde,io-uring --lib --test irq_waiter &&
+		cargo test --locked -p userdma --features serde,io-uring --lib --test irq_waiter --test memory_sysfs &&
 		cargo test --locked -p userdma --test memory_region --test pool_steady_state --test readme'
 step "AddressSanitizer + LeakSanitizer: the library's and the tool's unit and integration tests" scripts/sanitize.sh address
 step "ThreadSanitizer: the library's and the tool's unit and integration tests" scripts/sanitize.sh thread

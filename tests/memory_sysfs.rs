@@ -67,6 +67,7 @@ fn status_lists_sizes_system_wide_then_per_node() {
 }
 
 #[test]
+#[cfg(feature = "serde")]
 fn status_serialises_for_the_cli() {
     let tree = two_node_tree();
     let status = hugepages::status(tree.path()).unwrap();

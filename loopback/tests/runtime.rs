@@ -127,7 +127,9 @@ fn a_device_without_a_built_in_format_says_what_to_use() {
     assert_eq!(err.code(), userdma::Code::Unsupported);
     assert!(err.to_string().contains("Runtime::open_queue"), "{err}");
     // Device memory is the device's own say (`Device::memory_bar`), known without its type.
-    let memory = runtime.device_memory().expect("the device says where its memory is");
+    let memory = runtime
+        .device_memory()
+        .expect("the device says where its memory is");
     assert_eq!(memory.size(), loopback.config().memory_bytes() as u64);
     // A device that does not say gets an error naming what to make instead.
     let vfio_like = Runtime::from_device(Arc::new(NoMemory(Arc::clone(&loopback))));
