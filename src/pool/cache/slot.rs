@@ -1,0 +1,527 @@
+//! A thread's cache slot: [`Slot`], one thread's caches for one pool, its state word
+//! (`FREE` → `ACTIVE` → `FLUSHING`, `GONE`); [`OwnedSlot`], what the owning thread does with
+//! it (pop, push, refill, flush, settle after a reclaim); and [`Slots`] / [`SlotRef`], a pool's
+//! slots in one mapping shared with the threads that claimed them.
+
+#![allow(clippy::wildcard_imports)] // the cache module's constants and imports
+
+use std::marker::PhantomData;
+#[cfg(not(loom))]
+use std::ptr::NonNull;
+
+use super::magazine::add;
+use super::*;
+
+/// A cache slot the calling thread owns (it claimed it and has not released it), or that the
+/// pool's `Drop` has exclusive access to, for `'a`. Not `Send`: ownership is per thread.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OwnedSlot<'a> {
+    pub(super) slot: &'a Slot,
+    pub(super) _not_send: PhantomData<*const ()>,
+}
+
+impl<'a> OwnedSlot<'a> {
+    /// Asserts ownership of `slot`.
+    ///
+    /// # Safety
+    /// For `'a`, the calling thread owns `slot` (claimed by it, not released), or has exclusive
+    /// access to it (the pool's `Drop`). Several `OwnedSlot`s of one slot on its thread are fine:
+    /// each method touches the magazine only for its own duration and none calls another.
+    #[inline(always)]
+    pub(crate) unsafe fn new(slot: &'a Slot) -> Self {
+        Self {
+            slot,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// Class `c`'s cache (`c` is a class of the pool: callers check it). Clamped rather than
+    /// bounds-checked: no panic path on the fast path, whose size decides whether a
+    /// `Buffer`'s drop inlines it.
+    #[inline(always)]
+    pub(super) fn cache(&self, c: usize) -> &'a ClassCache {
+        &self.slot.classes[c.min(MAX_CLASSES - 1)]
+    }
+
+    /// Pops a cached block of class `c`. `None` if the magazine is empty, or a reclaimer
+    /// claimed the block (the slow path then settles).
+    #[inline(always)]
+    pub(crate) fn pop(&self, c: usize) -> Option<u32> {
+        let cache = self.cache(c);
+        let len = cache.len();
+        let new = len.checked_sub(1)?;
+        // Read before the pop commits: only the owner ever writes a magazine's elements (a
+        // reclaimer only reads), so the read races with nothing; if the block turns out to be
+        // claimed, the value is dropped.
+        // SAFETY: `new < len <= cap <= MAG_MAX` (the mask changes nothing and spares a bounds
+        // check); no other thread writes it.
+        let unit = unsafe { cache.items.get(new as usize & (MAG_MAX - 1)) };
+        cache.set_len(new);
+        if cache.claimed_above(new) {
+            cache.set_len(len);
+            return None;
+        }
+        add(&cache.allocs, 1);
+        Some(unit)
+    }
+
+    /// Moves up to `out.len()` cached blocks of class `c` into `out` (the magazine's top, in
+    /// its order), returns how many: 0 as well if a reclaimer claimed some of them. One copy
+    /// and one counter update for the whole batch: what a [`Batch`](super::Batch) allocates
+    /// with.
+    #[inline(always)]
+    pub(crate) fn pop_into(&self, c: usize, out: &mut [u32]) -> usize {
+        let cache = self.cache(c);
+        let len = cache.len();
+        let n = (len as usize).min(out.len()).min(MAG_MAX);
+        if n == 0 {
+            return 0;
+        }
+        // `n <= len`.
+        let new = len - n as u32;
+        // Read before the pop commits, as in `pop`. Top first, as single pops hand them out.
+        // SAFETY: `new + n = len <= MAG_MAX`; no other thread writes them.
+        unsafe { cache.items.read_rev(new as usize, &mut out[..n]) };
+        cache.set_len(new);
+        if cache.claimed_above(new) {
+            cache.set_len(len);
+            return 0;
+        }
+        add(&cache.allocs, n);
+        n
+    }
+
+    /// Takes the top `N` cached blocks of class `c` as an array (top first, as `pop_into` hands
+    /// them out), or `None` (and nothing taken) if fewer are cached or some are claimed.
+    #[inline(always)]
+    pub(crate) fn pop_array<const N: usize>(&self, c: usize) -> Option<[u32; N]> {
+        let cache = self.cache(c);
+        let len = cache.len();
+        let new = len.checked_sub(u32::try_from(N).ok()?)?;
+        // Read before the pop commits, as in `pop`.
+        // SAFETY: `new + N = len <= MAG_MAX`; no other thread writes them.
+        let mut units: [u32; N] = unsafe { cache.items.array(new as usize) };
+        cache.set_len(new);
+        if cache.claimed_above(new) {
+            cache.set_len(len);
+            return None;
+        }
+        units.reverse();
+        add(&cache.allocs, N);
+        Some(units)
+    }
+
+    /// Pushes as many of `units` (freed blocks of class `c`) as the magazine has room for, in
+    /// one copy; returns how many (a prefix of `units`).
+    #[inline(always)]
+    pub(crate) fn push_from(&self, c: usize, units: &[u32]) -> usize {
+        let cache = self.cache(c);
+        let len = cache.len();
+        // Relaxed: owner only. `cap <= MAG_MAX`.
+        let cap = cache.cap.load(Ordering::Relaxed);
+        let n = (cap.saturating_sub(len) as usize).min(units.len());
+        if n == 0 {
+            return 0;
+        }
+        // SAFETY: `len + n <= cap <= MAG_MAX`; above `len`, where no reclaimer reads.
+        // Reversed, so that `pop_into` (which takes the top first) hands a batch back in the
+        // order it was freed.
+        unsafe { cache.items.write_rev(len as usize, &units[..n]) };
+        cache.set_len(len + n as u32);
+        add(&cache.frees, n);
+        n
+    }
+
+    /// Pushes `N` freed blocks of class `c` in one fixed-size copy (reversed, as `push_from`
+    /// stores them); `false` (and nothing pushed) if the magazine has room for fewer.
+    #[inline(always)]
+    pub(crate) fn push_array<const N: usize>(&self, c: usize, units: &[u32; N]) -> bool {
+        let cache = self.cache(c);
+        let len = cache.len() as usize;
+        // Relaxed: owner only.
+        let cap = cache.cap.load(Ordering::Relaxed) as usize;
+        let end = len + N;
+        if end > cap.min(MAG_MAX) {
+            return false;
+        }
+        let mut reversed = *units;
+        reversed.reverse();
+        // SAFETY: `end <= MAG_MAX`; above `len`, where no reclaimer reads.
+        unsafe { cache.items.set_array(len, reversed) };
+        cache.set_len(end as u32);
+        add(&cache.frees, N);
+        true
+    }
+
+    /// Pushes a freed block of class `c`; `false` (and nothing pushed) if the magazine is full.
+    #[inline(always)]
+    pub(crate) fn push(&self, c: usize, unit: u32) -> bool {
+        let cache = self.cache(c);
+        let len = cache.len();
+        // Relaxed: owner only.
+        if len >= cache.cap.load(Ordering::Relaxed) {
+            return false;
+        }
+        // SAFETY: `len < cap <= MAG_MAX` (the mask changes nothing and spares a bounds check);
+        // above `len`, where no reclaimer reads.
+        unsafe { cache.items.set(len as usize & (MAG_MAX - 1), unit) };
+        cache.set_len(len + 1);
+        add(&cache.frees, 1);
+        true
+    }
+
+    /// Whether class `c` is cached at all, giving its magazine the capacity and batch of
+    /// geometry `g` (the slot's pool's) the first time: a slot is made with no room in any
+    /// class, so that the pages of the classes a thread never uses are never written. Called
+    /// by every slow path before it uses the magazine; until then the fast paths find a
+    /// magazine with no room and go there.
+    #[inline]
+    pub(crate) fn enable(&self, c: usize, g: &Geometry) -> bool {
+        let cache = self.cache(c);
+        // Relaxed: owner only.
+        if cache.cap.load(Ordering::Relaxed) == 0 && c < g.classes {
+            // Nothing held (`len <= cap == 0`), so any capacity is consistent.
+            let class = g.class[c];
+            cache
+                .cap
+                .store(class.cap.min(MAG_MAX as u32), Ordering::Relaxed);
+            cache.batch.store(class.batch, Ordering::Relaxed);
+        }
+        cache.cap.load(Ordering::Relaxed) != 0
+    }
+
+    /// Class `c`'s refill/flush batch (0 until the class is enabled).
+    #[inline(always)]
+    pub(crate) fn batch(&self, c: usize) -> u32 {
+        // Relaxed: owner only.
+        self.cache(c).batch.load(Ordering::Relaxed)
+    }
+
+    /// Settles class `c` after a reclaimer took blocks from it: under `lock` (the class's
+    /// reclaim lock, so no reclaimer is at work), moves the remaining blocks down to index 0.
+    /// A pop that found its blocks claimed, or a push that found no room, calls this before
+    /// trying again.
+    pub(crate) fn settle(&self, c: usize, lock: &Mutex<()>) {
+        let cache = self.cache(c);
+        // Relaxed: a hint; the lock orders the real read.
+        if cache.top.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let _locked = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Relaxed: `top` changes only under the lock we hold (which ordered the last
+        // reclaimer's writes before this).
+        let top = cache.top.load(Ordering::Relaxed);
+        let len = cache.len();
+        // A reclaimer leaves `top <= len` (it keeps only what the owner did not take).
+        let kept = len.saturating_sub(top);
+        if top > 0 {
+            // SAFETY: `top + kept = len <= MAG_MAX`; no reclaimer works (we hold the lock) and
+            // this is the owner: nobody else touches the elements.
+            unsafe { cache.items.move_down(top as usize, 0, kept as usize) };
+        }
+        cache.set_len(kept);
+        // Relaxed: under the lock, which the next reclaimer takes.
+        cache.top.store(0, Ordering::Relaxed);
+    }
+
+    /// Marks a move of class `c`'s blocks between the magazine and the shared level: `f` does
+    /// it (see `ClassCache::moves`). A reclaimer that finds nothing while one is under way, or
+    /// happened since it looked, looks again.
+    pub(crate) fn moving<R>(&self, c: usize, f: impl FnOnce() -> R) -> R {
+        let cache = self.cache(c);
+        cache.move_begins();
+        // Ends however `f` returns.
+        struct End<'a>(&'a ClassCache);
+        impl Drop for End<'_> {
+            fn drop(&mut self) {
+                self.0.move_ends();
+            }
+        }
+        let _end = End(cache);
+        f()
+    }
+
+    /// Adds `items` to class `c`'s magazine (as many as fit; callers refill an empty one with at
+    /// most a batch), returns how many it took, and counts one allocation that missed; the
+    /// caller then pops, and gives back what did not fit.
+    pub(crate) fn refill(&self, c: usize, items: &[u32]) -> usize {
+        let cache = self.cache(c);
+        let len = cache.len() as usize;
+        // Relaxed: owner only.
+        let cap = (cache.cap.load(Ordering::Relaxed) as usize).min(MAG_MAX);
+        let room = cap.saturating_sub(len).min(items.len());
+        // SAFETY: `len + room <= MAG_MAX`; above `len`, where no reclaimer reads.
+        unsafe { cache.items.write(len, &items[..room]) };
+        cache.set_len((len + room) as u32);
+        add(&cache.misses, 1);
+        room
+    }
+
+    /// Moves up to `n` of class `c`'s most recently cached blocks into `out`; returns how many
+    /// (0 as well if a reclaimer claimed them: settle first).
+    pub(crate) fn take(&self, c: usize, n: usize, out: &mut [u32; BATCH_MAX]) -> usize {
+        let cache = self.cache(c);
+        let len = cache.len();
+        let n = n.min(len as usize).min(BATCH_MAX);
+        if n == 0 {
+            return 0;
+        }
+        let new = len - n as u32;
+        // Read before the take commits, as in `pop`.
+        // SAFETY: `new + n = len <= MAG_MAX`; no other thread writes them.
+        unsafe { cache.items.read(new as usize, &mut out[..n]) };
+        cache.set_len(new);
+        if cache.claimed_above(new) {
+            cache.set_len(len);
+            return 0;
+        }
+        n
+    }
+
+    /// Whether no reclaimer took from class `c` since the magazine was last settled (its
+    /// blocks start at index 0).
+    pub(crate) fn is_settled(&self, c: usize) -> bool {
+        // Relaxed: a hint; `settle` reads it again under the lock.
+        self.cache(c).top.load(Ordering::Relaxed) == 0
+    }
+
+    /// Blocks cached in class `c` that this thread may use (statistics and tests).
+    pub(crate) fn held(&self, c: usize) -> usize {
+        let cache = self.cache(c);
+        // Relaxed: owner only (and `top` a hint).
+        cache
+            .len()
+            .saturating_sub(cache.top.load(Ordering::Relaxed)) as usize
+    }
+}
+
+/// One thread's caches for one pool.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub(super) state: AtomicU32,
+    pub(super) classes: [ClassCache; MAX_CLASSES],
+}
+
+// SAFETY: a magazine's elements (the only non-atomic state) are touched by one thread at a
+// time: the thread that claimed the slot (state ACTIVE or FLUSHING, handed over with
+// Acquire/Release on `state`) above the magazine's `top`, a reclaimer the range below it that
+// it claimed (see `ClassCache`), or the pool's Drop once no thread can be inside a pool call
+// (see the module docs). Everything else is atomics.
+unsafe impl Sync for Slot {}
+// SAFETY: as above; a slot holds no thread-bound data.
+unsafe impl Send for Slot {}
+
+impl Slot {
+    /// The counters of class `c` (`c < MAX_CLASSES`).
+    pub(crate) fn class(&self, c: usize) -> &ClassCache {
+        &self.classes[c]
+    }
+
+    /// Claims the slot for the calling thread if it is free.
+    pub(crate) fn claim(&self) -> bool {
+        // Acquire: pairs with the Release store of FREE by the previous owner's release, so
+        // this thread sees the magazines and counters as that thread left them.
+        self.state
+            .compare_exchange(FREE, ACTIVE, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Called by the owning thread when it stops using the slot (thread exit, eviction):
+    /// flushes the magazines into `arena` and frees the slot, unless the pool is gone.
+    ///
+    /// # Safety
+    /// The caller is the slot's owning thread, and `arena` is the arena that handed the slot
+    /// out (it may have been dropped since; then the slot is `GONE` and `arena` is not used).
+    pub(super) unsafe fn release(&self, arena: *const Arena) {
+        // Acquire: pairs with nothing the pool writes before GONE that we need; it orders our
+        // flush after our claim. The CAS is what keeps the pool alive: its Drop waits while the
+        // state is FLUSHING.
+        if self
+            .state
+            .compare_exchange(ACTIVE, FLUSHING, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            // SAFETY: the state is FLUSHING, so the arena's Drop has not passed this slot and
+            // waits for it: the arena is alive until we store FREE. We are the owner (contract).
+            unsafe { (*arena).drain_slot(OwnedSlot::new(self)) };
+            // Release: pairs with the Acquire CAS in `claim` (next owner) and in `retire` (the
+            // pool's Drop), publishing the emptied magazines.
+            self.state.store(FREE, Ordering::Release);
+        }
+    }
+
+    /// Called by the pool's `Drop`: marks the slot `GONE`, waiting while its thread flushes.
+    /// Returns whether the slot was owned (its magazines may hold blocks to drain).
+    pub(crate) fn retire(&self) -> bool {
+        loop {
+            // Acquire: pairs with the Release store of FREE in `release`.
+            let state = self.state.load(Ordering::Acquire);
+            match state {
+                FLUSHING => thread::yield_now(),
+                GONE => return false,
+                _ => {
+                    // Acquire: as above, if the state changed under us.
+                    if self
+                        .state
+                        .compare_exchange(state, GONE, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        return state == ACTIVE;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether a thread holds the slot or is flushing it: whose magazines a reclaimer looks
+    /// in.
+    pub(crate) fn is_owned(&self) -> bool {
+        // Relaxed: a slot claimed after this has empty magazines (drained when last released,
+        // and the claim's Acquire saw it); one released after this is looked in all the same,
+        // and its flush is a marked move (`OwnedSlot::moving`).
+        matches!(self.state.load(Ordering::Relaxed), ACTIVE | FLUSHING)
+    }
+
+    /// Whether a thread holds the slot now (statistics).
+    pub(crate) fn is_claimed(&self) -> bool {
+        // Relaxed: statistics.
+        self.state.load(Ordering::Relaxed) == ACTIVE
+    }
+
+    pub(super) fn is_gone(&self) -> bool {
+        // Relaxed: a hint for choosing which table entry to reuse; GONE is final.
+        self.state.load(Ordering::Relaxed) == GONE
+    }
+}
+
+/// A pool's cache slots, all unclaimed, in one allocation that lives as long as the pool or any
+/// thread that holds one of them (see [`SlotRef`]).
+pub(crate) struct Slots {
+    /// The slots' memory: an anonymous mapping, zero-filled by the kernel page by page as it
+    /// is first touched (an allocator's zeroed allocation of this alignment would write every
+    /// byte), unmapped when dropped (nothing in a slot owns anything). `None` for no slots.
+    #[cfg(not(loom))]
+    pub(super) _map: Option<memmap2::MmapRaw>,
+    /// The first of `len` slots, at the start of `_map` (dangling when `len` is 0).
+    #[cfg(not(loom))]
+    pub(super) first: NonNull<Slot>,
+    /// How many slots (not under loom, where `slots` knows).
+    #[cfg(not(loom))]
+    pub(super) len: usize,
+    #[cfg(loom)]
+    pub(super) slots: Box<[Slot]>,
+}
+
+impl std::fmt::Debug for Slots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slots")
+            .field("len", &self.as_slice().len())
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: `Slots` owns its mapping and only hands out `&Slot`s, which are `Sync`; it holds no
+// thread-bound data (the raw pointer is into the mapping it owns).
+unsafe impl Send for Slots {}
+// SAFETY: as above: `&Slots` gives only `&Slot`s, and `Slot` is `Sync`.
+unsafe impl Sync for Slots {}
+
+// Unclaimed is all-zero: a slot is made by zeroing its memory.
+const _: () = assert!(FREE == 0);
+
+impl Slots {
+    /// `n` unclaimed slots, each with empty magazines that have no room yet.
+    ///
+    /// Made as zero-filled memory, which is every field's starting value (`FREE`, zero
+    /// counters, empty magazines with capacity zero), so nothing is written: a slot's pages
+    /// (about 47 KiB of magazines per slot) take memory only once its thread uses a class
+    /// (`OwnedSlot::enable`).
+    ///
+    /// # Errors
+    /// The mapping could not be made (address space or map count exhausted).
+    #[cfg(not(loom))]
+    pub(crate) fn new(n: usize) -> std::io::Result<Self> {
+        let size = std::mem::size_of::<Slot>()
+            .checked_mul(n)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
+        if size == 0 {
+            return Ok(Self {
+                _map: None,
+                first: NonNull::dangling(),
+                len: 0,
+            });
+        }
+        let map = memmap2::MmapRaw::from(memmap2::MmapOptions::new().len(size).map_anon()?);
+        // Page-aligned, and a slot's alignment (64) divides a page.
+        const _: () = assert!(std::mem::align_of::<Slot>() <= 4096);
+        let Some(first) = NonNull::new(map.as_mut_ptr().cast::<Slot>()) else {
+            unreachable!("a mapping is never at address 0");
+        };
+        Ok(Self {
+            _map: Some(map),
+            first,
+            len: n,
+        })
+    }
+
+    /// `n` unclaimed slots (loom's atomics and cells carry model state, so each is built).
+    #[cfg(loom)]
+    pub(crate) fn new(n: usize) -> std::io::Result<Self> {
+        let slots: Box<[Slot]> = (0..n)
+            .map(|_| Slot {
+                state: AtomicU32::new(FREE),
+                classes: std::array::from_fn(|_| ClassCache::new()),
+            })
+            .collect();
+        Ok(Self { slots })
+    }
+
+    /// The slots.
+    pub(crate) fn as_slice(&self) -> &[Slot] {
+        #[cfg(not(loom))]
+        // SAFETY: `first` points to `len` slots at the start of `_map`, which this value owns
+        // (a dangling pointer for none): the mapping is `len * size_of::<Slot>()` bytes,
+        // page-aligned (so aligned for `Slot`), and zero-filled where never written, and zero
+        // is a valid value of every field of a slot (atomics, `FREE` being 0; `u32`s in an
+        // `UnsafeCell`). Slots are only ever changed through those atomics and cells, never
+        // through a `&mut`, so shared references to them are sound for as long as `self`
+        // lives, which keeps the mapping.
+        unsafe {
+            std::slice::from_raw_parts(self.first.as_ptr(), self.len)
+        }
+        #[cfg(loom)]
+        &self.slots
+    }
+
+    /// The slots, one by one.
+    pub(crate) fn iter(&self) -> std::slice::Iter<'_, Slot> {
+        self.as_slice().iter()
+    }
+}
+
+/// One slot of a pool's [`Slots`], held by the thread that claimed it: it keeps the slots alive
+/// (after the pool is gone too, until the thread has released it).
+#[derive(Debug)]
+pub(crate) struct SlotRef {
+    pub(super) slots: Arc<Slots>,
+    pub(super) index: usize,
+}
+
+impl std::ops::Deref for SlotRef {
+    type Target = Slot;
+    fn deref(&self) -> &Slot {
+        &self.slots.as_slice()[self.index]
+    }
+}
+
+impl SlotRef {
+    /// Claims a free slot of `slots` for the calling thread: a handle that keeps every slot
+    /// alive.
+    pub(crate) fn claim(slots: &Arc<Slots>) -> Option<Self> {
+        let index = slots.iter().position(Slot::claim)?;
+        Some(Self {
+            slots: Arc::clone(slots),
+            index,
+        })
+    }
+}
