@@ -26,7 +26,7 @@
 #
 # Any report fails the run: ASan and LSan make the test process exit non-zero, TSan with
 # halt_on_error. Deliberate leaks (memory a device may still write, kept forever) are not leaks
-# to LSan: they stay reachable (src/keep.rs).
+# to LSan: they stay reachable (src/memory/keep.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -15,7 +15,7 @@
 //! | `rollback` | [`Rollback`]: undoing a failed bind or unbind, and reporting the result |
 //!
 //! The parsers ([`Bdf::from_str`](std::str::FromStr), [`ConfigSpace::capabilities`],
-//! [`parse_resource`], [`parse_hex`]) are pure functions of their input, never
+//! [`parse_resource`]) are pure functions of their input, never
 //! panic, and are fuzzed.
 //!
 //! ```no_run
@@ -62,4 +62,4 @@ pub use self::resource::{
     parse_resource, Resource, ResourceError, ResourceKind, ResourceReason, MAX_RESOURCE_LINES,
 };
 pub use self::rollback::{Rollback, RollbackEntry};
-pub use self::sysfs::{parse_hex, Error, Sysfs};
+pub use self::sysfs::{Error, Sysfs};

@@ -280,7 +280,7 @@ fn parse_hex_attr(path: &Path, text: &str, bits: u32) -> Result<u64, Error> {
 
 /// Parses a sysfs hex attribute as the kernel writes it (`0x8086`, one optional trailing newline)
 /// into a value of at most `bits` bits.
-pub fn parse_hex(text: &str, bits: u32) -> Option<u64> {
+pub(crate) fn parse_hex(text: &str, bits: u32) -> Option<u64> {
     let value = text.strip_suffix('\n').unwrap_or(text);
     let digits = value.strip_prefix("0x")?;
     let max_digits = usize::try_from(bits.div_ceil(4)).ok()?;
