@@ -9,7 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::{step_name, Error, FrameError, Model, Summary, Times};
+use super::descriptor::{self, step_name};
+use super::{Error, FrameError, Model, Summary, Times};
 use userdma::device::Wait;
 use userdma::dma::{Iova, Mapping};
 use userdma::memory::PageSize;
@@ -134,9 +135,9 @@ impl Naive {
         for k in 0..per_frame {
             let command = ring::Command {
                 context: self.context,
-                ..super::command(model, base, in_iova, out_iova, k)
+                ..descriptor::command(model, base, in_iova, out_iova, k)
             };
-            super::push(q, command, k as u16)?;
+            descriptor::push(q, command, k as u16)?;
         }
         q.flush()?;
         let submitted = Instant::now();

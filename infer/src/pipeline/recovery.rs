@@ -1,0 +1,155 @@
+//! A pipeline after a fault ([`Pipeline::recover`], [`Pipeline::reclaim`]): the device reset
+//! (or found removed), every slot taken back once the device can no longer touch it, the
+//! frames that finished handed over and the others reported lost ([`Recovery`]), and the
+//! queues opened again.
+
+use std::time::{Duration, Instant};
+
+use super::descriptor::Payload;
+use super::{Finished, Pipeline};
+use userdma::device::Device;
+
+/// What [`Pipeline::recover`] did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Recovery {
+    /// The frames that were in flight and did not finish, in frame order: their slots are
+    /// free again (taken back only after the device was stopped); submit them again.
+    pub lost: Vec<u64>,
+    /// Frames that finished while the device was being stopped, handed to postprocessing.
+    pub finished: usize,
+    /// The device was removed: nothing was reset or reopened, and the pipeline takes no new
+    /// frames.
+    pub removed: bool,
+    /// How long the recovery took (the reset, taking the slots back, reopening the queues).
+    pub took: Duration,
+}
+
+impl Pipeline {
+    /// The error of a pipeline whose device was removed.
+    pub(super) fn removed(&self) -> crate::Error {
+        userdma::device::Error::Removed {
+            device: self.device.identity().to_string(),
+        }
+        .into()
+    }
+
+    /// Brings the pipeline back after a fault (see the module docs): resets the device, takes
+    /// every slot back from the queues once the device can no longer touch them, hands frames
+    /// that finished to `postprocess` (in frame order, as always), reports the others as lost,
+    /// and opens the queues again. On a removed device: no reset and no queues; the slots come
+    /// back and new frames are refused.
+    ///
+    /// # Errors
+    /// The reset or reopening failing (the device is beyond recovery: drop the pipeline);
+    /// a queue the device could not be made to stop (its slots are then leaked, never freed
+    /// under the device: [`ring::leaks`]).
+    ///
+    /// [`ring::leaks`]: userdma::ring::leaks
+    pub fn recover(
+        &mut self,
+        postprocess: impl FnMut(Finished<'_>),
+    ) -> Result<Recovery, crate::Error> {
+        let start = Instant::now();
+        if !self.device.is_removed() {
+            self.device.reset()?;
+        }
+        let mut recovery = self.reclaim(postprocess)?;
+        recovery.took = start.elapsed();
+        Ok(recovery)
+    }
+
+    /// [`Pipeline::recover`] without the reset: for a device someone else has just reset, or
+    /// that was removed. A reset stops every queue of the device, so every pipeline on it must
+    /// take its slots back and reopen its queues; [`Streams`](crate::sched::streams::Streams) resets a
+    /// device once and reclaims each of its pipelines. On a device that was neither reset nor
+    /// removed it is still safe: each queue is stopped through the device's queue stop (which
+    /// waits for the device to acknowledge) before its slots come back.
+    ///
+    /// # Errors
+    /// As [`Pipeline::recover`].
+    pub fn reclaim(
+        &mut self,
+        mut postprocess: impl FnMut(Finished<'_>),
+    ) -> Result<Recovery, crate::Error> {
+        let start = Instant::now();
+        let removed = self.device.is_removed();
+        // The device is stopped (reset) or gone: every queue stops at once, handing back what
+        // completed before and what it aborted.
+        let mut completed = Vec::new();
+        let mut aborted = Vec::new();
+        let mut failure = None;
+        for queue in std::mem::take(&mut self.queues) {
+            match queue.shutdown(Duration::ZERO) {
+                Ok(shutdown) => {
+                    completed.extend(shutdown.completed);
+                    aborted.extend(shutdown.aborted.into_iter().map(|(_, p)| p));
+                }
+                Err(err) => failure = failure.or(Some(err)),
+            }
+        }
+        let before = self.summary.frames;
+        for done in completed {
+            self.complete(done, &mut postprocess);
+        }
+        let finished = (self.summary.frames - before) as usize;
+        let mut lost = Vec::new();
+        for payload in aborted {
+            if let Payload::Last { slot, .. } = payload {
+                lost.push(self.progress[slot.index].frame);
+                self.free.push_back(slot);
+            }
+        }
+        for index in 0..self.held.len() {
+            if let Some(slot) = self.held[index].take() {
+                lost.push(self.progress[index].frame);
+                self.free.push_back(slot);
+            }
+        }
+        lost.sort_unstable();
+        self.in_flight = 0;
+        self.next_out = self.next_frame;
+        self.unannounced = 0;
+        self.pending.clear();
+        if let Some(err) = failure {
+            return Err(err.into());
+        }
+        if !removed {
+            self.reopen()?;
+        }
+        Ok(Recovery {
+            lost,
+            finished,
+            removed,
+            took: start.elapsed(),
+        })
+    }
+
+    /// Opens the queues again after a reset, as [`Pipeline::new`] did.
+    fn reopen(&mut self) -> Result<(), crate::Error> {
+        let counters = self.device.counters()?;
+        for spec in &self.specs {
+            let id = spec.config.id();
+            if let (true, Some(ws)) = (spec.steps_here, self.config.working_set) {
+                self.device
+                    .set_working_set(id, ws.private, ws.shared, ws.key)?;
+            }
+            self.queues.push(self.device.open_queue_on(
+                spec.config,
+                self.config.wait,
+                spec.unit,
+            )?);
+        }
+        self.base = self
+            .specs
+            .iter()
+            .map(|s| {
+                counters
+                    .queues
+                    .get(usize::from(s.config.id()))
+                    .map_or(0, |q| q.completed)
+            })
+            .collect();
+        self.pushed = vec![0; self.specs.len()];
+        Ok(())
+    }
+}

@@ -1,0 +1,358 @@
+//! The frame loop: a frame's descriptors queued from a free slot
+//! ([`Pipeline::try_submit`]) and announced ([`Pipeline::flush`]), its completions counted
+//! until it is finished, and finished frames handed to postprocessing in frame order
+//! ([`Pipeline::poll`], [`Pipeline::wait`]); [`Pipeline::run`] and [`Pipeline::shutdown`]
+//! on top.
+
+use std::time::Instant;
+
+use super::descriptor::{command_of, push, step_name, Next, Payload, WAIT_STEP};
+use super::frame::Source;
+use super::{Finished, FrameError, Input, Output, Pipeline, Summary, COMPUTE, D2H, H2D};
+use userdma::ring::{self, Command};
+use userdma_loopback::LoopbackStatus as _;
+use userdma_loopback::{Descriptor, StatusCode};
+
+impl Pipeline {
+    /// Pushes `command` with `payload` to queue `q`.
+    fn push_to(
+        &mut self,
+        q: usize,
+        command: Command,
+        payload: Payload,
+    ) -> Result<(), crate::Error> {
+        let command = Command {
+            context: self.config.context,
+            ..command
+        };
+        push(&mut self.queues[q], command, payload)?;
+        self.pushed[q] += 1;
+        Ok(())
+    }
+
+    /// A `Wait` on queue `on` until every descriptor pushed to it so far has completed.
+    fn wait_for(&self, on: usize) -> Command {
+        let id = self.queues[on].id();
+        Descriptor::wait(id, self.base[on] + self.pushed[on]).build()
+    }
+
+    /// Takes a free slot, lets `preprocess` write frame `n`'s input into it, and queues the
+    /// frame's descriptors (announced once `batch` frames are queued, or by
+    /// [`Pipeline::flush`]). Returns the frame number, or `None` when every slot is in flight
+    /// (back-pressure: reap results first).
+    ///
+    /// # Errors
+    /// What `preprocess` returns, and ring errors (the queue broke).
+    pub fn try_submit(
+        &mut self,
+        preprocess: impl FnOnce(u64, &Input<'_>) -> Result<(), crate::Error>,
+    ) -> Result<Option<u64>, crate::Error> {
+        if self.queues.is_empty() {
+            return Err(self.removed());
+        }
+        let Some(slot) = self.free.pop_front() else {
+            return Ok(None);
+        };
+        let frame = self.next_frame;
+        let began = Instant::now();
+        if let Err(e) = preprocess(
+            frame,
+            &Input {
+                buffer: &slot.input,
+            },
+        ) {
+            self.free.push_front(slot);
+            return Err(e);
+        }
+        let index = slot.index;
+        let steps = self.model.steps().len();
+        let split = self.config.split;
+        let in_place = self.path.in_place;
+        // The frame's descriptors in order, as (queue, descriptor k or a Wait on a queue):
+        // H2D; with `split` a Wait on H2D ahead of the steps; the steps; unless results are
+        // read in place, with `split` a Wait on the steps, and the D2H copy. The last one
+        // carries the slot.
+        let (h2d, compute, d2h) = if split {
+            (H2D, COMPUTE, D2H)
+        } else {
+            (0, 0, 0)
+        };
+        let mut plan = [(0usize, Next::Step(0)); 5];
+        let mut n = 0;
+        let mut add = |q: usize, next: Next| {
+            plan[n] = (q, next);
+            n += 1;
+        };
+        add(h2d, Next::Step(0));
+        if split {
+            add(compute, Next::WaitOn(H2D));
+        }
+        add(compute, Next::Steps);
+        if !in_place {
+            if split {
+                add(d2h, Next::WaitOn(COMPUTE));
+            }
+            add(d2h, Next::Step(steps + 1));
+        }
+        let total = plan[..n]
+            .iter()
+            .map(|&(_, next)| if next == Next::Steps { steps } else { 1 })
+            .sum::<usize>();
+        let p = &mut self.progress[index];
+        p.frame = frame;
+        p.error = None;
+        p.times.preprocess = began;
+        p.outstanding = total as u32;
+        let mut slot = Some(slot);
+        let mut left = total;
+        for &(q, next) in &plan[..n] {
+            let (first, count) = match next {
+                Next::Step(k) => (k, 1),
+                Next::Steps => (1, steps),
+                Next::WaitOn(_) => (0, 1),
+            };
+            for k in first..first + count {
+                left -= 1;
+                let held = slot
+                    .as_ref()
+                    .expect("the slot goes with the last descriptor");
+                let command = match next {
+                    Next::WaitOn(on) => self.wait_for(on),
+                    _ => command_of(&self.model, held, k),
+                };
+                let step = if matches!(next, Next::WaitOn(_)) {
+                    WAIT_STEP
+                } else {
+                    k as u16
+                };
+                let payload = if left == 0 {
+                    Payload::Last {
+                        slot: slot.take().expect("taken once"),
+                        step,
+                    }
+                } else {
+                    Payload::Step { slot: index, step }
+                };
+                self.push_to(q, command, payload)?;
+            }
+        }
+        self.summary.bytes_to_device += self.model.input().bytes;
+        self.next_frame += 1;
+        self.in_flight += 1;
+        self.unannounced += 1;
+        self.pending.push(index);
+        if self.unannounced >= self.config.batch {
+            self.flush()?;
+        }
+        Ok(Some(frame))
+    }
+
+    /// Announces every queued frame: one doorbell per queue.
+    ///
+    /// # Errors
+    /// Ring errors.
+    pub fn flush(&mut self) -> Result<(), crate::Error> {
+        if self.unannounced == 0 {
+            return Ok(());
+        }
+        for q in &mut self.queues {
+            q.flush()?;
+        }
+        let now = Instant::now();
+        for &index in &self.pending {
+            self.progress[index].times.submitted = now;
+        }
+        self.pending.clear();
+        self.unannounced = 0;
+        self.summary.doorbells += self.queues.len() as u64;
+        Ok(())
+    }
+
+    /// Handles one completion. A frame is finished once all its completions were seen; it is
+    /// handed to `postprocess` in frame order. Returns how many frames were handed over.
+    pub(super) fn complete(
+        &mut self,
+        done: ring::Done<ring::Status, Payload>,
+        postprocess: &mut impl FnMut(Finished<'_>),
+    ) -> usize {
+        let now = Instant::now();
+        let steps = self.model.steps().len();
+        let code = done.entry.loopback_code().ok();
+        let (index, step) = match &done.payload {
+            Payload::Step { slot, step } => (*slot, *step),
+            Payload::Last { slot, step } => (slot.index, *step),
+        };
+        let p = &mut self.progress[index];
+        if code != Some(StatusCode::Success) && p.error.is_none() {
+            p.error = Some(FrameError {
+                frame: p.frame,
+                queue: done.entry.queue_id,
+                command: done.id,
+                step,
+                what: step_name(step, steps),
+                code: code.unwrap_or(StatusCode::BadOpcode),
+                result: done.entry.result,
+            });
+        }
+        match usize::from(step) {
+            0 => {
+                p.times.to_device = now;
+                if steps == 0 {
+                    p.times.computed = now;
+                }
+            }
+            s if s == steps && step != WAIT_STEP => p.times.computed = now,
+            _ => {}
+        }
+        p.outstanding = p.outstanding.saturating_sub(1);
+        if let Payload::Last { slot, .. } = done.payload {
+            if self.path.in_place {
+                p.times.computed = now;
+            }
+            p.times.to_host = now;
+            self.held[index] = Some(slot);
+        }
+        self.deliver(postprocess)
+    }
+
+    /// Hands every finished frame, from the next in order, to `postprocess`.
+    fn deliver(&mut self, postprocess: &mut impl FnMut(Finished<'_>)) -> usize {
+        let mut delivered = 0;
+        loop {
+            let next = self.next_out;
+            let Some(index) = (0..self.held.len()).find(|&i| {
+                self.held[i].is_some()
+                    && self.progress[i].frame == next
+                    && self.progress[i].outstanding == 0
+            }) else {
+                return delivered;
+            };
+            let slot = self.held[index].take().expect("found above");
+            let progress = self.progress[index];
+            self.in_flight -= 1;
+            self.next_out += 1;
+            self.summary.frames += 1;
+            let result = match progress.error {
+                Some(e) => {
+                    self.summary.failed += 1;
+                    Err(e)
+                }
+                None => {
+                    let r = self.model.result();
+                    self.summary.bytes_to_host += r.bytes;
+                    let source = if self.path.in_place {
+                        Source::Device {
+                            device: &self.device,
+                            offset: (slot.arena + r.offset).raw() as usize,
+                            len: r.bytes as usize,
+                        }
+                    } else {
+                        Source::Host(&slot.result)
+                    };
+                    Ok(Output { source })
+                }
+            };
+            postprocess(Finished {
+                frame: progress.frame,
+                result,
+                times: progress.times,
+            });
+            self.free.push_back(slot);
+            delivered += 1;
+        }
+    }
+
+    /// Hands every frame whose completions have all arrived to `postprocess`, in frame order,
+    /// without waiting. Returns how many finished.
+    ///
+    /// # Errors
+    /// Ring errors (a completion the queue does not know).
+    pub fn poll(
+        &mut self,
+        mut postprocess: impl FnMut(Finished<'_>),
+    ) -> Result<usize, crate::Error> {
+        let mut finished = 0;
+        for q in 0..self.queues.len() {
+            while let Some(done) = self.queues[q].poll_one()? {
+                finished += self.complete(done, &mut postprocess);
+            }
+        }
+        Ok(finished)
+    }
+
+    /// Waits until at least one frame finishes (announcing queued frames first), then hands
+    /// it and any others already done to `postprocess`. Returns how many finished (0 when
+    /// nothing is in flight).
+    ///
+    /// # Errors
+    /// [`userdma::Error::Ring`] when nothing completes within the configured timeout (the device
+    /// stopped answering), and ring errors.
+    pub fn wait(
+        &mut self,
+        mut postprocess: impl FnMut(Finished<'_>),
+    ) -> Result<usize, crate::Error> {
+        self.flush()?;
+        let mut finished = self.poll(&mut postprocess)?;
+        if self.queues.is_empty() {
+            // Removed and recovered: nothing is in flight any more.
+            return Ok(finished);
+        }
+        // A frame's last completion is on the last queue: wait there, then take the others.
+        let last = self.queues.len() - 1;
+        while finished == 0 && self.in_flight > 0 {
+            if self.held.iter().any(Option::is_some) {
+                // Its D2H is back, another of its completions is not seen yet: moments away.
+                std::thread::yield_now();
+            } else {
+                let done = self.queues[last].wait(Some(self.config.timeout))?;
+                finished += self.complete(done, &mut postprocess);
+            }
+            finished += self.poll(&mut postprocess)?;
+        }
+        Ok(finished)
+    }
+
+    /// Runs `frames` frames: each free slot is filled by `preprocess` and submitted, and each
+    /// finished frame handed to `postprocess`, in frame order, until all are done.
+    ///
+    /// # Errors
+    /// As [`Pipeline::try_submit`] and [`Pipeline::wait`]; a failed frame is not an error (it
+    /// reaches `postprocess` with its [`FrameError`]).
+    pub fn run(
+        &mut self,
+        frames: u64,
+        mut preprocess: impl FnMut(u64, &Input<'_>) -> Result<(), crate::Error>,
+        mut postprocess: impl FnMut(Finished<'_>),
+    ) -> Result<Summary, crate::Error> {
+        let start = self.next_frame;
+        let end = start + frames;
+        while self.next_frame < end || self.in_flight > 0 {
+            while self.next_frame < end {
+                if self.try_submit(|n, input| preprocess(n, input))?.is_none() {
+                    break;
+                }
+            }
+            self.flush()?;
+            self.poll(&mut postprocess)?;
+            if self.free.is_empty() || self.next_frame >= end {
+                self.wait(&mut postprocess)?;
+            }
+        }
+        Ok(self.summary)
+    }
+
+    /// Drains what is in flight (each frame to `postprocess`) and gives every buffer back to
+    /// the pool.
+    ///
+    /// # Errors
+    /// As [`Pipeline::wait`].
+    pub fn shutdown(
+        mut self,
+        mut postprocess: impl FnMut(Finished<'_>),
+    ) -> Result<Summary, crate::Error> {
+        while self.in_flight > 0 {
+            self.wait(&mut postprocess)?;
+        }
+        Ok(self.summary)
+    }
+}
