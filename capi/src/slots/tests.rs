@@ -1,4 +1,6 @@
 use super::*;
+use crate::error::{udma_status, Fail};
+use crate::handle::{Key, Kind};
 use crate::sync::{model, thread, Arc, AtomicU64, Ordering};
 
 /// Eight slots, two a segment: small enough for loom, and growth is exercised.

@@ -1,5 +1,6 @@
 use clap::Parser;
 
+use super::placement::allowed_cpus;
 use super::*;
 
 #[derive(Debug, Parser)]

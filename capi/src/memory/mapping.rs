@@ -1,0 +1,157 @@
+//! Mappings (`udma_mapping`): pinned host memory mapped into a device's DMA space, made by
+//! `udma_memory_map`, its addresses, and its destroy.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use udma::dma;
+
+use super::{bytes, page_size};
+use crate::abi;
+use crate::device::{device, udma_device};
+use crate::error::{call, udma_status, Fail};
+use crate::handle::{Kind, Registry};
+
+/// Pinned host memory mapped into a device's DMA space, made by `udma_memory_map`, destroyed
+/// (unmapped) by `udma_mapping_destroy`.
+#[derive(Debug)]
+pub struct udma_mapping {
+    _opaque: [u8; 0],
+}
+
+struct MappingEntry {
+    mapping: dma::Mapping,
+    device: String,
+}
+
+static MAPPINGS: Registry<Arc<MappingEntry>> = Registry::new(Kind::Mapping);
+
+/// A mapping's addresses.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct udma_mapping_info {
+    /// `sizeof(udma_mapping_info)`.
+    pub size: usize,
+    /// The host address of byte 0 (the device writes this memory: treat it as volatile).
+    pub host: *mut c_void,
+    /// Its length in bytes (the request rounded up to whole pages).
+    pub len: u64,
+    /// The IOVA (device address) of byte 0.
+    pub iova: u64,
+    /// Bytes from byte 0 that are contiguous in IOVA space (the whole length on hugepages
+    /// or behind an IOMMU; at least one page). `udma_mapping_iova` gives the IOVA of any byte.
+    pub contiguous: u64,
+}
+
+// SAFETY: `repr(C)`, a pointer and integers, 8 * 5 = 40 bytes with no padding, `size` first.
+unsafe impl abi::Sized for udma_mapping_info {
+    const NAME: &'static str = "udma_mapping_info";
+}
+
+/// Maps `bytes` of fresh pinned memory (rounded up to whole pages of `page_size`, a
+/// `udma_page_size`) into the device's DMA space, on the device's NUMA node when it has one.
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for 0 bytes or a bad page size; `UDMA_ERR_EXHAUSTED`
+/// for too few hugepages (the message says how many to reserve) or IOVA space;
+/// `UDMA_ERR_REFUSED` for the memory-lock limit.
+///
+/// # Safety
+/// `mapping` points to a writable `udma_mapping *`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_memory_map(
+    device: *const udma_device,
+    bytes: u64,
+    page_size: u32,
+    mapping: *mut *mut udma_mapping,
+) -> udma_status {
+    call("udma_memory_map", || {
+        let out = abi::out(mapping, "mapping")?;
+        let d = self::device(device)?;
+        let len = self::bytes(bytes, "bytes")?;
+        let page = self::page_size(page_size)?;
+        let m = d
+            .runtime
+            .map_memory(len, page)
+            .map_err(|e| Fail::from(e).context(&d.name))?;
+        let key = MAPPINGS.insert(Arc::new(MappingEntry {
+            mapping: m,
+            device: d.name.clone(),
+        }))?;
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { out.write(key.to_ptr(Kind::Mapping)) };
+        Ok(())
+    })
+}
+
+/// The mapping's host address, length and IOVA.
+///
+/// # Safety
+/// `info` points to `info->size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn udma_mapping_get_info(
+    mapping: *const udma_mapping,
+    info: *mut udma_mapping_info,
+) -> udma_status {
+    call("udma_mapping_get_info", || {
+        let m = MAPPINGS.with(mapping, |_, m| Ok(Arc::clone(m)))?;
+        let value = udma_mapping_info {
+            size: 0,
+            host: m.mapping.as_ptr().as_ptr().cast(),
+            len: m.mapping.len() as u64,
+            iova: m.mapping.iova(0).map_or(0, |i| i.raw()),
+            contiguous: m.mapping.contiguous_len(0) as u64,
+        };
+        // SAFETY: per this function's contract.
+        unsafe { abi::write(info, "info", value) }
+    })
+}
+
+/// The IOVA of byte `offset` of the mapping, and how many bytes from there are contiguous in
+/// IOVA space (`contiguous` may be NULL).
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an offset past the end.
+///
+/// # Safety
+/// `iova` points to a writable `uint64_t`; `contiguous` is NULL or does.
+#[no_mangle]
+pub unsafe extern "C" fn udma_mapping_iova(
+    mapping: *const udma_mapping,
+    offset: u64,
+    iova: *mut u64,
+    contiguous: *mut u64,
+) -> udma_status {
+    call("udma_mapping_iova", || {
+        let out = abi::out(iova, "iova")?;
+        let m = MAPPINGS.with(mapping, |_, m| Ok(Arc::clone(m)))?;
+        let at = usize::try_from(offset)
+            .ok()
+            .and_then(|o| m.mapping.iova(o).map(|i| (o, i)));
+        let Some((o, i)) = at else {
+            return Err(Fail::invalid(format!(
+                "offset {offset} is past the end of the {}-byte mapping on {}",
+                m.mapping.len(),
+                m.device
+            )));
+        };
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { out.write(i.raw()) };
+        if !contiguous.is_null() {
+            // SAFETY: non-null; writable per this function's contract.
+            unsafe { contiguous.write(m.mapping.contiguous_len(o) as u64) };
+        }
+        Ok(())
+    })
+}
+
+/// Unmaps the memory from the device's DMA space and frees it. The device must not be
+/// using it any more (this library submits only pool buffers, which a mapping is not).
+///
+/// # Safety
+/// None (any value is checked, none is dereferenced).
+#[no_mangle]
+pub unsafe extern "C" fn udma_mapping_destroy(mapping: *mut udma_mapping) -> udma_status {
+    call("udma_mapping_destroy", || {
+        drop(MAPPINGS.remove_if(mapping, |_| Ok(()))?);
+        Ok(())
+    })
+}
