@@ -452,3 +452,50 @@ fn a_slow_preprocess_is_no_device_fault() {
     }
     drop(s.into_streams());
 }
+
+/// A device that faults while the frames in flight are drained, after the run's window has
+/// closed (two devices, so the loop sleeps on both and finds the stalled one overdue only
+/// then): its reset (on a thread of its own) is waited for before the run ends, and the frame
+/// it had is counted lost, so every frame that arrived is accounted for.
+#[test]
+fn a_fault_while_draining_after_the_window_is_still_accounted_for() {
+    let model = Model::chain(2, 4096).unwrap();
+    let (good, bad) = (runtime(Cost::zero()), runtime(Cost::zero()));
+    // The stalled device's first frame goes out at once; the window closes at 30 ms; its
+    // pipeline gives up on the frame at 150 ms, while the loop drains.
+    let streams = vec![
+        stream(
+            &good,
+            &model,
+            0,
+            Arrivals::Periodic { period: 5_000_000 },
+            HEALTHY_TIMEOUT,
+        ),
+        stream(
+            &bad,
+            &model,
+            1,
+            Arrivals::Periodic {
+                period: 1_000_000_000,
+            },
+            Duration::from_millis(150),
+        ),
+    ];
+    inject_everywhere(&bad, &Injection::next(Kind::Stall, u32::MAX));
+    let mut s = Streams::new(Policy::RoundRobin, streams, 1).unwrap();
+    let (report, wrong) = run(&mut s, &model, 30);
+    assert_eq!(wrong, 0);
+    accounted(&report);
+    let st = &report.streams[1];
+    assert_eq!((st.arrived, st.frames, st.lost), (1, 0, 1), "{report:?}");
+    assert_eq!(report.faults.len(), 1, "{report:?}");
+    let fault = &report.faults[0];
+    assert_eq!((fault.device, fault.code), (1, Code::Timeout), "{fault:?}");
+    assert_eq!(fault.lost, 1, "{fault:?}");
+    assert!(
+        fault.at_ns >= 30_000_000,
+        "the fault is found after the window closed: {fault:?}"
+    );
+    drop(s.into_streams());
+    assert_eq!(userdma::ring::leaks().queues, 0);
+}

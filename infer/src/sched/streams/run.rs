@@ -72,14 +72,7 @@ impl Streams {
                 for s in &mut self.states {
                     s.queue.arrive(end.saturating_sub(1), true);
                 }
-                // No more tries: a reset under way is waited for, and a device whose reset
-                // failed is quarantined, its frames in flight lost.
-                for g in 0..self.groups.len() {
-                    self.away(|this| this.finish_reset(g, start, &mut postprocess))?;
-                    if let Some(fault) = self.groups[g].down.as_ref().map(|d| d.fault) {
-                        self.quarantine(g, fault, start);
-                    }
-                }
+                self.settle_downed(start, &mut postprocess)?;
             }
             if open {
                 self.away(|this| this.poll_resets(start, &mut postprocess))?;
@@ -101,6 +94,13 @@ impl Streams {
                 .sum();
             if busy == 0 {
                 if !open {
+                    if self.groups.iter().any(|g| g.down.is_some()) {
+                        // A device that faulted while the frames in flight were drained:
+                        // its reset is waited for (or it is quarantined), so its frames are
+                        // finished or counted lost before the run ends.
+                        self.settle_downed(start, &mut postprocess)?;
+                        continue;
+                    }
                     break;
                 }
                 // Nothing on any device: sleep until the next arrival, back-off's end or
@@ -185,6 +185,23 @@ impl Streams {
             devices,
             faults: std::mem::take(&mut self.faults),
         })
+    }
+
+    /// No more tries, once the window has closed: a reset under way is waited for, and a
+    /// device whose reset failed is quarantined, its frames in flight lost. Afterwards no
+    /// device is down.
+    fn settle_downed(
+        &mut self,
+        start: Instant,
+        postprocess: &mut impl FnMut(StreamId, Finished<'_>),
+    ) -> Result<(), crate::Error> {
+        for g in 0..self.groups.len() {
+            self.away(|this| this.finish_reset(g, start, &mut *postprocess))?;
+            if let Some(fault) = self.groups[g].down.as_ref().map(|d| d.fault) {
+                self.quarantine(g, fault, start);
+            }
+        }
+        Ok(())
     }
 
     /// Whether stream `i` has frames in flight on a device that answers (not one whose reset
