@@ -1,6 +1,7 @@
 //! The device itself ([`Loopback`]): starting its engine in a thread or a device process, its
-//! BARs, queues and interrupts as the driver's [`Device`] trait asks, its own queue format
-//! ([`NpuFormat`]), reset, removal and recovery.
+//! BARs, queues and interrupts as the driver's [`Device`](userdma::device::Device) trait asks
+//! (`npu/device.rs`), its own queue format ([`NpuFormat`], `npu/format.rs`), reset, removal and
+//! recovery.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -15,14 +16,18 @@ use crate::engine::Engine;
 use crate::error::Error as LoopbackError;
 use crate::ops::{Dram, Translate};
 use crate::process::{Remote, RemoteSpace};
-use crate::regs::{queue_field, unit_field, QueueControl, QueueStatus};
+use crate::regs::{queue_field, unit_field};
 use crate::sync::Mutex;
-use userdma::device::{Device, DoorbellRegs, Error as DeviceError, Identity, Kind, Source};
+use userdma::device::{Error as DeviceError, Identity, Kind, Source};
 use userdma::dma::{self, Slice};
 use userdma::irq::EventFd;
 use userdma::memory::Region;
 use userdma::mmio::{Block, DynBlock, Field, Readable, Value, Writable};
-use userdma::ring::{self, Command, Layout, Memory, Status};
+
+mod device;
+mod format;
+
+pub use self::format::{NpuFormat, Queue};
 
 /// Where the engine runs, as the host tracks it.
 #[derive(Debug)]
@@ -236,9 +241,10 @@ impl Loopback {
     /// Takes the device away, as a hot-unplug or an administrator's `remove` takes a PCI
     /// device: the engine (thread or process) stops, so the device touches no memory again;
     /// then both BARs read all-ones and drop writes, and the removal is reported
-    /// ([`Device::events`], [`Event::Removal`](userdma::device::Event::Removal)), which wakes
-    /// every queue's waits with [`ring::Error::Removed`]. Queues shut down after it hand every
-    /// in-flight buffer back as aborted; opening a queue or resetting fails with
+    /// ([`Device::events`](userdma::device::Device::events),
+    /// [`Event::Removal`](userdma::device::Event::Removal)), which wakes every queue's waits
+    /// with [`ring::Error::Removed`](userdma::ring::Error::Removed). Queues shut down after it
+    /// hand every in-flight buffer back as aborted; opening a queue or resetting fails with
     /// [`DeviceError::Removed`]. Removing twice does nothing more. For tests of every layer's
     /// removal path on a machine without a device.
     pub fn remove(&self) {
@@ -402,243 +408,6 @@ impl Loopback {
                 std::thread::sleep(step);
             }
             step = (step * 2).min(Duration::from_millis(1));
-        }
-    }
-
-    /// Opens queue `config.id()` on a fresh ring of `config.depth()` entries (memfd-backed,
-    /// mapped into the device's DMA space), programs it into the device and enables it: the
-    /// loopback device's [`NpuFormat`] through [`device::open_queue`](userdma::device::open_queue).
-    /// The queue stops its device queue when dropped with work in flight. With [`Wait::Poll`]
-    /// the queue has no interrupt vector.
-    pub fn open_queue<T: Send>(
-        self: &Arc<Self>,
-        config: ring::Config,
-        wait: Wait,
-    ) -> Result<Queue<T>, DeviceError> {
-        self.open_queue_on(config, wait, Unit::Copy)
-    }
-
-    /// [`Loopback::open_queue`] for a queue served by `unit` (the [`NpuFormat`] with
-    /// [`NpuFormat::unit`]).
-    pub fn open_queue_on<T: Send>(
-        self: &Arc<Self>,
-        config: ring::Config,
-        wait: Wait,
-        unit: Unit,
-    ) -> Result<Queue<T>, DeviceError> {
-        self.check_present()?;
-        let device: Arc<dyn Device> = Arc::clone(self) as Arc<dyn Device>;
-        let format = NpuFormat::new(Arc::clone(self)).unit(unit);
-        userdma::device::open_queue(&device, format, config, wait)
-    }
-
-    /// Enables queue `config.id()` on the ring at `iova`, served by `unit` (the [`NpuFormat`]'s
-    /// enable).
-    fn enable_queue(
-        &self,
-        config: &ring::Config,
-        iova: u64,
-        unit: Unit,
-    ) -> Result<(), DeviceError> {
-        let q = config.id();
-        self.set(self.queue_reg(regs::Q_RING_BASE, q)?, iova)?;
-        self.set(self.queue_reg(regs::Q_DEPTH, q)?, config.depth())?;
-        self.set(self.queue_reg(regs::Q_CONTEXT, q)?, config.context())?;
-        self.set(self.queue_reg(regs::Q_UNIT, q)?, unit as u32)?;
-        let control = self.queue_reg(regs::Q_CONTROL, q)?;
-        self.set(control, QueueControl::ENABLE)?;
-        let status = self.queue_reg(regs::Q_STATUS, q)?;
-        let started = self.wait_for("enable the queue", self.config.ack_timeout, |d| {
-            Ok(!d.get(status)?.is_empty())
-        });
-        let enabled = started.and_then(|()| self.get(status));
-        match enabled {
-            Ok(s) if s.contains(QueueStatus::ENABLED) => Ok(()),
-            Ok(_) => {
-                let fault = self.get(self.queue_reg(regs::Q_FAULT, q)?)?;
-                self.set(control, QueueControl::empty())?;
-                Err(LoopbackError::QueueFault {
-                    queue: q,
-                    fault: Fault::from_raw(fault).unwrap_or(Fault::None),
-                }
-                .into())
-            }
-            Err(err) => {
-                // Best effort: the device is not answering.
-                let _ = self.set(control, QueueControl::empty());
-                Err(err)
-            }
-        }
-    }
-}
-
-/// The loopback device's queue format: [`Command`] descriptors, [`Status`] completions,
-/// doorbells in its queue register blocks (BAR 0), and the enable handshake of the register
-/// map (the module docs), on the [`Unit`] chosen with [`NpuFormat::unit`] (the copy engine by
-/// default). Give it to [`device::open_queue`](userdma::device::open_queue) or
-/// [`Runtime::open_queue`](userdma::Runtime::open_queue), or use [`Loopback::open_queue`].
-#[derive(Debug, Clone)]
-pub struct NpuFormat {
-    device: Arc<Loopback>,
-    unit: Unit,
-}
-
-impl NpuFormat {
-    /// The format of `device`'s queues, served by the copy engine.
-    pub fn new(device: Arc<Loopback>) -> NpuFormat {
-        NpuFormat {
-            device,
-            unit: Unit::Copy,
-        }
-    }
-
-    /// The unit that serves the queues opened with this format (written to the queue's
-    /// `unit` register before it is enabled).
-    #[must_use]
-    pub fn unit(mut self, unit: Unit) -> NpuFormat {
-        self.unit = unit;
-        self
-    }
-}
-
-impl userdma::device::QueueFormat for NpuFormat {
-    type Submission = Command;
-    type Completion = Status;
-
-    /// The engine completes each queue's descriptors in order.
-    fn in_order(&self) -> bool {
-        true
-    }
-
-    fn check(&self, _: &dyn Device, q: u16) -> Result<(), DeviceError> {
-        let d = &self.device;
-        let status = d.get(d.queue_reg(regs::Q_STATUS, q)?)?;
-        let control = d.registers.get(d.queue_reg(regs::Q_CONTROL, q)?);
-        if !status.is_empty() || control.is_ok_and(|c| !c.is_empty()) {
-            return Err(DeviceError::QueueBusy { queue: q });
-        }
-        Ok(())
-    }
-
-    /// The `max_depth` register.
-    fn max_depth(&self, _: &dyn Device, _: u16) -> Result<Option<u32>, DeviceError> {
-        Ok(Some(self.device.get(regs::MAX_DEPTH)?))
-    }
-
-    fn doorbells(&self, _: &dyn Device, q: u16) -> Result<DoorbellRegs, DeviceError> {
-        let d = &self.device;
-        Ok(DoorbellRegs {
-            bar: regs::REGISTER_BAR,
-            sq_tail: d.queue_reg(regs::Q_SQ_TAIL, q)?.offset(),
-            cq_head: d.queue_reg(regs::Q_CQ_HEAD, q)?.offset(),
-        })
-    }
-
-    fn enable(
-        &self,
-        _: &dyn Device,
-        config: &ring::Config,
-        _: &Layout,
-        memory: &Memory,
-    ) -> Result<(), DeviceError> {
-        self.device
-            .enable_queue(config, memory.iova().raw(), self.unit)
-    }
-}
-
-/// The common queue type of the loopback device: its descriptor format, payloads of type `T`
-/// (by default [`OwnedBuffer`](userdma::pool::OwnedBuffer)s, the buffers the descriptors name).
-pub type Queue<T = userdma::pool::OwnedBuffer> = ring::Queue<Command, Status, T>;
-
-impl Device for Loopback {
-    /// BAR 2, all of it ([`Config::memory_size`]).
-    fn memory_bar(&self) -> Option<userdma::device::MemoryBar> {
-        Some(userdma::device::MemoryBar {
-            index: regs::MEMORY_BAR,
-            bytes: self.config.memory_bytes() as u64,
-        })
-    }
-
-    fn identity(&self) -> &Identity {
-        &self.identity
-    }
-
-    fn numa_node(&self) -> Option<u32> {
-        self.config.numa_node
-    }
-
-    fn event_source(&self) -> Option<&Source> {
-        Some(&self.events)
-    }
-
-    fn bar(&self, index: usize) -> Result<DynBlock, DeviceError> {
-        match index {
-            regs::REGISTER_BAR => Ok(self.registers.clone()),
-            regs::MEMORY_BAR => Ok(self.memory_bar.clone()),
-            _ => Err(DeviceError::NoSuchBar { index }),
-        }
-    }
-
-    fn dma_space(&self) -> Arc<dyn dma::Space> {
-        Arc::clone(&self.space)
-    }
-
-    fn vectors(&self) -> u32 {
-        u32::from(self.config.queues)
-    }
-
-    fn interrupt(&self, vector: u32) -> Result<EventFd, DeviceError> {
-        let irq = usize::try_from(vector)
-            .ok()
-            .and_then(|v| self.irqs.get(v))
-            .ok_or(DeviceError::NoSuchQueue {
-                index: vector,
-                count: self.vectors(),
-            })?;
-        irq.try_clone()
-            .map_err(|source| DeviceError::Interrupt { vector, source })
-    }
-
-    fn set_masked(&self, vector: u32, masked: bool) -> Result<(), DeviceError> {
-        if vector >= self.vectors() {
-            return Err(DeviceError::NoSuchQueue {
-                index: vector,
-                count: self.vectors(),
-            });
-        }
-        let register = if masked {
-            regs::IRQ_MASK_SET
-        } else {
-            regs::IRQ_MASK_CLEAR
-        };
-        self.set(register, 1 << vector)
-    }
-
-    fn reset(&self) -> Result<(), DeviceError> {
-        self.check_present()?;
-        let before = self.get(regs::RESET_COUNT)?;
-        self.set(regs::CONTROL, regs::Control::RESET)?;
-        self.wait_for("reset", self.config.ack_timeout, |d| {
-            Ok(d.get(regs::RESET_COUNT)? != before)
-        })
-    }
-
-    fn stop_queue(&self, queue: u16, timeout: Duration) -> Result<(), DeviceError> {
-        if self.events.is_removed() {
-            // The engine stopped before the removal was reported.
-            return Ok(());
-        }
-        let control = self.queue_reg(regs::Q_CONTROL, queue)?;
-        let status = self.queue_reg(regs::Q_STATUS, queue)?;
-        self.set(control, QueueControl::empty())?;
-        match self.wait_for("stop the queue", timeout, |d| {
-            Ok(!d.get(status)?.contains(QueueStatus::ENABLED))
-        }) {
-            // A stopped engine touches nothing any more: the queue is stopped too.
-            Err(e) if matches!(LoopbackError::of(&e), Some(LoopbackError::Stopped { .. })) => {
-                Ok(())
-            }
-            other => other,
         }
     }
 }

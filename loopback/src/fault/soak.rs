@@ -14,8 +14,8 @@
 //!
 //! | the host sees | detected as | then |
 //! |---|---|---|
-//! | a completion with [`StatusCode::Injected`] | [`Kind::ErrorStatus`] | the transfer fails, the queue goes on |
-//! | a completion with [`StatusCode::BadContext`] (the host sent the right context) | [`Kind::CorruptDescriptor`] | the same |
+//! | a completion with [`StatusCode::Injected`](crate::StatusCode::Injected) | [`Kind::ErrorStatus`] | the transfer fails, the queue goes on |
+//! | a completion with [`StatusCode::BadContext`](crate::StatusCode::BadContext) (the host sent the right context) | [`Kind::CorruptDescriptor`] | the same |
 //! | [`ring::Error::LostCompletion`] | [`Kind::DropCompletion`] | recovery |
 //! | [`ring::Error::DuplicateCompletion`] | [`Kind::CompleteTwice`] | recovery |
 //! | [`ring::Error::WrongCommand`] | [`Kind::WrongId`] | recovery |
@@ -49,12 +49,14 @@
 use std::time::{Duration, Instant};
 
 use super::{Counts, Injection, Kind};
-use crate::LoopbackStatus as _;
-use crate::{Config, Cost, Descriptor, Loopback, Queue, StatusCode, Wait};
+use crate::{Config, Cost, Loopback, Queue, Wait};
 use userdma::device::{Device, Error as DeviceError};
-use userdma::dma::{DeviceOffset, Mapping};
+use userdma::dma::Mapping;
 use userdma::memory::PageSize;
-use userdma::ring::{self, Status};
+use userdma::ring;
+
+mod accounting;
+mod burst;
 
 /// The longest transfer.
 pub const MAX_LEN: usize = 512;
@@ -360,249 +362,6 @@ impl Soak {
     fn dst(&self, i: usize) -> usize {
         (32 + i) * SLOT
     }
-
-    /// Runs one burst of `n` transfers on `queue`; returns the queue to go on with (a new one
-    /// after a recovery).
-    fn burst(
-        &mut self,
-        mut queue: Queue<Token>,
-        burst: u64,
-        n: usize,
-    ) -> Result<Queue<Token>, Error> {
-        let mut transfers = [Transfer::default(); 32];
-        let mut bytes = [0u8; SLOT];
-        let slice = self.host.slice();
-        let iova = |offset: usize| self.host.iova(offset).expect("inside the mapping");
-        for (i, t) in transfers.iter_mut().enumerate().take(n) {
-            t.len = 1 + self.rng.below(MAX_LEN);
-            t.offset = self.rng.below(MAX_OFFSET + 1);
-            for chunk in bytes[..t.len].chunks_mut(8) {
-                let word = self.rng.next().to_le_bytes();
-                chunk.copy_from_slice(&word[..chunk.len()]);
-            }
-            let (src, dst) = (self.src(i) + t.offset, self.dst(i) + t.offset);
-            slice.write_from(src, &bytes[..t.len])?;
-            slice.write_from(self.dst(i), &[CANARY; SLOT])?;
-            let device_at = DeviceOffset((i * SLOT) as u64);
-            let len = t.len as u64;
-            let transfer = i as u8;
-            let halves = [
-                (
-                    Descriptor::to_device(iova(src), device_at, len).build(),
-                    false,
-                ),
-                (Descriptor::to_host(device_at, iova(dst), len).build(), true),
-            ];
-            for (desc, to_host) in halves {
-                if let Err(rejected) = queue.push(desc, Token { transfer, to_host }) {
-                    return Err(Error::Ring {
-                        burst,
-                        source: rejected.error,
-                    });
-                }
-            }
-        }
-        let flushed = Instant::now();
-        queue
-            .flush()
-            .map_err(|source| Error::Ring { burst, source })?;
-        let mut seen = Seen::default();
-        let mut left = 2 * n;
-        while left > 0 {
-            match queue.wait(Some(self.plan.timeout)) {
-                Ok(done) => {
-                    left -= 1;
-                    self.completed(&mut transfers, &mut seen, &done);
-                }
-                Err(error) => {
-                    let error = queue.explain(error);
-                    detect(&mut seen, error).map_err(|source| Error::Ring { burst, source })?;
-                    break;
-                }
-            }
-        }
-        if !seen.recover {
-            // A duplicate of the burst's last completion follows it: look once more (if the
-            // device has not written it yet, the next burst meets it).
-            match queue.poll_one() {
-                Ok(None) => {}
-                Ok(Some(_)) => {
-                    return Err(Error::Ring {
-                        burst,
-                        source: ring::Error::UnknownCommand {
-                            queue: QUEUE,
-                            id: u16::MAX,
-                        },
-                    })
-                }
-                Err(error) => {
-                    detect(&mut seen, error).map_err(|source| Error::Ring { burst, source })?
-                }
-            }
-        }
-        seen.late = flushed.elapsed() >= self.plan.slow;
-        if seen.recover {
-            let began = Instant::now();
-            let shutdown = self.device.recover(queue)?;
-            for done in &shutdown.completed {
-                self.completed(&mut transfers, &mut Seen::default(), done);
-            }
-            self.recovery_total += began.elapsed();
-            self.report.recoveries += 1;
-            // Every transfer of the burst not verified already failed: its completions
-            // were not all taken.
-            queue = self.open()?;
-        }
-        self.check(&mut transfers[..n])?;
-        self.reconcile(burst, &seen)?;
-        self.report.transfers += n as u64;
-        Ok(queue)
-    }
-
-    /// Counts a completion handed out.
-    fn completed(
-        &self,
-        transfers: &mut [Transfer],
-        seen: &mut Seen,
-        done: &ring::Done<Status, Token>,
-    ) {
-        let t = &mut transfers[usize::from(done.payload.transfer)];
-        match done.entry.loopback_code() {
-            Ok(StatusCode::Success) => t.succeeded += 1,
-            Ok(StatusCode::Injected) => {
-                *seen.detected.get_mut(Kind::ErrorStatus) += 1;
-                t.failed = true;
-            }
-            Ok(StatusCode::BadContext) => {
-                // The host sent the queue's context: the device read something else.
-                *seen.detected.get_mut(Kind::CorruptDescriptor) += 1;
-                t.failed = true;
-            }
-            _ => t.failed = true,
-        }
-    }
-
-    /// Checks the burst's destinations: verified transfers byte for byte, every canary.
-    fn check(&mut self, transfers: &mut [Transfer]) -> Result<(), Error> {
-        let slice = self.host.slice();
-        let mut src = [0u8; SLOT];
-        let mut dst = [0u8; SLOT];
-        let mut any_verified = false;
-        for (i, t) in transfers.iter_mut().enumerate() {
-            slice.read_into(self.dst(i), &mut dst)?;
-            let range = t.offset..t.offset + t.len;
-            let verified = t.succeeded == 2 && !t.failed;
-            if verified {
-                slice.read_into(self.src(i) + t.offset, &mut src[..t.len])?;
-                if dst[range.clone()] != src[..t.len] {
-                    let wrong = dst[range.clone()]
-                        .iter()
-                        .zip(&src[..t.len])
-                        .filter(|(a, b)| a != b)
-                        .count();
-                    self.report.corrupted_bytes += wrong as u64;
-                }
-                self.report.verified += 1;
-                any_verified = true;
-            } else {
-                self.report.failed += 1;
-            }
-            // Outside the range the device must not have written, whatever happened.
-            let outside = [&dst[..range.start], &dst[range.end..]];
-            for part in outside {
-                if part.iter().any(|&b| b != CANARY) {
-                    let bad = part.iter().filter(|&&b| b != CANARY).count();
-                    self.report.corrupted_bytes += bad as u64;
-                }
-            }
-        }
-        if any_verified {
-            self.report.recovered = self.report.recovered.plus(&self.unconfirmed);
-            self.unconfirmed = Counts::default();
-        }
-        Ok(())
-    }
-
-    /// Compares the burst's injections (the device's counters) with its detections.
-    fn reconcile(&mut self, burst: u64, seen: &Seen) -> Result<(), Error> {
-        let now = self.device.injected()?.total();
-        let mut injected = Counts::default();
-        for k in Kind::ALL {
-            *injected.get_mut(k) = now.get(k) - self.injected.get(k);
-        }
-        self.injected = now;
-        self.report.injected = now;
-        // A duplicate of the previous burst's last completion it did not see yet.
-        injected = injected.plus(&self.carried);
-        self.carried = Counts::default();
-        let mut detected = seen.detected;
-        // A slow injection is seen as a late burst.
-        if injected.slow > 0 && seen.late {
-            detected.slow = injected.slow;
-        } else if injected.slow == 0 && seen.late {
-            self.report.late_without_injection += 1;
-        }
-        // A timeout with no stall injected is the scheduler's, not the device's; so is one
-        // with the device past the oldest command and no drop injected (its engine thread
-        // descheduled between reading a descriptor and completing it).
-        if detected.stall > injected.stall {
-            self.report.timeouts_without_injection += detected.stall - injected.stall;
-            detected.stall = injected.stall;
-        }
-        let drops = Kind::DropCompletion;
-        let spurious = detected
-            .get(drops)
-            .saturating_sub(injected.get(drops))
-            .min(seen.read_timeouts);
-        if spurious > 0 {
-            self.report.timeouts_without_injection += spurious;
-            *detected.get_mut(drops) -= spurious;
-        }
-        let twice = Kind::CompleteTwice;
-        if !seen.recover && injected.get(twice) > detected.get(twice) {
-            self.carried.complete_twice = injected.get(twice) - detected.get(twice);
-            *injected.get_mut(twice) = detected.get(twice);
-        }
-        let mut differs = Vec::new();
-        for k in Kind::ALL {
-            let (i, d) = (injected.get(k), detected.get(k));
-            if d > i || (d < i && !seen.recover) {
-                differs.push(format!("{k}: {i} injected, {d} detected"));
-            }
-            if seen.recover {
-                *self.report.masked.get_mut(k) += i.saturating_sub(d);
-            }
-            *self.report.detected.get_mut(k) += d.min(i);
-        }
-        self.unconfirmed = self.unconfirmed.plus(&detected);
-        if !differs.is_empty() {
-            self.report.unreconciled.push(format!(
-                "burst {burst}{}: {}",
-                if seen.recover { " (recovered)" } else { "" },
-                differs.join(", ")
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// Counts the fault `error` shows and marks the burst for recovery; an error no injected
-/// fault explains is handed back.
-fn detect(seen: &mut Seen, error: ring::Error) -> Result<(), ring::Error> {
-    let kind = match error {
-        ring::Error::LostCompletion { .. } => Kind::DropCompletion,
-        ring::Error::Stalled { read: true, .. } => {
-            seen.read_timeouts += 1;
-            Kind::DropCompletion
-        }
-        ring::Error::DuplicateCompletion { .. } => Kind::CompleteTwice,
-        ring::Error::WrongCommand { .. } => Kind::WrongId,
-        ring::Error::Stalled { read: false, .. } => Kind::Stall,
-        other => return Err(other),
-    };
-    *seen.detected.get_mut(kind) += 1;
-    seen.recover = true;
-    Ok(())
 }
 
 /// `time` in whole nanoseconds, saturating.

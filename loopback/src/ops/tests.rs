@@ -1,4 +1,9 @@
+use std::sync::Arc;
+
 use super::*;
+use crate::regs::Opcode;
+use userdma::dma;
+use userdma::memory::Region;
 
 fn cmd(opcode: Opcode, src: u64, dst: u64, len: u64) -> Command {
     Command {

@@ -20,12 +20,15 @@ use userdma_sys::vfio::{
     VFIO_REGION_INFO_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
 };
 
+use super::hot_reset::parse_hot_reset;
+use super::info::read_u32;
 use super::info::tests::{reply, sparse_body};
 use super::irqs::irq_set;
 use super::kernel::{Kernel, SpaceError};
+use super::open::Host;
 use super::*;
 use crate::device::vfio::Error as VfioError;
-use crate::device::{Device, Error};
+use crate::device::{Device, Error, Kind};
 use crate::dma::{IommufdIoctl, IovaRange, Type1Ioctl};
 
 const BDF: &str = "0000:00:03.0";
