@@ -157,6 +157,7 @@ fn one_thread_waits_on_every_queue(kind: Kind) {
 }
 
 #[test]
+#[cfg(feature = "io-uring")]
 fn io_uring_one_thread_waits_on_every_queue() {
     one_thread_waits_on_every_queue(Kind::IoUring);
 }
