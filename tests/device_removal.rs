@@ -14,8 +14,7 @@ use userdma::memory::PageSize;
 use userdma::pool::{OwnedBuffer, Pool};
 use userdma::ring::{self, Command};
 use userdma::{Code, Runtime};
-use userdma_loopback::LoopbackRuntime as _;
-use userdma_loopback::{regs, Config, Cost, Descriptor, Mode, Wait};
+use userdma_loopback::{regs, Config, Cost, Descriptor, LoopbackRuntime, Mode, Wait};
 
 #[path = "../loopback/tests/common/device_process.rs"]
 mod device_process;

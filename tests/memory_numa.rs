@@ -14,8 +14,7 @@ use userdma::memory::hugepages::Guard;
 use userdma::memory::numa;
 use userdma::memory::{Backing, Error, PageSize, Region, SYSFS_ROOT};
 use userdma::{ring, Runtime};
-use userdma_loopback::LoopbackRuntime as _;
-use userdma_loopback::{self as loopback, Cost, Descriptor};
+use userdma_loopback::{self as loopback, Cost, Descriptor, LoopbackRuntime};
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(10));
 /// `get_mempolicy` flag: the policy of the mapping at `addr` (`<linux/mempolicy.h>`).

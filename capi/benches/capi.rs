@@ -68,7 +68,7 @@ use udma::dma::DeviceOffset;
 use udma::memory::PageSize;
 use udma::pool::{OwnedBuffer, Pool};
 use udma::ring;
-use userdma_loopback::{self as loopback, Descriptor};
+use userdma_loopback::{self as loopback, Descriptor, LoopbackRuntime};
 
 use device::{
     udma_cost_model, udma_device, udma_device_close, udma_device_open_loopback,
@@ -83,7 +83,6 @@ use queue::{
     udma_completion, udma_op, udma_opcode, udma_queue, udma_queue_create, udma_queue_destroy,
     udma_queue_options, udma_queue_submit, udma_queue_wait,
 };
-use userdma_loopback::LoopbackRuntime as _;
 
 const KIB4: u64 = 4 << 10;
 const OP_BYTES: u64 = 64;

@@ -13,12 +13,11 @@ use std::sync::{MutexGuard, PoisonError};
 
 use udma::device::{DeviceMemory, Range};
 use udma::dma::DeviceOffset;
-use userdma_loopback as loopback;
+use userdma_loopback::{self as loopback, LoopbackRuntime};
 
 use crate::abi;
 use crate::device::{bar_slot, device, udma_device, Device};
 use crate::error::{call, lib, udma_status, Fail};
-use userdma_loopback::LoopbackRuntime as _;
 
 /// The ranges `d` has out, locked.
 fn ranges(d: &Device) -> MutexGuard<'_, HashMap<u64, Range>> {

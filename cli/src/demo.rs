@@ -55,14 +55,13 @@ use serde::Serialize;
 use userdma::memory::PageSize;
 use userdma::pool;
 use userdma::Runtime;
-use userdma_loopback::{self as loopback, Cost, Mode, Program};
+use userdma_loopback::{self as loopback, Cost, LoopbackRuntime, Mode, Program};
 
 use driver::drive;
 pub(crate) use error::DemoError;
 use placement::Placement;
 use report::{histogram, render, Latency, PoolReport, Report};
 use timing::{engine_work_per_transfer, Timing};
-use userdma_loopback::LoopbackRuntime as _;
 
 /// The cost models the demo offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]

@@ -17,14 +17,13 @@ use serde::Serialize;
 use userdma::Runtime;
 use userdma_infer::pipeline::{self, Model};
 use userdma_infer::stats;
-use userdma_loopback::{self as loopback, Cost};
+use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 
 use crate::demo::CostModel;
 pub(crate) use error::Error;
 pub(crate) use paths::allocations;
 use paths::{naive_path, pipelined};
 use report::{device_ns, print_text, Report};
-use userdma_loopback::LoopbackRuntime as _;
 
 /// Arguments of `userdma pipeline`.
 #[derive(Debug, Clone, clap::Args, Serialize)]

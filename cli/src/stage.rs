@@ -18,10 +18,9 @@ use serde::Serialize;
 use userdma::memory::PageSize;
 use userdma::Runtime;
 use userdma_infer::stage::{self, Direct, File, Mode, Stager};
-use userdma_loopback as loopback;
+use userdma_loopback::{self as loopback, LoopbackRuntime};
 
 use crate::exit;
-use userdma_loopback::LoopbackRuntime as _;
 
 /// Arguments of `userdma stage`.
 #[derive(Debug, clap::Args)]

@@ -18,8 +18,7 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use userdma::Runtime;
 use userdma_infer::pipeline::{naive, Config, Model, Pipeline, Results};
-use userdma_loopback::LoopbackRuntime as _;
-use userdma_loopback::{self as loopback, Cost};
+use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 
 /// CPU time of the calling thread.
 fn thread_cpu() -> Duration {

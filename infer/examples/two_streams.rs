@@ -19,8 +19,7 @@ use userdma::Runtime;
 use userdma_infer::pipeline::{zoo, Config, Pipeline, WorkingSet};
 use userdma_infer::sched::streams::{Arrivals, Stream, Streams};
 use userdma_infer::sched::{Policy, StreamSpec};
-use userdma_loopback::LoopbackRuntime as _;
-use userdma_loopback::{self as loopback, Cost, Unit};
+use userdma_loopback::{self as loopback, Cost, LoopbackRuntime, Unit};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seconds: u64 = std::env::args().nth(1).map_or(Ok(3), |s| s.parse())?;

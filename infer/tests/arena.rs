@@ -7,8 +7,7 @@ use userdma::memory::PageSize;
 use userdma::{ring, Runtime};
 use userdma_infer::arena::{DeviceArena, HostArena};
 use userdma_infer::plan::{self, Budget, Options, Strategy, Tensor};
-use userdma_loopback::LoopbackRuntime as _;
-use userdma_loopback::{self as loopback, Cost, Descriptor};
+use userdma_loopback::{self as loopback, Cost, Descriptor, LoopbackRuntime};
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(10));
 

@@ -8,8 +8,7 @@ use userdma::device::Wait;
 use userdma::Runtime;
 use userdma_infer::pipeline::{self, naive, Config, Model, Pipeline, Results};
 use userdma_infer::Error;
-use userdma_loopback::LoopbackRuntime as _;
-use userdma_loopback::{self as loopback, Cost};
+use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 
 fn runtime(cost: Cost) -> Runtime {
     Runtime::loopback(loopback::Config::default().cost(cost)).expect("loopback device")

@@ -6,8 +6,7 @@
 use userdma::device::Wait;
 use userdma::Runtime;
 use userdma_infer::pipeline::{Config, Model, Pipeline, Results};
-use userdma_loopback as loopback;
-use userdma_loopback::LoopbackRuntime as _;
+use userdma_loopback::{self as loopback, LoopbackRuntime};
 
 #[global_allocator]
 static GLOBAL: userdma_infer::stats::CountingAllocator = userdma_infer::stats::CountingAllocator;

@@ -10,12 +10,11 @@ use userdma::device::{Device, Wait};
 use userdma::{Code, Runtime};
 use userdma_infer::pipeline::{Config, Model, Pipeline, Results};
 use userdma_infer::Error;
-use userdma_loopback::{self as loopback, Cost};
+use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 
 mod frames;
 
 use frames::{expected, fill};
-use userdma_loopback::LoopbackRuntime as _;
 
 fn runtime(cost: Cost) -> Runtime {
     Runtime::loopback(loopback::Config::default().cost(cost)).expect("loopback device")

@@ -6,8 +6,7 @@
 
 use userdma::{ring, Runtime};
 use userdma_infer::pipeline::{Config, Model, Pipeline, Results};
-use userdma_loopback::LoopbackRuntime as _;
-use userdma_loopback::{self as loopback, Cost};
+use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 
 #[test]
 #[cfg_attr(

@@ -11,12 +11,11 @@ use userdma_infer::pipeline::{Config, Model, Pipeline};
 use userdma_infer::sched::streams::{Arrivals, Recovery, RunReport, Stream, StreamReport, Streams};
 use userdma_infer::sched::{Policy, StreamId, StreamSpec};
 use userdma_loopback::fault::{Injection, Kind};
-use userdma_loopback::{self as loopback, Cost};
+use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 
 mod frames;
 
 use frames::{expected, fill};
-use userdma_loopback::LoopbackRuntime as _;
 
 fn runtime(cost: Cost) -> Runtime {
     Runtime::loopback(loopback::Config::default().cost(cost).queues(8)).expect("loopback device")

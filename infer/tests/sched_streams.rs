@@ -9,12 +9,11 @@ use userdma_infer::pipeline::{Config, Model, Pipeline};
 use userdma_infer::sched::streams::{self, Arrivals, Stream, Streams};
 use userdma_infer::sched::{self, Policy, StreamId, StreamSpec};
 use userdma_infer::Error;
-use userdma_loopback::{self as loopback, Cost, Unit};
+use userdma_loopback::{self as loopback, Cost, LoopbackRuntime, Unit};
 
 mod frames;
 
 use frames::{expected, fill};
-use userdma_loopback::LoopbackRuntime as _;
 
 fn runtime() -> Runtime {
     let config = loopback::Config::default().cost(Cost::npu()).queues(8);

@@ -12,8 +12,7 @@ use userdma::memory::PageSize;
 use userdma::pool::Pool;
 use userdma::Runtime;
 use userdma_infer::stage::{self, Direct, Error, File, Mode, Stager};
-use userdma_loopback as loopback;
-use userdma_loopback::LoopbackRuntime as _;
+use userdma_loopback::{self as loopback, LoopbackRuntime};
 
 const MIB: usize = 1 << 20;
 

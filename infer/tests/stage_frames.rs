@@ -12,8 +12,7 @@ use userdma::memory::PageSize;
 use userdma::Runtime;
 use userdma_infer::pipeline::{Config, Model, Pipeline, Results};
 use userdma_infer::stage::{self, Direct, Error, File, FrameSink, FrameSource, Mode, Pull, Stager};
-use userdma_loopback::LoopbackRuntime as _;
-use userdma_loopback::{self as loopback, Cost};
+use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 
 const FRAME: usize = 4096;
 

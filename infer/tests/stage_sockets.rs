@@ -14,8 +14,7 @@ use userdma::memory::PageSize;
 use userdma::pool::Pool;
 use userdma::Runtime;
 use userdma_infer::stage::{self, Direct, Error, File, Stager};
-use userdma_loopback as loopback;
-use userdma_loopback::LoopbackRuntime as _;
+use userdma_loopback::{self as loopback, LoopbackRuntime};
 
 const KIB: usize = 1 << 10;
 

@@ -12,8 +12,9 @@ use userdma::dma::{DeviceOffset, Mapping};
 use userdma::memory::PageSize;
 use userdma::ring::{self, Error};
 use userdma_loopback::fault::{Counts, Injection, Kind};
-use userdma_loopback::LoopbackStatus as _;
-use userdma_loopback::{Config, Cost, Descriptor, Loopback, Queue, StatusCode, Wait};
+use userdma_loopback::{
+    Config, Cost, Descriptor, Loopback, LoopbackStatus, Queue, StatusCode, Wait,
+};
 
 #[path = "common/device_process.rs"]
 mod device_process;

@@ -10,12 +10,11 @@ use std::sync::Arc;
 use userdma::dma::{DeviceOffset, Mapping};
 use userdma::ring;
 use userdma_loopback::reference::{self, Compact};
-use userdma_loopback::{Descriptor, Loopback, StatusCode, Wait};
+use userdma_loopback::{Descriptor, Loopback, LoopbackStatus, StatusCode, Wait};
 
 mod loopback_common;
 
 use loopback_common::{device_bytes, pattern, run, MEMORY};
-use userdma_loopback::LoopbackStatus as _;
 
 /// The model's tensors, in bytes: input `x`, `a = L1(x)`, `b = L2(a)` (half as long, so it
 /// repeats in layer 3), `c = L3(b, x, a)` read as 64 records of 64 bytes.

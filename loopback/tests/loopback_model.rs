@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use userdma::dma::DeviceOffset;
 use userdma::ring::{self, Command, Queue, Status};
-use userdma_loopback::LoopbackStatus as _;
-use userdma_loopback::{Config, Cost, Descriptor, Loopback, StatusCode, Unit, Wait};
+use userdma_loopback::{
+    Config, Cost, Descriptor, Loopback, LoopbackStatus, StatusCode, Unit, Wait,
+};
 
 const TIMEOUT: Option<Duration> = Some(Duration::from_secs(20));
 /// Bytes each descriptor moves or computes over.

@@ -12,10 +12,9 @@ use userdma::device::Device;
 use userdma::dma::{DeviceOffset, Iova, Mapping};
 use userdma::memory::PageSize;
 use userdma::ring::{self, Command, Queue, Status};
-use userdma_loopback::LoopbackStatus as _;
 use userdma_loopback::{
-    regs, Config, Cost, Counters, Descriptor, Fault, Loopback, Mode, Program, QueueCounters,
-    StatusCode, Unit, Wait,
+    regs, Config, Cost, Counters, Descriptor, Fault, Loopback, LoopbackStatus, Mode, Program,
+    QueueCounters, StatusCode, Unit, Wait,
 };
 
 #[path = "common/device_process.rs"]

@@ -5,11 +5,12 @@
 use std::ffi::c_int;
 use std::os::fd::{AsFd, IntoRawFd};
 
+use userdma_loopback::LoopbackRuntime as _;
+
 // `device`: the handle lookup and (through the parent's import) `udma::device`.
 use super::{device, timeout, udma_device};
 use crate::abi;
 use crate::error::{call, lib, udma_status, Fail};
-use userdma_loopback::LoopbackRuntime as _;
 
 /// What happened to a device (`udma_event.kind`).
 #[repr(C)]

@@ -4,11 +4,12 @@
 use std::ffi::{c_char, c_int};
 use std::os::fd::{AsFd, IntoRawFd};
 
+use userdma_loopback::LoopbackRuntime as _;
+
 // `device`: the handle lookup and (through the parent's import) `udma::device`.
 use super::{device, udma_device, DEVICES};
 use crate::abi;
 use crate::error::{call, lib, udma_status, Fail};
-use userdma_loopback::LoopbackRuntime as _;
 
 /// `udma_device_info.kind`.
 #[repr(C)]

@@ -2,12 +2,11 @@
 //! (`udma_loopback_options`), checked into its configuration.
 
 use udma::Runtime;
-use userdma_loopback as loopback;
+use userdma_loopback::{self as loopback, LoopbackRuntime};
 
 use super::{register, udma_device};
 use crate::abi;
 use crate::error::{call, udma_status, Fail};
-use userdma_loopback::LoopbackRuntime as _;
 
 /// The loopback device's cost model (`udma_loopback_options.cost_model`).
 #[repr(C)]

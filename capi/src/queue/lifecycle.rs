@@ -6,14 +6,13 @@ use std::time::Duration;
 
 use udma::device::Wait;
 use udma::ring;
-use userdma_loopback as loopback;
+use userdma_loopback::{self as loopback, LoopbackRuntime};
 
 use crate::abi;
 use crate::device::{device, udma_device, Device};
 use crate::error::{call, lib, udma_status, Fail};
 use crate::handle::{Key, Kind, Registry};
 use crate::memory::{self, HostBuffer};
-use userdma_loopback::LoopbackRuntime as _;
 
 /// A hardware queue of a device, made by `udma_queue_create`, destroyed by
 /// `udma_queue_destroy`.

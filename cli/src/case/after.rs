@@ -7,13 +7,12 @@ use userdma::Runtime;
 use userdma_infer::pipeline::{Config, Model, Pipeline};
 use userdma_infer::sched::streams::{RunReport, Stream, Streams};
 use userdma_infer::sched::{Nanos, Policy, Scheduler, StreamId};
-use userdma_loopback::Unit;
+use userdma_loopback::{LoopbackRuntime, Unit};
 
 use super::figures::{device_figures, Run, RunFigures, StreamFigures};
 use super::mix::{working_set, Frames, Mix};
 use super::CaseArgs;
 use crate::pipeline::Error;
-use userdma_loopback::LoopbackRuntime as _;
 
 /// "after": pipelines under `policy` (priority with batch switching, or strict priority),
 /// the lower streams with a maximum wait.

@@ -6,13 +6,12 @@ use std::time::{Duration, Instant};
 use userdma_infer::pipeline::{naive::Naive, Model};
 use userdma_infer::sched::streams::{ArrivalQueue, FrameSpan};
 use userdma_infer::sched::{Policy, Scheduler, StreamId, StreamSpec};
-use userdma_loopback::Unit;
+use userdma_loopback::{LoopbackRuntime, Unit};
 
 use super::figures::{device_figures, Run, RunFigures, StreamFigures};
 use super::mix::{working_set, Frames, Mix};
 use super::CaseArgs;
 use crate::pipeline::Error;
-use userdma_loopback::LoopbackRuntime as _;
 
 fn histogram() -> hdrhistogram::Histogram<u64> {
     hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds")

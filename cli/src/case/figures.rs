@@ -7,12 +7,11 @@ use serde::Serialize;
 use userdma::Runtime;
 use userdma_infer::sched::streams::FrameSpan;
 use userdma_infer::sched::Policy;
-use userdma_loopback::Unit;
+use userdma_loopback::{LoopbackRuntime, Unit};
 
 use super::mix::Mix;
 use super::{CaseArgs, StreamArg};
 use crate::pipeline::Error;
-use userdma_loopback::LoopbackRuntime as _;
 
 /// One stream's figures in one run.
 #[derive(Debug, Clone, Serialize)]

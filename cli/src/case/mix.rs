@@ -8,11 +8,10 @@ use userdma::Runtime;
 use userdma_infer::pipeline::{zoo, Model, WorkingSet};
 use userdma_infer::sched::streams::Arrivals;
 use userdma_infer::sched::StreamSpec;
-use userdma_loopback::{self as loopback, Cost};
+use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 
 use super::{CaseArgs, StreamArg};
 use crate::pipeline::Error;
-use userdma_loopback::LoopbackRuntime as _;
 
 /// Input patterns the frames cycle through (each one's detections computed once).
 const PATTERNS: u64 = 4;

@@ -8,11 +8,10 @@ use hdrhistogram::Histogram;
 use userdma::device::Range;
 use userdma::pool::{self, OwnedBuffer, Pool};
 use userdma::{ring, Runtime};
-use userdma_loopback::{self as loopback, Descriptor, Wait};
+use userdma_loopback::{self as loopback, Descriptor, LoopbackRuntime, Wait};
 
 use super::report::histogram;
 use super::{DemoArgs, DemoError};
-use userdma_loopback::LoopbackRuntime as _;
 
 /// The compute pass every transfer goes through.
 const XOR: u32 = 0x5a5a_5a5a;

@@ -11,10 +11,11 @@ use userdma_infer::pipeline::{
 };
 use userdma_infer::stats::{self, Recorder};
 
+use userdma_loopback::LoopbackRuntime as _;
+
 use super::frames::{fill, write_input, Checker};
 use super::tally::{PathReport, Tally};
 use super::{Error, ModelArg, PipelineArgs};
-use userdma_loopback::LoopbackRuntime as _;
 
 pub(super) fn pipelined(
     rt: &Runtime,

@@ -16,9 +16,7 @@ use userdma::dma::{Iova, Mapping};
 use userdma::memory::PageSize;
 use userdma::ring;
 use userdma::Runtime;
-use userdma_loopback::LoopbackRuntime as _;
-use userdma_loopback::LoopbackStatus as _;
-use userdma_loopback::StatusCode;
+use userdma_loopback::{LoopbackRuntime, LoopbackStatus, StatusCode};
 
 /// Runs `frames` frames of `model` the naive way on `runtime`'s device (queue `queue`),
 /// calling `preprocess` to fill each frame's heap input and `postprocess` with each frame's

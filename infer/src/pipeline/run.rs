@@ -10,8 +10,7 @@ use super::descriptor::{command_of, push, step_name, Next, Payload, WAIT_STEP};
 use super::frame::Source;
 use super::{Finished, FrameError, Input, Output, Pipeline, Summary, COMPUTE, D2H, H2D};
 use userdma::ring::{self, Command};
-use userdma_loopback::LoopbackStatus as _;
-use userdma_loopback::{Descriptor, StatusCode};
+use userdma_loopback::{Descriptor, LoopbackStatus, StatusCode};
 
 impl Pipeline {
     /// Pushes `command` with `payload` to queue `q`.

@@ -14,9 +14,7 @@ use super::{
 use userdma::memory::PageSize;
 use userdma::ring::{self, Command};
 use userdma::Runtime;
-use userdma_loopback::LoopbackRuntime as _;
-use userdma_loopback::LoopbackStatus as _;
-use userdma_loopback::{self as loopback, Loopback, StatusCode};
+use userdma_loopback::{self as loopback, Loopback, LoopbackRuntime, LoopbackStatus, StatusCode};
 
 impl Pipeline {
     /// Builds a pipeline on `runtime`'s device for `model`: `config.depth` slots (host buffers

@@ -5,8 +5,7 @@ use super::*;
 use crate::stage::Direct;
 use userdma::memory::PageSize;
 use userdma::Runtime;
-use userdma_loopback as loopback;
-use userdma_loopback::LoopbackRuntime as _;
+use userdma_loopback::{self as loopback, LoopbackRuntime};
 
 #[test]
 fn a_lent_read_completes_while_owned_requests_stay_in_flight() {
