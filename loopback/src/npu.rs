@@ -8,15 +8,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-#[allow(clippy::wildcard_imports)] // the crate root's modules and the device's public types
-use crate::*;
-
-use crate::bar::{HostBar, MemoryBar, RegisterFile};
+use crate::bar::{self, HostBar, MemoryBar, RegisterFile};
+use crate::config::{self, Config, Counters, Mode, QueueCounters, UnitCounters};
 use crate::engine::Engine;
 use crate::error::Error as LoopbackError;
 use crate::ops::{Dram, Translate};
-use crate::process::{Remote, RemoteSpace};
-use crate::regs::{queue_field, unit_field};
+use crate::process::{self, Remote, RemoteSpace};
+use crate::regs::{self, queue_field, unit_field, Unit};
+use crate::shim;
 use crate::sync::Mutex;
 use userdma::device::{Error as DeviceError, Identity, Kind, Source};
 use userdma::dma::{self, Slice};

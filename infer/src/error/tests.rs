@@ -2,7 +2,6 @@
 //! the streams' and staging's errors (once strings with `InvalidArgument` in the driver's
 //! error), and a driver error's code passed through.
 
-use std::io;
 use std::time::Duration;
 
 use super::*;
@@ -14,10 +13,6 @@ fn check(table: Vec<(Error, Code)>) {
         assert_eq!(e.code(), code, "{e:?}");
         assert!(!e.to_string().is_empty(), "{e:?}");
     }
-}
-
-fn os(errno: i32) -> io::Error {
-    io::Error::from_raw_os_error(errno)
 }
 
 #[test]
@@ -41,7 +36,6 @@ fn driver_and_staging_errors_keep_their_codes() {
             Code::System,
         ),
     ]);
-    let _ = os;
 }
 
 /// The planner's, the model's, the pipeline's, the scheduler's and the streams' errors,
