@@ -6,19 +6,10 @@
 
 use std::process::Command;
 
+mod tool;
+
 fn demo(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_userdma"))
-        .arg("demo")
-        .args(args)
-        .arg("--json")
-        .output()
-        .expect("userdma runs");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
+    tool::run_json(&[&["demo"], args, &["--json"]].concat())
 }
 
 fn frames(run: &serde_json::Value) -> u64 {

@@ -2,23 +2,12 @@
 //! injected fault detected, nothing corrupted or leaked), the same run for the same seed, and
 //! bad arguments as usage errors.
 
-use std::process::Command;
+mod tool;
+
+use tool::json;
 
 fn faults(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_userdma"))
-        .arg("faults")
-        .args(args)
-        .output()
-        .expect("userdma runs")
-}
-
-fn json(out: &std::process::Output) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
+    tool::userdma(&[&["faults"], args].concat())
 }
 
 #[test]

@@ -10,12 +10,9 @@ fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn userdma(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_userdma"))
-        .args(args)
-        .output()
-        .unwrap()
-}
+mod tool;
+
+use tool::userdma;
 
 #[test]
 fn cli_plan_json_output_has_exactly_the_documented_keys() {

@@ -3,23 +3,13 @@
 //! directory's disk), the buffered fallback said on tmpfs; bad arguments are usage errors.
 
 use std::path::Path;
-use std::process::Command;
+
+mod tool;
+
+use tool::json;
 
 fn stage(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_userdma"))
-        .arg("stage")
-        .args(args)
-        .output()
-        .expect("userdma runs")
-}
-
-fn json(out: &std::process::Output) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
+    tool::userdma(&[&["stage"], args].concat())
 }
 
 /// A file of `len` bytes (not a multiple of any block size) in `dir`.
