@@ -200,7 +200,7 @@ impl Loopback {
     }
 
     /// Declares the working set of queue `queue`'s context for the cost model's device SRAM
-    /// (see [`Cost::sram_bytes`]): `private` bytes its own (hot activations), `shared` bytes
+    /// (see [`Cost::sram_bytes`](crate::Cost::sram_bytes)): `private` bytes its own (hot activations), `shared` bytes
     /// shared with every queue given the same nonzero `key` (the weights of one model). The
     /// device reads it when the queue is enabled: declare it before opening the queue.
     ///
@@ -221,7 +221,7 @@ impl Loopback {
 
     /// Reads `dst.len()` bytes of device memory at `offset` the way a host reads results in
     /// place through the memory BAR, paying what that costs on hardware: under a cost model
-    /// the call takes at least [`Cost::mmio_read`] of the length (one PCIe round trip per
+    /// the call takes at least [`Cost::mmio_read`](crate::Cost::mmio_read) of the length (one PCIe round trip per
     /// 8 bytes, during which a real CPU stalls, so the wait spins). The engine writes device
     /// memory behind the host's back: read only what no descriptor in flight targets.
     ///
