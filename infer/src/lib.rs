@@ -23,6 +23,7 @@
 /// Static buffer planning: the [`userdma-plan`](userdma_plan) package, re-exported.
 pub use userdma_plan as plan;
 
+pub mod accel;
 pub mod arena;
 pub mod pipeline;
 pub mod sched;

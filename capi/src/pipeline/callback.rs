@@ -132,7 +132,7 @@ pub(crate) fn finish(done: &Finished<'_>, f: impl FnOnce(*const udma_frame_outpu
     let latency = t.to_host.saturating_duration_since(t.preprocess);
     let (output, status, step, fault) = match &done.result {
         Ok(out) => (Some(out), 0, 0, 0),
-        Err(e) => (None, u32::from(e.code as u16), u32::from(e.step), e.result),
+        Err(e) => (None, e.code, u32::from(e.step), e.result),
     };
     let (token, _guard) = enter(None, output);
     let view = udma_frame_output {

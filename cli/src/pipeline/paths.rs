@@ -97,6 +97,7 @@ pub(super) fn pipelined(
         doorbells: summary.doorbells - before.doorbells,
         bytes_to_device: summary.bytes_to_device - before.bytes_to_device,
         bytes_to_host: summary.bytes_to_host - before.bytes_to_host,
+        host_steps: summary.host_steps - before.host_steps,
     };
     let mut report = tally.finish("pipeline", config.depth, run, seconds, (allocs, maps));
     let after = modelled(rt);

@@ -176,6 +176,13 @@ fn planner_model_pipeline_and_scheduler_errors_keep_their_codes() {
             .into(),
             invalid,
         ),
+        (
+            M::Unrunnable {
+                why: "a layer with 0 inputs (give 1 to 3)".to_owned(),
+            }
+            .into(),
+            invalid,
+        ),
     ]);
     use pipeline::Error as P;
     check(vec![
@@ -196,7 +203,15 @@ fn planner_model_pipeline_and_scheduler_errors_keep_their_codes() {
             .into(),
             invalid,
         ),
-        (P::ResultCopy { bytes: 64, code: 3 }.into(), invalid),
+        (
+            P::ResultCopy {
+                bytes: 64,
+                code: 3,
+                status: "BadContext",
+            }
+            .into(),
+            invalid,
+        ),
         (
             P::OutsideResult {
                 offset: 61,
@@ -207,6 +222,34 @@ fn planner_model_pipeline_and_scheduler_errors_keep_their_codes() {
             invalid,
         ),
         (P::EmptyMapping { what: "input" }.into(), invalid),
+        (
+            P::HostStep {
+                offset: 64,
+                bytes: 4,
+                arena: 64,
+            }
+            .into(),
+            invalid,
+        ),
+        (
+            P::Lacks {
+                device: "memory-engine".to_owned(),
+                kind: "host memory",
+                lacks: "ordering across queues",
+                setting: "a split pipeline",
+                hint: "build the pipeline without Config::split (one in-order queue)",
+            }
+            .into(),
+            invalid,
+        ),
+        (
+            P::NoHostMemory {
+                what: "the host's copy of the arena",
+                bytes: u64::MAX,
+            }
+            .into(),
+            Code::Exhausted,
+        ),
     ]);
     use sched::Error as S;
     let name = || "cam".to_owned();

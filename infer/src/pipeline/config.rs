@@ -79,9 +79,31 @@ pub struct ResultPath {
     pub in_place_ns: Option<u64>,
 }
 
+impl Config {
+    /// [`Config::default`] as far as `device` can carry it out: split across its units only
+    /// where it has separate copy and compute units that run every step of `model` and order
+    /// one queue after another; waiting on interrupts only where its queues raise them.
+    pub fn for_device(device: &dyn crate::accel::Accelerator, model: &super::Model) -> Config {
+        let caps = device.capabilities();
+        let split = caps.separate_units
+            && caps.cross_queue_order
+            && caps.compute_at(model.steps()) == crate::accel::ComputeAt::Device;
+        Config {
+            split,
+            wait: if caps.interrupts {
+                Wait::Interrupt
+            } else {
+                Wait::Poll
+            },
+            ..Config::default()
+        }
+    }
+}
+
 impl Default for Config {
     /// Depth 2, one doorbell per queue per frame, queues 0 to 2 split across the units,
-    /// interrupts, 10 s, results by measurement.
+    /// interrupts, 10 s, results by measurement (what the loopback NPU carries out; for any
+    /// device, [`Config::for_device`]).
     fn default() -> Self {
         Config {
             depth: 2,

@@ -1,37 +1,44 @@
-//! A frame's descriptors: what each carries ([`Payload`]), the order they go in across the
-//! queues ([`Next`]), each one built from the model and a slot ([`command_of`], [`command`])
-//! and queued ([`push`]), and its name in error messages ([`step_name`]).
+//! A frame's ops: the tag each carries (its slot, its step, whether it is the frame's last),
+//! the order they go in across the queues ([`Next`]), each one built from the model and a slot
+//! ([`op_of`]), and its name in error messages ([`step_name`]).
 
-use super::{Model, Slot, Step};
-use userdma::dma::{DeviceOffset, Iova};
-use userdma::ring::Command;
-use userdma_loopback::{self as loopback, Descriptor};
+use super::{Model, Slot};
+use crate::accel::{HostSpan, Op};
+use userdma::pool::OwnedBuffer;
 
-/// A descriptor's payload: the frame's earlier descriptors carry its slot and step, the
-/// D2H copy the slot itself.
-#[derive(Debug)]
-pub(super) enum Payload {
-    Step { slot: usize, step: u16 },
-    Last { slot: Slot, step: u16 },
-}
-
-/// One entry of a frame's descriptor plan in [`Pipeline::try_submit`].
+/// One entry of a frame's op plan in [`Pipeline::try_submit`].
 ///
 /// [`Pipeline::try_submit`]: super::Pipeline::try_submit
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Next {
-    /// Descriptor `k` of the frame (0 the H2D copy, `steps + 1` the D2H copy).
+    /// Op `k` of the frame (0 the H2D copy, `steps + 1` the D2H copy).
     Step(usize),
     /// Every model step, 1 to `steps`.
     Steps,
-    /// A `Wait` until everything pushed to that queue so far has completed.
+    /// A wait until everything pushed to that queue so far has completed.
     WaitOn(usize),
 }
 
-/// The step number of a `Wait` descriptor (for error messages).
+/// The step number of a wait (for error messages).
 pub(super) const WAIT_STEP: u16 = u16::MAX;
 
-/// What descriptor `step` of a frame is, for error messages.
+/// The tag of op `step` of the frame in slot `slot`; `last` for the frame's last op.
+#[inline]
+pub(super) fn tag(slot: usize, step: u16, last: bool) -> u64 {
+    (u64::from(last) << 63) | ((slot as u64 & 0xFFFF) << 16) | u64::from(step)
+}
+
+/// The slot, step and last flag of a tag.
+#[inline]
+pub(super) fn untag(tag: u64) -> (usize, u16, bool) {
+    (
+        ((tag >> 16) & 0xFFFF) as usize,
+        (tag & 0xFFFF) as u16,
+        tag >> 63 == 1,
+    )
+}
+
+/// What op `step` of a frame is, for error messages.
 pub(super) fn step_name(step: u16, steps: usize) -> &'static str {
     match usize::from(step) {
         0 => "H2D copy of the input",
@@ -41,81 +48,45 @@ pub(super) fn step_name(step: u16, steps: usize) -> &'static str {
     }
 }
 
-/// Descriptor `k` of a frame in `slot`: 0 the H2D copy, then each step at the slot's arena,
+/// A host buffer as ops name it.
+#[inline]
+pub(super) fn span(buffer: &OwnedBuffer, len: u64) -> HostSpan {
+    HostSpan {
+        iova: buffer.iova(),
+        ptr: buffer.as_ptr(),
+        len,
+    }
+}
+
+/// Op `k` of a frame of `model` in `slot`: 0 the H2D copy, then each step at the slot's arena,
 /// then the D2H copy.
 #[inline]
-pub(super) fn command_of(model: &Model, slot: &Slot, k: usize) -> Command {
-    command(model, slot.arena, slot.input.iova(), slot.result.iova(), k)
+pub(super) fn op_of(model: &Model, slot: &Slot, k: usize) -> Op {
+    let (i, r) = (model.input(), model.result());
+    op_at(
+        model,
+        slot.arena,
+        span(&slot.input, i.bytes),
+        span(&slot.result, r.bytes),
+        k,
+    )
 }
 
-/// Queues `command`. The ring holds every slot's descriptors, and a slot of the ring is free
-/// once the completion that frees it was taken (the device writes its SQ head back before each
-/// completion), so a refusal here is an error, never a moment to wait out.
-pub(super) fn push<T: Send>(
-    queue: &mut loopback::Queue<T>,
-    command: Command,
-    payload: T,
-) -> Result<(), crate::Error> {
-    queue.push(command, payload)?;
-    Ok(())
-}
-
-/// Descriptor `k` of a frame of `model` in the arena at `base`, with its input and result at
-/// host IOVAs `input` and `result`: 0 the H2D copy, then each step, then the D2H copy.
+/// Op `k` of a frame of `model` in the arena at `arena`, its input in `input` and its result
+/// going to `result`: 0 the H2D copy, then each step, then the D2H copy.
 #[inline]
-pub(super) fn command(
-    model: &Model,
-    base: DeviceOffset,
-    input: Iova,
-    result: Iova,
-    k: usize,
-) -> Command {
-    let steps = model.steps();
-    let d = if k == 0 {
-        let i = model.input();
-        Descriptor::to_device(input, base + i.offset, i.bytes)
-    } else if let Some(step) = steps.get(k - 1) {
-        match *step {
-            Step::Compute {
-                src,
-                dst,
-                len,
-                xor,
-                add,
-            } => Descriptor::compute(base + src, base + dst, len, xor, add),
-            Step::Layer {
-                inputs,
-                count,
-                dst,
-                len,
-                seed,
-            } => {
-                let mut at = [(base, 0); 3];
-                for (a, &(offset, bytes)) in at.iter_mut().zip(&inputs) {
-                    *a = (base + offset, bytes);
-                }
-                // One to three inputs of at most 4 GiB each: checked when the model was built.
-                Descriptor::layer(&at[..usize::from(count)], base + dst, len, seed)
-                    .unwrap_or_else(|_| Descriptor::nop())
-            }
-            Step::Compact {
-                src,
-                len,
-                dst,
-                params,
-            } => Descriptor::compact(
-                base + src,
-                len,
-                params.record,
-                params.score_at,
-                params.threshold,
-                base + dst,
-                params.capacity,
-            ),
+pub(super) fn op_at(model: &Model, arena: u64, input: HostSpan, result: HostSpan, k: usize) -> Op {
+    if k == 0 {
+        Op::ToDevice {
+            from: input,
+            to: arena + model.input().offset,
         }
+    } else if let Some(&step) = model.steps().get(k - 1) {
+        Op::Step { arena, step }
     } else {
-        let r = model.result();
-        Descriptor::to_host(base + r.offset, result, r.bytes)
-    };
-    d.build()
+        Op::ToHost {
+            from: arena + model.result().offset,
+            to: result,
+        }
+    }
 }

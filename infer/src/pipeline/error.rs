@@ -50,14 +50,16 @@ pub enum Error {
     /// [`Results::Auto`]: super::Results::Auto
     #[error(
         "the D2H copy of the {bytes}-byte result, measured for Results::Auto (device code \
-         {code}): the device refused a copy of the model's result: check the model's result \
-         range"
+         {code}, {status}): the device refused a copy of the model's result: check the model's \
+         result range"
     )]
     ResultCopy {
         /// The result's size.
         bytes: u64,
         /// The device's completion code.
-        code: u16,
+        code: u32,
+        /// The engine's name for it.
+        status: &'static str,
     },
     /// A read of an in-place result ([`Output::read`](super::Output::read)) that leaves it.
     #[error(
@@ -81,6 +83,44 @@ pub enum Error {
         /// `input` or `result`.
         what: &'static str,
     },
+    /// A step run on the host whose range leaves the host's copy of the arena (a model
+    /// larger than the arena the queue was opened for).
+    #[error(
+        "a step run on the host over {bytes} bytes at {offset} of a {arena}-byte arena: the \
+         model's steps must lie inside its arena"
+    )]
+    HostStep {
+        /// The range's offset.
+        offset: u64,
+        /// Its length.
+        bytes: u64,
+        /// The arena's size.
+        arena: u64,
+    },
+    /// No host memory for the host's copy of the arena (steps run on the host need one per
+    /// queue).
+    #[error("no host memory for {bytes} bytes of {what}: use a smaller model or free memory")]
+    NoHostMemory {
+        /// What it was for.
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: u64,
+    },
+    /// A pipeline setting the device cannot carry out: it lacks a capability the setting
+    /// needs ([`Capabilities`](crate::accel::Capabilities)).
+    #[error("{device} ({kind}) has no {lacks}, which {setting} needs: {hint}")]
+    Lacks {
+        /// The device.
+        device: String,
+        /// Its engine's kind.
+        kind: &'static str,
+        /// The capability it lacks.
+        lacks: &'static str,
+        /// The setting that needs it.
+        setting: &'static str,
+        /// What to do.
+        hint: &'static str,
+    },
 }
 
 impl Error {
@@ -95,7 +135,10 @@ impl Error {
             | Error::HostBuffers { .. }
             | Error::ResultCopy { .. }
             | Error::OutsideResult { .. }
-            | Error::EmptyMapping { .. } => userdma::Code::InvalidArgument,
+            | Error::EmptyMapping { .. }
+            | Error::HostStep { .. }
+            | Error::Lacks { .. } => userdma::Code::InvalidArgument,
+            Error::NoHostMemory { .. } => userdma::Code::Exhausted,
         }
     }
 }

@@ -5,13 +5,13 @@
 use std::time::Instant;
 
 use super::Error;
+use crate::accel::Accelerator;
 use userdma::pool::OwnedBuffer;
-use userdma_loopback::{Loopback, StatusCode};
 
 /// Why a frame failed on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "frame {frame}: step {step} ({what}), command id {command} on queue {queue}, failed on the device with {code:?} (result {result:#x})"
+    "frame {frame}: step {step} ({what}), command id {command} on queue {queue}, failed on the device with status {code} ({status}, result {result:#x})"
 )]
 pub struct FrameError {
     /// The frame.
@@ -24,8 +24,11 @@ pub struct FrameError {
     pub step: u16,
     /// What that descriptor was.
     pub what: &'static str,
-    /// The device's completion code.
-    pub code: StatusCode,
+    /// The device's completion code (the engine's own numbers; the loopback NPU's are its
+    /// `StatusCode`s).
+    pub code: u32,
+    /// The engine's name for it.
+    pub status: &'static str,
     /// The completion's result field (an address or offset for range errors).
     pub result: u64,
 }
@@ -73,8 +76,8 @@ pub struct Output<'a> {
 pub(super) enum Source<'a> {
     Host(&'a OwnedBuffer),
     Device {
-        device: &'a Loopback,
-        offset: usize,
+        device: &'a dyn Accelerator,
+        at: u64,
         len: usize,
     },
 }
@@ -116,11 +119,7 @@ impl Output<'_> {
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), crate::Error> {
         match self.source {
             Source::Host(buffer) => Ok(buffer.read(offset, dst)?),
-            Source::Device {
-                device,
-                offset: base,
-                len,
-            } => {
+            Source::Device { device, at, len } => {
                 if offset.checked_add(dst.len()).is_none_or(|end| end > len) {
                     return Err(Error::OutsideResult {
                         offset,
@@ -129,7 +128,7 @@ impl Output<'_> {
                     }
                     .into());
                 }
-                Ok(device.read_device_memory(base + offset, dst)?)
+                device.read_arena(at + offset as u64, dst)
             }
         }
     }

@@ -40,7 +40,7 @@
 //! | `setup` | [`Pipeline::new`]: queues, slots, arenas, the result path measured |
 //! | `run` | the frame loop: [`Pipeline::try_submit`], [`Pipeline::flush`], [`Pipeline::poll`], [`Pipeline::wait`], [`Pipeline::run`], [`Pipeline::shutdown`] |
 //! | `recovery` | after a fault: [`Pipeline::recover`], [`Pipeline::reclaim`], [`Recovery`] |
-//! | `descriptor` | a frame's descriptors, built from the model and a slot |
+//! | `descriptor` | a frame's ops, built from the model and a slot, and their tags |
 //! | `error` | [`Error`] |
 //! | [`model`] | [`Model`]: the arena, the input, the result and the device steps |
 //! | [`naive`] | the per-frame-allocation path to compare against |
@@ -67,12 +67,9 @@ pub use self::frame::{Finished, FrameError, Input, Output, Times};
 pub use self::recovery::Recovery;
 pub use model::{Filter, Model, ModelError, Span, Step};
 
-use self::descriptor::Payload;
-use userdma::device::Range;
-use userdma::dma::DeviceOffset;
+use crate::accel::{self, Accelerator, Arena, ComputeAt, QueueSpec};
 use userdma::pool::{OwnedBuffer, Pool};
 use userdma::ring;
-use userdma_loopback::{self as loopback, Loopback};
 
 /// The most slots a pipeline takes ([`Config::depth`]).
 const MAX_DEPTH: usize = 1024;
@@ -90,15 +87,17 @@ pub struct Summary {
     pub bytes_to_device: u64,
     /// Bytes of results brought back to the host (copied, or read in place).
     pub bytes_to_host: u64,
+    /// Model steps run on the host, for a device that could not run them
+    /// ([`Pipeline::compute`]).
+    pub host_steps: u64,
 }
 
-/// A slot: the frame's host buffers and its device arena.
+/// A slot: the frame's host buffers and its arena (its address as the device's ops name it).
 #[derive(Debug)]
 struct Slot {
-    index: usize,
     input: OwnedBuffer,
     result: OwnedBuffer,
-    arena: DeviceOffset,
+    arena: u64,
 }
 
 /// Per slot, what the frame in it has done so far.
@@ -113,9 +112,8 @@ struct Progress {
 
 /// A queue of the pipeline, as opened (to open it again after a reset).
 #[derive(Debug, Clone, Copy)]
-struct QueueSpec {
-    config: ring::Config,
-    unit: loopback::Unit,
+struct Opened {
+    spec: QueueSpec,
     /// The compute queue gets the model's working set declared.
     steps_here: bool,
 }
@@ -125,23 +123,28 @@ const H2D: usize = 0;
 const COMPUTE: usize = 1;
 const D2H: usize = 2;
 
-/// An N-deep inference pipeline over one hardware queue, or three on the loopback device's
-/// two units (H2D and D2H on the copy engine, the model's steps on the compute unit, ordered
-/// by `Wait` descriptors) so the device copies one frame while it computes another.
+/// An N-deep inference pipeline on any [`Accelerator`]: over one hardware queue, or three on
+/// a device with separate copy and compute units (H2D and D2H on the copy unit, the model's
+/// steps on the compute unit, ordered by [`accel::Op::After`]) so the device copies one frame
+/// while it computes another. Steps the device cannot run run on the host
+/// ([`Pipeline::compute`]).
 pub struct Pipeline {
     model: Model,
     config: Config,
     /// One queue, or [`H2D`], [`COMPUTE`], [`D2H`]; none once the device was removed.
-    queues: Vec<loopback::Queue<Payload>>,
+    queues: Vec<Box<dyn accel::Queue>>,
     /// How each queue was opened, for [`Pipeline::recover`].
-    specs: Vec<QueueSpec>,
-    /// Per queue: its completed counter when the pipeline began, and descriptors pushed since.
-    base: Vec<u64>,
+    specs: Vec<Opened>,
+    /// Per queue: ops pushed since it was opened.
     pushed: Vec<u64>,
-    free: VecDeque<Slot>,
-    /// Per slot: a slot whose D2H came back while other completions of its frame were still
-    /// unseen, or whose frame is not the next to deliver.
-    held: Vec<Option<Slot>>,
+    /// Every slot, by index; the slots free to take, in order.
+    slots: Vec<Slot>,
+    free: VecDeque<usize>,
+    /// Per slot: its frame is in flight (the device may touch its buffers).
+    busy: Vec<bool>,
+    /// Per slot: its last completion came back while other completions of its frame were
+    /// still unseen, or its frame is not the next to deliver.
+    held: Vec<bool>,
     progress: Vec<Progress>,
     next_frame: u64,
     /// The next frame to hand to postprocessing.
@@ -154,12 +157,28 @@ pub struct Pipeline {
     in_flight: usize,
     /// How results come back.
     path: ResultPath,
-    /// The device, for reading results in place.
-    device: Arc<Loopback>,
-    // Held for the pipeline's life: the pool the slots' buffers come from and the device
-    // ranges of the arenas (dropped after the queues, which may hold slots).
+    /// Where the model's steps run.
+    compute: ComputeAt,
+    /// The device.
+    device: Arc<dyn Accelerator>,
+    /// A queue could not be stopped: the slots in flight are never freed (dropped with the
+    /// pipeline by leaking them), since the device may still write them.
+    leaked: bool,
+    // Held for the pipeline's life: the pool the slots' buffers come from and the arenas.
     pool: Arc<Pool>,
-    _arenas: Vec<Range>,
+    arenas: Vec<Arena>,
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        // The queues stop first (a queue dropped with work in flight stops its device's side
+        // of it), then the slots and arenas go back, unless a queue could not be stopped.
+        self.queues.clear();
+        if self.leaked {
+            std::mem::forget(std::mem::take(&mut self.slots));
+            std::mem::forget(std::mem::take(&mut self.arenas));
+        }
+    }
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -202,9 +221,15 @@ impl Pipeline {
     }
 
     /// The device it runs on (pipelines on one device share its engine; a driver of several
-    /// devices groups them by it).
-    pub fn device(&self) -> &Arc<Loopback> {
+    /// devices groups them by [`Accelerator::key`]).
+    pub fn device(&self) -> &Arc<dyn Accelerator> {
         &self.device
+    }
+
+    /// Where the model's steps run: on the device, on the host (a device without a compute
+    /// unit: every step runs on the host between the device's transfers), or some of each.
+    pub fn compute(&self) -> ComputeAt {
+        self.compute
     }
 
     /// The interrupt of the queue a frame's last completion arrives on, to sleep on several
@@ -217,9 +242,11 @@ impl Pipeline {
     /// The queue a frame's last completion arrives on, for [`ring::wait_any`]. Once it is
     /// ready, [`Pipeline::poll`] hands over what finished (a frame may still need a moment
     /// for its other completions: [`Pipeline::wait`] covers that).
-    /// `None` once the device was removed and the pipeline recovered (it has no queues).
+    /// `None` once the device was removed and the pipeline recovered (it has no queues), for a
+    /// queue without an interrupt, and while the host has work to do for it (a step run on
+    /// the host): poll then instead of sleeping.
     pub fn waitable(&mut self) -> Option<&mut dyn ring::Waitable> {
-        self.queues.last_mut().map(|q| q as &mut dyn ring::Waitable)
+        self.queues.last_mut().and_then(|q| q.waitable())
     }
 
     /// The error [`Pipeline::wait`] ends with when nothing finished for `waited` (the device
@@ -228,7 +255,7 @@ impl Pipeline {
     /// without queues.
     pub fn overdue(&self, waited: Duration) -> crate::Error {
         match self.queues.last() {
-            Some(queue) => crate::Error::from(queue.overdue(waited)),
+            Some(queue) => queue.overdue(waited),
             None => self.removed(),
         }
     }
@@ -237,7 +264,7 @@ impl Pipeline {
     /// of its completions is moments away, or an earlier frame is still out): a driver that
     /// sleeps on [`Pipeline::waitable`] polls again instead of sleeping.
     pub fn finishing(&self) -> bool {
-        self.held.iter().any(Option::is_some)
+        self.held.iter().any(|&h| h)
     }
 
     /// What it has done so far.

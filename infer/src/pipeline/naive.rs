@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 
 use super::descriptor::{self, step_name};
 use super::{Error, FrameError, Model, Summary, Times};
+use crate::accel::{self, HostSpan};
 use userdma::device::Wait;
 use userdma::dma::{Iova, Mapping};
 use userdma::memory::PageSize;
 use userdma::ring;
 use userdma::Runtime;
-use userdma_loopback::{LoopbackRuntime, LoopbackStatus, StatusCode};
+use userdma_loopback::{LoopbackRuntime, StatusCode};
 
 /// Runs `frames` frames of `model` the naive way on `runtime`'s device (queue `queue`),
 /// calling `preprocess` to fill each frame's heap input and `postprocess` with each frame's
@@ -130,12 +131,25 @@ impl Naive {
             first_iova(&in_map, "input")?,
             first_iova(&out_map, "result")?,
         );
+        let spans = (
+            HostSpan {
+                iova: in_iova,
+                ptr: in_map.slice().as_ptr(),
+                len: input.bytes,
+            },
+            HostSpan {
+                iova: out_iova,
+                ptr: out_map.slice().as_ptr(),
+                len: result.bytes,
+            },
+        );
         for k in 0..per_frame {
+            let op = descriptor::op_at(model, base.raw(), spans.0, spans.1, k);
             let command = ring::Command {
                 context: self.context,
-                ..descriptor::command(model, base, in_iova, out_iova, k)
+                ..accel::loopback::descriptor(&op, &[]).build()
             };
-            descriptor::push(q, command, k as u16)?;
+            q.push(command, k as u16)?;
         }
         q.flush()?;
         let submitted = Instant::now();
@@ -158,15 +172,16 @@ impl Naive {
                 s if s == model.steps().len() => times.computed = now,
                 _ => {}
             }
-            let code = done.entry.loopback_code().ok();
-            if code != Some(StatusCode::Success) && error.is_none() {
+            let code = done.entry.code();
+            if code != StatusCode::Success as u16 && error.is_none() {
                 error = Some(FrameError {
                     frame,
                     queue: q.id(),
                     command: done.id,
                     step,
                     what: step_name(step, model.steps().len()),
-                    code: code.unwrap_or(StatusCode::BadOpcode),
+                    code: u32::from(code),
+                    status: StatusCode::from_raw(code).map_or("unknown", StatusCode::name),
                     result: done.entry.result,
                 });
             }

@@ -5,9 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::descriptor::Payload;
+use super::setup::open;
 use super::{Finished, Pipeline};
-use userdma::device::Device;
 
 /// What [`Pipeline::recover`] did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -28,7 +27,7 @@ impl Pipeline {
     /// The error of a pipeline whose device was removed.
     pub(super) fn removed(&self) -> crate::Error {
         userdma::device::Error::Removed {
-            device: self.device.identity().to_string(),
+            device: self.device.identity(),
         }
         .into()
     }
@@ -41,10 +40,8 @@ impl Pipeline {
     ///
     /// # Errors
     /// The reset or reopening failing (the device is beyond recovery: drop the pipeline);
-    /// a queue the device could not be made to stop (its slots are then leaked, never freed
-    /// under the device: [`ring::leaks`]).
-    ///
-    /// [`ring::leaks`]: userdma::ring::leaks
+    /// a queue the device could not be made to stop (the slots in flight are then leaked,
+    /// never freed under the device, and the pipeline takes no new frames into them).
     pub fn recover(
         &mut self,
         postprocess: impl FnMut(Finished<'_>),
@@ -76,14 +73,10 @@ impl Pipeline {
         // The device is stopped (reset) or gone: every queue stops at once, handing back what
         // completed before and what it aborted.
         let mut completed = Vec::new();
-        let mut aborted = Vec::new();
         let mut failure = None;
         for queue in std::mem::take(&mut self.queues) {
-            match queue.shutdown(Duration::ZERO) {
-                Ok(shutdown) => {
-                    completed.extend(shutdown.completed);
-                    aborted.extend(shutdown.aborted.into_iter().map(|(_, p)| p));
-                }
+            match queue.shutdown() {
+                Ok(stopped) => completed.extend(stopped.completed),
                 Err(err) => failure = failure.or(Some(err)),
             }
         }
@@ -92,17 +85,21 @@ impl Pipeline {
             self.complete(done, &mut postprocess);
         }
         let finished = (self.summary.frames - before) as usize;
-        let mut lost = Vec::new();
-        for payload in aborted {
-            if let Payload::Last { slot, .. } = payload {
-                lost.push(self.progress[slot.index].frame);
-                self.free.push_back(slot);
-            }
+        if let Some(err) = failure {
+            // A queue did not stop: the device may still write the slots in flight. They
+            // stay busy (no frame is put into them again) and are leaked with the pipeline.
+            self.leaked = true;
+            return Err(err);
         }
-        for index in 0..self.held.len() {
-            if let Some(slot) = self.held[index].take() {
+        // Every frame still in flight was aborted or never came back: its slot is free again
+        // (the device touches none of them any more).
+        let mut lost = Vec::new();
+        for index in 0..self.slots.len() {
+            if self.busy[index] {
                 lost.push(self.progress[index].frame);
-                self.free.push_back(slot);
+                self.busy[index] = false;
+                self.held[index] = false;
+                self.free.push_back(index);
             }
         }
         lost.sort_unstable();
@@ -110,9 +107,6 @@ impl Pipeline {
         self.next_out = self.next_frame;
         self.unannounced = 0;
         self.pending.clear();
-        if let Some(err) = failure {
-            return Err(err.into());
-        }
         if !removed {
             self.reopen()?;
         }
@@ -124,31 +118,12 @@ impl Pipeline {
         })
     }
 
-    /// Opens the queues again after a reset, as [`Pipeline::new`] did.
+    /// Opens the queues again after a reset, as [`Pipeline::on`] did.
     fn reopen(&mut self) -> Result<(), crate::Error> {
-        let counters = self.device.counters()?;
-        for spec in &self.specs {
-            let id = spec.config.id();
-            if let (true, Some(ws)) = (spec.steps_here, self.config.working_set) {
-                self.device
-                    .set_working_set(id, ws.private, ws.shared, ws.key)?;
-            }
-            self.queues.push(self.device.open_queue_on(
-                spec.config,
-                self.config.wait,
-                spec.unit,
-            )?);
+        for &opened in &self.specs {
+            self.queues
+                .push(open(&self.device, opened, self.compute, &self.config)?);
         }
-        self.base = self
-            .specs
-            .iter()
-            .map(|s| {
-                counters
-                    .queues
-                    .get(usize::from(s.config.id()))
-                    .map_or(0, |q| q.completed)
-            })
-            .collect();
         self.pushed = vec![0; self.specs.len()];
         Ok(())
     }

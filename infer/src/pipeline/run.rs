@@ -6,33 +6,28 @@
 
 use std::time::Instant;
 
-use super::descriptor::{command_of, push, step_name, Next, Payload, WAIT_STEP};
+use super::descriptor::{op_of, step_name, tag, untag, Next, WAIT_STEP};
 use super::frame::Source;
 use super::{Finished, FrameError, Input, Output, Pipeline, Summary, COMPUTE, D2H, H2D};
-use userdma::ring::{self, Command};
-use userdma_loopback::{Descriptor, LoopbackStatus, StatusCode};
+use crate::accel::{Completion, Op};
 
 impl Pipeline {
-    /// Pushes `command` with `payload` to queue `q`.
-    fn push_to(
-        &mut self,
-        q: usize,
-        command: Command,
-        payload: Payload,
-    ) -> Result<(), crate::Error> {
-        let command = Command {
-            context: self.config.context,
-            ..command
-        };
-        push(&mut self.queues[q], command, payload)?;
+    /// Pushes `op` with `tag` to queue `q`. The ring holds every slot's ops, and a slot of
+    /// the ring is free once the completion that frees it was taken, so a refusal here is an
+    /// error, never a moment to wait out.
+    #[inline]
+    fn push_to(&mut self, q: usize, op: Op, tag: u64) -> Result<(), crate::Error> {
+        self.queues[q].push(op, tag)?;
         self.pushed[q] += 1;
         Ok(())
     }
 
-    /// A `Wait` on queue `on` until every descriptor pushed to it so far has completed.
-    fn wait_for(&self, on: usize) -> Command {
-        let id = self.queues[on].id();
-        Descriptor::wait(id, self.base[on] + self.pushed[on]).build()
+    /// A wait on queue `on` until every op pushed to it so far has completed.
+    fn wait_for(&self, on: usize) -> Op {
+        Op::After {
+            queue: self.queues[on].id(),
+            count: self.pushed[on],
+        }
     }
 
     /// Takes a free slot, lets `preprocess` write frame `n`'s input into it, and queues the
@@ -49,28 +44,25 @@ impl Pipeline {
         if self.queues.is_empty() {
             return Err(self.removed());
         }
-        let Some(slot) = self.free.pop_front() else {
+        let Some(&index) = self.free.front() else {
             return Ok(None);
         };
         let frame = self.next_frame;
         let began = Instant::now();
-        if let Err(e) = preprocess(
+        preprocess(
             frame,
             &Input {
-                buffer: &slot.input,
+                buffer: &self.slots[index].input,
             },
-        ) {
-            self.free.push_front(slot);
-            return Err(e);
-        }
-        let index = slot.index;
+        )?;
+        self.free.pop_front();
+        self.busy[index] = true;
         let steps = self.model.steps().len();
         let split = self.config.split;
         let in_place = self.path.in_place;
-        // The frame's descriptors in order, as (queue, descriptor k or a Wait on a queue):
-        // H2D; with `split` a Wait on H2D ahead of the steps; the steps; unless results are
-        // read in place, with `split` a Wait on the steps, and the D2H copy. The last one
-        // carries the slot.
+        // The frame's ops in order, as (queue, op k or a wait on a queue): H2D; with `split` a
+        // wait on H2D ahead of the steps; the steps; unless results are read in place, with
+        // `split` a wait on the steps, and the D2H copy. The last one is tagged last.
         let (h2d, compute, d2h) = if split {
             (H2D, COMPUTE, D2H)
         } else {
@@ -102,7 +94,6 @@ impl Pipeline {
         p.error = None;
         p.times.preprocess = began;
         p.outstanding = total as u32;
-        let mut slot = Some(slot);
         let mut left = total;
         for &(q, next) in &plan[..n] {
             let (first, count) = match next {
@@ -112,27 +103,29 @@ impl Pipeline {
             };
             for k in first..first + count {
                 left -= 1;
-                let held = slot
-                    .as_ref()
-                    .expect("the slot goes with the last descriptor");
-                let command = match next {
-                    Next::WaitOn(on) => self.wait_for(on),
-                    _ => command_of(&self.model, held, k),
+                let (op, step) = match next {
+                    Next::WaitOn(on) => (self.wait_for(on), WAIT_STEP),
+                    _ => (op_of(&self.model, &self.slots[index], k), k as u16),
                 };
-                let step = if matches!(next, Next::WaitOn(_)) {
-                    WAIT_STEP
-                } else {
-                    k as u16
-                };
-                let payload = if left == 0 {
-                    Payload::Last {
-                        slot: slot.take().expect("taken once"),
-                        step,
+                if let Op::Step { step, .. } = &op {
+                    if !self.device_runs(step) {
+                        self.summary.host_steps += 1;
                     }
-                } else {
-                    Payload::Step { slot: index, step }
-                };
-                self.push_to(q, command, payload)?;
+                }
+                if let Err(err) = self.push_to(q, op, tag(index, step, left == 0)) {
+                    if left + 1 == total {
+                        // Nothing of the frame reached a queue: the slot is free again.
+                        self.busy[index] = false;
+                        self.free.push_front(index);
+                    } else {
+                        // Part of the frame is queued and may run: it stays in flight, and
+                        // the recovery the error calls for ([`Pipeline::recover`]) takes its
+                        // slot back once the device is stopped, reporting it lost.
+                        self.next_frame += 1;
+                        self.in_flight += 1;
+                    }
+                    return Err(err);
+                }
             }
         }
         self.summary.bytes_to_device += self.model.input().bytes;
@@ -167,30 +160,39 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Whether the device runs `step` (or the host does, through the queue's host steps).
+    #[inline]
+    fn device_runs(&self, step: &crate::pipeline::Step) -> bool {
+        self.compute == crate::accel::ComputeAt::Device || self.device.runs(step)
+    }
+
     /// Handles one completion. A frame is finished once all its completions were seen; it is
     /// handed to `postprocess` in frame order. Returns how many frames were handed over.
     pub(super) fn complete(
         &mut self,
-        done: ring::Done<ring::Status, Payload>,
+        done: Completion,
         postprocess: &mut impl FnMut(Finished<'_>),
     ) -> usize {
         let now = Instant::now();
         let steps = self.model.steps().len();
-        let code = done.entry.loopback_code().ok();
-        let (index, step) = match &done.payload {
-            Payload::Step { slot, step } => (*slot, *step),
-            Payload::Last { slot, step } => (slot.index, *step),
-        };
+        let (index, step, last) = untag(done.tag);
+        if index >= self.progress.len() || !self.busy[index] {
+            // Not a tag of a frame in flight: an engine that broke its contract. Nothing of
+            // a frame is touched; the frame the completion should have been is reported
+            // overdue in time.
+            return 0;
+        }
         let p = &mut self.progress[index];
-        if code != Some(StatusCode::Success) && p.error.is_none() {
+        if done.status != 0 && p.error.is_none() {
             p.error = Some(FrameError {
                 frame: p.frame,
-                queue: done.entry.queue_id,
-                command: done.id,
+                queue: done.queue,
+                command: done.command,
                 step,
                 what: step_name(step, steps),
-                code: code.unwrap_or(StatusCode::BadOpcode),
-                result: done.entry.result,
+                code: done.status,
+                status: self.device.status_name(done.status),
+                result: done.result,
             });
         }
         match usize::from(step) {
@@ -204,12 +206,12 @@ impl Pipeline {
             _ => {}
         }
         p.outstanding = p.outstanding.saturating_sub(1);
-        if let Payload::Last { slot, .. } = done.payload {
+        if last {
             if self.path.in_place {
                 p.times.computed = now;
             }
             p.times.to_host = now;
-            self.held[index] = Some(slot);
+            self.held[index] = true;
         }
         self.deliver(postprocess)
     }
@@ -220,13 +222,12 @@ impl Pipeline {
         loop {
             let next = self.next_out;
             let Some(index) = (0..self.held.len()).find(|&i| {
-                self.held[i].is_some()
-                    && self.progress[i].frame == next
-                    && self.progress[i].outstanding == 0
+                self.held[i] && self.progress[i].frame == next && self.progress[i].outstanding == 0
             }) else {
                 return delivered;
             };
-            let slot = self.held[index].take().expect("found above");
+            self.held[index] = false;
+            let slot = &self.slots[index];
             let progress = self.progress[index];
             self.in_flight -= 1;
             self.next_out += 1;
@@ -241,8 +242,8 @@ impl Pipeline {
                     self.summary.bytes_to_host += r.bytes;
                     let source = if self.path.in_place {
                         Source::Device {
-                            device: &self.device,
-                            offset: (slot.arena + r.offset).raw() as usize,
+                            device: self.device.as_ref(),
+                            at: slot.arena + r.offset,
                             len: r.bytes as usize,
                         }
                     } else {
@@ -256,7 +257,8 @@ impl Pipeline {
                 result,
                 times: progress.times,
             });
-            self.free.push_back(slot);
+            self.busy[index] = false;
+            self.free.push_back(index);
             delivered += 1;
         }
     }
@@ -272,7 +274,7 @@ impl Pipeline {
     ) -> Result<usize, crate::Error> {
         let mut finished = 0;
         for q in 0..self.queues.len() {
-            while let Some(done) = self.queues[q].poll_one()? {
+            while let Some(done) = self.queues[q].poll()? {
                 finished += self.complete(done, &mut postprocess);
             }
         }
@@ -299,11 +301,11 @@ impl Pipeline {
         // A frame's last completion is on the last queue: wait there, then take the others.
         let last = self.queues.len() - 1;
         while finished == 0 && self.in_flight > 0 {
-            if self.held.iter().any(Option::is_some) {
+            if self.held.iter().any(|&h| h) {
                 // Its D2H is back, another of its completions is not seen yet: moments away.
                 std::thread::yield_now();
             } else {
-                let done = self.queues[last].wait(Some(self.config.timeout))?;
+                let done = self.queues[last].wait(self.config.timeout)?;
                 finished += self.complete(done, &mut postprocess);
             }
             finished += self.poll(&mut postprocess)?;

@@ -6,30 +6,46 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::descriptor::{command_of, push, Payload};
+use super::descriptor::{op_of, tag};
 use super::{
-    Config, Error, Model, Pipeline, Progress, QueueSpec, ResultPath, Results, Slot, Summary, Times,
+    Config, Error, Model, Opened, Pipeline, Progress, ResultPath, Results, Slot, Summary, Times,
     COMPUTE, MAX_DEPTH,
 };
-use userdma::memory::PageSize;
-use userdma::ring::{self, Command};
+use crate::accel::{
+    self, Accelerator, Capabilities, ComputeAt, HostSteps, LoopbackEngine, QueueSpec, Unit,
+};
 use userdma::Runtime;
-use userdma_loopback::{self as loopback, Loopback, LoopbackRuntime, LoopbackStatus, StatusCode};
 
 impl Pipeline {
-    /// Builds a pipeline on `runtime`'s device for `model`: `config.depth` slots (host buffers
-    /// from one pool mapped once, one device arena each) and its queue(s) deep enough for
-    /// every slot's descriptors: queue `config.queue`, and with `config.split` also the next
-    /// two.
+    /// Builds a pipeline on `runtime`'s loopback NPU ([`LoopbackEngine`]); for any other
+    /// device, [`Pipeline::on`] with its engine.
     ///
     /// # Errors
-    /// [`userdma::Error::Unsupported`] for a device without the loopback descriptor format or
-    /// device memory; [`userdma::Error::Device`] if device memory cannot hold `depth` arenas
-    /// (lower the depth) or the queues do not exist; [`userdma::Error::Pool`] /
+    /// [`userdma::Error::Unsupported`] for a runtime whose device is not the loopback NPU; as
+    /// [`Pipeline::on`].
+    pub fn new(runtime: &Runtime, model: Model, config: Config) -> Result<Pipeline, crate::Error> {
+        let engine: Arc<dyn Accelerator> = Arc::new(LoopbackEngine::new(runtime)?);
+        Pipeline::on(engine, model, config)
+    }
+
+    /// Builds a pipeline on `device` for `model`: `config.depth` slots (host buffers from one
+    /// pool mapped once, one arena each) and its queue(s) deep enough for every slot's ops:
+    /// queue `config.queue`, and with `config.split` also the next two. Steps the device
+    /// cannot run run on the host ([`Pipeline::compute`]).
+    ///
+    /// # Errors
+    /// [`Error::Lacks`] for a setting the device cannot carry out (a split pipeline on a
+    /// device without separate units, cross-queue ordering or compute; results in place from
+    /// an arena the host cannot read); the device's errors if its memory cannot hold `depth`
+    /// arenas (lower the depth) or the queues do not exist; [`userdma::Error::Pool`] /
     /// [`userdma::Error::Memory`] for the host buffers; [`crate::Error::Pipeline`] for a depth
     /// or batch out of range ([`Error::Depth`]), queues past the last id ([`Error::Queues`])
     /// or host buffers too large for the address space ([`Error::HostBuffers`]).
-    pub fn new(runtime: &Runtime, model: Model, config: Config) -> Result<Pipeline, crate::Error> {
+    pub fn on(
+        device: Arc<dyn Accelerator>,
+        model: Model,
+        config: Config,
+    ) -> Result<Pipeline, crate::Error> {
         if config.depth == 0 || config.batch == 0 || config.depth > MAX_DEPTH {
             return Err(Error::Depth {
                 depth: config.depth,
@@ -37,55 +53,39 @@ impl Pipeline {
             }
             .into());
         }
+        let caps = device.capabilities();
+        let compute = caps.compute_at(model.steps());
+        check(device.as_ref(), &caps, compute, &config)?;
         let per_frame = model.steps().len() + 4;
         // Twice what the slots need: the SQ head the device writes back lags its completions
         // by up to a burst.
         let descriptors = (2 * config.depth * per_frame).next_power_of_two().max(2);
         let ring_depth = u32::try_from(descriptors).unwrap_or(u32::MAX);
-        let units: &[loopback::Unit] = if config.split {
-            &[
-                loopback::Unit::Copy,
-                loopback::Unit::Compute,
-                loopback::Unit::Copy,
-            ]
+        let units: &[Unit] = if config.split {
+            &[Unit::Copy, Unit::Compute, Unit::Copy]
         } else {
-            &[loopback::Unit::Copy]
+            &[Unit::Copy]
         };
-        let device = runtime
-            .loopback_device()
-            .ok_or_else(|| userdma::Error::Unsupported {
-                device: runtime.device().identity().to_string(),
-                what: "loopback descriptor format",
-                hint: "the pipeline runs the loopback device's layer ops; use Runtime::loopback",
-            })?;
-        let counters = device.counters()?;
         let mut queues = Vec::with_capacity(units.len());
         let mut specs = Vec::with_capacity(units.len());
-        let mut base = Vec::with_capacity(units.len());
         for (k, &unit) in units.iter().enumerate() {
             let id = config.queue.checked_add(k as u16).ok_or(Error::Queues {
                 queue: config.queue,
                 after: units.len() - 1,
             })?;
-            let steps_here = if config.split { k == COMPUTE } else { k == 0 };
-            if let (true, Some(ws)) = (steps_here, config.working_set) {
-                device.set_working_set(id, ws.private, ws.shared, ws.key)?;
-            }
-            let ring_config = ring::Config::new(ring_depth)
-                .with_id(id)
-                .with_context(config.context);
-            queues.push(runtime.queue_on::<Payload>(ring_config, config.wait, unit)?);
-            specs.push(QueueSpec {
-                config: ring_config,
-                unit,
-                steps_here,
-            });
-            base.push(
-                counters
-                    .queues
-                    .get(usize::from(id))
-                    .map_or(0, |q| q.completed),
-            );
+            let opened = Opened {
+                spec: QueueSpec {
+                    id,
+                    depth: ring_depth,
+                    context: config.context,
+                    unit,
+                    wait: config.wait,
+                    arena_bytes: model.arena_bytes(),
+                },
+                steps_here: if config.split { k == COMPUTE } else { k == 0 },
+            };
+            queues.push(open(&device, opened, compute, &config)?);
+            specs.push(opened);
         }
         let (input_bytes, result_bytes) = (model.input().bytes, model.result().bytes);
         let per_slot = input_bytes.div_ceil(4096) * 4096 + result_bytes.div_ceil(4096) * 4096;
@@ -99,22 +99,18 @@ impl Pipeline {
                 depth: config.depth,
                 slot_bytes: per_slot,
             })?;
-        let pool = runtime.pool(pool_bytes, PageSize::Base)?;
-        let memory = runtime.device_memory()?;
-        let mut free = VecDeque::with_capacity(config.depth);
+        let pool = device.host_pool(pool_bytes)?;
+        let mut slots = Vec::with_capacity(config.depth);
         let mut arenas = Vec::with_capacity(config.depth);
-        for index in 0..config.depth {
-            let arena = memory.alloc(model.arena_bytes(), 256)?;
-            let slot = Slot {
-                index,
+        for _ in 0..config.depth {
+            let arena = device.alloc_arena(model.arena_bytes(), 256)?;
+            slots.push(Slot {
                 input: pool.alloc_owned(input_bytes as usize)?,
                 result: pool.alloc_owned(result_bytes as usize)?,
-                arena: arena.offset(),
-            };
+                arena: arena.at,
+            });
             arenas.push(arena);
-            free.push_back(slot);
         }
-        let device = Arc::clone(device);
         let mut pushed = vec![0; queues.len()];
         let path = match config.results {
             Results::Copy => ResultPath {
@@ -127,14 +123,18 @@ impl Pipeline {
                 copy_ns: None,
                 in_place_ns: None,
             },
+            Results::Auto if !caps.read_in_place => ResultPath {
+                in_place: false,
+                copy_ns: None,
+                in_place_ns: None,
+            },
             Results::Auto => {
-                let slot = free.front().expect("depth >= 1");
                 let d2h = queues.len() - 1;
                 measure_result_paths(
                     &model,
-                    slot,
-                    &device,
-                    &mut queues[d2h],
+                    &slots[0],
+                    device.as_ref(),
+                    queues[d2h].as_mut(),
                     &mut pushed[d2h],
                     &config,
                 )?
@@ -144,7 +144,6 @@ impl Pipeline {
             // The D2H queue is not used: results are read where the compute unit wrote them.
             queues.truncate(2);
             specs.truncate(2);
-            base.truncate(2);
             pushed.truncate(2);
         }
         let now = Instant::now();
@@ -165,25 +164,89 @@ impl Pipeline {
                 };
                 config.depth
             ],
-            held: (0..config.depth).map(|_| None).collect(),
+            held: vec![false; config.depth],
+            busy: vec![false; config.depth],
+            free: (0..config.depth).collect::<VecDeque<_>>(),
+            slots,
             pending: Vec::with_capacity(config.depth),
             model,
             config,
             queues,
             specs,
-            base,
             pushed,
-            free,
             next_frame: 0,
             next_out: 0,
             unannounced: 0,
             summary: Summary::default(),
             in_flight: 0,
             path,
+            compute,
             device,
+            leaked: false,
             pool,
-            _arenas: arenas,
+            arenas,
         })
+    }
+}
+
+/// Refuses a setting the device cannot carry out.
+fn check(
+    device: &dyn Accelerator,
+    caps: &Capabilities,
+    compute: ComputeAt,
+    config: &Config,
+) -> Result<(), crate::Error> {
+    let lacks = |lacks, setting, hint| Error::Lacks {
+        device: device.identity(),
+        kind: caps.kind,
+        lacks,
+        setting,
+        hint,
+    };
+    if config.split {
+        let hint = "build the pipeline without Config::split (one in-order queue)";
+        if !caps.separate_units {
+            return Err(lacks("separate copy and compute units", "a split pipeline", hint).into());
+        }
+        if !caps.cross_queue_order {
+            return Err(lacks("ordering across queues", "a split pipeline", hint).into());
+        }
+        if compute != ComputeAt::Device {
+            return Err(lacks(
+                "compute unit for every step of the model",
+                "a split pipeline",
+                hint,
+            )
+            .into());
+        }
+    }
+    if config.results == Results::InPlace && !caps.read_in_place {
+        return Err(lacks(
+            "arena the host can read in place",
+            "Results::InPlace",
+            "use Results::Copy or Results::Auto",
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Opens queue `opened` of `device`: with the steps it cannot run run on the host when it is
+/// the queue the steps go to.
+pub(super) fn open(
+    device: &Arc<dyn Accelerator>,
+    opened: Opened,
+    compute: ComputeAt,
+    config: &Config,
+) -> Result<Box<dyn accel::Queue>, crate::Error> {
+    let spec = opened.spec;
+    if let (true, Some(ws)) = (opened.steps_here, config.working_set) {
+        device.set_working_set(spec.id, ws)?;
+    }
+    if opened.steps_here && compute != ComputeAt::Device {
+        Ok(Box::new(HostSteps::open(Arc::clone(device), spec)?))
+    } else {
+        device.open_queue(spec)
     }
 }
 
@@ -197,38 +260,29 @@ const MEASURE_ROUNDS: usize = 5;
 fn measure_result_paths(
     model: &Model,
     slot: &Slot,
-    device: &Loopback,
-    queue: &mut loopback::Queue<Payload>,
+    device: &dyn Accelerator,
+    queue: &mut dyn accel::Queue,
     pushed: &mut u64,
     config: &Config,
 ) -> Result<ResultPath, crate::Error> {
     let timeout = config.timeout;
     let r = model.result();
     let steps = model.steps().len();
-    let copy = Command {
-        context: config.context,
-        ..command_of(model, slot, steps + 1)
-    };
-    let offset = (slot.arena + r.offset).raw() as usize;
+    let copy = op_of(model, slot, steps + 1);
+    let at = slot.arena + r.offset;
     let mut bytes = userdma::memory::zeroed(r.bytes, "the result read back")?;
     let (mut copy_ns, mut in_place_ns) = (u64::MAX, u64::MAX);
     for _ in 0..MEASURE_ROUNDS {
         let start = Instant::now();
-        push(
-            queue,
-            copy,
-            Payload::Step {
-                slot: slot.index,
-                step: (steps + 1) as u16,
-            },
-        )?;
+        queue.push(copy, tag(0, (steps + 1) as u16, false))?;
         *pushed += 1;
         queue.flush()?;
-        let done = queue.wait(Some(timeout))?;
-        if done.entry.loopback_code().ok() != Some(StatusCode::Success) {
+        let done = queue.wait(timeout)?;
+        if done.status != 0 {
             return Err(Error::ResultCopy {
                 bytes: r.bytes,
-                code: done.entry.code(),
+                code: done.status,
+                status: device.status_name(done.status),
             }
             .into());
         }
@@ -236,7 +290,7 @@ fn measure_result_paths(
         slot.result.read(0, &mut bytes)?;
         copy_ns = copy_ns.min(nanos(start.elapsed()));
         let start = Instant::now();
-        device.read_device_memory(offset, &mut bytes)?;
+        device.read_arena(at, &mut bytes)?;
         in_place_ns = in_place_ns.min(nanos(start.elapsed()));
     }
     Ok(ResultPath {

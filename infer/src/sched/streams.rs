@@ -12,8 +12,9 @@
 //! waiting frame goes, submits it to that stream's pipeline, and hands every finished frame
 //! to postprocessing with its arrival time, so latency counts from arrival.
 //!
-//! Streams may run on several devices (several loopback devices stand in for a machine with
-//! several NPUs): the streams whose pipelines share a device share that device's scheduler,
+//! Streams may run on several devices, of one kind or of several (any
+//! [`Accelerator`](crate::accel::Accelerator); several loopback devices stand in for a machine
+//! with several NPUs): the streams whose pipelines share a device share that device's scheduler,
 //! each device decides on its own (`in_flight` is per device), and one thread drives them
 //! all, sleeping on every busy pipeline's interrupt at once.
 //!
@@ -25,13 +26,11 @@
 //! result times ([`FrameSpan`]), for a picture of which context ran when.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Nanos, Policy, Scheduler, StreamId, StreamSpec};
 use crate::pipeline::Pipeline;
 use userdma::irq::Waiter;
-use userdma_loopback::Loopback;
 
 mod arrivals;
 mod dispatch;
@@ -123,7 +122,7 @@ struct Down {
     fault: usize,
     /// The reset, running on a thread of its own (a device that hangs in reset holds it up
     /// to the device's acknowledgement timeout; the other devices' streams go on meanwhile).
-    reset: Option<std::thread::JoinHandle<Result<(), userdma::device::Error>>>,
+    reset: Option<std::thread::JoinHandle<Result<(), crate::Error>>>,
     /// With no reset running: when the next one starts.
     retry_at: Instant,
 }
@@ -226,10 +225,10 @@ impl Streams {
         }
         // Group by device, in the order each device's first stream comes.
         let mut device_of = Vec::with_capacity(streams.len());
-        let mut devices: Vec<&Arc<Loopback>> = Vec::new();
+        let mut devices: Vec<usize> = Vec::new();
         for s in &streams {
-            let d = s.pipeline.device();
-            let g = match devices.iter().position(|o| Arc::ptr_eq(o, d)) {
+            let d = s.pipeline.device().key();
+            let g = match devices.iter().position(|&o| o == d) {
                 Some(g) => g,
                 None => {
                     devices.push(d);

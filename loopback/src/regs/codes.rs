@@ -4,7 +4,7 @@
 
 /// Defines a fieldless enum with its variants' raw values, `#[repr]` of the raw type, and its
 /// `from_raw` (the variant of a raw value, `None` for any other) from the same list, so each
-/// value is written once; `variant as raw` is the other way.
+/// value is written once; `variant as raw` is the other way, and `name` its name.
 macro_rules! raw_enum {
     (
         $(#[$meta:meta])*
@@ -26,6 +26,13 @@ macro_rules! raw_enum {
                 match raw {
                     $($value => Some($name::$variant),)*
                     _ => None,
+                }
+            }
+
+            /// The variant's name, as written here.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($name::$variant => stringify!($variant),)*
                 }
             }
         }

@@ -85,6 +85,15 @@ pub enum ModelError {
     /// The planner refused the model's tensors.
     #[error("the model's tensors cannot be planned: {0}")]
     Plan(plan::Error),
+    /// A step given to [`Step::apply`](super::Step::apply) that no model has (built by hand,
+    /// not by [`Model::new`](super::Model::new), which checks every step).
+    #[error(
+        "a step that cannot run: {why}; build the model with Model::new, which checks its steps"
+    )]
+    Unrunnable {
+        /// What is wrong with it.
+        why: String,
+    },
     /// A filter's parameters do not fit the result tensor.
     #[error("the filter's records ({record} B, score at byte {score_at}) do not fit the {bytes}-byte result: use a record size of 4 to 4096 B, a multiple of 4 dividing the result, with the score inside it")]
     Filter {
@@ -111,7 +120,8 @@ impl ModelError {
             | ModelError::Overlap { .. }
             | ModelError::TooLarge { .. }
             | ModelError::Short { .. }
-            | ModelError::Filter { .. } => Code::InvalidArgument,
+            | ModelError::Filter { .. }
+            | ModelError::Unrunnable { .. } => Code::InvalidArgument,
             ModelError::NoHostMemory { .. } => Code::Exhausted,
             ModelError::Plan(e) => crate::error::plan_code(e),
         }

@@ -14,7 +14,7 @@ pub struct Span {
 
 impl Span {
     #[inline]
-    pub(super) fn end(&self) -> u64 {
+    pub(crate) fn end(&self) -> u64 {
         self.offset + self.bytes
     }
 }
@@ -69,7 +69,7 @@ pub enum Step {
 
 impl Step {
     /// The ranges it reads and the one it writes, as `(what, span)`.
-    pub(super) fn ranges(&self) -> ([Option<Span>; 3], Span) {
+    pub(crate) fn ranges(&self) -> ([Option<Span>; 3], Span) {
         let span = |offset, bytes| Span { offset, bytes };
         match *self {
             Step::Compute { src, dst, len, .. } => {

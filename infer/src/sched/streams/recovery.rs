@@ -89,7 +89,7 @@ impl Streams {
             return Err(err);
         };
         let device = Arc::clone(self.states[first].stream.pipeline.device());
-        let removed = userdma::device::Device::is_removed(device.as_ref());
+        let removed = device.is_removed();
         let group = &mut self.groups[g];
         group.streak = group.streak.saturating_add(1);
         group.hold_until = None;
@@ -157,7 +157,7 @@ impl Streams {
             .name("userdma-reset".into())
             .spawn({
                 let device = Arc::clone(&device);
-                move || userdma::device::Device::reset(device.as_ref())
+                move || device.reset()
             });
         let reset = spawned.ok();
         let inline = reset.is_none();
@@ -167,7 +167,7 @@ impl Streams {
             retry_at: Instant::now(),
         });
         if inline {
-            let result = userdma::device::Device::reset(device.as_ref()).map_err(|e| e.to_string());
+            let result = device.reset().map_err(|e| e.to_string());
             self.reset_done(g, f, result, start, postprocess)?;
         }
         Ok(())

@@ -1,0 +1,298 @@
+//! The loopback NPU as an [`Accelerator`]: all of it — two units (a copy engine and a compute
+//! unit that run at once), device memory for the arenas, every step kind on the device
+//! (filtering included), `Wait` descriptors ordering queues, contexts whose switches the cost
+//! model charges with the SRAM refill, interrupts.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Accelerator, Arena, Capabilities, Completion, Op, Queue, QueueSpec, Stopped, Unit};
+use crate::pipeline::{Step, WorkingSet};
+use userdma::device::Device;
+use userdma::dma::DeviceOffset;
+use userdma::memory::PageSize;
+use userdma::pool::Pool;
+use userdma::ring::{self, Command};
+use userdma::Runtime;
+use userdma_loopback::{self as lb, Descriptor, Loopback, LoopbackRuntime, StatusCode};
+
+/// The loopback NPU of a runtime, as an accelerator.
+#[derive(Debug)]
+pub struct LoopbackEngine {
+    runtime: Runtime,
+    device: Arc<Loopback>,
+    /// Per queue id: its completed counter when it was last opened, the base of
+    /// [`Op::After`]'s count (a `Wait` descriptor waits for the device's absolute count).
+    bases: Arc<[AtomicU64]>,
+}
+
+impl LoopbackEngine {
+    /// The loopback device of `runtime`.
+    ///
+    /// # Errors
+    /// [`userdma::Error::Unsupported`] for a runtime whose device is not the loopback NPU
+    /// (give the pipeline that device's own engine).
+    pub fn new(runtime: &Runtime) -> Result<LoopbackEngine, crate::Error> {
+        let device = runtime
+            .loopback_device()
+            .ok_or_else(|| userdma::Error::Unsupported {
+                device: runtime.device().identity().to_string(),
+                what: "loopback NPU",
+                hint: "give the pipeline the engine of this device (Pipeline::on), or use Runtime::loopback",
+            })?;
+        let queues = device.config().queue_count();
+        Ok(LoopbackEngine {
+            runtime: runtime.clone(),
+            device: Arc::clone(device),
+            bases: (0..queues).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<Loopback> {
+        &self.device
+    }
+}
+
+impl Accelerator for LoopbackEngine {
+    fn identity(&self) -> String {
+        self.device.identity().to_string()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            kind: "loopback NPU",
+            compute: true,
+            filter: true,
+            separate_units: true,
+            cross_queue_order: true,
+            device_memory: true,
+            read_in_place: true,
+            contexts: true,
+            interrupts: true,
+            queues: u16::try_from(self.bases.len()).unwrap_or(u16::MAX),
+        }
+    }
+
+    fn host_pool(&self, bytes: usize) -> Result<Arc<Pool>, crate::Error> {
+        Ok(self.runtime.pool(bytes, PageSize::Base)?)
+    }
+
+    fn alloc_arena(&self, bytes: u64, align: u64) -> Result<Arena, crate::Error> {
+        let range = self.runtime.device_memory()?.alloc(bytes, align)?;
+        Ok(Arena {
+            at: range.offset().raw(),
+            bytes,
+            keep: Box::new(range),
+        })
+    }
+
+    fn read_arena(&self, at: u64, dst: &mut [u8]) -> Result<(), crate::Error> {
+        let at = usize::try_from(at).map_err(|_| beyond(at, dst.len()))?;
+        Ok(self.device.read_device_memory(at, dst)?)
+    }
+
+    fn write_arena(&self, at: u64, src: &[u8]) -> Result<(), crate::Error> {
+        let at = usize::try_from(at).map_err(|_| beyond(at, src.len()))?;
+        Ok(self.device.device_memory().write_from(at, src)?)
+    }
+
+    fn open_queue(&self, spec: QueueSpec) -> Result<Box<dyn Queue>, crate::Error> {
+        let base =
+            self.bases
+                .get(usize::from(spec.id))
+                .ok_or(userdma::device::Error::NoSuchQueue {
+                    index: u32::from(spec.id),
+                    count: self.bases.len() as u32,
+                })?;
+        let completed = self
+            .device
+            .counters()?
+            .queues
+            .get(usize::from(spec.id))
+            .map_or(0, |q| q.completed);
+        // Relaxed: the count is read by this engine's queues on the thread that drives them,
+        // after this call returned (the pipeline opens and pushes from one thread); no other
+        // memory is published through it.
+        base.store(completed, Ordering::Relaxed);
+        let config = ring::Config::new(spec.depth)
+            .with_id(spec.id)
+            .with_context(spec.context);
+        let unit = match spec.unit {
+            Unit::Copy => lb::Unit::Copy,
+            Unit::Compute => lb::Unit::Compute,
+        };
+        let queue = self.device.open_queue_on::<u64>(config, spec.wait, unit)?;
+        Ok(Box::new(LoopbackQueue {
+            queue,
+            context: spec.context,
+            bases: Arc::clone(&self.bases),
+        }))
+    }
+
+    fn set_working_set(&self, queue: u16, set: WorkingSet) -> Result<(), crate::Error> {
+        Ok(self
+            .device
+            .set_working_set(queue, set.private, set.shared, set.key)?)
+    }
+
+    fn reset(&self) -> Result<(), crate::Error> {
+        Ok(Device::reset(self.device.as_ref())?)
+    }
+
+    fn is_removed(&self) -> bool {
+        Device::is_removed(self.device.as_ref())
+    }
+
+    fn status_name(&self, status: u32) -> &'static str {
+        u16::try_from(status)
+            .ok()
+            .and_then(StatusCode::from_raw)
+            .map_or_else(|| super::default_status_name(status), StatusCode::name)
+    }
+
+    fn key(&self) -> usize {
+        Arc::as_ptr(&self.device) as usize
+    }
+
+    fn switches(&self) -> Option<u64> {
+        let counters = self.device.counters().ok()?;
+        Some(counters.units.iter().map(|u| u.context_switches).sum())
+    }
+}
+
+fn beyond(at: u64, len: usize) -> crate::Error {
+    userdma::device::Error::DeviceMemoryRange {
+        offset: at,
+        len: len as u64,
+        align: 1,
+        why: "beyond the address space",
+    }
+    .into()
+}
+
+/// A queue of the loopback NPU: ops become its descriptors.
+struct LoopbackQueue {
+    queue: lb::Queue<u64>,
+    context: u32,
+    bases: Arc<[AtomicU64]>,
+}
+
+/// The loopback descriptor of `op`.
+#[inline]
+pub(crate) fn descriptor(op: &Op, bases: &[AtomicU64]) -> Descriptor {
+    match *op {
+        Op::ToDevice { from, to } => Descriptor::to_device(from.iova, DeviceOffset(to), from.len),
+        Op::ToHost { from, to } => Descriptor::to_host(DeviceOffset(from), to.iova, to.len),
+        Op::After { queue, count } => {
+            // Relaxed: see `LoopbackEngine::open_queue`.
+            let base = bases
+                .get(usize::from(queue))
+                .map_or(0, |b| b.load(Ordering::Relaxed));
+            Descriptor::wait(queue, base + count)
+        }
+        Op::Step { arena, step } => {
+            let base = DeviceOffset(arena);
+            match step {
+                Step::Compute {
+                    src,
+                    dst,
+                    len,
+                    xor,
+                    add,
+                } => Descriptor::compute(base + src, base + dst, len, xor, add),
+                Step::Layer {
+                    inputs,
+                    count,
+                    dst,
+                    len,
+                    seed,
+                } => {
+                    let mut at = [(base, 0); 3];
+                    for (a, &(offset, bytes)) in at.iter_mut().zip(&inputs) {
+                        *a = (base + offset, bytes);
+                    }
+                    // One to three inputs of at most 4 GiB each: checked when the model was
+                    // built; a count out of range reaches the device as a Nop of length 0,
+                    // which it fails with BadLength.
+                    Descriptor::layer(&at[..usize::from(count.min(3))], base + dst, len, seed)
+                        .unwrap_or_else(|_| Descriptor::nop())
+                }
+                Step::Compact {
+                    src,
+                    len,
+                    dst,
+                    params,
+                } => Descriptor::compact(
+                    base + src,
+                    len,
+                    params.record,
+                    params.score_at,
+                    params.threshold,
+                    base + dst,
+                    params.capacity,
+                ),
+            }
+        }
+    }
+}
+
+fn completion(done: ring::Done<ring::Status, u64>) -> Completion {
+    Completion {
+        tag: done.payload,
+        status: u32::from(done.entry.code()),
+        result: done.entry.result,
+        queue: done.entry.queue_id,
+        command: done.id,
+    }
+}
+
+impl Queue for LoopbackQueue {
+    fn id(&self) -> u16 {
+        self.queue.id()
+    }
+
+    #[inline]
+    fn push(&mut self, op: Op, tag: u64) -> Result<(), crate::Error> {
+        let command = Command {
+            context: self.context,
+            ..descriptor(&op, &self.bases).build()
+        };
+        self.queue.push(command, tag)?;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), crate::Error> {
+        Ok(self.queue.flush()?)
+    }
+
+    #[inline]
+    fn poll(&mut self) -> Result<Option<Completion>, crate::Error> {
+        Ok(self.queue.poll_one()?.map(completion))
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<Completion, crate::Error> {
+        Ok(completion(self.queue.wait(Some(timeout))?))
+    }
+
+    fn waitable(&mut self) -> Option<&mut dyn ring::Waitable> {
+        Some(&mut self.queue)
+    }
+
+    fn interrupt(&self) -> Option<&userdma::irq::EventFd> {
+        self.queue.interrupt()
+    }
+
+    fn overdue(&self, waited: Duration) -> crate::Error {
+        self.queue.overdue(waited).into()
+    }
+
+    fn shutdown(self: Box<Self>) -> Result<Stopped, crate::Error> {
+        let stopped = self.queue.shutdown(Duration::ZERO)?;
+        Ok(Stopped {
+            completed: stopped.completed.into_iter().map(completion).collect(),
+            aborted: stopped.aborted.into_iter().map(|(_, tag)| tag).collect(),
+        })
+    }
+}
