@@ -54,8 +54,9 @@ LD_LIBRARY_PATH=$out/lib "$out/header_cpp"
 # capi_test.c: devices, memory, queues, plans, pipelines, streams; device_test.c: BAR
 # access, the loopback device's layer and compact ops, device-memory ranges; limits_test.c:
 # a full ring's next push, a small pool shared by two threads, absurd sizes, a depth above
-# the device's largest.
-tests=(capi_test device_test limits_test)
+# the device's largest; engine_test.c: engines written in C (examples/c/memory_engine.h),
+# pipelines and streams on them, bad tables and engines that break their contract.
+tests=(capi_test device_test limits_test engine_test)
 echo "--- C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 for t in "${tests[@]}"; do
 	echo "$t"
@@ -96,6 +97,11 @@ if [ "$rc" != 1 ] || ! grep -q 'UDMA_ERR_NOT_FOUND: udma_device_open_pci: fffe:f
 	cat "$out/edu_dma.err" >&2
 	exit 1
 fi
+
+# memory_engine.c: an engine written in C (no compute, host memory), a pipeline on it.
+# shellcheck disable=SC2046
+gcc "${CFLAGS[@]}" examples/c/memory_engine.c -o "$out/memory_engine" $(pkg-config --cflags --libs userdma)
+LD_LIBRARY_PATH=$prefix/lib "$out/memory_engine" 64
 
 echo "--- examples/c/two_streams.c through a release install"
 release=$(realpath "$out")/prefix-release

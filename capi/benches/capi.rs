@@ -36,6 +36,9 @@
 mod abi;
 #[path = "../src/device.rs"]
 mod device;
+#[path = "../src/engine.rs"]
+#[allow(dead_code)]
+mod engine;
 #[path = "../src/error.rs"]
 mod error;
 #[path = "../src/handle.rs"]

@@ -101,6 +101,50 @@
 // A timeout that never passes.
 #define UDMA_TIMEOUT_INFINITE UINT64_MAX
 
+// The engine runs the model's `COMPUTE` and `LAYER` steps (without it they run on the host).
+#define UDMA_ENGINE_COMPUTE 1
+
+// The engine runs `COMPACT` steps (on-device filtering).
+#define UDMA_ENGINE_FILTER 2
+
+// Copy and compute are separate units that run at once (queues opened with unit 1 compute).
+#define UDMA_ENGINE_SEPARATE_UNITS 4
+
+// A queue's op can wait for another queue's (`UDMA_ENGINE_OP_AFTER`).
+#define UDMA_ENGINE_CROSS_QUEUE_ORDER 8
+
+// Arenas are in device memory.
+#define UDMA_ENGINE_DEVICE_MEMORY 16
+
+// `read_arena` is cheap enough to read results in place.
+#define UDMA_ENGINE_READ_IN_PLACE 32
+
+// Queues run in contexts and the device charges switches between them.
+#define UDMA_ENGINE_CONTEXTS 64
+
+// `udma_engine_op::kind`: copy `len` bytes from the host buffer to arena address `arena_at`.
+#define UDMA_ENGINE_OP_TO_DEVICE 1
+
+// `udma_engine_op::kind`: copy `len` bytes at arena address `arena_at` to the host buffer.
+#define UDMA_ENGINE_OP_TO_HOST 2
+
+// `udma_engine_op::kind`: run step `step` over the arena at `arena_at` (offsets from there).
+#define UDMA_ENGINE_OP_STEP 3
+
+// `udma_engine_op::kind`: wait until the first `after_count` ops pushed to queue
+// `after_queue` (since it was opened) completed.
+#define UDMA_ENGINE_OP_AFTER 4
+
+// `udma_engine_op::step`: each little-endian 32-bit word `w` of `len` bytes at `src` becomes
+// `(w ^ xor_mask) + add` at `dst`.
+#define UDMA_ENGINE_STEP_COMPUTE 1
+
+// `udma_engine_op::step`: a model layer, the loopback NPU's `Layer` (inputs, `seed`).
+#define UDMA_ENGINE_STEP_LAYER 2
+
+// `udma_engine_op::step`: on-device filtering, the loopback NPU's `Compact`.
+#define UDMA_ENGINE_STEP_COMPACT 3
+
 // `udma_pool_options.flags`: cache colouring. Buffers of 4 KiB and up (where it costs at
 // most one block in 16 of a chunk) are placed `size + 256` bytes apart instead of `size`, so
 // that their first cache lines spread over the CPU's cache sets: faster when the CPU touches
@@ -114,6 +158,15 @@
 
 // `udma_pipeline_options.flags`: poll for completions instead of sleeping on interrupts.
 #define UDMA_PIPELINE_POLL 2
+
+// `udma_pipeline_info::compute`: every step on the device.
+#define UDMA_COMPUTE_DEVICE 0
+
+// `udma_pipeline_info::compute`: every step on the host, between the device's transfers.
+#define UDMA_COMPUTE_HOST 1
+
+// `udma_pipeline_info::compute`: some steps on the device, the others on the host.
+#define UDMA_COMPUTE_MIXED 2
 
 // `udma_tensor.flags`: the tensor is pinned at `offset`.
 #define UDMA_TENSOR_FIXED 1
@@ -355,6 +408,10 @@ typedef struct udma_buffer udma_buffer;
 // `udma_device_close`.
 typedef struct udma_device udma_device;
 
+// An engine: a device's operations given by a C table. Made by `udma_engine_create`,
+// released by `udma_engine_destroy` (pipelines made on it keep it until they are destroyed).
+typedef struct udma_engine udma_engine;
+
 // Pinned host memory mapped into a device's DMA space, made by `udma_memory_map`, destroyed
 // (unmapped) by `udma_mapping_destroy`.
 typedef struct udma_mapping udma_mapping;
@@ -499,6 +556,145 @@ typedef struct udma_device_memory_info {
   // Ranges this device handle has out.
   uint64_t ranges;
 } udma_device_memory_info;
+
+// Opens queue `queue` of `depth` ops (a power of two) in context `context`, served by `unit`
+// (0 copy, 1 compute), and sets `*q` to the engine's queue. Returns 0, or an error.
+typedef int (*udma_engine_open_queue_fn)(void *user, uint32_t queue, uint32_t depth, uint32_t context, uint32_t unit, void **q);
+
+// One op of a frame, as the engine's `submit` gets it (152 bytes). Which fields mean something depends on
+// `kind` (and `step`); the others are zero.
+typedef struct udma_engine_op {
+  // `UDMA_OP_*`.
+  uint32_t kind;
+  // `UDMA_STEP_*` for `UDMA_ENGINE_OP_STEP`.
+  uint32_t step;
+  // Transfers: the host buffer's IOVA in the device's DMA space.
+  uint64_t host_iova;
+  // Transfers: the host buffer's address in this process.
+  void *host;
+  // Transfers: bytes; steps: the bytes the step reads (`COMPUTE`, `COMPACT`) or writes
+  // (`LAYER`).
+  uint64_t len;
+  // Transfers: the arena address; steps: the arena's base.
+  uint64_t arena_at;
+  // Steps: where it reads (`COMPUTE`, `COMPACT`), from `arena_at`.
+  uint64_t src;
+  // Steps: where it writes, from `arena_at`.
+  uint64_t dst;
+  // `COMPUTE`: the word mask and addend.
+  uint32_t xor_mask;
+  // `COMPUTE`: the addend.
+  uint32_t add;
+  // `LAYER`: the inputs' offsets from `arena_at` (the first `inputs` are present).
+  uint64_t input_offset[3];
+  // `LAYER`: the inputs' lengths.
+  uint64_t input_len[3];
+  // `LAYER`: how many inputs (1 to 3).
+  uint32_t inputs;
+  // `LAYER`: the layer's seed.
+  uint32_t seed;
+  // `COMPACT`: record size, score offset, threshold and capacity (records kept at most).
+  uint32_t record;
+  // `COMPACT`: the score's byte offset in a record.
+  uint32_t score_at;
+  // `COMPACT`: a record survives if its score is at least this.
+  uint32_t threshold;
+  // `COMPACT`: records kept at most.
+  uint32_t capacity;
+  // `UDMA_ENGINE_OP_AFTER`: the queue waited for.
+  uint32_t after_queue;
+  // Zero.
+  uint32_t reserved;
+  // `UDMA_ENGINE_OP_AFTER`: how many of its ops.
+  uint64_t after_count;
+} udma_engine_op;
+
+// Queues `op` with `tag` on `q`; it may run at once or at the next `flush`. `op` is valid
+// during the call. Returns 0, or an error (a full queue: `UDMA_ERR_EXHAUSTED`).
+typedef int (*udma_engine_submit_fn)(void *user, void *q, const struct udma_engine_op *op, uint64_t tag);
+
+// Starts every op submitted to `q` (a doorbell). Returns 0, or an error.
+typedef int (*udma_engine_flush_fn)(void *user, void *q);
+
+// A completion, as the engine's `poll` writes it.
+typedef struct udma_engine_completion {
+  // The tag the op was submitted with.
+  uint64_t tag;
+  // 0: done; otherwise the engine's status code (named by `status_name`).
+  uint32_t status;
+  // The engine's id of the op, for messages.
+  uint32_t command;
+  // A result word (an address or offset for range errors).
+  uint64_t result;
+} udma_engine_completion;
+
+// Writes `q`'s next completion (in submission order) to `*out` and returns 1; returns 0 when
+// none is in, or a negative error.
+typedef int (*udma_engine_poll_fn)(void *user, void *q, struct udma_engine_completion *out);
+
+// Stops `q` and frees it: when it returns 0 the engine touches no buffer of `q`'s ops any
+// more (the library takes every op that did not complete as aborted). Returns 0, or an
+// error (the buffers are then leaked, never reused).
+typedef int (*udma_engine_stop_queue_fn)(void *user, void *q);
+
+// Allocates an arena of `bytes` aligned to `align` and sets `*at` to its address as ops name
+// it. Returns 0, or an error (out of memory: `UDMA_ERR_EXHAUSTED`).
+typedef int (*udma_engine_alloc_arena_fn)(void *user, uint64_t bytes, uint64_t align, uint64_t *at);
+
+// Frees the arena at `at`.
+typedef void (*udma_engine_free_arena_fn)(void *user, uint64_t at);
+
+// Reads `len` bytes at arena address `at` into `dst`. Returns 0, or an error.
+typedef int (*udma_engine_read_arena_fn)(void *user, uint64_t at, void *dst, size_t len);
+
+// Writes `len` bytes from `src` at arena address `at`. Returns 0, or an error.
+typedef int (*udma_engine_write_arena_fn)(void *user, uint64_t at, const void *src, size_t len);
+
+// Resets the device: every queue stops at once. Returns 0, or an error.
+typedef int (*udma_engine_reset_fn)(void *user);
+
+// The name of status code `status` (a static string), or NULL.
+typedef const char *(*udma_engine_status_name_fn)(void *user, uint32_t status);
+
+// Called once, when the last pipeline on the engine and the engine handle are gone.
+typedef void (*udma_engine_destroy_fn)(void *user);
+
+// An engine's functions and capabilities (`udma_engine_create`). Every function but
+// `status_name` and `destroy` is required.
+typedef struct udma_engine_ops {
+  // `sizeof(udma_engine_ops)`.
+  size_t size;
+  // The device's name for messages (copied; NULL: "C engine").
+  const char *name;
+  // `UDMA_ENGINE_*` capabilities.
+  uint32_t flags;
+  // Queues, ids 0 to `queues - 1` (at least 1).
+  uint32_t queues;
+  // Opens a queue.
+  udma_engine_open_queue_fn open_queue;
+  // Queues an op.
+  udma_engine_submit_fn submit;
+  // Starts the queued ops.
+  udma_engine_flush_fn flush;
+  // Takes a completion.
+  udma_engine_poll_fn poll;
+  // Stops and frees a queue.
+  udma_engine_stop_queue_fn stop_queue;
+  // Allocates an arena.
+  udma_engine_alloc_arena_fn alloc_arena;
+  // Frees an arena.
+  udma_engine_free_arena_fn free_arena;
+  // Reads an arena.
+  udma_engine_read_arena_fn read_arena;
+  // Writes an arena.
+  udma_engine_write_arena_fn write_arena;
+  // Resets the device.
+  udma_engine_reset_fn reset;
+  // Names a status code (optional).
+  udma_engine_status_name_fn status_name;
+  // Releases `user` (optional).
+  udma_engine_destroy_fn destroy;
+} udma_engine_ops;
 
 // A mapping's addresses.
 typedef struct udma_mapping_info {
@@ -689,8 +885,11 @@ typedef struct udma_pipeline_info {
   uint32_t depth;
   // 1 if results are read in place from device memory, 0 if copied back.
   uint32_t in_place;
-  // Zero.
-  uint32_t reserved;
+  // Where the model's steps run: `UDMA_COMPUTE_DEVICE` (0), `UDMA_COMPUTE_HOST` (1: an
+  // engine without compute), `UDMA_COMPUTE_MIXED` (2).
+  uint32_t compute;
+  // Model steps run on the host so far.
+  uint64_t host_steps;
 } udma_pipeline_info;
 
 // One tensor of the list to plan. Zero (NULL) is the default for every field but `bytes` and
@@ -1236,6 +1435,29 @@ enum udma_status udma_device_memory_get_info(const struct udma_device *device,
                                              uint32_t bar,
                                              struct udma_device_memory_info *info);
 
+// Makes an engine from `ops` and `user`: over `device` (its DMA space holds the pipelines'
+// host buffers; keeps it open) or, with `device` NULL, over host memory of its own (for an
+// engine that reaches host buffers by their addresses).
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a NULL required function (named), flags that are
+// not `UDMA_ENGINE_*`, no queues, or a name that is not UTF-8.
+//
+// # Safety
+// `ops` points to `ops->size` readable bytes; its `name` is NULL or a NUL-terminated string;
+// its functions keep the contract the header states; `engine` points to a writable
+// `udma_engine *`.
+enum udma_status udma_engine_create(const struct udma_device *device,
+                                    const struct udma_engine_ops *ops,
+                                    void *user,
+                                    struct udma_engine **engine);
+
+// Releases the engine handle. Pipelines made on it keep the engine until they are destroyed;
+// its `destroy` function is called when the last of them is gone.
+//
+// # Safety
+// `engine` is a handle from `udma_engine_create` (checked).
+enum udma_status udma_engine_destroy(struct udma_engine *engine);
+
 // The message of the last failed call on this thread: what failed, on which device, queue,
 // buffer or IOVA, and what to do. An empty string if no call on this thread has failed. The
 // text stays valid until the next failing call on this thread; copy it to keep it. Successful
@@ -1484,6 +1706,23 @@ enum udma_status udma_pipeline_create(const struct udma_device *device,
                                       const struct udma_model *model,
                                       const struct udma_pipeline_options *options,
                                       struct udma_pipeline **pipeline);
+
+// Makes a pipeline on an engine (`udma_engine_create`) for `model`, as
+// `udma_pipeline_create` does on a device. The engine's capabilities decide what runs where:
+// steps it cannot run run on the host (between its transfers, in order), and the queues are
+// split across units only where it has separate units and orders queues (otherwise one
+// queue, as with `UDMA_PIPELINE_ONE_QUEUE`). The engine is polled.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an option out of range or one the engine cannot
+// carry out (results in place without `UDMA_ENGINE_READ_IN_PLACE`: the message names the
+// capability); what the engine's functions return, as their statuses.
+//
+// # Safety
+// As `udma_pipeline_create`.
+enum udma_status udma_pipeline_create_on_engine(const struct udma_engine *engine,
+                                                const struct udma_model *model,
+                                                const struct udma_pipeline_options *options,
+                                                struct udma_pipeline **pipeline);
 
 // Submits a frame whose input is `len` bytes copied from `input` (at most the model's
 // `input_bytes`; the rest of the slot's input keeps an earlier frame's bytes), and sets

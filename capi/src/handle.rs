@@ -45,10 +45,11 @@ pub(crate) enum Kind {
     Model = 0xd7,
     Pipeline = 0xd8,
     Streams = 0xd9,
+    Engine = 0xda,
 }
 
 impl Kind {
-    const ALL: [Kind; 9] = [
+    const ALL: [Kind; 10] = [
         Kind::Device,
         Kind::Mapping,
         Kind::Pool,
@@ -58,6 +59,7 @@ impl Kind {
         Kind::Model,
         Kind::Pipeline,
         Kind::Streams,
+        Kind::Engine,
     ];
 
     /// The C type's name without the prefix, for messages.
@@ -72,6 +74,7 @@ impl Kind {
             Kind::Model => "model",
             Kind::Pipeline => "pipeline",
             Kind::Streams => "streams",
+            Kind::Engine => "engine",
         }
     }
 
@@ -91,6 +94,7 @@ impl Kind {
             Kind::Model => "udma_model_create_chain or udma_model_create_yolov5s",
             Kind::Pipeline => "udma_pipeline_create",
             Kind::Streams => "udma_streams_create",
+            Kind::Engine => "udma_engine_create",
         }
     }
 }

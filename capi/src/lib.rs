@@ -31,6 +31,8 @@ mod bar;
 mod device;
 #[cfg(not(loom))]
 mod dram;
+#[cfg(not(loom))]
+mod engine;
 mod error;
 mod handle;
 #[cfg(not(loom))]
@@ -53,6 +55,8 @@ pub use bar::*;
 pub use device::*;
 #[cfg(not(loom))]
 pub use dram::*;
+#[cfg(not(loom))]
+pub use engine::*;
 pub use error::{udma_last_error, udma_status, udma_status_name};
 #[cfg(not(loom))]
 pub use memory::*;

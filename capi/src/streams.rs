@@ -358,7 +358,7 @@ pub unsafe extern "C" fn udma_streams_create(
                 arrivals,
                 pipeline,
             });
-            devices.push(Arc::clone(&entry.device));
+            devices.extend(entry.device.clone());
         }
         let in_flight = if o.in_flight == 0 {
             1

@@ -4,13 +4,15 @@
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use userdma_infer::pipeline::{Finished, Model, Pipeline};
+use userdma_infer::accel::{Accelerator, ComputeAt};
+use userdma_infer::pipeline::{Config, Finished, Model, Pipeline};
 
 use super::callback::{fill, finish, not_in_callback, udma_frame_input, udma_frame_output};
 use super::model::{model, udma_model};
 use super::options::{config, udma_pipeline_options};
 use crate::abi;
 use crate::device::{device, udma_device, Device};
+use crate::engine::udma_engine;
 use crate::error::{call, lib, udma_status, Fail};
 use crate::handle::{Kind, Registry};
 
@@ -27,8 +29,9 @@ pub(crate) struct PipelineEntry {
     pub(crate) pipeline: Mutex<Option<Pipeline>>,
     /// `pipeline on loopback0 queue 0`, for messages.
     pub(crate) name: String,
-    /// Keeps the device open for as long as the pipeline.
-    pub(crate) device: Arc<Device>,
+    /// Keeps the device open for as long as the pipeline (an engine's pipeline keeps its
+    /// engine, and the engine its device).
+    pub(crate) device: Option<Arc<Device>>,
 }
 
 impl PipelineEntry {
@@ -61,11 +64,22 @@ pub struct udma_pipeline_info {
     pub depth: u32,
     /// 1 if results are read in place from device memory, 0 if copied back.
     pub in_place: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// Where the model's steps run: `UDMA_COMPUTE_DEVICE` (0), `UDMA_COMPUTE_HOST` (1: an
+    /// engine without compute), `UDMA_COMPUTE_MIXED` (2).
+    pub compute: u32,
+    /// Model steps run on the host so far.
+    pub host_steps: u64,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 * 6 + 4 * 4 = 64 bytes with no padding, `size` first.
+/// `udma_pipeline_info::compute`: every step on the device.
+pub const UDMA_COMPUTE_DEVICE: u32 = 0;
+/// `udma_pipeline_info::compute`: every step on the host, between the device's transfers.
+pub const UDMA_COMPUTE_HOST: u32 = 1;
+/// `udma_pipeline_info::compute`: some steps on the device, the others on the host.
+pub const UDMA_COMPUTE_MIXED: u32 = 2;
+
+// SAFETY: `repr(C)`, integers only, 8 * 6 + 4 * 4 + 8 = 72 bytes with no padding, `size`
+// first.
 unsafe impl abi::Sized for udma_pipeline_info {
     const NAME: &'static str = "udma_pipeline_info";
 }
@@ -114,7 +128,55 @@ pub unsafe extern "C" fn udma_pipeline_create(
         let key = PIPELINES.insert(Arc::new(PipelineEntry {
             pipeline: Mutex::new(Some(made)),
             name,
-            device: d,
+            device: Some(d),
+        }))?;
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { out.write(key.to_ptr(Kind::Pipeline)) };
+        Ok(())
+    })
+}
+
+/// Makes a pipeline on an engine (`udma_engine_create`) for `model`, as
+/// `udma_pipeline_create` does on a device. The engine's capabilities decide what runs where:
+/// steps it cannot run run on the host (between its transfers, in order), and the queues are
+/// split across units only where it has separate units and orders queues (otherwise one
+/// queue, as with `UDMA_PIPELINE_ONE_QUEUE`). The engine is polled.
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an option out of range or one the engine cannot
+/// carry out (results in place without `UDMA_ENGINE_READ_IN_PLACE`: the message names the
+/// capability); what the engine's functions return, as their statuses.
+///
+/// # Safety
+/// As `udma_pipeline_create`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_pipeline_create_on_engine(
+    engine: *const udma_engine,
+    model: *const udma_model,
+    options: *const udma_pipeline_options,
+    pipeline: *mut *mut udma_pipeline,
+) -> udma_status {
+    call("udma_pipeline_create_on_engine", || {
+        let out = abi::out(pipeline, "pipeline")?;
+        let o = if options.is_null() {
+            udma_pipeline_options::default()
+        } else {
+            // SAFETY: non-null; readable per this function's contract.
+            unsafe { abi::read(options, "options", udma_pipeline_options::default())? }
+        };
+        let (e, device) = crate::engine::engine(engine)?;
+        let m = self::model(model)?;
+        let mut config = config(&o)?;
+        let fits = Config::for_device(e.as_ref(), &m);
+        config.split &= fits.split;
+        config.wait = fits.wait;
+        let name = format!("the pipeline on {} queue {}", e.identity(), config.queue);
+        let engine: Arc<dyn Accelerator> = e;
+        let made = Pipeline::on(engine, Model::clone(&m), config)
+            .map_err(|e| Fail::from(e).context(&name))?;
+        let key = PIPELINES.insert(Arc::new(PipelineEntry {
+            pipeline: Mutex::new(Some(made)),
+            name,
+            device,
         }))?;
         // SAFETY: checked non-null; writable per this function's contract.
         unsafe { out.write(key.to_ptr(Kind::Pipeline)) };
@@ -343,7 +405,12 @@ pub unsafe extern "C" fn udma_pipeline_get_info(
                 in_flight: p.in_flight() as u32,
                 depth: p.config().depth as u32,
                 in_place: u32::from(p.result_path().in_place),
-                reserved: 0,
+                compute: match p.compute() {
+                    ComputeAt::Device => UDMA_COMPUTE_DEVICE,
+                    ComputeAt::Host => UDMA_COMPUTE_HOST,
+                    ComputeAt::Mixed => UDMA_COMPUTE_MIXED,
+                },
+                host_steps: s.host_steps,
             })
         })?;
         // SAFETY: per this function's contract.

@@ -1,16 +1,20 @@
 //! The inference pipeline: frames through preprocess → H2D → the model's device steps → D2H
-//! of the result → postprocess, over a ring of `depth` preallocated slots.
+//! of the result → postprocess, over a ring of `depth` preallocated slots, on any device that
+//! implements [`Accelerator`] (the loopback NPU, a host-memory engine, a PCI device's engine,
+//! an engine written in C); steps the device cannot run run on the host ([`Pipeline::compute`]).
 //!
 //! Everything a frame needs is taken once, when the [`Pipeline`] is built: per slot a host
 //! input buffer and a host result buffer from a pool mapped into the device once, and the
-//! model's planned arena in device memory. A frame then costs no allocation and no DMA
+//! model's planned arena (in device memory, or host memory where the device has none). A frame then costs no allocation and no DMA
 //! mapping: preprocessing writes straight into the slot's DMA buffer (no intermediate host
 //! copy), intermediate tensors never leave the device, and only the result comes back.
 //!
-//! **Ownership.** A slot's buffers travel as the payload of its frame's last descriptor: while
-//! the frame is in flight the slot is in the queue's hands, not the pipeline's, so nothing on
-//! the host can touch memory the device may still read or write; the slot comes back with the
-//! last completion (descriptors complete in order on a queue) and only then is it reused.
+//! **Ownership.** A slot is the device's from its frame's first op until the frame's last
+//! completion came back (ops complete in order on a queue): the pipeline hands only free slots
+//! to preprocessing and postprocessing reads a slot only once its frame is done, so nothing on
+//! the host touches memory the device may still read or write. After a fault a slot is free
+//! again only once every queue was shut down (the device touches none of them); a queue that
+//! cannot be stopped leaves its slots leaked with the pipeline, never reused.
 //!
 //! **Back-pressure.** With all `depth` slots in flight, [`Pipeline::try_submit`] returns
 //! `Ok(None)` (the caller's choice what to do); [`Pipeline::run`] waits for the oldest frame.
