@@ -33,6 +33,8 @@ pub mod loopback;
 pub mod memory;
 
 mod host;
+#[cfg(test)]
+mod tests;
 
 use std::fmt;
 use std::ptr::NonNull;
