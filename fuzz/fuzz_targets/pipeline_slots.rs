@@ -1,7 +1,8 @@
 //! The pipeline's slot state machine under random operation sequences, against a model: a
 //! pipeline of random depth, batch and queue layout on one loopback device takes `submit`
 //! (with a preprocess that succeeds or fails), `poll`, `wait` and `flush` in any order, then
-//! `shutdown`. The model tracks the frames in flight: `try_submit` refuses exactly when every
+//! `shutdown`, on the loopback NPU or on the host-memory engine (no compute: every step runs
+//! on the host between its copies, `accel::HostSteps`). The model tracks the frames in flight: `try_submit` refuses exactly when every
 //! slot is in flight, numbers frames in order, and a failed preprocess takes no frame; every
 //! result comes out once, in frame order, and equals the host's run of the model.
 #![no_main]
@@ -10,7 +11,10 @@ use std::sync::{Mutex, OnceLock};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use std::sync::Arc;
 use userdma::Runtime;
+
+use userdma_infer::accel::{Accelerator, MemoryEngine};
 use userdma_infer::pipeline::{Config, Model, Pipeline, Results};
 use userdma_loopback::LoopbackRuntime as _;
 use userdma_loopback::{self as loopback, Cost};
@@ -25,6 +29,8 @@ enum Op {
 
 #[derive(Debug, Arbitrary)]
 struct Input {
+    /// The host-memory engine instead of the loopback NPU.
+    memory_engine: bool,
     depth: u8,
     batch: u8,
     split: bool,
@@ -89,7 +95,16 @@ fuzz_target!(|input: Input| {
         },
         ..Config::default()
     };
-    let mut p = Pipeline::new(&rt, model.clone(), config).unwrap();
+    let mut p = if input.memory_engine {
+        let engine: Arc<dyn Accelerator> = Arc::new(MemoryEngine::new(4).unwrap());
+        let config = Config {
+            split: false,
+            ..config
+        };
+        Pipeline::on(engine, model.clone(), config).unwrap()
+    } else {
+        Pipeline::new(&rt, model.clone(), config).unwrap()
+    };
     let mut c = Checker {
         input: vec![0; model.input().bytes as usize],
         arena: vec![0; model.arena_bytes() as usize],

@@ -1,17 +1,39 @@
-//! The pipeline on the loopback device: every frame's result checked against the model run on
-//! the host, at several depths and batches, results in frame order, back-pressure, shutdown,
-//! bad settings, and the naive path giving the same results.
+//! The pipeline on the loopback device and on the host-memory engine (no compute: its steps run
+//! on the host): every frame's result checked against the model run on the host, at several
+//! depths and batches, results in frame order, back-pressure, shutdown, bad settings, and the
+//! naive path giving the same results.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use userdma::device::Wait;
 use userdma::Runtime;
+use userdma_infer::accel::{Accelerator, LoopbackEngine, MemoryEngine};
 use userdma_infer::pipeline::{self, naive, Config, Model, Pipeline, Results};
 use userdma_infer::Error;
 use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 
 fn runtime(cost: Cost) -> Runtime {
     Runtime::loopback(loopback::Config::default().cost(cost)).expect("loopback device")
+}
+
+/// The devices the layer's tests run on: the loopback NPU, and the host-memory engine.
+fn devices(cost: Cost) -> [Arc<dyn Accelerator>; 2] {
+    [
+        Arc::new(LoopbackEngine::new(&runtime(cost)).expect("loopback engine")),
+        Arc::new(MemoryEngine::new(4).expect("memory engine")),
+    ]
+}
+
+/// A pipeline on `device` with `config` as far as the device carries it out (the memory
+/// engine has one unit: never split).
+fn pipeline_on(device: &Arc<dyn Accelerator>, model: &Model, config: Config) -> Pipeline {
+    let fits = Config::for_device(device.as_ref(), model);
+    let config = Config {
+        split: config.split && fits.split,
+        ..config
+    };
+    Pipeline::on(Arc::clone(device), model.clone(), config).expect("pipeline")
 }
 
 /// Frame `n`'s input: words that differ per frame and per position.
@@ -32,8 +54,8 @@ fn expected(model: &Model, n: u64) -> Vec<u8> {
     result
 }
 
-fn run_checked(runtime: &Runtime, model: &Model, config: Config, frames: u64) {
-    let mut p = Pipeline::new(runtime, model.clone(), config).expect("pipeline");
+fn run_checked(device: &Arc<dyn Accelerator>, model: &Model, config: Config, frames: u64) {
+    let mut p = pipeline_on(device, model, config);
     let path = p.result_path();
     match config.results {
         Results::Copy => assert!(!path.in_place),
@@ -71,19 +93,20 @@ fn run_checked(runtime: &Runtime, model: &Model, config: Config, frames: u64) {
 
 #[test]
 fn every_frame_is_right_at_every_depth_and_batch() {
-    let rt = runtime(Cost::zero());
     let model = Model::chain(4, 1000).unwrap();
     assert_eq!(model.steps().len(), 4);
-    for split in [true, false] {
-        for depth in 1..=4 {
-            for batch in [1, 2] {
-                let config = Config {
-                    depth,
-                    batch,
-                    split,
-                    ..Config::default()
-                };
-                run_checked(&rt, &model, config, 30);
+    for device in devices(Cost::zero()) {
+        for split in [true, false] {
+            for depth in 1..=4 {
+                for batch in [1, 2] {
+                    let config = Config {
+                        depth,
+                        batch,
+                        split,
+                        ..Config::default()
+                    };
+                    run_checked(&device, &model, config, 30);
+                }
             }
         }
     }
@@ -91,7 +114,6 @@ fn every_frame_is_right_at_every_depth_and_batch() {
 
 #[test]
 fn results_read_in_place_and_copied_back_are_the_same() {
-    let rt = runtime(Cost::zero());
     let filtered = Model::chain(3, 4096)
         .unwrap()
         .with_filter(pipeline::Filter {
@@ -106,16 +128,18 @@ fn results_read_in_place_and_copied_back_are_the_same() {
         filtered,
         Model::chain(1, 4).unwrap(),
     ] {
-        for results in [Results::Copy, Results::InPlace, Results::Auto] {
-            for split in [true, false] {
-                for depth in [1, 2, 3] {
-                    let config = Config {
-                        depth,
-                        split,
-                        results,
-                        ..Config::default()
-                    };
-                    run_checked(&rt, &model, config, 12);
+        for device in devices(Cost::zero()) {
+            for results in [Results::Copy, Results::InPlace, Results::Auto] {
+                for split in [true, false] {
+                    for depth in [1, 2, 3] {
+                        let config = Config {
+                            depth,
+                            split,
+                            results,
+                            ..Config::default()
+                        };
+                        run_checked(&device, &model, config, 12);
+                    }
                 }
             }
         }
@@ -186,22 +210,27 @@ fn polling_and_a_cost_model_give_the_same_results() {
         wait: Wait::Poll,
         ..Config::default()
     };
-    run_checked(&rt, &model, config, 40);
+    let device: Arc<dyn Accelerator> = Arc::new(LoopbackEngine::new(&rt).unwrap());
+    run_checked(&device, &model, config, 40);
 }
 
 #[test]
 fn a_full_ring_refuses_and_frees_up_in_order() {
-    let rt = runtime(Cost::zero());
+    for device in devices(Cost::zero()) {
+        a_full_ring_refuses_and_frees_up_in_order_on(&device);
+    }
+}
+
+fn a_full_ring_refuses_and_frees_up_in_order_on(device: &Arc<dyn Accelerator>) {
     let model = Model::chain(2, 256).unwrap();
-    let mut p = Pipeline::new(
-        &rt,
-        model,
+    let mut p = pipeline_on(
+        device,
+        &model,
         Config {
             depth: 3,
             ..Config::default()
         },
-    )
-    .unwrap();
+    );
     for n in 0..3 {
         assert_eq!(p.try_submit(|_, _| Ok(())).unwrap(), Some(n));
     }
@@ -221,24 +250,24 @@ fn a_full_ring_refuses_and_frees_up_in_order() {
 
 #[test]
 fn a_failing_preprocess_keeps_its_slot() {
-    let rt = runtime(Cost::zero());
     let model = Model::chain(1, 64).unwrap();
-    let mut p = Pipeline::new(
-        &rt,
-        model,
-        Config {
-            depth: 1,
-            ..Config::default()
-        },
-    )
-    .unwrap();
-    let err = p
-        .try_submit(|_, input| input.write(1 << 20, &[0u8; 4]))
-        .unwrap_err();
-    assert!(err.to_string().contains("out of"), "{err}");
-    assert_eq!(p.in_flight(), 0);
-    assert_eq!(p.try_submit(|_, _| Ok(())).unwrap(), Some(0));
-    p.shutdown(|d| assert!(d.result.is_ok())).unwrap();
+    for device in devices(Cost::zero()) {
+        let mut p = pipeline_on(
+            &device,
+            &model,
+            Config {
+                depth: 1,
+                ..Config::default()
+            },
+        );
+        let err = p
+            .try_submit(|_, input| input.write(1 << 20, &[0u8; 4]))
+            .unwrap_err();
+        assert!(err.to_string().contains("out of"), "{err}");
+        assert_eq!(p.in_flight(), 0);
+        assert_eq!(p.try_submit(|_, _| Ok(())).unwrap(), Some(0));
+        p.shutdown(|d| assert!(d.result.is_ok())).unwrap();
+    }
 }
 
 #[test]
@@ -367,7 +396,6 @@ fn the_naive_path_gives_the_same_results() {
 fn filtered_results_and_multi_input_layers_are_right() {
     use userdma_infer::pipeline::Filter;
     use userdma_infer::plan::{self, Kind, Tensor};
-    let rt = runtime(Cost::zero());
     // in -> a, in -> b, (a, b, in) -> c (three inputs), c -> out.
     let mut t: Vec<Tensor> = vec![
         Tensor::new(0, 4096, 0, 2),
@@ -399,15 +427,17 @@ fn filtered_results_and_multi_input_layers_are_right() {
     };
     let model = model.with_filter(filter).unwrap();
     assert_eq!(model.result().bytes, 8 + 64 * 32);
-    run_checked(
-        &rt,
-        &model,
-        Config {
-            depth: 3,
-            ..Config::default()
-        },
-        40,
-    );
+    for device in devices(Cost::zero()) {
+        run_checked(
+            &device,
+            &model,
+            Config {
+                depth: 3,
+                ..Config::default()
+            },
+            40,
+        );
+    }
     // Some records survive and none beyond the capacity are written.
     let r = expected(&model, 7);
     let written = u32::from_le_bytes(r[0..4].try_into().unwrap());
@@ -438,7 +468,8 @@ fn the_yolov5s_like_model_runs_right_with_its_working_set_in_sram() {
         }),
         ..Config::default()
     };
-    run_checked(&rt, &model, config, 3);
+    let device: Arc<dyn Accelerator> = Arc::new(LoopbackEngine::new(&rt).unwrap());
+    run_checked(&device, &model, config, 3);
     let counters = rt.loopback_device().unwrap().counters().unwrap();
     // The compute queue (1) declared the working set: it counts its SRAM traffic, and after
     // the first frame's refill most of it hits.
