@@ -337,3 +337,74 @@ fn bad_settings_on_the_memory_engine_are_errors() {
     .unwrap_err();
     assert!(matches!(err, Error::Pipeline(_)), "{err}");
 }
+
+/// The memory engine taken away in the middle of a run of streams over it and the loopback
+/// NPU: its stream is retired with its frames accounted for, the NPU's stream goes on.
+#[test]
+fn a_removed_engine_retires_its_stream_and_the_other_device_goes_on() {
+    let rt = Runtime::loopback(loopback::Config::default().cost(Cost::zero()).queues(8)).unwrap();
+    let memory = engine();
+    let model = Model::chain(2, 4096).unwrap();
+    let npu: Arc<dyn Accelerator> = Arc::new(LoopbackEngine::new(&rt).unwrap());
+    let host: Arc<dyn Accelerator> = memory.clone();
+    let stream = |device: &Arc<dyn Accelerator>, s: usize| Stream {
+        spec: StreamSpec::new(format!("s{s}"), 0, s as u32 + 1),
+        arrivals: Arrivals::Asap,
+        pipeline: Pipeline::on(
+            Arc::clone(device),
+            model.clone(),
+            Config {
+                context: s as u32 + 1,
+                ..Config::for_device(device.as_ref(), &model)
+            },
+        )
+        .unwrap(),
+    };
+    let mut s = Streams::new(
+        Policy::RoundRobin,
+        vec![stream(&npu, 0), stream(&host, 1)],
+        1,
+    )
+    .unwrap();
+    let mut scratch = vec![0u8; model.input().bytes as usize];
+    let mut got = vec![0u8; model.result().bytes as usize];
+    let (mut wrong, mut dispatched) = (0u64, 0u64);
+    let report = s
+        .run(
+            Duration::from_millis(300),
+            |id: StreamId, n, input| {
+                dispatched += 1;
+                if dispatched == 20 {
+                    memory.remove();
+                }
+                fill(id.0, n, &mut scratch);
+                input.write(0, &scratch)
+            },
+            |id, done| match done.result {
+                Ok(out) => {
+                    out.read(0, &mut got).unwrap();
+                    wrong += u64::from(got != expected(&model, id.0, done.frame));
+                }
+                Err(_) => wrong += 1,
+            },
+        )
+        .expect("run");
+    assert_eq!(wrong, 0);
+    let removal = report
+        .faults
+        .iter()
+        .find(|f| f.removed)
+        .unwrap_or_else(|| panic!("the removal is reported: {:#?}", report.faults));
+    assert_eq!(removal.device, 1);
+    assert_eq!(removal.code, Code::Removed);
+    let (npu_stream, host_stream) = (&report.streams[0], &report.streams[1]);
+    assert!(host_stream.frames > 0, "{host_stream:?}");
+    assert!(
+        npu_stream.frames > host_stream.frames,
+        "the NPU's stream went on after the removal: {npu_stream:?} {host_stream:?}"
+    );
+    assert_eq!(npu_stream.lost, 0);
+    for st in s.into_streams() {
+        st.pipeline.shutdown(|_| {}).unwrap();
+    }
+}
