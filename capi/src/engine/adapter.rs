@@ -21,10 +21,13 @@ use crate::device::Device;
 /// The functions every engine has (checked non-null at creation).
 #[derive(Clone, Copy)]
 pub(super) struct Functions {
-    pub(super) open_queue: unsafe extern "C" fn(*mut c_void, u32, u32, u32, u32, *mut *mut c_void) -> c_int,
-    pub(super) submit: unsafe extern "C" fn(*mut c_void, *mut c_void, *const udma_engine_op, u64) -> c_int,
+    pub(super) open_queue:
+        unsafe extern "C" fn(*mut c_void, u32, u32, u32, u32, *mut *mut c_void) -> c_int,
+    pub(super) submit:
+        unsafe extern "C" fn(*mut c_void, *mut c_void, *const udma_engine_op, u64) -> c_int,
     pub(super) flush: unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int,
-    pub(super) poll: unsafe extern "C" fn(*mut c_void, *mut c_void, *mut udma_engine_completion) -> c_int,
+    pub(super) poll:
+        unsafe extern "C" fn(*mut c_void, *mut c_void, *mut udma_engine_completion) -> c_int,
     pub(super) stop_queue: unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int,
     pub(super) alloc_arena: unsafe extern "C" fn(*mut c_void, u64, u64, *mut u64) -> c_int,
     pub(super) free_arena: unsafe extern "C" fn(*mut c_void, u64),
@@ -498,4 +501,3 @@ impl CEngine {
             .expect("an engine is reached only through its Arc")
     }
 }
-

@@ -244,7 +244,10 @@ fn a_host_step_waits_for_the_device_and_completions_keep_their_order() {
     let expected: Vec<u8> = (1..=4u32)
         .flat_map(|w| ((w ^ 0xff) + 1).to_le_bytes())
         .collect();
-    assert_eq!(s.out, expected, "the step computed over what the device wrote");
+    assert_eq!(
+        s.out, expected,
+        "the step computed over what the device wrote"
+    );
 }
 
 #[test]
