@@ -564,9 +564,9 @@ typedef int (*udma_engine_open_queue_fn)(void *user, uint32_t queue, uint32_t de
 // One op of a frame, as the engine's `submit` gets it (152 bytes). Which fields mean something depends on
 // `kind` (and `step`); the others are zero.
 typedef struct udma_engine_op {
-  // `UDMA_OP_*`.
+  // `UDMA_ENGINE_OP_*`.
   uint32_t kind;
-  // `UDMA_STEP_*` for `UDMA_ENGINE_OP_STEP`.
+  // `UDMA_ENGINE_STEP_*` for `UDMA_ENGINE_OP_STEP`.
   uint32_t step;
   // Transfers: the host buffer's IOVA in the device's DMA space.
   uint64_t host_iova;
@@ -660,7 +660,13 @@ typedef const char *(*udma_engine_status_name_fn)(void *user, uint32_t status);
 typedef void (*udma_engine_destroy_fn)(void *user);
 
 // An engine's functions and capabilities (`udma_engine_create`). Every function but
-// `status_name` and `destroy` is required.
+// `status_name` and `destroy` is required. The library calls them one at a time per engine
+// (never two at once), from whichever thread drives a pipeline or resets the device. They may
+// call the library's device, register, memory, pool and buffer functions, not the pipeline and
+// streams functions of a pipeline on the engine. Each returns 0 or an error: a `udma_status`
+// value (from `poll`, its negative) keeps its meaning, anything else is `UDMA_ERR_DEVICE`. A
+// queue's ops complete in submission order; the library polls (a C engine raises no
+// interrupt the library sleeps on), so `poll` should be cheap when nothing is in.
 typedef struct udma_engine_ops {
   // `sizeof(udma_engine_ops)`.
   size_t size;

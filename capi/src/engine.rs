@@ -4,7 +4,11 @@
 //!
 //! The library calls the table's functions one at a time per engine (never two at once, from
 //! whichever thread drives the pipeline or resets its device), each with the `user` pointer
-//! given at creation. A queue's ops run in order and complete in order; the library checks it
+//! given at creation. An engine's function may call the library's device, register, memory,
+//! pool and buffer functions (the library holds none of their locks while it calls the engine),
+//! but not the pipeline and streams functions of a pipeline on that engine. A function returns
+//! 0 or an error: a `udma_status` value (or, from `poll`, its negative) keeps its meaning,
+//! anything else is `UDMA_ERR_DEVICE`. A queue's ops run in order and complete in order; the library checks it
 //! (a completion out of order, or of a tag it did not give, breaks the queue with
 //! `UDMA_ERR_DEVICE`, never a crash), and keeps every buffer an op names untouched by the host
 //! until the op's completion came back or `stop_queue` returned.
@@ -71,9 +75,9 @@ pub const UDMA_ENGINE_STEP_COMPACT: u32 = 3;
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct udma_engine_op {
-    /// `UDMA_OP_*`.
+    /// `UDMA_ENGINE_OP_*`.
     pub kind: u32,
-    /// `UDMA_STEP_*` for `UDMA_ENGINE_OP_STEP`.
+    /// `UDMA_ENGINE_STEP_*` for `UDMA_ENGINE_OP_STEP`.
     pub step: u32,
     /// Transfers: the host buffer's IOVA in the device's DMA space.
     pub host_iova: u64,
@@ -191,7 +195,13 @@ pub type udma_engine_status_name_fn =
 pub type udma_engine_destroy_fn = Option<unsafe extern "C" fn(user: *mut c_void)>;
 
 /// An engine's functions and capabilities (`udma_engine_create`). Every function but
-/// `status_name` and `destroy` is required.
+/// `status_name` and `destroy` is required. The library calls them one at a time per engine
+/// (never two at once), from whichever thread drives a pipeline or resets the device. They may
+/// call the library's device, register, memory, pool and buffer functions, not the pipeline and
+/// streams functions of a pipeline on the engine. Each returns 0 or an error: a `udma_status`
+/// value (from `poll`, its negative) keeps its meaning, anything else is `UDMA_ERR_DEVICE`. A
+/// queue's ops complete in submission order; the library polls (a C engine raises no
+/// interrupt the library sleeps on), so `poll` should be cheap when nothing is in.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct udma_engine_ops {

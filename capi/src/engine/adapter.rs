@@ -90,13 +90,16 @@ impl std::fmt::Debug for CEngine {
 /// A C function's failure as an error of the inference layer: a `udma_status` value keeps its
 /// meaning, anything else is the device's.
 fn failed(engine: &str, function: &str, rc: c_int) -> userdma_infer::Error {
-    let code = match rc {
-        1 | 12 => udma::Code::InvalidArgument,
+    // A `udma_status` value, or its negative (what `poll` returns), keeps its meaning.
+    let code = match rc.unsigned_abs() {
+        1 => udma::Code::InvalidArgument,
         2 => udma::Code::NotFound,
+        3 => udma::Code::Refused,
         4 => udma::Code::Busy,
         5 => udma::Code::Exhausted,
         6 => udma::Code::Timeout,
         8 => udma::Code::Unsupported,
+        9 => udma::Code::System,
         10 => udma::Code::Removed,
         _ => udma::Code::Device,
     };
