@@ -275,12 +275,16 @@ pub trait Queue: Send {
     /// The queue broke (a completion it does not know, a removed device).
     fn poll(&mut self) -> Result<Option<Completion>, crate::Error>;
 
-    /// Waits up to `timeout` for the next completion.
+    /// Waits up to `timeout` for the next completion. The default polls, then sleeps between
+    /// polls (up to 1 ms); a device with an interrupt sleeps on it instead.
     ///
     /// # Errors
     /// [`Queue::overdue`]'s error when nothing came, and what [`Queue::poll`] fails with.
     fn wait(&mut self, timeout: Duration) -> Result<Completion, crate::Error> {
+        // Polls: a few times back to back (a completion moments away), then between sleeps
+        // that double up to 1 ms (a slow device does not keep a CPU busy).
         let start = Instant::now();
+        let mut nap = Duration::ZERO;
         loop {
             if let Some(done) = self.poll()? {
                 return Ok(done);
@@ -289,7 +293,12 @@ pub trait Queue: Send {
             if waited >= timeout {
                 return Err(self.overdue(waited));
             }
-            std::thread::yield_now();
+            if nap.is_zero() && waited < Duration::from_micros(20) {
+                std::thread::yield_now();
+            } else {
+                nap = (nap * 2).clamp(Duration::from_micros(10), Duration::from_millis(1));
+                std::thread::sleep(nap.min(timeout - waited));
+            }
         }
     }
 

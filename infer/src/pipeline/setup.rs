@@ -128,6 +128,13 @@ impl Pipeline {
                 copy_ns: None,
                 in_place_ns: None,
             },
+            // Arenas in host memory: reading a result where it is costs a memory read, never
+            // more than a device copy of it and the same read after; nothing to measure.
+            Results::Auto if !caps.device_memory => ResultPath {
+                in_place: true,
+                copy_ns: None,
+                in_place_ns: None,
+            },
             Results::Auto => {
                 let d2h = queues.len() - 1;
                 measure_result_paths(

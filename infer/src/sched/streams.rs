@@ -267,8 +267,10 @@ impl Streams {
                 members,
             });
         }
-        let waiter = if groups.len() > 1 && streams.iter().all(|s| s.pipeline.interrupt().is_some())
-        {
+        // Several devices: one waiter over every interrupt there is; a pipeline without one
+        // (a polled engine) is polled between short sleeps on it (`sleep_any`), so no device
+        // paces another.
+        let waiter = if groups.len() > 1 {
             let mut waiter = Waiter::new()?;
             for (i, s) in streams.iter().enumerate() {
                 if let Some(fd) = s.pipeline.interrupt() {

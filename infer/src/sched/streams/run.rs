@@ -15,6 +15,9 @@ const RESET_POLL: Duration = Duration::from_millis(1);
 /// How long a wait on several devices sleeps at most before it looks again (the pipelines'
 /// own timeout still decides when a device is declared stuck).
 const MAX_SLEEP: Duration = Duration::from_millis(100);
+/// The longest the loop sleeps while a busy pipeline has no interrupt (a polled engine):
+/// how late it can notice that engine's completions.
+const POLL_INTERVAL: Duration = Duration::from_micros(50);
 
 impl Streams {
     /// Runs for `duration`: frames arrive, each device's scheduler picks whenever the device
@@ -264,10 +267,16 @@ impl Streams {
             return Ok(());
         }
         let mut ready = false;
+        let mut polled = false;
         for s in self.states.iter_mut().filter(|s| busy(s)) {
+            if s.stream.pipeline.interrupt().is_none() {
+                // Nothing to sleep on (a polled engine, or no queues): look again soon.
+                polled = true;
+                continue;
+            }
             // A completion that came in while arming: no need to sleep.
             let Some(queue) = s.stream.pipeline.waitable() else {
-                // No queues (its device was removed): nothing to sleep on.
+                // Work for the host right now (a step it runs for the device).
                 ready = true;
                 break;
             };
@@ -276,6 +285,11 @@ impl Streams {
                 break;
             }
         }
+        let timeout = if polled {
+            timeout.min(POLL_INTERVAL)
+        } else {
+            timeout
+        };
         let slept = match (&mut self.waiter, ready) {
             (Some(waiter), false) => waiter.wait(Some(timeout)).map(|_| ()),
             _ => Ok(()),
