@@ -69,6 +69,17 @@ pub(crate) enum Direction {
     FromDevice,
 }
 
+/// What the DMA engine is doing ([`Edu::engine`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Engine {
+    /// No transfer runs: the last one has ended (its bytes are where they go).
+    Idle,
+    /// A transfer runs.
+    Running,
+    /// The command register reads all-ones: the device is gone.
+    Gone,
+}
+
 /// A transfer [`Edu::start`] programmed: what it moves, and when the command went out.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Transfer {
@@ -269,17 +280,26 @@ impl Edu {
         Ok((ended, fired))
     }
 
-    /// Whether a transfer runs (`DMA_CMD` still has its start bit).
-    pub(crate) fn busy(&self) -> Result<bool, Failure> {
+    /// What the DMA engine is doing, from one read of `DMA_CMD`: running a transfer (the start
+    /// bit still set), idle, or gone (the all-ones a removed device reads; edu never sets the
+    /// command's upper bits). No fence: a caller that goes on to read what an ended transfer
+    /// wrote puts an Acquire fence after seeing [`Engine::Idle`].
+    pub(crate) fn engine(&self) -> Result<Engine, Failure> {
         let cmd = self
             .regs
             .get(DMA_CMD)
             .context(|| "read DMA command".to_owned())?;
-        Ok(cmd & DMA_START != 0)
+        Ok(if cmd == u64::MAX {
+            Engine::Gone
+        } else if cmd & DMA_START != 0 {
+            Engine::Running
+        } else {
+            Engine::Idle
+        })
     }
 
-    /// Polls until no transfer runs.
-    fn wait_idle(&self, when: &str) -> Result<(), Failure> {
+    /// Polls until no transfer runs (`when` says what for, in the error).
+    pub(crate) fn wait_idle(&self, when: &str) -> Result<(), Failure> {
         let start = Instant::now();
         loop {
             let cmd = self

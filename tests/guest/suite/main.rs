@@ -30,6 +30,7 @@ use std::time::Instant;
 
 mod cases;
 mod edu;
+mod edu_engine;
 mod env;
 mod failure;
 mod program;

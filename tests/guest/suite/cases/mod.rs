@@ -22,6 +22,7 @@ mod pci;
 mod pipeline;
 mod removal;
 mod stage;
+mod streams;
 mod uio;
 mod vfio;
 
@@ -146,9 +147,19 @@ pub(crate) const ALL: &[Case] = &[
         run: pipeline::edu_vfio,
     },
     Case {
+        name: "streams-edu-loopback",
+        boots: EVERY,
+        run: streams::edu_and_loopback,
+    },
+    Case {
         name: "c-edu-vfio",
         boots: EVERY,
         run: capi::edu_vfio,
+    },
+    Case {
+        name: "c-engine-edu-vfio",
+        boots: EVERY,
+        run: capi::engine_edu_vfio,
     },
     Case {
         name: "uio-bar0-map",
