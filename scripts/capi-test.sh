@@ -9,8 +9,8 @@
 #      Valgrind;
 #   5. examples/c/round_trip.c, built through an install (scripts/capi-install.sh) and
 #      pkg-config, linked against the shared and the static library, and run; examples/c/
-#      edu_dma.c built the same way and run on a missing PCI function (it must fail cleanly;
-#      the guest suite runs it on QEMU's edu);
+#      edu_dma.c and edu_engine.c built the same way and run on a missing PCI function (they
+#      must fail cleanly; the guest suite runs them on QEMU's edu);
 #   6. examples/c/two_streams.c (YOLOv5s-like frames on the NPU cost model, every result
 #      checked), through an install of the release build, run for 1.5 s.
 # Steps 1 to 5 use the debug build of the library: it shares its dependencies with `cargo
@@ -95,6 +95,17 @@ LD_LIBRARY_PATH=$prefix/lib "$out/edu_dma" fffe:ff:1f.7 2>"$out/edu_dma.err" || 
 if [ "$rc" != 1 ] || ! grep -q 'UDMA_ERR_NOT_FOUND: udma_device_open_pci: fffe:ff:1f.7' "$out/edu_dma.err"; then
 	echo "edu_dma on a missing function exited $rc, expected 1 with the library's message:" >&2
 	cat "$out/edu_dma.err" >&2
+	exit 1
+fi
+# edu_engine.c: an engine in C over edu through VFIO, a pipeline on it (the guest suite runs it:
+# case c-engine-edu-vfio); here it is built, and must fail cleanly on a PCI function no machine has.
+# shellcheck disable=SC2046
+gcc "${CFLAGS[@]}" examples/c/edu_engine.c -o "$out/edu_engine" $(pkg-config --cflags --libs userdma)
+rc=0
+LD_LIBRARY_PATH=$prefix/lib "$out/edu_engine" fffe:ff:1f.7 2>"$out/edu_engine.err" || rc=$?
+if [ "$rc" != 1 ] || ! grep -q 'UDMA_ERR_NOT_FOUND: udma_device_open_pci: fffe:ff:1f.7' "$out/edu_engine.err"; then
+	echo "edu_engine on a missing function exited $rc, expected 1 with the library's message:" >&2
+	cat "$out/edu_engine.err" >&2
 	exit 1
 fi
 

@@ -478,12 +478,12 @@ suite_boots=$("$SUITE" --boots | tr '\n' ' ')
 [ "$suite_boots" = "$ALL_BOOTS " ] ||
 	die "run.sh knows the boots '$ALL_BOOTS' but guest_suite --boots says '$suite_boots': update both together"
 
-# ---- the C example (examples/c/edu_dma.c, run by the c-edu-vfio case) -------------------------------
+# ---- the C examples (examples/c/edu_dma.c, edu_engine.c; cases c-edu-vfio, c-engine-edu-vfio) ------
 # libuserdma.a of the same release build as the programs above (the C API step builds it too),
-# then the example linked against it with `gcc -static` and the libraries `pkg-config --static
+# then each example linked against it with `gcc -static` and the libraries `pkg-config --static
 # --libs userdma` names (less -lgcc_s, which has no static archive: `gcc -static` links
 # libgcc_eh in its place).
-log "building libuserdma.a (release) and examples/c/edu_dma.c against it (static)"
+log "building libuserdma.a (release) and examples/c/edu_dma.c and edu_engine.c against it (static)"
 apt_install gcc libc6-dev pkg-config
 cargo build --release --locked --quiet -p userdma-capi ||
 	die "building the C library (userdma-capi) failed"
@@ -501,6 +501,11 @@ EDU_DMA=$OUT/edu_dma
 gcc -std=c11 -O2 -g -Wall -Wextra -Wpedantic -Werror -static $capi_cflags examples/c/edu_dma.c \
 	-o "$EDU_DMA" $capi_libs || die "linking examples/c/edu_dma.c statically against libuserdma.a failed"
 file "$EDU_DMA" | grep -qE 'static(-pie)? linked|statically linked' || die "$EDU_DMA is not statically linked"
+EDU_ENGINE=$OUT/edu_engine
+# shellcheck disable=SC2086 # pkg-config prints several words on purpose
+gcc -std=c11 -O2 -g -Wall -Wextra -Wpedantic -Werror -static $capi_cflags examples/c/edu_engine.c \
+	-o "$EDU_ENGINE" $capi_libs || die "linking examples/c/edu_engine.c statically against libuserdma.a failed"
+file "$EDU_ENGINE" | grep -qE 'static(-pie)? linked|statically linked' || die "$EDU_ENGINE is not statically linked"
 
 # ---- the initramfs ---------------------------------------------------------------------------------
 log "building the initramfs"
@@ -529,6 +534,7 @@ objcopy --strip-debug "$SUITE" "$ROOTFS/guest_suite"
 objcopy --strip-debug "$NVME" "$ROOTFS/nvme"
 objcopy --strip-debug "$TOOL" "$ROOTFS/userdma"
 objcopy --strip-debug "$EDU_DMA" "$ROOTFS/edu_dma"
+objcopy --strip-debug "$EDU_ENGINE" "$ROOTFS/edu_engine"
 # copy_libraries PROGRAM...: the shared libraries the programs load (the host's glibc, libgcc_s;
 # the dynamic loader), each at the path the program names, so they run in the guest as they
 # do on the host. The guest kernels are newer than the host's glibc needs.
