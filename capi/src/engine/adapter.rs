@@ -369,7 +369,14 @@ unsafe impl Send for CQueue {}
 impl CQueue {
     fn broken(&self) -> Result<(), userdma_infer::Error> {
         match &self.broken {
-            Some(why) => Err(failed(&self.engine.name, why, -1)),
+            Some(why) => Err(udma::device::Error::Backend(udma::device::Backend::new(
+                udma::Code::Device,
+                format!(
+                    "{}: the engine broke queue {}'s contract: {why}; destroy the pipeline",
+                    self.engine.name, self.id
+                ),
+            ))
+            .into()),
             None => Ok(()),
         }
     }
@@ -442,12 +449,12 @@ impl accel::Queue for CQueue {
                 if expected != Some(out.tag) {
                     let why = match expected {
                         Some(tag) => format!(
-                            "poll (a completion of tag {:#x} where the oldest op in flight has tag {tag:#x}: \
-                             a queue completes in order)",
+                            "its poll gave a completion of tag {:#x} where the oldest op in flight \
+                             has tag {tag:#x} (a queue completes in order)",
                             out.tag
                         ),
                         None => format!(
-                            "poll (a completion of tag {:#x} with no op in flight)",
+                            "its poll gave a completion of tag {:#x} with no op in flight",
                             out.tag
                         ),
                     };
