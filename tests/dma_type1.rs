@@ -250,6 +250,34 @@ fn a_region_is_merged_into_one_kernel_mapping() {
     assert_eq!((stats.maps, stats.unmaps, stats.live_bytes), (1, 1, 0));
 }
 
+/// Memory the caller owns (`Region::borrowed`) is mapped like the library's own: one kernel
+/// mapping of the caller's address, undone on drop, and the memory stays mapped in the process.
+#[test]
+fn the_callers_memory_is_one_kernel_mapping_of_its_address() {
+    let sim = Sim::new(&[(0, u64::MAX)], 65535);
+    let space = Type1::with_ioctl(sim.clone(), 64).unwrap();
+    let len = 8 * PAGE as usize;
+    let layout = std::alloc::Layout::from_size_align(len, PAGE as usize).unwrap();
+    // SAFETY: a non-zero size; freed below, after the region and its mapping.
+    let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+    let ptr = std::ptr::NonNull::new(raw).unwrap();
+    // SAFETY: `raw` stays allocated until after the mapping (which holds the region) is
+    // dropped; the test makes no reference into it meanwhile.
+    let region = unsafe { Region::borrowed(ptr, len, PageSize::Base) }.unwrap();
+    let mapping = space.map(Arc::new(region)).unwrap();
+    {
+        let state = sim.state();
+        let (&iova, kernel) = state.mappings.iter().next().unwrap();
+        assert_eq!(kernel.vaddr, raw as u64, "the caller's address, as it is");
+        assert_eq!(kernel.size, len as u64);
+        assert_eq!(mapping.iova(0).map(|i| i.raw()), Some(iova));
+    }
+    drop(mapping);
+    assert!(sim.state().mappings.is_empty());
+    // SAFETY: allocated above with this layout; nothing holds it any more.
+    unsafe { std::alloc::dealloc(raw, layout) };
+}
+
 #[test]
 fn mapping_count_limit_is_honoured() {
     let sim = Sim::new(&[(0, u64::MAX)], 3);

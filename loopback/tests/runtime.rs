@@ -214,3 +214,57 @@ impl Device for NoMemory {
         self.0.reset()
     }
 }
+
+/// Memory the caller allocated (`Region::borrowed`), mapped into the loopback NPU's DMA space:
+/// the device copies into and out of it by IOVA, and it stays the caller's afterwards.
+#[test]
+fn the_device_copies_through_memory_the_caller_owns() {
+    let runtime = runtime();
+    let len = 2 * 4096;
+    let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+    // SAFETY: a non-zero size; the memory is freed below, after the region and its mapping.
+    let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+    let ptr = std::ptr::NonNull::new(raw).expect("memory");
+    // SAFETY: `raw` stays allocated until after `mapping` (which holds the region) is dropped,
+    // and the test reaches it only through raw pointers meanwhile.
+    let region = unsafe { userdma::memory::Region::borrowed(ptr, len, PageSize::Base) }
+        .expect("the caller's memory");
+    let mapping = runtime
+        .dma_space()
+        .map(Arc::new(region))
+        .expect("mapped into the device's space");
+    let payload: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
+    // SAFETY: page 0 of the allocation; the device touches nothing yet.
+    unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), raw, 4096) };
+    let memory = runtime.device_memory().expect("device memory");
+    let window = memory.alloc(4096, 256).expect("a device range");
+    let mut queue = runtime
+        .queue_with::<()>(ring::Config::new(64), device::Wait::Poll)
+        .expect("queue");
+    let (page0, page1) = (mapping.iova(0).unwrap(), mapping.iova(4096).unwrap());
+    queue
+        .push(
+            Descriptor::to_device(page0, window.offset(), 4096).build(),
+            (),
+        )
+        .expect("to device");
+    queue
+        .push(
+            Descriptor::to_host(window.offset(), page1, 4096).build(),
+            (),
+        )
+        .expect("to host");
+    queue.flush().expect("doorbell");
+    for _ in 0..2 {
+        let done = queue.wait(TIMEOUT).expect("a completion");
+        assert_eq!(done.entry.loopback_code(), Ok(StatusCode::Success));
+    }
+    drop(queue);
+    drop(mapping);
+    let mut back = vec![0u8; 4096];
+    // SAFETY: page 1 of the allocation, which the device finished writing above.
+    unsafe { std::ptr::copy_nonoverlapping(raw.add(4096), back.as_mut_ptr(), 4096) };
+    assert_eq!(back, payload, "the device wrote the caller's page 1");
+    // SAFETY: allocated above with this layout; nothing holds it any more.
+    unsafe { std::alloc::dealloc(raw, layout) };
+}

@@ -90,6 +90,48 @@ pub enum Error {
         suggested: usize,
     },
 
+    /// The caller's memory ([`Region::borrowed`](super::Region::borrowed)) does not start on
+    /// a page.
+    #[error(
+        "memory at {addr:#x} does not start on a {page_size} page: give a range aligned to the \
+         page size of the memory behind it"
+    )]
+    Unaligned {
+        /// Its start.
+        addr: u64,
+        /// The page size given.
+        page_size: PageSize,
+    },
+
+    /// Part of the caller's memory is not mapped in this process.
+    #[error(
+        "memory at {addr:#x}+{len:#x} is not all mapped in this process: give a range the \
+         process has mapped (and keeps mapped while a device may use it)"
+    )]
+    NotMapped {
+        /// Its start.
+        addr: u64,
+        /// Its length.
+        len: usize,
+    },
+
+    /// The caller's memory cannot be faulted in for writing, so it cannot be given to a
+    /// device.
+    #[error(
+        "memory at {addr:#x}+{len:#x} cannot be faulted in for writing (MADV_POPULATE_WRITE): a \
+         device can be given only writable memory the kernel can pin (anonymous, a shared file, \
+         hugetlb), not a read-only, PROT_NONE or device mapping; this needs Linux 5.14 or later"
+    )]
+    NotPinnable {
+        /// Its start.
+        addr: u64,
+        /// Its length.
+        len: usize,
+        /// The kernel's answer.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// The kernel or CPU has no pool of this hugepage size.
     #[error("this kernel offers no {page_size} hugepages ({} does not exist)", path.display())]
     UnsupportedPageSize {
@@ -460,7 +502,9 @@ impl Error {
             | Error::UnsupportedPageSize { .. }
             | Error::NotHugetlbfs { .. }
             | Error::UnexpectedHugetlbfs { .. }
-            | Error::FileTooShort { .. } => Code::InvalidArgument,
+            | Error::FileTooShort { .. }
+            | Error::Unaligned { .. }
+            | Error::NotMapped { .. } => Code::InvalidArgument,
             Error::HugepagesUnavailable { .. }
             | Error::ReserveShort { .. }
             | Error::HostMemory { .. }
@@ -468,6 +512,7 @@ impl Error {
             Error::Lock { .. } => Code::Refused,
             Error::NoSuchPool { .. } | Error::NoSuchNode { .. } => Code::NotFound,
             Error::NotContiguous { .. } | Error::PhysicalAddressHidden => Code::Unsupported,
+            Error::NotPinnable { .. } => Code::Refused,
             // A system call failed, or the kernel's answer (a page not resident, on another
             // node, not present; a sysfs file not a number) is not what it should be.
             Error::Memfd { .. }

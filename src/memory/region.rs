@@ -186,6 +186,7 @@ impl Builder {
             fd,
             node,
             locked: false,
+            owned: true,
         };
         region.settle(&context, lock)
     }
@@ -368,7 +369,8 @@ fn check_filesystem(fd: BorrowedFd<'_>, page_size: PageSize) -> Result<(), Error
     Ok(())
 }
 
-/// A pinned, pre-faulted mapping of host memory, unmapped on drop.
+/// A pinned, pre-faulted mapping of host memory, unmapped on drop; or memory the caller owns
+/// ([`Region::borrowed`]), left mapped on drop.
 ///
 /// The memory may be read and written by a device at any time, so the region hands out only raw
 /// pointers ([`Region::as_ptr`]); the [`dma`](crate::dma) module gives volatile handles to it.
@@ -380,7 +382,11 @@ pub struct Region {
     fd: Option<OwnedFd>,
     node: Option<u32>,
     locked: bool,
+    /// The region made the mapping (and unmaps it on drop); false for the caller's memory.
+    owned: bool,
 }
+
+mod borrowed;
 
 // SAFETY: a Region owns its mapping outright; the mapping is process-wide, so it may be used and
 // unmapped from any thread. No Rust reference into the memory exists: every access goes through
@@ -543,6 +549,10 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        if !self.owned {
+            // The caller's memory: theirs to unmap, once nothing of this region is left.
+            return;
+        }
         // SAFETY: the Region owns the mapping; dropping it means nothing borrows it any more
         // (`dma::Mapping` and `dma::Slice` keep the Region alive through an Arc or a borrow).
         let result = unsafe { shim::munmap(self.ptr, self.len) };
