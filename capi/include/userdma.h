@@ -1488,6 +1488,27 @@ enum udma_status udma_memory_map(const struct udma_device *device,
                                  uint32_t page_size,
                                  struct udma_mapping **mapping);
 
+// Maps memory the caller owns, `[addr, addr + bytes)`, into the device's DMA space: any
+// range the process mapped writable (anonymous, a shared file, hugetlb), `addr` aligned to
+// `page_size` (a `udma_page_size`: the size of the pages behind it) and `bytes` a multiple of
+// it. Every page is faulted in now; `udma_mapping_destroy` unmaps it from the device and
+// leaves it mapped in the process, with its contents.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a NULL or unaligned `addr`, a length that is not
+// whole pages, or a range not all mapped in the process; `UDMA_ERR_REFUSED` for memory that
+// cannot be faulted in for writing (read-only, `PROT_NONE`, a device mapping); as
+// `udma_memory_map` for the DMA space.
+//
+// # Safety
+// The range stays mapped until `udma_mapping_destroy` of the mapping returned, and is not
+// written by the program while a device may write it; `mapping` points to a writable
+// `udma_mapping *`.
+enum udma_status udma_memory_map_user(const struct udma_device *device,
+                                      void *addr,
+                                      uint64_t bytes,
+                                      uint32_t page_size,
+                                      struct udma_mapping **mapping);
+
 // The mapping's host address, length and IOVA.
 //
 // # Safety
@@ -1507,8 +1528,9 @@ enum udma_status udma_mapping_iova(const struct udma_mapping *mapping,
                                    uint64_t *iova,
                                    uint64_t *contiguous);
 
-// Unmaps the memory from the device's DMA space and frees it. The device must not be
-// using it any more (this library submits only pool buffers, which a mapping is not).
+// Unmaps the memory from the device's DMA space and frees it (memory the caller owns,
+// `udma_memory_map_user`, stays mapped in the process). The device must not be using it any
+// more (this library submits only pool buffers, which a mapping is not).
 //
 // # Safety
 // None (any value is checked, none is dereferenced).

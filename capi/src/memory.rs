@@ -49,7 +49,7 @@ pub use buffer::{
 };
 pub use mapping::{
     udma_mapping, udma_mapping_destroy, udma_mapping_get_info, udma_mapping_info,
-    udma_mapping_iova, udma_memory_map,
+    udma_mapping_iova, udma_memory_map, udma_memory_map_user,
 };
 pub use pool::{udma_pool_create, udma_pool_destroy, udma_pool_options, UDMA_POOL_COLOURED};
 pub(crate) use queued::{forget_queued, give_back, take_for_queue};

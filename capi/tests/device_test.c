@@ -1,11 +1,12 @@
 /* The C API's device-level tests, against the loopback device: BAR access (its BAR 0
- * registers and BAR 2 memory), the loopback device's layer and compact ops, and device-memory
- * ranges; each success checked for its result and each error path for its status and its
+ * registers and BAR 2 memory), the loopback device's layer and compact ops, device-memory
+ * ranges, and memory the program owns mapped for the device; each success checked for its result and each error path for its status and its
  * message. Built and run as capi_test.c is (scripts/capi-test.sh). */
 #define _GNU_SOURCE
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "check.h"
 
@@ -600,9 +601,46 @@ static void test_device_memory(void)
 	OK(udma_device_close(dev));
 }
 
+/* Memory the program owns, mapped into the device's DMA space (udma_memory_map_user): its
+ * addresses reported as given, refusals with what to do, and the memory left mapped, with its
+ * bytes, once the mapping is destroyed. */
+static void test_memory_the_caller_owns(void)
+{
+	udma_device *dev = loopback();
+	const size_t page = 4096, len = 2 * page;
+	unsigned char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(p != MAP_FAILED);
+	memset(p, 0x5a, len);
+	udma_mapping *m = NULL;
+	OK(udma_memory_map_user(dev, p, len, UDMA_PAGE_BASE, &m));
+	udma_mapping_info info = {.size = sizeof info};
+	OK(udma_mapping_get_info(m, &info));
+	CHECK(info.host == p && info.len == len && info.iova != 0 && info.contiguous == len);
+	uint64_t iova = 0;
+	OK(udma_mapping_iova(m, page + 8, &iova, NULL));
+	CHECK(iova == info.iova + page + 8);
+	OK(udma_mapping_destroy(m));
+	CHECK(p[0] == 0x5a && p[len - 1] == 0x5a); /* still the program's, as it was */
+
+	FAILS(udma_memory_map_user(dev, p + 64, page, UDMA_PAGE_BASE, &m), UDMA_ERR_INVALID_ARGUMENT,
+	      "does not start on a");
+	FAILS(udma_memory_map_user(dev, p, page + 1, UDMA_PAGE_BASE, &m), UDMA_ERR_INVALID_ARGUMENT,
+	      "multiple");
+	FAILS(udma_memory_map_user(dev, NULL, page, UDMA_PAGE_BASE, &m), UDMA_ERR_INVALID_ARGUMENT,
+	      "addr is NULL");
+	CHECK(mprotect(p, len, PROT_READ) == 0);
+	FAILS(udma_memory_map_user(dev, p, len, UDMA_PAGE_BASE, &m), UDMA_ERR_REFUSED, "writable");
+	CHECK(munmap(p + page, page) == 0);
+	FAILS(udma_memory_map_user(dev, p, len, UDMA_PAGE_BASE, &m), UDMA_ERR_INVALID_ARGUMENT,
+	      "not all mapped");
+	CHECK(munmap(p, page) == 0);
+	OK(udma_device_close(dev));
+}
+
 int main(void)
 {
 	static const struct check_test tests[] = {
+		{"memory_the_caller_owns", test_memory_the_caller_owns},
 		{"bar_registers", test_bar_registers},
 		{"bar_memory", test_bar_memory},
 		{"bar_errors", test_bar_errors},

@@ -83,6 +83,54 @@ pub unsafe extern "C" fn udma_memory_map(
     })
 }
 
+/// Maps memory the caller owns, `[addr, addr + bytes)`, into the device's DMA space: any
+/// range the process mapped writable (anonymous, a shared file, hugetlb), `addr` aligned to
+/// `page_size` (a `udma_page_size`: the size of the pages behind it) and `bytes` a multiple of
+/// it. Every page is faulted in now; `udma_mapping_destroy` unmaps it from the device and
+/// leaves it mapped in the process, with its contents.
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a NULL or unaligned `addr`, a length that is not
+/// whole pages, or a range not all mapped in the process; `UDMA_ERR_REFUSED` for memory that
+/// cannot be faulted in for writing (read-only, `PROT_NONE`, a device mapping); as
+/// `udma_memory_map` for the DMA space.
+///
+/// # Safety
+/// The range stays mapped until `udma_mapping_destroy` of the mapping returned, and is not
+/// written by the program while a device may write it; `mapping` points to a writable
+/// `udma_mapping *`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_memory_map_user(
+    device: *const udma_device,
+    addr: *mut c_void,
+    bytes: u64,
+    page_size: u32,
+    mapping: *mut *mut udma_mapping,
+) -> udma_status {
+    call("udma_memory_map_user", || {
+        let out = abi::out(mapping, "mapping")?;
+        let d = self::device(device)?;
+        let len = self::bytes(bytes, "bytes")?;
+        let page = self::page_size(page_size)?;
+        let ptr = std::ptr::NonNull::new(addr.cast::<u8>()).ok_or_else(|| Fail::null("addr"))?;
+        // SAFETY: the caller's promise: the range stays mapped until the mapping (which holds
+        // the region) is destroyed, and this library reaches it only through raw pointers.
+        let region = unsafe { udma::memory::Region::borrowed(ptr, len, page) }
+            .map_err(|e| crate::error::lib(e).context(&d.name))?;
+        let m = d
+            .runtime
+            .dma_space()
+            .map(Arc::new(region))
+            .map_err(|e| crate::error::lib(e).context(&d.name))?;
+        let key = MAPPINGS.insert(Arc::new(MappingEntry {
+            mapping: m,
+            device: d.name.clone(),
+        }))?;
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { out.write(key.to_ptr(Kind::Mapping)) };
+        Ok(())
+    })
+}
+
 /// The mapping's host address, length and IOVA.
 ///
 /// # Safety
@@ -143,8 +191,9 @@ pub unsafe extern "C" fn udma_mapping_iova(
     })
 }
 
-/// Unmaps the memory from the device's DMA space and frees it. The device must not be
-/// using it any more (this library submits only pool buffers, which a mapping is not).
+/// Unmaps the memory from the device's DMA space and frees it (memory the caller owns,
+/// `udma_memory_map_user`, stays mapped in the process). The device must not be using it any
+/// more (this library submits only pool buffers, which a mapping is not).
 ///
 /// # Safety
 /// None (any value is checked, none is dereferenced).
