@@ -86,28 +86,23 @@ LD_LIBRARY_PATH=$prefix/lib "$out/round_trip"
 gcc "${CFLAGS[@]}" $(pkg-config --cflags userdma) examples/c/round_trip.c -o "$out/round_trip_static" \
 	"$prefix/lib/libuserdma.a" $(pkg-config --libs-only-l --static userdma | sed 's/-luserdma//')
 "$out/round_trip_static"
+# Builds examples/c/$1.c and runs it on a PCI function no machine has: it must fail cleanly,
+# exit status 1 and the library's message.
+missing_function_fails_cleanly() {
+	local name=$1 rc=0
+	# shellcheck disable=SC2046
+	gcc "${CFLAGS[@]}" "examples/c/$name.c" -o "$out/$name" $(pkg-config --cflags --libs userdma)
+	LD_LIBRARY_PATH=$prefix/lib "$out/$name" fffe:ff:1f.7 2>"$out/$name.err" || rc=$?
+	if [ "$rc" != 1 ] || ! grep -q 'UDMA_ERR_NOT_FOUND: udma_device_open_pci: fffe:ff:1f.7' "$out/$name.err"; then
+		echo "$name on a missing function exited $rc, expected 1 with the library's message:" >&2
+		cat "$out/$name.err" >&2
+		exit 1
+	fi
+}
 # edu_dma.c drives QEMU's edu device through VFIO (the guest suite runs it: case c-edu-vfio);
-# here it is built, and must fail cleanly on a PCI function no machine has.
-# shellcheck disable=SC2046
-gcc "${CFLAGS[@]}" examples/c/edu_dma.c -o "$out/edu_dma" $(pkg-config --cflags --libs userdma)
-rc=0
-LD_LIBRARY_PATH=$prefix/lib "$out/edu_dma" fffe:ff:1f.7 2>"$out/edu_dma.err" || rc=$?
-if [ "$rc" != 1 ] || ! grep -q 'UDMA_ERR_NOT_FOUND: udma_device_open_pci: fffe:ff:1f.7' "$out/edu_dma.err"; then
-	echo "edu_dma on a missing function exited $rc, expected 1 with the library's message:" >&2
-	cat "$out/edu_dma.err" >&2
-	exit 1
-fi
-# edu_engine.c: an engine in C over edu through VFIO, a pipeline on it (the guest suite runs it:
-# case c-engine-edu-vfio); here it is built, and must fail cleanly on a PCI function no machine has.
-# shellcheck disable=SC2046
-gcc "${CFLAGS[@]}" examples/c/edu_engine.c -o "$out/edu_engine" $(pkg-config --cflags --libs userdma)
-rc=0
-LD_LIBRARY_PATH=$prefix/lib "$out/edu_engine" fffe:ff:1f.7 2>"$out/edu_engine.err" || rc=$?
-if [ "$rc" != 1 ] || ! grep -q 'UDMA_ERR_NOT_FOUND: udma_device_open_pci: fffe:ff:1f.7' "$out/edu_engine.err"; then
-	echo "edu_engine on a missing function exited $rc, expected 1 with the library's message:" >&2
-	cat "$out/edu_engine.err" >&2
-	exit 1
-fi
+# edu_engine.c is an engine in C over edu, with a pipeline on it (case c-engine-edu-vfio).
+missing_function_fails_cleanly edu_dma
+missing_function_fails_cleanly edu_engine
 
 # memory_engine.c: an engine written in C (no compute, host memory), a pipeline on it.
 # shellcheck disable=SC2046
