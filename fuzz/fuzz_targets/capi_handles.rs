@@ -27,6 +27,8 @@ extern crate userdma as udma;
 mod abi;
 #[path = "../../capi/src/device.rs"]
 mod device;
+#[path = "../../capi/src/engine.rs"]
+mod engine;
 #[path = "../../capi/src/error.rs"]
 mod error;
 #[path = "../../capi/src/handle.rs"]
