@@ -128,10 +128,8 @@ fn what_cannot_be_given_to_a_device_is_refused_with_what_to_do() {
     // A hole: the middle page unmapped.
     let holed = Map::anonymous(3);
     // SAFETY: the middle page of our own mapping, which nothing uses.
-    assert_eq!(
-        unsafe { libc::munmap(holed.page(1).as_ptr().cast(), PAGE) },
-        0
-    );
+    let unmapped = unsafe { libc::munmap(holed.page(1).as_ptr().cast(), PAGE) };
+    assert_eq!(unmapped, 0);
     let err = refused(holed.ptr, 3 * PAGE, PageSize::Base);
     assert!(matches!(err, memory::Error::NotMapped { .. }), "{err}");
     assert!(err.to_string().contains("not all mapped"), "{err}");
