@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::sync::{Arc, Mutex};
 
-use userdma::dma::{Error, Iommufd, IommufdIoctl, IovaRange, Kind, Space};
+use userdma::dma::{Access, Error, Iommufd, IommufdIoctl, IovaRange, Kind, Space};
 use userdma::memory::{PageSize, Region};
 
 const PAGE: u64 = 4096;
@@ -23,6 +23,8 @@ struct SimState {
     destroyed: Vec<u32>,
     /// iova -> (vaddr, length)
     mappings: BTreeMap<u64, (u64, u64)>,
+    /// iova -> what IOMMU_IOAS_MAP_READABLE / _WRITEABLE let the device do.
+    accesses: BTreeMap<u64, Access>,
     range_calls: usize,
     map_calls: usize,
     fail_next_unmap: Option<i32>,
@@ -72,6 +74,17 @@ impl IommufdIoctl for Sim {
     }
 
     fn ioas_map(&self, ioas: u32, vaddr: u64, iova: u64, len: u64) -> io::Result<()> {
+        self.ioas_map_with(ioas, vaddr, iova, len, Access::ReadWrite)
+    }
+
+    fn ioas_map_with(
+        &self,
+        ioas: u32,
+        vaddr: u64,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> io::Result<()> {
         let mut state = self.state();
         state.map_calls += 1;
         if ioas != IOAS {
@@ -96,6 +109,7 @@ impl IommufdIoctl for Sim {
             return Err(errno(libc::ENOMEM));
         }
         state.mappings.insert(iova, (vaddr, len));
+        state.accesses.insert(iova, access);
         Ok(())
     }
 
@@ -157,6 +171,20 @@ fn a_region_is_one_fixed_iova_map_in_the_ioas() {
     assert_eq!(mapping.contiguous_len(0), mapping.len());
     mapping.unmap().unwrap();
     assert!(sim.state().mappings.is_empty());
+}
+
+/// Device-read-only and -write-only mappings reach the kernel as the matching
+/// `IOMMU_IOAS_MAP_*` flags, and the mapping says which it is.
+#[test]
+fn access_modes_reach_the_kernel_as_map_flags() {
+    let sim = Sim::new(&[(0, (1 << 48) - 1)]);
+    let space = Iommufd::with_ioctl(sim.clone(), 48).unwrap();
+    for access in [Access::ReadOnly, Access::WriteOnly, Access::ReadWrite] {
+        let mapping = space.map_with(region(2), access).unwrap();
+        assert_eq!(mapping.access(), access);
+        let iova = mapping.iova(0).unwrap().raw();
+        assert_eq!(sim.state().accesses[&iova], access);
+    }
 }
 
 #[test]

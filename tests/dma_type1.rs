@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::sync::{Arc, Mutex};
 
-use userdma::dma::{Error, IovaRange, Kind, Space, Type1, Type1Ioctl};
+use userdma::dma::{Access, Error, IovaRange, Kind, Space, Type1, Type1Ioctl};
 use userdma::memory::{PageSize, Region};
 
 const PAGE: u64 = 4096;
@@ -20,6 +20,8 @@ const CAP_DMA_AVAIL: u16 = 3;
 struct KernelMapping {
     vaddr: u64,
     size: u64,
+    /// What VFIO_DMA_MAP_FLAG_READ / _WRITE let the device do.
+    access: Access,
 }
 
 #[derive(Debug, Default)]
@@ -114,6 +116,10 @@ impl Type1Ioctl for Sim {
     }
 
     fn map_dma(&self, vaddr: u64, iova: u64, size: u64) -> io::Result<()> {
+        self.map_dma_with(vaddr, iova, size, Access::ReadWrite)
+    }
+
+    fn map_dma_with(&self, vaddr: u64, iova: u64, size: u64, access: Access) -> io::Result<()> {
         let mut state = self.state();
         let call = state.map_calls;
         state.map_calls += 1;
@@ -141,7 +147,14 @@ impl Type1Ioctl for Sim {
         if state.mappings.len() >= state.limit as usize {
             return Err(errno(libc::ENOSPC));
         }
-        state.mappings.insert(iova, KernelMapping { vaddr, size });
+        state.mappings.insert(
+            iova,
+            KernelMapping {
+                vaddr,
+                size,
+                access,
+            },
+        );
         Ok(())
     }
 
@@ -276,6 +289,27 @@ fn the_callers_memory_is_one_kernel_mapping_of_its_address() {
     assert!(sim.state().mappings.is_empty());
     // SAFETY: allocated above with this layout; nothing holds it any more.
     unsafe { std::alloc::dealloc(raw, layout) };
+}
+
+/// Device-read-only and -write-only mappings reach the kernel as the matching
+/// `VFIO_DMA_MAP_FLAG_*` (the IOMMU then refuses the other direction), and the mapping says
+/// which it is; a physical-address space, which nothing enforces, refuses both.
+#[test]
+fn access_modes_reach_the_kernel_as_map_flags() {
+    let sim = Sim::new(&[(0, u64::MAX)], 65535);
+    let space = Type1::with_ioctl(sim.clone(), 64).unwrap();
+    for access in [Access::ReadOnly, Access::WriteOnly, Access::ReadWrite] {
+        let mapping = space.map_with(region(2), access).unwrap();
+        assert_eq!(mapping.access(), access);
+        let iova = mapping.iova(0).unwrap().raw();
+        assert_eq!(sim.state().mappings[&iova].access, access);
+    }
+    assert_eq!(space.map(region(1)).unwrap().access(), Access::ReadWrite);
+    let physical = userdma::dma::Physical::new(64).unwrap();
+    let err = physical.map_with(region(1), Access::ReadOnly).unwrap_err();
+    assert!(matches!(err, Error::AccessMode { .. }), "{err}");
+    assert_eq!(err.code(), userdma::Code::Unsupported);
+    assert!(err.to_string().contains("IOMMU"), "{err}");
 }
 
 #[test]

@@ -137,8 +137,9 @@ pub(super) fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
         Plan::Nop => moved(0, 0),
         Plan::Wait { .. } => Outcome::failed(StatusCode::BadArgs, 0),
         Plan::ToDevice { iova, dst, len } => {
-            let Some(from) = host.resolve(iova, len) else {
-                return Outcome::failed(StatusCode::HostUnmapped, iova);
+            let from = match host.resolve_for(iova, len, false) {
+                Ok(from) => from,
+                Err(code) => return Outcome::failed(code, iova),
             };
             // SAFETY: see above: `len` readable bytes at `from`, `len` writable bytes at
             // `base + dst`, in two different mappings.
@@ -146,8 +147,9 @@ pub(super) fn run(plan: Plan, dram: Dram, host: &mut Host) -> Outcome {
             moved(len, u64_of(len))
         }
         Plan::ToHost { src, iova, len } => {
-            let Some(to) = host.resolve(iova, len) else {
-                return Outcome::failed(StatusCode::HostUnmapped, iova);
+            let to = match host.resolve_for(iova, len, true) {
+                Ok(to) => to,
+                Err(code) => return Outcome::failed(code, iova),
             };
             // SAFETY: as for `ToDevice`, the other way.
             unsafe { ptr::copy_nonoverlapping(base.add(src), to.as_ptr(), len) };

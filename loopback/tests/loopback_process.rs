@@ -280,3 +280,25 @@ fn the_device_process_runs_on_the_engine_cpu() {
         _ => panic!("{err:?}"),
     }
 }
+
+/// A device in a process of its own mirrors no access modes into its table: a
+/// device-read-only or -write-only mapping is refused when it is made, saying why and what to
+/// do, and nothing stays mapped.
+#[test]
+fn a_device_process_refuses_access_modes_it_cannot_enforce() {
+    use userdma::dma::Access;
+    let device = device("access-modes");
+    let space = device.dma_space();
+    for access in [Access::ReadOnly, Access::WriteOnly] {
+        let region = Region::builder(4096)
+            .page_size(PageSize::Base)
+            .memfd()
+            .lock(false)
+            .build()
+            .unwrap();
+        let err = space.map_with(Arc::new(region), access).unwrap_err();
+        let text = format!("{err}: {:?}", std::error::Error::source(&err));
+        assert!(text.contains("read-write only"), "{text}");
+        assert_eq!(space.stats().live_bytes, 0);
+    }
+}

@@ -268,3 +268,62 @@ fn the_device_copies_through_memory_the_caller_owns() {
     // SAFETY: allocated above with this layout; nothing holds it any more.
     unsafe { std::alloc::dealloc(raw, layout) };
 }
+
+/// Device-read-only and device-write-only mappings (`Space::map_with`): the loopback NPU reads
+/// a read-only mapping and fails a write into it with `HostAccess` (the memory unchanged), and
+/// the other way round for a write-only one.
+#[test]
+fn access_modes_are_enforced_by_the_device() {
+    use userdma::dma::Access;
+    use userdma::memory::Region;
+    let runtime = runtime();
+    let memory = runtime.device_memory().expect("device memory");
+    let window = memory.alloc(4096, 256).expect("a device range");
+    let mut queue = runtime
+        .queue_with::<()>(ring::Config::new(64), device::Wait::Poll)
+        .expect("queue");
+    let mut run = |desc: Descriptor| {
+        queue.push(desc.build(), ()).expect("pushed");
+        queue.flush().expect("doorbell");
+        queue.wait(TIMEOUT).expect("a completion").entry
+    };
+    let region = |fill: u8| {
+        let r = Region::builder(4096)
+            .page_size(PageSize::Base)
+            .lock(false)
+            .build()
+            .expect("a page");
+        userdma::dma::Slice::from_region(&r).fill(fill);
+        Arc::new(r)
+    };
+    let space = runtime.dma_space();
+    let read_only = space.map_with(region(0xaa), Access::ReadOnly).unwrap();
+    assert_eq!(read_only.access(), Access::ReadOnly);
+    let ro = read_only.iova(0).unwrap();
+    // The device reads it ...
+    let done = run(Descriptor::to_device(ro, window.offset(), 4096));
+    assert_eq!(done.loopback_code(), Ok(StatusCode::Success));
+    // ... and may not write it: an error completion naming the IOVA, nothing written.
+    let done = run(Descriptor::to_host(window.offset(), ro, 4096));
+    assert_eq!(done.loopback_code(), Ok(StatusCode::HostAccess));
+    assert_eq!(done.result, ro.raw());
+    let mut bytes = vec![0u8; 4096];
+    read_only.slice().read_into(0, &mut bytes).unwrap();
+    assert!(
+        bytes.iter().all(|&b| b == 0xaa),
+        "the read-only page is unchanged"
+    );
+
+    let write_only = space.map_with(region(0), Access::WriteOnly).unwrap();
+    let wo = write_only.iova(0).unwrap();
+    let done = run(Descriptor::to_device(wo, window.offset(), 4096));
+    assert_eq!(done.loopback_code(), Ok(StatusCode::HostAccess));
+    let done = run(Descriptor::to_host(window.offset(), wo, 4096));
+    assert_eq!(done.loopback_code(), Ok(StatusCode::Success));
+    write_only.slice().read_into(0, &mut bytes).unwrap();
+    assert!(
+        bytes.iter().all(|&b| b == 0xaa),
+        "the device wrote what it read before"
+    );
+    drop(queue);
+}

@@ -14,15 +14,16 @@ use std::sync::Arc;
 
 use super::iova::{IovaAllocator, IovaRange};
 use super::mapping::{Backend, Counters, Piece};
-use super::{Error, Kind, Mapping, Stats};
+use super::{Access, Error, Kind, Mapping, Stats};
 use crate::memory::u64_of;
 use crate::memory::Region;
 use crate::sync::Mutex;
 
 /// The two calls an IOMMU backend makes.
 pub(crate) trait Iommu: Send + Sync + fmt::Debug + 'static {
-    /// Maps `len` bytes of this process's memory at `vaddr` to `iova`, readable and writable.
-    fn map(&self, vaddr: u64, iova: u64, len: u64) -> io::Result<()>;
+    /// Maps `len` bytes of this process's memory at `vaddr` to `iova`, for the device to reach
+    /// as `access` says.
+    fn map(&self, vaddr: u64, iova: u64, len: u64, access: Access) -> io::Result<()>;
     /// Unmaps `iova..+len`; returns the bytes the kernel unmapped.
     fn unmap(&self, iova: u64, len: u64) -> io::Result<u64>;
 }
@@ -167,13 +168,18 @@ impl<I: Iommu> Core<I> {
         })
     }
 
-    /// Maps all of `region`.
-    pub(crate) fn map(self: &Arc<Self>, region: Arc<Region>) -> Result<Mapping, Error> {
-        let placed = self.try_map(&region);
+    /// Maps all of `region`, for the device to reach as `access` says.
+    pub(crate) fn map(
+        self: &Arc<Self>,
+        region: Arc<Region>,
+        access: Access,
+    ) -> Result<Mapping, Error> {
+        let placed = self.try_map(&region, access);
         Mapping::from_placement(region, placed, self.kind, &self.counters, self)
+            .map(|mapping| mapping.with_access(access))
     }
 
-    fn try_map(&self, region: &Region) -> Result<Vec<Piece>, Error> {
+    fn try_map(&self, region: &Region, access: Access) -> Result<Vec<Piece>, Error> {
         let len = u64_of(region.len());
         let page = u64_of(region.page_size().bytes());
         // Both are powers of two, so this is `page < min_page`.
@@ -207,7 +213,7 @@ impl<I: Iommu> Core<I> {
         let vaddr = region.as_ptr().as_ptr() as u64;
         for (index, piece) in pieces.iter().enumerate() {
             let host = vaddr.saturating_add(u64_of(piece.offset));
-            if let Err(source) = self.iommu.map(host, piece.iova, piece.len) {
+            if let Err(source) = self.iommu.map(host, piece.iova, piece.len, access) {
                 let kept = self.roll_back(&pieces[..index]);
                 self.release(&pieces[index..], &kept);
                 let error = if source.raw_os_error() == Some(libc::ENOSPC) {

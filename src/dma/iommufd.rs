@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::iommu::{Core, Iommu};
 use super::iova::IovaRange;
 use super::shim::KernelIommufd;
-use super::{Error, Kind, Mapping, Space, Stats};
+use super::{Access, Error, Kind, Mapping, Space, Stats};
 use crate::memory::u64_of;
 use crate::memory::{base_page_size, Region};
 
@@ -37,6 +37,25 @@ pub trait IommufdIoctl: Send + Sync + fmt::Debug {
     /// `IOMMU_IOAS_MAP` of `len` bytes at `vaddr` to the fixed `iova`, readable and writable.
     fn ioas_map(&self, ioas: u32, vaddr: u64, iova: u64, len: u64) -> io::Result<()>;
 
+    /// `IOMMU_IOAS_MAP` with the device's access as `access` says
+    /// (`IOMMU_IOAS_MAP_READABLE` when it reads, `_WRITEABLE` when it writes). Default:
+    /// read-write through [`IommufdIoctl::ioas_map`]; a double that cannot tell the modes
+    /// apart refuses the others with `EINVAL`.
+    fn ioas_map_with(
+        &self,
+        ioas: u32,
+        vaddr: u64,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> io::Result<()> {
+        if access == Access::ReadWrite {
+            self.ioas_map(ioas, vaddr, iova, len)
+        } else {
+            Err(io::Error::from_raw_os_error(libc::EINVAL))
+        }
+    }
+
     /// `IOMMU_IOAS_UNMAP` of `iova..+len`; returns the bytes unmapped.
     fn ioas_unmap(&self, ioas: u32, iova: u64, len: u64) -> io::Result<u64>;
 
@@ -57,8 +76,9 @@ struct IoasIommu {
 }
 
 impl Iommu for IoasIommu {
-    fn map(&self, vaddr: u64, iova: u64, len: u64) -> io::Result<()> {
-        self.ioctl.ioas_map(self.ioas, vaddr, iova, len)
+    fn map(&self, vaddr: u64, iova: u64, len: u64, access: Access) -> io::Result<()> {
+        self.ioctl
+            .ioas_map_with(self.ioas, vaddr, iova, len, access)
     }
 
     fn unmap(&self, iova: u64, len: u64) -> io::Result<u64> {
@@ -168,7 +188,11 @@ impl Iommufd {
 
 impl Space for Iommufd {
     fn map(&self, region: Arc<Region>) -> Result<Mapping, Error> {
-        self.core.map(region)
+        self.core.map(region, Access::ReadWrite)
+    }
+
+    fn map_with(&self, region: Arc<Region>, access: Access) -> Result<Mapping, Error> {
+        self.core.map(region, access)
     }
 
     fn stats(&self) -> Stats {

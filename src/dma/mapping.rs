@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use super::iova::IovaRange;
-use super::{Error, Iova, Kind, Slice};
+use super::{Access, Error, Iova, Kind, Slice};
 use crate::memory::u64_of;
 use crate::memory::Region;
 use crate::sync::{AtomicU64, Mutex, Ordering};
@@ -52,6 +52,8 @@ pub struct Mapping {
     pieces: Box<[Piece]>,
     kind: Kind,
     backend: Arc<dyn Backend>,
+    /// What the device may do with it.
+    access: Access,
     /// Set once the pieces have been undone (by `unmap` or drop).
     released: bool,
 }
@@ -73,8 +75,20 @@ impl Mapping {
             pieces: pieces.into_boxed_slice(),
             kind,
             backend,
+            access: Access::ReadWrite,
             released: false,
         }
+    }
+
+    /// The mapping with its access mode recorded (what the space mapped it with).
+    pub(crate) fn with_access(mut self, access: Access) -> Mapping {
+        self.access = access;
+        self
+    }
+
+    /// What the device may do with the memory ([`Space::map_with`](super::Space::map_with)).
+    pub fn access(&self) -> Access {
+        self.access
     }
 
     /// The end of every space's `map`: `placed` is the space's placement of all of `region`

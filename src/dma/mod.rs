@@ -43,6 +43,7 @@ use std::fmt;
 use std::io;
 use std::sync::Arc;
 
+mod access;
 mod address;
 mod iommu;
 mod iommufd;
@@ -54,6 +55,7 @@ mod slice;
 mod soft_iommu;
 mod type1;
 
+pub use self::access::Access;
 pub use self::address::{DeviceOffset, Iova};
 pub use self::iommufd::{Iommufd, IommufdIoctl};
 pub use self::iova::{mask_of, IovaAllocator, IovaRange, RangeList};
@@ -72,6 +74,21 @@ use crate::memory::{self, PageSize, Region};
 pub trait Space: Send + Sync + fmt::Debug {
     /// Maps all of `region` once; the mapping is undone when the returned [`Mapping`] is dropped.
     fn map(&self, region: Arc<Region>) -> Result<Mapping, Error>;
+
+    /// [`Space::map`] with what the device may do with the memory ([`Access`]).
+    ///
+    /// # Errors
+    /// As [`Space::map`]; [`Error::AccessMode`] for a mode this space cannot enforce (every
+    /// mode but read-write on a physical-address space).
+    fn map_with(&self, region: Arc<Region>, access: Access) -> Result<Mapping, Error> {
+        if access == Access::ReadWrite {
+            return self.map(region);
+        }
+        Err(Error::AccessMode {
+            kind: self.kind(),
+            access,
+        })
+    }
 
     /// What the space has done so far, including unmap failures on drop.
     fn stats(&self) -> Stats;
@@ -178,6 +195,18 @@ pub enum Error {
         available: u64,
         /// The container's limit when the space was made.
         limit: u64,
+    },
+
+    /// An access mode the space cannot enforce ([`Space::map_with`]).
+    #[error(
+        "a {access} mapping cannot be enforced on a {kind} space (no IOMMU checks the device's \
+         accesses): map it read-write, or put the device behind an IOMMU (VFIO type1 or iommufd)"
+    )]
+    AccessMode {
+        /// The space.
+        kind: Kind,
+        /// The mode asked for.
+        access: Access,
     },
 
     /// The region's pages are smaller than the IOMMU's smallest page.
@@ -367,7 +396,9 @@ impl Error {
             Error::IovaUnavailable { .. } => Code::Busy,
             Error::UnknownIova { .. } => Code::NotFound,
             Error::Refused { .. } => Code::Refused,
-            Error::NotShareable { .. } | Error::IommuPageSize { .. } => Code::Unsupported,
+            Error::NotShareable { .. } | Error::IommuPageSize { .. } | Error::AccessMode { .. } => {
+                Code::Unsupported
+            }
             Error::GetInfo { .. }
             | Error::MalformedInfo { .. }
             | Error::IoasAlloc { .. }

@@ -18,6 +18,7 @@ use userdma_sys::vfio::{
 use super::iommufd::IommufdIoctl;
 use super::iova::IovaRange;
 use super::type1::Type1Ioctl;
+use super::Access;
 
 /// The ioctls, as `nix` generates them: each takes the raw fd and a pointer to its argument and
 /// turns `-1` into the errno. The request numbers are `userdma_sys`'s, which its ABI tests check
@@ -195,9 +196,23 @@ impl Type1Ioctl for KernelType1 {
     }
 
     fn map_dma(&self, vaddr: u64, iova: u64, size: u64) -> io::Result<()> {
+        self.map_dma_with(vaddr, iova, size, Access::ReadWrite)
+    }
+
+    fn map_dma_with(&self, vaddr: u64, iova: u64, size: u64, access: Access) -> io::Result<()> {
+        let read = if access.device_reads() {
+            VFIO_DMA_MAP_FLAG_READ
+        } else {
+            0
+        };
+        let write = if access.device_writes() {
+            VFIO_DMA_MAP_FLAG_WRITE
+        } else {
+            0
+        };
         let mut map = vfio_iommu_type1_dma_map {
             argsz: size_u32::<vfio_iommu_type1_dma_map>(),
-            flags: VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
+            flags: read | write,
             vaddr,
             iova,
             size,
@@ -273,9 +288,30 @@ impl IommufdIoctl for KernelIommufd {
     }
 
     fn ioas_map(&self, ioas: u32, vaddr: u64, iova: u64, len: u64) -> io::Result<()> {
+        self.ioas_map_with(ioas, vaddr, iova, len, Access::ReadWrite)
+    }
+
+    fn ioas_map_with(
+        &self,
+        ioas: u32,
+        vaddr: u64,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> io::Result<()> {
+        let read = if access.device_reads() {
+            IOMMU_IOAS_MAP_READABLE
+        } else {
+            0
+        };
+        let write = if access.device_writes() {
+            IOMMU_IOAS_MAP_WRITEABLE
+        } else {
+            0
+        };
         let mut map = iommu_ioas_map {
             size: size_u32::<iommu_ioas_map>(),
-            flags: IOMMU_IOAS_MAP_FIXED_IOVA | IOMMU_IOAS_MAP_READABLE | IOMMU_IOAS_MAP_WRITEABLE,
+            flags: IOMMU_IOAS_MAP_FIXED_IOVA | read | write,
             ioas_id: ioas,
             user_va: vaddr,
             length: len,

@@ -21,7 +21,7 @@ use std::sync::{Arc, Weak};
 use super::iommu::{place, without_null_page};
 use super::iova::{mask_of, IovaAllocator, IovaRange};
 use super::mapping::{Backend, Counters, Piece};
-use super::{Error, Iova, Kind, Mapping, Slice, Space, Stats};
+use super::{Access, Error, Iova, Kind, Mapping, Slice, Space, Stats};
 use crate::memory::u64_of;
 use crate::memory::Region;
 use crate::sync::{AtomicU64, Mutex, Ordering};
@@ -39,6 +39,8 @@ pub enum Change<'a> {
         region: &'a Arc<Region>,
         /// Where `range.start` is in the region.
         offset: usize,
+        /// What the device may do with it.
+        access: Access,
     },
     /// `range` is no longer mapped.
     Unmapped {
@@ -59,6 +61,14 @@ impl Change<'_> {
     pub fn mapped(&self) -> Option<(&Arc<Region>, usize)> {
         match *self {
             Change::Mapped { region, offset, .. } => Some((region, offset)),
+            Change::Unmapped { .. } => None,
+        }
+    }
+
+    /// For a new mapping, what the device may do with it.
+    pub fn access(&self) -> Option<Access> {
+        match *self {
+            Change::Mapped { access, .. } => Some(access),
             Change::Unmapped { .. } => None,
         }
     }
@@ -106,6 +116,7 @@ struct Entry {
     last: u64,
     offset: usize,
     region: Arc<Region>,
+    access: Access,
 }
 
 /// The table and the allocator, under one lock. Map and unmap are rare; lookups are short
@@ -235,9 +246,16 @@ pub struct Window {
     region: Arc<Region>,
     offset: usize,
     len: usize,
+    access: Access,
 }
 
 impl Window {
+    /// What the device may do with the memory (a device that writes where the mapping is
+    /// [`Access::ReadOnly`], or reads where it is [`Access::WriteOnly`], must refuse).
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
     /// The bytes, for volatile access.
     pub fn slice(&self) -> Slice<'_> {
         // SAFETY: `translate` makes a window only for bytes inside one mapped piece, and a piece
@@ -334,6 +352,7 @@ impl SoftIommu {
             region: piece.region,
             offset: piece.offset.checked_add(offset)?,
             len,
+            access: piece.access,
         })
     }
 
@@ -356,6 +375,7 @@ impl SoftIommu {
                     region: Arc::clone(&entry.region),
                     offset: entry.offset,
                     len,
+                    access: entry.access,
                 },
             ))
         })
@@ -398,6 +418,7 @@ impl SoftIommu {
                     range,
                     region: &entry.region,
                     offset: entry.offset,
+                    access: entry.access,
                 };
                 watcher(&change).map_err(|source| Error::Map {
                     kind: Kind::SoftIommu,
@@ -433,7 +454,7 @@ impl SoftIommu {
         })
     }
 
-    fn try_map(&self, region: &Arc<Region>) -> Result<Vec<Piece>, Error> {
+    fn try_map(&self, region: &Arc<Region>, access: Access) -> Result<Vec<Piece>, Error> {
         let len = u64_of(region.len());
         let align = u64_of(region.page_size().bytes());
         self.inner.with_table(|table| {
@@ -445,6 +466,7 @@ impl SoftIommu {
                         last: piece.iova + (piece.len - 1),
                         offset: piece.offset,
                         region: Arc::clone(region),
+                        access,
                     },
                 );
             }
@@ -462,6 +484,7 @@ impl SoftIommu {
                             range,
                             region,
                             offset: piece.offset,
+                            access,
                         })
                     })
                     .map_err(|source| (piece, source))
@@ -501,7 +524,13 @@ impl SoftIommu {
 
 impl Space for SoftIommu {
     fn map(&self, region: Arc<Region>) -> Result<Mapping, Error> {
-        let placed = self.try_map(&region);
+        self.map_with(region, Access::ReadWrite)
+    }
+
+    /// Enforced by the device that translates through this table (the loopback NPU fails a
+    /// descriptor that writes a read-only mapping or reads a write-only one).
+    fn map_with(&self, region: Arc<Region>, access: Access) -> Result<Mapping, Error> {
+        let placed = self.try_map(&region, access);
         if placed.is_ok() {
             // Relaxed: a setting (see `with_mapping_cost`).
             pay_for_pages(
@@ -511,6 +540,7 @@ impl Space for SoftIommu {
         }
         let inner = &self.inner;
         Mapping::from_placement(region, placed, Kind::SoftIommu, &inner.counters, inner)
+            .map(|mapping| mapping.with_access(access))
     }
 
     fn stats(&self) -> Stats {

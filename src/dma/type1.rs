@@ -42,7 +42,7 @@ use userdma_sys::vfio::{
 use super::iommu::{Core, Iommu};
 use super::iova::IovaRange;
 use super::shim::KernelType1;
-use super::{Error, Kind, Mapping, Space, Stats};
+use super::{Access, Error, Kind, Mapping, Space, Stats};
 use crate::memory::u64_of;
 use crate::memory::{base_page_size, Region};
 use crate::sync::{AtomicU64, Ordering};
@@ -65,6 +65,18 @@ pub trait Type1Ioctl: Send + Sync + fmt::Debug {
 
     /// `VFIO_IOMMU_MAP_DMA` of `size` bytes at `vaddr` to `iova`, readable and writable.
     fn map_dma(&self, vaddr: u64, iova: u64, size: u64) -> io::Result<()>;
+
+    /// `VFIO_IOMMU_MAP_DMA` with the device's access as `access` says
+    /// (`VFIO_DMA_MAP_FLAG_READ` when it reads, `_WRITE` when it writes). Default: read-write
+    /// through [`Type1Ioctl::map_dma`]; a double that cannot tell the modes apart refuses the
+    /// others with `EINVAL`.
+    fn map_dma_with(&self, vaddr: u64, iova: u64, size: u64, access: Access) -> io::Result<()> {
+        if access == Access::ReadWrite {
+            self.map_dma(vaddr, iova, size)
+        } else {
+            Err(io::Error::from_raw_os_error(libc::EINVAL))
+        }
+    }
 
     /// `VFIO_IOMMU_UNMAP_DMA` of `iova..+size`; returns the bytes unmapped (the kernel's
     /// write-back of `size`). Like the kernel, a double whose container lost its IOMMU (its last
@@ -279,8 +291,8 @@ impl Type1Iommu {
 }
 
 impl Iommu for Type1Iommu {
-    fn map(&self, vaddr: u64, iova: u64, len: u64) -> io::Result<()> {
-        self.ioctl.map_dma(vaddr, iova, len)
+    fn map(&self, vaddr: u64, iova: u64, len: u64, access: Access) -> io::Result<()> {
+        self.ioctl.map_dma_with(vaddr, iova, len, access)
     }
 
     fn unmap(&self, iova: u64, len: u64) -> io::Result<u64> {
@@ -373,7 +385,11 @@ impl Type1 {
 
 impl Space for Type1 {
     fn map(&self, region: Arc<Region>) -> Result<Mapping, Error> {
-        self.core.map(region)
+        self.core.map(region, Access::ReadWrite)
+    }
+
+    fn map_with(&self, region: Arc<Region>, access: Access) -> Result<Mapping, Error> {
+        self.core.map(region, access)
     }
 
     fn stats(&self) -> Stats {

@@ -6,7 +6,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::u64_of;
-use userdma::dma;
+use crate::StatusCode;
+use userdma::dma::{self, Access};
 use userdma::memory::Region;
 
 /// Host memory the device resolved: `len` bytes at `ptr`, kept mapped while the span lives.
@@ -14,6 +15,8 @@ use userdma::memory::Region;
 pub(crate) struct Span {
     ptr: NonNull<u8>,
     len: usize,
+    /// What the mapping lets the device do.
+    access: Access,
     _keep: Keep,
 }
 
@@ -34,8 +37,14 @@ unsafe impl Send for Span {}
 unsafe impl Sync for Span {}
 
 impl Span {
-    /// `len` bytes at `offset` of `region` (the caller checked `offset + len <= region.len()`).
-    pub(crate) fn in_region(region: Arc<Region>, offset: usize, len: usize) -> Option<Span> {
+    /// `len` bytes at `offset` of `region` (the caller checked `offset + len <= region.len()`),
+    /// which the device may reach as `access` says.
+    pub(crate) fn in_region(
+        region: Arc<Region>,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Option<Span> {
         if offset.checked_add(len)? > region.len() || len == 0 {
             return None;
         }
@@ -44,6 +53,7 @@ impl Span {
         Some(Span {
             ptr,
             len,
+            access,
             _keep: Keep::Region(region),
         })
     }
@@ -58,6 +68,7 @@ impl Span {
             // SAFETY: `offset + len <= self.len`: inside the mapping.
             ptr: unsafe { self.ptr.add(offset) },
             len,
+            access: self.access,
             _keep: self._keep,
         })
     }
@@ -101,6 +112,7 @@ impl Translate for dma::SoftIommu {
             Span {
                 ptr: window.as_ptr(),
                 len: window.len(),
+                access: window.access(),
                 _keep: Keep::Window(window),
             },
         ))
@@ -140,6 +152,34 @@ impl Host {
     /// The table.
     pub(crate) fn table(&self) -> &dyn Translate {
         &*self.table
+    }
+
+    /// The host address of `len` bytes at `iova` for the device to read (`write` false) or
+    /// write: [`StatusCode::HostUnmapped`] unless they all lie in one mapped piece (and
+    /// `len > 0`), [`StatusCode::HostAccess`] where the mapping does not let the device do
+    /// it. The address stays valid until the next call (the cache keeps its piece mapped).
+    #[inline]
+    pub(super) fn resolve_for(
+        &mut self,
+        iova: u64,
+        len: usize,
+        write: bool,
+    ) -> Result<NonNull<u8>, StatusCode> {
+        let at = self.resolve(iova, len).ok_or(StatusCode::HostUnmapped)?;
+        let access = self
+            .cached
+            .as_ref()
+            .map_or(Access::ReadWrite, |c| c.span.access);
+        let allowed = if write {
+            access.device_writes()
+        } else {
+            access.device_reads()
+        };
+        if allowed {
+            Ok(at)
+        } else {
+            Err(StatusCode::HostAccess)
+        }
     }
 
     /// The host address of `len` bytes at `iova`, or `None` unless they all lie in one mapped

@@ -16,6 +16,7 @@ use crate::shim;
 use crate::sync::{AtomicU64, Mutex, Ordering};
 use crate::Error as LoopbackError;
 use userdma::device::Error;
+use userdma::dma::Access;
 use userdma::memory::{PageSize, Region};
 
 /// One mapping in the device process's table.
@@ -58,7 +59,12 @@ impl Translate for ChildTable {
             return None;
         }
         let len = usize::try_from(entry.last - start).ok()?.checked_add(1)?;
-        let span = Span::in_region(Arc::clone(&entry.region), entry.offset, len)?;
+        let span = Span::in_region(
+            Arc::clone(&entry.region),
+            entry.offset,
+            len,
+            Access::ReadWrite,
+        )?;
         Some((start, entry.last, span))
     }
 

@@ -164,6 +164,9 @@ impl RemoteSpace {
         let channel = Arc::clone(&remote.channel);
         let mirror = table
             .watch(move |change| match change.mapped() {
+                Some(_) if change.access() != Some(dma::Access::ReadWrite) => {
+                    Err(io::Error::new(io::ErrorKind::Unsupported, NOT_READ_WRITE))
+                }
                 Some((region, offset)) => mirror_map(&channel, change.range(), region, offset),
                 None => mirror_unmap(&channel, change.range()),
             })
@@ -177,6 +180,12 @@ impl RemoteSpace {
         })
     }
 }
+
+/// Why a device-read-only or -write-only mapping is refused when the device runs in a
+/// process of its own.
+const NOT_READ_WRITE: &str = "the loopback NPU in a separate process maps memory read-write \
+     only (its table mirrors no access modes): run it as a thread for device-read-only or \
+     device-write-only mappings";
 
 /// A failed request as the `io::Error` a watcher returns.
 fn as_io(err: Error) -> io::Error {
@@ -234,13 +243,19 @@ const NOT_SHAREABLE: &str = "an out-of-process loopback device reaches host memo
 
 impl Space for RemoteSpace {
     fn map(&self, region: Arc<Region>) -> Result<Mapping, dma::Error> {
+        self.map_with(region, dma::Access::ReadWrite)
+    }
+
+    /// A mode other than read-write is refused by the mirror (the device process's table has
+    /// none), with what to do.
+    fn map_with(&self, region: Arc<Region>, access: dma::Access) -> Result<Mapping, dma::Error> {
         if region.fd().is_none() {
             return Err(dma::Error::NotShareable {
                 kind: dma::Kind::SoftIommu,
                 len: u64_of(region.len()),
             });
         }
-        self.table.map(region)
+        self.table.map_with(region, access)
     }
 
     fn stats(&self) -> dma::Stats {

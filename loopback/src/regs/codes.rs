@@ -148,6 +148,11 @@ raw_enum! {
         /// [`Kind::ErrorStatus`](crate::fault::Kind::ErrorStatus)); nothing was read or
         /// written. Result: 0.
         Injected = 11,
+        /// A host range in a mapping that does not let the device do this: a write into a
+        /// device-read-only mapping (`ToHost`), or a read of a device-write-only one
+        /// (`ToDevice`) ([`dma::Space::map_with`](userdma::dma::Space::map_with)); nothing
+        /// was read or written. Result: the IOVA.
+        HostAccess = 12,
     }
 
     /// The code of a raw value.

@@ -52,10 +52,10 @@ fn raw_values_round_trip() {
         assert_eq!(Opcode::from_raw(raw).map(|op| op as u8), Some(raw));
     }
     assert_eq!(Opcode::from_raw(0x40), None);
-    for raw in 0..=11 {
+    for raw in 0..=12 {
         assert_eq!(StatusCode::from_raw(raw).map(|c| c as u16), Some(raw));
     }
-    assert_eq!(StatusCode::from_raw(12), None);
+    assert_eq!(StatusCode::from_raw(13), None);
     for raw in 0..=5 {
         assert_eq!(Fault::from_raw(raw).map(|f| f as u32), Some(raw));
     }
