@@ -1,6 +1,7 @@
 //! What the IOMMU does with edu's DMA: the iommufd path against the type1 one, a fault in the
 //! middle of a stream of good transfers (refused, reported in the kernel log, and harmless to
-//! the transfers after it), and every mapping kept under edu's 28-bit DMA mask.
+//! the transfers after it), a device-read-only mapping edu reads and may not write, and every
+//! mapping kept under edu's 28-bit DMA mask.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -181,24 +182,35 @@ pub(crate) fn fault_stream(env: &Env) -> Result<(), Failure> {
     let bystander = alloc(64 << 10)?;
     bystander.slice().fill(CANARY);
 
-    let canary = region(HUGE, PageSize::Huge2M)?;
-    let canary_view = Slice::from_region(&canary);
-    canary_view.fill(CANARY);
-    let phys = canary
-        .physical_pages()
-        .context(|| "read the canary's physical address".to_owned())?;
-    let canary_phys = phys
-        .addr_of(0)
-        .ok_or_else(|| Failure::Check("the canary region has no physical page".to_owned()))?;
     let limit = 1_u64 << edu::DMA_MASK_BITS;
     let unmapped = |iova: u64| {
         IovaRange::from_len(iova, HUGE as u64)
             .is_some_and(|r| r.last < limit && (r.last < mapped.start || r.start > mapped.last))
     };
-    ensure!(
-        unmapped(canary_phys),
-        "the canary's physical address {canary_phys:#x} is mapped in edu's space ({mapped}) or past its mask"
-    );
+    // The canary: a hugepage whose physical address no IOVA of edu's space maps (the kernel
+    // may hand out a page whose physical address is one the pool's IOVAs cover: then another
+    // is taken, the earlier ones kept so it differs).
+    let mut tried = Vec::new();
+    let (canary, canary_phys) = loop {
+        let candidate = region(HUGE, PageSize::Huge2M)?;
+        let phys = candidate
+            .physical_pages()
+            .context(|| "read the canary's physical address".to_owned())?
+            .addr_of(0)
+            .ok_or_else(|| Failure::Check("the canary region has no physical page".to_owned()))?;
+        if unmapped(phys) {
+            break (candidate, phys);
+        }
+        tried.push((candidate, phys));
+        ensure!(
+            tried.len() < 4,
+            "no hugepage of 4 has a physical address outside edu's space ({mapped}) and under its mask: {:x?}",
+            tried.iter().map(|(_, p)| *p).collect::<Vec<_>>()
+        );
+    };
+    drop(tried);
+    let canary_view = Slice::from_region(&canary);
+    canary_view.fill(CANARY);
     let target = canary_phys;
 
     let mut log = KernelLog::open().map_err(|e| cause("open the kernel log", &e))?;
@@ -407,6 +419,96 @@ pub(crate) fn dma_mask(env: &Env) -> Result<(), Failure> {
     drop((huge, base, ring_memory));
     drop(device);
     drop(space);
+    drop(runtime);
+    drop(vfio);
+    bound.release()
+}
+
+/// A device-read-only mapping (`Space::map_with(.., Access::ReadOnly)`, which type1 and iommufd
+/// map without the write flag): edu reads it (its bytes come out of the device intact), and when
+/// told to write into it the IOMMU refuses: the kernel logs a write fault naming edu at that
+/// IOVA, every byte of the mapping is unchanged, and a round trip through pool buffers after it
+/// checks byte for byte.
+pub(crate) fn read_only_mapping(env: &Env) -> Result<(), Failure> {
+    let (bound, vfio, device) = open(env, &options(env))?;
+    let runtime = runtime(&vfio);
+    let pool = runtime
+        .pool_with(POOL_LEN, PageSize::Huge2M, Config::default())
+        .context(|| format!("make a pool over {POOL_LEN:#x} bytes of hugepages"))?;
+    let alloc = |len: usize| {
+        pool.alloc_owned(len)
+            .context(|| format!("allocate {len} bytes from the pool"))
+    };
+    let (src, dst) = (alloc(TRANSFER)?, alloc(TRANSFER + GUARD)?);
+    let weights = region(HUGE, PageSize::Huge2M)?;
+    Slice::from_region(&weights).fill(CANARY);
+    let read_only = runtime
+        .dma_space()
+        .map_with(Arc::clone(&weights), dma::Access::ReadOnly)
+        .map_err(|e| cause("map a hugepage device-read-only", &e))?;
+    ensure!(
+        read_only.access() == dma::Access::ReadOnly,
+        "the mapping says {}, not device-read-only",
+        read_only.access()
+    );
+    let target = read_only
+        .iova(0)
+        .ok_or_else(|| Failure::Check("the read-only mapping has no IOVA".to_owned()))?
+        .raw();
+
+    // The device reads it: its bytes go through edu into a pool buffer unchanged.
+    device.dma(Direction::ToDevice, target, TRANSFER)?;
+    let out = Buffer::in_pool(dst.as_buffer(), 0, TRANSFER + GUARD)?;
+    out.host.fill(0);
+    device.dma(Direction::FromDevice, out.addr, TRANSFER)?;
+    let mut read = vec![0_u8; TRANSFER];
+    out.host
+        .read_into(0, &mut read)
+        .context(|| "read what edu read from the read-only mapping".to_owned())?;
+    ensure!(
+        read.iter().all(|&b| b == CANARY),
+        "edu read the read-only mapping, but {} of the bytes it brought out are not the mapping's",
+        read.iter().filter(|&&b| b != CANARY).count()
+    );
+
+    // The write: a fresh pattern into edu's buffer, sent to the read-only IOVA.
+    let mut log = KernelLog::open().map_err(|e| cause("open the kernel log", &e))?;
+    let from = Buffer::in_pool(src.as_buffer(), 0, TRANSFER)?;
+    from.host
+        .write_from(0, &pattern(811, TRANSFER))
+        .context(|| "fill the source buffer".to_owned())?;
+    device.dma(Direction::ToDevice, from.addr, TRANSFER)?;
+    device.dma(Direction::FromDevice, target, TRANSFER)?;
+    // The write must not have landed. (Whether the refusal is logged is the IOMMU's: QEMU's
+    // VT-d drops a write that lacks permission without a fault record, as a not-present page
+    // gets one; the log is read and what it holds reported.)
+    check_canary(
+        &Slice::from_region(&weights),
+        "the device-read-only hugepage after edu's refused write",
+    )?;
+    let logged = log
+        .wait_for(Duration::from_secs(1), |f| {
+            f.bdf == env.edu && f.addr & !0xfff == target & !0xfff
+        })
+        .map_err(|e| cause("read the kernel log", &e))?
+        .0;
+    round_trip(
+        &device,
+        &Buffer::in_pool(src.as_buffer(), 0, TRANSFER)?,
+        &Buffer::in_pool(dst.as_buffer(), 0, TRANSFER + GUARD)?,
+        812,
+    )
+    .map_err(|f| f.during(|| "the round trip after the refused write".to_owned()))?;
+    let logged = logged.map_or_else(
+        || "no fault record in the kernel log".to_owned(),
+        |f| format!("{} {:?} fault: {}", f.bdf, f.kind, f.reason),
+    );
+    println!(
+        "INFO vfio-read-only-mapping: edu read {TRANSFER} bytes of a device-read-only mapping at {target:#x}; its write there was refused ({logged}), the {HUGE}-byte mapping unchanged, the next round trip right"
+    );
+    drop(read_only);
+    drop(pool);
+    drop(device);
     drop(runtime);
     drop(vfio);
     bound.release()

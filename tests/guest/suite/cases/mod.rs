@@ -122,6 +122,11 @@ pub(crate) const ALL: &[Case] = &[
         run: iommu::fault_stream,
     },
     Case {
+        name: "vfio-read-only-mapping",
+        boots: IOMMU,
+        run: iommu::read_only_mapping,
+    },
+    Case {
         name: "vfio-dma-mask",
         boots: IOMMU,
         run: iommu::dma_mask,
