@@ -9,7 +9,7 @@
 //! at planned arena offsets, and waits on another queue), runs them **in order**, and hands
 //! back one [`Completion`] per op, in order, carrying the caller's tag.
 //!
-//! **Compute on the host.** A step the device cannot run ([`Accelerator::runs`] false: a
+//! **Compute on the host.** A step the device cannot run ([`Capabilities::runs`] false: a
 //! device with no compute unit, or one without on-device filtering given a `Compact`) is run
 //! by the pipeline on the host, explicitly: its queue holds the ops after it until everything
 //! before it completed, reads the step's inputs out of the arena ([`Accelerator::read_arena`]),
@@ -115,6 +115,12 @@ impl Capabilities {
             (0, _) => ComputeAt::Host,
             _ => ComputeAt::Mixed,
         }
+    }
+
+    /// Whether a pipeline of `steps` can be split across the units: separate copy and compute
+    /// units, ordering across queues, and every step on the device.
+    pub fn splits(&self, steps: &[Step]) -> bool {
+        self.separate_units && self.cross_queue_order && self.compute_at(steps) == ComputeAt::Device
     }
 
     /// Whether the device runs `step` (or the host must).
@@ -333,11 +339,6 @@ pub trait Accelerator: Send + Sync + fmt::Debug {
     /// What it can do.
     fn capabilities(&self) -> Capabilities;
 
-    /// Whether it runs `step` itself.
-    fn runs(&self, step: &Step) -> bool {
-        self.capabilities().runs(step)
-    }
-
     /// A pool of host buffers of about `bytes`, mapped into the device's DMA space once.
     ///
     /// # Errors
@@ -400,10 +401,5 @@ pub trait Accelerator: Send + Sync + fmt::Debug {
     /// address.
     fn key(&self) -> usize {
         (self as *const Self).cast::<()>() as usize
-    }
-
-    /// Context switches the device made so far, where it counts them.
-    fn switches(&self) -> Option<u64> {
-        None
     }
 }

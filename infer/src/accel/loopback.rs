@@ -155,11 +155,6 @@ impl Accelerator for LoopbackEngine {
     fn key(&self) -> usize {
         Arc::as_ptr(&self.device) as usize
     }
-
-    fn switches(&self) -> Option<u64> {
-        let counters = self.device.counters().ok()?;
-        Some(counters.units.iter().map(|u| u.context_switches).sum())
-    }
 }
 
 fn beyond(at: u64, len: usize) -> crate::Error {

@@ -85,11 +85,8 @@ impl Config {
     /// one queue after another; waiting on interrupts only where its queues raise them.
     pub fn for_device(device: &dyn crate::accel::Accelerator, model: &super::Model) -> Config {
         let caps = device.capabilities();
-        let split = caps.separate_units
-            && caps.cross_queue_order
-            && caps.compute_at(model.steps()) == crate::accel::ComputeAt::Device;
         Config {
-            split,
+            split: caps.splits(model.steps()),
             wait: if caps.interrupts {
                 Wait::Interrupt
             } else {

@@ -161,8 +161,9 @@ pub struct Pipeline {
     in_flight: usize,
     /// How results come back.
     path: ResultPath,
-    /// Where the model's steps run.
+    /// Where the model's steps run, and how many of a frame's run on the host.
     compute: ComputeAt,
+    host_steps: u64,
     /// The device.
     device: Arc<dyn Accelerator>,
     /// A queue could not be stopped: the slots in flight are never freed (dropped with the

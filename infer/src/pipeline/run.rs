@@ -107,11 +107,6 @@ impl Pipeline {
                     Next::WaitOn(on) => (self.wait_for(on), WAIT_STEP),
                     _ => (op_of(&self.model, &self.slots[index], k), k as u16),
                 };
-                if let Op::Step { step, .. } = &op {
-                    if !self.device_runs(step) {
-                        self.summary.host_steps += 1;
-                    }
-                }
                 if let Err(err) = self.push_to(q, op, tag(index, step, left == 0)) {
                     if left + 1 == total {
                         // Nothing of the frame reached a queue: the slot is free again.
@@ -129,6 +124,7 @@ impl Pipeline {
             }
         }
         self.summary.bytes_to_device += self.model.input().bytes;
+        self.summary.host_steps += self.host_steps;
         self.next_frame += 1;
         self.in_flight += 1;
         self.unannounced += 1;
@@ -158,12 +154,6 @@ impl Pipeline {
         self.unannounced = 0;
         self.summary.doorbells += self.queues.len() as u64;
         Ok(())
-    }
-
-    /// Whether the device runs `step` (or the host does, through the queue's host steps).
-    #[inline]
-    fn device_runs(&self, step: &crate::pipeline::Step) -> bool {
-        self.compute == crate::accel::ComputeAt::Device || self.device.runs(step)
     }
 
     /// Handles one completion. A frame is finished once all its completions were seen; it is

@@ -55,6 +55,7 @@ impl Pipeline {
         }
         let caps = device.capabilities();
         let compute = caps.compute_at(model.steps());
+        let host_steps = model.steps().iter().filter(|s| !caps.runs(s)).count() as u64;
         check(device.as_ref(), &caps, compute, &config)?;
         let per_frame = model.steps().len() + 4;
         // Twice what the slots need: the SQ head the device writes back lags its completions
@@ -188,6 +189,7 @@ impl Pipeline {
             in_flight: 0,
             path,
             compute,
+            host_steps,
             device,
             leaked: false,
             pool,
