@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::{
     Accelerator, Capabilities, Completion, Op, Queue, QueueSpec, Stopped, HOST_STEP_FAILED,
 };
-use crate::pipeline::Step;
+use crate::pipeline::{ModelError, Step};
 use userdma::ring;
 
 /// The command id a host step's [`Completion`] carries (no device command ran it).
@@ -60,7 +60,7 @@ impl HostSteps {
         let len = usize::try_from(spec.arena_bytes).unwrap_or(usize::MAX);
         let mut scratch = Vec::new();
         scratch.try_reserve_exact(len).map_err(|_| {
-            crate::Error::from(crate::pipeline::Error::NoHostMemory {
+            crate::Error::from(ModelError::NoHostMemory {
                 what: "the host's copy of the arena (for steps run on the host)",
                 bytes: spec.arena_bytes,
             })
@@ -135,7 +135,8 @@ impl HostSteps {
         let outside = |at: u64, bytes: u64| at.checked_add(bytes).is_none_or(|end| end > len);
         for span in reads.iter().flatten().chain(std::iter::once(&write)) {
             if outside(span.offset, span.bytes) {
-                return Err(crate::pipeline::Error::HostStep {
+                return Err(ModelError::OutOfArena {
+                    what: "a range of a step run on the host".to_owned(),
                     offset: span.offset,
                     bytes: span.bytes,
                     arena: len,

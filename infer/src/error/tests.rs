@@ -223,15 +223,6 @@ fn planner_model_pipeline_and_scheduler_errors_keep_their_codes() {
         ),
         (P::EmptyMapping { what: "input" }.into(), invalid),
         (
-            P::HostStep {
-                offset: 64,
-                bytes: 4,
-                arena: 64,
-            }
-            .into(),
-            invalid,
-        ),
-        (
             P::Lacks {
                 device: "memory-engine".to_owned(),
                 kind: "host memory",
@@ -241,14 +232,6 @@ fn planner_model_pipeline_and_scheduler_errors_keep_their_codes() {
             }
             .into(),
             invalid,
-        ),
-        (
-            P::NoHostMemory {
-                what: "the host's copy of the arena",
-                bytes: u64::MAX,
-            }
-            .into(),
-            Code::Exhausted,
         ),
     ]);
     use sched::Error as S;

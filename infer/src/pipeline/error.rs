@@ -83,29 +83,6 @@ pub enum Error {
         /// `input` or `result`.
         what: &'static str,
     },
-    /// A step run on the host whose range leaves the host's copy of the arena (a model
-    /// larger than the arena the queue was opened for).
-    #[error(
-        "a step run on the host over {bytes} bytes at {offset} of a {arena}-byte arena: the \
-         model's steps must lie inside its arena"
-    )]
-    HostStep {
-        /// The range's offset.
-        offset: u64,
-        /// Its length.
-        bytes: u64,
-        /// The arena's size.
-        arena: u64,
-    },
-    /// No host memory for the host's copy of the arena (steps run on the host need one per
-    /// queue).
-    #[error("no host memory for {bytes} bytes of {what}: use a smaller model or free memory")]
-    NoHostMemory {
-        /// What it was for.
-        what: &'static str,
-        /// Bytes asked for.
-        bytes: u64,
-    },
     /// A pipeline setting the device cannot carry out: it lacks a capability the setting
     /// needs ([`Capabilities`](crate::accel::Capabilities)).
     #[error("{device} ({kind}) has no {lacks}, which {setting} needs: {hint}")]
@@ -136,9 +113,7 @@ impl Error {
             | Error::ResultCopy { .. }
             | Error::OutsideResult { .. }
             | Error::EmptyMapping { .. }
-            | Error::HostStep { .. }
             | Error::Lacks { .. } => userdma::Code::InvalidArgument,
-            Error::NoHostMemory { .. } => userdma::Code::Exhausted,
         }
     }
 }
