@@ -178,9 +178,7 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::map_memory`], and [`Error::Pool`] for memory too small for the pool.
     pub fn pool(&self, bytes: usize, page_size: PageSize) -> Result<Arc<Pool>, Error> {
-        let mapping = self.map_memory(bytes, page_size)?;
-        let config = Self::pool_config(page_size).fit_to(&mapping);
-        Ok(Arc::new(Pool::new(mapping, config)?))
+        pool_of(self.map_memory(bytes, page_size)?, page_size)
     }
 
     /// The configuration [`Runtime::pool`] uses for memory of `page_size`: the default, with
@@ -261,6 +259,21 @@ pub fn map_memory(
     page_size: PageSize,
 ) -> Result<dma::Mapping, Error> {
     map_memory_on(space, bytes, page_size, None)
+}
+
+/// A pool over `bytes` of fresh host memory mapped into `space`: what [`Runtime::pool`] makes,
+/// for code that holds a DMA space without a runtime (an engine over its own software IOMMU).
+///
+/// # Errors
+/// As [`map_memory`], and [`Error::Pool`] for memory too small for the pool.
+pub fn pool(space: &dyn dma::Space, bytes: usize, page_size: PageSize) -> Result<Arc<Pool>, Error> {
+    pool_of(map_memory(space, bytes, page_size)?, page_size)
+}
+
+/// The pool [`Runtime::pool`] cuts from `mapping` of `page_size` pages.
+fn pool_of(mapping: dma::Mapping, page_size: PageSize) -> Result<Arc<Pool>, Error> {
+    let config = Runtime::pool_config(page_size).fit_to(&mapping);
+    Ok(Arc::new(Pool::new(mapping, config)?))
 }
 
 /// [`map_memory`] with the pages bound to NUMA node `node` (`None`: no placement), as

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use udma::dma::SoftIommu;
 use udma::memory::PageSize;
-use udma::pool::{Config as PoolConfig, Pool};
 use userdma_infer::accel::{
     self, Accelerator, Arena, Capabilities, Completion, Op, QueueSpec, Stopped, Unit,
 };
@@ -218,13 +217,7 @@ impl Accelerator for CEngine {
     fn host_pool(&self, bytes: usize) -> Result<Arc<udma::pool::Pool>, userdma_infer::Error> {
         match &self.host {
             Host::Device(d) => Ok(d.runtime.pool(bytes, PageSize::Base)?),
-            Host::Memory(space) => {
-                let mapping = udma::runtime::map_memory(space.as_ref(), bytes, PageSize::Base)?;
-                Ok(Arc::new(Pool::new(
-                    mapping,
-                    PoolConfig::default().chunk_size(64 << 10),
-                )?))
-            }
+            Host::Memory(space) => Ok(udma::runtime::pool(space.as_ref(), bytes, PageSize::Base)?),
         }
     }
 
@@ -320,10 +313,10 @@ impl Accelerator for CEngine {
     }
 
     fn status_name(&self, status: u32) -> &'static str {
-        let Some(name) = self.lock().f.status_name else {
+        let c = self.lock();
+        let Some(name) = c.f.status_name else {
             return accel::default_status_name(status);
         };
-        let c = self.lock();
         // SAFETY: the engine's contract: a static string or NULL.
         let text = unsafe { name(c.user, status) };
         if text.is_null() {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use super::{Accelerator, Arena, Capabilities, Completion, Op, Queue, QueueSpec, Stopped, Unit};
 use userdma::dma::{self, Iova, SoftIommu};
 use userdma::memory::PageSize;
-use userdma::pool::{Config as PoolConfig, Pool};
+use userdma::pool::Pool;
 
 /// Status of an op that named memory not mapped in the engine's DMA space.
 pub const UNMAPPED: u32 = 1;
@@ -128,12 +128,11 @@ impl Accelerator for MemoryEngine {
     }
 
     fn host_pool(&self, bytes: usize) -> Result<Arc<Pool>, crate::Error> {
-        let mapping =
-            userdma::runtime::map_memory(self.shared.space.as_ref(), bytes, PageSize::Base)?;
-        Ok(Arc::new(Pool::new(
-            mapping,
-            PoolConfig::default().chunk_size(64 << 10),
-        )?))
+        Ok(userdma::runtime::pool(
+            self.shared.space.as_ref(),
+            bytes,
+            PageSize::Base,
+        )?)
     }
 
     fn alloc_arena(&self, bytes: u64, align: u64) -> Result<Arena, crate::Error> {
