@@ -73,13 +73,7 @@ pub unsafe extern "C" fn udma_memory_map(
             .runtime
             .map_memory(len, page)
             .map_err(|e| Fail::from(e).context(&d.name))?;
-        let key = MAPPINGS.insert(Arc::new(MappingEntry {
-            mapping: m,
-            device: d.name.clone(),
-        }))?;
-        // SAFETY: checked non-null; writable per this function's contract.
-        unsafe { out.write(key.to_ptr(Kind::Mapping)) };
-        Ok(())
+        register(m, &d.name, out)
     })
 }
 
@@ -121,14 +115,20 @@ pub unsafe extern "C" fn udma_memory_map_user(
             .dma_space()
             .map(Arc::new(region))
             .map_err(|e| crate::error::lib(e).context(&d.name))?;
-        let key = MAPPINGS.insert(Arc::new(MappingEntry {
-            mapping: m,
-            device: d.name.clone(),
-        }))?;
-        // SAFETY: checked non-null; writable per this function's contract.
-        unsafe { out.write(key.to_ptr(Kind::Mapping)) };
-        Ok(())
+        register(m, &d.name, out)
     })
+}
+
+/// Registers `mapping` (of device `device`) as a handle, written to `out`.
+fn register(mapping: dma::Mapping, device: &str, out: *mut *mut udma_mapping) -> Result<(), Fail> {
+    let key = MAPPINGS.insert(Arc::new(MappingEntry {
+        mapping,
+        device: device.to_owned(),
+    }))?;
+    // SAFETY: `out` was checked non-null by the caller (`abi::out`), and is writable per its
+    // function's contract.
+    unsafe { out.write(key.to_ptr(Kind::Mapping)) };
+    Ok(())
 }
 
 /// The mapping's host address, length and IOVA.
