@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use userdma::device::{self, Device};
 use userdma::{Code, Runtime};
 use userdma_infer::accel::{self, Accelerator, ComputeAt, LoopbackEngine, MemoryEngine};
 use userdma_infer::pipeline::{self, zoo, Config, Filter, Model, Pipeline, Results};
@@ -167,9 +168,43 @@ fn what_the_engine_lacks_is_refused_with_the_capability_named() {
     };
     let err = Pipeline::on(engine(), model.clone(), in_queue_8).unwrap_err();
     assert!(err.to_string().contains("queue"), "{err}");
-    // A runtime that is not the loopback NPU has no loopback engine.
-    let rt = Runtime::loopback(loopback::Config::default()).unwrap();
-    assert!(LoopbackEngine::new(&rt).is_ok());
+    // A runtime whose device is not the loopback NPU (here one wrapping it, as a vendor's
+    // backend would be its own type) has no loopback engine: refused, pointing at Pipeline::on.
+    let wrapped = Wrapped(loopback::Loopback::new(loopback::Config::default()).unwrap());
+    let rt = Runtime::from_device(Arc::new(wrapped));
+    let err = LoopbackEngine::new(&rt).unwrap_err();
+    assert_eq!(err.code(), Code::Unsupported);
+    assert!(err.to_string().contains("Pipeline::on"), "{err}");
+    let err = Pipeline::new(&rt, model, Config::default()).unwrap_err();
+    assert_eq!(err.code(), Code::Unsupported);
+}
+
+/// A device of another type than the loopback NPU: the NPU behind a wrapper.
+#[derive(Debug)]
+struct Wrapped(loopback::Loopback);
+
+impl Device for Wrapped {
+    fn identity(&self) -> &device::Identity {
+        self.0.identity()
+    }
+    fn bar(&self, index: usize) -> Result<userdma::mmio::DynBlock, device::Error> {
+        self.0.bar(index)
+    }
+    fn dma_space(&self) -> Arc<dyn userdma::dma::Space> {
+        self.0.dma_space()
+    }
+    fn vectors(&self) -> u32 {
+        self.0.vectors()
+    }
+    fn interrupt(&self, vector: u32) -> Result<userdma::irq::EventFd, device::Error> {
+        self.0.interrupt(vector)
+    }
+    fn set_masked(&self, vector: u32, masked: bool) -> Result<(), device::Error> {
+        self.0.set_masked(vector, masked)
+    }
+    fn reset(&self) -> Result<(), device::Error> {
+        self.0.reset()
+    }
 }
 
 #[test]
