@@ -482,6 +482,8 @@ fn run(input: Input) {
                     continue;
                 }
                 got.unwrap();
+                // The device writes its SQ head back before each completion it writes.
+                m.released = m.dev_head;
                 m.cq_tail = m.cq_tail.wrapping_add(1);
                 if bogus {
                     m.cq.push_back(Cqe::Bogus { id });
