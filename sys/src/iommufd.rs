@@ -16,13 +16,14 @@
 use crate::ioctl::{io, Ioctl};
 
 pub use iommufd_bindings::{
-    iommu_destroy, iommu_ioas_alloc, iommu_ioas_iova_ranges, iommu_ioas_map, iommu_ioas_unmap,
-    iommu_iova_range, iommu_option,
+    iommu_destroy, iommu_ioas_alloc, iommu_ioas_iova_ranges, iommu_ioas_map, iommu_ioas_map_file,
+    iommu_ioas_unmap, iommu_iova_range, iommu_option,
 };
 
 pub use iommufd_bindings::{
     IOMMUFD_CMD_DESTROY, IOMMUFD_CMD_IOAS_ALLOC, IOMMUFD_CMD_IOAS_IOVA_RANGES,
-    IOMMUFD_CMD_IOAS_MAP, IOMMUFD_CMD_IOAS_UNMAP, IOMMUFD_CMD_OPTION, IOMMUFD_TYPE,
+    IOMMUFD_CMD_IOAS_MAP, IOMMUFD_CMD_IOAS_MAP_FILE, IOMMUFD_CMD_IOAS_UNMAP, IOMMUFD_CMD_OPTION,
+    IOMMUFD_TYPE,
 };
 
 /// The iommufd device node.
@@ -48,6 +49,10 @@ pub const IOMMU_IOAS_IOVA_RANGES: Ioctl = iommufd_io(IOMMUFD_CMD_IOAS_IOVA_RANGE
 /// Pins user memory and maps it into an IOAS, from an [`iommu_ioas_map`] (the kernel writes `iova`
 /// unless [`IOMMU_IOAS_MAP_FIXED_IOVA`] is set).
 pub const IOMMU_IOAS_MAP: Ioctl = iommufd_io(IOMMUFD_CMD_IOAS_MAP);
+/// Maps a range of a file into an IOAS by file descriptor instead of address, from an
+/// [`iommu_ioas_map_file`] (Linux 6.13: memfds, shmem and hugetlbfs; Linux 6.19 adds dma-bufs
+/// whose exporter supports it, VFIO's MMIO dma-bufs). Flags as [`IOMMU_IOAS_MAP`]'s.
+pub const IOMMU_IOAS_MAP_FILE: Ioctl = iommufd_io(IOMMUFD_CMD_IOAS_MAP_FILE);
 /// Unmaps an IOVA range of an IOAS, from an [`iommu_ioas_unmap`] (the kernel writes back the length
 /// unmapped).
 pub const IOMMU_IOAS_UNMAP: Ioctl = iommufd_io(IOMMUFD_CMD_IOAS_UNMAP);
@@ -106,6 +111,10 @@ assert_layout! {
 assert_layout! {
     iommu_ioas_map { size: 40, align: 8 }
     fields { size: 0, flags: 4, ioas_id: 8, __reserved: 12, user_va: 16, length: 24, iova: 32 }
+}
+assert_layout! {
+    iommu_ioas_map_file { size: 40, align: 8 }
+    fields { size: 0, flags: 4, ioas_id: 8, fd: 12, start: 16, length: 24, iova: 32 }
 }
 assert_layout! {
     iommu_ioas_unmap { size: 24, align: 8 }

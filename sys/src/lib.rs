@@ -12,6 +12,7 @@
 //! | [`uio`] | UIO device nodes, sysfs class, interrupt enable/count protocol | `drivers/uio/uio.c` |
 //! | [`pci`] | PCI configuration space registers, sysfs `resource` flags | `<linux/pci_regs.h>`, `include/linux/ioport.h` |
 //! | [`mman`] | hugetlb `mmap`/`memfd_create` flags, `mbind` policies, pagemap entries, hugepage sysfs | `<linux/mman.h>`, `<linux/memfd.h>`, `<linux/mempolicy.h>` |
+//! | [`dmabuf`] | dma-buf sync and naming, udmabuf (memfd ranges as dma-bufs), dma-heap allocation | `<linux/dma-buf.h>`, `<linux/udmabuf.h>`, `<linux/dma-heap.h>` |
 //! | [`membarrier`] | process-wide memory barriers (asymmetric fences) | `<linux/membarrier.h>` |
 //!
 //! # How the ABI is proven
@@ -65,6 +66,7 @@ macro_rules! assert_layout {
     };
 }
 
+pub mod dmabuf;
 pub mod ioctl;
 pub mod iommufd;
 pub mod membarrier;

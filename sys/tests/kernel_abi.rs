@@ -23,7 +23,7 @@ use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use userdma_sys::{iommufd, membarrier, mman, pci, vfio};
+use userdma_sys::{dmabuf, iommufd, membarrier, mman, pci, vfio};
 
 /// `KERNEL_VERSION(a, b, c)` of `<linux/version.h>`.
 const fn kv(a: u32, b: u32, c: u32) -> u32 {
@@ -38,6 +38,8 @@ const V6_2: u32 = kv(6, 2, 0);
 /// VFIO device cdev + iommufd, hot reset by device id, `pad` in the info structs ("vfio: align
 /// capability structures").
 const V6_6: u32 = kv(6, 6, 0);
+/// `IOMMU_IOAS_MAP_FILE`.
+const V6_13: u32 = kv(6, 13, 0);
 /// PASID attach/detach of the device cdev.
 const V6_15: u32 = kv(6, 15, 0);
 /// VF token passed at BIND_IOMMUFD.
@@ -250,7 +252,34 @@ fn rust_table() -> Table {
     layout!(t, iommufd::iommu_ioas_map @ V6_2 {
         size, flags, ioas_id, __reserved, user_va, length, iova,
     });
+    consts!(t, V6_13 => iommufd::IOMMUFD_CMD_IOAS_MAP_FILE, iommufd::IOMMU_IOAS_MAP_FILE);
+    layout!(t, iommufd::iommu_ioas_map_file @ V6_13 {
+        size, flags, ioas_id, fd, start, length, iova,
+    });
     layout!(t, iommufd::iommu_ioas_unmap @ V6_2 { size, ioas_id, iova, length });
+
+    // ---- dma-buf, udmabuf, dma-heap ----
+    consts!(t, BASELINE =>
+        dmabuf::UDMABUF_FLAGS_CLOEXEC, dmabuf::UDMABUF_CREATE, dmabuf::UDMABUF_CREATE_LIST,
+        dmabuf::DMA_BUF_SYNC_READ, dmabuf::DMA_BUF_SYNC_WRITE, dmabuf::DMA_BUF_SYNC_RW,
+        dmabuf::DMA_BUF_SYNC_START, dmabuf::DMA_BUF_SYNC_END,
+        dmabuf::DMA_BUF_SYNC_VALID_FLAGS_MASK, dmabuf::DMA_BUF_BASE, dmabuf::DMA_BUF_IOCTL_SYNC,
+        dmabuf::DMA_BUF_NAME_LEN, dmabuf::DMA_BUF_IOCTL_EXPORT_SYNC_FILE,
+        dmabuf::DMA_HEAP_VALID_FD_FLAGS, dmabuf::DMA_HEAP_VALID_HEAP_FLAGS,
+        dmabuf::DMA_HEAP_IOC_MAGIC, dmabuf::DMA_HEAP_IOCTL_ALLOC,
+    );
+    t.add(
+        "DMA_BUF_SET_NAME_B",
+        dmabuf::DMA_BUF_SET_NAME,
+        BASELINE,
+        Origin::Uapi,
+    );
+    layout!(t, dmabuf::udmabuf_create @ BASELINE { memfd, flags, offset, size });
+    layout!(t, dmabuf::udmabuf_create_item @ BASELINE { memfd, __pad, offset, size });
+    layout!(t, dmabuf::udmabuf_create_list @ BASELINE { flags, count, list });
+    layout!(t, dmabuf::dma_buf_sync @ BASELINE { flags });
+    layout!(t, dmabuf::dma_buf_export_sync_file @ BASELINE { flags, fd });
+    layout!(t, dmabuf::dma_heap_allocation_data @ BASELINE { len, fd, fd_flags, heap_flags });
     layout!(t, iommufd::iommu_option @ V6_2 {
         size, option_id, op, __reserved, object_id, val64,
     });

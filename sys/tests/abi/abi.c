@@ -19,7 +19,11 @@
 #include <asm-generic/hugetlb_encode.h>
 #include <linux/magic.h>
 #include <asm/unistd.h>
+#include <linux/dma-buf.h>
+#include <linux/dma-heap.h> /* its fd flags need O_CLOEXEC, O_ACCMODE: */
+#include <fcntl.h>
 #include <linux/membarrier.h>
+#include <linux/udmabuf.h>
 #include <linux/memfd.h>
 #include <linux/mempolicy.h>
 #include <linux/mman.h>
@@ -356,6 +360,67 @@ static void iommufd(void)
 	OFFSETOF(iommu_option, object_id);
 	OFFSETOF(iommu_option, val64);
 #endif
+#ifdef IOMMU_IOAS_MAP_FILE /* Linux 6.13 */
+	VAL(IOMMUFD_CMD_IOAS_MAP_FILE);
+	VAL(IOMMU_IOAS_MAP_FILE);
+	SIZEOF(iommu_ioas_map_file);
+	OFFSETOF(iommu_ioas_map_file, size);
+	OFFSETOF(iommu_ioas_map_file, flags);
+	OFFSETOF(iommu_ioas_map_file, ioas_id);
+	OFFSETOF(iommu_ioas_map_file, fd);
+	OFFSETOF(iommu_ioas_map_file, start);
+	OFFSETOF(iommu_ioas_map_file, length);
+	OFFSETOF(iommu_ioas_map_file, iova);
+#endif
+}
+
+/* dma-buf (sync and sync_file export: Linux 6.0), udmabuf (4.20), dma-heap (5.6). */
+static void dmabuf(void)
+{
+	VAL(UDMABUF_FLAGS_CLOEXEC);
+	VAL(UDMABUF_CREATE);
+	VAL(UDMABUF_CREATE_LIST);
+	SIZEOF(udmabuf_create);
+	OFFSETOF(udmabuf_create, memfd);
+	OFFSETOF(udmabuf_create, flags);
+	OFFSETOF(udmabuf_create, offset);
+	OFFSETOF(udmabuf_create, size);
+	SIZEOF(udmabuf_create_item);
+	OFFSETOF(udmabuf_create_item, memfd);
+	OFFSETOF(udmabuf_create_item, __pad);
+	OFFSETOF(udmabuf_create_item, offset);
+	OFFSETOF(udmabuf_create_item, size);
+	SIZEOF(udmabuf_create_list);
+	OFFSETOF(udmabuf_create_list, flags);
+	OFFSETOF(udmabuf_create_list, count);
+	OFFSETOF(udmabuf_create_list, list);
+
+	VAL(DMA_BUF_SYNC_READ);
+	VAL(DMA_BUF_SYNC_WRITE);
+	VAL(DMA_BUF_SYNC_RW);
+	VAL(DMA_BUF_SYNC_START);
+	VAL(DMA_BUF_SYNC_END);
+	VAL(DMA_BUF_SYNC_VALID_FLAGS_MASK);
+	VAL(DMA_BUF_BASE);
+	VAL(DMA_BUF_IOCTL_SYNC);
+	VAL(DMA_BUF_NAME_LEN);
+	VAL(DMA_BUF_SET_NAME_B);
+	VAL(DMA_BUF_IOCTL_EXPORT_SYNC_FILE);
+	SIZEOF(dma_buf_sync);
+	OFFSETOF(dma_buf_sync, flags);
+	SIZEOF(dma_buf_export_sync_file);
+	OFFSETOF(dma_buf_export_sync_file, flags);
+	OFFSETOF(dma_buf_export_sync_file, fd);
+
+	VAL(DMA_HEAP_VALID_FD_FLAGS);
+	VAL(DMA_HEAP_VALID_HEAP_FLAGS);
+	VAL(DMA_HEAP_IOC_MAGIC);
+	VAL(DMA_HEAP_IOCTL_ALLOC);
+	SIZEOF(dma_heap_allocation_data);
+	OFFSETOF(dma_heap_allocation_data, len);
+	OFFSETOF(dma_heap_allocation_data, fd);
+	OFFSETOF(dma_heap_allocation_data, fd_flags);
+	OFFSETOF(dma_heap_allocation_data, heap_flags);
 }
 
 static void pci(void)
@@ -501,6 +566,7 @@ int main(void)
 	vfio_devid();
 	vfio_cdev();
 	iommufd();
+	dmabuf();
 	pci();
 	mman();
 	return ferror(stdout) ? 1 : 0;
