@@ -12,7 +12,7 @@
 //! one beside the planner's, the pipeline's, the scheduler's and staging's.
 
 #[cfg(not(loom))]
-use crate::{device, dma, irq, memory, mmio, pci, pool, ring};
+use crate::{device, dma, dmabuf, fence, irq, memory, mmio, pci, pool, ring};
 
 /// Any failure of the crate. Its `Display` is the failing module's message; the cause chain is
 /// intact.
@@ -44,6 +44,12 @@ pub enum Error {
     /// The buffer pool.
     #[error(transparent)]
     Pool(#[from] pool::Error),
+    /// A dma-buf export or import.
+    #[error(transparent)]
+    DmaBuf(#[from] dmabuf::Error),
+    /// A fence.
+    #[error(transparent)]
+    Fence(#[from] fence::Error),
     /// A runtime asked for something its device does not have.
     #[error("{device} has no {what}: {hint}")]
     Unsupported {
@@ -105,6 +111,8 @@ impl Error {
             Error::Device(e) => e.code(),
             Error::Ring(e) => e.code(),
             Error::Pool(e) => e.code(),
+            Error::DmaBuf(e) => e.code(),
+            Error::Fence(e) => e.code(),
             Error::Unsupported { .. } => Code::Unsupported,
         }
     }

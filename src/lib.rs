@@ -55,6 +55,8 @@
 //! | [`irq`] | interrupts as eventfds; waiting on many at once (io_uring, epoll fallback) |
 //! | [`device`] | the `Device` trait (BARs, DMA space, interrupt vectors, reset, queue stop), queue formats and [`device::open_queue`], device memory ranges, and the backends: VFIO, UIO and the software loopback device (register map, descriptors, DMA engine, cost model, in-thread or out-of-process) |
 //! | [`ring`] | descriptor rings: submission/completion queues in DMA memory, doorbells, phase-bit completions, ownership of in-flight buffers, waiting (poll, interrupt, future) |
+//! | [`dmabuf`] | dma-bufs: pool and region memory exported through udmabuf (with the reverse lookup), other exporters' dma-bufs imported into a DMA space, CPU access brackets |
+//! | [`fence`] | completions as file descriptors other processes poll (eventfd), other drivers' fences (sync_file) to wait for, timelines of them |
 //! | [`pool`] | the DMA buffer pool: size classes, buddy blocks, per-thread caches, lock-free shared lists, borrowed and owned buffers, sharing between processes |
 //!
 //! **Layering** (a module uses only those to its left): `sys` ← `memory`, `mmio`, `irq`,
@@ -73,6 +75,8 @@ pub use userdma_sys as sys;
 #[cfg(not(loom))]
 pub mod device;
 pub mod dma;
+pub mod dmabuf;
+pub mod fence;
 pub mod irq;
 pub mod memory;
 pub mod mmio;

@@ -27,6 +27,10 @@ struct SimState {
     accesses: BTreeMap<u64, Access>,
     range_calls: usize,
     map_calls: usize,
+    /// `IOMMU_IOAS_MAP_FILE` exists (Linux 6.13); without it the call is `ENOTTY`.
+    map_file: bool,
+    /// iova -> (file start, length) of the maps by file.
+    file_mappings: BTreeMap<u64, (u64, u64)>,
     fail_next_unmap: Option<i32>,
 }
 
@@ -110,6 +114,25 @@ impl IommufdIoctl for Sim {
         }
         state.mappings.insert(iova, (vaddr, len));
         state.accesses.insert(iova, access);
+        Ok(())
+    }
+
+    fn ioas_map_file(
+        &self,
+        ioas: u32,
+        file: std::os::fd::BorrowedFd<'_>,
+        start: u64,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> io::Result<()> {
+        if !self.state().map_file {
+            return Err(errno(libc::ENOTTY));
+        }
+        // The same checks as a map by address, recorded by file offset.
+        let _ = file;
+        self.ioas_map_with(ioas, u64::MAX, iova, len, access)?;
+        self.state().file_mappings.insert(iova, (start, len));
         Ok(())
     }
 
@@ -345,4 +368,46 @@ fn the_kernel_shim_reports_the_errno_of_a_non_iommufd_fd() {
         Error::IoasAlloc { source } => assert_eq!(source.raw_os_error(), Some(libc::ENOTTY)),
         other => panic!("expected IoasAlloc, got {other:?}"),
     }
+}
+
+/// A region mapped by file descriptor reaches the kernel as `IOMMU_IOAS_MAP_FILE` pieces at
+/// their file offsets, and is unmapped like any other; a kernel without the ioctl gets a
+/// `MapFile` error naming the releases that have it, with nothing left mapped.
+#[test]
+fn map_file_maps_by_descriptor_where_the_kernel_has_it() {
+    let sim = Sim::new(&[(0, (1 << 48) - 1)]);
+    let space = Iommufd::with_ioctl(sim.clone(), 48).unwrap();
+    let memfd_region = || {
+        Arc::new(
+            Region::builder(8 * PAGE as usize)
+                .page_size(PageSize::Base)
+                .memfd()
+                .lock(false)
+                .build()
+                .unwrap(),
+        )
+    };
+    let err = space
+        .map_file(memfd_region(), Access::ReadOnly)
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::MapFile { kind: Kind::Iommufd, source } if source.raw_os_error() == Some(libc::ENOTTY)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("6.13"), "{err}");
+    assert!(sim.state().mappings.is_empty());
+    assert_eq!(space.stats().map_errors, 1);
+
+    sim.state().map_file = true;
+    let mapping = space.map_file(memfd_region(), Access::ReadOnly).unwrap();
+    let iova = mapping.iova(0).unwrap().raw();
+    assert_eq!(sim.state().file_mappings[&iova], (0, 8 * PAGE));
+    assert_eq!(sim.state().accesses[&iova], Access::ReadOnly);
+    assert_eq!(mapping.access(), Access::ReadOnly);
+    drop(mapping);
+    assert!(sim.state().mappings.is_empty());
+
+    // Anonymous memory has no file to map.
+    let err = space.map_file(region(2), Access::ReadWrite).unwrap_err();
+    assert!(matches!(err, Error::MapFile { .. }), "{err}");
 }

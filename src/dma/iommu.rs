@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use super::iova::{IovaAllocator, IovaRange};
@@ -24,6 +25,19 @@ pub(crate) trait Iommu: Send + Sync + fmt::Debug + 'static {
     /// Maps `len` bytes of this process's memory at `vaddr` to `iova`, for the device to reach
     /// as `access` says.
     fn map(&self, vaddr: u64, iova: u64, len: u64, access: Access) -> io::Result<()>;
+    /// Maps `len` bytes of `file` from byte `start` to `iova` by file descriptor. Default:
+    /// `ENOTTY` (an IOMMU interface with no such call).
+    fn map_file(
+        &self,
+        file: BorrowedFd<'_>,
+        start: u64,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> io::Result<()> {
+        let _ = (file, start, iova, len, access);
+        Err(io::Error::from_raw_os_error(libc::ENOTTY))
+    }
     /// Unmaps `iova..+len`; returns the bytes the kernel unmapped.
     fn unmap(&self, iova: u64, len: u64) -> io::Result<u64>;
 }
@@ -174,12 +188,32 @@ impl<I: Iommu> Core<I> {
         region: Arc<Region>,
         access: Access,
     ) -> Result<Mapping, Error> {
-        let placed = self.try_map(&region, access);
+        let placed = self.try_map(&region, access, false);
         Mapping::from_placement(region, placed, self.kind, &self.counters, self)
             .map(|mapping| mapping.with_access(access))
     }
 
-    fn try_map(&self, region: &Region, access: Access) -> Result<Vec<Piece>, Error> {
+    /// [`Core::map`] by file descriptor: the IOMMU maps the file behind `region` (its
+    /// [`Region::fd`], from byte 0) instead of the region's addresses, which stay the CPU's view
+    /// of the same bytes.
+    pub(crate) fn map_file(
+        self: &Arc<Self>,
+        region: Arc<Region>,
+        access: Access,
+    ) -> Result<Mapping, Error> {
+        let placed = if region.fd().is_some() {
+            self.try_map(&region, access, true)
+        } else {
+            Err(Error::MapFile {
+                kind: self.kind,
+                source: io::Error::from_raw_os_error(libc::EBADF),
+            })
+        };
+        Mapping::from_placement(region, placed, self.kind, &self.counters, self)
+            .map(|mapping| mapping.with_access(access))
+    }
+
+    fn try_map(&self, region: &Region, access: Access, by_file: bool) -> Result<Vec<Piece>, Error> {
         let len = u64_of(region.len());
         let page = u64_of(region.page_size().bytes());
         // Both are powers of two, so this is `page < min_page`.
@@ -213,10 +247,23 @@ impl<I: Iommu> Core<I> {
         let vaddr = region.as_ptr().as_ptr() as u64;
         for (index, piece) in pieces.iter().enumerate() {
             let host = vaddr.saturating_add(u64_of(piece.offset));
-            if let Err(source) = self.iommu.map(host, piece.iova, piece.len, access) {
+            let mapped = match region.fd().filter(|_| by_file) {
+                Some(file) => {
+                    let start = u64_of(piece.offset);
+                    self.iommu
+                        .map_file(file, start, piece.iova, piece.len, access)
+                }
+                None => self.iommu.map(host, piece.iova, piece.len, access),
+            };
+            if let Err(source) = mapped {
                 let kept = self.roll_back(&pieces[..index]);
                 self.release(&pieces[index..], &kept);
-                let error = if source.raw_os_error() == Some(libc::ENOSPC) {
+                let error = if by_file {
+                    Error::MapFile {
+                        kind: self.kind,
+                        source,
+                    }
+                } else if source.raw_os_error() == Some(libc::ENOSPC) {
                     Error::MappingLimit {
                         needed: u64_of(pieces.len()),
                         available: 0,

@@ -56,6 +56,22 @@ pub trait IommufdIoctl: Send + Sync + fmt::Debug {
         }
     }
 
+    /// `IOMMU_IOAS_MAP_FILE` (Linux 6.13) of `len` bytes of `file` from byte `start` to the
+    /// fixed `iova`, with the device's access as `access` says. Default: `ENOTTY`, what a kernel
+    /// without the ioctl answers.
+    fn ioas_map_file(
+        &self,
+        ioas: u32,
+        file: BorrowedFd<'_>,
+        start: u64,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> io::Result<()> {
+        let _ = (ioas, file, start, iova, len, access);
+        Err(io::Error::from_raw_os_error(libc::ENOTTY))
+    }
+
     /// `IOMMU_IOAS_UNMAP` of `iova..+len`; returns the bytes unmapped.
     fn ioas_unmap(&self, ioas: u32, iova: u64, len: u64) -> io::Result<u64>;
 
@@ -79,6 +95,18 @@ impl Iommu for IoasIommu {
     fn map(&self, vaddr: u64, iova: u64, len: u64, access: Access) -> io::Result<()> {
         self.ioctl
             .ioas_map_with(self.ioas, vaddr, iova, len, access)
+    }
+
+    fn map_file(
+        &self,
+        file: BorrowedFd<'_>,
+        start: u64,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> io::Result<()> {
+        self.ioctl
+            .ioas_map_file(self.ioas, file, start, iova, len, access)
     }
 
     fn unmap(&self, iova: u64, len: u64) -> io::Result<u64> {
@@ -193,6 +221,10 @@ impl Space for Iommufd {
 
     fn map_with(&self, region: Arc<Region>, access: Access) -> Result<Mapping, Error> {
         self.core.map(region, access)
+    }
+
+    fn map_file(&self, region: Arc<Region>, access: Access) -> Result<Mapping, Error> {
+        self.core.map_file(region, access)
     }
 
     fn stats(&self) -> Stats {

@@ -90,6 +90,20 @@ pub trait Space: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Maps all of `region` by file descriptor: the IOMMU maps the file behind it
+    /// ([`Region::fd`], from byte 0) instead of its addresses, which stay the CPU's view of the
+    /// same bytes. iommufd does (`IOMMU_IOAS_MAP_FILE`, Linux 6.13); the others cannot.
+    ///
+    /// # Errors
+    /// [`Error::MapFile`] when the space or the kernel cannot map the file.
+    fn map_file(&self, region: Arc<Region>, access: Access) -> Result<Mapping, Error> {
+        let _ = (region, access);
+        Err(Error::MapFile {
+            kind: self.kind(),
+            source: std::io::Error::from_raw_os_error(libc::ENOTTY),
+        })
+    }
+
     /// What the space has done so far, including unmap failures on drop.
     fn stats(&self) -> Stats;
 
@@ -207,6 +221,20 @@ pub enum Error {
         kind: Kind,
         /// The mode asked for.
         access: Access,
+    },
+
+    /// The space cannot map memory by file descriptor, or the kernel refused this file.
+    #[error(
+        "{kind} cannot map this file by descriptor ({source}): iommufd's IOMMU_IOAS_MAP_FILE \
+         takes memfds from Linux 6.13 and dma-bufs from Linux 6.19 (only from exporters that \
+         allow it, such as vfio-pci's MMIO dma-bufs); VFIO type1 and software spaces map by \
+         address only"
+    )]
+    MapFile {
+        /// The space.
+        kind: Kind,
+        /// The kernel's answer (`ENOTTY`: no such ioctl; `EINVAL`/`EOPNOTSUPP`: not this file).
+        source: std::io::Error,
     },
 
     /// The region's pages are smaller than the IOMMU's smallest page.
@@ -396,9 +424,10 @@ impl Error {
             Error::IovaUnavailable { .. } => Code::Busy,
             Error::UnknownIova { .. } => Code::NotFound,
             Error::Refused { .. } => Code::Refused,
-            Error::NotShareable { .. } | Error::IommuPageSize { .. } | Error::AccessMode { .. } => {
-                Code::Unsupported
-            }
+            Error::NotShareable { .. }
+            | Error::IommuPageSize { .. }
+            | Error::AccessMode { .. }
+            | Error::MapFile { .. } => Code::Unsupported,
             Error::GetInfo { .. }
             | Error::MalformedInfo { .. }
             | Error::IoasAlloc { .. }

@@ -7,8 +7,9 @@ use std::mem::size_of;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use userdma_sys::iommufd::{
-    iommu_destroy, iommu_ioas_alloc, iommu_ioas_iova_ranges, iommu_ioas_map, iommu_ioas_unmap,
-    iommu_iova_range, IOMMU_IOAS_MAP_FIXED_IOVA, IOMMU_IOAS_MAP_READABLE, IOMMU_IOAS_MAP_WRITEABLE,
+    iommu_destroy, iommu_ioas_alloc, iommu_ioas_iova_ranges, iommu_ioas_map, iommu_ioas_map_file,
+    iommu_ioas_unmap, iommu_iova_range, IOMMU_IOAS_MAP_FIXED_IOVA, IOMMU_IOAS_MAP_READABLE,
+    IOMMU_IOAS_MAP_WRITEABLE,
 };
 use userdma_sys::vfio::{
     vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap, vfio_iommu_type1_info,
@@ -26,8 +27,9 @@ use super::Access;
 /// nix's `_bad` form).
 mod raw {
     use userdma_sys::iommufd::{
-        iommu_destroy, iommu_ioas_alloc, iommu_ioas_iova_ranges, iommu_ioas_map, iommu_ioas_unmap,
-        IOMMU_DESTROY, IOMMU_IOAS_ALLOC, IOMMU_IOAS_IOVA_RANGES, IOMMU_IOAS_MAP, IOMMU_IOAS_UNMAP,
+        iommu_destroy, iommu_ioas_alloc, iommu_ioas_iova_ranges, iommu_ioas_map,
+        iommu_ioas_map_file, iommu_ioas_unmap, IOMMU_DESTROY, IOMMU_IOAS_ALLOC,
+        IOMMU_IOAS_IOVA_RANGES, IOMMU_IOAS_MAP, IOMMU_IOAS_MAP_FILE, IOMMU_IOAS_UNMAP,
     };
     use userdma_sys::vfio::{
         vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap, VFIO_IOMMU_GET_INFO,
@@ -52,8 +54,28 @@ mod raw {
         iommu_ioas_iova_ranges
     );
     nix::ioctl_readwrite_bad!(iommu_ioas_map, IOMMU_IOAS_MAP, iommu_ioas_map);
+    nix::ioctl_readwrite_bad!(
+        iommu_ioas_map_file,
+        IOMMU_IOAS_MAP_FILE,
+        iommu_ioas_map_file
+    );
     nix::ioctl_readwrite_bad!(iommu_ioas_unmap, IOMMU_IOAS_UNMAP, iommu_ioas_unmap);
     nix::ioctl_readwrite_bad!(iommu_destroy, IOMMU_DESTROY, iommu_destroy);
+}
+
+/// `IOMMU_IOAS_MAP_READABLE` / `_WRITEABLE` as `access` says.
+fn map_flags(access: Access) -> u32 {
+    let read = if access.device_reads() {
+        IOMMU_IOAS_MAP_READABLE
+    } else {
+        0
+    };
+    let write = if access.device_writes() {
+        IOMMU_IOAS_MAP_WRITEABLE
+    } else {
+        0
+    };
+    read | write
 }
 
 /// A `nix` ioctl result as this module's.
@@ -141,6 +163,19 @@ pub(crate) unsafe fn iommu_ioas_map(
 ) -> io::Result<()> {
     // SAFETY: `map` is a complete struct; the caller vouches for the memory.
     done(unsafe { raw::iommu_ioas_map(fd.as_raw_fd(), map) })
+}
+
+/// `IOMMU_IOAS_MAP_FILE` (Linux 6.13).
+///
+/// # Safety
+/// `map.fd` names a file whose `map.start..+map.length` stays allocated until the range is
+/// unmapped (the kernel holds the file; the caller keeps the mapping's owner alive).
+pub(crate) unsafe fn iommu_ioas_map_file(
+    fd: BorrowedFd<'_>,
+    map: &mut iommu_ioas_map_file,
+) -> io::Result<()> {
+    // SAFETY: `map` is a complete struct; the kernel reads the file, not user memory.
+    done(unsafe { raw::iommu_ioas_map_file(fd.as_raw_fd(), map) })
 }
 
 /// `IOMMU_IOAS_UNMAP`; the kernel writes the bytes unmapped back into `unmap.length`.
@@ -299,19 +334,9 @@ impl IommufdIoctl for KernelIommufd {
         len: u64,
         access: Access,
     ) -> io::Result<()> {
-        let read = if access.device_reads() {
-            IOMMU_IOAS_MAP_READABLE
-        } else {
-            0
-        };
-        let write = if access.device_writes() {
-            IOMMU_IOAS_MAP_WRITEABLE
-        } else {
-            0
-        };
         let mut map = iommu_ioas_map {
             size: size_u32::<iommu_ioas_map>(),
-            flags: IOMMU_IOAS_MAP_FIXED_IOVA | read | write,
+            flags: IOMMU_IOAS_MAP_FIXED_IOVA | map_flags(access),
             ioas_id: ioas,
             user_va: vaddr,
             length: len,
@@ -321,6 +346,29 @@ impl IommufdIoctl for KernelIommufd {
         // SAFETY: as in `KernelType1::map_dma`: only `dma::iommu::Core` calls this, with a
         // region's memory that its `Mapping` keeps alive until the range is unmapped.
         unsafe { iommu_ioas_map(self.iommufd.as_fd(), &mut map) }
+    }
+
+    fn ioas_map_file(
+        &self,
+        ioas: u32,
+        file: BorrowedFd<'_>,
+        start: u64,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> io::Result<()> {
+        let mut map = iommu_ioas_map_file {
+            size: size_u32::<iommu_ioas_map_file>(),
+            flags: IOMMU_IOAS_MAP_FIXED_IOVA | map_flags(access),
+            ioas_id: ioas,
+            fd: file.as_raw_fd(),
+            start,
+            length: len,
+            iova,
+        };
+        // SAFETY: only `dma::iommu::Core` calls this, for a region whose `Mapping` keeps the
+        // file open (the region holds it) until the range is unmapped.
+        unsafe { iommu_ioas_map_file(self.iommufd.as_fd(), &mut map) }
     }
 
     fn ioas_unmap(&self, ioas: u32, iova: u64, len: u64) -> io::Result<u64> {

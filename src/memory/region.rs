@@ -387,6 +387,7 @@ pub struct Region {
 }
 
 mod borrowed;
+mod external;
 
 // SAFETY: a Region owns its mapping outright; the mapping is process-wide, so it may be used and
 // unmapped from any thread. No Rust reference into the memory exists: every access goes through

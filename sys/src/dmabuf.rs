@@ -19,6 +19,9 @@ pub const UDMABUF_PATH: &str = "/dev/udmabuf";
 /// The directory of the dma-heap device nodes (`system`, and `linux,cma` where configured).
 pub const DMA_HEAP_DIR: &str = "/dev/dma_heap";
 
+/// `f_type` of the dma-buf pseudo-filesystem (`fstatfs` of a dma-buf fd), `<linux/magic.h>`.
+pub const DMA_BUF_MAGIC: i64 = 0x444d_4142;
+
 /// `udmabuf_create.flags`: the new dma-buf fd is close-on-exec.
 pub const UDMABUF_FLAGS_CLOEXEC: u32 = 0x01;
 
@@ -69,13 +72,13 @@ pub const UDMABUF_CREATE: Ioctl = iow::<udmabuf_create>(b'u', 0x42);
 pub const UDMABUF_CREATE_LIST: Ioctl = iow::<udmabuf_create_list>(b'u', 0x43);
 
 /// `dma_buf_sync.flags`: the CPU reads.
-pub const DMA_BUF_SYNC_READ: u64 = 1 << 0;
+pub const DMA_BUF_SYNC_READ: u64 = 1;
 /// `dma_buf_sync.flags`: the CPU writes.
-pub const DMA_BUF_SYNC_WRITE: u64 = 2 << 0;
+pub const DMA_BUF_SYNC_WRITE: u64 = 2;
 /// `dma_buf_sync.flags`: reads and writes.
 pub const DMA_BUF_SYNC_RW: u64 = DMA_BUF_SYNC_READ | DMA_BUF_SYNC_WRITE;
 /// `dma_buf_sync.flags`: a CPU access begins.
-pub const DMA_BUF_SYNC_START: u64 = 0 << 2;
+pub const DMA_BUF_SYNC_START: u64 = 0;
 /// `dma_buf_sync.flags`: a CPU access ends.
 pub const DMA_BUF_SYNC_END: u64 = 1 << 2;
 /// Every flag [`DMA_BUF_IOCTL_SYNC`] accepts.

@@ -260,7 +260,7 @@ fn rust_table() -> Table {
 
     // ---- dma-buf, udmabuf, dma-heap ----
     consts!(t, BASELINE =>
-        dmabuf::UDMABUF_FLAGS_CLOEXEC, dmabuf::UDMABUF_CREATE, dmabuf::UDMABUF_CREATE_LIST,
+        dmabuf::DMA_BUF_MAGIC, dmabuf::UDMABUF_FLAGS_CLOEXEC, dmabuf::UDMABUF_CREATE, dmabuf::UDMABUF_CREATE_LIST,
         dmabuf::DMA_BUF_SYNC_READ, dmabuf::DMA_BUF_SYNC_WRITE, dmabuf::DMA_BUF_SYNC_RW,
         dmabuf::DMA_BUF_SYNC_START, dmabuf::DMA_BUF_SYNC_END,
         dmabuf::DMA_BUF_SYNC_VALID_FLAGS_MASK, dmabuf::DMA_BUF_BASE, dmabuf::DMA_BUF_IOCTL_SYNC,

@@ -377,6 +377,7 @@ static void iommufd(void)
 /* dma-buf (sync and sync_file export: Linux 6.0), udmabuf (4.20), dma-heap (5.6). */
 static void dmabuf(void)
 {
+	VAL(DMA_BUF_MAGIC);
 	VAL(UDMABUF_FLAGS_CLOEXEC);
 	VAL(UDMABUF_CREATE);
 	VAL(UDMABUF_CREATE_LIST);
