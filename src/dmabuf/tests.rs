@@ -264,10 +264,8 @@ fn a_foreign_buffer_imports_by_address_on_the_software_iommu() {
     unsafe { region.as_ptr().as_ptr().add(100).write(0x5a) };
     let window = space.translate(imported.iova(), 16384).expect("mapped");
     // SAFETY: the window is the mapping of the region's 16 KiB, alive while `imported` is.
-    assert_eq!(
-        unsafe { window.as_ptr().as_ptr().add(100).read_volatile() },
-        0x5a
-    );
+    let byte = unsafe { window.as_ptr().as_ptr().add(100).read_volatile() };
+    assert_eq!(byte, 0x5a);
     assert_eq!(imported.iova_at(16384), None);
     assert!(imported.iova_at(16383).is_some());
     let iova: Iova = imported.iova();
