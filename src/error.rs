@@ -12,7 +12,7 @@
 //! one beside the planner's, the pipeline's, the scheduler's and staging's.
 
 #[cfg(not(loom))]
-use crate::{device, dma, dmabuf, fence, irq, memory, mmio, pci, pool, ring};
+use crate::{device, dma, dmabuf, fence, irq, memory, mmio, pci, pool, ring, share};
 
 /// Any failure of the crate. Its `Display` is the failing module's message; the cause chain is
 /// intact.
@@ -50,6 +50,9 @@ pub enum Error {
     /// A fence.
     #[error(transparent)]
     Fence(#[from] fence::Error),
+    /// Passing descriptors to another process.
+    #[error(transparent)]
+    Share(#[from] share::Error),
     /// A runtime asked for something its device does not have.
     #[error("{device} has no {what}: {hint}")]
     Unsupported {
@@ -113,6 +116,7 @@ impl Error {
             Error::Pool(e) => e.code(),
             Error::DmaBuf(e) => e.code(),
             Error::Fence(e) => e.code(),
+            Error::Share(e) => e.code(),
             Error::Unsupported { .. } => Code::Unsupported,
         }
     }

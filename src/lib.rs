@@ -57,6 +57,7 @@
 //! | [`ring`] | descriptor rings: submission/completion queues in DMA memory, doorbells, phase-bit completions, ownership of in-flight buffers, waiting (poll, interrupt, future) |
 //! | [`dmabuf`] | dma-bufs: pool and region memory exported through udmabuf (with the reverse lookup), other exporters' dma-bufs imported into a DMA space, CPU access brackets |
 //! | [`fence`] | completions as file descriptors other processes poll (eventfd), other drivers' fences (sync_file) to wait for, timelines of them |
+//! | [`share`] | regions (pools), dma-bufs and fences passed to another process over a Unix socket (`SCM_RIGHTS`), every received message checked |
 //! | [`pool`] | the DMA buffer pool: size classes, buddy blocks, per-thread caches, lock-free shared lists, borrowed and owned buffers, sharing between processes |
 //!
 //! **Layering** (a module uses only those to its left): `sys` ← `memory`, `mmio`, `irq`,
@@ -85,6 +86,7 @@ pub mod pool;
 pub mod ring;
 #[cfg(not(loom))]
 pub mod runtime;
+pub mod share;
 
 mod error;
 mod sync;
