@@ -491,3 +491,69 @@ fn the_yolov5s_like_model_runs_right_with_its_working_set_in_sram() {
         "{unit:?}"
     );
 }
+
+/// A frame's fence signals when the frame reaches postprocessing, in every process that holds
+/// its descriptor; a fence for a frame already done comes signalled.
+#[test]
+fn frame_fences_signal_as_frames_finish_and_cross_a_socket() {
+    use std::os::fd::AsFd;
+    use userdma::share::{self, Item, Received};
+
+    let rt = runtime(Cost::zero());
+    let model = Model::chain(2, 4096).unwrap();
+    let mut p = Pipeline::new(&rt, model, Config::default()).unwrap();
+    let f1 = p.fence(1).unwrap();
+    let f3 = p.fence(3).unwrap();
+    let (a, b) = nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::SeqPacket,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )
+    .unwrap();
+    share::send(a.as_fd(), &[Item::Fence(&f3)]).unwrap();
+    let Some(Received::Fence(remote)) = share::recv(b.as_fd()).unwrap().pop() else {
+        panic!("a fence")
+    };
+    assert!(!f1.is_signalled().unwrap() && !remote.is_signalled().unwrap());
+    let mut seen = Vec::new();
+    p.run(
+        2,
+        |_, _| Ok(()),
+        |done| seen.push((done.frame, f1.is_signalled().unwrap())),
+    )
+    .unwrap();
+    // Frame 1's fence is signalled after frame 1 is handed over, not before.
+    assert_eq!(seen, vec![(0, false), (1, false)]);
+    assert!(f1.is_signalled().unwrap());
+    assert!(!remote.is_signalled().unwrap(), "frame 3 has not run");
+    p.run(2, |_, _| Ok(()), |_| {}).unwrap();
+    remote.wait(Some(Duration::from_secs(5))).unwrap();
+    assert!(p.fence(0).unwrap().is_signalled().unwrap());
+    assert!(!p.fence(4).unwrap().is_signalled().unwrap());
+}
+
+/// A submission after a dependency waits for it, and submits nothing when it does not signal.
+#[test]
+fn a_submission_waits_for_its_dependency() {
+    let rt = runtime(Cost::zero());
+    let model = Model::chain(2, 4096).unwrap();
+    let mut p = Pipeline::new(&rt, model, Config::default()).unwrap();
+    let decoded = userdma::fence::Fence::new().unwrap();
+    let err = p
+        .try_submit_after(&decoded, Some(Duration::from_millis(10)), |_, _| Ok(()))
+        .unwrap_err();
+    assert_eq!(err.code(), userdma::Code::Timeout, "{err}");
+    assert_eq!(p.in_flight(), 0, "nothing submitted");
+    let signaller = decoded.try_clone().unwrap();
+    let thread = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        signaller.signal().unwrap();
+    });
+    let frame = p
+        .try_submit_after(&decoded, Some(Duration::from_secs(10)), |_, _| Ok(()))
+        .unwrap();
+    assert_eq!(frame, Some(0));
+    thread.join().unwrap();
+    p.shutdown(|done| assert!(done.result.is_ok())).unwrap();
+}

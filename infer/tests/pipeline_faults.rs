@@ -123,6 +123,8 @@ fn recovery_on_a_removed_device_takes_every_slot_back_and_refuses_new_frames() {
     let model = Model::chain(3, 4000).unwrap();
     let mut p = Pipeline::new(&rt, model.clone(), config(true)).unwrap();
     let in_flight = fill_slots(&mut p, &model);
+    // A fence of the last frame in flight: it must signal once the frame is given up as lost.
+    let last = p.fence(*in_flight.last().unwrap()).unwrap();
     device.remove();
     // The wait says why, at once.
     let err = p.wait(|_| {}).unwrap_err();
@@ -133,6 +135,7 @@ fn recovery_on_a_removed_device_takes_every_slot_back_and_refuses_new_frames() {
     all.extend(&recovery.lost);
     assert_eq!(all, in_flight);
     assert_eq!(p.in_flight(), 0);
+    assert!(last.is_signalled().unwrap(), "a lost frame's fence signals");
     let err = p.try_submit(|_, _| Ok(())).unwrap_err();
     assert!(
         matches!(&err, Error::Driver(userdma::Error::Device(_))),

@@ -53,6 +53,7 @@
 mod config;
 mod descriptor;
 mod error;
+mod fences;
 mod frame;
 pub mod model;
 pub mod naive;
@@ -153,6 +154,8 @@ pub struct Pipeline {
     next_frame: u64,
     /// The next frame to hand to postprocessing.
     next_out: u64,
+    /// Fences handed out for frames ([`Pipeline::fence`]); none until one is asked for.
+    fences: Option<userdma::fence::Timeline>,
     /// Frames pushed but not yet announced.
     unannounced: usize,
     /// Slots of frames pushed since the last doorbell.

@@ -105,6 +105,7 @@ impl Pipeline {
         lost.sort_unstable();
         self.in_flight = 0;
         self.next_out = self.next_frame;
+        self.signal_fences();
         self.unannounced = 0;
         self.pending.clear();
         if !removed {

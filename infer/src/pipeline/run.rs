@@ -250,6 +250,9 @@ impl Pipeline {
             self.busy[index] = false;
             self.free.push_back(index);
             delivered += 1;
+            if self.fences.is_some() {
+                self.signal_fences();
+            }
         }
     }
 

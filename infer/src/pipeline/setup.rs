@@ -184,6 +184,7 @@ impl Pipeline {
             pushed,
             next_frame: 0,
             next_out: 0,
+            fences: None,
             unannounced: 0,
             summary: Summary::default(),
             in_flight: 0,
