@@ -55,8 +55,10 @@ LD_LIBRARY_PATH=$out/lib "$out/header_cpp"
 # access, the loopback device's layer and compact ops, device-memory ranges; limits_test.c:
 # a full ring's next push, a small pool shared by two threads, absurd sizes, a depth above
 # the device's largest; engine_test.c: engines written in C (examples/c/memory_engine.h),
-# pipelines and streams on them, bad tables and engines that break their contract.
-tests=(capi_test device_test limits_test engine_test)
+# pipelines and streams on them, bad tables and engines that break their contract;
+# interop_test.c: fences, descriptors passed over a socket, frame fences, access modes,
+# dma-buf export, import and lookup (or the error naming the missing kernel feature).
+tests=(capi_test device_test limits_test engine_test interop_test)
 echo "--- C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 for t in "${tests[@]}"; do
 	echo "$t"

@@ -39,9 +39,12 @@ pub const MAX_MESSAGE: usize = HEADER + ITEM * MAX_ITEMS;
 /// The most descriptors the kernel passes in one message (`SCM_MAX_FD`).
 const SCM_MAX_FD: usize = 253;
 
-const KIND_REGION: u8 = 1;
-const KIND_DMABUF: u8 = 2;
-const KIND_FENCE: u8 = 3;
+/// [`Record::kind`] of a region.
+pub const KIND_REGION: u8 = 1;
+/// [`Record::kind`] of a dma-buf.
+pub const KIND_DMABUF: u8 = 2;
+/// [`Record::kind`] of a fence.
+pub const KIND_FENCE: u8 = 3;
 
 /// One thing to send.
 #[derive(Debug, Clone, Copy)]
@@ -286,9 +289,43 @@ pub fn decode(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<Vec<Received>, Error> {
 /// As [`encode`]; [`Error::Send`] when the socket refuses.
 pub fn send(socket: BorrowedFd<'_>, items: &[Item<'_>]) -> Result<(), Error> {
     let (bytes, fds) = encode(items)?;
+    send_bytes(socket, &bytes, &fds)
+}
+
+/// Sends records the caller describes, each with its descriptor: for callers that hold plain
+/// descriptors (the C API). The message is checked as a receiver would check it before it is
+/// sent.
+///
+/// # Errors
+/// [`Error::Count`], [`Error::Malformed`] for records a receiver would refuse;
+/// [`Error::Send`] when the socket refuses.
+pub fn send_records(
+    socket: BorrowedFd<'_>,
+    items: &[(Record, BorrowedFd<'_>)],
+) -> Result<(), Error> {
+    if items.is_empty() || items.len() > MAX_ITEMS {
+        return Err(Error::Count { count: items.len() });
+    }
+    let mut bytes = Vec::with_capacity(HEADER + ITEM * items.len());
+    bytes.extend_from_slice(&MAGIC);
+    bytes.extend_from_slice(&VERSION.to_le_bytes());
+    bytes.extend_from_slice(&(items.len() as u16).to_le_bytes());
+    for (record, _) in items {
+        let page_log2 = record
+            .page_size
+            .map_or(0, |page| page.bytes().trailing_zeros() as u8);
+        bytes.extend_from_slice(&[record.kind, page_log2, 0, 0, 0, 0, 0, 0]);
+        bytes.extend_from_slice(&record.len.to_le_bytes());
+    }
+    decode_records(&bytes, items.len())?;
+    let fds: Vec<BorrowedFd<'_>> = items.iter().map(|&(_, fd)| fd).collect();
+    send_bytes(socket, &bytes, &fds)
+}
+
+fn send_bytes(socket: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), Error> {
     let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     let cmsg = [ControlMessage::ScmRights(&raw)];
-    let iov = [IoSlice::new(&bytes)];
+    let iov = [IoSlice::new(bytes)];
     let sent = sendmsg::<()>(
         socket.as_raw_fd(),
         &iov,

@@ -43,6 +43,8 @@ mod engine;
 mod error;
 #[path = "../src/handle.rs"]
 mod handle;
+#[path = "../src/interop.rs"]
+mod interop;
 #[path = "../src/memory.rs"]
 mod memory;
 #[path = "../src/pipeline.rs"]

@@ -186,6 +186,26 @@
 // the queue).
 #define UDMA_QUEUE_POLL 1
 
+// `udma_dmabuf_export_*` flag: every importer only DMAs through the buffer (a NIC, a GPU, a
+// device's DMA engine), none maps it into the kernel; allows memory in huge pages on kernels
+// whose udmabuf maps huge pages into the kernel wrongly (before 6.17).
+#define UDMA_DMABUF_DMA_ONLY 1
+
+// The most items one message carries.
+#define UDMA_SHARE_MAX_ITEMS 16
+
+// What a device may do with a mapping (`udma_memory_map_user_access`, `udma_dmabuf_import`).
+// The IOMMU enforces it (VFIO type1 and iommufd; the loopback NPU's table); a device without
+// an IOMMU refuses all but read-write.
+typedef enum udma_access {
+  // The device reads and writes the memory.
+  UDMA_ACCESS_READ_WRITE = 0,
+  // The device only reads it: its writes are refused and the memory is unchanged.
+  UDMA_ACCESS_DEVICE_READS = 1,
+  // The device only writes it: its reads are refused.
+  UDMA_ACCESS_DEVICE_WRITES = 2,
+} udma_access;
+
 // Where a buffer is (`udma_buffer_info.state`).
 typedef enum udma_buffer_state {
   // On the host: read it, write it, submit it, free it.
@@ -335,6 +355,16 @@ typedef enum udma_results {
   // Read in place from device memory through the BAR (no D2H descriptor).
   UDMA_RESULTS_IN_PLACE = 2,
 } udma_results;
+
+// What a `udma_share_item` is.
+typedef enum udma_share_kind {
+  // A region's memfd (`udma_mapping_fd`): `len` bytes of `page_size` pages.
+  UDMA_SHARE_REGION = 1,
+  // A dma-buf of `len` bytes.
+  UDMA_SHARE_DMABUF = 2,
+  // A fence.
+  UDMA_SHARE_FENCE = 3,
+} udma_share_kind;
 
 // What a call returns: `UDMA_OK` (0), or why it failed. The values 1 to 9 are those of
 // userdma's error codes and never change; a new kind of failure gets a new value.
@@ -1154,6 +1184,20 @@ typedef struct udma_run_report {
   uint64_t quarantines;
 } udma_run_report;
 
+// One descriptor passed to or from another process, and what it is.
+typedef struct udma_share_item {
+  // A `udma_share_kind`.
+  uint32_t kind;
+  // The descriptor (sent: the caller's, kept; received: the caller's to close).
+  int32_t fd;
+  // Bytes (regions and dma-bufs; 0 for fences).
+  uint64_t len;
+  // A `udma_page_size` (regions; 0 otherwise).
+  uint32_t page_size;
+  // Zero.
+  uint32_t reserved;
+} udma_share_item;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -1509,6 +1553,20 @@ enum udma_status udma_memory_map_user(const struct udma_device *device,
                                       uint32_t page_size,
                                       struct udma_mapping **mapping);
 
+// `udma_memory_map_user` with what the device may do with the memory (a `udma_access`).
+//
+// Errors: as `udma_memory_map_user`; `UDMA_ERR_INVALID_ARGUMENT` for an unknown `access`;
+// `UDMA_ERR_UNSUPPORTED` for a mode the device's DMA space cannot enforce (no IOMMU).
+//
+// # Safety
+// As `udma_memory_map_user`.
+enum udma_status udma_memory_map_user_access(const struct udma_device *device,
+                                             void *addr,
+                                             uint64_t bytes,
+                                             uint32_t page_size,
+                                             uint32_t access,
+                                             struct udma_mapping **mapping);
+
 // The mapping's host address, length and IOVA.
 //
 // # Safety
@@ -1535,6 +1593,17 @@ enum udma_status udma_mapping_iova(const struct udma_mapping *mapping,
 // # Safety
 // None (any value is checked, none is dereferenced).
 enum udma_status udma_mapping_destroy(struct udma_mapping *mapping);
+
+// A new descriptor (the caller closes it) of the file behind the mapping's memory (the memfd
+// of `udma_memory_map`'s memory; an imported dma-buf's own), to pass to another process
+// (`udma_share_send`) or to make a dma-buf of (`udma_dmabuf_export_mapping` does that).
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for memory with no file (the caller's own,
+// `udma_memory_map_user`); `UDMA_ERR_SYSTEM` when out of descriptors.
+//
+// # Safety
+// `fd` points to a writable `int`.
+enum udma_status udma_mapping_fd(const struct udma_mapping *mapping, int32_t *fd);
 
 // Makes a pool over `options->bytes` of fresh memory mapped into the device's DMA space.
 //
@@ -2039,6 +2108,124 @@ enum udma_status udma_streams_run(struct udma_streams *streams,
 // # Safety
 // None (any value is checked, none is dereferenced).
 enum udma_status udma_streams_destroy(struct udma_streams *streams);
+
+// Makes a dma-buf of `bytes` at `offset` of a mapping's memory (page-aligned; the memory of
+// `udma_memory_map`, which lives in a memfd) through `/dev/udmabuf`, and sets `*fd` to it
+// (the caller closes it). `flags`: 0, or `UDMA_DMABUF_DMA_ONLY`.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a range not page-aligned or outside the mapping,
+// or memory not in a memfd (`udma_memory_map_user`'s); `UDMA_ERR_REFUSED` for memory in huge
+// pages without `UDMA_DMABUF_DMA_ONLY` on a kernel that maps them wrongly;
+// `UDMA_ERR_UNSUPPORTED` for a kernel without udmabuf.
+//
+// # Safety
+// `fd` points to a writable `int`.
+enum udma_status udma_dmabuf_export_mapping(const struct udma_mapping *mapping,
+                                            uint64_t offset,
+                                            uint64_t bytes,
+                                            uint32_t flags,
+                                            int32_t *fd);
+
+// Makes a dma-buf of a pool buffer's whole block (its capacity) and sets `*fd` to it (the
+// caller closes it): for an importer that fills the buffer (V4L2 capture into it). The
+// buffer must be on the host, start on a page and hold whole pages (a buffer of a page or
+// more from a pool without colouring). `flags` as `udma_dmabuf_export_mapping`'s.
+//
+// Errors: as `udma_dmabuf_export_mapping`; `UDMA_ERR_BUSY` for a buffer in a queue.
+//
+// # Safety
+// `fd` points to a writable `int`.
+enum udma_status udma_dmabuf_export_buffer(const struct udma_buffer *buffer,
+                                           uint32_t flags,
+                                           int32_t *fd);
+
+// Maps another exporter's dma-buf `fd` (the caller keeps `fd`; the library takes its own
+// copy) into the device's DMA space for the device to use as `access` (a `udma_access`) says,
+// as a mapping (`udma_mapping_get_info` gives its IOVA; its host address is valid where the
+// exporter allows a CPU mapping). A dma-buf this library exported maps as its own memory.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an `fd` that is not a dma-buf;
+// `UDMA_ERR_UNSUPPORTED` when the kernel cannot pin this dma-buf for this kind of DMA space
+// (the message names the kernel feature and release that would).
+//
+// # Safety
+// `mapping` points to a writable `udma_mapping *`.
+enum udma_status udma_dmabuf_import(const struct udma_device *device,
+                                    int32_t fd,
+                                    uint32_t access,
+                                    struct udma_mapping **mapping);
+
+// The reverse lookup: if dma-buf `fd` is one this process exported and its memory is still
+// mapped, sets `*host` to the host address of its first byte (compare it with
+// `udma_buffer_info.host` or a mapping's) and `*len` to its length.
+//
+// Errors: `UDMA_ERR_NOT_FOUND` for a dma-buf this process did not export (or whose memory is
+// gone); `UDMA_ERR_INVALID_ARGUMENT` for an `fd` that is not a dma-buf.
+//
+// # Safety
+// `host` points to a writable `void *`; `len` to a writable `uint64_t`.
+enum udma_status udma_dmabuf_origin(int32_t fd, void **host, uint64_t *len);
+
+// A new fence (an eventfd), unsignalled; `*fd` is the caller's to close, poll, or pass to
+// another process.
+//
+// # Safety
+// `fd` points to a writable `int`.
+enum udma_status udma_fence_create(int32_t *fd);
+
+// Signals fence `fd` (an eventfd: one `udma_fence_create` made, or another process's): every
+// waiter in every process sees it signalled from now on.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a descriptor that is not open or not an eventfd
+// (another driver's `sync_file` signals itself).
+//
+// # Safety
+// None (the descriptor is checked).
+enum udma_status udma_fence_signal(int32_t fd);
+
+// Waits until fence `fd` (an eventfd, a `sync_file`, any descriptor that becomes readable)
+// is signalled, at most `timeout_ns` nanoseconds (`UINT64_MAX`: no limit; 0: just look).
+//
+// Errors: `UDMA_ERR_TIMEOUT` when it is not signalled in time; `UDMA_ERR_INVALID_ARGUMENT`
+// for a descriptor that is not open.
+//
+// # Safety
+// None (the descriptor is checked).
+enum udma_status udma_fence_wait(int32_t fd, uint64_t timeout_ns);
+
+// A fence that signals when frame `frame` of the pipeline is done (handed to postprocessing,
+// or lost in a recovery); signalled already for a frame that is. `*fd` is the caller's.
+//
+// Errors: `UDMA_ERR_BUSY` inside a callback; `UDMA_ERR_SYSTEM` when out of descriptors.
+//
+// # Safety
+// `fd` points to a writable `int`.
+enum udma_status udma_pipeline_fence(struct udma_pipeline *pipeline, uint64_t frame, int32_t *fd);
+
+// Sends `count` items (1 to `UDMA_SHARE_MAX_ITEMS`) as one message on Unix socket `socket`
+// (a `SOCK_SEQPACKET` or datagram socket keeps messages whole). The message is checked as
+// the receiver will check it before it is sent.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a bad count, kind, length or page size, or a closed
+// descriptor; `UDMA_ERR_SYSTEM` when the socket refuses.
+//
+// # Safety
+// `items` points to `count` readable items.
+enum udma_status udma_share_send(int32_t socket, const struct udma_share_item *items, size_t count);
+
+// Receives one message from Unix socket `socket` into `items` (room for `capacity`) and sets
+// `*count`; every received descriptor is the caller's to close. Blocks as the socket does.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a malformed message (every descriptor it brought
+// is closed) or one with more items than `capacity` (the same); `UDMA_ERR_NOT_FOUND` when the
+// peer closed the socket; `UDMA_ERR_SYSTEM` when the socket fails.
+//
+// # Safety
+// `items` points to `capacity` writable items; `count` to a writable `size_t`.
+enum udma_status udma_share_recv(int32_t socket,
+                                 struct udma_share_item *items,
+                                 size_t capacity,
+                                 size_t *count);
 
 #ifdef __cplusplus
 } // extern "C"

@@ -48,6 +48,9 @@ mod slots;
 #[cfg(not(loom))]
 mod streams;
 mod sync;
+// After streams: the header declares its functions last.
+#[cfg(not(loom))]
+mod interop;
 
 #[cfg(not(loom))]
 pub use bar::*;
@@ -58,6 +61,8 @@ pub use dram::*;
 #[cfg(not(loom))]
 pub use engine::*;
 pub use error::{udma_last_error, udma_status, udma_status_name};
+#[cfg(not(loom))]
+pub use interop::*;
 #[cfg(not(loom))]
 pub use memory::*;
 #[cfg(not(loom))]

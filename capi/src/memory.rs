@@ -44,12 +44,15 @@ mod queued;
 mod tables;
 
 pub use alloc::{udma_pool_alloc, udma_pool_alloc_bulk, udma_pool_free, udma_pool_free_bulk};
+pub(crate) use buffer::with_host_buffer;
 pub use buffer::{
     udma_buffer_get_info, udma_buffer_info, udma_buffer_read, udma_buffer_state, udma_buffer_write,
 };
+pub(crate) use mapping::{access, register_part, MAPPINGS};
 pub use mapping::{
-    udma_mapping, udma_mapping_destroy, udma_mapping_get_info, udma_mapping_info,
-    udma_mapping_iova, udma_memory_map, udma_memory_map_user,
+    udma_access, udma_mapping, udma_mapping_destroy, udma_mapping_fd, udma_mapping_get_info,
+    udma_mapping_info, udma_mapping_iova, udma_memory_map, udma_memory_map_user,
+    udma_memory_map_user_access,
 };
 pub use pool::{udma_pool_create, udma_pool_destroy, udma_pool_options, UDMA_POOL_COLOURED};
 pub(crate) use queued::{forget_queued, give_back, take_for_queue};
@@ -67,6 +70,11 @@ pub enum udma_page_size {
     UDMA_PAGE_2M = 1,
     /// 1 GiB hugepages.
     UDMA_PAGE_1G = 2,
+}
+
+/// A `udma_page_size` as the library's.
+pub(crate) fn page_size_of(raw: u32) -> Result<PageSize, Fail> {
+    page_size(raw)
 }
 
 fn page_size(raw: u32) -> Result<PageSize, Fail> {

@@ -38,10 +38,10 @@ pub use model::{
 pub use options::{
     udma_pipeline_options, udma_results, UDMA_PIPELINE_ONE_QUEUE, UDMA_PIPELINE_POLL,
 };
-pub(crate) use run::PIPELINES;
 pub use run::{
     udma_pipeline, udma_pipeline_create, udma_pipeline_create_on_engine, udma_pipeline_destroy,
     udma_pipeline_fill_fn, udma_pipeline_flush, udma_pipeline_get_info, udma_pipeline_info,
     udma_pipeline_poll, udma_pipeline_result_fn, udma_pipeline_submit, udma_pipeline_submit_with,
     udma_pipeline_wait, UDMA_COMPUTE_DEVICE, UDMA_COMPUTE_HOST, UDMA_COMPUTE_MIXED,
 };
+pub(crate) use run::{with_pipeline, PIPELINES};

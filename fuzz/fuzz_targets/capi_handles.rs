@@ -33,6 +33,8 @@ mod engine;
 mod error;
 #[path = "../../capi/src/handle.rs"]
 mod handle;
+#[path = "../../capi/src/interop.rs"]
+mod interop;
 #[path = "../../capi/src/memory.rs"]
 mod memory;
 #[path = "../../capi/src/pipeline.rs"]

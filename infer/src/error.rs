@@ -7,7 +7,7 @@
 //! here ([`plan_code`]) because the `userdma-plan` package depends on nothing of the driver,
 //! not even [`Code`].
 
-use userdma::{device, dma, irq, memory, mmio, pci, pool, ring, Code};
+use userdma::{device, dma, dmabuf, fence, irq, memory, mmio, pci, pool, ring, share, Code};
 
 use crate::{pipeline, plan, sched, stage};
 
@@ -90,7 +90,7 @@ macro_rules! through_driver {
         }
     )*};
 }
-through_driver!(device, dma, irq, memory, mmio, pci, pool, ring);
+through_driver!(device, dma, dmabuf, fence, irq, memory, mmio, pci, pool, ring, share);
 
 impl<D, T> From<ring::Rejected<D, T>> for Error {
     /// Keeps the cause; the descriptor and payload are dropped (take them from the

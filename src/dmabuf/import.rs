@@ -64,6 +64,12 @@ impl Imported {
         &self.mapping
     }
 
+    /// The mapping, owned (unmapped when dropped); the dma-buf's bytes are
+    /// [`Imported::offset`]`..+`[`Imported::len`] of it.
+    pub fn into_mapping(self) -> Mapping {
+        self.mapping
+    }
+
     /// Where the dma-buf's first byte is in [`Imported::mapping`].
     pub fn offset(&self) -> usize {
         self.offset

@@ -80,6 +80,14 @@ pub unsafe extern "C" fn udma_buffer_get_info(
     })
 }
 
+/// Runs `f` on a buffer that is on the host (`UDMA_ERR_BUSY` for one in a queue).
+pub(crate) fn with_host_buffer<R>(
+    buffer: *const udma_buffer,
+    f: impl FnOnce(&HostBuffer) -> Result<R, Fail>,
+) -> Result<R, Fail> {
+    on_host(buffer, f)
+}
+
 /// Runs `f` on a buffer that is on the host.
 fn on_host<R>(
     buffer: *const udma_buffer,

@@ -19,12 +19,16 @@ pub struct udma_mapping {
     _opaque: [u8; 0],
 }
 
-struct MappingEntry {
-    mapping: dma::Mapping,
+pub(crate) struct MappingEntry {
+    pub(crate) mapping: dma::Mapping,
     device: String,
+    /// The bytes of `mapping` the handle stands for: all of it, or an imported dma-buf's part
+    /// of the region behind it.
+    offset: usize,
+    len: usize,
 }
 
-static MAPPINGS: Registry<Arc<MappingEntry>> = Registry::new(Kind::Mapping);
+pub(crate) static MAPPINGS: Registry<Arc<MappingEntry>> = Registry::new(Kind::Mapping);
 
 /// A mapping's addresses.
 #[repr(C)]
@@ -100,7 +104,64 @@ pub unsafe extern "C" fn udma_memory_map_user(
     page_size: u32,
     mapping: *mut *mut udma_mapping,
 ) -> udma_status {
-    call("udma_memory_map_user", || {
+    // SAFETY: forwarded under this function's contract, which is the callee's.
+    unsafe {
+        udma_memory_map_user_access(
+            device,
+            addr,
+            bytes,
+            page_size,
+            udma_access::UDMA_ACCESS_READ_WRITE as u32,
+            mapping,
+        )
+    }
+}
+
+/// What a device may do with a mapping (`udma_memory_map_user_access`, `udma_dmabuf_import`).
+/// The IOMMU enforces it (VFIO type1 and iommufd; the loopback NPU's table); a device without
+/// an IOMMU refuses all but read-write.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum udma_access {
+    /// The device reads and writes the memory.
+    UDMA_ACCESS_READ_WRITE = 0,
+    /// The device only reads it: its writes are refused and the memory is unchanged.
+    UDMA_ACCESS_DEVICE_READS = 1,
+    /// The device only writes it: its reads are refused.
+    UDMA_ACCESS_DEVICE_WRITES = 2,
+}
+
+/// A `udma_access` as the library's.
+pub(crate) fn access(raw: u32) -> Result<dma::Access, Fail> {
+    match raw {
+        0 => Ok(dma::Access::ReadWrite),
+        1 => Ok(dma::Access::ReadOnly),
+        2 => Ok(dma::Access::WriteOnly),
+        other => Err(Fail::invalid(format!(
+            "access {other} is not a udma_access (UDMA_ACCESS_READ_WRITE 0, \
+             UDMA_ACCESS_DEVICE_READS 1, UDMA_ACCESS_DEVICE_WRITES 2)"
+        ))),
+    }
+}
+
+/// `udma_memory_map_user` with what the device may do with the memory (a `udma_access`).
+///
+/// Errors: as `udma_memory_map_user`; `UDMA_ERR_INVALID_ARGUMENT` for an unknown `access`;
+/// `UDMA_ERR_UNSUPPORTED` for a mode the device's DMA space cannot enforce (no IOMMU).
+///
+/// # Safety
+/// As `udma_memory_map_user`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_memory_map_user_access(
+    device: *const udma_device,
+    addr: *mut c_void,
+    bytes: u64,
+    page_size: u32,
+    access: u32,
+    mapping: *mut *mut udma_mapping,
+) -> udma_status {
+    call("udma_memory_map_user_access", || {
+        let access = self::access(access)?;
         let out = abi::out(mapping, "mapping")?;
         let d = self::device(device)?;
         let len = self::bytes(bytes, "bytes")?;
@@ -113,17 +174,35 @@ pub unsafe extern "C" fn udma_memory_map_user(
         let m = d
             .runtime
             .dma_space()
-            .map(Arc::new(region))
+            .map_with(Arc::new(region), access)
             .map_err(|e| crate::error::lib(e).context(&d.name))?;
         register(m, &d.name, out)
     })
 }
 
 /// Registers `mapping` (of device `device`) as a handle, written to `out`.
-fn register(mapping: dma::Mapping, device: &str, out: *mut *mut udma_mapping) -> Result<(), Fail> {
+pub(crate) fn register(
+    mapping: dma::Mapping,
+    device: &str,
+    out: *mut *mut udma_mapping,
+) -> Result<(), Fail> {
+    let len = mapping.len();
+    register_part(mapping, 0, len, device, out)
+}
+
+/// Registers the part `offset..+len` of `mapping` as a handle, written to `out`.
+pub(crate) fn register_part(
+    mapping: dma::Mapping,
+    offset: usize,
+    len: usize,
+    device: &str,
+    out: *mut *mut udma_mapping,
+) -> Result<(), Fail> {
     let key = MAPPINGS.insert(Arc::new(MappingEntry {
         mapping,
         device: device.to_owned(),
+        offset,
+        len,
     }))?;
     // SAFETY: `out` was checked non-null by the caller (`abi::out`), and is writable per its
     // function's contract.
@@ -144,10 +223,10 @@ pub unsafe extern "C" fn udma_mapping_get_info(
         let m = MAPPINGS.with(mapping, |_, m| Ok(Arc::clone(m)))?;
         let value = udma_mapping_info {
             size: 0,
-            host: m.mapping.as_ptr().as_ptr().cast(),
-            len: m.mapping.len() as u64,
-            iova: m.mapping.iova(0).map_or(0, |i| i.raw()),
-            contiguous: m.mapping.contiguous_len(0) as u64,
+            host: m.mapping.as_ptr().as_ptr().wrapping_add(m.offset).cast(),
+            len: m.len as u64,
+            iova: m.mapping.iova(m.offset).map_or(0, |i| i.raw()),
+            contiguous: (m.mapping.contiguous_len(m.offset) as u64).min(m.len as u64),
         };
         // SAFETY: per this function's contract.
         unsafe { abi::write(info, "info", value) }
@@ -173,19 +252,20 @@ pub unsafe extern "C" fn udma_mapping_iova(
         let m = MAPPINGS.with(mapping, |_, m| Ok(Arc::clone(m)))?;
         let at = usize::try_from(offset)
             .ok()
-            .and_then(|o| m.mapping.iova(o).map(|i| (o, i)));
+            .filter(|&o| o < m.len)
+            .and_then(|o| m.mapping.iova(m.offset + o).map(|i| (o, i)));
         let Some((o, i)) = at else {
             return Err(Fail::invalid(format!(
                 "offset {offset} is past the end of the {}-byte mapping on {}",
-                m.mapping.len(),
-                m.device
+                m.len, m.device
             )));
         };
         // SAFETY: checked non-null; writable per this function's contract.
         unsafe { out.write(i.raw()) };
         if !contiguous.is_null() {
+            let run = m.mapping.contiguous_len(m.offset + o).min(m.len - o);
             // SAFETY: non-null; writable per this function's contract.
-            unsafe { contiguous.write(m.mapping.contiguous_len(o) as u64) };
+            unsafe { contiguous.write(run as u64) };
         }
         Ok(())
     })
@@ -201,6 +281,42 @@ pub unsafe extern "C" fn udma_mapping_iova(
 pub unsafe extern "C" fn udma_mapping_destroy(mapping: *mut udma_mapping) -> udma_status {
     call("udma_mapping_destroy", || {
         drop(MAPPINGS.remove_if(mapping, |_| Ok(()))?);
+        Ok(())
+    })
+}
+
+/// A new descriptor (the caller closes it) of the file behind the mapping's memory (the memfd
+/// of `udma_memory_map`'s memory; an imported dma-buf's own), to pass to another process
+/// (`udma_share_send`) or to make a dma-buf of (`udma_dmabuf_export_mapping` does that).
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for memory with no file (the caller's own,
+/// `udma_memory_map_user`); `UDMA_ERR_SYSTEM` when out of descriptors.
+///
+/// # Safety
+/// `fd` points to a writable `int`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_mapping_fd(
+    mapping: *const udma_mapping,
+    fd: *mut i32,
+) -> udma_status {
+    call("udma_mapping_fd", || {
+        let out = abi::out(fd, "fd")?;
+        let m = MAPPINGS.with(mapping, |_, m| Ok(Arc::clone(m)))?;
+        let region = m.mapping.region();
+        let file = region.fd().ok_or_else(|| {
+            Fail::invalid(format!(
+                "the {}-byte mapping on {} is the caller's memory, with no file behind it",
+                m.len, m.device
+            ))
+        })?;
+        let dup = file.try_clone_to_owned().map_err(|e| {
+            Fail::new(
+                udma_status::UDMA_ERR_SYSTEM,
+                format!("dup of the mapping's file: {e}"),
+            )
+        })?;
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { out.write(std::os::fd::IntoRawFd::into_raw_fd(dup)) };
         Ok(())
     })
 }

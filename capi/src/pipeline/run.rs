@@ -185,7 +185,7 @@ pub unsafe extern "C" fn udma_pipeline_create_on_engine(
 }
 
 /// Runs `f` on the live pipeline `ptr` names, locked.
-fn with_pipeline<R>(
+pub(crate) fn with_pipeline<R>(
     ptr: *const udma_pipeline,
     f: impl FnOnce(&mut Pipeline) -> Result<R, Fail>,
 ) -> Result<R, Fail> {

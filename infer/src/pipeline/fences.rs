@@ -27,7 +27,7 @@ impl Pipeline {
             }
             timeline
         });
-        Ok(timeline.fence(frame).map_err(userdma::Error::from)?)
+        Ok(timeline.fence(frame)?)
     }
 
     /// Waits for `dependency` (another driver's `sync_file`, another process's fence: say, the
@@ -43,7 +43,7 @@ impl Pipeline {
         timeout: Option<Duration>,
         preprocess: impl FnOnce(u64, &Input<'_>) -> Result<(), crate::Error>,
     ) -> Result<Option<u64>, crate::Error> {
-        dependency.wait(timeout).map_err(userdma::Error::from)?;
+        dependency.wait(timeout)?;
         self.try_submit(preprocess)
     }
 
