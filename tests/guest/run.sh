@@ -15,7 +15,8 @@
 #   iommufd       q35 + emulated Intel IOMMU, intel_iommu=on, on Debian 13's kernel (trixie's
 #                 linux-image-amd64), iommufd and the VFIO device cdevs (rebuilt with
 #                 CONFIG_IOMMUFD=m and CONFIG_VFIO_DEVICE_CDEV=y when the package has them off);
-#                 a second edu on a hot-pluggable root port, removed through QMP (device_del)
+#                 a second edu on a hot-pluggable root port, removed through QMP (device_del);
+#                 vivid, the V4L2 test driver (one capture node, /dev/video0), loaded by init
 #
 # Environment:
 #   ACCEL=tcg|kvm|auto  how QEMU runs the guest (default tcg). auto boots a short probe guest
@@ -125,11 +126,89 @@ EOF
 	done
 }
 
+# module_load_order ROOT DEPENDS: ROOT and every module it needs, one name a line, each after
+# the modules it depends on and once (depth first, in the order of each module's depends= list).
+# DEPENDS is a command: `DEPENDS NAME` prints the modules NAME depends on (separated by commas
+# or spaces; nothing for none) and fails, saying why on stderr, when there is no module NAME.
+# Fails, saying why on stderr, on a missing module or a dependency cycle. '-' and '_' are the
+# same in module names, as the kernel has it; a module keeps the spelling it was first named by.
+module_load_order() {
+	local -A _mstate=()
+	local -a _morder=()
+	module_visit "$1" "" "$2" || return 1
+	printf '%s\n' "${_morder[@]}"
+}
+
+# module_visit NAME NEEDED_BY DEPENDS: module_load_order's depth-first step (it adds to the
+# caller's _mstate and _morder).
+module_visit() {
+	local name=$1 by=$2 depends=$3 key=${1//-/_} deps d
+	case "${_mstate[$key]:-}" in
+	done) return 0 ;;
+	visiting)
+		echo "a dependency cycle: $name depends on itself (through $by)" >&2
+		return 1
+		;;
+	esac
+	_mstate[$key]=visiting
+	if ! deps=$("$depends" "$name"); then
+		[ -z "$by" ] || echo "($name is needed by $by)" >&2
+		return 1
+	fi
+	for d in ${deps//,/ }; do
+		module_visit "$d" "$name" "$depends" || return 1
+	done
+	_mstate[$key]="done"
+	_morder+=("$name")
+}
+
+# check_module_load_order: module_load_order on vivid's dependencies as Debian 13's 6.12 has
+# them (each module's depends=), which must give the order that loads there; then a missing
+# module and a cycle must fail, naming the module.
+check_module_load_order() {
+	local got want err
+	fixed_depends() {
+		case "$1" in
+		vivid) echo "videodev,videobuf2-v4l2,mc,v4l2-tpg,v4l2-dv-timings,videobuf2-common,cec,videobuf2-vmalloc,videobuf2-dma-contig" ;;
+		videodev | videobuf2-common) echo mc ;;
+		videobuf2-v4l2) echo "videobuf2-common,videodev,mc" ;;
+		videobuf2-memops) echo videobuf2-common ;;
+		videobuf2-vmalloc) echo "videobuf2-memops,videobuf2-common" ;;
+		# Spelled with '_': the same modules as above, not loaded twice.
+		videobuf2-dma-contig) echo "videobuf2_memops,videobuf2_common" ;;
+		cec) echo rc-core ;;
+		mc | v4l2-tpg | v4l2-dv-timings | rc-core) ;;
+		loop-a) echo loop-b ;;
+		loop-b) echo loop-a ;;
+		needs-absent) echo absent ;;
+		*)
+			echo "no module $1" >&2
+			return 1
+			;;
+		esac
+	}
+	got=$(module_load_order vivid fixed_depends | tr '\n' ' ') ||
+		die "self-test: module_load_order failed on vivid's dependencies"
+	want="mc videodev videobuf2-common videobuf2-v4l2 v4l2-tpg v4l2-dv-timings rc-core cec videobuf2-memops videobuf2-vmalloc videobuf2-dma-contig vivid "
+	[ "$got" = "$want" ] || die "self-test: module_load_order gave '$got' for vivid, not '$want'"
+	if err=$(module_load_order needs-absent fixed_depends 2>&1 >/dev/null); then
+		die "self-test: module_load_order did not fail on a missing module"
+	fi
+	case "$err" in *"no module absent"*"needed by needs-absent"*) ;;
+	*) die "self-test: module_load_order's error for a missing module does not name it: '$err'" ;; esac
+	if err=$(module_load_order loop-a fixed_depends 2>&1 >/dev/null); then
+		die "self-test: module_load_order did not fail on a dependency cycle"
+	fi
+	case "$err" in *"cycle: loop-a"*) ;;
+	*) die "self-test: module_load_order's error for a cycle does not say so: '$err'" ;; esac
+}
+
 check_ldd_libraries
+check_module_load_order
 case "${1:-}" in
 "") ;;
 --self-test)
-	echo "guest-test: self-test passed (ldd_libraries)"
+	echo "guest-test: self-test passed (ldd_libraries, module_load_order)"
 	exit 0
 	;;
 *) die "unknown argument '$1' (the only one is --self-test; see the top of $0)" ;;
@@ -270,13 +349,65 @@ drivers/nvme/common/nvme-auth drivers/nvme/host/nvme-core drivers/nvme/host/nvme
 # nvme-auth only).
 MODULES_IOMMUFD_DIRS="drivers/nvme/common drivers/nvme/host"
 MODULES_REBUILT="iommufd vfio vfio_iommu_type1 vfio-pci-core vfio-pci"
+# vivid, the V4L2 test driver, for the iommufd boot (init loads it there only): it and the
+# modules it needs, found by following each module's .modinfo depends= (the package has no
+# modules.dep: depmod runs when it is installed) among the modules under these directories
+# (under kernel/; on 6.12 all twelve are under drivers/media, the last vivid). Their load order
+# goes to KDIR/modules/vivid.order, which init reads.
+VIVID_DIRS="drivers/media"
 
-# unpack_kernel DEB KVER KDIR MODULES [DIR...]: the kernel image (as an ELF vmlinux where possible), its
-# config and the modules named (decompressed: busybox insmod reads plain .ko files only) into
-# KDIR/{vmlinux,config,modules/}; the modules are looked for in drivers/vfio, drivers/uio,
-# virt/lib and the DIRs given (under kernel/).
+# decompress_module FILE KO: the module FILE (.ko, or .ko.xz, .ko.zst, .ko.gz) as a plain .ko
+# at KO (busybox insmod reads plain .ko files only).
+decompress_module() {
+	case "$1" in
+	*.ko.xz) xz -dc "$1" >"$2" ;;
+	*.ko.zst) zstd -dcq "$1" >"$2" ;;
+	*.ko.gz) gzip -dc "$1" >"$2" ;;
+	*.ko) cp "$1" "$2" ;;
+	*)
+		echo "unknown module compression: $1" >&2
+		return 1
+		;;
+	esac
+}
+
+# modinfo_depends KO: the modules the plain .ko KO depends on, comma-separated (its .modinfo
+# section's depends= field, what `modinfo -F depends` prints; empty for none).
+modinfo_depends() {
+	local info
+	info=$(mktemp) || return 1
+	if ! objcopy -O binary --only-section=.modinfo "$1" "$info"; then
+		rm -f "$info"
+		echo "objcopy cannot read the .modinfo section of $1" >&2
+		return 1
+	fi
+	tr '\0' '\n' <"$info" | sed -n 's/^depends=//p'
+	rm -f "$info"
+}
+
+# package_module_depends NAME: module_load_order's DEPENDS over an unpacked kernel package:
+# decompresses module NAME (found in PKG_MODULE, module name with '_' for '-' -> file) to
+# PKG_OUT/NAME.ko and prints its depends=. A module that is not there fails, saying where the
+# package has it (PKG_CONTENTS, its `dpkg -c`) if it has it at all.
+package_module_depends() {
+	local f=${PKG_MODULE[${1//-/_}]:-} where
+	if [ -z "$f" ]; then
+		where=$(printf '%s\n' "$PKG_CONTENTS" | awk '{ print $NF }' | grep -E "/${1//[-_]/[-_]}\.ko(\.(xz|zst|gz))?\$" | head -n 1 || true)
+		echo "no module $1 under ${PKG_DIRS// /, } in the package${where:+; it has ${where#./} (add its directory)}" >&2
+		return 1
+	fi
+	decompress_module "$f" "$PKG_OUT/$1.ko" || return 1
+	modinfo_depends "$PKG_OUT/$1.ko"
+}
+
+# unpack_kernel DEB KVER KDIR MODULES [DIRS [ROOT]]: the kernel image (as an ELF vmlinux where
+# possible), its config and the modules named (decompressed: busybox insmod reads plain .ko
+# files only) into KDIR/{vmlinux,config,modules/}; the modules are looked for in drivers/vfio,
+# drivers/uio, virt/lib and the DIRS given (under kernel/). With ROOT, also the module ROOT
+# and every module it needs (module_load_order over their depends=; all must be under the
+# DIRS), and their load order in KDIR/modules/ROOT.order, one name a line.
 unpack_kernel() {
-	local deb=$1 kver=$2 kdir=$3 modules=$4 extra=${5:-} tmp bz off m f name moddir contents wild=()
+	local deb=$1 kver=$2 kdir=$3 modules=$4 extra=${5:-} root=${6:-} tmp bz off m f name moddir contents wild=() order
 	log "unpacking $(basename "$deb")"
 	rm -rf "$kdir"
 	tmp=$kdir/unpacked
@@ -298,14 +429,23 @@ unpack_kernel() {
 		f=$(find "$tmp/${moddir}$(dirname "$m")" -maxdepth 1 -name "$(basename "$m").ko*" | head -n 1)
 		[ -n "$f" ] || die "$deb has no module $m"
 		name=$kdir/modules/$(basename "$m").ko
-		case "$f" in
-		*.ko.xz) xz -dc "$f" >"$name" ;;
-		*.ko.zst) zstd -dcq "$f" >"$name" ;;
-		*.ko.gz) gzip -dc "$f" >"$name" ;;
-		*.ko) cp "$f" "$name" ;;
-		*) die "unknown module compression: $f" ;;
-		esac
+		decompress_module "$f" "$name" || die "cannot decompress $f"
 	done
+	if [ -n "$root" ]; then
+		# Every module file unpacked, by module name ('_' for '-').
+		declare -gA PKG_MODULE=()
+		while IFS= read -r f; do
+			name=${f##*/}
+			name=${name%%.ko*}
+			PKG_MODULE[${name//-/_}]=$f
+		done < <(find "$tmp/$moddir" -name '*.ko*')
+		PKG_OUT=$kdir/modules PKG_CONTENTS=$contents PKG_DIRS=$extra
+		order=$(module_load_order "$root" package_module_depends) ||
+			die "cannot resolve the modules $root needs from $(basename "$deb") (the message above says why)"
+		printf '%s\n' "$order" >"$kdir/modules/$root.order"
+		echo "$root and the modules it needs (.modinfo depends=), in load order: ${order//$'\n'/ }"
+		unset PKG_MODULE PKG_CONTENTS
+	fi
 	# Boot the uncompressed ELF image when it can be cut out of the bzImage: QEMU then enters it
 	# through PVH and skips the real-mode setup and the decompression, which under software
 	# emulation saves several seconds a boot. Debian 12 compresses it with xz, Debian 13 with
@@ -402,9 +542,16 @@ if [ "$NEED_TRIXIE" = 1 ]; then
 	for m in $MODULES_IOMMUFD; do
 		[ -f "$KDIR/modules/$(basename "$m").ko" ] || missing=1
 	done
+	if [ -s "$KDIR/modules/vivid.order" ]; then
+		while read -r m; do
+			[ -f "$KDIR/modules/$m.ko" ] || missing=1
+		done <"$KDIR/modules/vivid.order"
+	else
+		missing=1
+	fi
 	if [ ! -f "$KDIR/complete" ] || [ -n "$missing" ]; then
 		fetch_deb "$KPKG" "$KVERSION" trixie
-		unpack_kernel "$FETCHED" "$KVER" "$KDIR" "$MODULES_IOMMUFD" "$MODULES_IOMMUFD_DIRS"
+		unpack_kernel "$FETCHED" "$KVER" "$KDIR" "$MODULES_IOMMUFD" "$MODULES_IOMMUFD_DIRS $VIVID_DIRS" vivid
 		config=$KDIR/config
 		for option in CONFIG_IOMMU_API=y CONFIG_INTEL_IOMMU=y CONFIG_VFIO=m CONFIG_VFIO_PCI=m CONFIG_INTERVAL_TREE=y; do
 			grep -qx "$option" "$config" ||
@@ -458,9 +605,11 @@ drivers/vfio/vfio_iommu_type1 drivers/vfio/pci/vfio-pci-core drivers/vfio/pci/vf
 			touch "$built/complete"
 			echo "rebuilt with CONFIG_IOMMUFD=m, CONFIG_VFIO_DEVICE_CDEV=y" >"$KDIR/iommufd-modules"
 		fi
-		for m in irqbypass $MODULES_REBUILT uio uio_pci_generic; do
+		for m in irqbypass $MODULES_REBUILT uio uio_pci_generic $(cat "$KDIR/modules/vivid.order"); do
 			[ -f "$KDIR/modules/$m.ko" ] || die "the iommufd boot's module $m.ko is missing from $KDIR/modules"
 		done
+		[ "$(tail -n 1 "$KDIR/modules/vivid.order")" = vivid ] ||
+			die "$KDIR/modules/vivid.order does not end with vivid"
 		touch "$KDIR/complete"
 	fi
 	TRIXIE_KVER=$KVER
@@ -527,7 +676,7 @@ if [ "$NEED_HOST_KERNEL" = 1 ]; then
 fi
 if [ "$NEED_TRIXIE" = 1 ]; then
 	mkdir -p "$ROOTFS/lib/modules/$TRIXIE_KVER"
-	cp "$TRIXIE_KDIR"/modules/*.ko "$ROOTFS/lib/modules/$TRIXIE_KVER/"
+	cp "$TRIXIE_KDIR"/modules/*.ko "$TRIXIE_KDIR/modules/vivid.order" "$ROOTFS/lib/modules/$TRIXIE_KVER/"
 fi
 install -m 755 "$HERE/init" "$ROOTFS/init"
 objcopy --strip-debug "$SUITE" "$ROOTFS/guest_suite"

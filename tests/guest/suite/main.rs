@@ -34,6 +34,7 @@ mod edu_engine;
 mod env;
 mod failure;
 mod program;
+mod v4l2;
 
 use crate::env::Env;
 use crate::failure::Failure;

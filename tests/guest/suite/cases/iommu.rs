@@ -16,7 +16,7 @@ use userdma::pool::{Config, OwnedBuffer};
 use userdma::ring;
 
 use super::vfio::{open, options, runtime};
-use super::{check_canary, pattern, region, round_trip, Buffer, CANARY, GUARD, TRANSFER};
+use super::{cause, check_canary, pattern, region, round_trip, Buffer, CANARY, GUARD, TRANSFER};
 use crate::edu::{self, Direction};
 use crate::env::Env;
 use crate::failure::{ensure, Context, Failure};
@@ -111,17 +111,6 @@ pub(crate) fn iommufd(env: &Env) -> Result<(), Failure> {
     drop(rt);
     drop(vfio);
     bound.release()
-}
-
-/// A library error without a [`Failure`] variant of its own, with its chain of causes.
-fn cause(op: &str, err: &dyn std::error::Error) -> Failure {
-    let mut text = format!("{op}: {err}");
-    let mut source = err.source();
-    while let Some(next) = source {
-        text.push_str(&format!(": {next}"));
-        source = next.source();
-    }
-    Failure::Check(text)
 }
 
 /// Waits for the kernel to log a DMA fault of `kind` by edu at `target` (the page the fault

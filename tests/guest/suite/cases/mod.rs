@@ -13,6 +13,7 @@ use crate::Boot;
 
 mod capi;
 mod cli;
+mod dmabuf;
 mod hotplug;
 mod iommu;
 mod map_cost;
@@ -24,6 +25,7 @@ mod removal;
 mod stage;
 mod streams;
 mod uio;
+mod v4l2_capture;
 mod vfio;
 
 /// One case: a name (what the harness reports), the boots it runs in, and the code.
@@ -221,6 +223,27 @@ pub(crate) const ALL: &[Case] = &[
         boots: &[Boot::IommuPt],
         run: removal::vfio_bus_reset,
     },
+    // dma-bufs, on Debian 13's kernel (udmabuf, the system dma-heap; vivid loaded by init).
+    Case {
+        name: "dmabuf-heap-capture",
+        boots: &[Boot::Iommufd],
+        run: v4l2_capture::heap_capture,
+    },
+    Case {
+        name: "dmabuf-vivid-capture",
+        boots: &[Boot::Iommufd],
+        run: dmabuf::vivid_capture,
+    },
+    Case {
+        name: "dmabuf-refusals",
+        boots: &[Boot::Iommufd],
+        run: dmabuf::refusals,
+    },
+    Case {
+        name: "dmabuf-loopback-import",
+        boots: &[Boot::Iommufd],
+        run: dmabuf::loopback_import,
+    },
     // Last: it loads the kernel's nvme driver (and unloads it), which would claim the NVMe
     // controller whenever an earlier case returned it to no driver.
     Case {
@@ -306,6 +329,17 @@ impl Buffer<'_> {
 }
 
 /// A locked region of `len` bytes of `page_size` pages.
+/// A library error without a [`Failure`] variant of its own, with its chain of causes.
+pub(crate) fn cause(op: &str, err: &dyn std::error::Error) -> Failure {
+    let mut text = format!("{op}: {err}");
+    let mut source = err.source();
+    while let Some(next) = source {
+        text.push_str(&format!(": {next}"));
+        source = next.source();
+    }
+    Failure::Check(text)
+}
+
 pub(crate) fn region(len: usize, page_size: PageSize) -> Result<Arc<Region>, Failure> {
     let region = Region::builder(len)
         .page_size(page_size)
