@@ -400,7 +400,9 @@ pub enum Error {
     },
 
     /// The dma-buf cannot be put in this DMA space.
-    #[error("cannot import a {len:#x}-byte dma-buf from {exporter} into a {space} space: {why}")]
+    #[error(
+        "cannot import a {len:#x}-byte dma-buf from {exporter} into this {space} space: {why}"
+    )]
     NotImportable {
         /// The space.
         space: dma::Kind,
