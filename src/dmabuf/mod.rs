@@ -4,7 +4,7 @@
 //! dma-bufs. This module makes the memory a device's pool lives in one of them, and takes theirs
 //! in:
 //!
-//! - **Export** ([`export`]): page-aligned ranges of a [`Region`](crate::memory::Region) that lives
+//! - **Export** ([`export`]): page-aligned ranges of a [`Region`] that lives
 //!   in a memfd (every region [`Runtime::pool`](crate::Runtime::pool) and `map_memory` make) become
 //!   one dma-buf through `/dev/udmabuf`: an importer writes frames straight into the pool's
 //!   buffers. The reverse lookup ([`origin`], [`Export::region_offset`]) says which bytes of which
