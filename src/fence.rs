@@ -304,7 +304,7 @@ mod tests {
         let fence = Fence::from_fd(Fence::new().unwrap().into_fd());
         assert!(fence.is_signalable());
         fence.signal().unwrap();
-        let (read, _write) = nix::unistd::pipe().unwrap();
+        let (read, _write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
         let other = Fence::from_fd(read);
         assert!(!other.is_signalable());
         assert!(matches!(other.signal(), Err(Error::NotSignalable)));

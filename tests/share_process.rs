@@ -132,7 +132,7 @@ fn a_pool_and_fences_cross_to_another_process() {
     done.wait(WAIT).expect("the child's fence after ours");
 
     // A message with more descriptors than items, then a good one.
-    let (r, _w) = nix::unistd::pipe().unwrap();
+    let (r, _w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     let raw = [r.as_raw_fd(), r.as_raw_fd()];
     let bytes = {
         let mut b = b"UDMS".to_vec();

@@ -37,7 +37,7 @@ static void test_fences(void)
 	close(fd);
 
 	int p[2];
-	CHECK(pipe(p) == 0);
+	CHECK(pipe2(p, O_CLOEXEC) == 0);
 	FAILS(udma_fence_signal(p[0]), UDMA_ERR_INVALID_ARGUMENT, "another driver's");
 	FAILS(udma_fence_wait(p[0], 0), UDMA_ERR_TIMEOUT, "not signalled");
 	CHECK(write(p[1], "x", 1) == 1);
@@ -99,7 +99,7 @@ static void test_share(void)
 
 	/* More items than room: refused, and the descriptors that came are closed. */
 	int p[2];
-	CHECK(pipe(p) == 0);
+	CHECK(pipe2(p, O_CLOEXEC) == 0);
 	udma_share_item three[3] = {
 		{.kind = UDMA_SHARE_FENCE, .fd = p[0]},
 		{.kind = UDMA_SHARE_FENCE, .fd = p[0]},

@@ -28,11 +28,18 @@ struct Input {
 
 fn make(fd: &Fd) -> (OwnedFd, Option<OwnedFd>) {
     match fd {
+        // Close-on-exec, every one: libFuzzer forks a symbolizer when it reports new coverage,
+        // and a read end that child inherited would stay open whatever the decoder did.
         Fd::Pipe => {
-            let (r, w) = nix::unistd::pipe().unwrap();
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
             (r, Some(w))
         }
-        Fd::Event => (nix::sys::eventfd::EventFd::new().unwrap().into(), None),
+        Fd::Event => (
+            nix::sys::eventfd::EventFd::from_flags(nix::sys::eventfd::EfdFlags::EFD_CLOEXEC)
+                .unwrap()
+                .into(),
+            None,
+        ),
         Fd::Memfd(pages) => {
             let fd = nix::sys::memfd::memfd_create(c"fuzz", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
                 .unwrap();

@@ -20,9 +20,12 @@ fn pair() -> (OwnedFd, OwnedFd) {
 
 /// `n` pipes: the read ends to hand over, and the write ends, which fail with `EPIPE` once every
 /// copy of their read end is closed (Rust ignores SIGPIPE), so a test sees whether descriptors
-/// it gave away were closed, whatever other tests open meanwhile.
+/// it gave away were closed, whatever other tests open meanwhile. Close-on-exec: a process
+/// another thread spawns must not inherit a read end and keep it open.
 fn pipes(n: usize) -> (Vec<OwnedFd>, Vec<OwnedFd>) {
-    (0..n).map(|_| nix::unistd::pipe().unwrap()).unzip()
+    (0..n)
+        .map(|_| nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap())
+        .unzip()
 }
 
 fn all_closed(writers: &[OwnedFd]) -> bool {
