@@ -134,14 +134,7 @@ impl Builder {
             sysfs_root,
             meminfo,
         } = self;
-        let page = page_size.bytes();
-        if len == 0 || len % page != 0 {
-            return Err(Error::InvalidLength {
-                len,
-                page_size,
-                suggested: len.max(1).div_ceil(page).saturating_mul(page),
-            });
-        }
+        whole_pages(len, page_size)?;
         if !page_size.is_huge() {
             if let Some(available) = mem_available(&meminfo) {
                 if u64_of(len) > available {
@@ -388,6 +381,20 @@ pub struct Region {
 
 mod borrowed;
 mod external;
+
+/// A region's length must be a positive multiple of its page size
+/// ([`Error::InvalidLength`], with the nearest length that is).
+fn whole_pages(len: usize, page_size: PageSize) -> Result<(), Error> {
+    let page = page_size.bytes();
+    if len == 0 || len % page != 0 {
+        return Err(Error::InvalidLength {
+            len,
+            page_size,
+            suggested: len.max(1).div_ceil(page).saturating_mul(page),
+        });
+    }
+    Ok(())
+}
 
 // SAFETY: a Region owns its mapping outright; the mapping is process-wide, so it may be used and
 // unmapped from any thread. No Rust reference into the memory exists: every access goes through

@@ -35,14 +35,8 @@ impl Region {
         len: usize,
         page_size: PageSize,
     ) -> Result<Region, Error> {
+        super::whole_pages(len, page_size)?;
         let page = page_size.bytes();
-        if len == 0 || len % page != 0 {
-            return Err(Error::InvalidLength {
-                len,
-                page_size,
-                suggested: len.max(1).div_ceil(page).saturating_mul(page),
-            });
-        }
         let addr = ptr.as_ptr() as usize;
         if addr % page != 0 {
             return Err(Error::Unaligned {

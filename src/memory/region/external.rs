@@ -18,14 +18,7 @@ impl Region {
     /// [`Error::Map`] when the exporter refuses the mapping.
     pub(crate) fn of_exported_file(file: OwnedFd, len: usize) -> Result<Region, Error> {
         let page_size = PageSize::Base;
-        let page = page_size.bytes();
-        if len == 0 || len % page != 0 {
-            return Err(Error::InvalidLength {
-                len,
-                page_size,
-                suggested: len.max(1).div_ceil(page).saturating_mul(page),
-            });
-        }
+        super::whole_pages(len, page_size)?;
         // SAFETY: `file` is open and the caller read its size as at least `len`; the mapping
         // is fresh and becomes the Region's, which unmaps it once on drop.
         let ptr =
