@@ -118,31 +118,64 @@ pub struct Record {
 /// [`Error::Count`] for none or more than [`MAX_ITEMS`]; [`Error::NoFile`] for a region with no
 /// file (anonymous or the caller's memory cannot be shared).
 pub fn encode<'a>(items: &[Item<'a>]) -> Result<(Vec<u8>, Vec<BorrowedFd<'a>>), Error> {
-    if items.is_empty() || items.len() > MAX_ITEMS {
-        return Err(Error::Count { count: items.len() });
+    let mut records = Vec::with_capacity(items.len());
+    let mut fds = Vec::with_capacity(items.len());
+    for item in items {
+        let (record, fd) = match *item {
+            Item::Region(region) => (
+                Record {
+                    kind: KIND_REGION,
+                    page_size: Some(region.page_size()),
+                    len: region.len() as u64,
+                },
+                region.fd().ok_or(Error::NoFile)?,
+            ),
+            Item::DmaBuf(buf) => (
+                Record {
+                    kind: KIND_DMABUF,
+                    page_size: None,
+                    len: buf.len() as u64,
+                },
+                buf.fd(),
+            ),
+            Item::Fence(fence) => (
+                Record {
+                    kind: KIND_FENCE,
+                    page_size: None,
+                    len: 0,
+                },
+                fence.fd(),
+            ),
+        };
+        records.push(record);
+        fds.push(fd);
     }
-    let mut bytes = Vec::with_capacity(HEADER + ITEM * items.len());
+    Ok((encode_records(&records)?, fds))
+}
+
+/// The message bytes of `records`: the header, then one item each.
+///
+/// # Errors
+/// [`Error::Count`] for none or more than [`MAX_ITEMS`].
+fn encode_records(records: &[Record]) -> Result<Vec<u8>, Error> {
+    if records.is_empty() || records.len() > MAX_ITEMS {
+        return Err(Error::Count {
+            count: records.len(),
+        });
+    }
+    let mut bytes = Vec::with_capacity(HEADER + ITEM * records.len());
     bytes.extend_from_slice(&MAGIC);
     bytes.extend_from_slice(&VERSION.to_le_bytes());
     // At most MAX_ITEMS, checked above.
-    bytes.extend_from_slice(&(items.len() as u16).to_le_bytes());
-    let mut fds = Vec::with_capacity(items.len());
-    for item in items {
-        let (kind, page_log2, len, fd) = match *item {
-            Item::Region(region) => (
-                KIND_REGION,
-                region.page_size().bytes().trailing_zeros() as u8,
-                region.len() as u64,
-                region.fd().ok_or(Error::NoFile)?,
-            ),
-            Item::DmaBuf(buf) => (KIND_DMABUF, 0, buf.len() as u64, buf.fd()),
-            Item::Fence(fence) => (KIND_FENCE, 0, 0, fence.fd()),
-        };
-        bytes.extend_from_slice(&[kind, page_log2, 0, 0, 0, 0, 0, 0]);
-        bytes.extend_from_slice(&len.to_le_bytes());
-        fds.push(fd);
+    bytes.extend_from_slice(&(records.len() as u16).to_le_bytes());
+    for record in records {
+        let page_log2 = record
+            .page_size
+            .map_or(0, |page| page.bytes().trailing_zeros() as u8);
+        bytes.extend_from_slice(&[record.kind, page_log2, 0, 0, 0, 0, 0, 0]);
+        bytes.extend_from_slice(&record.len.to_le_bytes());
     }
-    Ok((bytes, fds))
+    Ok(bytes)
 }
 
 /// Decodes a message's bytes into records, checking everything but the descriptors: magic,
@@ -303,20 +336,8 @@ pub fn send_records(
     socket: BorrowedFd<'_>,
     items: &[(Record, BorrowedFd<'_>)],
 ) -> Result<(), Error> {
-    if items.is_empty() || items.len() > MAX_ITEMS {
-        return Err(Error::Count { count: items.len() });
-    }
-    let mut bytes = Vec::with_capacity(HEADER + ITEM * items.len());
-    bytes.extend_from_slice(&MAGIC);
-    bytes.extend_from_slice(&VERSION.to_le_bytes());
-    bytes.extend_from_slice(&(items.len() as u16).to_le_bytes());
-    for (record, _) in items {
-        let page_log2 = record
-            .page_size
-            .map_or(0, |page| page.bytes().trailing_zeros() as u8);
-        bytes.extend_from_slice(&[record.kind, page_log2, 0, 0, 0, 0, 0, 0]);
-        bytes.extend_from_slice(&record.len.to_le_bytes());
-    }
+    let records: Vec<Record> = items.iter().map(|&(record, _)| record).collect();
+    let bytes = encode_records(&records)?;
     decode_records(&bytes, items.len())?;
     let fds: Vec<BorrowedFd<'_>> = items.iter().map(|&(_, fd)| fd).collect();
     send_bytes(socket, &bytes, &fds)
@@ -486,8 +507,10 @@ impl Error {
     pub fn code(&self) -> crate::Code {
         use crate::Code;
         match self {
-            Error::Count { .. } | Error::NoFile | Error::Kind { .. } => Code::InvalidArgument,
-            Error::Truncated { .. }
+            Error::Count { .. }
+            | Error::NoFile
+            | Error::Kind { .. }
+            | Error::Truncated { .. }
             | Error::Malformed { .. }
             | Error::Version { .. }
             | Error::Descriptors { .. }

@@ -6,6 +6,7 @@
 //! keeps one).
 
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
@@ -229,11 +230,7 @@ pub unsafe extern "C" fn udma_fence_create(fd: *mut i32) -> udma_status {
 #[no_mangle]
 pub unsafe extern "C" fn udma_fence_signal(fd: i32) -> udma_status {
     call("udma_fence_signal", || {
-        let fence = borrowed_fence(fd)?;
-        let result = fence.signal();
-        // The caller's descriptor: not closed here.
-        let _ = fence.into_fd().into_raw_fd();
-        result.map_err(lib)
+        borrowed_fence(fd)?.signal().map_err(lib)
     })
 }
 
@@ -248,21 +245,20 @@ pub unsafe extern "C" fn udma_fence_signal(fd: i32) -> udma_status {
 #[no_mangle]
 pub unsafe extern "C" fn udma_fence_wait(fd: i32, timeout_ns: u64) -> udma_status {
     call("udma_fence_wait", || {
-        let fence = borrowed_fence(fd)?;
         let timeout = (timeout_ns != u64::MAX).then(|| Duration::from_nanos(timeout_ns));
-        let result = fence.wait(timeout);
-        let _ = fence.into_fd().into_raw_fd();
-        result.map_err(lib)
+        borrowed_fence(fd)?.wait(timeout).map_err(lib)
     })
 }
 
-/// A `Fence` over the caller's descriptor, which the caller keeps: give the number back with
-/// `into_fd().into_raw_fd()`, never drop it.
-fn borrowed_fence(fd: i32) -> Result<Fence, Fail> {
+/// A `Fence` over the caller's descriptor, which the caller keeps: never dropped, so the
+/// descriptor is not closed, whatever happens during the call.
+fn borrowed_fence(fd: i32) -> Result<ManuallyDrop<Fence>, Fail> {
     let fd = borrowed(fd, "fd")?.as_raw_fd();
-    // SAFETY: open (checked); the Fence is turned back into the raw number by every caller
-    // without closing it.
-    Ok(Fence::from_fd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    // SAFETY: open (checked); the Fence is never dropped (ManuallyDrop), so this OwnedFd never
+    // closes the caller's descriptor.
+    Ok(ManuallyDrop::new(Fence::from_fd(unsafe {
+        OwnedFd::from_raw_fd(fd)
+    })))
 }
 
 /// A fence that signals when frame `frame` of the pipeline is done (handed to postprocessing,

@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use super::{origin, DmaBuf, Error};
 use crate::dma::{self, Access, Iova, Kind, Mapping, Space};
-use crate::memory::Region;
 
 /// How an [`Imported`] dma-buf reached the DMA space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,15 +113,7 @@ pub fn import(space: &dyn Space, buf: &DmaBuf, access: Access) -> Result<Importe
         why,
         source,
     };
-    let view = || -> Result<Arc<Region>, Error> {
-        let fd = buf
-            .fd()
-            .try_clone_to_owned()
-            .map_err(|source| Error::Stat { source })?;
-        Region::of_exported_file(fd, buf.len())
-            .map(Arc::new)
-            .map_err(|source| Error::View { source })
-    };
+    let view = || buf.cpu_view().map(Arc::new);
     let (mapped, via, why) = match space.kind() {
         Kind::Physical => {
             return Err(refuse(
