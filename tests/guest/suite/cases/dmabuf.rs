@@ -81,6 +81,22 @@ fn frame_block<'p>(pool: &'p Pool, buffer: &OwnedBuffer) -> Result<Slice<'p>, Fa
         .map_err(|e| cause("the frame buffer's block", &e))
 }
 
+/// `len` bytes at `offset` of a dma-buf, read through its own CPU mapping between
+/// `DMA_BUF_IOCTL_SYNC` brackets.
+fn read_back(buf: &DmaBuf, offset: usize, len: usize) -> Result<Vec<u8>, Failure> {
+    let view = buf
+        .cpu_view()
+        .map_err(|e| cause("map the dma-buf for the CPU", &e))?;
+    buf.sync(CpuAccess::Read, true)
+        .map_err(|e| cause("sync", &e))?;
+    let mut got = vec![0u8; len];
+    let read = Slice::from_region(&view).read_into(offset, &mut got);
+    buf.sync(CpuAccess::Read, false)
+        .map_err(|e| cause("sync", &e))?;
+    read.context(|| "read the dma-buf".to_owned())?;
+    Ok(got)
+}
+
 /// Copies `len` bytes at `from` through edu into `to`, and returns how long edu took.
 fn through_edu(edu: &Edu, from: u64, to: u64, len: usize) -> Result<Duration, Failure> {
     let a = edu.dma(Direction::ToDevice, from, len)?;
@@ -355,17 +371,7 @@ pub(crate) fn refusals(env: &Env) -> Result<(), Failure> {
                 .write_from(0, &pattern(902, TRANSFER))
                 .context(|| "fill".to_owned())?;
             through_edu(&edu, b.addr, imported.iova().raw(), TRANSFER)?;
-            let view = heap
-                .cpu_view()
-                .map_err(|e| cause("map the heap buffer", &e))?;
-            heap.sync(CpuAccess::Read, true)
-                .map_err(|e| cause("sync", &e))?;
-            let mut got = vec![0u8; TRANSFER];
-            Slice::from_region(&view)
-                .read_into(0, &mut got)
-                .context(|| "read the heap buffer".to_owned())?;
-            heap.sync(CpuAccess::Read, false)
-                .map_err(|e| cause("sync", &e))?;
+            let got = read_back(&heap, 0, TRANSFER)?;
             ensure!(
                 got == pattern(902, TRANSFER),
                 "edu's write into the heap buffer differs"
@@ -436,17 +442,7 @@ pub(crate) fn loopback_import(_env: &Env) -> Result<(), Failure> {
         );
     }
     // The NPU's write is in the heap buffer, read through the dma-buf's own mapping.
-    let view = heap
-        .cpu_view()
-        .map_err(|e| cause("map the heap buffer", &e))?;
-    heap.sync(CpuAccess::Read, true)
-        .map_err(|e| cause("sync", &e))?;
-    let mut got = vec![0u8; TRANSFER];
-    Slice::from_region(&view)
-        .read_into(4096, &mut got)
-        .context(|| "read the heap buffer".to_owned())?;
-    heap.sync(CpuAccess::Read, false)
-        .map_err(|e| cause("sync", &e))?;
+    let got = read_back(&heap, 4096, TRANSFER)?;
     ensure!(
         got == pattern(903, TRANSFER),
         "the heap buffer does not hold the NPU's write"
