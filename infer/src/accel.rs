@@ -42,8 +42,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use userdma::device::Wait;
-use userdma::dma::Iova;
+use userdma::dma::{Iova, Mapping};
 use userdma::irq::EventFd;
+use userdma::memory::Region;
 use userdma::pool::Pool;
 use userdma::ring;
 
@@ -344,6 +345,22 @@ pub trait Accelerator: Send + Sync + fmt::Debug {
     /// # Errors
     /// No memory, no IOVA space.
     fn host_pool(&self, bytes: usize) -> Result<Arc<Pool>, crate::Error>;
+
+    /// Maps `region` (host memory, perhaps shared with another process) into the device's DMA
+    /// space for ops to name by IOVA: a device owner maps each client's pool this way.
+    /// Default: [`userdma::Error::Unsupported`].
+    ///
+    /// # Errors
+    /// No IOVA space; a device that cannot map memory it did not allocate.
+    fn map_host(&self, region: Arc<Region>) -> Result<Mapping, crate::Error> {
+        let _ = region;
+        Err(userdma::Error::Unsupported {
+            device: self.identity(),
+            what: "mapping a caller's host memory",
+            hint: "implement Accelerator::map_host for this device",
+        }
+        .into())
+    }
 
     /// An arena of `bytes` aligned to `align` (a power of two).
     ///

@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::{Accelerator, Arena, Capabilities, Completion, Op, Queue, QueueSpec, Stopped, Unit};
 use crate::pipeline::{Step, WorkingSet};
 use userdma::device::Device;
-use userdma::dma::DeviceOffset;
-use userdma::memory::PageSize;
+use userdma::dma::{DeviceOffset, Mapping};
+use userdma::memory::{PageSize, Region};
 use userdma::pool::Pool;
 use userdma::ring::{self, Command};
 use userdma::Runtime;
@@ -77,6 +77,10 @@ impl Accelerator for LoopbackEngine {
 
     fn host_pool(&self, bytes: usize) -> Result<Arc<Pool>, crate::Error> {
         Ok(self.runtime.pool(bytes, PageSize::Base)?)
+    }
+
+    fn map_host(&self, region: Arc<Region>) -> Result<Mapping, crate::Error> {
+        Ok(self.runtime.dma_space().map(region)?)
     }
 
     fn alloc_arena(&self, bytes: u64, align: u64) -> Result<Arena, crate::Error> {

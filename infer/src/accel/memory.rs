@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Accelerator, Arena, Capabilities, Completion, Op, Queue, QueueSpec, Stopped, Unit};
-use userdma::dma::{self, Iova, SoftIommu};
-use userdma::memory::PageSize;
+use userdma::dma::{self, Iova, Mapping, SoftIommu, Space};
+use userdma::memory::{PageSize, Region};
 use userdma::pool::Pool;
 
 /// Status of an op that named memory not mapped in the engine's DMA space.
@@ -125,6 +125,10 @@ impl Accelerator for MemoryEngine {
             interrupts: false,
             queues: self.queues,
         }
+    }
+
+    fn map_host(&self, region: Arc<Region>) -> Result<Mapping, crate::Error> {
+        Ok(self.shared.space.map(region)?)
     }
 
     fn host_pool(&self, bytes: usize) -> Result<Arc<Pool>, crate::Error> {

@@ -61,6 +61,30 @@ pub enum Error {
         /// The engine's name for it.
         status: &'static str,
     },
+    /// A read of a result that went to the caller's own memory
+    /// ([`Pipeline::try_submit_spans`](super::Pipeline::try_submit_spans)): the caller reads it
+    /// there.
+    #[error(
+        "frame {frame}'s result went to the caller's buffer (Pipeline::try_submit_spans): read \
+         it there, not through Output::read"
+    )]
+    CallerResult {
+        /// The frame.
+        frame: u64,
+    },
+    /// A caller's span shorter than the model's input or result.
+    #[error(
+        "the caller's {what} span holds {len} bytes, the model's {what} needs {needed}: give a \
+         buffer at least that long"
+    )]
+    ShortSpan {
+        /// "input" or "result".
+        what: &'static str,
+        /// The span's length.
+        len: u64,
+        /// The model's bytes.
+        needed: u64,
+    },
     /// A read of an in-place result ([`Output::read`](super::Output::read)) that leaves it.
     #[error(
         "a read of {len} bytes at {offset} of a {size}-byte result: read inside the result \
@@ -112,6 +136,8 @@ impl Error {
             | Error::HostBuffers { .. }
             | Error::ResultCopy { .. }
             | Error::OutsideResult { .. }
+            | Error::CallerResult { .. }
+            | Error::ShortSpan { .. }
             | Error::EmptyMapping { .. }
             | Error::Lacks { .. } => userdma::Code::InvalidArgument,
         }

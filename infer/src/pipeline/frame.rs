@@ -80,6 +80,11 @@ pub(super) enum Source<'a> {
         at: u64,
         len: usize,
     },
+    /// The caller's own memory ([`Pipeline::try_submit_spans`](super::Pipeline::try_submit_spans)).
+    Caller {
+        frame: u64,
+        len: usize,
+    },
 }
 
 impl Output<'_> {
@@ -87,7 +92,7 @@ impl Output<'_> {
     pub fn len(&self) -> usize {
         match self.source {
             Source::Host(buffer) => buffer.len(),
-            Source::Device { len, .. } => len,
+            Source::Device { len, .. } | Source::Caller { len, .. } => len,
         }
     }
 
@@ -102,12 +107,18 @@ impl Output<'_> {
         matches!(self.source, Source::Device { .. })
     }
 
-    /// The slot's host result buffer (`None` for a result read in place), for a
-    /// [`FrameSink`](crate::stage::FrameSink) to write from.
+    /// Whether the result went to the caller's own memory
+    /// ([`Pipeline::try_submit_spans`](super::Pipeline::try_submit_spans)): read it there.
+    pub fn in_caller_memory(&self) -> bool {
+        matches!(self.source, Source::Caller { .. })
+    }
+
+    /// The slot's host result buffer (`None` for a result read in place or in the caller's
+    /// memory), for a [`FrameSink`](crate::stage::FrameSink) to write from.
     pub(crate) fn host_buffer(&self) -> Option<&OwnedBuffer> {
         match self.source {
             Source::Host(buffer) => Some(buffer),
-            Source::Device { .. } => None,
+            Source::Device { .. } | Source::Caller { .. } => None,
         }
     }
 
@@ -115,7 +126,7 @@ impl Output<'_> {
     ///
     /// # Errors
     /// [`userdma::Error::Pool`] (a host result) or [`Error::OutsideResult`] (in place) if the
-    /// range leaves the result.
+    /// range leaves the result; [`Error::CallerResult`] for a result in the caller's memory.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), crate::Error> {
         match self.source {
             Source::Host(buffer) => Ok(buffer.read(offset, dst)?),
@@ -130,6 +141,7 @@ impl Output<'_> {
                 }
                 device.read_arena(at + offset as u64, dst)
             }
+            Source::Caller { frame, .. } => Err(Error::CallerResult { frame }.into()),
         }
     }
 }

@@ -113,6 +113,9 @@ struct Progress {
     times: Times,
     /// Completions of the frame not yet seen.
     outstanding: u32,
+    /// The frame's input and result are the caller's host memory rather than the slot's
+    /// buffers ([`Pipeline::try_submit_spans`]).
+    spans: Option<(accel::HostSpan, accel::HostSpan)>,
 }
 
 /// A queue of the pipeline, as opened (to open it again after a reset).

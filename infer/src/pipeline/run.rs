@@ -6,10 +6,10 @@
 
 use std::time::Instant;
 
-use super::descriptor::{op_of, step_name, tag, untag, Next, WAIT_STEP};
+use super::descriptor::{op_at, op_of, step_name, tag, untag, Next, WAIT_STEP};
 use super::frame::Source;
 use super::{Finished, FrameError, Input, Output, Pipeline, Summary, COMPUTE, D2H, H2D};
-use crate::accel::{Completion, Op};
+use crate::accel::{Completion, HostSpan, Op};
 
 impl Pipeline {
     /// Pushes `op` with `tag` to queue `q`. The ring holds every slot's ops, and a slot of
@@ -41,6 +41,56 @@ impl Pipeline {
         &mut self,
         preprocess: impl FnOnce(u64, &Input<'_>) -> Result<(), crate::Error>,
     ) -> Result<Option<u64>, crate::Error> {
+        self.submit(None, preprocess)
+    }
+
+    /// Queues a frame whose input is read from `input` and whose result is written to
+    /// `result`, the caller's host memory mapped into the device's DMA space, rather than the
+    /// slot's buffers: no copy into the pipeline (a device owner runs its clients' buffers
+    /// this way). Returns the frame number, or `None` when every slot is in flight. The
+    /// finished frame's [`Output`] says the result is in the caller's memory
+    /// ([`Output::in_caller_memory`]); results read in place
+    /// ([`Results::InPlace`](super::Results::InPlace)) are copied to `result` all the same.
+    ///
+    /// # Errors
+    /// [`Error::ShortSpan`](super::Error::ShortSpan) for a span shorter than the model's input
+    /// or result; as [`Pipeline::try_submit`].
+    ///
+    /// # Safety
+    /// Both spans must be mapped into this pipeline's device's DMA space at their IOVAs and
+    /// reachable by the host at their pointers, for their lengths, until the frame is handed
+    /// to postprocessing or taken back by a recovery ([`Pipeline::recover`],
+    /// [`Pipeline::reclaim`]), or the pipeline is dropped: the device and host steps read and
+    /// write them meanwhile.
+    ///
+    /// [`Pipeline::recover`]: super::Pipeline::recover
+    /// [`Pipeline::reclaim`]: super::Pipeline::reclaim
+    pub unsafe fn try_submit_spans(
+        &mut self,
+        input: HostSpan,
+        result: HostSpan,
+    ) -> Result<Option<u64>, crate::Error> {
+        let (i, r) = (self.model.input().bytes, self.model.result().bytes);
+        for (what, span, needed) in [("input", input, i), ("result", result, r)] {
+            if span.len < needed {
+                return Err(super::Error::ShortSpan {
+                    what,
+                    len: span.len,
+                    needed,
+                }
+                .into());
+            }
+        }
+        self.submit(Some((input, result)), |_, _| Ok(()))
+    }
+
+    /// [`Pipeline::try_submit`], with the frame's input and result in the slot's buffers
+    /// (`spans` `None`) or in the caller's.
+    fn submit(
+        &mut self,
+        spans: Option<(HostSpan, HostSpan)>,
+        preprocess: impl FnOnce(u64, &Input<'_>) -> Result<(), crate::Error>,
+    ) -> Result<Option<u64>, crate::Error> {
         if self.queues.is_empty() {
             return Err(self.removed());
         }
@@ -49,17 +99,20 @@ impl Pipeline {
         };
         let frame = self.next_frame;
         let began = Instant::now();
-        preprocess(
-            frame,
-            &Input {
-                buffer: &self.slots[index].input,
-            },
-        )?;
+        if spans.is_none() {
+            preprocess(
+                frame,
+                &Input {
+                    buffer: &self.slots[index].input,
+                },
+            )?;
+        }
         self.free.pop_front();
         self.busy[index] = true;
         let steps = self.model.steps().len();
         let split = self.config.split;
-        let in_place = self.path.in_place;
+        // A result in the caller's memory is always copied there.
+        let in_place = self.path.in_place && spans.is_none();
         // The frame's ops in order, as (queue, op k or a wait on a queue): H2D; with `split` a
         // wait on H2D ahead of the steps; the steps; unless results are read in place, with
         // `split` a wait on the steps, and the D2H copy. The last one is tagged last.
@@ -94,6 +147,7 @@ impl Pipeline {
         p.error = None;
         p.times.preprocess = began;
         p.outstanding = total as u32;
+        p.spans = spans;
         let mut left = total;
         for &(q, next) in &plan[..n] {
             let (first, count) = match next {
@@ -105,7 +159,15 @@ impl Pipeline {
                 left -= 1;
                 let (op, step) = match next {
                     Next::WaitOn(on) => (self.wait_for(on), WAIT_STEP),
-                    _ => (op_of(&self.model, &self.slots[index], k), k as u16),
+                    _ => {
+                        let op = match spans {
+                            None => op_of(&self.model, &self.slots[index], k),
+                            Some((input, result)) => {
+                                op_at(&self.model, self.slots[index].arena, input, result, k)
+                            }
+                        };
+                        (op, k as u16)
+                    }
                 };
                 if let Err(err) = self.push_to(q, op, tag(index, step, left == 0)) {
                     if left + 1 == total {
@@ -197,7 +259,7 @@ impl Pipeline {
         }
         p.outstanding = p.outstanding.saturating_sub(1);
         if last {
-            if self.path.in_place {
+            if self.path.in_place && p.spans.is_none() {
                 p.times.computed = now;
             }
             p.times.to_host = now;
@@ -230,7 +292,12 @@ impl Pipeline {
                 None => {
                     let r = self.model.result();
                     self.summary.bytes_to_host += r.bytes;
-                    let source = if self.path.in_place {
+                    let source = if let Some((_, result)) = progress.spans {
+                        Source::Caller {
+                            frame: progress.frame,
+                            len: result.len as usize,
+                        }
+                    } else if self.path.in_place {
                         Source::Device {
                             device: self.device.as_ref(),
                             at: slot.arena + r.offset,

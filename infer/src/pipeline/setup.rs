@@ -169,6 +169,7 @@ impl Pipeline {
                     error: None,
                     times,
                     outstanding: 0,
+                    spans: None,
                 };
                 config.depth
             ],

@@ -1,0 +1,757 @@
+//! A client of the device owner: connect, declare streams, take buffers from the pool the
+//! owner made for it, submit frames and take their completions through the shared rings.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use userdma_owner::{Client, Options, StreamDecl};
+//!
+//! let mut client = Client::connect("/run/userdma/owner.sock", &Options::default())?;
+//! let stream = client.declare(&StreamDecl::new("camera0", "yolov5s").priority(1).period(Duration::from_millis(40)))?;
+//! let pool = std::sync::Arc::clone(client.pool());
+//! let input = pool.alloc(stream.input_bytes as usize)?;
+//! let result = pool.alloc(stream.result_bytes as usize)?;
+//! input.write(0, &[0u8; 64])?;
+//! client.submit(&stream, &input, &result, 1)?;
+//! let done = client.wait(Some(Duration::from_secs(5)))?;
+//! assert_eq!(done.tag, 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! A frame costs no system call while the owner is busy: the submission goes into the ring
+//! and the owner's doorbell is rung only when the owner sleeps; [`Client::wait`] sleeps on
+//! the completion doorbell only when nothing has completed. The input and result buffers stay
+//! the client's own: the device reads the input and writes the result where they are.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr};
+use userdma::dma::{SoftIommu, Space};
+use userdma::fence::Fence;
+use userdma::memory::Region;
+use userdma::pool::{Buffer, Exhaustion, Pool};
+use userdma::share::{self, Received};
+
+use crate::chan::{Completion, Rings, Submission};
+use crate::proto::{
+    self, ClientFigures, EventKind, Msg, Name, OwnerFigures, StreamFigures, MAX_MESSAGE,
+};
+use crate::Error;
+
+/// How long a request waits for the owner's answer.
+const ANSWER: Duration = Duration::from_secs(30);
+
+/// What a client asks for when it connects.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Its pool's bytes (the owner caps it at its limit).
+    pub pool_bytes: u64,
+    /// Its name in the owner's accounting.
+    pub name: String,
+}
+
+impl Default for Options {
+    /// A 16 MiB pool, named after the program.
+    fn default() -> Options {
+        let name = std::env::args()
+            .next()
+            .and_then(|a| {
+                Path::new(&a)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "client".into());
+        let mut name = name;
+        while name.len() > proto::NAME {
+            name.pop();
+        }
+        Options {
+            pool_bytes: 16 << 20,
+            name,
+        }
+    }
+}
+
+/// A stream to declare.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamDecl {
+    /// Its name (unique among the client's streams, at most 32 bytes).
+    pub name: String,
+    /// The model, by name in the owner's catalogue.
+    pub model: String,
+    /// Higher runs first.
+    pub priority: u8,
+    /// Its frames' period (`None`: as fast as possible).
+    pub period: Option<Duration>,
+    /// A frame that has waited this long runs next, whatever its priority.
+    pub max_wait: Option<Duration>,
+}
+
+impl StreamDecl {
+    /// A stream of `model`, priority 0, as fast as possible, no maximum wait.
+    pub fn new(name: &str, model: &str) -> StreamDecl {
+        StreamDecl {
+            name: name.into(),
+            model: model.into(),
+            priority: 0,
+            period: None,
+            max_wait: None,
+        }
+    }
+
+    /// With priority `p`.
+    #[must_use]
+    pub fn priority(mut self, p: u8) -> StreamDecl {
+        self.priority = p;
+        self
+    }
+
+    /// Frames every `period`.
+    #[must_use]
+    pub fn period(mut self, period: Duration) -> StreamDecl {
+        self.period = Some(period);
+        self
+    }
+
+    /// A maximum wait.
+    #[must_use]
+    pub fn max_wait(mut self, wait: Duration) -> StreamDecl {
+        self.max_wait = Some(wait);
+        self
+    }
+}
+
+/// A declared stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stream {
+    /// Its number in submissions and completions.
+    pub id: u32,
+    /// Its name.
+    pub name: String,
+    /// An input buffer's least length.
+    pub input_bytes: u64,
+    /// A result buffer's least length.
+    pub result_bytes: u64,
+}
+
+/// Something the owner told every client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    /// What.
+    pub kind: EventKind,
+    /// The fault's code, or 0.
+    pub detail: u64,
+}
+
+/// A stats answer: this client's streams, the clients the owner shows it, the owner's totals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stats {
+    /// One per stream of this client.
+    pub streams: Vec<StreamFigures>,
+    /// This client (and every other, for an administrator).
+    pub clients: Vec<ClientFigures>,
+    /// The owner's totals.
+    pub owner: OwnerFigures,
+}
+
+/// A connection to a device owner. See the module docs.
+#[derive(Debug)]
+pub struct Client {
+    socket: OwnedFd,
+    id: u64,
+    pool: Arc<Pool>,
+    /// The rings' memory (mapped here; `rings` points into it).
+    rings_region: Region,
+    rings_words: NonNull<AtomicU64>,
+    rings_len: usize,
+    /// Rung to wake the owner; rung by the owner to wake this client.
+    owner_bell: Fence,
+    bell: Fence,
+    streams: Vec<Stream>,
+    events: VecDeque<Event>,
+    max_streams: u32,
+    max_in_flight: u32,
+    in_flight: u32,
+    gone: Option<&'static str>,
+}
+
+// SAFETY: `rings_words` points into `rings_region`, owned by the client and mapped for its
+// life; the words are atomics every thread may touch. Nothing else is tied to a thread.
+unsafe impl Send for Client {}
+
+impl Client {
+    /// Connects to the owner listening at `path` and takes the pool and rings it makes for
+    /// this client.
+    ///
+    /// # Errors
+    /// [`Error::Connect`] when no owner listens there; [`Error::Owner`] when it refuses this
+    /// process (its user or group is not allowed, its limits are reached); what mapping the
+    /// pool and rings fails with.
+    pub fn connect(path: impl AsRef<Path>, options: &Options) -> Result<Client, Error> {
+        let path = path.as_ref();
+        let socket = socket::socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(|e| io_err("socket", e))?;
+        let addr = UnixAddr::new(path).map_err(|e| Error::Connect {
+            path: path.to_owned(),
+            source: e.into(),
+        })?;
+        socket::connect(socket.as_raw_fd(), &addr).map_err(|e| Error::Connect {
+            path: path.to_owned(),
+            source: e.into(),
+        })?;
+        let name = Name::new(&options.name).map_err(Error::Proto)?;
+        let hello = Msg::Hello {
+            pool_bytes: options.pool_bytes,
+            name,
+        };
+        if let Err(e) = send(&socket, &hello) {
+            // An owner that refused this peer at the door said why before it closed.
+            return Err(match recv(&socket, Some(Duration::from_millis(100))) {
+                Ok(Msg::Error { code, text, .. }) => Error::Owner { code, text },
+                _ => e,
+            });
+        }
+        let (client, pool_bytes, sq, cq, max_streams, max_in_flight) =
+            match recv(&socket, Some(ANSWER))? {
+                Msg::Welcome {
+                    client,
+                    pool_bytes,
+                    sq_entries,
+                    cq_entries,
+                    max_streams,
+                    max_in_flight,
+                } => (
+                    client,
+                    pool_bytes,
+                    sq_entries,
+                    cq_entries,
+                    max_streams,
+                    max_in_flight,
+                ),
+                Msg::Error { code, text, .. } => return Err(Error::Owner { code, text }),
+                other => {
+                    return Err(Error::Unexpected {
+                        expected: "a welcome",
+                        got: format!("{other:?}"),
+                    })
+                }
+            };
+        wait_readable(&socket, Some(ANSWER))?;
+        let mut items = share::recv(socket.as_fd())?.into_iter();
+        let (
+            Some(pool_item),
+            Some(rings_item),
+            Some(Received::Fence(owner_bell)),
+            Some(Received::Fence(bell)),
+            None,
+        ) = (
+            items.next(),
+            items.next(),
+            items.next(),
+            items.next(),
+            items.next(),
+        )
+        else {
+            return Err(Error::Unexpected {
+                expected: "a pool, rings and two doorbells",
+                got: "other descriptors".into(),
+            });
+        };
+        let pool_region = pool_item.into_region()?;
+        if pool_region.len() as u64 != pool_bytes {
+            return Err(Error::Unexpected {
+                expected: "a pool of the welcome's length",
+                got: format!("{} bytes", pool_region.len()),
+            });
+        }
+        // The client's own view of the pool: a software DMA space, only for the pool's
+        // addressing (the owner maps the same pages for the device).
+        let space = SoftIommu::new(48)?;
+        let pool = Arc::new(Pool::open_shared(
+            space.map(Arc::new(pool_region))?,
+            Exhaustion::Fail,
+        )?);
+        let rings_region = rings_item.into_region()?;
+        let rings_len = rings_region.len() / 8;
+        let rings_words = rings_region.as_ptr().cast::<AtomicU64>();
+        let client = Client {
+            socket,
+            id: client,
+            pool,
+            rings_region,
+            rings_words,
+            rings_len,
+            owner_bell,
+            bell,
+            streams: Vec::new(),
+            events: VecDeque::new(),
+            max_streams,
+            max_in_flight,
+            in_flight: 0,
+            gone: None,
+        };
+        let rings = client.rings()?;
+        if rings.sq_entries() != sq || rings.cq_entries() != cq {
+            return Err(Error::Unexpected {
+                expected: "rings of the welcome's sizes",
+                got: format!("{} and {}", rings.sq_entries(), rings.cq_entries()),
+            });
+        }
+        Ok(client)
+    }
+
+    /// [`Client::connect`], trying again until an owner answers or `timeout` passes: for a
+    /// client started before its owner, or reconnecting after the owner restarted.
+    ///
+    /// # Errors
+    /// The last [`Error::Connect`] when none answered in time; as [`Client::connect`].
+    pub fn connect_wait(
+        path: impl AsRef<Path>,
+        options: &Options,
+        timeout: Duration,
+    ) -> Result<Client, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match Client::connect(path.as_ref(), options) {
+                Err(Error::Connect { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn rings(&self) -> Result<Rings<'_>, Error> {
+        // SAFETY: `rings_words` is the start of `rings_region`'s mapping (page-aligned, so
+        // aligned for `AtomicU64`), `rings_len` words long, mapped as long as `self`; every
+        // process touches those words only as atomics, valid for any bytes.
+        let words =
+            unsafe { std::slice::from_raw_parts(self.rings_words.as_ptr(), self.rings_len) };
+        let _ = &self.rings_region;
+        Ok(Rings::open(words)?)
+    }
+
+    /// The owner's number for this client.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The pool to take input and result buffers from (shared with the owner).
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// The most frames this client may have taken and not completed.
+    pub fn max_in_flight(&self) -> u32 {
+        self.max_in_flight
+    }
+
+    /// The most streams it may declare.
+    pub fn max_streams(&self) -> u32 {
+        self.max_streams
+    }
+
+    /// Frames submitted whose completions were not taken yet.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// Declares a stream.
+    ///
+    /// # Errors
+    /// [`Error::Owner`] for a model the owner does not have, a duplicate name, the client's
+    /// stream limit, a device with no room for another stream; [`Error::Proto`] for a name
+    /// longer than 32 bytes.
+    pub fn declare(&mut self, decl: &StreamDecl) -> Result<Stream, Error> {
+        let ns = |d: Option<Duration>| {
+            d.map_or(0, |d| {
+                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1)
+            })
+        };
+        let msg = Msg::Declare {
+            priority: decl.priority,
+            period_ns: ns(decl.period),
+            max_wait_ns: ns(decl.max_wait),
+            name: Name::new(&decl.name)?,
+            model: Name::new(&decl.model)?,
+        };
+        match self.request(&msg)? {
+            Msg::Declared {
+                stream,
+                input_bytes,
+                result_bytes,
+            } => {
+                let s = Stream {
+                    id: stream,
+                    name: decl.name.clone(),
+                    input_bytes,
+                    result_bytes,
+                };
+                self.streams.push(s.clone());
+                Ok(s)
+            }
+            other => Err(Error::Unexpected {
+                expected: "the stream declared",
+                got: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// Closes a stream: its frames in flight complete first (their completions arrive as
+    /// usual), then the owner frees its pipeline.
+    ///
+    /// # Errors
+    /// [`Error::Stream`] for a stream not this client's; the owner's refusal.
+    pub fn close_stream(&mut self, stream: &Stream) -> Result<(), Error> {
+        let at = self
+            .streams
+            .iter()
+            .position(|s| s.id == stream.id)
+            .ok_or(Error::Stream { stream: stream.id })?;
+        match self.request(&Msg::Close { stream: stream.id })? {
+            Msg::Closed { .. } => {
+                self.streams.remove(at);
+                Ok(())
+            }
+            other => Err(Error::Unexpected {
+                expected: "the stream closed",
+                got: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// Submits a frame of `stream`: the device reads `input` and writes the result into
+    /// `result` (both from [`Client::pool`]); the completion carries `tag`.
+    ///
+    /// # Errors
+    /// [`Error::Full`] when this client has its limit of frames out (take completions);
+    /// [`Error::ShortBuffer`], [`Error::ForeignBuffer`], [`Error::Stream`] for arguments the
+    /// owner would refuse; [`Error::Gone`] after the owner left.
+    pub fn submit(
+        &mut self,
+        stream: &Stream,
+        input: &Buffer<'_>,
+        result: &Buffer<'_>,
+        tag: u64,
+    ) -> Result<(), Error> {
+        for (what, b, needed) in [
+            ("input", input, stream.input_bytes),
+            ("result", result, stream.result_bytes),
+        ] {
+            if !std::ptr::eq(b.pool(), self.pool.as_ref()) {
+                return Err(Error::ForeignBuffer { what });
+            }
+            if (b.len() as u64) < needed {
+                return Err(Error::ShortBuffer {
+                    what,
+                    len: b.len(),
+                    needed,
+                });
+            }
+        }
+        self.submit_offsets(
+            stream.id,
+            input.offset() as u64,
+            result.offset() as u64,
+            tag,
+        )
+    }
+
+    /// [`Client::submit`] by offsets in the pool's region (the owner checks them: a
+    /// completion with [`crate::chan::STATUS_REFUSED`] for a stream not this client's or a
+    /// buffer outside its pool).
+    ///
+    /// # Errors
+    /// [`Error::Full`], [`Error::Gone`].
+    pub fn submit_offsets(
+        &mut self,
+        stream: u32,
+        input: u64,
+        result: u64,
+        tag: u64,
+    ) -> Result<(), Error> {
+        if let Some(why) = self.gone {
+            return Err(Error::Gone { why });
+        }
+        if self.in_flight >= self.max_in_flight {
+            return Err(Error::Full {
+                in_flight: self.in_flight,
+                limit: self.max_in_flight,
+            });
+        }
+        let rings = self.rings()?;
+        if !rings.submit(&Submission {
+            stream,
+            input,
+            result,
+            tag,
+        }) {
+            return Err(Error::Full {
+                in_flight: self.in_flight,
+                limit: self.max_in_flight,
+            });
+        }
+        if rings.owner_needs_wake() {
+            self.owner_bell
+                .signal()
+                .map_err(|e| io_err("ringing the owner's doorbell", io::Error::other(e)))?;
+        }
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// Takes one completion, without waiting.
+    pub fn poll(&mut self) -> Option<Completion> {
+        let c = self.rings().ok()?.complete()?;
+        self.in_flight = self.in_flight.saturating_sub(1);
+        Some(c)
+    }
+
+    /// Takes one completion, sleeping until one comes (or `timeout` passes). Events the owner
+    /// sends meanwhile are kept for [`Client::events`].
+    ///
+    /// # Errors
+    /// [`Error::Timeout`]; [`Error::Gone`] when the owner left with this client's frames
+    /// out (their completions never come).
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<Completion, Error> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(c) = self.poll() {
+                return Ok(c);
+            }
+            if let Some(why) = self.gone {
+                return Err(Error::Gone { why });
+            }
+            let rings = self.rings()?;
+            if rings.client_idle() {
+                rings.client_awake();
+                continue;
+            }
+            let left = match deadline {
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        rings.client_awake();
+                        return Err(Error::Timeout(timeout.unwrap_or_default()));
+                    }
+                    Some(left)
+                }
+                None => None,
+            };
+            let (bell, sock) = {
+                let mut fds = [
+                    PollFd::new(self.bell.fd(), PollFlags::POLLIN),
+                    PollFd::new(self.socket.as_fd(), PollFlags::POLLIN),
+                ];
+                let t = poll_timeout(left);
+                match poll(&mut fds, t) {
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                    Err(e) => {
+                        self.rings()?.client_awake();
+                        return Err(io_err("waiting for a completion", e));
+                    }
+                }
+                let r = |f: &PollFd<'_>| f.revents().unwrap_or(PollFlags::empty());
+                (r(&fds[0]), r(&fds[1]))
+            };
+            self.rings()?.client_awake();
+            if bell.contains(PollFlags::POLLIN) {
+                drain(&self.bell);
+            }
+            if !sock.is_empty() {
+                self.take_messages()?;
+            }
+        }
+    }
+
+    /// Events the owner sent (device resets, removal, its shutdown), oldest first; reads any
+    /// waiting on the socket without blocking.
+    ///
+    /// # Errors
+    /// A message this client cannot read.
+    pub fn events(&mut self) -> Result<Vec<Event>, Error> {
+        self.take_messages()?;
+        Ok(self.events.drain(..).collect())
+    }
+
+    /// Whether the owner has gone (its connection closed).
+    pub fn is_gone(&self) -> bool {
+        self.gone.is_some()
+    }
+
+    /// This client's streams' figures, the clients the owner shows it and the owner's totals.
+    ///
+    /// # Errors
+    /// As a request: [`Error::Gone`], [`Error::Timeout`], [`Error::Proto`].
+    pub fn stats(&mut self) -> Result<Stats, Error> {
+        let mut streams = Vec::new();
+        let mut clients = Vec::new();
+        let mut reply = self.request(&Msg::Stats)?;
+        loop {
+            match reply {
+                Msg::StreamStats(s) => streams.push(s),
+                Msg::ClientStats(c) => clients.push(c),
+                Msg::OwnerStats(owner) => {
+                    return Ok(Stats {
+                        streams,
+                        clients,
+                        owner,
+                    })
+                }
+                other => {
+                    return Err(Error::Unexpected {
+                        expected: "stats",
+                        got: format!("{other:?}"),
+                    })
+                }
+            }
+            reply = self.answer()?;
+        }
+    }
+
+    /// Reads every message waiting on the socket without blocking: events are kept, a
+    /// closed connection marks the owner gone.
+    fn take_messages(&mut self) -> Result<(), Error> {
+        while self.gone.is_none() {
+            let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::ZERO) {
+                Ok(0) => return Ok(()),
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(io_err("polling the owner's socket", e)),
+            }
+            match recv(&self.socket, Some(Duration::ZERO)) {
+                Ok(Msg::Event { kind, detail }) => self.events.push_back(Event { kind, detail }),
+                Ok(other) => {
+                    return Err(Error::Unexpected {
+                        expected: "an event",
+                        got: format!("{other:?}"),
+                    })
+                }
+                Err(Error::Gone { why }) => self.gone = Some(why),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `msg` and returns the owner's answer (events meanwhile are kept).
+    fn request(&mut self, msg: &Msg) -> Result<Msg, Error> {
+        if let Some(why) = self.gone {
+            return Err(Error::Gone { why });
+        }
+        send(&self.socket, msg)?;
+        self.answer()
+    }
+
+    fn answer(&mut self) -> Result<Msg, Error> {
+        loop {
+            match recv(&self.socket, Some(ANSWER)) {
+                Ok(Msg::Event { kind, detail }) => self.events.push_back(Event { kind, detail }),
+                Ok(Msg::Error { code, text, fatal }) => {
+                    if fatal {
+                        self.gone = Some("it closed this client after an error");
+                    }
+                    return Err(Error::Owner { code, text });
+                }
+                Ok(other) => return Ok(other),
+                Err(Error::Gone { why }) => {
+                    self.gone = Some(why);
+                    return Err(Error::Gone { why });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+fn io_err(what: &'static str, e: impl Into<io::Error>) -> Error {
+    Error::Io {
+        what,
+        source: e.into(),
+    }
+}
+
+fn poll_timeout(left: Option<Duration>) -> PollTimeout {
+    match left {
+        None => PollTimeout::NONE,
+        Some(d) => {
+            let ms = d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+        }
+    }
+}
+
+/// Reads a doorbell's count back to zero.
+pub(crate) fn drain(bell: &Fence) {
+    let mut buf = [0u8; 8];
+    // A nonblocking eventfd: EAGAIN when already zero, nothing to do.
+    let _ = nix::unistd::read(bell.fd(), &mut buf);
+}
+
+fn wait_readable(socket: &OwnedFd, timeout: Option<Duration>) -> Result<(), Error> {
+    let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
+    loop {
+        match poll(&mut fds, poll_timeout(timeout)) {
+            Ok(0) => return Err(Error::Timeout(timeout.unwrap_or_default())),
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(io_err("waiting for the owner", e)),
+        }
+    }
+}
+
+/// Sends one message.
+pub(crate) fn send(socket: &OwnedFd, msg: &Msg) -> Result<(), Error> {
+    let mut buf = [0u8; MAX_MESSAGE];
+    let n = proto::encode(msg, &mut buf);
+    match socket::send(socket.as_raw_fd(), &buf[..n], MsgFlags::MSG_NOSIGNAL) {
+        Ok(_) => Ok(()),
+        Err(nix::errno::Errno::EPIPE | nix::errno::Errno::ECONNRESET) => Err(Error::Gone {
+            why: "the socket closed",
+        }),
+        Err(e) => Err(io_err("sending to the owner", e)),
+    }
+}
+
+/// Receives one message, waiting up to `timeout`.
+fn recv(socket: &OwnedFd, timeout: Option<Duration>) -> Result<Msg, Error> {
+    if timeout != Some(Duration::ZERO) {
+        wait_readable(socket, timeout)?;
+    }
+    let mut buf = [0u8; MAX_MESSAGE + 1];
+    let n = match socket::recv(socket.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+        Ok(n) => n,
+        Err(nix::errno::Errno::ECONNRESET) => {
+            return Err(Error::Gone {
+                why: "the socket was reset",
+            })
+        }
+        Err(e) => return Err(io_err("receiving from the owner", e)),
+    };
+    if n == 0 {
+        return Err(Error::Gone {
+            why: "end of the connection",
+        });
+    }
+    Ok(proto::decode(&buf[..n])?)
+}
+
+/// A path's default: where `userdma serve` listens unless told otherwise.
+pub fn default_socket() -> PathBuf {
+    std::env::var_os("USERDMA_OWNER_SOCKET")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/userdma/owner.sock"))
+}
