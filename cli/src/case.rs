@@ -38,6 +38,7 @@ mod after;
 mod before;
 mod figures;
 mod mix;
+mod owner;
 mod plots;
 mod targets;
 mod text;
@@ -53,6 +54,7 @@ use after::after;
 use before::before;
 use figures::{Report, PUBLISHED};
 use mix::{Frames, Mix};
+pub(crate) use owner::{owner_client, OwnerClientArgs};
 use plots::plots;
 use targets::{run_targets, targets};
 use text::print_text;
@@ -143,6 +145,10 @@ pub(crate) struct CaseArgs {
     /// and timeline-<run>.svg (which stream's frame held each device when).
     #[arg(long, value_name = "DIR")]
     svg: Option<PathBuf>,
+    /// Skip the fourth run: "after" with every stream a process of its own, through the
+    /// device owner (`userdma serve`'s), beside the in-process one.
+    #[arg(long)]
+    no_owner: bool,
 }
 
 /// Runs the case study.
@@ -192,6 +198,19 @@ pub(crate) fn run(args: &CaseArgs, json: bool) -> Result<(), Error> {
         &model,
         &frames,
     )?;
+    let through_owner = if args.no_owner || args.devices != 1 {
+        None
+    } else {
+        if !json {
+            eprintln!("  after, each stream a process through the device owner ...");
+        }
+        Some(owner::through_owner(
+            args,
+            &mix,
+            &model,
+            after.figures.total_fps,
+        )?)
+    };
     let mut targets = run_targets(&before.figures);
     targets.extend(self::targets(&before.figures, &after.figures));
     targets.extend(run_targets(&after.figures));
@@ -211,14 +230,24 @@ pub(crate) fn run(args: &CaseArgs, json: bool) -> Result<(), Error> {
         targets,
         svg,
         published: PUBLISHED,
+        through_owner,
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_text(&report);
+        if let Some(run) = &report.through_owner {
+            owner::print_owner(run, &report.after);
+        }
     }
     let runs = [&report.before, &report.after, &report.strict];
-    let wrong: u64 = runs.iter().map(|r| r.wrong).sum();
+    let wrong: u64 = runs.iter().map(|r| r.wrong).sum::<u64>()
+        + report
+            .through_owner
+            .iter()
+            .flat_map(|r| &r.streams)
+            .map(|s| s.wrong)
+            .sum::<u64>();
     if wrong > 0 {
         let frames = runs.iter().flat_map(|r| &r.streams);
         return Err(Error::Wrong {

@@ -63,6 +63,7 @@ mod list;
 mod names;
 mod pipeline;
 mod plan;
+mod serve;
 mod stage;
 mod unbind;
 
@@ -129,6 +130,13 @@ enum Command {
     /// completions, error statuses, corrupted descriptors, slow descriptors): every fault
     /// detected and recovered from, every byte checked; prints the accounting per kind.
     Faults(faults::FaultsArgs),
+    /// The device owner: one process owns the (loopback) device and runs the streams of
+    /// every client process under one scheduler, over a Unix socket (`--allow-uid`,
+    /// `--model NAME=SPEC`, limits per client); until SIGINT or SIGTERM.
+    Serve(serve::ServeArgs),
+    /// A client of the device owner, as the case study runs it (started by the tool).
+    #[command(name = "owner-client", hide = true)]
+    OwnerClient(case::OwnerClientArgs),
     /// The loopback device's engine as a child process (started by the library, not by hand).
     #[command(name = "loopback-device", hide = true)]
     LoopbackDevice,
@@ -222,6 +230,8 @@ fn main() -> ExitCode {
             case::run(&case, ctx.json).map_err(Failure::from)
         }
         Command::LoopbackDevice => demo::serve_device().map_err(Failure::from),
+        Command::Serve(args) => serve::run(&args, ctx.json).map_err(Failure::from),
+        Command::OwnerClient(args) => case::owner_client(&args).map_err(Failure::from),
         Command::Plan(args) => plan::run(&args, ctx.json).map_err(Failure::from),
         Command::Stage(args) => stage::run(&args, ctx.json).map_err(Failure::from),
         Command::Faults(args) => faults::run(&args, ctx.json).map_err(Failure::from),

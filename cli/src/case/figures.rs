@@ -120,6 +120,9 @@ pub(super) struct Report {
     pub(super) svg: Vec<PathBuf>,
     /// The case's published figures (not measured here).
     pub(super) published: Published,
+    /// "after" with each stream a process through the device owner (none with
+    /// `--no-owner` or several devices).
+    pub(super) through_owner: Option<super::owner::OwnerRun>,
 }
 
 #[derive(Debug, Serialize)]

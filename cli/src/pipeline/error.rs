@@ -55,6 +55,18 @@ pub(crate) enum Error {
     /// this one's start: not a `source`, which would repeat it in the one-line chain.)
     #[error("{0}: change --k, --max-wait-ms or the streams")]
     Schedule(userdma_infer::sched::Error),
+    /// The device owner (`serve`) or a client of it failed.
+    #[error("{0}")]
+    Owner(String),
+    /// A client of the device owner failed.
+    #[error(transparent)]
+    Client(#[from] userdma_owner::Error),
+}
+
+impl From<userdma::pool::Error> for Error {
+    fn from(e: userdma::pool::Error) -> Error {
+        Error::Library(userdma::Error::from(e).into())
+    }
 }
 
 impl From<userdma::Error> for Error {

@@ -1,0 +1,349 @@
+//! `userdma serve`: the device owner on the loopback NPU, for client processes to share
+//! (`userdma_owner`); and the hidden `owner-client` the case study runs through it.
+//!
+//! ```text
+//! userdma serve --socket /run/userdma/owner.sock --allow-uid 1000 --model chain=chain:2:16384
+//! ```
+//!
+//! The owner listens until SIGINT or SIGTERM (or `--seconds`), then tells its clients it is
+//! going, lets the frames on the device finish and prints what it did: clients served and
+//! refused, frames, context switches, resets.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use userdma::Runtime;
+use userdma_infer::accel::{Accelerator, LoopbackEngine};
+use userdma_infer::pipeline::{zoo, Config as PipelineConfig, Model, WorkingSet};
+use userdma_infer::sched::Policy;
+use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
+use userdma_owner::proto::OwnerFigures;
+use userdma_owner::server::{Access, Config, Entry, Limits, Owner};
+
+use crate::pipeline::Error;
+
+/// A model the owner serves, as `--model NAME=SPEC` gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ModelArg {
+    name: String,
+    spec: ModelSpec,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ModelSpec {
+    /// The YOLOv5s-like model of the case study (its working set declared for the SRAM model).
+    Yolo,
+    /// A chain of `layers` steps over tensors of `bytes`.
+    Chain { layers: u32, bytes: u64 },
+}
+
+/// Parses `NAME=yolov5s` or `NAME=chain:LAYERS:BYTES`.
+fn parse_model(text: &str) -> Result<ModelArg, String> {
+    let form = "give NAME=yolov5s or NAME=chain:LAYERS:BYTES, e.g. chain=chain:2:16384";
+    let (name, spec) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} has no '=': {form}"))?;
+    if name.is_empty() || name.len() > 32 {
+        return Err(format!("model name {name:?}: 1 to 32 bytes"));
+    }
+    let spec = match spec.split(':').collect::<Vec<_>>().as_slice() {
+        ["yolov5s"] => ModelSpec::Yolo,
+        ["chain", layers, bytes] => ModelSpec::Chain {
+            layers: layers
+                .parse()
+                .map_err(|_| format!("layers {layers:?}: a number ({form})"))?,
+            bytes: bytes
+                .parse()
+                .map_err(|_| format!("bytes {bytes:?}: a number ({form})"))?,
+        },
+        _ => return Err(format!("model {spec:?}: {form}")),
+    };
+    Ok(ModelArg {
+        name: name.into(),
+        spec,
+    })
+}
+
+/// The scheduling policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum PolicyArg {
+    /// Priority with batch switching (`--k`).
+    Batch,
+    /// Strict priority.
+    Strict,
+    /// Round-robin.
+    RoundRobin,
+}
+
+/// `userdma serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ServeArgs {
+    /// The loopback NPU (the only device the tool can drive frames on; a program gives
+    /// `userdma_owner::server::Owner::bind` the engine of any other device).
+    #[arg(long, default_value_t = true)]
+    loopback: bool,
+    /// A PCI device by BDF: refused with what to do (the tool has no engine for it).
+    #[arg(long, value_name = "BDF", conflicts_with = "loopback")]
+    bdf: Option<String>,
+    /// The socket's path (default: $USERDMA_OWNER_SOCKET or /run/userdma/owner.sock).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// The socket file's mode, in octal.
+    #[arg(long, default_value = "660", value_parser = parse_mode)]
+    mode: u32,
+    /// A user id allowed to connect (repeated; default: this process's user only).
+    #[arg(long = "allow-uid", value_name = "UID")]
+    allow_uids: Vec<u32>,
+    /// A group id allowed to connect (repeated).
+    #[arg(long = "allow-gid", value_name = "GID")]
+    allow_gids: Vec<u32>,
+    /// The policy over every client's streams.
+    #[arg(long, value_enum, default_value_t = PolicyArg::Batch)]
+    policy: PolicyArg,
+    /// Frames per batch under `--policy batch`.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    k: u32,
+    /// Frames on the device at once (1: the stated wait bounds hold).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    in_flight: u64,
+    /// Clients at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    max_clients: u32,
+    /// MiB of one client's pool at most.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    max_pool_mib: u64,
+    /// Streams per client.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    max_streams: u32,
+    /// Frames one client may have out.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    max_frames: u32,
+    /// A model clients may name: NAME=yolov5s or NAME=chain:LAYERS:BYTES (repeated; default
+    /// yolov5s=yolov5s and chain=chain:2:16384).
+    #[arg(long = "model", value_name = "NAME=SPEC", value_parser = parse_model)]
+    models: Vec<ModelArg>,
+    /// Queues of the loopback device (three per stream).
+    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u16).range(3..=32))]
+    queues: u16,
+    /// The loopback device's cost model.
+    #[arg(long, value_enum, default_value_t = CostArg::Npu)]
+    cost: CostArg,
+    /// Stop after this many seconds (default: at SIGINT or SIGTERM).
+    #[arg(long)]
+    seconds: Option<f64>,
+}
+
+/// The loopback device's cost model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum CostArg {
+    /// The modelled NPU.
+    Npu,
+    /// No modelled cost: the host's speed.
+    Zero,
+}
+
+fn parse_mode(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text, 8)
+        .ok()
+        .filter(|&m| m <= 0o777)
+        .ok_or_else(|| format!("mode {text:?}: octal, 000 to 777"))
+}
+
+/// What `serve` prints when it stops.
+#[derive(Debug, Serialize)]
+struct ServeReport {
+    socket: PathBuf,
+    seconds: f64,
+    clients_left: u64,
+    clients_vanished: u64,
+    clients_closed: u64,
+    clients_refused: u64,
+    frames: u64,
+    switches: u64,
+    resets: u64,
+}
+
+/// Set by SIGINT and SIGTERM.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // Async-signal-safe: one atomic store.
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn catch_signals() -> Result<(), Error> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { sigaction(sig, &action) }.map_err(|e| Error::Owner(format!("sigaction: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The model of `spec` and its pipelines' settings.
+fn entry(arg: &ModelArg) -> Result<Entry, Error> {
+    let (model, pipeline) = match arg.spec {
+        ModelSpec::Yolo => (
+            zoo::yolov5s_like(300)?,
+            PipelineConfig {
+                depth: 2,
+                working_set: Some(WorkingSet {
+                    private: 2_400_000,
+                    shared: zoo::YOLOV5S_WEIGHTS,
+                    key: 0,
+                }),
+                ..PipelineConfig::default()
+            },
+        ),
+        ModelSpec::Chain { layers, bytes } => (
+            Model::chain(layers, bytes)?,
+            PipelineConfig {
+                depth: 2,
+                ..PipelineConfig::default()
+            },
+        ),
+    };
+    Ok(Entry {
+        name: arg.name.clone(),
+        model,
+        pipeline,
+    })
+}
+
+/// The owner's configuration from `args`.
+fn config(args: &ServeArgs, socket: PathBuf) -> Result<Config, Error> {
+    let models = if args.models.is_empty() {
+        vec![
+            parse_model("yolov5s=yolov5s").map_err(Error::Owner)?,
+            parse_model("chain=chain:2:16384").map_err(Error::Owner)?,
+        ]
+    } else {
+        args.models.clone()
+    };
+    let mut config = Config::new(socket);
+    for m in &models {
+        if config.models.iter().any(|e| e.name == m.name) {
+            return Err(Error::Owner(format!(
+                "model {:?} given twice: name each model once",
+                m.name
+            )));
+        }
+        config = config.model(entry(m)?);
+    }
+    config.mode = args.mode;
+    if !args.allow_uids.is_empty() || !args.allow_gids.is_empty() {
+        config.access = Access {
+            uids: args.allow_uids.clone(),
+            gids: args.allow_gids.clone(),
+        };
+    }
+    config.policy = match args.policy {
+        PolicyArg::Batch => Policy::Batch { k: args.k },
+        PolicyArg::Strict => Policy::StrictPriority,
+        PolicyArg::RoundRobin => Policy::RoundRobin,
+    };
+    config.in_flight = args.in_flight as usize;
+    config.limits = Limits {
+        clients: args.max_clients,
+        pool_bytes: args.max_pool_mib << 20,
+        streams: args.max_streams,
+        in_flight: args.max_frames,
+    };
+    Ok(config)
+}
+
+/// A loopback runtime with room for `streams` streams of the largest of `models`.
+fn runtime(config: &Config, queues: u16, cost: Cost) -> Result<Runtime, Error> {
+    let arena = config
+        .models
+        .iter()
+        .map(|e| (e.model.arena_bytes() + (1 << 20)) * e.pipeline.depth as u64)
+        .max()
+        .unwrap_or(0);
+    let streams = u64::from(queues / 3).max(1);
+    let memory = usize::try_from(arena * streams).unwrap_or(usize::MAX) + (64 << 20);
+    Ok(Runtime::loopback(
+        loopback::Config::default()
+            .name("owner0")
+            .cost(cost)
+            .queues(queues)
+            .memory_size(memory),
+    )?)
+}
+
+pub(crate) fn run(args: &ServeArgs, json: bool) -> Result<(), Error> {
+    if let Some(bdf) = &args.bdf {
+        return Err(Error::Owner(format!(
+            "{bdf}: the tool runs frames only on the loopback NPU; a device's own engine \
+             (userdma_infer::accel::Accelerator) goes to userdma_owner::server::Owner::bind from \
+             a program of yours"
+        )));
+    }
+    let socket = args
+        .socket
+        .clone()
+        .unwrap_or_else(userdma_owner::client::default_socket);
+    let config = config(args, socket.clone())?;
+    let cost = match args.cost {
+        CostArg::Npu => Cost::npu(),
+        CostArg::Zero => Cost::zero(),
+    };
+    let rt = runtime(&config, args.queues, cost)?;
+    let engine: Arc<dyn Accelerator> = Arc::new(LoopbackEngine::new(&rt)?);
+    let names: Vec<String> = config.models.iter().map(|e| e.name.clone()).collect();
+    let mut owner = Owner::bind(engine, config).map_err(|e| Error::Owner(e.to_string()))?;
+    catch_signals()?;
+    let start = Instant::now();
+    // The line scripts wait for.
+    println!(
+        "userdma serve: listening on {} (loopback NPU, models {})",
+        socket.display(),
+        names.join(", ")
+    );
+    let deadline = args.seconds.map(|s| start + Duration::from_secs_f64(s.max(0.0)));
+    while !STOP.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
+        owner
+            .turn(Duration::from_millis(100))
+            .map_err(|e| Error::Owner(e.to_string()))?;
+    }
+    owner
+        .run(&AtomicBool::new(true))
+        .map_err(|e| Error::Owner(e.to_string()))?;
+    let f: OwnerFigures = owner.figures();
+    let report = ServeReport {
+        socket,
+        seconds: start.elapsed().as_secs_f64(),
+        clients_left: f.left,
+        clients_vanished: f.vanished,
+        clients_closed: f.closed,
+        clients_refused: f.refused,
+        frames: f.frames,
+        switches: f.switches,
+        resets: f.resets,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "userdma serve: stopped after {:.1} s: {} frames, {} context switches, {} resets; \
+             clients: {} left, {} vanished, {} closed for bad messages, {} refused",
+            report.seconds,
+            report.frames,
+            report.switches,
+            report.resets,
+            report.clients_left,
+            report.clients_vanished,
+            report.clients_closed,
+            report.clients_refused
+        );
+    }
+    Ok(())
+}
