@@ -78,9 +78,9 @@ for arg in "$@"; do
 	esac
 done
 
-echo "--- $san sanitizer: unit and integration tests of the driver, the loopback NPU, the inference layer and the tool ($host, $CARGO_TARGET_DIR)"
+echo "--- $san sanitizer: unit and integration tests of the driver, the loopback NPU, the inference layer, the device owner and the tool ($host, $CARGO_TARGET_DIR)"
 # tests/readme.rs is left to the plain run (scripts/test.sh): it builds and runs the README's
 # example with a nested cargo, which here would build the library a second time (about 100 s).
 # --no-fail-fast: one failing test binary does not hide what the others would report.
-exec cargo test -Zbuild-std --target "$host" --profile sanitize --locked --no-fail-fast -p userdma -p userdma-loopback -p userdma-infer -p userdma-cli ${targets[@]+"${targets[@]}"} \
+exec cargo test -Zbuild-std --target "$host" --profile sanitize --locked --no-fail-fast -p userdma -p userdma-loopback -p userdma-infer -p userdma-owner -p userdma-cli ${targets[@]+"${targets[@]}"} \
 	"$@" -- --skip readme_first_transfer_is_the_example_and_it_runs

@@ -135,17 +135,19 @@ step "cargo doc -D warnings" env RUSTDOCFLAGS=-Dwarnings cargo doc --workspace -
 # builds with the dev profile's checks; this plain debug run keeps what those cannot run (the
 # doc tests; the two mlock tests and the system-call witness, which the sanitizer runtimes
 # defeat; the README's example, run through a nested cargo) and the other crates (the kernel ABI check, the C API's and the benches' unit tests).
-step "cargo test (doc tests, mlock and system-call witnesses; kernel ABI, C API and bench-support crates)" \
+step "cargo test (doc tests, mlock and system-call witnesses; kernel ABI, C API, device owner and bench-support crates)" \
 	sh -c 'cargo test --locked --workspace --exclude userdma --exclude userdma-loopback --exclude userdma-infer --exclude userdma-cli &&
 		cargo test --locked -p userdma --doc && cargo test --locked -p userdma-loopback --doc && cargo test --locked -p userdma-infer --doc &&
 		cargo test --locked -p userdma --features serde,io-uring --lib --test irq_waiter --test memory_sysfs &&
-		cargo test --locked -p userdma --test memory_region --test pool_steady_state --test readme'
+		cargo test --locked -p userdma --test memory_region --test pool_steady_state --test readme &&
+		cargo test --locked -p userdma-owner --features server'
 step "AddressSanitizer + LeakSanitizer: the library's and the tool's unit and integration tests" scripts/sanitize.sh address
 step "ThreadSanitizer: the library's and the tool's unit and integration tests" scripts/sanitize.sh thread
 step "C API (header, symbols, C tests under ASan+UBSan and Valgrind, examples/c)" scripts/capi-test.sh
-step "loom models (pool, ring, the loopback device's wake-up handshakes)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+step "loom models (pool, ring, the loopback device's and the device owner's wake-up handshakes)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 	sh -c 'cargo test --release --locked -p userdma --lib -- pool:: ring:: &&
-		cargo test --release --locked -p userdma-loopback --lib -- wake::'
+		cargo test --release --locked -p userdma-loopback --lib -- wake:: &&
+		cargo test --release --locked -p userdma-owner --lib -- chan::'
 step "loom models (C API handle slots, pool quiescence)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 	cargo test --release --locked -p userdma-capi --lib -- slots:: quiesce::
 step "planner on the MiniMalloc instances, release" cargo test --release --locked -p userdma-plan --test plan

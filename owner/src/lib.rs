@@ -20,12 +20,17 @@
 //! (`userdma-infer`) for its pipelines and scheduler, behind the `server` feature.
 
 pub mod chan;
+// The loom build models the rings only (`chan`'s loom tests).
+#[cfg(not(loom))]
 pub mod client;
+#[cfg(not(loom))]
 mod error;
 pub mod proto;
-#[cfg(feature = "server")]
+#[cfg(all(feature = "server", not(loom)))]
 pub mod server;
 
+#[cfg(not(loom))]
 pub use self::client::{Client, Event, Options, Stats, Stream, StreamDecl};
+#[cfg(not(loom))]
 pub use self::error::Error;
 pub use self::proto::EventKind;
