@@ -208,6 +208,7 @@ pub(crate) fn run(args: &CaseArgs, json: bool) -> Result<(), Error> {
             args,
             &mix,
             &model,
+            &frames,
             after.figures.total_fps,
         )?)
     };

@@ -308,7 +308,9 @@ pub(crate) fn run(args: &ServeArgs, json: bool) -> Result<(), Error> {
         socket.display(),
         names.join(", ")
     );
-    let deadline = args.seconds.map(|s| start + Duration::from_secs_f64(s.max(0.0)));
+    let deadline = args
+        .seconds
+        .map(|s| start + Duration::from_secs_f64(s.max(0.0)));
     while !STOP.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
         owner
             .turn(Duration::from_millis(100))

@@ -40,6 +40,45 @@ impl Frames {
         Frames { inputs, expected }
     }
 
+    /// Writes the patterns and their expected results to `path`, for the client processes
+    /// of the run through the owner (each pattern: its input's length and bytes, then its
+    /// result's, lengths as little-endian u64).
+    pub(super) fn save(&self, path: &Path) -> std::io::Result<()> {
+        let mut bytes = Vec::new();
+        for (input, expected) in self.inputs.iter().zip(&self.expected) {
+            for part in [input, expected] {
+                bytes.extend_from_slice(&(part.len() as u64).to_le_bytes());
+                bytes.extend_from_slice(part);
+            }
+        }
+        std::fs::write(path, bytes)
+    }
+
+    /// Reads what [`Frames::save`] wrote, checked against `model`'s sizes.
+    pub(super) fn load(path: &Path, model: &Model) -> std::io::Result<Frames> {
+        let bytes = std::fs::read(path)?;
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not the case's frames");
+        let mut at = 0usize;
+        let mut take = |want: u64| -> std::io::Result<Vec<u8>> {
+            let len = bytes
+                .get(at..at + 8)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .ok_or_else(bad)?;
+            if len != want {
+                return Err(bad());
+            }
+            let part = bytes.get(at + 8..at + 8 + len as usize).ok_or_else(bad)?;
+            at += 8 + len as usize;
+            Ok(part.to_vec())
+        };
+        let (mut inputs, mut expected) = (Vec::new(), Vec::new());
+        for _ in 0..PATTERNS {
+            inputs.push(take(model.input().bytes)?);
+            expected.push(take(model.result().bytes)?);
+        }
+        Ok(Frames { inputs, expected })
+    }
+
     pub(super) fn of(stream: usize, frame: u64) -> usize {
         ((stream as u64 + frame) % PATTERNS) as usize
     }

@@ -72,6 +72,9 @@ pub(crate) struct OwnerClientArgs {
     max_wait_ms: Option<u64>,
     #[arg(long)]
     seconds: u64,
+    /// The frames' patterns and expected results, as the case wrote them.
+    #[arg(long)]
+    frames: PathBuf,
 }
 
 /// Runs the mix's streams as client processes of an owner for `args.seconds`.
@@ -79,6 +82,7 @@ pub(super) fn through_owner(
     args: &CaseArgs,
     mix: &Mix,
     model: &Model,
+    frames: &Frames,
     in_process_total_fps: f64,
 ) -> Result<OwnerRun, Error> {
     if args.devices != 1 {
@@ -90,6 +94,9 @@ pub(super) fn through_owner(
     let engine: Arc<dyn Accelerator> = Arc::new(LoopbackEngine::new(&rts[0])?);
     let dir = std::env::temp_dir().join(format!("userdma-case-{}", std::process::id()));
     let socket = dir.join("owner.sock");
+    std::fs::create_dir_all(&dir)?;
+    let frames_path = dir.join("frames.bin");
+    frames.save(&frames_path)?;
     let mut config = Config::new(&socket).model(Entry {
         name: "yolov5s".into(),
         model: model.clone(),
@@ -117,7 +124,9 @@ pub(super) fn through_owner(
                 .turn(Duration::from_millis(50))
                 .map_err(|e| e.to_string())?;
         }
-        owner.run(&AtomicBool::new(true)).map_err(|e| e.to_string())?;
+        owner
+            .run(&AtomicBool::new(true))
+            .map_err(|e| e.to_string())?;
         Ok(owner.figures())
     });
     let spawned: Result<Vec<Child>, Error> = (0..mix.len())
@@ -128,17 +137,16 @@ pub(super) fn through_owner(
                 .arg(&socket)
                 .args(["--name", &s.name, "--index", &i.to_string()])
                 .args(["--priority", &s.priority.to_string()])
-                .args(["--seconds", &args.seconds.to_string()]);
+                .args(["--seconds", &args.seconds.to_string()])
+                .arg("--frames")
+                .arg(&frames_path);
             if let Some(fps) = s.fps {
                 cmd.args(["--fps", &fps.to_string()]);
             }
             if let Some(w) = mix.max_wait_ms(i) {
                 cmd.args(["--max-wait-ms", &w.to_string()]);
             }
-            Ok(cmd
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()?)
+            Ok(cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?)
         })
         .collect();
     let result = spawned.and_then(|mut children| drive(&mut children));
@@ -168,22 +176,21 @@ fn drive(children: &mut [Child]) -> Result<(Vec<OwnerStream>, f64), Error> {
         .iter_mut()
         .map(|c| BufReader::new(c.stdout.take().expect("piped")))
         .collect();
-    let line_with = |out: &mut BufReader<std::process::ChildStdout>,
-                     prefix: &str|
-     -> Result<String, Error> {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if out.read_line(&mut line)? == 0 {
-                return Err(Error::Owner(format!(
-                    "a client of the owner ended before its {prefix} line (its error is above)"
-                )));
+    let line_with =
+        |out: &mut BufReader<std::process::ChildStdout>, prefix: &str| -> Result<String, Error> {
+            let mut line = String::new();
+            loop {
+                line.clear();
+                if out.read_line(&mut line)? == 0 {
+                    return Err(Error::Owner(format!(
+                        "a client of the owner ended before its {prefix} line (its error is above)"
+                    )));
+                }
+                if let Some(rest) = line.strip_prefix(prefix) {
+                    return Ok(rest.trim().to_owned());
+                }
             }
-            if let Some(rest) = line.strip_prefix(prefix) {
-                return Ok(rest.trim().to_owned());
-            }
-        }
-    };
+        };
     for out in &mut outs {
         line_with(out, "READY")?;
     }
@@ -201,7 +208,9 @@ fn drive(children: &mut [Child]) -> Result<(Vec<OwnerStream>, f64), Error> {
     for c in children.iter_mut() {
         let status = c.wait()?;
         if !status.success() {
-            return Err(Error::Owner(format!("a client of the owner failed: {status}")));
+            return Err(Error::Owner(format!(
+                "a client of the owner failed: {status}"
+            )));
         }
     }
     Ok((streams, seconds))
@@ -211,7 +220,7 @@ fn drive(children: &mut [Child]) -> Result<(Vec<OwnerStream>, f64), Error> {
 /// every result checked, print its report.
 pub(crate) fn owner_client(args: &OwnerClientArgs) -> Result<(), Error> {
     let model = zoo::yolov5s_like(300)?;
-    let frames = Frames::new(&model);
+    let frames = Frames::load(&args.frames, &model)?;
     let options = Options {
         pool_bytes: 32 << 20,
         name: args.name.clone(),
@@ -290,7 +299,10 @@ pub(crate) fn owner_client(args: &OwnerClientArgs) -> Result<(), Error> {
         };
         let b = usize::try_from(c.tag).unwrap_or(usize::MAX);
         if b >= depth || free.contains(&b) {
-            return Err(Error::Owner(format!("a completion with tag {} not out", c.tag)));
+            return Err(Error::Owner(format!(
+                "a completion with tag {} not out",
+                c.tag
+            )));
         }
         if c.status == chan::STATUS_OK {
             results[b].read(0, &mut got)?;
@@ -332,7 +344,12 @@ pub(super) fn print_owner(run: &OwnerRun, after: &super::figures::RunFigures) {
     );
     println!(
         "  {:<12} {:>14} {:>11} {:>16} {:>16} {:>22}",
-        "stream", "in-process fps", "owner fps", "p99 ms (in-proc)", "p99 ms (owner)", "longest wait / bound"
+        "stream",
+        "in-process fps",
+        "owner fps",
+        "p99 ms (in-proc)",
+        "p99 ms (owner)",
+        "longest wait / bound"
     );
     for s in &run.streams {
         let inproc = after.streams.iter().find(|x| x.name == s.name);

@@ -1,0 +1,100 @@
+//! `userdma serve`: the device owner as a process. A client connects, runs frames (every
+//! result checked) and reads its stats; SIGTERM stops the owner, which prints what it did
+//! (`--json`); a PCI device and malformed models are refused with what to do.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use userdma_infer::pipeline::Model;
+use userdma_owner::{chan, Client, Options, StreamDecl};
+
+#[test]
+fn a_client_runs_frames_through_serve_and_sigterm_stops_it_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("owner.sock");
+    let mut owner = Command::new(env!("CARGO_BIN_EXE_userdma"))
+        .args(["serve", "--cost", "zero", "--seconds", "120", "--json"])
+        .args(["--model", "small=chain:2:16384", "--socket"])
+        .arg(&socket)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(owner.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.contains("listening on"), "{line}");
+    let mut client = Client::connect(&socket, &Options::default()).unwrap();
+    let stream = client.declare(&StreamDecl::new("s", "small")).unwrap();
+    let err = client
+        .declare(&StreamDecl::new("t", "yolov5s"))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("small"),
+        "names what it has: {err}"
+    );
+    let model = Model::chain(2, 16384).unwrap();
+    let pool = Arc::clone(client.pool());
+    let input = pool.alloc(stream.input_bytes as usize).unwrap();
+    let result = pool.alloc(stream.result_bytes as usize).unwrap();
+    for n in 0..20u8 {
+        let frame = vec![n.wrapping_mul(37); stream.input_bytes as usize];
+        input.write(0, &frame).unwrap();
+        client
+            .submit(&stream, &input, &result, u64::from(n))
+            .unwrap();
+        let done = client.wait(Some(Duration::from_secs(20))).unwrap();
+        assert_eq!((done.status, done.tag), (chan::STATUS_OK, u64::from(n)));
+        let mut got = vec![0u8; stream.result_bytes as usize];
+        result.read(0, &mut got).unwrap();
+        assert_eq!(got, model.expected(&frame), "frame {n}");
+    }
+    let stats = client.stats().unwrap();
+    assert_eq!(stats.streams[0].frames, 20);
+    assert_eq!(stats.owner.clients, 1);
+    drop((input, result));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(owner.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(owner.wait().unwrap().success());
+    let report: serde_json::Value = serde_json::from_str(&rest).unwrap();
+    assert_eq!(report["frames"], 20, "{report}");
+    // The client heard the owner go.
+    let events = client.events().unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == userdma_owner::EventKind::Shutdown),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn a_pci_device_and_malformed_models_are_refused_with_what_to_do() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_userdma"))
+            .arg("serve")
+            .args(args)
+            .args(["--socket", "/nonexistent/owner.sock"])
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--bdf", "0000:00:03.0"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Owner::bind"), "{err}");
+    for bad in [
+        &["--model", "x"][..],
+        &["--model", "x=chain:2"],
+        &["--model", "x=resnet"],
+        &["--mode", "999"],
+    ] {
+        let out = run(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+    }
+}
