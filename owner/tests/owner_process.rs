@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use userdma::Runtime;
 use userdma_infer::accel::{Accelerator, LoopbackEngine};
 use userdma_infer::pipeline::{Config as PipelineConfig, Model};
+use userdma_loopback::fault::{Injection, Kind};
 use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 use userdma_owner::proto::OwnerFigures;
 use userdma_owner::server::{Access, Config, Entry, Owner};
@@ -608,4 +609,52 @@ fn an_owner_restart_is_waited_for_and_a_removal_is_told() {
     again.submit(&stream, &input, &result, 2).unwrap();
     assert_eq!(again.wait(Some(WAIT)).unwrap().status, chan::STATUS_REMOVED);
     let _ = RESTART;
+}
+
+#[test]
+fn a_device_that_stops_answering_is_reset_told_and_its_frames_come_back_lost() {
+    let (_dir, socket) = tmp_socket("reset");
+    let owner = start_owner(&socket, |mut c| {
+        for m in &mut c.models {
+            m.pipeline.timeout = Duration::from_millis(300);
+        }
+        c
+    });
+    let mut client = Client::connect(&socket, &Options::default()).unwrap();
+    let stream = client.declare(&StreamDecl::new("s", "chain")).unwrap();
+    let pool = Arc::clone(client.pool());
+    let input = pool.alloc(stream.input_bytes as usize).unwrap();
+    let result = pool.alloc(stream.result_bytes as usize).unwrap();
+    let model = model();
+    let mut scratch = vec![0u8; stream.input_bytes as usize];
+    let mut got = vec![0u8; stream.result_bytes as usize];
+    let mut run = |client: &mut Client, n: u64| {
+        fill("reset", n, &mut scratch);
+        input.write(0, &scratch).unwrap();
+        client.submit(&stream, &input, &result, n).unwrap();
+        let c = client.wait(Some(WAIT)).unwrap();
+        if c.status == chan::STATUS_OK {
+            result.read(0, &mut got).unwrap();
+            assert_eq!(got, model.expected(&scratch), "frame {n}");
+        }
+        c
+    };
+    assert_eq!(run(&mut client, 0).status, chan::STATUS_OK);
+    // The stream's first queue stops serving: its next frame is overdue, the device reset.
+    owner
+        .device
+        .inject(0, &Injection::next(Kind::Stall, 1))
+        .unwrap();
+    let lost = run(&mut client, 1);
+    assert_eq!(lost.status, chan::STATUS_LOST, "{lost:?}");
+    let events = client.events().unwrap();
+    assert!(
+        events.iter().any(|e| e.kind == EventKind::Reset),
+        "{events:?}"
+    );
+    // The device runs frames again after its reset.
+    assert_eq!(run(&mut client, 2).status, chan::STATUS_OK);
+    let stats = client.stats().unwrap();
+    assert_eq!(stats.streams[0].lost, 1);
+    assert_eq!(stats.owner.resets, 1);
 }
