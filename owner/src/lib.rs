@@ -1,6 +1,6 @@
 //! userdma-owner: several processes on one device.
 //!
-//! VFIO gives a device to one process. The **owner** ([`server::Owner`], `userdma serve`) is
+//! VFIO gives a device to one process. The **owner** (`server::Owner`, `userdma serve`) is
 //! that process: it opens the device, owns its DMA space, queues and memory, and runs the
 //! streams of every client under one scheduler, so the scheduler that cuts context switches
 //! and bounds every stream's wait sees every stream on the device. A **client**
@@ -14,7 +14,7 @@
 //! | [`proto`] | the control messages: fixed layouts, checked decoding |
 //! | [`chan`] | the submission and completion rings and their idle flags, in shared memory |
 //! | [`client`] | [`Client`]: connect, declare, submit, wait, stats, events |
-//! | [`server`] | (feature `server`) [`server::Owner`]: access, per-client pools and rings, scheduling, crashes, faults |
+//! | `server` | (feature `server`) `server::Owner`: access, per-client pools and rings, scheduling, crashes, faults |
 //!
 //! A client links only the driver (`userdma`); the owner needs the inference layer
 //! (`userdma-infer`) for its pipelines and scheduler, behind the `server` feature.
