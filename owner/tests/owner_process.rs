@@ -658,3 +658,67 @@ fn a_device_that_stops_answering_is_reset_told_and_its_frames_come_back_lost() {
     assert_eq!(stats.streams[0].lost, 1);
     assert_eq!(stats.owner.resets, 1);
 }
+
+#[test]
+fn per_client_limits_hold_memory_streams_frames_and_clients() {
+    let (_dir, socket) = tmp_socket("limits");
+    let owner = start_owner(&socket, |mut c| {
+        c.limits = userdma_owner::server::Limits {
+            clients: 2,
+            pool_bytes: 4 << 20,
+            streams: 2,
+            in_flight: 4,
+        };
+        c
+    });
+    // A pool larger than the limit is cut to it.
+    let options = Options {
+        pool_bytes: 1 << 30,
+        name: "big".into(),
+    };
+    let mut a = Client::connect(&socket, &options).unwrap();
+    assert!(a.pool().mapping().len() <= 4 << 20);
+    assert_eq!(a.max_in_flight(), 4);
+    let s0 = a.declare(&StreamDecl::new("s0", "chain")).unwrap();
+    let err = a.declare(&StreamDecl::new("s0", "chain")).unwrap_err();
+    assert!(err.to_string().contains("already has"), "{err}");
+    let err = a
+        .declare(&StreamDecl::new("s3", "no-such-model"))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("chain"),
+        "names the models it has: {err}"
+    );
+    a.declare(&StreamDecl::new("s1", "chain")).unwrap();
+    let err = a.declare(&StreamDecl::new("s2", "chain")).unwrap_err();
+    assert_eq!(err.code(), userdma::Code::Exhausted, "{err}");
+    // Frames out: the fifth is refused at once, and taking completions makes room.
+    let pool = Arc::clone(a.pool());
+    let buffers: Vec<_> = (0..5)
+        .map(|_| {
+            (
+                pool.alloc(s0.input_bytes as usize).unwrap(),
+                pool.alloc(s0.result_bytes as usize).unwrap(),
+            )
+        })
+        .collect();
+    for (i, (input, result)) in buffers.iter().take(4).enumerate() {
+        a.submit(&s0, input, result, i as u64).unwrap();
+    }
+    let (input, result) = &buffers[4];
+    let err = a.submit(&s0, input, result, 4).unwrap_err();
+    assert_eq!(err.code(), userdma::Code::Busy, "{err}");
+    a.wait(Some(WAIT)).unwrap();
+    a.submit(&s0, input, result, 4).unwrap();
+    // A buffer too short, one of another pool: refused before the ring.
+    let short = pool.alloc(16).unwrap();
+    assert!(a.submit(&s0, &short, result, 5).is_err());
+    // Clients: a third is refused while two are connected.
+    let _b = Client::connect(&socket, &Options::default()).unwrap();
+    let err = Client::connect(&socket, &Options::default()).unwrap_err();
+    assert_eq!(err.code(), userdma::Code::Busy, "{err}");
+    while a.in_flight() > 0 {
+        a.wait(Some(WAIT)).unwrap();
+    }
+    drop(owner);
+}
