@@ -4,9 +4,10 @@
 #   1. the committed header is what cbindgen generates from capi/src now;
 #   2. libuserdma.so has SONAME libuserdma.so.<major> and exports exactly capi/symbols.txt;
 #   3. the header alone compiles as C11 and as C++17, included twice, with -Werror;
-#   4. the C tests (capi/tests/capi_test.c, capi/tests/device_test.c), -std=c11 -Wall -Wextra
-#      -Wpedantic -Werror, under AddressSanitizer + UndefinedBehaviorSanitizer, then once under
-#      Valgrind;
+#   4. the C tests (capi/tests/capi_test.c, capi/tests/device_test.c, ...), -std=c11 -Wall
+#      -Wextra -Wpedantic -Werror, under AddressSanitizer + UndefinedBehaviorSanitizer, then once
+#      under Valgrind (owner_test.c starts the tool's `serve` as its device owner: a process of
+#      its own, which neither checker runs);
 #   5. examples/c/round_trip.c, built through an install (scripts/capi-install.sh) and
 #      pkg-config, linked against the shared and the static library, and run; examples/c/
 #      edu_dma.c and edu_engine.c built the same way and run on a missing PCI function (they
@@ -25,6 +26,9 @@ CFLAGS=(-std=c11 -Wall -Wextra -Wpedantic -Werror -g)
 
 echo "--- build"
 cargo build --locked --quiet -p userdma-capi
+# The device owner owner_test.c connects to: `userdma serve`.
+cargo build --locked --quiet -p userdma-cli
+export USERDMA_TOOL=$target/debug/userdma
 lib=$target/debug/libuserdma.so
 major=$(sed -n 's/^version = "\([0-9]*\)\..*/\1/p' Cargo.toml | head -n 1)
 mkdir -p "$out/lib"
@@ -57,8 +61,10 @@ LD_LIBRARY_PATH=$out/lib "$out/header_cpp"
 # the device's largest; engine_test.c: engines written in C (examples/c/memory_engine.h),
 # pipelines and streams on them, bad tables and engines that break their contract;
 # interop_test.c: fences, descriptors passed over a socket, frame fences, access modes,
-# dma-buf export, import and lookup (or the error naming the missing kernel feature).
-tests=(capi_test device_test limits_test engine_test interop_test)
+# dma-buf export, import and lookup (or the error naming the missing kernel feature);
+# owner_test.c: a client of a device owner (the tool's `serve`, which it starts and stops):
+# frames, refusals, buffers in flight, two client processes at once, the owner going away.
+tests=(capi_test device_test limits_test engine_test interop_test owner_test)
 echo "--- C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 for t in "${tests[@]}"; do
 	echo "$t"

@@ -14,7 +14,9 @@
  *     udma_pool_alloc / udma_pool_free, udma_queue_create / udma_queue_destroy,
  *     udma_plan_create / udma_plan_destroy, udma_model_create_* / udma_model_destroy,
  *     udma_pipeline_create / udma_pipeline_destroy (or udma_streams_create, which takes the
- *     pipelines over), udma_streams_create / udma_streams_destroy. Device-memory ranges
+ *     pipelines over), udma_streams_create / udma_streams_destroy, udma_owner_connect /
+ *     udma_owner_disconnect (a client of a device owner process, `userdma serve`), whose
+ *     buffers are udma_owner_alloc / udma_owner_free by offset. Device-memory ranges
  *     are plain structs in a pair too: udma_device_memory_alloc(_at) /
  *     udma_device_memory_free (the device handle checks each one it is given back).
  *   - A PCI device's registers: udma_device_read8/16/32/64 and udma_device_write8/16/32/64
@@ -30,7 +32,8 @@
  *   UDMA_ERR_INVALID_HANDLE instead of touching memory. Destroying bumps the slot's
  *   generation: a stale copy of a handle stays invalid even after its slot is reused (until
  *   the 32-bit generation wraps). At most 2^24 live handles of each type. 64-bit targets.
- *   Handles may be used from any thread; calls on one queue are serialized.
+ *   Handles may be used from any thread; calls on one queue (or one owner client) are
+ *   serialized.
  *
  * Ownership
  *   - A buffer is the caller's while udma_buffer_get_info says UDMA_BUFFER_HOST: read and write it
@@ -298,6 +301,38 @@ typedef enum udma_opcode {
   UDMA_OP_COMPACT = 8,
 } udma_opcode;
 
+// A `udma_owner_event`'s `kind`: what the owner told its clients.
+typedef enum udma_owner_event_kind {
+  // No event waiting.
+  UDMA_OWNER_EVENT_NONE = 0,
+  // The device was reset after a fault (`detail`: the fault's code): frames in flight
+  // completed with `UDMA_OWNER_STATUS_LOST`; submit them again.
+  UDMA_OWNER_EVENT_RESET = 1,
+  // The device was removed: no more frames run; connect to an owner of another device.
+  UDMA_OWNER_EVENT_REMOVED = 2,
+  // The owner is shutting down: disconnect, and connect again (with `wait_ns`) once it is
+  // back.
+  UDMA_OWNER_EVENT_SHUTDOWN = 3,
+} udma_owner_event_kind;
+
+// A completion's `status`: the frame ran, or why not.
+typedef enum udma_owner_status {
+  // The frame ran; its result is in the result buffer.
+  UDMA_OWNER_STATUS_OK = 0,
+  // The device failed the frame; the result buffer holds no result.
+  UDMA_OWNER_STATUS_FAILED = 1,
+  // The frame was in flight when the device was reset: submit it again.
+  UDMA_OWNER_STATUS_LOST = 2,
+  // The owner refused the submission: a stream this client did not declare (or closed), or
+  // an input or result span outside this client's pool or shorter than the model needs.
+  // Nothing was read or written.
+  UDMA_OWNER_STATUS_REFUSED = 3,
+  // The device was removed: no more frames run.
+  UDMA_OWNER_STATUS_REMOVED = 4,
+  // The stream was closed before the frame ran.
+  UDMA_OWNER_STATUS_CLOSED = 5,
+} udma_owner_status;
+
 // `udma_memory_map`'s and `udma_pool_options`' page size.
 typedef enum udma_page_size {
   // The CPU's base pages (4 KiB): no hugepages needed, IOVA-contiguous per page only.
@@ -451,6 +486,10 @@ typedef struct udma_mapping udma_mapping;
 // `udma_model_create_yolov5s`, destroyed by `udma_model_destroy` (a pipeline keeps its own
 // copy).
 typedef struct udma_model udma_model;
+
+// A connection to a device owner, made by `udma_owner_connect`, closed by
+// `udma_owner_disconnect`.
+typedef struct udma_owner_client udma_owner_client;
 
 // A pipeline: a model's frames through preallocated slots on a loopback device. Made by
 // `udma_pipeline_create`, destroyed by `udma_pipeline_destroy` or moved into a
@@ -1197,6 +1236,178 @@ typedef struct udma_share_item {
   // Zero.
   uint32_t reserved;
 } udma_share_item;
+
+// How to connect (`udma_owner_connect`). Zero is the default for every field.
+typedef struct udma_owner_options {
+  // `sizeof(udma_owner_options)`.
+  size_t size;
+  // Bytes of the pool the owner makes for this client (it may give less: its limit);
+  // 0: 16 MiB.
+  uint64_t pool_bytes;
+  // This client's name in the owner's accounting, 1 to 32 bytes of UTF-8 (copied); NULL:
+  // the program's name.
+  const char *name;
+  // How long to keep trying while no owner listens at the socket, in ns (for a program
+  // started before its owner, or reconnecting while it restarts); 0: try once;
+  // `UDMA_TIMEOUT_INFINITE`: until one does.
+  uint64_t wait_ns;
+} udma_owner_options;
+
+// A stream to declare (`udma_owner_declare`). Zero is the default for every field but `name`
+// and `model`.
+typedef struct udma_owner_stream_options {
+  // `sizeof(udma_owner_stream_options)`.
+  size_t size;
+  // Its name, unique among this client's streams, 1 to 32 bytes of UTF-8 (copied).
+  const char *name;
+  // The model its frames run, by name in the owner's catalogue, 1 to 32 bytes (copied).
+  const char *model;
+  // Its frames' period in ns (the owner's bounds count with it); 0: as fast as possible.
+  uint64_t period_ns;
+  // A frame that has waited this long runs next, whatever its priority; 0: no maximum.
+  uint64_t max_wait_ns;
+  // Higher runs first, 0 to 255.
+  uint32_t priority;
+  // Zero.
+  uint32_t reserved;
+} udma_owner_stream_options;
+
+// A declared stream (`udma_owner_declare`).
+typedef struct udma_owner_stream_info {
+  // `sizeof(udma_owner_stream_info)`.
+  size_t size;
+  // Its number, for `udma_owner_submit` and in completions.
+  uint32_t stream;
+  // Zero.
+  uint32_t reserved;
+  // The least length of a frame's input buffer.
+  uint64_t input_bytes;
+  // The least length of a frame's result buffer.
+  uint64_t result_bytes;
+} udma_owner_stream_info;
+
+// A client's state (`udma_owner_get_info`).
+typedef struct udma_owner_info {
+  // `sizeof(udma_owner_info)`.
+  size_t size;
+  // The owner's number for this client.
+  uint64_t client;
+  // Bytes of its pool (what the owner gave: at most `udma_owner_options.pool_bytes`).
+  uint64_t pool_bytes;
+  // Frames submitted whose completions were not taken.
+  uint32_t in_flight;
+  // The most frames it may have in flight (`udma_owner_submit` is busy beyond).
+  uint32_t max_in_flight;
+  // The most streams it may declare.
+  uint32_t max_streams;
+  // 1 once the owner has closed the connection (its shutdown, or this client refused), 0
+  // before.
+  uint32_t gone;
+} udma_owner_info;
+
+// A buffer of the client's pool (`udma_owner_alloc`), shared with the owner, who maps it for
+// the device.
+typedef struct udma_owner_buffer {
+  // `sizeof(udma_owner_buffer)`.
+  size_t size;
+  // The host address of byte 0, valid until `udma_owner_free` or `udma_owner_disconnect`.
+  // Write an input before submitting it; read a result after its completion is taken: the
+  // device reads and writes it in between.
+  void *host;
+  // Its length, the `len` asked for.
+  size_t len;
+  // Its offset in the pool: what `udma_owner_submit` and `udma_owner_free` take.
+  uint64_t offset;
+} udma_owner_buffer;
+
+// A frame done (`udma_owner_poll`, `udma_owner_wait`).
+typedef struct udma_owner_completion {
+  // `sizeof(udma_owner_completion)`.
+  size_t size;
+  // The stream, as submitted.
+  uint32_t stream;
+  // A `udma_owner_status` (`udma_owner_status_name` names it).
+  uint32_t status;
+  // The submission's tag.
+  uint64_t tag;
+  // From the owner taking the frame to its completion, in ns.
+  uint64_t latency_ns;
+  // From the owner taking the frame to its dispatch to the device, in ns.
+  uint64_t wait_ns;
+} udma_owner_completion;
+
+// One stream's figures as the owner counts them (`udma_owner_get_stats`).
+typedef struct udma_owner_stream_figures {
+  // `sizeof(udma_owner_stream_figures)`.
+  size_t size;
+  // The stream's number.
+  uint32_t stream;
+  // Zero.
+  uint32_t reserved;
+  // Frames finished.
+  uint64_t frames;
+  // Frames the device failed.
+  uint64_t failed;
+  // Frames lost to device resets.
+  uint64_t lost;
+  // Latency from the owner taking a frame to its completion, in ns: the median.
+  uint64_t latency_p50_ns;
+  // Its 99th percentile.
+  uint64_t latency_p99_ns;
+  // Its maximum.
+  uint64_t latency_max_ns;
+  // The longest wait as the owner's scheduler bounds count it, in ns.
+  uint64_t max_head_wait_ns;
+  // The bound on that wait the owner states from the frame times measured so far, in ns
+  // (0: none yet).
+  uint64_t bound_ns;
+  // The longest device time of one of its frames so far, in ns.
+  uint64_t frame_ns;
+  // The period it declared, in ns (0: as fast as possible).
+  uint64_t period_ns;
+} udma_owner_stream_figures;
+
+// The owner's totals (`udma_owner_get_stats`).
+typedef struct udma_owner_figures {
+  // `sizeof(udma_owner_figures)`.
+  size_t size;
+  // Clients connected.
+  uint32_t clients;
+  // Streams over all clients.
+  uint32_t streams;
+  // Frames on the device.
+  uint32_t in_flight;
+  // Clients that left whose memory is still held for their frames in flight.
+  uint32_t departing;
+  // Bytes of client pools mapped for the device.
+  uint64_t mapped_bytes;
+  // Frames completed since the owner started.
+  uint64_t frames;
+  // Context switches the owner's scheduler caused.
+  uint64_t switches;
+  // Clients refused at the door.
+  uint64_t refused;
+  // Clients closed for bad messages or limits.
+  uint64_t closed;
+  // Clients that hung up with frames out (crashed, killed).
+  uint64_t vanished;
+  // Clients that hung up with nothing out.
+  uint64_t left;
+  // Device resets.
+  uint64_t resets;
+} udma_owner_figures;
+
+// Something the owner told its clients (`udma_owner_next_event`).
+typedef struct udma_owner_event {
+  // `sizeof(udma_owner_event)`.
+  size_t size;
+  // A `udma_owner_event_kind`.
+  uint32_t kind;
+  // Zero.
+  uint32_t reserved;
+  // `UDMA_OWNER_EVENT_RESET`: the fault's code; otherwise 0.
+  uint64_t detail;
+} udma_owner_event;
 
 #ifdef __cplusplus
 extern "C" {
@@ -2226,6 +2437,171 @@ enum udma_status udma_share_recv(int32_t socket,
                                  struct udma_share_item *items,
                                  size_t capacity,
                                  size_t *count);
+
+// Connects to the device owner listening at Unix socket `socket` (a path; `userdma serve`
+// prints it) and takes the pool and rings it makes for this client. `options` may be NULL
+// (a 16 MiB pool, the program's name, one try). Disconnect with `udma_owner_disconnect`.
+//
+// Errors: `UDMA_ERR_NOT_FOUND` when no owner listens there (within `wait_ns`);
+// `UDMA_ERR_INVALID_ARGUMENT` for a NULL, empty or too long (over 107 bytes) socket path,
+// or a name that is not 1 to 32 bytes of UTF-8; `UDMA_ERR_REFUSED` when the owner does not
+// allow this process's user or group; `UDMA_ERR_BUSY` when it serves its limit of clients;
+// `UDMA_ERR_DEVICE` for a peer that does not speak the owner's protocol;
+// `UDMA_ERR_TIMEOUT` for an owner that did not answer.
+//
+// # Safety
+// `socket` is a NUL-terminated string; `options` is NULL or points to `options->size`
+// readable bytes with `name` NULL or a NUL-terminated string; `client` points to a writable
+// `udma_owner_client *`.
+enum udma_status udma_owner_connect(const char *socket,
+                                    const struct udma_owner_options *options,
+                                    struct udma_owner_client **client);
+
+// Closes the connection and frees every buffer of the client; the handle is invalid from
+// then on. Frames still in flight run to their end in the owner (which keeps their memory
+// until then); their completions are not delivered. Succeeds also after the owner went away.
+//
+// # Safety
+// None (any value is checked, none is dereferenced).
+enum udma_status udma_owner_disconnect(struct udma_owner_client *client);
+
+// Declares a stream of frames and fills `*info` with its number and its model's buffer
+// sizes.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a NULL, empty, too long (over 32 bytes) or
+// non-UTF-8 name or model, a priority above 255, or a name this client's streams have
+// already; `UDMA_ERR_NOT_FOUND` for a model the owner does not have (the message lists
+// those it has); `UDMA_ERR_EXHAUSTED` at this client's limit of streams, the owner's (64),
+// or on a device with no queues left for another; `UDMA_ERR_NOT_FOUND` after the owner went
+// away (the message says "the device owner closed the connection").
+//
+// # Safety
+// `stream` points to `stream->size` readable bytes, its `name` and `model` NUL-terminated
+// strings; `info` to `info->size` writable bytes.
+enum udma_status udma_owner_declare(struct udma_owner_client *client,
+                                    const struct udma_owner_stream_options *stream,
+                                    struct udma_owner_stream_info *info);
+
+// Closes stream `stream`: its frames in flight complete first (their completions come as
+// usual, those not yet run with `UDMA_OWNER_STATUS_CLOSED`), then the owner frees its
+// pipeline. Later submissions to it complete with `UDMA_OWNER_STATUS_REFUSED`.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a stream this client did not declare (or closed
+// already); the owner's refusal; `UDMA_ERR_NOT_FOUND` after the owner went away.
+//
+// # Safety
+// None (any value is checked, none is dereferenced).
+enum udma_status udma_owner_close_stream(struct udma_owner_client *client, uint32_t stream);
+
+// The client's state: its number, its pool's bytes, its frames in flight and limits, and
+// whether the owner went away.
+//
+// # Safety
+// `info` points to `info->size` writable bytes.
+enum udma_status udma_owner_get_info(const struct udma_owner_client *client,
+                                     struct udma_owner_info *info);
+
+// Allocates a buffer of `len` bytes from the client's pool, which the owner maps for the
+// device, and fills `*buffer`: its host address and its offset, which `udma_owner_submit`
+// takes. The buffer is the client's until `udma_owner_free` (or `udma_owner_disconnect`).
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `len` 0 or above the pool's largest block;
+// `UDMA_ERR_EXHAUSTED` when the pool has no room (free buffers, or connect with a larger
+// `pool_bytes`).
+//
+// # Safety
+// `buffer` points to `buffer->size` writable bytes.
+enum udma_status udma_owner_alloc(struct udma_owner_client *client,
+                                  size_t len,
+                                  struct udma_owner_buffer *buffer);
+
+// Frees the buffer at `offset` (as `udma_owner_alloc` gave it) back into the client's pool.
+//
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an offset that is no buffer of this client's (freed
+// already, or never allocated); `UDMA_ERR_BUSY` for a buffer a frame in flight names (take
+// its completion first: the device may still read or write it).
+//
+// # Safety
+// None (any value is checked, none is dereferenced).
+enum udma_status udma_owner_free(struct udma_owner_client *client, uint64_t offset);
+
+// Submits a frame of `stream`: the device reads the input at `input_offset` of the client's
+// pool and writes the result at `result_offset` (offsets of buffers from `udma_owner_alloc`,
+// at least the stream's `input_bytes` and `result_bytes` long). Its completion carries `tag`;
+// give each frame in flight its own tag (the library matches a completion to its
+// submission by stream and tag to know when its buffers are free). No system call while the
+// owner is busy. A stream this client did not declare, or a span outside its pool, is not
+// an error here: the frame completes with `UDMA_OWNER_STATUS_REFUSED`.
+//
+// Errors: `UDMA_ERR_BUSY` when the client has its limit of frames in flight (take
+// completions first); `UDMA_ERR_NOT_FOUND` after the owner went away.
+//
+// # Safety
+// None (any value is checked, none is dereferenced).
+enum udma_status udma_owner_submit(struct udma_owner_client *client,
+                                   uint32_t stream,
+                                   uint64_t input_offset,
+                                   uint64_t result_offset,
+                                   uint64_t tag);
+
+// Takes one completion if there is one, without waiting: `*ready` says whether
+// `*completion` was filled. Costs no system call when one is there.
+//
+// Errors: `UDMA_ERR_NOT_FOUND` once the owner went away and nothing more will complete (the
+// message says so; disconnect, and connect again once it is back).
+//
+// # Safety
+// `completion` points to `completion->size` writable bytes; `ready` to a writable `bool`.
+enum udma_status udma_owner_poll(struct udma_owner_client *client,
+                                 struct udma_owner_completion *completion,
+                                 bool *ready);
+
+// Waits up to `timeout_ns` nanoseconds (`UDMA_TIMEOUT_INFINITE`: forever) for a completion
+// and takes it. Sleeps only when nothing has completed. Events the owner sends meanwhile
+// are kept for `udma_owner_next_event`.
+//
+// Errors: `UDMA_ERR_TIMEOUT` when the time is up; `UDMA_ERR_NOT_FOUND` when the owner went
+// away (the message says "the device owner closed the connection"): frames in flight never
+// complete; disconnect, and connect again once it is back.
+//
+// # Safety
+// `completion` points to `completion->size` writable bytes.
+enum udma_status udma_owner_wait(struct udma_owner_client *client,
+                                 uint64_t timeout_ns,
+                                 struct udma_owner_completion *completion);
+
+// Asks the owner for its figures: fills `streams[0..min(count, capacity)]` with this
+// client's streams' (`count` being how many it has; `streams` may be NULL with `capacity`
+// 0, to learn the count) and `*owner` with the owner's totals (`owner` may be NULL). Sets
+// `*count`.
+//
+// Errors: `UDMA_ERR_NOT_FOUND` after the owner went away; `UDMA_ERR_TIMEOUT` when it did not
+// answer.
+//
+// # Safety
+// `streams` is NULL (with `capacity` 0) or points to `capacity` structs of `streams[0].size`
+// bytes each; `count` to a writable `size_t`; `owner` is NULL or points to `owner->size`
+// writable bytes.
+enum udma_status udma_owner_get_stats(struct udma_owner_client *client,
+                                      struct udma_owner_stream_figures *streams,
+                                      size_t capacity,
+                                      size_t *count,
+                                      struct udma_owner_figures *owner);
+
+// The oldest event the owner sent that this client has not handed out (a device reset or
+// removal, the owner's shutdown), without waiting; `event->kind` is
+// `UDMA_OWNER_EVENT_NONE` when there is none. Reads what is waiting on the socket.
+//
+// Errors: `UDMA_ERR_DEVICE` for a message from the owner this client cannot read.
+//
+// # Safety
+// `event` points to `event->size` writable bytes (set `event->size = sizeof *event`).
+enum udma_status udma_owner_next_event(struct udma_owner_client *client,
+                                       struct udma_owner_event *event);
+
+// What a completion's `status` means (`"ok"`, `"refused (unknown stream, ...)"`), a static
+// string; `"unknown status"` for a value that is not a `udma_owner_status`.
+const char *udma_owner_status_name(uint32_t status);
 
 #ifdef __cplusplus
 } // extern "C"

@@ -46,10 +46,11 @@ pub(crate) enum Kind {
     Pipeline = 0xd8,
     Streams = 0xd9,
     Engine = 0xda,
+    OwnerClient = 0xdb,
 }
 
 impl Kind {
-    const ALL: [Kind; 10] = [
+    const ALL: [Kind; 11] = [
         Kind::Device,
         Kind::Mapping,
         Kind::Pool,
@@ -60,6 +61,7 @@ impl Kind {
         Kind::Pipeline,
         Kind::Streams,
         Kind::Engine,
+        Kind::OwnerClient,
     ];
 
     /// The C type's name without the prefix, for messages.
@@ -75,6 +77,7 @@ impl Kind {
             Kind::Pipeline => "pipeline",
             Kind::Streams => "streams",
             Kind::Engine => "engine",
+            Kind::OwnerClient => "client",
         }
     }
 
@@ -95,6 +98,7 @@ impl Kind {
             Kind::Pipeline => "udma_pipeline_create",
             Kind::Streams => "udma_streams_create",
             Kind::Engine => "udma_engine_create",
+            Kind::OwnerClient => "udma_owner_connect",
         }
     }
 }
@@ -316,10 +320,10 @@ pub(crate) fn foreign(kind: Kind, value: u64) -> Fail {
 
 /// A handle of `kind` whose slot has another occupant (or none) now.
 pub(crate) fn stale(kind: Kind, value: u64) -> Fail {
-    let verb = if kind == Kind::Buffer {
-        "freed"
-    } else {
-        "destroyed"
+    let verb = match kind {
+        Kind::Buffer => "freed",
+        Kind::OwnerClient => "disconnected",
+        _ => "destroyed",
     };
     Fail::handle(format!(
         "the {} handle {value:#x} was {verb} already (or was never made by this library): \

@@ -16,6 +16,8 @@
 //! | `plan` | the static buffer planner |
 //! | `pipeline` | models, pipelines, the frame views callbacks get |
 //! | `streams` | streams of pipelines under a scheduler |
+//! | `interop` | dma-buf, fences, descriptors passed to another process |
+//! | `owner` | a client of a device owner process (`userdma serve`) |
 //!
 //! Every C name (`udma_*`) is spelled here as C spells it.
 #![allow(non_camel_case_types)]
@@ -51,6 +53,9 @@ mod sync;
 // After streams: the header declares its functions last.
 #[cfg(not(loom))]
 mod interop;
+// After interop: the header declares the owner client's functions after everything else.
+#[cfg(not(loom))]
+mod owner;
 
 #[cfg(not(loom))]
 pub use bar::*;
@@ -65,6 +70,8 @@ pub use error::{udma_last_error, udma_status, udma_status_name};
 pub use interop::*;
 #[cfg(not(loom))]
 pub use memory::*;
+#[cfg(not(loom))]
+pub use owner::*;
 #[cfg(not(loom))]
 pub use pipeline::*;
 #[cfg(not(loom))]

@@ -322,10 +322,11 @@ impl Client {
         options: &Options,
         timeout: Duration,
     ) -> Result<Client, Error> {
-        let deadline = Instant::now() + timeout;
+        // A timeout beyond the clock's range waits as long as it takes.
+        let deadline = Instant::now().checked_add(timeout);
         loop {
             match Client::connect(path.as_ref(), options) {
-                Err(Error::Connect { .. }) if Instant::now() < deadline => {
+                Err(Error::Connect { .. }) if deadline.is_none_or(|d| Instant::now() < d) => {
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 other => return other,

@@ -1,0 +1,1104 @@
+//! A client of a device owner (`userdma serve`) from C (`udma_owner_client`): connect, declare
+//! streams, allocate input and result buffers from the pool the owner made for this client,
+//! submit frames by their buffers' offsets, take their completions, read the owner's figures
+//! and events. Only the client is linked: the owner is another process.
+//!
+//! The handle holds the `userdma_owner::Client` and the buffers C allocated, by their offset in
+//! the pool (each an `OwnedBuffer`, which keeps the pool mapped). It also remembers the spans
+//! of the frames in flight, so that a buffer the device may still write is never freed:
+//! `udma_owner_free` refuses it with `UDMA_ERR_BUSY` until its frame's completion is taken. A
+//! completion is matched to its submission by stream and tag. Calls on one client are
+//! serialized by a mutex, which a wait holds while it sleeps.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_char, c_void, CStr, CString, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use udma::pool::OwnedBuffer;
+use userdma_owner::chan::{self, Completion};
+use userdma_owner::{proto, Client, Event, EventKind, Options, Stream, StreamDecl};
+
+use crate::abi;
+use crate::device::timeout;
+use crate::error::{call, cstr, lib, udma_status, Fail};
+use crate::handle::{Kind, Registry};
+
+/// A connection to a device owner, made by `udma_owner_connect`, closed by
+/// `udma_owner_disconnect`.
+#[derive(Debug)]
+pub struct udma_owner_client {
+    _opaque: [u8; 0],
+}
+
+/// What a `udma_owner_client` handle holds.
+struct ClientEntry {
+    /// `None` once disconnected.
+    state: Mutex<Option<State>>,
+    /// The owner's socket, for messages.
+    socket: String,
+}
+
+/// A connected client and what the C side has of it.
+struct State {
+    client: Client,
+    /// The streams declared and not closed.
+    streams: Vec<Stream>,
+    /// The buffers `udma_owner_alloc` gave, by offset in the pool.
+    buffers: HashMap<u64, OwnedBuffer>,
+    /// The frames submitted whose completions were not taken, oldest first.
+    pending: Vec<Pending>,
+    /// Events taken from the client and not yet handed to C.
+    events: VecDeque<Event>,
+}
+
+/// A frame submitted and not completed.
+struct Pending {
+    stream: u32,
+    tag: u64,
+    /// The input's and the result's bytes `[start, end)` in the pool, when the owner will
+    /// take the frame; `None` for a frame it will refuse (an unknown stream, a span outside
+    /// the pool), which touches no memory.
+    spans: Option<[(u64, u64); 2]>,
+}
+
+static CLIENTS: Registry<Arc<ClientEntry>> = Registry::new(Kind::OwnerClient);
+
+/// A completion's `status`: the frame ran, or why not.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum udma_owner_status {
+    /// The frame ran; its result is in the result buffer.
+    UDMA_OWNER_STATUS_OK = 0,
+    /// The device failed the frame; the result buffer holds no result.
+    UDMA_OWNER_STATUS_FAILED = 1,
+    /// The frame was in flight when the device was reset: submit it again.
+    UDMA_OWNER_STATUS_LOST = 2,
+    /// The owner refused the submission: a stream this client did not declare (or closed), or
+    /// an input or result span outside this client's pool or shorter than the model needs.
+    /// Nothing was read or written.
+    UDMA_OWNER_STATUS_REFUSED = 3,
+    /// The device was removed: no more frames run.
+    UDMA_OWNER_STATUS_REMOVED = 4,
+    /// The stream was closed before the frame ran.
+    UDMA_OWNER_STATUS_CLOSED = 5,
+}
+
+const _: () = {
+    assert!(udma_owner_status::UDMA_OWNER_STATUS_OK as u32 == chan::STATUS_OK);
+    assert!(udma_owner_status::UDMA_OWNER_STATUS_FAILED as u32 == chan::STATUS_FAILED);
+    assert!(udma_owner_status::UDMA_OWNER_STATUS_LOST as u32 == chan::STATUS_LOST);
+    assert!(udma_owner_status::UDMA_OWNER_STATUS_REFUSED as u32 == chan::STATUS_REFUSED);
+    assert!(udma_owner_status::UDMA_OWNER_STATUS_REMOVED as u32 == chan::STATUS_REMOVED);
+    assert!(udma_owner_status::UDMA_OWNER_STATUS_CLOSED as u32 == chan::STATUS_CLOSED);
+};
+
+/// A `udma_owner_event`'s `kind`: what the owner told its clients.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum udma_owner_event_kind {
+    /// No event waiting.
+    UDMA_OWNER_EVENT_NONE = 0,
+    /// The device was reset after a fault (`detail`: the fault's code): frames in flight
+    /// completed with `UDMA_OWNER_STATUS_LOST`; submit them again.
+    UDMA_OWNER_EVENT_RESET = 1,
+    /// The device was removed: no more frames run; connect to an owner of another device.
+    UDMA_OWNER_EVENT_REMOVED = 2,
+    /// The owner is shutting down: disconnect, and connect again (with `wait_ns`) once it is
+    /// back.
+    UDMA_OWNER_EVENT_SHUTDOWN = 3,
+}
+
+/// How to connect (`udma_owner_connect`). Zero is the default for every field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct udma_owner_options {
+    /// `sizeof(udma_owner_options)`.
+    pub size: usize,
+    /// Bytes of the pool the owner makes for this client (it may give less: its limit);
+    /// 0: 16 MiB.
+    pub pool_bytes: u64,
+    /// This client's name in the owner's accounting, 1 to 32 bytes of UTF-8 (copied); NULL:
+    /// the program's name.
+    pub name: *const c_char,
+    /// How long to keep trying while no owner listens at the socket, in ns (for a program
+    /// started before its owner, or reconnecting while it restarts); 0: try once;
+    /// `UDMA_TIMEOUT_INFINITE`: until one does.
+    pub wait_ns: u64,
+}
+
+impl Default for udma_owner_options {
+    fn default() -> udma_owner_options {
+        udma_owner_options {
+            size: 0,
+            pool_bytes: 0,
+            name: std::ptr::null(),
+            wait_ns: 0,
+        }
+    }
+}
+
+// SAFETY: `repr(C)`, integers and a raw pointer (read as a C string), 8 * 4 = 32 bytes with no
+// padding, `size` first.
+unsafe impl abi::Sized for udma_owner_options {
+    const NAME: &'static str = "udma_owner_options";
+}
+
+/// A stream to declare (`udma_owner_declare`). Zero is the default for every field but `name`
+/// and `model`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct udma_owner_stream_options {
+    /// `sizeof(udma_owner_stream_options)`.
+    pub size: usize,
+    /// Its name, unique among this client's streams, 1 to 32 bytes of UTF-8 (copied).
+    pub name: *const c_char,
+    /// The model its frames run, by name in the owner's catalogue, 1 to 32 bytes (copied).
+    pub model: *const c_char,
+    /// Its frames' period in ns (the owner's bounds count with it); 0: as fast as possible.
+    pub period_ns: u64,
+    /// A frame that has waited this long runs next, whatever its priority; 0: no maximum.
+    pub max_wait_ns: u64,
+    /// Higher runs first, 0 to 255.
+    pub priority: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+impl Default for udma_owner_stream_options {
+    fn default() -> udma_owner_stream_options {
+        udma_owner_stream_options {
+            size: 0,
+            name: std::ptr::null(),
+            model: std::ptr::null(),
+            period_ns: 0,
+            max_wait_ns: 0,
+            priority: 0,
+            reserved: 0,
+        }
+    }
+}
+
+// SAFETY: `repr(C)`, two raw pointers (read as C strings) and integers, 8 * 5 + 4 + 4 = 48
+// bytes with no padding, `size` first.
+unsafe impl abi::Sized for udma_owner_stream_options {
+    const NAME: &'static str = "udma_owner_stream_options";
+}
+
+/// A declared stream (`udma_owner_declare`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct udma_owner_stream_info {
+    /// `sizeof(udma_owner_stream_info)`.
+    pub size: usize,
+    /// Its number, for `udma_owner_submit` and in completions.
+    pub stream: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// The least length of a frame's input buffer.
+    pub input_bytes: u64,
+    /// The least length of a frame's result buffer.
+    pub result_bytes: u64,
+}
+
+// SAFETY: `repr(C)`, integers only, 8 + 4 + 4 + 8 + 8 = 32 bytes with no padding, `size` first.
+unsafe impl abi::Sized for udma_owner_stream_info {
+    const NAME: &'static str = "udma_owner_stream_info";
+}
+
+/// A buffer of the client's pool (`udma_owner_alloc`), shared with the owner, who maps it for
+/// the device.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct udma_owner_buffer {
+    /// `sizeof(udma_owner_buffer)`.
+    pub size: usize,
+    /// The host address of byte 0, valid until `udma_owner_free` or `udma_owner_disconnect`.
+    /// Write an input before submitting it; read a result after its completion is taken: the
+    /// device reads and writes it in between.
+    pub host: *mut c_void,
+    /// Its length, the `len` asked for.
+    pub len: usize,
+    /// Its offset in the pool: what `udma_owner_submit` and `udma_owner_free` take.
+    pub offset: u64,
+}
+
+// SAFETY: `repr(C)`, a raw pointer and integers, 8 * 4 = 32 bytes with no padding, `size` first.
+unsafe impl abi::Sized for udma_owner_buffer {
+    const NAME: &'static str = "udma_owner_buffer";
+}
+
+/// A frame done (`udma_owner_poll`, `udma_owner_wait`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct udma_owner_completion {
+    /// `sizeof(udma_owner_completion)`.
+    pub size: usize,
+    /// The stream, as submitted.
+    pub stream: u32,
+    /// A `udma_owner_status` (`udma_owner_status_name` names it).
+    pub status: u32,
+    /// The submission's tag.
+    pub tag: u64,
+    /// From the owner taking the frame to its completion, in ns.
+    pub latency_ns: u64,
+    /// From the owner taking the frame to its dispatch to the device, in ns.
+    pub wait_ns: u64,
+}
+
+// SAFETY: `repr(C)`, integers only, 8 + 4 + 4 + 8 * 3 = 40 bytes with no padding, `size`
+// first.
+unsafe impl abi::Sized for udma_owner_completion {
+    const NAME: &'static str = "udma_owner_completion";
+}
+
+/// One stream's figures as the owner counts them (`udma_owner_get_stats`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct udma_owner_stream_figures {
+    /// `sizeof(udma_owner_stream_figures)`.
+    pub size: usize,
+    /// The stream's number.
+    pub stream: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Frames finished.
+    pub frames: u64,
+    /// Frames the device failed.
+    pub failed: u64,
+    /// Frames lost to device resets.
+    pub lost: u64,
+    /// Latency from the owner taking a frame to its completion, in ns: the median.
+    pub latency_p50_ns: u64,
+    /// Its 99th percentile.
+    pub latency_p99_ns: u64,
+    /// Its maximum.
+    pub latency_max_ns: u64,
+    /// The longest wait as the owner's scheduler bounds count it, in ns.
+    pub max_head_wait_ns: u64,
+    /// The bound on that wait the owner states from the frame times measured so far, in ns
+    /// (0: none yet).
+    pub bound_ns: u64,
+    /// The longest device time of one of its frames so far, in ns.
+    pub frame_ns: u64,
+    /// The period it declared, in ns (0: as fast as possible).
+    pub period_ns: u64,
+}
+
+// SAFETY: `repr(C)`, integers only, 8 + 4 + 4 + 8 * 10 = 96 bytes with no padding, `size`
+// first.
+unsafe impl abi::Sized for udma_owner_stream_figures {
+    const NAME: &'static str = "udma_owner_stream_figures";
+}
+
+/// The owner's totals (`udma_owner_get_stats`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct udma_owner_figures {
+    /// `sizeof(udma_owner_figures)`.
+    pub size: usize,
+    /// Clients connected.
+    pub clients: u32,
+    /// Streams over all clients.
+    pub streams: u32,
+    /// Frames on the device.
+    pub in_flight: u32,
+    /// Clients that left whose memory is still held for their frames in flight.
+    pub departing: u32,
+    /// Bytes of client pools mapped for the device.
+    pub mapped_bytes: u64,
+    /// Frames completed since the owner started.
+    pub frames: u64,
+    /// Context switches the owner's scheduler caused.
+    pub switches: u64,
+    /// Clients refused at the door.
+    pub refused: u64,
+    /// Clients closed for bad messages or limits.
+    pub closed: u64,
+    /// Clients that hung up with frames out (crashed, killed).
+    pub vanished: u64,
+    /// Clients that hung up with nothing out.
+    pub left: u64,
+    /// Device resets.
+    pub resets: u64,
+}
+
+// SAFETY: `repr(C)`, integers only, 8 + 4 * 4 + 8 * 8 = 88 bytes with no padding, `size`
+// first.
+unsafe impl abi::Sized for udma_owner_figures {
+    const NAME: &'static str = "udma_owner_figures";
+}
+
+/// Something the owner told its clients (`udma_owner_next_event`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct udma_owner_event {
+    /// `sizeof(udma_owner_event)`.
+    pub size: usize,
+    /// A `udma_owner_event_kind`.
+    pub kind: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// `UDMA_OWNER_EVENT_RESET`: the fault's code; otherwise 0.
+    pub detail: u64,
+}
+
+// SAFETY: `repr(C)`, integers only, 8 + 4 + 4 + 8 = 24 bytes with no padding, `size` first.
+unsafe impl abi::Sized for udma_owner_event {
+    const NAME: &'static str = "udma_owner_event";
+}
+
+/// A client's state (`udma_owner_get_info`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct udma_owner_info {
+    /// `sizeof(udma_owner_info)`.
+    pub size: usize,
+    /// The owner's number for this client.
+    pub client: u64,
+    /// Bytes of its pool (what the owner gave: at most `udma_owner_options.pool_bytes`).
+    pub pool_bytes: u64,
+    /// Frames submitted whose completions were not taken.
+    pub in_flight: u32,
+    /// The most frames it may have in flight (`udma_owner_submit` is busy beyond).
+    pub max_in_flight: u32,
+    /// The most streams it may declare.
+    pub max_streams: u32,
+    /// 1 once the owner has closed the connection (its shutdown, or this client refused), 0
+    /// before.
+    pub gone: u32,
+}
+
+// SAFETY: `repr(C)`, integers only, 8 * 3 + 4 * 4 = 40 bytes with no padding, `size` first.
+unsafe impl abi::Sized for udma_owner_info {
+    const NAME: &'static str = "udma_owner_info";
+}
+
+// The layouts the SAFETY comments above count.
+const _: () = {
+    use std::mem::size_of;
+    assert!(size_of::<udma_owner_options>() == 32);
+    assert!(size_of::<udma_owner_stream_options>() == 48);
+    assert!(size_of::<udma_owner_stream_info>() == 32);
+    assert!(size_of::<udma_owner_buffer>() == 32);
+    assert!(size_of::<udma_owner_completion>() == 40);
+    assert!(size_of::<udma_owner_stream_figures>() == 96);
+    assert!(size_of::<udma_owner_figures>() == 88);
+    assert!(size_of::<udma_owner_event>() == 24);
+    assert!(size_of::<udma_owner_info>() == 40);
+};
+
+/// The Rust API's names in the client's messages, and what a C program calls instead.
+const C_NAMES: [(&str, &str); 3] = [
+    (
+        "Client::connect_wait",
+        "udma_owner_connect with udma_owner_options.wait_ns",
+    ),
+    ("Client::wait", "udma_owner_wait or udma_owner_poll"),
+    ("Client::pool", "udma_owner_alloc"),
+];
+
+/// A client error as C sees it: its code's status, its message (which carries its cause)
+/// naming the C calls.
+fn fail(error: userdma_owner::Error) -> Fail {
+    let mut message = error.to_string();
+    for (rust, c) in C_NAMES {
+        message = message.replace(rust, c);
+    }
+    Fail::new(udma_status::of(error.code()), message)
+}
+
+/// A C string argument `what`: non-NULL, UTF-8, 1 to 32 bytes (a name the owner's protocol
+/// carries).
+///
+/// # Safety
+/// `ptr` is NULL or a NUL-terminated string.
+unsafe fn name(ptr: *const c_char, what: &str) -> Result<String, Fail> {
+    if ptr.is_null() {
+        return Err(Fail::null(what));
+    }
+    // SAFETY: non-null and NUL-terminated per this function's contract.
+    let bytes = unsafe { CStr::from_ptr(ptr) }.to_bytes();
+    if bytes.is_empty() || bytes.len() > proto::NAME {
+        return Err(Fail::invalid(format!(
+            "{what} is {} bytes long: the owner takes names of 1 to {} bytes",
+            bytes.len(),
+            proto::NAME
+        )));
+    }
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| Fail::invalid(format!("{what} is not UTF-8: {e}")))?;
+    Ok(text.to_owned())
+}
+
+/// The longest path of a Unix socket (`sun_path` without its NUL).
+const SOCKET_PATH: usize = 107;
+
+/// The live client `ptr` names, locked, for `f` (its failures say which owner).
+fn with_client<R>(
+    ptr: *const udma_owner_client,
+    f: impl FnOnce(&mut State) -> Result<R, Fail>,
+) -> Result<R, Fail> {
+    let entry = CLIENTS.with(ptr, |_, e| Ok(Arc::clone(e)))?;
+    // A panic while locked (caught at the boundary) leaves the state usable: the client's
+    // own calls keep it consistent, and a pending frame at worst stays pending.
+    let mut guard = entry.state.lock().unwrap_or_else(PoisonError::into_inner);
+    let state = guard.as_mut().ok_or_else(|| {
+        Fail::handle("the owner client was disconnected during this call (by another thread)")
+    })?;
+    f(state).map_err(|f| f.context(format!("owner at {}", entry.socket)))
+}
+
+impl State {
+    fn pool_len(&self) -> u64 {
+        self.client.pool().mapping().len() as u64
+    }
+
+    /// The spans a frame of `stream` names, when the owner will take it: a stream of this
+    /// client's, both spans inside the pool's arena (as the owner checks them).
+    fn spans(&self, stream: u32, input: u64, result: u64) -> Option<[(u64, u64); 2]> {
+        let s = self.streams.iter().find(|s| s.id == stream)?;
+        let pool = self.client.pool();
+        let low = pool.arena_offset() as u64;
+        let high = low.saturating_add(pool.arena_len() as u64);
+        let span = |start: u64, len: u64| {
+            let end = start.checked_add(len)?;
+            (start >= low && end <= high).then_some((start, end))
+        };
+        Some([span(input, s.input_bytes)?, span(result, s.result_bytes)?])
+    }
+
+    /// Whether a frame in flight may read or write `[start, end)`.
+    fn in_flight(&self, start: u64, end: u64) -> bool {
+        self.pending
+            .iter()
+            .filter_map(|p| p.spans)
+            .flatten()
+            .any(|(s, e)| s < end && start < e)
+    }
+
+    /// Takes `c`'s submission off the pending list: the oldest of its stream and tag that the
+    /// owner was expected to treat as it did (refuse or take), else the oldest of its stream
+    /// and tag.
+    fn completed(&mut self, c: &Completion) {
+        let refused = c.status == chan::STATUS_REFUSED;
+        let same = |p: &Pending| p.stream == c.stream && p.tag == c.tag;
+        let at = self
+            .pending
+            .iter()
+            .position(|p| same(p) && p.spans.is_none() == refused)
+            .or_else(|| self.pending.iter().position(same));
+        if let Some(at) = at {
+            self.pending.remove(at);
+        }
+    }
+
+    /// Takes the events the client has read, and any waiting on its socket.
+    fn take_events(&mut self) -> Result<(), Fail> {
+        let events = self.client.events().map_err(fail)?;
+        self.events.extend(events);
+        Ok(())
+    }
+}
+
+fn completion(c: &Completion) -> udma_owner_completion {
+    udma_owner_completion {
+        size: 0,
+        stream: c.stream,
+        status: c.status,
+        tag: c.tag,
+        latency_ns: c.latency_ns,
+        wait_ns: c.wait_ns,
+    }
+}
+
+/// Connects to the device owner listening at Unix socket `socket` (a path; `userdma serve`
+/// prints it) and takes the pool and rings it makes for this client. `options` may be NULL
+/// (a 16 MiB pool, the program's name, one try). Disconnect with `udma_owner_disconnect`.
+///
+/// Errors: `UDMA_ERR_NOT_FOUND` when no owner listens there (within `wait_ns`);
+/// `UDMA_ERR_INVALID_ARGUMENT` for a NULL, empty or too long (over 107 bytes) socket path,
+/// or a name that is not 1 to 32 bytes of UTF-8; `UDMA_ERR_REFUSED` when the owner does not
+/// allow this process's user or group; `UDMA_ERR_BUSY` when it serves its limit of clients;
+/// `UDMA_ERR_DEVICE` for a peer that does not speak the owner's protocol;
+/// `UDMA_ERR_TIMEOUT` for an owner that did not answer.
+///
+/// # Safety
+/// `socket` is a NUL-terminated string; `options` is NULL or points to `options->size`
+/// readable bytes with `name` NULL or a NUL-terminated string; `client` points to a writable
+/// `udma_owner_client *`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_owner_connect(
+    socket: *const c_char,
+    options: *const udma_owner_options,
+    client: *mut *mut udma_owner_client,
+) -> udma_status {
+    call("udma_owner_connect", || {
+        let out = abi::out(client, "client")?;
+        if socket.is_null() {
+            return Err(Fail::null("socket"));
+        }
+        // SAFETY: non-null and NUL-terminated per this function's contract.
+        let path = unsafe { CStr::from_ptr(socket) }.to_bytes();
+        if path.is_empty() || path.len() > SOCKET_PATH {
+            return Err(Fail::invalid(format!(
+                "socket is a path of {} bytes: a Unix socket's path has 1 to {SOCKET_PATH}",
+                path.len()
+            )));
+        }
+        let path = Path::new(OsStr::from_bytes(path));
+        let o = if options.is_null() {
+            udma_owner_options::default()
+        } else {
+            // SAFETY: non-null; readable per this function's contract.
+            unsafe { abi::read(options, "options", udma_owner_options::default())? }
+        };
+        let mut opts = Options::default();
+        if o.pool_bytes != 0 {
+            opts.pool_bytes = o.pool_bytes;
+        }
+        if !o.name.is_null() {
+            // SAFETY: non-null and NUL-terminated per this function's contract.
+            opts.name = unsafe { name(o.name, "options->name")? };
+        }
+        let connected = match timeout(o.wait_ns) {
+            Some(wait) if wait.is_zero() => Client::connect(path, &opts),
+            Some(wait) => Client::connect_wait(path, &opts, wait),
+            // Until an owner answers: an hour at a time (a deadline no clock overflows).
+            None => loop {
+                match Client::connect_wait(path, &opts, Duration::from_secs(3600)) {
+                    Err(userdma_owner::Error::Connect { .. }) => continue,
+                    other => break other,
+                }
+            },
+        };
+        let connected = connected.map_err(fail)?;
+        let key = CLIENTS.insert(Arc::new(ClientEntry {
+            state: Mutex::new(Some(State {
+                client: connected,
+                streams: Vec::new(),
+                buffers: HashMap::new(),
+                pending: Vec::new(),
+                events: VecDeque::new(),
+            })),
+            socket: path.display().to_string(),
+        }))?;
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { out.write(key.to_ptr(Kind::OwnerClient)) };
+        Ok(())
+    })
+}
+
+/// Closes the connection and frees every buffer of the client; the handle is invalid from
+/// then on. Frames still in flight run to their end in the owner (which keeps their memory
+/// until then); their completions are not delivered. Succeeds also after the owner went away.
+///
+/// # Safety
+/// None (any value is checked, none is dereferenced).
+#[no_mangle]
+pub unsafe extern "C" fn udma_owner_disconnect(client: *mut udma_owner_client) -> udma_status {
+    call("udma_owner_disconnect", || {
+        let entry = CLIENTS.remove_if(client, |_| Ok(()))?;
+        let state = entry
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(mut state) = state {
+            // The buffers go back to the pool before the client unmaps its view of it (each
+            // keeps the pool mapped anyway).
+            state.buffers.clear();
+            drop(state);
+        }
+        Ok(())
+    })
+}
+
+/// Declares a stream of frames and fills `*info` with its number and its model's buffer
+/// sizes.
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a NULL, empty, too long (over 32 bytes) or
+/// non-UTF-8 name or model, a priority above 255, or a name this client's streams have
+/// already; `UDMA_ERR_NOT_FOUND` for a model the owner does not have (the message lists
+/// those it has); `UDMA_ERR_EXHAUSTED` at this client's limit of streams, the owner's (64),
+/// or on a device with no queues left for another; `UDMA_ERR_NOT_FOUND` after the owner went
+/// away (the message says "the device owner closed the connection").
+///
+/// # Safety
+/// `stream` points to `stream->size` readable bytes, its `name` and `model` NUL-terminated
+/// strings; `info` to `info->size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn udma_owner_declare(
+    client: *mut udma_owner_client,
+    stream: *const udma_owner_stream_options,
+    info: *mut udma_owner_stream_info,
+) -> udma_status {
+    call("udma_owner_declare", || {
+        // Checked before declaring, so a bad struct does not leave a stream unknown to C.
+        // SAFETY: per this function's contract.
+        unsafe { abi::write(info, "info", udma_owner_stream_info::default())? };
+        // SAFETY: per this function's contract.
+        let s = unsafe { abi::read(stream, "stream", udma_owner_stream_options::default())? };
+        // SAFETY: NULL or NUL-terminated per this function's contract.
+        let stream_name = unsafe { name(s.name, "stream->name")? };
+        // SAFETY: as above.
+        let model = unsafe { name(s.model, "stream->model")? };
+        let priority = u8::try_from(s.priority).map_err(|_| {
+            Fail::invalid(format!("stream->priority is {}: use 0 to 255", s.priority))
+        })?;
+        let mut decl = StreamDecl::new(&stream_name, &model).priority(priority);
+        if s.period_ns != 0 {
+            decl = decl.period(Duration::from_nanos(s.period_ns));
+        }
+        if s.max_wait_ns != 0 {
+            decl = decl.max_wait(Duration::from_nanos(s.max_wait_ns));
+        }
+        let declared = with_client(client, |state| {
+            let d = state.client.declare(&decl).map_err(fail)?;
+            state.streams.push(d.clone());
+            Ok(d)
+        })?;
+        let value = udma_owner_stream_info {
+            size: 0,
+            stream: declared.id,
+            reserved: 0,
+            input_bytes: declared.input_bytes,
+            result_bytes: declared.result_bytes,
+        };
+        // SAFETY: per this function's contract (checked above).
+        unsafe { abi::write(info, "info", value) }
+    })
+}
+
+/// Closes stream `stream`: its frames in flight complete first (their completions come as
+/// usual, those not yet run with `UDMA_OWNER_STATUS_CLOSED`), then the owner frees its
+/// pipeline. Later submissions to it complete with `UDMA_OWNER_STATUS_REFUSED`.
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a stream this client did not declare (or closed
+/// already); the owner's refusal; `UDMA_ERR_NOT_FOUND` after the owner went away.
+///
+/// # Safety
+/// None (any value is checked, none is dereferenced).
+#[no_mangle]
+pub unsafe extern "C" fn udma_owner_close_stream(
+    client: *mut udma_owner_client,
+    stream: u32,
+) -> udma_status {
+    call("udma_owner_close_stream", || {
+        with_client(client, |state| {
+            let at = state
+                .streams
+                .iter()
+                .position(|s| s.id == stream)
+                .ok_or_else(|| {
+                    Fail::invalid(format!(
+                        "stream {stream} is not one of this client's (declared and not closed)"
+                    ))
+                })?;
+            let s = state.streams[at].clone();
+            state.client.close_stream(&s).map_err(fail)?;
+            state.streams.remove(at);
+            Ok(())
+        })
+    })
+}
+
+/// The client's state: its number, its pool's bytes, its frames in flight and limits, and
+/// whether the owner went away.
+///
+/// # Safety
+/// `info` points to `info->size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn udma_owner_get_info(
+    client: *const udma_owner_client,
+    info: *mut udma_owner_info,
+) -> udma_status {
+    call("udma_owner_get_info", || {
+        let value = with_client(client, |state| {
+            let c = &state.client;
+            Ok(udma_owner_info {
+                size: 0,
+                client: c.id(),
+                pool_bytes: state.pool_len(),
+                in_flight: c.in_flight(),
+                max_in_flight: c.max_in_flight(),
+                max_streams: c.max_streams(),
+                gone: u32::from(c.is_gone()),
+            })
+        })?;
+        // SAFETY: per this function's contract.
+        unsafe { abi::write(info, "info", value) }
+    })
+}
+
+/// Allocates a buffer of `len` bytes from the client's pool, which the owner maps for the
+/// device, and fills `*buffer`: its host address and its offset, which `udma_owner_submit`
+/// takes. The buffer is the client's until `udma_owner_free` (or `udma_owner_disconnect`).
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `len` 0 or above the pool's largest block;
+/// `UDMA_ERR_EXHAUSTED` when the pool has no room (free buffers, or connect with a larger
+/// `pool_bytes`).
+///
+/// # Safety
+/// `buffer` points to `buffer->size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn udma_owner_alloc(
+    client: *mut udma_owner_client,
+    len: usize,
+    buffer: *mut udma_owner_buffer,
+) -> udma_status {
+    call("udma_owner_alloc", || {
+        // Checked before allocating, so a bad struct loses no buffer.
+        // SAFETY: per this function's contract.
+        unsafe { abi::declared(buffer.cast_const(), "buffer", "udma_owner_buffer")? };
+        with_client(client, |state| {
+            let pool = Arc::clone(state.client.pool());
+            if len == 0 || len > pool.max_len() {
+                return Err(Fail::invalid(format!(
+                    "len {len} is out of range: the client's pool gives 1 to {} bytes",
+                    pool.max_len()
+                )));
+            }
+            let b = pool.alloc_owned(len).map_err(lib)?;
+            let value = udma_owner_buffer {
+                size: 0,
+                host: b.as_ptr().as_ptr().cast(),
+                len: b.len(),
+                offset: b.as_buffer().offset() as u64,
+            };
+            // SAFETY: per this function's contract (its size checked above).
+            unsafe { abi::write(buffer, "buffer", value)? };
+            state.buffers.insert(value.offset, b);
+            Ok(())
+        })
+    })
+}
+
+/// Frees the buffer at `offset` (as `udma_owner_alloc` gave it) back into the client's pool.
+///
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for an offset that is no buffer of this client's (freed
+/// already, or never allocated); `UDMA_ERR_BUSY` for a buffer a frame in flight names (take
+/// its completion first: the device may still read or write it).
+///
+/// # Safety
+/// None (any value is checked, none is dereferenced).
+#[no_mangle]
+pub unsafe extern "C" fn udma_owner_free(
+    client: *mut udma_owner_client,
+    offset: u64,
+) -> udma_status {
+    call("udma_owner_free", || {
+        with_client(client, |state| {
+            let Some(b) = state.buffers.get(&offset) else {
+                return Err(Fail::invalid(format!(
+                    "no buffer of this client's starts at offset {offset:#x}: pass the offset \
+                     udma_owner_alloc gave, once"
+                )));
+            };
+            let end = offset.saturating_add(b.capacity() as u64);
+            if state.in_flight(offset, end) {
+                return Err(Fail::new(
+                    udma_status::UDMA_ERR_BUSY,
+                    format!(
+                        "the buffer at offset {offset:#x} belongs to a frame in flight: take its \
+                         completion (udma_owner_wait, udma_owner_poll) before freeing it"
+                    ),
+                ));
+            }
+            drop(state.buffers.remove(&offset));
+            Ok(())
+        })
+    })
+}
+
+/// Submits a frame of `stream`: the device reads the input at `input_offset` of the client's
+/// pool and writes the result at `result_offset` (offsets of buffers from `udma_owner_alloc`,
+/// at least the stream's `input_bytes` and `result_bytes` long). Its completion carries `tag`;
+/// give each frame in flight its own tag (the library matches a completion to its
+/// submission by stream and tag to know when its buffers are free). No system call while the
+/// owner is busy. A stream this client did not declare, or a span outside its pool, is not
+/// an error here: the frame completes with `UDMA_OWNER_STATUS_REFUSED`.
+///
+/// Errors: `UDMA_ERR_BUSY` when the client has its limit of frames in flight (take
+/// completions first); `UDMA_ERR_NOT_FOUND` after the owner went away.
+///
+/// # Safety
+/// None (any value is checked, none is dereferenced).
+#[no_mangle]
+pub unsafe extern "C" fn udma_owner_submit(
+    client: *mut udma_owner_client,
+    stream: u32,
+    input_offset: u64,
+    result_offset: u64,
+    tag: u64,
+) -> udma_status {
+    call("udma_owner_submit", || {
+        with_client(client, |state| {
+            let spans = state.spans(stream, input_offset, result_offset);
+            state
+                .client
+                .submit_offsets(stream, input_offset, result_offset, tag)
+                .map_err(fail)?;
+            state.pending.push(Pending { stream, tag, spans });
+            Ok(())
+        })
+    })
+}
+
+/// Takes one completion if there is one, without waiting: `*ready` says whether
+/// `*completion` was filled. Costs no system call when one is there.
+///
+/// Errors: `UDMA_ERR_NOT_FOUND` once the owner went away and nothing more will complete (the
+/// message says so; disconnect, and connect again once it is back).
+///
+/// # Safety
+/// `completion` points to `completion->size` writable bytes; `ready` to a writable `bool`.
+#[no_mangle]
+pub unsafe extern "C" fn udma_owner_poll(
+    client: *mut udma_owner_client,
+    completion: *mut udma_owner_completion,
+    ready: *mut bool,
+) -> udma_status {
+    call("udma_owner_poll", || {
+        let ready = abi::out(ready, "ready")?;
+        // Checked before taking anything, so a bad struct loses no completion.
+        // SAFETY: per this function's contract.
+        unsafe { abi::write(completion, "completion", udma_owner_completion::default())? };
+        let done = with_client(client, |state| {
+            if let Some(c) = state.client.poll() {
+                state.completed(&c);
+                return Ok(Some(c));
+            }
+            // Nothing: look at the socket once, so a program that only polls learns that the
+            // owner left.
+            state.take_events()?;
+            if state.client.is_gone() {
+                return Err(fail(userdma_owner::Error::Gone {
+                    why: "nothing more will complete",
+                }));
+            }
+            Ok(None)
+        })?;
+        if let Some(c) = &done {
+            // SAFETY: per this function's contract (checked above).
+            unsafe { abi::write(completion, "completion", self::completion(c))? };
+        }
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { ready.write(done.is_some()) };
+        Ok(())
+    })
+}
+
+/// Waits up to `timeout_ns` nanoseconds (`UDMA_TIMEOUT_INFINITE`: forever) for a completion
+/// and takes it. Sleeps only when nothing has completed. Events the owner sends meanwhile
+/// are kept for `udma_owner_next_event`.
+///
+/// Errors: `UDMA_ERR_TIMEOUT` when the time is up; `UDMA_ERR_NOT_FOUND` when the owner went
+/// away (the message says "the device owner closed the connection"): frames in flight never
+/// complete; disconnect, and connect again once it is back.
+///
+/// # Safety
+/// `completion` points to `completion->size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn udma_owner_wait(
+    client: *mut udma_owner_client,
+    timeout_ns: u64,
+    completion: *mut udma_owner_completion,
+) -> udma_status {
+    call("udma_owner_wait", || {
+        // SAFETY: per this function's contract.
+        unsafe { abi::write(completion, "completion", udma_owner_completion::default())? };
+        let c = with_client(client, |state| {
+            let c = state.client.wait(timeout(timeout_ns)).map_err(fail)?;
+            state.completed(&c);
+            Ok(c)
+        })?;
+        // SAFETY: per this function's contract (checked above).
+        unsafe { abi::write(completion, "completion", self::completion(&c)) }
+    })
+}
+
+/// Asks the owner for its figures: fills `streams[0..min(count, capacity)]` with this
+/// client's streams' (`count` being how many it has; `streams` may be NULL with `capacity`
+/// 0, to learn the count) and `*owner` with the owner's totals (`owner` may be NULL). Sets
+/// `*count`.
+///
+/// Errors: `UDMA_ERR_NOT_FOUND` after the owner went away; `UDMA_ERR_TIMEOUT` when it did not
+/// answer.
+///
+/// # Safety
+/// `streams` is NULL (with `capacity` 0) or points to `capacity` structs of `streams[0].size`
+/// bytes each; `count` to a writable `size_t`; `owner` is NULL or points to `owner->size`
+/// writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn udma_owner_get_stats(
+    client: *mut udma_owner_client,
+    streams: *mut udma_owner_stream_figures,
+    capacity: usize,
+    count: *mut usize,
+    owner: *mut udma_owner_figures,
+) -> udma_status {
+    call("udma_owner_get_stats", || {
+        let count = abi::out(count, "count")?;
+        if capacity != 0 && streams.is_null() {
+            return Err(Fail::null("streams"));
+        }
+        let stride = if capacity == 0 {
+            0
+        } else {
+            // SAFETY: non-null with `capacity` elements per this function's contract.
+            unsafe {
+                abi::declared(
+                    streams.cast_const(),
+                    "streams",
+                    <udma_owner_stream_figures as abi::Sized>::NAME,
+                )?
+            }
+        };
+        if !owner.is_null() {
+            // SAFETY: non-null; writable per this function's contract.
+            unsafe { abi::write(owner, "owner", udma_owner_figures::default())? };
+        }
+        let stats = with_client(client, |state| state.client.stats().map_err(fail))?;
+        for (i, s) in stats.streams.iter().take(capacity).enumerate() {
+            let value = udma_owner_stream_figures {
+                size: 0,
+                stream: s.stream,
+                reserved: 0,
+                frames: s.frames,
+                failed: s.failed,
+                lost: s.lost,
+                latency_p50_ns: s.latency_p50_ns,
+                latency_p99_ns: s.latency_p99_ns,
+                latency_max_ns: s.latency_max_ns,
+                max_head_wait_ns: s.max_head_wait_ns,
+                bound_ns: s.bound_ns,
+                frame_ns: s.frame_ns,
+                period_ns: s.period_ns,
+            };
+            // SAFETY: `capacity` elements of `stride` bytes per this function's contract;
+            // each declares its own size.
+            let at =
+                unsafe { streams.cast::<u8>().add(i * stride) }.cast::<udma_owner_stream_figures>();
+            // SAFETY: as above.
+            unsafe { abi::write(at, "streams[i]", value) }
+                .map_err(|f| f.context(format!("streams[{i}]")))?;
+        }
+        if !owner.is_null() {
+            let o = &stats.owner;
+            let value = udma_owner_figures {
+                size: 0,
+                clients: o.clients,
+                streams: o.streams,
+                in_flight: o.in_flight,
+                departing: o.departing,
+                mapped_bytes: o.mapped_bytes,
+                frames: o.frames,
+                switches: o.switches,
+                refused: o.refused,
+                closed: o.closed,
+                vanished: o.vanished,
+                left: o.left,
+                resets: o.resets,
+            };
+            // SAFETY: non-null; writable per this function's contract.
+            unsafe { abi::write(owner, "owner", value)? };
+        }
+        // SAFETY: checked non-null; writable per this function's contract.
+        unsafe { count.write(stats.streams.len()) };
+        Ok(())
+    })
+}
+
+/// The oldest event the owner sent that this client has not handed out (a device reset or
+/// removal, the owner's shutdown), without waiting; `event->kind` is
+/// `UDMA_OWNER_EVENT_NONE` when there is none. Reads what is waiting on the socket.
+///
+/// Errors: `UDMA_ERR_DEVICE` for a message from the owner this client cannot read.
+///
+/// # Safety
+/// `event` points to `event->size` writable bytes (set `event->size = sizeof *event`).
+#[no_mangle]
+pub unsafe extern "C" fn udma_owner_next_event(
+    client: *mut udma_owner_client,
+    event: *mut udma_owner_event,
+) -> udma_status {
+    call("udma_owner_next_event", || {
+        // Checked before taking, so a bad struct loses no event.
+        // SAFETY: per this function's contract.
+        unsafe { abi::write(event, "event", udma_owner_event::default())? };
+        let next = with_client(client, |state| {
+            state.take_events()?;
+            Ok(state.events.pop_front())
+        })?;
+        let (kind, detail) = match next {
+            None => (udma_owner_event_kind::UDMA_OWNER_EVENT_NONE, 0),
+            Some(e) => (
+                match e.kind {
+                    EventKind::Reset => udma_owner_event_kind::UDMA_OWNER_EVENT_RESET,
+                    EventKind::Removed => udma_owner_event_kind::UDMA_OWNER_EVENT_REMOVED,
+                    EventKind::Shutdown => udma_owner_event_kind::UDMA_OWNER_EVENT_SHUTDOWN,
+                },
+                e.detail,
+            ),
+        };
+        let value = udma_owner_event {
+            size: 0,
+            kind: kind as u32,
+            reserved: 0,
+            detail,
+        };
+        // SAFETY: per this function's contract.
+        unsafe { abi::write(event, "event", value) }
+    })
+}
+
+/// The highest status with a name; above it, "unknown status".
+const LAST_STATUS: u32 = chan::STATUS_CLOSED;
+
+/// What a completion's `status` means (`"ok"`, `"refused (unknown stream, ...)"`), a static
+/// string; `"unknown status"` for a value that is not a `udma_owner_status`.
+#[no_mangle]
+pub extern "C" fn udma_owner_status_name(status: u32) -> *const c_char {
+    static NAMES: OnceLock<Vec<CString>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        (0..=LAST_STATUS + 1)
+            .map(|s| CString::new(chan::status_name(s)).unwrap_or_default())
+            .collect()
+    });
+    names
+        .get(status.min(LAST_STATUS + 1) as usize)
+        .map_or(cstr(b"unknown status\0").as_ptr(), |n| n.as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_has_its_name_and_others_are_unknown() {
+        // SAFETY: static NUL-terminated strings.
+        let name = |s| unsafe { CStr::from_ptr(udma_owner_status_name(s)) };
+        assert_eq!(name(0).to_str(), Ok("ok"));
+        assert!(name(3).to_str().unwrap().starts_with("refused"));
+        assert_eq!(name(6).to_str(), Ok("unknown status"));
+        assert_eq!(name(u32::MAX).to_str(), Ok("unknown status"));
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_before_any_connection() {
+        let mut client = std::ptr::null_mut();
+        // SAFETY: NULL and valid strings, a writable out-parameter.
+        let status = unsafe { udma_owner_connect(std::ptr::null(), std::ptr::null(), &mut client) };
+        assert_eq!(status, udma_status::UDMA_ERR_INVALID_ARGUMENT);
+        let missing = cstr(b"/nonexistent/userdma-owner.sock\0");
+        // SAFETY: as above.
+        let status = unsafe { udma_owner_connect(missing.as_ptr(), std::ptr::null(), &mut client) };
+        assert_eq!(status, udma_status::UDMA_ERR_NOT_FOUND);
+        // SAFETY: any value is checked.
+        let status = unsafe { udma_owner_submit(std::ptr::null_mut(), 0, 0, 0, 0) };
+        assert_eq!(status, udma_status::UDMA_ERR_INVALID_HANDLE);
+    }
+}
