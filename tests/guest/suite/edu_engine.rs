@@ -16,23 +16,28 @@
 //!   `ToHost` (arena → host buffer) moves a chunk of up to [`edu::MAX_TRANSFER`] bytes from
 //!   host memory into the buffer, then from the buffer out to host memory, until the op's bytes
 //!   are across ([`queue`]).
-//! - **One queue** (id 0): one engine and one buffer serve one op at a time, in order.
-//!   Model steps and waits on other queues complete with [`UNSUPPORTED`] (a pipeline never
-//!   gives them: the capabilities say no compute and no ordering across queues).
+//! - **One queue** (id 0) by default: one engine and one buffer serve one op at a time, in
+//!   order. An engine made with [`EduEngine::with_queues`] offers several (a device owner
+//!   gives each stream a queue of its own); they take turns on the one engine: a copy holds
+//!   edu's engine and buffer from its first transfer to its last, and another queue's copy
+//!   starts once it is across. Model steps and waits on other queues complete with
+//!   [`UNSUPPORTED`] (a pipeline never gives them: the capabilities say no compute and no
+//!   ordering across queues).
 //! - Every address an op names is checked against what the engine handed out before edu is
 //!   told about it: an arena address must lie inside one live arena, a host buffer inside one
-//!   of the host pools ([`Accelerator::host_pool`]), its IOVA the one that pool's mapping has
-//!   for its host address and contiguous for the device; otherwise the op fails with a status
+//!   of the host pools ([`Accelerator::host_pool`]) or of the caller's regions mapped for the
+//!   device ([`Accelerator::map_host`]), its IOVA the one that mapping has for its host
+//!   address and contiguous for the device; otherwise the op fails with a status
 //!   ([`OUTSIDE_ARENA`], [`UNKNOWN_HOST_BUFFER`], [`BEYOND_MASK`]) and edu never sees it.
 //!
 //! | module | owns |
 //! |---|---|
-//! | this one | [`EduEngine`]: its capabilities, the arenas and host pools it knows, reset, status names |
+//! | this one | [`EduEngine`]: its capabilities, the arenas, host pools and mapped regions it knows, reset, status names |
 //! | [`queue`] | the queue: ops in order through the DMA engine, completions, waiting, shutdown |
 
 pub(crate) mod queue;
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -40,7 +45,7 @@ use std::time::{Duration, Instant};
 use userdma::device::{self, Wait};
 use userdma::dma::{self, Mapping};
 use userdma::irq::EventFd;
-use userdma::memory::PageSize;
+use userdma::memory::{PageSize, Region};
 use userdma::pool::Pool;
 use userdma::{ring, Runtime};
 use userdma_infer::accel::{
@@ -55,8 +60,9 @@ pub(crate) const UNSUPPORTED: u32 = 1;
 /// Status of a copy whose arena range is not inside one live arena of this engine; the
 /// completion's result is the arena address.
 pub(crate) const OUTSIDE_ARENA: u32 = 2;
-/// Status of a copy whose host buffer is not inside a host pool of this engine (or not
-/// contiguous for the device there); the completion's result is the buffer's IOVA.
+/// Status of a copy whose host buffer is not inside a host pool or mapped region of this
+/// engine (or not contiguous for the device there); the completion's result is the buffer's
+/// IOVA.
 pub(crate) const UNKNOWN_HOST_BUFFER: u32 = 3;
 /// Status of a copy that would reach past edu's 28-bit DMA mask; the result is the address.
 pub(crate) const BEYOND_MASK: u32 = 4;
@@ -69,6 +75,9 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 const STOP_POLL: Duration = Duration::from_millis(1);
 /// The page size an arena's memory is made of (see [`EduEngine::alloc_arena`]).
 const PAGE: u64 = 4096;
+/// The most queues an engine offers ([`EduEngine::with_queues`]; one bit each in
+/// [`Shared::open`]).
+pub(crate) const MAX_QUEUES: u16 = 32;
 
 /// The arenas and host pools the engine handed out: what an op's addresses are checked against.
 #[derive(Debug, Default)]
@@ -77,6 +86,8 @@ struct Known {
     arenas: Mutex<Vec<ArenaMemory>>,
     /// Host pools made by [`EduEngine::host_pool`] (the ones still alive are checked).
     pools: Mutex<Vec<Weak<Pool>>>,
+    /// Regions mapped by [`EduEngine::map_host`] (the ones still alive are checked).
+    hosts: Mutex<Vec<HostMapping>>,
     /// The id the next arena gets.
     next: AtomicU64,
 }
@@ -89,6 +100,21 @@ struct ArenaMemory {
     at: u64,
     len: u64,
     mapping: Mapping,
+}
+
+/// A caller's region the engine mapped for edu ([`Accelerator::map_host`]): what its mapping
+/// translates, kept to check the host buffers ops name in it. The mapping itself went to the
+/// caller; it holds the region, so the region being alive is the mapping being alive as long
+/// as the mapping is the region's last holder (a device owner keeps a client's region in its
+/// pool's mapping alone).
+#[derive(Debug)]
+struct HostMapping {
+    region: Weak<Region>,
+    /// The host address of its first byte, and its length.
+    base: usize,
+    len: usize,
+    /// Its pieces as the space mapped them, in region order: region offset, first IOVA, bytes.
+    segments: Box<[(usize, u64, u64)]>,
 }
 
 /// What an [`Arena`] keeps: its entry in [`Known::arenas`], removed (and the mapping unmapped)
@@ -134,30 +160,67 @@ impl Known {
             .any(|a| inside(at, len, a.at, a.len))
     }
 
-    /// Whether `span` lies inside a live host pool of the engine, with the IOVA the pool's
-    /// mapping has for its host address, and contiguous for the device.
+    /// Whether `span` lies inside a live host pool or mapped region of the engine, with the
+    /// IOVA that mapping has for its host address, and contiguous for the device.
     fn holds_host(&self, span: &HostSpan) -> bool {
         let Ok(len) = usize::try_from(span.len) else {
             return false;
         };
-        lock(&self.pools)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .any(|pool| {
-                let mapping = pool.mapping();
-                // Host addresses compared as numbers, never dereferenced.
-                let base = mapping.as_ptr().as_ptr() as usize;
-                (span.ptr.as_ptr() as usize)
-                    .checked_sub(base)
-                    .is_some_and(|offset| {
+        // Host addresses compared as numbers, never dereferenced.
+        let ptr = span.ptr.as_ptr() as usize;
+        let mapped = lock(&self.hosts).iter().any(|h| {
+            h.region.strong_count() > 0
+                && ptr.checked_sub(h.base).is_some_and(|offset| {
+                    offset.checked_add(len).is_some_and(|end| end <= h.len)
+                        && in_segments(&h.segments, offset, span.len, span.iova.raw())
+                })
+        });
+        mapped
+            || lock(&self.pools)
+                .iter()
+                .filter_map(Weak::upgrade)
+                .any(|pool| {
+                    let mapping = pool.mapping();
+                    let base = mapping.as_ptr().as_ptr() as usize;
+                    ptr.checked_sub(base).is_some_and(|offset| {
                         offset
                             .checked_add(len)
                             .is_some_and(|end| end <= mapping.len())
                             && mapping.iova(offset) == Some(span.iova)
                             && mapping.contiguous_len(offset) >= len
                     })
-            })
+                })
     }
+}
+
+/// Whether the `len` bytes at region offset `offset` of a mapping of `segments` (region
+/// offset, first IOVA, bytes; in region order) start at IOVA `iova` and are contiguous for the
+/// device (across pieces that follow each other in both the region and the IOVA space).
+fn in_segments(segments: &[(usize, u64, u64)], offset: usize, len: u64, iova: u64) -> bool {
+    let Some(k) = segments
+        .iter()
+        .position(|&(at, _, bytes)| offset >= at && ((offset - at) as u64) < bytes)
+    else {
+        return false;
+    };
+    let (at, start, bytes) = segments[k];
+    let into = (offset - at) as u64;
+    if start.checked_add(into) != Some(iova) {
+        return false;
+    }
+    // The contiguous run from `offset` on: this piece's rest, then every piece that follows
+    // it in the region and in IOVAs.
+    let mut run = bytes - into;
+    let (mut next_at, mut next_iova) = (at as u64 + bytes, start.saturating_add(bytes));
+    for &(at, start, bytes) in &segments[k + 1..] {
+        if run >= len || at as u64 != next_at || start != next_iova {
+            break;
+        }
+        run += bytes;
+        next_at += bytes;
+        next_iova = next_iova.saturating_add(bytes);
+    }
+    run >= len
 }
 
 /// Whether `at..at + len` lies inside `start..start + size`.
@@ -201,8 +264,12 @@ struct Shared {
     known: Arc<Known>,
     /// Resets so far: a queue opened before the latest one is stopped.
     resets: AtomicU64,
-    /// Queue 0 is open (edu's one engine serves one queue).
-    open: AtomicBool,
+    /// Queues offered (ids `0..queues`).
+    queues: u16,
+    /// The queues open, a bit each (a queue id is open once).
+    open: AtomicU32,
+    /// Which queue's copy holds edu's engine and buffer: its id + 1; 0 when none does.
+    holder: AtomicU32,
     counters: Counters,
 }
 
@@ -287,6 +354,22 @@ impl EduEngine {
         edu: Edu,
         vector: Option<EventFd>,
     ) -> Result<EduEngine, Failure> {
+        EduEngine::with_queues(runtime, edu, vector, 1)
+    }
+
+    /// [`EduEngine::new`] offering `queues` queues (1 to [`MAX_QUEUES`]), which take turns on
+    /// edu's one engine (see the module docs): for a device owner, which gives each stream a
+    /// queue of its own.
+    pub(crate) fn with_queues(
+        runtime: Runtime,
+        edu: Edu,
+        vector: Option<EventFd>,
+        queues: u16,
+    ) -> Result<EduEngine, Failure> {
+        ensure!(
+            (1..=MAX_QUEUES).contains(&queues),
+            "{queues} queues: an edu engine offers 1 to {MAX_QUEUES}"
+        );
         let bits = runtime.dma_space().dma_mask_bits();
         ensure!(
             bits <= edu::DMA_MASK_BITS,
@@ -313,7 +396,9 @@ impl EduEngine {
                 identity,
                 known: Arc::new(Known::default()),
                 resets: AtomicU64::new(0),
-                open: AtomicBool::new(false),
+                queues,
+                open: AtomicU32::new(0),
+                holder: AtomicU32::new(0),
                 counters: Counters::default(),
             }),
         })
@@ -329,6 +414,14 @@ impl EduEngine {
             bytes: c.bytes.load(Ordering::Relaxed),
             seen_ns: c.seen_ns.load(Ordering::Relaxed),
         }
+    }
+
+    /// The caller's regions mapped for edu ([`Accelerator::map_host`]) that are still alive.
+    pub(crate) fn mapped_regions(&self) -> usize {
+        lock(&self.shared.known.hosts)
+            .iter()
+            .filter(|h| h.region.strong_count() > 0)
+            .count()
     }
 
     /// The addresses of the live arenas, lowest first.
@@ -389,7 +482,7 @@ impl Accelerator for EduEngine {
             read_in_place: true,
             contexts: false,
             interrupts: self.shared.vector.is_some(),
-            queues: 1,
+            queues: self.shared.queues,
         }
     }
 
@@ -401,6 +494,31 @@ impl Accelerator for EduEngine {
         pools.retain(|p| p.strong_count() > 0);
         pools.push(Arc::downgrade(&pool));
         Ok(pool)
+    }
+
+    /// The region mapped into the runtime's DMA space (as the pools are), and remembered for
+    /// the address checks while it lives: a host buffer in it passes when its IOVA is the one
+    /// this mapping gives its host address.
+    fn map_host(&self, region: Arc<Region>) -> Result<Mapping, userdma_infer::Error> {
+        let mapping = self
+            .shared
+            .runtime
+            .dma_space()
+            .map(Arc::clone(&region))
+            .map_err(userdma::Error::from)?;
+        let segments = mapping
+            .segments()
+            .map(|(offset, range)| (offset, range.start, range.last - range.start + 1))
+            .collect();
+        let mut hosts = lock(&self.shared.known.hosts);
+        hosts.retain(|h| h.region.strong_count() > 0);
+        hosts.push(HostMapping {
+            region: Arc::downgrade(&region),
+            base: mapping.as_ptr().as_ptr() as usize,
+            len: mapping.len(),
+            segments,
+        });
+        Ok(mapping)
     }
 
     /// One mapping per arena: base pages where the space translates (IOVA-contiguous whatever
@@ -472,13 +590,14 @@ impl Accelerator for EduEngine {
     }
 
     fn open_queue(&self, spec: QueueSpec) -> Result<Box<dyn Queue>, userdma_infer::Error> {
+        let count = u32::from(self.shared.queues);
         let no_such = |index| {
             userdma_infer::Error::from(userdma::Error::from(device::Error::NoSuchQueue {
                 index,
-                count: 1,
+                count,
             }))
         };
-        if spec.id != 0 {
+        if spec.id >= self.shared.queues {
             return Err(no_such(u32::from(spec.id)));
         }
         if spec.unit != Unit::Copy {
@@ -504,13 +623,9 @@ impl Accelerator for EduEngine {
             Wait::Vector(other) => return Err(no_such(other)),
         };
         // Acquire: a queue dropped just before (Release in its drop) has stopped using edu.
-        if self
-            .shared
-            .open
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return Err(userdma::Error::from(device::Error::QueueBusy { queue: 0 }).into());
+        let bit = 1_u32 << spec.id;
+        if self.shared.open.fetch_or(bit, Ordering::Acquire) & bit != 0 {
+            return Err(userdma::Error::from(device::Error::QueueBusy { queue: spec.id }).into());
         }
         Ok(Box::new(queue::EduQueue::open(
             Arc::clone(&self.shared),
@@ -521,8 +636,8 @@ impl Accelerator for EduEngine {
 
     /// edu has no function reset (VFIO offers none for it): this stops every queue (each one
     /// opened before fails its next call and is shut down by its owner), waits for the transfer
-    /// under way to end (edu cannot abort one), acknowledges every interrupt edu has pending and
-    /// checks that its ID register answers.
+    /// under way to end (edu cannot abort one), frees the engine for the queues opened after,
+    /// acknowledges every interrupt edu has pending and checks that its ID register answers.
     fn reset(&self) -> Result<(), userdma_infer::Error> {
         let shared = &self.shared;
         // Release: a queue that sees the new count (Acquire) sees that it was stopped.
@@ -535,6 +650,9 @@ impl Accelerator for EduEngine {
         if shared.wait_idle(0, "finish its DMA transfer for a reset")? {
             return Err(removed());
         }
+        // The stopped queues start no transfer any more (their every call fails first).
+        // Release: pairs with the Acquire of the next queue that takes the engine.
+        shared.holder.store(0, Ordering::Release);
         let pending = shared
             .edu
             .irq_status()
@@ -599,6 +717,28 @@ mod tests {
         assert!(inside(0x1fff, 1, 0x1000, 0x1000));
         assert!(!inside(u64::MAX, 2, 0x1000, u64::MAX));
         assert!(inside(0x1000, 0, 0x1000, 0x1000));
+    }
+
+    #[test]
+    fn a_span_in_a_mapped_region_must_have_its_iova_and_be_contiguous() {
+        // Three pieces: two that follow each other in IOVAs, then one elsewhere.
+        let segments = [
+            (0, 0x10_0000, 0x1000),
+            (0x1000, 0x10_1000, 0x1000),
+            (0x2000, 0x50_0000, 0x2000),
+        ];
+        assert!(in_segments(&segments, 0, 0x1000, 0x10_0000));
+        assert!(in_segments(&segments, 0x800, 0x1000, 0x10_0800));
+        assert!(in_segments(&segments, 0x2800, 0x800, 0x50_0800));
+        assert!(in_segments(&segments, 0x3fff, 1, 0x50_1fff));
+        // Another IOVA than the mapping's for that offset.
+        assert!(!in_segments(&segments, 0x800, 0x100, 0x10_0000));
+        assert!(!in_segments(&segments, 0x2000, 0x100, 0x10_2000));
+        // Across pieces that do not follow each other in IOVAs, or past the end.
+        assert!(!in_segments(&segments, 0x1800, 0x1000, 0x10_1800));
+        assert!(!in_segments(&segments, 0x3000, 0x2000, 0x50_1000));
+        assert!(!in_segments(&segments, 0x4000, 1, 0x50_2000));
+        assert!(!in_segments(&[], 0, 1, 0));
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! guest_suite <boot>           run the cases of that boot (inside the guest, as root)
 //! guest_suite --list <boot>    print the names of the cases of that boot, one a line
 //! guest_suite --boots          print the names of the boots, one a line
+//! guest_suite --child ROLE ... a case's child process (a case runs it, never the harness)
 //! ```
 //!
 //! Adding a case: write a `fn(&Env) -> Result<(), Failure>` in a module of `cases`, and add a
@@ -204,6 +205,7 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        ["--child", role, args @ ..] => cases::child(role, args),
         ["--list", boot] => match boot.parse::<Boot>() {
             Ok(boot) => {
                 for case in cases::for_boot(boot) {

@@ -19,6 +19,7 @@ mod iommu;
 mod map_cost;
 mod numa;
 mod nvme;
+mod owner;
 mod pci;
 mod pipeline;
 mod removal;
@@ -158,6 +159,13 @@ pub(crate) const ALL: &[Case] = &[
         boots: EVERY,
         run: streams::edu_and_loopback,
     },
+    // Behind an IOMMU: a client's pool is a memfd of base pages, whose physical addresses (what
+    // a no-IOMMU space gives the device) the kernel may change by migrating them.
+    Case {
+        name: "owner-edu-two-clients",
+        boots: IOMMU,
+        run: owner::edu_two_clients,
+    },
     Case {
         name: "c-edu-vfio",
         boots: EVERY,
@@ -252,6 +260,22 @@ pub(crate) const ALL: &[Case] = &[
         run: stage::nvme_disk_to_edu,
     },
 ];
+
+/// Runs this program as a child process of a case (`guest_suite --child ROLE ARGS…`): its
+/// output goes to the case, which checks it. Failure is a line `ERROR <reason>` and status 1.
+pub(crate) fn child(role: &str, args: &[&str]) -> std::process::ExitCode {
+    let result = match role {
+        owner::CLIENT_ROLE => owner::client(args),
+        other => Err(Failure::Check(format!("no child role {other:?}"))),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(failure) => {
+            println!("ERROR {}", failure.chain());
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
 
 /// The cases of `boot`, in run order.
 pub(crate) fn for_boot(boot: Boot) -> impl Iterator<Item = &'static Case> {

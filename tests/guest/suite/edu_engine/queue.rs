@@ -11,6 +11,11 @@
 //! edu's buffer ([`next_chunk`]): host memory into the buffer, then the buffer out to host
 //! memory. A job whose last chunk is out completes, with its tag; the next job starts.
 //!
+//! **Several queues.** An engine with more than one queue ([`super::EduEngine::with_queues`])
+//! has them take turns: a copy takes edu's engine and buffer before its first transfer and
+//! gives them back when its last one has ended (or the queue stops); a queue whose next copy
+//! finds them taken waits, its job announced, until the other's copy is across.
+//!
 //! **Waiting.** With an interrupt (the engine has an MSI vector and the queue was opened with
 //! `Wait::Interrupt`), every transfer asks edu for its interrupt, `wait` sleeps on the
 //! vector's eventfd and the queue offers itself to `ring::wait_any` (the streams driver sleeps
@@ -120,7 +125,7 @@ struct Entry {
     command: u16,
 }
 
-/// Queue 0 of an edu engine: see the module docs.
+/// A queue of an edu engine: see the module docs.
 #[derive(Debug)]
 pub(crate) struct EduQueue {
     id: u16,
@@ -184,6 +189,37 @@ impl EduQueue {
         Ok(())
     }
 
+    /// Takes edu's engine and buffer for this queue's copy, or says they are another's.
+    fn take_engine(&self) -> bool {
+        let me = u32::from(self.id) + 1;
+        // Acquire: pairs with the Release of the queue that gave them back (its transfers
+        // ended before).
+        match self
+            .shared
+            .holder
+            .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+        {
+            Ok(_) => true,
+            Err(holder) => holder == me,
+        }
+    }
+
+    /// Gives edu's engine and buffer back, if this queue holds them.
+    fn give_engine(&self) {
+        let me = u32::from(self.id) + 1;
+        // Release: this queue's transfers ended before the next holder starts one.
+        let _ = self
+            .shared
+            .holder
+            .compare_exchange(me, 0, Ordering::Release, Ordering::Relaxed);
+    }
+
+    /// Whether this queue could start a copy now (nobody else's copy holds edu).
+    fn engine_free(&self) -> bool {
+        let holder = self.shared.holder.load(Ordering::Relaxed);
+        holder == 0 || holder == u32::from(self.id) + 1
+    }
+
     fn removed(&self) -> userdma_infer::Error {
         userdma::Error::from(ring::Error::Removed {
             queue: self.id,
@@ -194,7 +230,8 @@ impl EduQueue {
 
     /// Moves the jobs on: acknowledges a transfer that has ended and starts the next one,
     /// completing every job whose bytes are across (or that was refused) on the way. Returns
-    /// with a transfer under way, or with no job left.
+    /// with a transfer under way, with no job left, or with a copy waiting for another
+    /// queue's to be across.
     fn advance(&mut self) -> Result<(), userdma_infer::Error> {
         loop {
             if let Some(transfer) = self.transfer {
@@ -227,6 +264,8 @@ impl EduQueue {
                     }
                     match next_chunk(len, self.across) {
                         0 => self.complete(0, 0),
+                        // Another queue's copy holds edu: this one waits its turn.
+                        _ if !self.take_engine() => return Ok(()),
                         chunk => return self.start(Direction::ToDevice, src + self.across, chunk),
                     }
                 }
@@ -292,30 +331,37 @@ impl EduQueue {
         }
         self.across = 0;
         self.staged = None;
+        self.give_engine();
     }
 
     /// Waits until the transfer under way (if any) has ended, so that edu touches no buffer of
     /// the queue any more: at once for a device that is gone. Forgets the transfer either way
-    /// (after a failure the caller leaks the buffers).
+    /// (after a failure the caller leaks the buffers). Then gives edu back to the other
+    /// queues; after a failure it keeps it, as a transfer may still run.
     fn quiesce(&mut self) -> Result<(), userdma_infer::Error> {
-        if self.transfer.take().is_none() {
-            return Ok(());
+        if self.transfer.take().is_some() {
+            self.shared
+                .wait_idle(self.id, "finish its DMA transfer for a queue's shutdown")?;
         }
-        self.shared
-            .wait_idle(self.id, "finish its DMA transfer for a queue's shutdown")
-            .map(|_| ())
+        self.give_engine();
+        Ok(())
     }
 
     /// Whether a call would make progress now: a completion to hand back, or a job edu is not
-    /// working on (a refused one, or the next after a transfer that has ended).
+    /// working on (a refused one, the next after a transfer that has ended, a copy that can
+    /// take edu).
     fn ready(&self) -> bool {
         if !self.done.is_empty() {
             return true;
         }
-        match self.transfer {
+        match (self.transfer, self.announced.front()) {
             // A register that cannot be read is for `poll` to report.
-            Some(_) => !matches!(self.shared.edu.engine(), Ok(Engine::Running)),
-            None => !self.announced.is_empty(),
+            (Some(_), _) => !matches!(self.shared.edu.engine(), Ok(Engine::Running)),
+            (None, None) => false,
+            (None, Some(entry)) => match entry.job {
+                Job::Refuse { .. } => true,
+                Job::Copy { .. } => self.engine_free(),
+            },
         }
     }
 }
@@ -369,12 +415,16 @@ impl Queue for EduQueue {
                 return Ok(done);
             }
             let waited = start.elapsed();
-            if waited >= timeout || self.transfer.is_none() {
-                // Out of time, or nothing under way: nothing will come.
+            if waited >= timeout || (self.transfer.is_none() && self.announced.is_empty()) {
+                // Out of time, or nothing under way nor waiting for edu: nothing will come.
                 return Err(self.overdue(waited));
             }
             let left = (timeout - waited).min(IRQ_SLICE);
-            match (&self.shared.vector, self.interrupt) {
+            // A copy waiting for another queue's has no interrupt of its own to sleep on.
+            match (
+                &self.shared.vector,
+                self.interrupt && self.transfer.is_some(),
+            ) {
                 (Some(vector), true) => {
                     let fired = vector.wait(Some(left)).map_err(|source| {
                         userdma::Error::from(ring::Error::Interrupt {
@@ -456,8 +506,10 @@ impl Drop for EduQueue {
         // A queue dropped with a transfer under way (not shut down) still waits for it; a
         // failure here leaves nothing to hand back.
         let _ = self.quiesce();
-        // Release: the next queue's open (Acquire) sees this one done with edu.
-        self.shared.open.store(false, Ordering::Release);
+        // Release: the next open of this id (Acquire) sees this queue done with edu.
+        self.shared
+            .open
+            .fetch_and(!(1_u32 << self.id), Ordering::Release);
     }
 }
 
