@@ -160,7 +160,8 @@ step "benchmarks, test mode (each once; ratio tables in one short round)" \
 		cargo bench --locked -p userdma-loopback --bench loopback -- --test &&
 		cargo bench --locked -p userdma-plan --bench plan -- --test &&
 		cargo bench --locked -p userdma-infer --bench pipeline --bench sched --bench stage -- --test &&
-		cargo bench --locked -p userdma-capi -- --test'
+		cargo bench --locked -p userdma-capi -- --test &&
+		cargo bench --locked -p userdma-owner --features server --bench owner -- --test'
 step "guest suite: real PCI devices (edu, NVMe) in QEMU guests" scripts/guest-test.sh
 step "main job (README)" cargo run --release --locked --quiet -- demo
 step "PCI listing (docs/cli.md)" cargo run --release --locked --quiet -- list

@@ -595,8 +595,15 @@ pub fn decode(bytes: &[u8]) -> Result<Msg, ProtoError> {
             }
             let raw = r.take(TEXT);
             let end = raw.iter().position(|&b| b == 0).unwrap_or(TEXT);
-            // A text cut by the sender mid-character is still shown.
-            let text = String::from_utf8_lossy(&raw[..end]).into_owned();
+            // A text cut by the sender mid-character is still shown; replacement characters
+            // can make it longer than the wire holds, so it is cut again to fit (at a
+            // character boundary): what decodes encodes back to itself.
+            let mut text = String::from_utf8_lossy(&raw[..end]).into_owned();
+            let mut fit = text.len().min(TEXT);
+            while !text.is_char_boundary(fit) {
+                fit -= 1;
+            }
+            text.truncate(fit);
             Msg::Error {
                 code,
                 fatal: fatal == 1,
@@ -783,5 +790,14 @@ mod tests {
             &mut buf,
         );
         assert!(matches!(decode(&buf[..n]), Ok(Msg::Error { .. })));
+        // Bytes that are not UTF-8 decode to replacement characters cut to what the wire
+        // holds: the message encodes back to itself.
+        buf[HEADER + 8..HEADER + 8 + TEXT].fill(0xFF);
+        let Ok(m @ Msg::Error { .. }) = decode(&buf[..n]) else {
+            panic!("an error message")
+        };
+        let mut again = [0u8; MAX_MESSAGE];
+        let k = encode(&m, &mut again);
+        assert_eq!(decode(&again[..k]).unwrap(), m);
     }
 }
