@@ -285,6 +285,13 @@ impl<'a> Rings<'a> {
         Some(c)
     }
 
+    /// Client: whether a completion is waiting (without taking it).
+    pub fn completions_waiting(&self) -> bool {
+        let head = self.words[W_CQ_HEAD].load(Ordering::Relaxed);
+        // Relaxed: a hint; `complete` loads the tail with Acquire before reading the entry.
+        self.words[W_CQ_TAIL].load(Ordering::Relaxed) != head
+    }
+
     /// Client: marks itself idle before sleeping on its doorbell; returns whether a
     /// completion is already there (then it must not sleep: call [`Rings::client_awake`]).
     pub fn client_idle(&self) -> bool {
@@ -319,6 +326,13 @@ impl<'a> Rings<'a> {
             });
         }
         Ok(waiting)
+    }
+
+    /// Owner: whether a submission is waiting past its `head` (a hint, for spinning:
+    /// [`Rings::submissions`] checks the tail).
+    pub fn submission_waiting(&self, head: u64) -> bool {
+        // Relaxed: a hint; `submissions` loads the tail with Acquire before the entries.
+        self.words[W_SQ_TAIL].load(Ordering::Relaxed) != head
     }
 
     /// Owner: reads the submission at `index` (below the tail [`Rings::submissions`] saw).

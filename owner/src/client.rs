@@ -47,6 +47,8 @@ use crate::Error;
 
 /// How long a request waits for the owner's answer.
 const ANSWER: Duration = Duration::from_secs(30);
+/// The longest a wait spins before it sleeps (adapted down when spinning does not pay).
+const SPIN: Duration = Duration::from_micros(20);
 
 /// What a client asks for when it connects.
 #[derive(Debug, Clone)]
@@ -180,6 +182,8 @@ pub struct Client {
     max_in_flight: u32,
     in_flight: u32,
     gone: Option<&'static str>,
+    /// How long a wait spins before it sleeps on the doorbell.
+    spin: crate::spin::Spin,
 }
 
 // SAFETY: `rings_words` points into `rings_region`, owned by the client and mapped for its
@@ -301,6 +305,7 @@ impl Client {
             max_in_flight,
             in_flight: 0,
             gone: None,
+            spin: crate::spin::Spin::new(SPIN),
         };
         let rings = client.rings()?;
         if rings.sq_entries() != sq || rings.cq_entries() != cq {
@@ -535,6 +540,15 @@ impl Client {
             if let Some(why) = self.gone {
                 return Err(Error::Gone { why });
             }
+            let mut spin = self.spin;
+            let caught = {
+                let rings = self.rings()?;
+                spin.spin(|| rings.completions_waiting())
+            };
+            self.spin = spin;
+            if caught {
+                continue;
+            }
             let rings = self.rings()?;
             if rings.client_idle() {
                 rings.client_awake();
@@ -551,6 +565,7 @@ impl Client {
                 }
                 None => None,
             };
+            let slept = Instant::now();
             let (bell, sock) = {
                 let mut fds = [
                     PollFd::new(self.bell.fd(), PollFlags::POLLIN),
@@ -570,6 +585,7 @@ impl Client {
             self.rings()?.client_awake();
             if bell.contains(PollFlags::POLLIN) {
                 drain(&self.bell);
+                self.spin.slept(slept.elapsed());
             }
             if !sock.is_empty() {
                 self.take_messages()?;

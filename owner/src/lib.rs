@@ -28,6 +28,8 @@ mod error;
 pub mod proto;
 #[cfg(all(feature = "server", not(loom)))]
 pub mod server;
+#[cfg(not(loom))]
+mod spin;
 
 #[cfg(not(loom))]
 pub use self::client::{Client, Event, Options, Stats, Stream, StreamDecl};

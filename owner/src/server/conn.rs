@@ -34,7 +34,7 @@ pub struct Conn {
     uid: u32,
     name: String,
     greeting_until: Instant,
-    ready: Option<Ready>,
+    pub(super) ready: Option<Ready>,
     /// Refused at the door: told this in answer to its hello (answering before its hello
     /// arrived would close the socket with the hello unread, which resets the connection and
     /// loses the answer), then closed.
@@ -110,6 +110,13 @@ impl Conn {
         self.ready
             .as_ref()
             .is_some_and(|r| r.rings().owner_idle(r.sq_head))
+    }
+
+    /// Whether a submission waits in this client's ring (a hint, for spinning).
+    pub(super) fn submission_waiting(&self) -> bool {
+        self.ready
+            .as_ref()
+            .is_some_and(|r| r.rings().submission_waiting(r.sq_head))
     }
 
     pub(super) fn awake(&self) {

@@ -334,6 +334,8 @@ pub struct Owner {
     finished: Vec<(u32, Option<u32>)>,
     /// Scratch: the poll set, reused.
     pollfds: Vec<libc::pollfd>,
+    /// How long the loop spins before it sleeps.
+    spin: crate::spin::Spin,
     tokens: Vec<Token>,
 }
 
@@ -408,6 +410,7 @@ impl Owner {
             service_ns: 0,
             finished: Vec::with_capacity(64),
             pollfds: Vec::with_capacity(64),
+            spin: crate::spin::Spin::new(Duration::from_micros(20)),
             tokens: Vec::with_capacity(64),
             config,
         })
@@ -499,7 +502,31 @@ impl Owner {
         if took || dispatched || reaped {
             return Ok(());
         }
-        self.sleep(sleep)
+        // A frame on the device or a client with frames out: what comes next may be moments
+        // away; spin for it before paying a sleep's two wake-ups.
+        let busy = self.streams.iter().any(|s| !s.on_device.is_empty());
+        let expecting = busy
+            || self
+                .conns
+                .iter()
+                .flatten()
+                .any(|c| c.ready.as_ref().is_some_and(|r| r.in_flight > 0));
+        if expecting {
+            let mut spin = self.spin;
+            // A completion is taken (reaped) as soon as it is seen.
+            let caught = spin
+                .spin(|| self.conns.iter().flatten().any(Conn::submission_waiting) || self.reap());
+            self.spin = spin;
+            if caught {
+                return Ok(());
+            }
+        }
+        let slept = Instant::now();
+        self.sleep(sleep)?;
+        if expecting {
+            self.spin.slept(slept.elapsed());
+        }
+        Ok(())
     }
 
     /// Tells every client the owner is going, drains the device, closes everything.
