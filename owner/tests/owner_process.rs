@@ -182,7 +182,8 @@ fn collect(child: &mut Child, running: Option<mpsc::Sender<()>>) -> Seen {
 fn client() {
     let var = |k: &str| std::env::var(k).unwrap();
     let num = |k: &str| var(k).parse::<u64>().unwrap();
-    let name: &'static str = Box::leak(var("CLIENT_NAME").into_boxed_str());
+    let name = var("CLIENT_NAME");
+    let name = name.as_str();
     let (period, max_wait, run) = (
         num("CLIENT_PERIOD_MS"),
         num("CLIENT_MAX_WAIT_MS"),
