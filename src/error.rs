@@ -95,9 +95,28 @@ pub enum Code {
 }
 
 impl Code {
+    /// Every code, in number order.
+    pub const ALL: [Code; 10] = [
+        Code::InvalidArgument,
+        Code::NotFound,
+        Code::Refused,
+        Code::Busy,
+        Code::Exhausted,
+        Code::Timeout,
+        Code::Device,
+        Code::Unsupported,
+        Code::System,
+        Code::Removed,
+    ];
+
     /// The number.
     pub fn raw(self) -> i32 {
         self as i32
+    }
+
+    /// The code numbered `n` (one another process or an older build sent), if there is one.
+    pub fn from_raw(n: i32) -> Option<Code> {
+        Code::ALL.into_iter().find(|c| c.raw() == n)
     }
 }
 

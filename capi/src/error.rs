@@ -308,18 +308,7 @@ mod tests {
     #[test]
     #[cfg(not(loom))]
     fn every_code_has_the_status_of_the_same_number() {
-        for code in [
-            Code::InvalidArgument,
-            Code::NotFound,
-            Code::Refused,
-            Code::Busy,
-            Code::Exhausted,
-            Code::Timeout,
-            Code::Device,
-            Code::Unsupported,
-            Code::System,
-            Code::Removed,
-        ] {
+        for code in Code::ALL {
             assert_eq!(udma_status::of(code) as i32, code.raw());
         }
         // SAFETY: static NUL-terminated strings.

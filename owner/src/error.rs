@@ -132,20 +132,8 @@ impl Error {
 /// The code with number `n` (an owner's), [`userdma::Code::Refused`] for one this build
 /// does not know.
 pub(crate) fn code_of(n: u32) -> userdma::Code {
-    use userdma::Code;
-    [
-        Code::InvalidArgument,
-        Code::NotFound,
-        Code::Refused,
-        Code::Busy,
-        Code::Exhausted,
-        Code::Timeout,
-        Code::Device,
-        Code::Unsupported,
-        Code::System,
-        Code::Removed,
-    ]
-    .into_iter()
-    .find(|c| *c as u32 == n)
-    .unwrap_or(Code::Refused)
+    i32::try_from(n)
+        .ok()
+        .and_then(userdma::Code::from_raw)
+        .unwrap_or(userdma::Code::Refused)
 }

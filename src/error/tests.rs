@@ -266,3 +266,16 @@ fn a_backends_error_keeps_its_code_message_and_type() {
     let other = device::Backend::new(Code::Device, std::io::Error::other("x"));
     assert!(other.downcast::<Hung>().is_err());
 }
+
+/// Every code comes back from its number (another process's, an older build's); other
+/// numbers are no code.
+#[test]
+fn every_code_comes_back_from_its_number() {
+    for (i, code) in Code::ALL.into_iter().enumerate() {
+        assert_eq!(code.raw(), i as i32 + 1);
+        assert_eq!(Code::from_raw(code.raw()), Some(code));
+    }
+    for n in [0, 11, -1, i32::MAX] {
+        assert_eq!(Code::from_raw(n), None);
+    }
+}
