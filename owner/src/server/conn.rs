@@ -681,7 +681,15 @@ impl Owner {
         if let Some(msg) = why {
             let _ = conn.send(&msg);
         }
-        let busy = conn.ready.as_ref().is_some_and(|r| r.in_flight > 0);
+        // Frames out: taken and not completed, still in its submission ring, or waiting or
+        // running for one of its streams.
+        let busy =
+            conn.ready
+                .as_ref()
+                .is_some_and(|r| r.in_flight > 0 || r.rings().submission_waiting(r.sq_head))
+                || self.streams.iter().any(|s| {
+                    s.client == conn.id && !(s.waiting.is_empty() && s.on_device.is_empty())
+                });
         match ending {
             // A client that hangs up with nothing out has simply left.
             Ending::Vanished if busy => self.figures.vanished += 1,

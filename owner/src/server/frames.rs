@@ -406,6 +406,14 @@ impl Owner {
             chan::STATUS_LOST
         };
         let mut broken = reset.is_err();
+        // Told before the frames come back: a client that sees a lost frame has the event
+        // waiting on its socket already.
+        if removed || broken {
+            self.broadcast(EventKind::Removed, err.code() as u64);
+        } else {
+            self.broadcast(EventKind::Reset, err.code() as u64);
+        }
+        let was_broken = broken;
         let now = self.now();
         for i in 0..self.streams.len() {
             self.finished.clear();
@@ -431,10 +439,11 @@ impl Owner {
         }
         if removed || broken {
             self.removed = true;
+            if broken && !was_broken && !removed {
+                // A pipeline could not be brought back after the reset: the device is lost.
+                self.broadcast(EventKind::Removed, err.code() as u64);
+            }
             self.drop_waiting(chan::STATUS_REMOVED);
-            self.broadcast(EventKind::Removed, err.code() as u64);
-        } else {
-            self.broadcast(EventKind::Reset, err.code() as u64);
         }
         self.progress = Instant::now();
     }
