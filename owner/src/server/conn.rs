@@ -16,7 +16,7 @@ use userdma::share::{self, Item};
 use userdma::Code;
 use userdma_infer::pipeline::{Pipeline, Results};
 
-use super::{Histogram, OStream, Owner};
+use super::{OStream, Owner};
 use crate::chan::{self, Rings};
 use crate::proto::{self, ClientFigures, EventKind, Msg, StreamFigures, MAX_MESSAGE};
 
@@ -613,7 +613,8 @@ impl Owner {
             pool: Arc::clone(&ready.pool),
             waiting: std::collections::VecDeque::with_capacity(cap),
             on_device: std::collections::VecDeque::with_capacity(self.config.in_flight.max(4)),
-            latency: Histogram::new(),
+            latency: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+                .expect("valid bounds"),
             frames: 0,
             failed: 0,
             lost: 0,
@@ -651,9 +652,9 @@ impl Owner {
                 frames: s.frames,
                 failed: s.failed,
                 lost: s.lost,
-                latency_p50_ns: s.latency.quantile(0.5),
-                latency_p99_ns: s.latency.quantile(0.99),
-                latency_max_ns: s.latency.max,
+                latency_p50_ns: s.latency.value_at_quantile(0.5),
+                latency_p99_ns: s.latency.value_at_quantile(0.99),
+                latency_max_ns: s.latency.max(),
                 max_head_wait_ns: s.max_head_wait,
                 bound_ns: bound,
                 frame_ns: s.frame_ns,

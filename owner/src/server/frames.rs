@@ -257,7 +257,7 @@ impl Owner {
         match status {
             chan::STATUS_OK => {
                 s.frames += 1;
-                s.latency.record(latency);
+                s.latency.saturating_record(latency.max(1));
             }
             chan::STATUS_LOST => s.lost += 1,
             _ => s.failed += 1,
