@@ -372,38 +372,24 @@ impl Owner {
             .iter()
             .map(|s| s.on_device.len())
             .sum::<usize>() as u32;
-        f.departing = {
-            let mut gone: Vec<u64> = self
-                .streams
-                .iter()
-                .filter(|s| !self.conn_alive(s.client, s.slot))
-                .map(|s| s.client)
-                .collect();
-            gone.sort_unstable();
-            gone.dedup();
-            gone.len() as u32
-        };
+        // Clients that left with frames still on the device: their pools, held by their
+        // streams until those frames are off it.
+        let mut departed: Vec<&Arc<Pool>> = Vec::new();
+        for s in &self.streams {
+            if !self.conn_alive(s.client, s.slot)
+                && !departed.iter().any(|p| Arc::ptr_eq(p, &s.pool))
+            {
+                departed.push(&s.pool);
+            }
+        }
+        f.departing = departed.len() as u32;
         f.mapped_bytes = self
             .conns
             .iter()
             .flatten()
             .map(|c| c.pool_bytes())
-            .sum::<u64>()
-            + {
-                // Pools of departed clients still held by their streams.
-                let mut seen: Vec<*const Pool> = Vec::new();
-                let mut bytes = 0;
-                for s in &self.streams {
-                    if !self.conn_alive(s.client, s.slot) {
-                        let p = Arc::as_ptr(&s.pool);
-                        if !seen.contains(&p) {
-                            seen.push(p);
-                            bytes += s.pool.mapping().len() as u64;
-                        }
-                    }
-                }
-                bytes
-            };
+            .chain(departed.iter().map(|p| p.mapping().len() as u64))
+            .sum();
         f.switches = self.switches_before + self.scheduler.as_ref().map_or(0, |s| s.switches());
         f
     }
