@@ -66,7 +66,10 @@
 //! `userdma-infer` package, on this one and the planner (`userdma-plan`).
 //!
 //! **Features** (all off by default): `serde` (Serialize for the driver's plain data),
-//! `io-uring` (the io_uring backend of [`irq::Waiter`]; epoll otherwise).
+//! `io-uring` (the io_uring backend of [`irq::Waiter`]; epoll otherwise), `tracing` (`tracing`
+//! spans at device open, DMA map and unmap, pool and queue creation and the runtime, events
+//! for removals, error interrupts, IOMMU errors, ring protocol faults and resets; nothing on
+//! the submit and complete paths: docs/tracing-events.md).
 //!
 //! The kernel ABI (structs, ioctl numbers, constants) lives in the `userdma-sys` crate,
 //! re-exported as [`sys`].

@@ -137,6 +137,8 @@ impl Source {
         if self.shared.removed.swap(true, Ordering::AcqRel) {
             return false;
         }
+        #[cfg(feature = "tracing")]
+        tracing::warn!(device = %self.shared.name, "device removed");
         for vector in lock(&self.shared.vectors).iter() {
             // A full counter is nonzero already: the waiter wakes anyway.
             let _ = vector.signal();
@@ -150,6 +152,14 @@ impl Source {
         // Release: a subscriber that sees the new count (Acquire in `try_next`) sees what was
         // recorded before it.
         self.shared.errors.fetch_add(1, Ordering::Release);
+        // Relaxed: a figure for the event's reader (reports racing with this one may be in
+        // it); nothing is published through it.
+        #[cfg(feature = "tracing")]
+        tracing::error!(
+            device = %self.shared.name,
+            total = self.shared.errors.load(Ordering::Relaxed),
+            "device error interrupt"
+        );
         self.signal_subscribers();
     }
 

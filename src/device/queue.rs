@@ -134,6 +134,16 @@ pub fn open_queue<F: QueueFormat, T: Send>(
         config = config.with_in_order(true);
     }
     let q = config.id();
+    #[cfg(feature = "tracing")]
+    let _span = tracing::info_span!(
+        "queue.open",
+        device = %device.identity(),
+        queue = q,
+        depth = config.depth(),
+        context = config.context(),
+        wait = ?wait
+    )
+    .entered();
     if device.is_removed() {
         return Err(Error::Removed {
             device: device.identity().to_string(),

@@ -188,6 +188,8 @@ impl<I: Iommu> Core<I> {
         region: Arc<Region>,
         access: Access,
     ) -> Result<Mapping, Error> {
+        #[cfg(feature = "tracing")]
+        let _span = super::mapping::map_span(self.kind, &region, access);
         let placed = self.try_map(&region, access, false);
         Mapping::from_placement(region, placed, self.kind, &self.counters, self)
             .map(|mapping| mapping.with_access(access))
@@ -201,6 +203,8 @@ impl<I: Iommu> Core<I> {
         region: Arc<Region>,
         access: Access,
     ) -> Result<Mapping, Error> {
+        #[cfg(feature = "tracing")]
+        let _span = super::mapping::map_span(self.kind, &region, access);
         let placed = if region.fd().is_some() {
             self.try_map(&region, access, true)
         } else {

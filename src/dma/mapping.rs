@@ -105,11 +105,21 @@ impl Mapping {
         match placed {
             Ok(pieces) => {
                 counters.mapped(u64_of(region.len()));
+                #[cfg(feature = "tracing")]
+                tracing::debug!(
+                    space = %kind,
+                    bytes = region.len(),
+                    iova = %Iova(pieces.first().map_or(0, |p| p.iova)),
+                    pieces = pieces.len(),
+                    "mapped"
+                );
                 let backend: Arc<dyn Backend> = Arc::clone(backend) as Arc<dyn Backend>;
                 Ok(Mapping::new(region, pieces, kind, backend))
             }
             Err(err) => {
                 counters.map_failed();
+                #[cfg(feature = "tracing")]
+                tracing::warn!(space = %kind, bytes = region.len(), error = %err, "DMA map failed");
                 Err(err)
             }
         }
@@ -215,8 +225,32 @@ impl Mapping {
             return Ok(());
         }
         self.released = true;
+        #[cfg(feature = "tracing")]
+        let _span = tracing::debug_span!(
+            "dma.unmap",
+            space = %self.kind,
+            bytes = self.region.len(),
+            iova = %Iova(self.pieces.first().map_or(0, |p| p.iova)),
+            pieces = self.pieces.len()
+        )
+        .entered();
         self.backend.unmap(&self.region, &self.pieces)
     }
+}
+
+/// Enters the span of one map of `region` into a space of `kind` for `access` (the `tracing`
+/// feature; docs/tracing-events.md). Every space's `map` opens it; [`Mapping::from_placement`]
+/// reports the outcome inside it.
+#[cfg(feature = "tracing")]
+pub(crate) fn map_span(kind: Kind, region: &Region, access: Access) -> tracing::span::EnteredSpan {
+    tracing::debug_span!(
+        "dma.map",
+        space = %kind,
+        bytes = region.len(),
+        page_size = %region.page_size(),
+        access = ?access
+    )
+    .entered()
 }
 
 impl Drop for Mapping {
@@ -292,6 +326,8 @@ impl Counters {
     pub(crate) fn unmap_failed(&self, error: Error) -> Error {
         // Relaxed: a statistic.
         self.unmap_errors.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "tracing")]
+        tracing::error!(error = %error, "DMA unmap failed: the IOVAs stay reserved");
         let shared = Arc::new(error);
         let mut last = self
             .last_unmap_error

@@ -86,6 +86,8 @@ impl Space for Physical {
     /// (base pages always are; a hugepage must be), not resident, above the DMA mask, or if the
     /// process may not see physical addresses.
     fn map(&self, region: Arc<Region>) -> Result<Mapping, Error> {
+        #[cfg(feature = "tracing")]
+        let _span = super::mapping::map_span(Kind::Physical, &region, super::Access::ReadWrite);
         let placed = self.try_map(&region);
         let inner = &self.inner;
         Mapping::from_placement(region, placed, Kind::Physical, &inner.counters, inner)

@@ -530,6 +530,8 @@ impl Space for SoftIommu {
     /// Enforced by the device that translates through this table (the loopback NPU fails a
     /// descriptor that writes a read-only mapping or reads a write-only one).
     fn map_with(&self, region: Arc<Region>, access: Access) -> Result<Mapping, Error> {
+        #[cfg(feature = "tracing")]
+        let _span = super::mapping::map_span(Kind::SoftIommu, &region, access);
         let placed = self.try_map(&region, access);
         if placed.is_ok() {
             // Relaxed: a setting (see `with_mapping_cost`).

@@ -132,6 +132,25 @@ pub(super) fn aligned_start(
     (start < mapping.len()).then_some(start)
 }
 
+/// Enters the span of making a pool over `mapping` with `config`, `how` (the `tracing`
+/// feature; docs/tracing-events.md).
+#[cfg(feature = "tracing")]
+pub(super) fn span(
+    how: &'static str,
+    mapping: &Mapping,
+    config: &Config,
+) -> tracing::span::EnteredSpan {
+    tracing::debug_span!(
+        "pool.new",
+        how,
+        bytes = mapping.len(),
+        iova = %mapping.iova(0).unwrap_or(crate::dma::Iova(0)),
+        chunk_size = config.chunk_size,
+        max_class = config.max_class
+    )
+    .entered()
+}
+
 impl Pool {
     /// A pool over all of `mapping`, with its metadata on the heap.
     ///
@@ -140,6 +159,8 @@ impl Pool {
     /// [`Error::ArenaTooLarge`] for the mapping's size, [`Error::Misaligned`] /
     /// [`Error::NotContiguous`] if the mapping cannot give aligned, IOVA-contiguous chunks.
     pub fn new(mapping: Mapping, config: Config) -> Result<Pool, Error> {
+        #[cfg(feature = "tracing")]
+        let _span = span("private", &mapping, &config);
         let len = mapping.len() as u64;
         // Validates the configuration before it is used for alignment arithmetic.
         Geometry::new(len, &config)?;
@@ -227,6 +248,16 @@ impl Pool {
         // SAFETY: `arena_offset < mapping.len()` (checked by the callers via `aligned_start` or
         // the header), so the result is inside the mapping and not null.
         let base = unsafe { mapping.as_ptr().add(arena_offset) };
+        #[cfg(feature = "tracing")]
+        tracing::debug!(
+            pool = arena.id(),
+            arena_bytes = len,
+            arena_offset,
+            chunks = g.chunks,
+            classes = g.classes,
+            shared,
+            "pool ready"
+        );
         Ok(Pool {
             id: arena.id(),
             classes: arena.geometry().classes,
@@ -473,6 +504,13 @@ impl Pool {
     /// exact it is).
     pub fn stats(&self) -> Stats {
         self.arena.stats()
+    }
+
+    /// Buffers this process allocated and has not freed yet (small and large): what a trace
+    /// samples. Allocates nothing (unlike [`Pool::stats`]); while other threads allocate and
+    /// free, a count of that moment give or take their calls in progress.
+    pub fn buffers_out(&self) -> u64 {
+        self.arena.blocks_out()
     }
 
     /// Returns the calling thread's cached blocks to the shared lists and gives up its cache

@@ -88,6 +88,8 @@ impl Pool {
     /// [`Error::NotShareable`] if the region has no file descriptor, and the errors of
     /// [`Pool::new`].
     pub fn create_shared(mapping: Mapping, config: Config) -> Result<Pool, Error> {
+        #[cfg(feature = "tracing")]
+        let _span = super::allocator::span("create shared", &mapping, &config);
         if mapping.region().fd().is_none() {
             return Err(Error::NotShareable);
         }

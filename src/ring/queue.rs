@@ -255,6 +255,16 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         } else {
             VecDeque::new()
         };
+        #[cfg(feature = "tracing")]
+        tracing::debug!(
+            queue = id,
+            depth,
+            ring_iova = %memory.iova(),
+            ring_bytes = layout.size(),
+            in_order = config.in_order,
+            interrupt = interrupt.is_some(),
+            "ring created"
+        );
         Ok(Queue {
             id,
             context: config.context,

@@ -74,6 +74,8 @@ impl Runtime {
     /// [`Error::Device`]: unbound, another driver (the message names the `userdma bind`
     /// command), or the open failing.
     pub fn open(bdf: pci::Bdf) -> Result<Runtime, Error> {
+        #[cfg(feature = "tracing")]
+        let _span = tracing::info_span!("runtime.open", %bdf).entered();
         Ok(Runtime::from_device(device::open(bdf)?))
     }
 
@@ -83,6 +85,8 @@ impl Runtime {
     /// # Errors
     /// As [`device::Vfio::open_with`].
     pub fn open_vfio(bdf: pci::Bdf, options: &device::vfio::Options) -> Result<Runtime, Error> {
+        #[cfg(feature = "tracing")]
+        let _span = tracing::info_span!("runtime.open", %bdf).entered();
         let device = device::Vfio::open_with(bdf, options)?;
         Ok(Runtime::from_device(Arc::new(device)))
     }
@@ -103,6 +107,14 @@ impl Runtime {
     fn build(device: Arc<dyn Device>, concrete: Option<Box<dyn Any + Send + Sync>>) -> Runtime {
         let space = device.dma_space();
         let numa_node = device.numa_node();
+        #[cfg(feature = "tracing")]
+        tracing::info!(
+            device = %device.identity(),
+            dma_space = %space.kind(),
+            dma_mask_bits = space.dma_mask_bits(),
+            numa_node,
+            "runtime ready"
+        );
         Runtime {
             inner: Arc::new(Inner {
                 device,
@@ -288,6 +300,14 @@ pub fn map_memory_on(
     page_size: PageSize,
     node: Option<u32>,
 ) -> Result<dma::Mapping, Error> {
+    #[cfg(feature = "tracing")]
+    let _span = tracing::debug_span!(
+        "runtime.map_memory",
+        bytes,
+        page_size = %page_size,
+        numa_node = node
+    )
+    .entered();
     let page = page_size.bytes();
     let len =
         bytes

@@ -106,6 +106,8 @@ impl Uio {
         bdf: pci::Bdf,
         dma_mask_bits: u32,
     ) -> Result<Uio, DeviceError> {
+        #[cfg(feature = "tracing")]
+        let _span = tracing::info_span!("uio.open", %bdf, dma_mask_bits).entered();
         let info = sysfs
             .device(bdf)
             .map_err(|source| DeviceError::Sysfs { bdf, source })?;
@@ -184,6 +186,14 @@ impl Uio {
             relay,
         };
         uio.set_bus_master(true)?;
+        #[cfg(feature = "tracing")]
+        tracing::info!(
+            device = %uio.identity,
+            node = %uio.node_path.display(),
+            dma_refused = uio.refusal.is_some(),
+            numa_node = uio.numa_node,
+            "device opened"
+        );
         Ok(uio)
     }
 
@@ -390,6 +400,8 @@ impl Device for Uio {
         };
         let mut file = OpenOptions::new().write(true).open(&path).map_err(uio)?;
         file.write_all(b"1").map_err(uio)?;
+        #[cfg(feature = "tracing")]
+        tracing::info!(device = %self.identity, reset = "sysfs", "device reset");
         self.set_bus_master(true)
     }
 }

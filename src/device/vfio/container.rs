@@ -158,6 +158,15 @@ impl Container {
         model: Model,
         mask_bits: u32,
     ) -> Result<(Arc<Group>, Arc<dyn Space>), Error> {
+        #[cfg(feature = "tracing")]
+        let _span = tracing::debug_span!(
+            "vfio.attach",
+            %bdf,
+            group = number,
+            model = model.name(),
+            dma_mask_bits = mask_bits
+        )
+        .entered();
         let mut state = self.lock();
         if let Some(current) = state.model {
             if current != model {

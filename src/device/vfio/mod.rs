@@ -385,6 +385,8 @@ impl Device for Vfio {
         if self.device_flags & VFIO_DEVICE_FLAGS_RESET == 0 {
             // No function reset: a bus reset, if this process owns everything on the bus.
             if self.hot_reset()? {
+                #[cfg(feature = "tracing")]
+                tracing::info!(device = %self.identity, reset = "bus", "device reset");
                 return self.set_bus_master(true);
             }
             let affected = self.hot_reset_devices().unwrap_or_default();
@@ -400,6 +402,8 @@ impl Device for Vfio {
                 ioctl: "VFIO_DEVICE_RESET",
                 source,
             })?;
+        #[cfg(feature = "tracing")]
+        tracing::info!(device = %self.identity, reset = "function", "device reset");
         self.set_bus_master(true)
     }
 }

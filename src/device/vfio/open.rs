@@ -133,6 +133,14 @@ pub(super) fn open_iommufd(
     cdev: &Path,
     mask_bits: u32,
 ) -> Result<(OwnedFd, Arc<dyn dma::Space>, Attachment, Mode), Error> {
+    #[cfg(feature = "tracing")]
+    let _span = tracing::debug_span!(
+        "vfio.iommufd",
+        %bdf,
+        cdev = %cdev.display(),
+        dma_mask_bits = mask_bits
+    )
+    .entered();
     let kernel = host.kernel.as_ref();
     let open = |path: &Path| {
         kernel.open(path).map_err(|source| Error::Open {
@@ -186,6 +194,14 @@ impl Vfio {
 
     /// The open sequence, against `host`.
     pub(crate) fn open_in(host: &Host, bdf: pci::Bdf, options: &Options) -> Result<Vfio, Error> {
+        #[cfg(feature = "tracing")]
+        let _span = tracing::info_span!(
+            "vfio.open",
+            %bdf,
+            iommufd = options.iommufd,
+            allow_noiommu = options.allow_noiommu
+        )
+        .entered();
         let sysfs_err = |source| Error::Sysfs { bdf, source };
         let info = host.sysfs.device(bdf).map_err(sysfs_err)?;
         match info.driver.as_deref() {
@@ -266,6 +282,16 @@ impl Vfio {
         if let Some((kind, count)) = options.interrupts {
             vfio.enable_interrupts(kind, count)?;
         }
+        #[cfg(feature = "tracing")]
+        tracing::info!(
+            device = %vfio.identity,
+            mode = ?vfio.mode,
+            group = vfio.group(),
+            regions = vfio.regions.len(),
+            irqs = vfio.irqs.len(),
+            numa_node = vfio.numa_node,
+            "device opened"
+        );
         Ok(vfio)
     }
 

@@ -80,7 +80,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         let order = &self.payloads.order;
         let expected = order.front().map(|&(id, _)| id);
         let queue = self.id;
-        match (expected, order.iter().position(|&(id, _)| id == got)) {
+        let error = match (expected, order.iter().position(|&(id, _)| id == got)) {
             (Some(expected), Some(1)) => Error::LostCompletion {
                 queue,
                 expected,
@@ -96,7 +96,10 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
                 expected,
                 got,
             },
-        }
+        };
+        #[cfg(feature = "tracing")]
+        tracing::warn!(queue, error = %error, "ring protocol error: queue faulted");
+        error
     }
 
     /// Faults the queue: no completion is read and no submission taken from now on (the SQ

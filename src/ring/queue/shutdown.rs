@@ -150,6 +150,12 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
         LEAKED_QUEUES.fetch_add(1, StdOrdering::Relaxed);
         LEAKED_PAYLOADS.fetch_add(count, StdOrdering::Relaxed);
         self.closed = true;
+        #[cfg(feature = "tracing")]
+        tracing::error!(
+            queue = self.id,
+            leaked = count,
+            "the device did not stop the queue: its buffers and ring memory are leaked"
+        );
         count as usize
     }
 
