@@ -32,6 +32,12 @@
 //! the modelled device; each unit counts both its modelled and its measured busy time. A zero
 //! rate means "free": [`Cost::zero`] charges nothing and never waits.
 //!
+//! Each unit keeps its own modelled clock, and a descriptor starts when the previous one of
+//! its unit ended (it was waiting in the ring). A `Wait` on the other unit's queue also starts
+//! no earlier than the modelled end of the descriptor it waited for: a unit whose clock runs
+//! behind would otherwise model a wait that ended before what it waited for (the activity
+//! records, which carry these times, would show a frame's copy back before its compute).
+//!
 //! [`Cost::npu`] is the default. Its rates are chosen so that a YOLOv5s-like frame
 //! (`userdma_infer::pipeline::zoo::yolov5s_like`: 640x640x3 input,
 //! about 77 MB of tensor traffic) costs
@@ -228,11 +234,16 @@ pub(super) const TIMER_SLACK_NS: u64 = 1_000;
 pub(super) struct Clock {
     /// When the modelled device finishes the last charged descriptor.
     due: Option<Instant>,
+    /// When the modelled device began the last charged descriptor.
+    began: Option<Instant>,
 }
 
 impl Clock {
     pub(super) fn new() -> Clock {
-        Clock { due: None }
+        Clock {
+            due: None,
+            began: None,
+        }
     }
 
     /// Charges `cost` for work that started no earlier than `start`; returns when it is done.
@@ -242,8 +253,15 @@ impl Clock {
             _ => start,
         };
         let done = begin.checked_add(cost).unwrap_or(begin);
+        self.began = Some(begin);
         self.due = Some(done);
         done
+    }
+
+    /// When the last charged work began and ended on the modelled device (`None` before the
+    /// first charge): what the unit's activity record of it says.
+    pub(super) fn last(&self) -> Option<(Instant, Instant)> {
+        Some((self.began?, self.due?))
     }
 
     /// Waits until `deadline`: sleeps for most of a long wait, yields for the rest.
@@ -317,12 +335,15 @@ mod tests {
     #[test]
     fn the_clock_queues_work_back_to_back() {
         let mut clock = Clock::new();
+        assert_eq!(clock.last(), None);
         let t0 = Instant::now();
         let a = clock.charge(t0, Duration::from_micros(10));
         assert_eq!(a, t0 + Duration::from_micros(10));
         // Started before the previous finished: runs after it.
         let b = clock.charge(t0 + Duration::from_micros(5), Duration::from_micros(10));
         assert_eq!(b, t0 + Duration::from_micros(20));
+        // Its modelled span starts where the previous one ended, not at its own start.
+        assert_eq!(clock.last(), Some((a, b)));
         // Started after an idle gap: runs from its start.
         let c = clock.charge(t0 + Duration::from_millis(1), Duration::from_micros(1));
         assert_eq!(c, t0 + Duration::from_millis(1) + Duration::from_micros(1));

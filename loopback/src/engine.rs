@@ -57,11 +57,12 @@ use super::ops::{Dram, Host, Span, Translate};
 use super::regs::{self, DeviceStatus, Unit as UnitId};
 use super::shim;
 use super::sram::{Sram, WorkingSet};
-use crate::sync::{AtomicBool, AtomicU32, Condvar, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Condvar, Mutex, Ordering};
 use crate::u64_of;
 use userdma::mmio::{Block, Field};
 use userdma::ring::{Command, DeviceQueue, Memory, Status};
 
+mod activity;
 mod control;
 mod faults;
 mod interrupts;
@@ -138,13 +139,21 @@ impl Engine {
             reset_moved: Condvar::new(),
             waiting: [AtomicBool::new(false), AtomicBool::new(false)],
             fds: std::mem::take(&mut self.irqs),
+            finished: Finished::new(usize::from(self.settings.queues)),
         };
         let copy = Unit::new(UnitId::Copy, &self, &shared);
         let compute = Unit::new(UnitId::Compute, &self, &shared);
+        // The compute unit's events sit in this thread's span, under its subscriber.
+        #[cfg(feature = "tracing")]
+        let traced = crate::traced::Carried::new(tracing::Span::current());
         std::thread::scope(|scope| {
             let spawned = std::thread::Builder::new()
                 .name("loopback-compute".into())
-                .spawn_scoped(scope, move || compute.run());
+                .spawn_scoped(scope, move || {
+                    #[cfg(feature = "tracing")]
+                    let _traced = traced.enter();
+                    compute.run()
+                });
             if spawned.is_err() {
                 // Without its compute unit the device never reports READY: the host's start
                 // times out and the device is dropped.
@@ -187,6 +196,77 @@ struct Shared {
     /// Bit `q`: queue `q` has a programme in `faults`. Changed only under that lock; read once
     /// per burst by the serving unit (the hot path's one branch for fault injection).
     armed: AtomicU32,
+    /// With a cost model: when the modelled device finished each queue's recent descriptors,
+    /// so a `Wait` on another unit's queue starts no earlier, in modelled time, than the
+    /// completion it waited for ([`Shared::finished_at`]).
+    finished: Finished,
+}
+
+/// Per queue, the modelled end of its last [`DUE_SLOTS`] completed descriptors, in
+/// nanoseconds since `epoch`: descriptor number `c` (from 1, as `Q_COMPLETED` counts) in slot
+/// `(c - 1) % DUE_SLOTS` of the queue's row. Written by the unit serving the queue before it
+/// publishes `c` (a Release store), read by the other unit after an Acquire load of the
+/// counter showed `c`.
+#[derive(Debug)]
+struct Finished {
+    epoch: Instant,
+    slots: Box<[AtomicU64]>,
+}
+
+/// Completions a queue's row of [`Finished`] remembers.
+const DUE_SLOTS: u64 = 64;
+
+impl Finished {
+    fn new(queues: usize) -> Finished {
+        Finished {
+            epoch: Instant::now(),
+            slots: (0..queues * DUE_SLOTS as usize)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    fn slot(&self, queue: usize, count: u64) -> Option<&AtomicU64> {
+        let i = queue.checked_mul(DUE_SLOTS as usize)?
+            + usize::try_from(count.checked_sub(1)? % DUE_SLOTS).ok()?;
+        self.slots.get(i)
+    }
+
+    /// Notes that descriptor number `count` of `queue` ends at `due` (modelled). Before the
+    /// counter store that publishes `count`.
+    fn note(&self, queue: usize, count: u64, due: Instant) {
+        if let Some(slot) = self.slot(queue, count) {
+            // Relaxed: published by the Release store of the completed counter that follows
+            // (see the type's docs).
+            slot.store(
+                nanos(due.saturating_duration_since(self.epoch)),
+                Ordering::Relaxed,
+            );
+        }
+    }
+}
+
+impl Shared {
+    /// When descriptor number `target` of `queue` ended in modelled time, if still known:
+    /// called after an Acquire load of `queue`'s completed counter read `seen >= target`.
+    /// `completed` reads the counter again: the slot is trusted only if the serving unit
+    /// cannot have overwritten it meanwhile (it writes the slot of `now + 1` at most before
+    /// publishing it).
+    fn finished_at(
+        &self,
+        queue: usize,
+        target: u64,
+        completed: impl Fn() -> u64,
+    ) -> Option<Instant> {
+        let slot = self.finished.slot(queue, target)?;
+        // Relaxed: the caller's Acquire load of the counter ordered this after the Release
+        // store that published `target` (and the slot's write before it).
+        let ns = slot.load(Ordering::Relaxed);
+        // The re-read: a unit at most one descriptor past `now` wrote no slot beyond `now + 1`.
+        let now = completed();
+        (now.saturating_sub(target) < DUE_SLOTS - 1)
+            .then(|| self.finished.epoch + Duration::from_nanos(ns))
+    }
 }
 
 /// The reset rendezvous: resets the compute unit has parked for, and resets done.
@@ -281,6 +361,8 @@ struct Unit<'a> {
     /// Queues of this unit with a pending `Wait`.
     blocked: u32,
     reset_count: u32,
+    /// Its activity records, while the host has them on (see `engine/activity.rs`).
+    recorder: Option<activity::Recorder>,
 }
 
 // SAFETY: the only non-Send field is `dram`'s pointer, into device memory the engine's owner
@@ -315,6 +397,7 @@ impl<'a> Unit<'a> {
             next_queue: 0,
             blocked: 0,
             reset_count: 0,
+            recorder: None,
         }
     }
 

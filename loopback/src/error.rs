@@ -3,7 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::regs::Fault;
+use super::regs::{ActivityFault, Fault, Unit};
 
 /// What went wrong in the loopback device (converts into [`device::Error`](userdma::device::Error)).
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +29,15 @@ pub enum Error {
         queue: u16,
         /// Why.
         fault: Fault,
+    },
+
+    /// A unit refused the activity buffer it was given (records stay off).
+    #[error("the {unit:?} unit refused the activity buffer: {fault} (give it host memory mapped read-write into the device's DMA space, 64-byte aligned, both units' rings in one mapping: activity::Log does)")]
+    ActivityFault {
+        /// The unit.
+        unit: Unit,
+        /// Why.
+        fault: ActivityFault,
     },
 
     /// The device's engine is not running (stopped, or its process exited).
@@ -93,6 +102,8 @@ impl Error {
         match self {
             // A setting, or the environment `serve_process` was started with, is wrong.
             Error::Config { .. } | Error::NotDeviceProcess { .. } => Code::InvalidArgument,
+            // The host gave the device a buffer it cannot write.
+            Error::ActivityFault { .. } => Code::InvalidArgument,
             Error::QueueFault { .. } | Error::Stopped { .. } | Error::Protocol { .. } => {
                 Code::Device
             }

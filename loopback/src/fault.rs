@@ -535,6 +535,14 @@ impl Loopback {
     ) -> Result<ring::Shutdown<ring::Status, T>, DeviceError> {
         use userdma::device::Device;
         let id = queue.id();
+        #[cfg(feature = "tracing")]
+        let _span = tracing::info_span!(
+            "loopback.recover",
+            device = %self.identity,
+            queue = id,
+            in_flight = queue.in_flight()
+        )
+        .entered();
         self.reset()?;
         queue
             .shutdown(Duration::ZERO)

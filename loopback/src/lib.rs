@@ -28,6 +28,12 @@
 //! - **Interrupts**: one eventfd per queue, signalled when the host armed the ring's interrupt
 //!   flag and the vector is not masked (a masked vector is remembered as pending and fires when
 //!   unmasked). Queues opened with [`Wait::Poll`] never arm it: pure polling.
+//! - **Activity records** ([`activity`]): while the host has them on, each unit writes a
+//!   64-byte record of every descriptor it completes (its start and end on the device's
+//!   clock, queue, command, context, opcode, status, bytes, whether it switched context, its
+//!   SRAM misses) into its ring of a host buffer, as a hardware trace unit does;
+//!   [`activity::Log`] owns such a buffer and reads it safely. Off, they cost the units one
+//!   predictable branch per descriptor.
 //! - **A cost model** ([`Cost`]): DMA bandwidth, per-descriptor overhead, compute rate and a
 //!   context-switch penalty, charged per unit on the unit's own clock, with counters of
 //!   descriptors, bytes, switches, errors, busy time and interrupts per unit ([`Counters`],
@@ -74,6 +80,12 @@
 //! | 0xd1c | `fault_control` | WO | bit 0 `APPLY` (program `fault_queue`), bit 1 `CLEAR`; self-clearing |
 //! | 0xd20 | `fault_applied` | RO | `fault_control` writes acted on |
 //! | 0xd28..0xd68 | `fault_injected` | RO, 64 ×8 | faults injected into `fault_queue`: the sum, then kinds 1 to 7 (kept across resets) |
+//! | 0xe00 | `activity_buffer` | RW, 64 | activity records ([`activity`]): IOVA of the buffer, 64-byte aligned; unit u's ring of `activity_records` records of 64 bytes at `+ u · records · 64` |
+//! | 0xe08 | `activity_records` | RW | records per unit: a power of two, 1 to 2^20 |
+//! | 0xe0c | `activity_control` | RW | bit 0 `ENABLE` (read with the two above when the units take it) |
+//! | 0xe10 + 0x10·u | `activity_written` | RO, 64 | records unit u wrote since it took the enable (record n in slot n mod records), stored with Release after the record's bytes and before the descriptor's completion |
+//! | 0xe18 + 0x10·u | `activity_status` | RO | unit u: bit 0 `ENABLED` (acknowledges enable and stop), bit 1 `FAULT` |
+//! | 0xe1c + 0x10·u | `activity_fault` | RO | an [`ActivityFault`](regs::ActivityFault) code while `FAULT` is set |
 //!
 //! Bringing a queue up: write `ring_base`, `depth`, `context`, `unit`, then `control = ENABLE`; the
 //! device answers `status = ENABLED`, or `FAULT` with a code. Stopping it: `control = 0`; once
@@ -148,6 +160,8 @@
 //! ```
 
 #[cfg(not(loom))]
+pub mod activity;
+#[cfg(not(loom))]
 mod bar;
 #[cfg(not(loom))]
 mod config;
@@ -173,6 +187,8 @@ pub mod regs;
 mod shim;
 #[cfg(not(loom))]
 mod sram;
+#[cfg(all(feature = "tracing", not(loom)))]
+mod traced;
 
 #[cfg(not(loom))]
 pub use self::config::{Config, Counters, Mode, QueueCounters, UnitCounters};

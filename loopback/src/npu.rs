@@ -23,6 +23,7 @@ use userdma::irq::EventFd;
 use userdma::memory::Region;
 use userdma::mmio::{Block, DynBlock, Field, Readable, Value, Writable};
 
+mod activity;
 mod device;
 mod format;
 
@@ -54,6 +55,16 @@ pub struct Loopback {
 impl Loopback {
     /// Starts a loopback device.
     pub fn new(config: Config) -> Result<Loopback, DeviceError> {
+        #[cfg(feature = "tracing")]
+        let _span = tracing::info_span!(
+            "loopback.new",
+            device = %config.name,
+            queues = config.queues,
+            memory_bytes = config.memory_size,
+            dma_mask_bits = config.dma_mask_bits,
+            process = matches!(config.mode, Mode::Process(_))
+        )
+        .entered();
         config.check()?;
         let file = Arc::new(RegisterFile::new()?);
         let dram = Arc::new(bar::shared_region(
@@ -111,9 +122,17 @@ impl Loopback {
                 let keep = Arc::clone(&dram);
                 let cpu = config.engine_cpu;
                 let (pinned_tx, pinned_rx) = std::sync::mpsc::sync_channel(1);
+                #[cfg(feature = "tracing")]
+                let traced = crate::traced::Carried::new(tracing::info_span!(
+                    parent: None,
+                    "loopback.engine",
+                    device = %config.name
+                ));
                 let handle = std::thread::Builder::new()
                     .name(config.name.clone())
                     .spawn(move || {
+                        #[cfg(feature = "tracing")]
+                        let _traced = traced.enter();
                         let pinned = cpu.map_or(Ok(()), shim::pin_to_cpu).is_ok();
                         // The receiver waits for this one message below.
                         let _ = pinned_tx.send(pinned);
@@ -175,6 +194,8 @@ impl Loopback {
         device.wait_for("start", device.config.ack_timeout, |d| {
             Ok(d.get(regs::STATUS)?.contains(regs::DeviceStatus::READY))
         })?;
+        #[cfg(feature = "tracing")]
+        tracing::info!(device = %device.identity, pid = device.process_id(), "device started");
         Ok(device)
     }
 

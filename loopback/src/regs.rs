@@ -1,5 +1,6 @@
 //! The loopback device's register map (BAR 0), opcodes, completion status codes and queue fault
-//! codes: the contract an SDK programs against. Every layout is a `#[repr(C)]` struct whose
+//! codes, and the activity-record block ([`ActivityRegs`], the record format in
+//! [`activity`](crate::activity)): the contract an SDK programs against. Every layout is a `#[repr(C)]` struct whose
 //! offsets are asserted below; the [`Field`] constants are derived from them with `offset_of!`.
 
 use std::mem::{offset_of, size_of};
@@ -9,8 +10,10 @@ use userdma::mmio::{Field, ReadOnly, ReadWrite, WriteOnly};
 mod bits;
 mod codes;
 
-pub use self::bits::{Control, DeviceStatus, FaultControl, QueueControl, QueueStatus};
-pub use self::codes::{Fault, Opcode, StatusCode, Unit};
+pub use self::bits::{
+    ActivityControl, ActivityStatus, Control, DeviceStatus, FaultControl, QueueControl, QueueStatus,
+};
+pub use self::codes::{ActivityFault, Fault, Opcode, StatusCode, Unit};
 
 /// The value of the [`ID`] register: `"UDLB"` in little-endian ASCII.
 pub const DEVICE_ID: u32 = u32::from_le_bytes(*b"UDLB");
@@ -394,6 +397,112 @@ pub const fn queue_field<V, A>(field: Field<V, A>, queue: u16) -> Option<Field<V
     field.at(queue as usize, QUEUE_STRIDE)
 }
 
+/// Offset of the activity-record block ([`ActivityRegs`]), after the fault block.
+pub const ACTIVITY_BASE: usize = 0xe00;
+
+/// The most records per unit the activity buffer may hold (64 MiB per unit).
+pub const MAX_ACTIVITY_RECORDS: u32 = 1 << 20;
+
+/// The activity-record registers, at [`ACTIVITY_BASE`]: the device's trace unit. While enabled,
+/// each unit writes one [`activity::Record`](crate::activity::Record) (64 bytes) per descriptor
+/// it completes into its own ring of the host's activity buffer, through its own translation
+/// of host addresses (as it writes completions): unit `u`'s ring is the `records` records at
+/// `base + u * records * 64`, and record number `n` of the unit (counting from 0 since it was
+/// enabled) goes to slot `n % records`. A unit writes the record's bytes, then publishes
+/// [`ActivityUnitRegs::written`] `= n + 1` (a Release store), before the descriptor's
+/// completion. Never instantiated.
+///
+/// Programming: with `control` 0 (and both units' `status` 0), write `base` and `records`,
+/// then `control = ENABLE`; each unit answers in its own `status`: `ENABLED` (its `written`
+/// zeroed), or `FAULT` with an [`ActivityFault`] code. Stopping: `control = 0`; once both
+/// units' `status` read 0 the device writes no more record bytes, and the buffer may be
+/// unmapped. A unit that cannot translate its ring any more (the host unmapped it while
+/// enabled) stops writing records and reports `FAULT` with [`ActivityFault::Unmapped`]; the
+/// host acknowledges a fault by clearing `control`. A device reset disables recording and
+/// zeroes every register of the block: the host programs it again.
+#[repr(C)]
+#[derive(Debug)]
+#[allow(dead_code)] // A layout description: the fields are read through `offset_of!` only.
+pub struct ActivityRegs {
+    /// RW: IOVA of the activity buffer, 64-byte aligned, `2 * records * 64` bytes (the units'
+    /// rings one after the other), read when the units take the enable; each unit's ring must
+    /// lie inside one device-writable mapping.
+    pub base: u64,
+    /// RW: records per unit: a power of two from 1 to [`MAX_ACTIVITY_RECORDS`], read with
+    /// `base`.
+    pub records: u32,
+    /// RW: [`ActivityControl`].
+    pub control: u32,
+    /// RO: the copy engine's block, then the compute unit's ([`Unit`] order).
+    pub units: [ActivityUnitRegs; 2],
+}
+
+/// One unit's activity registers ([`ActivityRegs::units`]). Never instantiated.
+#[repr(C)]
+#[derive(Debug)]
+#[allow(dead_code)] // A layout description: the fields are read through `offset_of!` only.
+pub struct ActivityUnitRegs {
+    /// RO: records the unit has written since it took the enable (free-running; record `n`
+    /// is in slot `n % records`). Stored with Release after the record's bytes: a host that
+    /// reads `n` (Acquire) sees records `0..n` written, the oldest overwritten once `n`
+    /// passes `records`.
+    pub written: u64,
+    /// RO: [`ActivityStatus`] of the unit.
+    pub status: u32,
+    /// RO: [`ActivityFault`] code while [`ActivityStatus::FAULT`] is set.
+    pub fault: u32,
+}
+
+const _: () = {
+    assert!(offset_of!(ActivityRegs, base) == 0x00);
+    assert!(offset_of!(ActivityRegs, records) == 0x08);
+    assert!(offset_of!(ActivityRegs, control) == 0x0c);
+    assert!(offset_of!(ActivityRegs, units) == 0x10);
+    assert!(offset_of!(ActivityUnitRegs, written) == 0x00);
+    assert!(offset_of!(ActivityUnitRegs, status) == 0x08);
+    assert!(offset_of!(ActivityUnitRegs, fault) == 0x0c);
+    assert!(size_of::<ActivityUnitRegs>() == ACTIVITY_UNIT_STRIDE);
+    assert!(size_of::<ActivityRegs>() == 0x30);
+    assert!(FAULT_BASE + size_of::<FaultRegs>() <= ACTIVITY_BASE);
+    assert!(ACTIVITY_BASE + size_of::<ActivityRegs>() <= REGISTER_BAR_SIZE);
+    // Each 64-bit register is 8-aligned (the register file's atomics need it).
+    assert!((ACTIVITY_BASE + offset_of!(ActivityRegs, base)) % 8 == 0);
+    assert!((ACTIVITY_BASE + offset_of!(ActivityRegs, units)) % 8 == 0);
+    assert!(ACTIVITY_UNIT_STRIDE % 8 == 0);
+};
+
+/// Bytes between two units' [`ActivityUnitRegs`].
+pub const ACTIVITY_UNIT_STRIDE: usize = 0x10;
+
+/// A register of the activity block.
+const fn activity<V, A>(offset: usize) -> Field<V, A> {
+    Field::new(ACTIVITY_BASE + offset)
+}
+
+/// [`ActivityRegs::base`].
+pub const ACTIVITY_BUFFER: Field<u64, ReadWrite> = activity(offset_of!(ActivityRegs, base));
+/// [`ActivityRegs::records`].
+pub const ACTIVITY_RECORDS: Field<u32, ReadWrite> = activity(offset_of!(ActivityRegs, records));
+/// [`ActivityRegs::control`].
+pub const ACTIVITY_CONTROL: Field<ActivityControl, ReadWrite> =
+    activity(offset_of!(ActivityRegs, control));
+/// The copy engine's [`ActivityUnitRegs::written`] (see [`activity_field`]).
+pub const ACTIVITY_WRITTEN: Field<u64, ReadOnly> =
+    activity(offset_of!(ActivityRegs, units) + offset_of!(ActivityUnitRegs, written));
+/// The copy engine's [`ActivityUnitRegs::status`] (see [`activity_field`]).
+pub const ACTIVITY_STATUS: Field<ActivityStatus, ReadOnly> =
+    activity(offset_of!(ActivityRegs, units) + offset_of!(ActivityUnitRegs, status));
+/// The copy engine's [`ActivityUnitRegs::fault`] (see [`activity_field`]).
+pub const ACTIVITY_FAULT: Field<u32, ReadOnly> =
+    activity(offset_of!(ActivityRegs, units) + offset_of!(ActivityUnitRegs, fault));
+
+/// Unit `unit`'s copy of the per-unit activity register `field` (one of
+/// [`ACTIVITY_WRITTEN`], [`ACTIVITY_STATUS`], [`ACTIVITY_FAULT`], which are the copy
+/// engine's).
+pub const fn activity_field<V, A>(field: Field<V, A>, unit: Unit) -> Field<V, A> {
+    Field::new(field.offset() + unit as usize * ACTIVITY_UNIT_STRIDE)
+}
+
 /// Whether the host may write the register at byte `offset` of BAR 0 (writes elsewhere are
 /// dropped, as a device ignores writes to read-only registers).
 pub(super) fn host_writable(offset: usize) -> bool {
@@ -402,6 +511,8 @@ pub(super) fn host_writable(offset: usize) -> bool {
         o if o == IRQ_MASK_SET.offset() || o == IRQ_MASK_CLEAR.offset() => true,
         // The fault programme and its control, not `applied` nor the counters.
         o if (FAULT_BASE..FAULT_APPLIED.offset()).contains(&o) => true,
+        // The activity buffer, its size and its control, not the units' registers.
+        o if (ACTIVITY_BASE..ACTIVITY_BASE + offset_of!(ActivityRegs, units)).contains(&o) => true,
         o if (QUEUE_BASE..QUEUE_BASE + MAX_QUEUES as usize * QUEUE_STRIDE).contains(&o) => {
             let within = (o - QUEUE_BASE) % QUEUE_STRIDE;
             // ring_base (either half), depth, context and control precede status.

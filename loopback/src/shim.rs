@@ -1,5 +1,5 @@
 //! The system calls the loopback device makes: futex wait/wake on its shared register
-//! memory, eventfd signalling, and a `SOCK_SEQPACKET` socket pair that carries file descriptors
+//! memory, eventfd signalling, the monotonic clock, and a `SOCK_SEQPACKET` socket pair that carries file descriptors
 //! (`SCM_RIGHTS`) to the device process. One small function per call, through `nix` where it
 //! has the call (the futex is a raw `libc::syscall`: `nix` has no futex); errno becomes
 //! `io::Error` here.
@@ -63,6 +63,16 @@ pub(super) fn pin_process_to_cpu(cpu: u32) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `clock_gettime(CLOCK_MONOTONIC)` in nanoseconds (the clock every process of the machine
+/// shares, which the activity records are stamped in).
+pub(super) fn monotonic_ns() -> io::Result<u64> {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)?;
+    // CLOCK_MONOTONIC is never negative; a value that were would read as 0.
+    let secs = u64::try_from(now.tv_sec()).unwrap_or(0);
+    let nanos = u64::try_from(now.tv_nsec()).unwrap_or(0);
+    Ok(secs.saturating_mul(1_000_000_000).saturating_add(nanos))
 }
 
 /// Sets the calling thread's timer slack (`prctl(PR_SET_TIMERSLACK)`): how late the kernel may

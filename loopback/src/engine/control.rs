@@ -1,7 +1,8 @@
 //! A unit acting on the host's register writes: the device's `control` (reset, together with
-//! the other unit), its queues started, stopped and faulted under the owners lock, and the
-//! interrupt masks.
+//! the other unit), activity records on and off, its queues started, stopped and faulted under
+//! the owners lock, and the interrupt masks.
 
+use std::mem::size_of;
 use std::time::Duration;
 
 use super::{publish, qf, Active, CounterRegs, Totals, Unit};
@@ -20,6 +21,7 @@ impl<'a> Unit<'a> {
         if control.contains(Control::RESET) {
             self.reset();
         }
+        self.activity_control();
         if self.id == UnitId::Copy {
             self.fault_control();
         }
@@ -62,13 +64,21 @@ impl<'a> Unit<'a> {
 
     /// Writes `fault` into queue `q`'s registers (the caller holds the owners lock and has
     /// torn the queue down).
+    // Inlined into its callers as it is without the `tracing` feature: what the feature adds
+    // is a call to the cold `report_fault`.
+    #[cfg_attr(feature = "tracing", inline(always))]
     fn set_fault(&self, q: usize, fault: Fault) {
+        #[cfg(feature = "tracing")]
+        report_fault(q, fault, self.id);
         self.file.set32(qf(regs::Q_FAULT, q), fault as u32);
         self.file
             .set32(qf(regs::Q_STATUS, q), QueueStatus::FAULT.bits());
     }
 
     /// Stops this unit's queue `q` on `fault` (from the serving path).
+    // Out of line as it is without the `tracing` feature (where the inliner leaves it so), so
+    // the feature leaves the units' loop, its caller, laid out as it is without it.
+    #[cfg_attr(feature = "tracing", inline(never))]
     pub(super) fn fault(&mut self, q: usize, fault: Fault) {
         let mut owners = self.owners();
         self.drop_queue(q);
@@ -168,6 +178,8 @@ impl<'a> Unit<'a> {
         self.sram.clear();
         self.last_context = None;
         self.next_queue = 0;
+        // Records off: this unit writes none after this (the copy engine zeroes the block).
+        self.recorder = None;
         let shared = self.shared;
         let mut state = shared
             .reset
@@ -205,6 +217,10 @@ impl<'a> Unit<'a> {
         }
         self.file.set32(regs::IRQ_MASK.offset(), 0);
         self.file.set32(regs::IRQ_PENDING.offset(), 0);
+        // Activity records off, counts zeroed: the host programs them again.
+        for offset in (0..size_of::<regs::ActivityRegs>()).step_by(4) {
+            self.file.set32(regs::ACTIVITY_BASE + offset, 0);
+        }
         // SAFETY: the device memory is `len` writable bytes the engine owns; no queue is served
         // now (the compute unit is parked), so nothing else of the engine touches it.
         unsafe { std::ptr::write_bytes(self.dram.ptr.as_ptr(), 0, self.dram.len) };
@@ -218,4 +234,13 @@ impl<'a> Unit<'a> {
         state.done = state.parked;
         shared.reset_moved.notify_all();
     }
+}
+
+/// Reports a queue the device faulted (the `tracing` feature): out of line, so that the units'
+/// loop, into which the callers are inlined, is laid out as without the feature.
+#[cfg(feature = "tracing")]
+#[cold]
+#[inline(never)]
+fn report_fault(queue: usize, fault: Fault, unit: UnitId) {
+    tracing::warn!(queue, fault = ?fault, unit = ?unit, "queue faulted by the device");
 }

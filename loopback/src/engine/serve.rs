@@ -1,12 +1,15 @@
 //! A unit serving its queues: one burst at a time from the next queue with work (round
 //! robin), each descriptor checked, run, charged to the cost model, counted and completed in
-//! order; `Wait`s evaluated, and the other unit woken when a `Wait` of it may be satisfied.
+//! order; `Wait`s evaluated, and the other unit woken when a `Wait` of it may be satisfied;
+//! each completed descriptor's activity record written first while the host has them on.
 
 use std::time::Instant;
 
+use super::activity::report_fault;
 use super::faults::{inject, wrong_id};
 use super::interrupts::raise;
 use super::{nanos, qf, Shared, Unit};
+use crate::activity::{Flags, Record};
 use crate::bar::RegisterFile;
 use crate::cost::{Clock, Work};
 use crate::fault::Kind;
@@ -143,6 +146,10 @@ impl Unit<'_> {
         let burst_began = Instant::now();
         let mut began = burst_began;
         let mut modelled_from = burst_began;
+        // Without a cost model, where the next activity record starts: the previous one's
+        // end (or the burst's start), so a unit's records never overlap and no clock is read
+        // for them while records are off.
+        let mut record_from = burst_began;
         while done < self.settings.max_burst {
             let room = match active.queue.cq_room() {
                 Ok(0) => break,
@@ -198,6 +205,22 @@ impl Unit<'_> {
                                 self.blocked -= 1;
                             }
                             fence = true;
+                            // In modelled time the wait ends no earlier than the completion
+                            // it waited for: this unit's modelled clock may be behind the
+                            // other's (it charges from the end of its previous descriptor).
+                            if timed {
+                                let awaited = usize::try_from(queue).unwrap_or(usize::MAX);
+                                let counter = file.u64(qf(regs::Q_COMPLETED, awaited));
+                                let completed = || {
+                                    // Acquire: as the check's load (`check_progress`).
+                                    counter.load(Ordering::Acquire)
+                                };
+                                if let Some(at) =
+                                    self.shared.finished_at(awaited, target, completed)
+                                {
+                                    modelled_from = modelled_from.max(at);
+                                }
+                            }
                             Outcome {
                                 code: StatusCode::Success,
                                 result: seen,
@@ -221,6 +244,8 @@ impl Unit<'_> {
             let switch = self.last_context.is_some_and(|c| c != active.context);
             self.last_context = Some(active.context);
             let t = &mut self.totals;
+            // The SRAM model's bytes touched and missed, for the activity record.
+            let mut sram = (0u64, 0u64);
             if timed {
                 let mut work = Work {
                     dma_bytes: outcome.dma_bytes,
@@ -233,6 +258,7 @@ impl Unit<'_> {
                     if let Some(touch) = self.sram.touch(active.working_set, outcome.compute_bytes)
                     {
                         work.missed_bytes = touch.missed;
+                        sram = (outcome.compute_bytes, touch.missed);
                         let (hits, touched) = &mut active.sram;
                         *hits += touch.hits;
                         *touched += outcome.compute_bytes;
@@ -254,6 +280,9 @@ impl Unit<'_> {
             t.descriptors += 1;
             t.switches += u64::from(switch);
             completed += 1;
+            if let (true, Some((_, due))) = (timed, self.clock.last()) {
+                self.shared.finished.note(q, completed, due);
+            }
             // The counters this descriptor moved (the interrupt count is published when one
             // is raised): plain stores into this unit's own block, no more per descriptor
             // than needed.
@@ -275,6 +304,47 @@ impl Unit<'_> {
             file.set64(qf(regs::Q_COMPLETED, q), completed);
             if timed {
                 wake_waiter(file, self.shared, self.id);
+            }
+            // Its activity record, before its completion (a host that saw the completion finds
+            // the record). With records off, this branch is all they cost.
+            if let Some(recorder) = self.recorder.as_mut() {
+                let (start, end) = match (timed, self.clock.last()) {
+                    // The modelled span the clock just charged.
+                    (true, Some(span)) => span,
+                    _ => (record_from, Instant::now()),
+                };
+                record_from = end;
+                let command_id = match injected {
+                    Some(Kind::WrongId) => wrong_id(&active.queue),
+                    _ => command.command_id,
+                };
+                let flags = if switch {
+                    Flags::SWITCHED
+                } else {
+                    Flags::empty()
+                };
+                let record = Record {
+                    start_ns: recorder.ns(start),
+                    end_ns: recorder.ns(end),
+                    bytes: outcome.dma_bytes.saturating_add(outcome.compute_bytes),
+                    sram_touched: sram.0,
+                    sram_missed: sram.1,
+                    context: active.context,
+                    sequence: 0,
+                    // `q < MAX_QUEUES`: fits.
+                    queue: q as u16,
+                    command: command_id,
+                    status: outcome.code as u16,
+                    opcode: command.opcode,
+                    // 0 or 1: fits.
+                    unit: self.id as u8,
+                    flags: flags.bits(),
+                    reserved: 0,
+                };
+                if let Err(fault) = recorder.write(self.host.table(), file, record) {
+                    self.recorder = None;
+                    report_fault(file, self.id, fault);
+                }
             }
             done += 1;
             if command.command_id != POSTED && injected != Some(Kind::DropCompletion) {

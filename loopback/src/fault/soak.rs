@@ -244,12 +244,46 @@ impl Rng {
     }
 }
 
+/// What the soak did, burst by burst, for a trace of the run ([`run_observed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observed {
+    /// The burst's number (from 0).
+    pub burst: u64,
+    /// Its round trips.
+    pub transfers: u32,
+    /// Of them, those that failed (a fault, or not completed before a recovery).
+    pub failed: u32,
+    /// Its descriptors were announced (one doorbell).
+    pub announced: Instant,
+    /// Its completions were taken, or a fault stopped the taking.
+    pub taken: Instant,
+    /// The injected faults the host detected in it, per kind, as the report counts them (a
+    /// timeout no injection explains is not one).
+    pub detected: Counts,
+    /// Its last completion came [`Plan::slow`] or more after its doorbell.
+    pub late: bool,
+    /// The recovery it needed (reset, queue shut down, a new queue): from and to.
+    pub recovery: Option<(Instant, Instant)>,
+}
+
 /// Runs `plan`, calling `progress` with the transfers done after every burst.
 ///
 /// # Errors
 /// [`Error::Plan`] for a plan out of range; device, memory and unexpected queue errors (a
 /// detected fault is never an error: it is counted).
-pub fn run(plan: &Plan, mut progress: impl FnMut(u64)) -> Result<Report, Error> {
+pub fn run(plan: &Plan, progress: impl FnMut(u64)) -> Result<Report, Error> {
+    run_observed(plan, progress, |_| {})
+}
+
+/// [`run`], handing `observe` what each burst did as soon as it is done.
+///
+/// # Errors
+/// As [`run`].
+pub fn run_observed(
+    plan: &Plan,
+    mut progress: impl FnMut(u64),
+    mut observe: impl FnMut(&Observed),
+) -> Result<Report, Error> {
     if !(1..=32).contains(&plan.burst) {
         return Err(Error::Plan {
             what: format!("a burst of {} transfers: use 1 to 32", plan.burst),
@@ -285,6 +319,7 @@ pub fn run(plan: &Plan, mut progress: impl FnMut(u64)) -> Result<Report, Error> 
         unconfirmed: Counts::default(),
         injected: Counts::default(),
         carried: Counts::default(),
+        observed: None,
     };
     let start = Instant::now();
     let mut queue = soak.open()?;
@@ -292,6 +327,9 @@ pub fn run(plan: &Plan, mut progress: impl FnMut(u64)) -> Result<Report, Error> 
     while soak.report.transfers < plan.transfers {
         let n = (plan.transfers - soak.report.transfers).min(plan.burst as u64) as usize;
         queue = soak.burst(queue, burst, n)?;
+        if let Some(seen) = soak.observed.take() {
+            observe(&seen);
+        }
         burst += 1;
         progress(soak.report.transfers);
     }
@@ -333,6 +371,8 @@ struct Soak {
     /// Injections of the last burst still to be seen in the next (a duplicate completion
     /// written after the host had taken the burst's last one).
     carried: Counts,
+    /// What the last burst did, for [`run_observed`]'s observer.
+    observed: Option<Observed>,
 }
 
 /// What the host saw of a burst.

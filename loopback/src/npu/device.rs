@@ -82,7 +82,10 @@ impl Device for Loopback {
         self.set(regs::CONTROL, regs::Control::RESET)?;
         self.wait_for("reset", self.config.ack_timeout, |d| {
             Ok(d.get(regs::RESET_COUNT)? != before)
-        })
+        })?;
+        #[cfg(feature = "tracing")]
+        tracing::info!(device = %self.identity, reset = "register", "device reset");
+        Ok(())
     }
 
     fn stop_queue(&self, queue: u16, timeout: Duration) -> Result<(), DeviceError> {

@@ -82,6 +82,11 @@ impl Span {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+
+    /// Whether its mapping lets the device write it.
+    pub(crate) fn device_writes(&self) -> bool {
+        self.access.device_writes()
+    }
 }
 
 /// The device's translation table: the mapped piece that holds an IOVA, and a generation
@@ -165,7 +170,11 @@ impl Host {
         len: usize,
         write: bool,
     ) -> Result<NonNull<u8>, StatusCode> {
-        let at = self.resolve(iova, len).ok_or(StatusCode::HostUnmapped)?;
+        let Some(at) = self.resolve(iova, len) else {
+            #[cfg(feature = "tracing")]
+            translation_fault(iova, len, write, StatusCode::HostUnmapped);
+            return Err(StatusCode::HostUnmapped);
+        };
         let access = self
             .cached
             .as_ref()
@@ -178,6 +187,8 @@ impl Host {
         if allowed {
             Ok(at)
         } else {
+            #[cfg(feature = "tracing")]
+            translation_fault(iova, len, write, StatusCode::HostAccess);
             Err(StatusCode::HostAccess)
         }
     }
@@ -214,4 +225,19 @@ impl Host {
         // SAFETY: `at + len <= span.len()` (the range lies in the piece): inside the mapping.
         Some(unsafe { cached.span.as_ptr().add(at) })
     }
+}
+
+/// Reports a host access the device's translation refused, as an IOMMU reports a DMA fault
+/// (the `tracing` feature): out of line, so the descriptor path that calls it stays as it is.
+#[cfg(feature = "tracing")]
+#[cold]
+#[inline(never)]
+fn translation_fault(iova: u64, len: usize, write: bool, status: StatusCode) {
+    tracing::warn!(
+        iova = %dma::Iova(iova),
+        len,
+        access = if write { "write" } else { "read" },
+        status = status.name(),
+        "DMA translation fault"
+    );
 }

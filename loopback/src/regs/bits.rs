@@ -1,5 +1,6 @@
 //! The register map's flag registers: the bits of the device's `status` and `control`, a
-//! queue's `control` and `status`, and the fault block's `control`, each a `bitflags` type that
+//! queue's `control` and `status`, the fault block's `control`, and the activity block's
+//! `control` and per-unit `status`, each a `bitflags` type that
 //! is a register [`Value`] keeping unknown bits.
 
 use userdma::mmio::Value;
@@ -31,7 +32,8 @@ bitflags::bitflags! {
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Control: u32 {
         /// Reset the device: every queue stopped and its registers zeroed, vectors unmasked and
-        /// nothing pending, counters zeroed, device memory zeroed; then `reset_count` increments.
+        /// nothing pending, counters zeroed, device memory zeroed, activity records disabled and
+        /// their registers zeroed; then `reset_count` increments.
         const RESET = 1 << 0;
     }
 
@@ -51,6 +53,25 @@ bitflags::bitflags! {
         const CLEAR = 1 << 1;
     }
 
+    /// [`ActivityRegs::control`](super::ActivityRegs::control).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct ActivityControl: u32 {
+        /// Write activity records (each unit acknowledges in its own `status`).
+        const ENABLE = 1 << 0;
+    }
+
+    /// [`ActivityUnitRegs::status`](super::ActivityUnitRegs::status).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct ActivityStatus: u32 {
+        /// The unit writes a record per descriptor it completes (acknowledges `ENABLE`;
+        /// cleared once it has stopped writing records after `ENABLE` was cleared).
+        const ENABLED = 1 << 0;
+        /// The unit stopped writing records on an error
+        /// ([`ActivityUnitRegs::fault`](super::ActivityUnitRegs::fault) says which); clear
+        /// `ENABLE` to acknowledge.
+        const FAULT = 1 << 1;
+    }
+
     /// [`QueueRegs::status`](super::QueueRegs::status).
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct QueueStatus: u32 {
@@ -68,5 +89,7 @@ u32_value!(
     Control,
     QueueControl,
     QueueStatus,
-    FaultControl
+    FaultControl,
+    ActivityControl,
+    ActivityStatus
 );

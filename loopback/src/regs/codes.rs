@@ -1,5 +1,6 @@
 //! The register map's codes: descriptor opcodes ([`Opcode`]), completion status codes
-//! ([`StatusCode`]), queue fault codes ([`Fault`]) and execution units ([`Unit`]), each a
+//! ([`StatusCode`]), queue fault codes ([`Fault`]), activity-record fault codes
+//! ([`ActivityFault`]) and execution units ([`Unit`]), each a
 //! fieldless enum with its raw values.
 
 /// Defines a fieldless enum with its variants' raw values, `#[repr]` of the raw type, and its
@@ -184,6 +185,29 @@ raw_enum! {
 }
 
 raw_enum! {
+    /// Why a unit stopped writing activity records
+    /// ([`ActivityUnitRegs::fault`](super::ActivityUnitRegs::fault)).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum ActivityFault: u32 {
+        /// No fault.
+        None = 0,
+        /// `records` is not a power of two from 1 to
+        /// [`MAX_ACTIVITY_RECORDS`](super::MAX_ACTIVITY_RECORDS).
+        BadRecords = 1,
+        /// `base` is not 64-byte aligned.
+        Misaligned = 2,
+        /// The unit's ring of the buffer is not inside one mapping of the DMA space (at the
+        /// enable, or later: the host unmapped it while records were enabled).
+        Unmapped = 3,
+        /// The unit's ring is in a mapping the device may not write (device-read-only).
+        NotWritable = 4,
+    }
+
+    /// The fault of a raw value.
+    fn from_raw;
+}
+
+raw_enum! {
     /// The device's execution units ([`QueueRegs::unit`](super::QueueRegs::unit)): each is its own
     /// thread with its own modelled clock, serving only the queues assigned to it, so a copy queue
     /// and a compute queue run concurrently as on an NPU. Any opcode runs on either; the unit only
@@ -204,6 +228,24 @@ raw_enum! {
 impl Unit {
     /// Both units, in register order.
     pub const ALL: [Unit; 2] = [Unit::Copy, Unit::Compute];
+}
+
+impl std::fmt::Display for ActivityFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ActivityFault::None => "no fault",
+            ActivityFault::BadRecords => {
+                "the activity records register is not a power of two from 1 to 2^20"
+            }
+            ActivityFault::Misaligned => "the activity buffer IOVA is not 64-byte aligned",
+            ActivityFault::Unmapped => {
+                "the unit's ring of the activity buffer is not inside one mapping of the DMA space"
+            }
+            ActivityFault::NotWritable => {
+                "the activity buffer is in a mapping the device may not write"
+            }
+        })
+    }
 }
 
 impl std::fmt::Display for Fault {

@@ -91,3 +91,44 @@ fn unit_registers() {
     assert!(!host_writable(unit_field(BUSY_NS, Unit::Compute).offset()));
     assert!(!host_writable(unit_field(MODELLED_NS, Unit::Copy).offset()));
 }
+
+#[test]
+fn activity_registers() {
+    assert_eq!(ACTIVITY_BUFFER.offset(), 0xe00);
+    assert_eq!(ACTIVITY_RECORDS.offset(), 0xe08);
+    assert_eq!(ACTIVITY_CONTROL.offset(), 0xe0c);
+    assert_eq!(activity_field(ACTIVITY_WRITTEN, Unit::Copy).offset(), 0xe10);
+    assert_eq!(activity_field(ACTIVITY_STATUS, Unit::Copy).offset(), 0xe18);
+    assert_eq!(activity_field(ACTIVITY_FAULT, Unit::Copy).offset(), 0xe1c);
+    assert_eq!(
+        activity_field(ACTIVITY_WRITTEN, Unit::Compute).offset(),
+        0xe20
+    );
+    assert_eq!(
+        activity_field(ACTIVITY_FAULT, Unit::Compute).offset(),
+        0xe2c
+    );
+    for rw in [
+        ACTIVITY_BUFFER.offset(),
+        ACTIVITY_BUFFER.offset() + 4,
+        ACTIVITY_RECORDS.offset(),
+        ACTIVITY_CONTROL.offset(),
+    ] {
+        assert!(host_writable(rw), "{rw:#x}");
+    }
+    for unit in Unit::ALL {
+        for ro in [ACTIVITY_WRITTEN.offset(), ACTIVITY_WRITTEN.offset() + 4] {
+            assert!(!host_writable(ro + unit as usize * ACTIVITY_UNIT_STRIDE));
+        }
+        assert!(!host_writable(
+            activity_field(ACTIVITY_STATUS, unit).offset()
+        ));
+        assert!(!host_writable(
+            activity_field(ACTIVITY_FAULT, unit).offset()
+        ));
+    }
+    for raw in 0..=4 {
+        assert_eq!(ActivityFault::from_raw(raw).map(|f| f as u32), Some(raw));
+    }
+    assert_eq!(ActivityFault::from_raw(5), None);
+}

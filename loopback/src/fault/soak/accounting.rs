@@ -88,7 +88,9 @@ impl Soak {
             *injected.get_mut(twice) = detected.get(twice);
         }
         let mut differs = Vec::new();
+        let mut counted = Counts::default();
         for k in Kind::ALL {
+            *counted.get_mut(k) = detected.get(k).min(injected.get(k));
             let (i, d) = (injected.get(k), detected.get(k));
             if d > i || (d < i && !seen.recover) {
                 differs.push(format!("{k}: {i} injected, {d} detected"));
@@ -97,6 +99,10 @@ impl Soak {
                 *self.report.masked.get_mut(k) += i.saturating_sub(d);
             }
             *self.report.detected.get_mut(k) += d.min(i);
+        }
+        if let Some(observed) = self.observed.as_mut() {
+            observed.detected = counted;
+            observed.late = seen.late;
         }
         self.unconfirmed = self.unconfirmed.plus(&detected);
         if !differs.is_empty() {

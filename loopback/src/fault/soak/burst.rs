@@ -91,7 +91,9 @@ impl Soak {
                 }
             }
         }
-        seen.late = flushed.elapsed() >= self.plan.slow;
+        let taken = Instant::now();
+        seen.late = taken.duration_since(flushed) >= self.plan.slow;
+        let mut recovery = None;
         if seen.recover {
             let began = Instant::now();
             let shutdown = self.device.recover(queue)?;
@@ -103,7 +105,21 @@ impl Soak {
             // Every transfer of the burst not verified already failed: its completions
             // were not all taken.
             queue = self.open()?;
+            recovery = Some((began, Instant::now()));
         }
+        self.observed = Some(super::Observed {
+            burst,
+            transfers: n as u32,
+            failed: transfers[..n]
+                .iter()
+                .filter(|t| t.failed || t.succeeded < 2)
+                .count() as u32,
+            announced: flushed,
+            taken,
+            detected: seen.detected,
+            late: seen.late,
+            recovery,
+        });
         self.check(&mut transfers[..n])?;
         self.reconcile(burst, &seen)?;
         self.report.transfers += n as u64;
