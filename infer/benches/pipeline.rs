@@ -1,23 +1,26 @@
 //! The inference pipeline against the naive per-frame path, in one run: frames/s and the
 //! driving thread's CPU time per frame, with the zero-cost and the npu cost models, printed as
 //! one table with the ratios; then results copied back against read in place through the
-//! device-memory BAR by result size (and what `Results::Auto` picks); then criterion timings
-//! of one frame each way.
+//! device-memory BAR by result size (and what `Results::Auto` picks); the pipeline traced
+//! against untraced (the trace's overhead); then criterion timings of one frame each way.
 //!
 //! ```text
 //! cargo bench --bench pipeline             # the table (2000 frames per cell) and the timings
 //! cargo bench --bench pipeline -- --test   # quick: 50 frames per cell, each bench once
+//! cargo bench --bench pipeline -- trace-only  # only traced vs untraced
 //! ```
 //!
 //! The model is a chain of 2 layers over 16 KiB tensors. The pipeline runs split across the
 //! loopback device's copy engine and compute unit; the naive path allocates, maps and copies
 //! per frame and runs synchronously. Results are not checked here (the tests do that).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use userdma::Runtime;
 use userdma_infer::pipeline::{naive, Config, Model, Pipeline, Results};
+use userdma_infer::trace::Trace;
 use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 
 /// CPU time of the calling thread.
@@ -50,7 +53,22 @@ fn pipelined_with(
     config: Config,
     frames: u64,
 ) -> (f64, f64, f64, bool) {
+    pipelined_traced(rt, model, config, frames, None)
+}
+
+/// [`pipelined_with`], its frames recorded into `trace` if one is given.
+fn pipelined_traced(
+    rt: &Runtime,
+    model: &Model,
+    config: Config,
+    frames: u64,
+    trace: Option<&Arc<Trace>>,
+) -> (f64, f64, f64, bool) {
     let mut p = Pipeline::new(rt, model.clone(), config).expect("pipeline");
+    if let Some(trace) = trace {
+        let stream = trace.stream("bench");
+        p.set_trace(Arc::clone(trace), stream);
+    }
     let in_place = p.result_path().in_place;
     let latency = std::cell::Cell::new(Duration::ZERO);
     let input = vec![7u8; model.input().bytes as usize];
@@ -164,9 +182,59 @@ fn results_table(frames: u64) {
     }
 }
 
+/// The pipeline traced ([`Pipeline::set_trace`], the device keeping activity records) against
+/// the same pipeline untraced, in alternating rounds on one device: frames/s and the driving
+/// thread's CPU per frame, medians of `rounds`, as ratios traced ÷ untraced.
+fn trace_table(frames: u64, rounds: usize) {
+    println!();
+    println!(
+        "traced vs untraced, depth 2, 2 layers over 16 KiB tensors, {frames} frames per round, median of {rounds} alternating rounds"
+    );
+    println!(
+        "{:<6} {:>14} {:>14} {:>12} {:>12} {:>10} {:>10}",
+        "cost", "untraced fps", "traced fps", "untraced us", "traced us", "fps ratio", "cpu ratio"
+    );
+    let model = Model::chain(2, 16 << 10).expect("model");
+    for (name, cost) in [("zero", Cost::zero()), ("npu", Cost::npu())] {
+        let rt = runtime(cost);
+        let config = Config {
+            depth: 2,
+            ..Config::default()
+        };
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            // Large enough to hold every round's events: nothing is dropped.
+            let trace = Trace::new(frames as usize * 16 + 4096);
+            let (f, c, _, _) = pipelined_traced(&rt, &model, config, frames, None);
+            off.push((f, c));
+            let (f, c, _, _) = pipelined_traced(&rt, &model, config, frames, Some(&trace));
+            on.push((f, c));
+            trace.finish();
+        }
+        let median = |v: &mut Vec<(f64, f64)>, i: usize| {
+            let mut x: Vec<f64> = v.iter().map(|p| if i == 0 { p.0 } else { p.1 }).collect();
+            x.sort_by(f64::total_cmp);
+            x[x.len() / 2]
+        };
+        let (of, oc) = (median(&mut off, 0), median(&mut off, 1));
+        let (nf, nc) = (median(&mut on, 0), median(&mut on, 1));
+        println!(
+            "{name:<6} {of:>14.0} {nf:>14.0} {oc:>12.1} {nc:>12.1} {:>10.3} {:>10.3}",
+            of / nf,
+            nc / oc
+        );
+    }
+    println!("fps ratio: untraced ÷ traced frames/s (time per frame traced ÷ untraced); cpu ratio: traced ÷ untraced");
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--test");
+    if std::env::args().any(|a| a == "trace-only") {
+        trace_table(2000, 7);
+        return;
+    }
     table(if quick { 50 } else { 2000 });
+    trace_table(if quick { 50 } else { 2000 }, if quick { 1 } else { 7 });
     results_table(if quick { 20 } else { 1000 });
     let mut c = Criterion::default().configure_from_args();
     let rt = runtime(Cost::zero());

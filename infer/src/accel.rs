@@ -17,6 +17,15 @@
 //! [`Summary::host_steps`](crate::pipeline::Summary::host_steps) counts them and
 //! [`Pipeline::compute`](crate::pipeline::Pipeline::compute) says where compute ran.
 //!
+//! **Activity records.** A device that keeps records of what its units ran
+//! ([`Accelerator::record_activity`]) hands them out as [`Activity`]s
+//! ([`Accelerator::drain_activity`]): the device's own start and end of each op (queue wait
+//! excluded, unlike a completion seen by the host), its unit, queue, command and context, its
+//! bytes, whether it switched its unit's context and what it missed in on-chip memory. The
+//! times are `CLOCK_MONOTONIC` nanoseconds; [`monotonic_ns`] puts the host's own `Instant`s on
+//! that clock, so a trace can show both side by side. Devices without records say so
+//! ([`userdma::Error::Unsupported`]).
+//!
 //! **Ownership.** A buffer named by an op stays allocated and untouched by the host until the
 //! op's completion was handed back, or the queue's [`Queue::shutdown`] returned it among the
 //! completed or the aborted (the device then no longer touches it). A queue whose shutdown
@@ -24,7 +33,7 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | this one | [`Accelerator`], [`Queue`], [`Op`], [`Completion`], [`Capabilities`] |
+//! | this one | [`Accelerator`], [`Queue`], [`Op`], [`Completion`], [`Capabilities`], [`Activity`] |
 //! | [`loopback`] | the loopback NPU as an accelerator ([`LoopbackEngine`]) |
 //! | [`memory`] | a plain host-memory engine: one copy engine, no compute ([`MemoryEngine`]) |
 //! | `host` | the queue adapter that runs the steps a device cannot on the host |
@@ -230,6 +239,70 @@ pub fn default_status_name(status: u32) -> &'static str {
     }
 }
 
+/// One op as the device ran it (device-side timing): what [`Accelerator::drain_activity`]
+/// hands out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Activity {
+    /// The unit that ran it.
+    pub unit: Unit,
+    /// Its queue.
+    pub queue: u16,
+    /// The command id its completion carries ([`Completion::command`]).
+    pub command: u16,
+    /// Its queue's context.
+    pub context: u32,
+    /// What it was.
+    pub kind: ActivityKind,
+    /// 0: done; otherwise the device's status code ([`Accelerator::status_name`]).
+    pub status: u32,
+    /// When the device began it, `CLOCK_MONOTONIC` nanoseconds ([`monotonic_ns`]).
+    pub start_ns: u64,
+    /// When the device finished it, `CLOCK_MONOTONIC` nanoseconds; a unit's ops never overlap.
+    pub end_ns: u64,
+    /// Bytes it moved (a transfer) or computed over (a step); 0 if it failed.
+    pub bytes: u64,
+    /// It made its unit switch from another context (what the device's switch counter counts).
+    pub switched: bool,
+    /// Bytes of on-chip memory (SRAM) it touched, where the device models one.
+    pub sram_touched: u64,
+    /// Of those, the bytes it missed and refilled from device memory.
+    pub sram_missed: u64,
+}
+
+/// What an [`Activity`] was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum ActivityKind {
+    /// A host-to-device transfer ([`Op::ToDevice`]).
+    ToDevice,
+    /// A device-to-host transfer ([`Op::ToHost`]).
+    ToHost,
+    /// A model step ([`Op::Step`]).
+    Compute,
+    /// A wait for another queue ([`Op::After`]).
+    Wait,
+    /// Anything else the device ran (an op of its own, or one it could not decode).
+    Other,
+}
+
+/// What one [`Accelerator::drain_activity`] counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct ActivityDrained {
+    /// Records handed out.
+    pub records: u64,
+    /// Records the device wrote and overwrote (or reset away) before they were read: drain
+    /// more often, or record with more records per unit.
+    pub lost: u64,
+    /// Records that made no sense (a device fault) and were skipped, and times the device's
+    /// count of records went backwards.
+    pub bad: u64,
+}
+
+/// `at` in `CLOCK_MONOTONIC` nanoseconds, the clock of [`Activity`]'s times (through an anchor
+/// this process takes once: an `Instant` and a `CLOCK_MONOTONIC` reading of the same moment).
+pub fn monotonic_ns(at: Instant) -> u64 {
+    userdma_loopback::activity::monotonic_ns(at)
+}
+
 /// What a queue's [`Queue::shutdown`] hands back.
 #[derive(Debug, Default)]
 pub struct Stopped {
@@ -412,6 +485,42 @@ pub trait Accelerator: Send + Sync + fmt::Debug {
     fn status_name(&self, status: u32) -> &'static str {
         default_status_name(status)
     }
+
+    /// Starts keeping activity records: from now on the device records each op its units run,
+    /// `records_per_unit` records per unit between two [`Accelerator::drain_activity`] calls
+    /// (a power of two; older ones are overwritten, and counted lost). Starting again
+    /// restarts the records (those not drained are dropped). Default: the device keeps none.
+    ///
+    /// # Errors
+    /// [`userdma::Error::Unsupported`] for a device that keeps no activity records; a size
+    /// the device does not take; no memory for the records.
+    fn record_activity(&self, records_per_unit: u32) -> Result<(), crate::Error> {
+        let _ = records_per_unit;
+        Err(userdma::Error::Unsupported {
+            device: self.identity(),
+            what: "activity records",
+            hint: "the device keeps no activity records: take the ops' times from their \
+                   completions on the host",
+        }
+        .into())
+    }
+
+    /// Hands every activity record made since the last call to `out`, oldest first per unit,
+    /// and counts those lost and bad. Allocates nothing (call it periodically during a run).
+    /// Default (and before [`Accelerator::record_activity`]): nothing.
+    ///
+    /// # Errors
+    /// The device's records could not be read.
+    fn drain_activity(
+        &self,
+        out: &mut dyn FnMut(&Activity),
+    ) -> Result<ActivityDrained, crate::Error> {
+        let _ = out;
+        Ok(ActivityDrained::default())
+    }
+
+    /// Stops keeping activity records (those not drained are dropped). Default: nothing.
+    fn stop_activity(&self) {}
 
     /// One value per device: engines that give the same key drive one device (a scheduler
     /// groups the pipelines on it, and a reset of one resets all). Default: this engine's

@@ -48,6 +48,16 @@ pub enum Error {
     /// [`Streams::run`]: crate::sched::streams::Streams::run
     #[error("{0}")]
     Caller(Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// A trace ([`crate::trace::Trace::save`]) could not be written to its file. Its code is
+    /// [`Code::System`].
+    #[error("could not write the trace to {}: {source} (check that its directory exists and is writable)", path.display())]
+    Trace {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the system said.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -67,6 +77,7 @@ impl Error {
             Error::Sched(e) => e.code(),
             Error::Streams(e) => e.code(),
             Error::Caller(_) => Code::InvalidArgument,
+            Error::Trace { .. } => Code::System,
         }
     }
 

@@ -13,6 +13,7 @@
 //! | [`pipeline`] | the N-deep inference pipeline: slots of host buffers and device arenas made once, frames through H2D, a planned model's layers, on-device filtering and D2H across the loopback device's copy engine and compute unit; the naive per-frame path to compare |
 //! | [`sched`] | several streams on one device: round-robin, strict priority, priority with batch switching (K), a maximum wait (W), context affinity, the stated bound on a frame's wait, switch counting; a simulator that checks the bounds |
 //! | [`stats`] | counters, latency histograms per stage, the time split, DMA/compute overlap, slot occupancy; JSON, Prometheus text and SVG plots |
+//! | [`trace`] | traces of a run for Perfetto: every op on the device's units and queues, scheduler decisions, switches with their SRAM refill, counters; bounded and allocation-free while recording |
 //! | [`stage`] | zero-copy staging: files read into and written from pool buffers with io_uring fixed buffers, O_DIRECT where the file system supports it, many requests in flight |
 //!
 //! **Layering**: the driver (`userdma`: devices, DMA spaces, pools, rings, the runtime) and the
@@ -29,6 +30,7 @@ pub mod pipeline;
 pub mod sched;
 pub mod stage;
 pub mod stats;
+pub mod trace;
 
 mod error;
 

@@ -1,13 +1,17 @@
 //! The loopback NPU as an [`Accelerator`]: all of it — two units (a copy engine and a compute
 //! unit that run at once), device memory for the arenas, every step kind on the device
 //! (filtering included), `Wait` descriptors ordering queues, contexts whose switches the cost
-//! model charges with the SRAM refill, interrupts.
+//! model charges with the SRAM refill, interrupts, and activity records (the device's trace
+//! unit: [`userdma_loopback::activity`], a buffer of host memory the engine maps and keeps).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::{Accelerator, Arena, Capabilities, Completion, Op, Queue, QueueSpec, Stopped, Unit};
+use super::{
+    Accelerator, Activity, ActivityDrained, ActivityKind, Arena, Capabilities, Completion, Op,
+    Queue, QueueSpec, Stopped, Unit,
+};
 use crate::pipeline::{Step, WorkingSet};
 use userdma::device::Device;
 use userdma::dma::{DeviceOffset, Mapping};
@@ -15,7 +19,8 @@ use userdma::memory::{PageSize, Region};
 use userdma::pool::Pool;
 use userdma::ring::{self, Command};
 use userdma::Runtime;
-use userdma_loopback::{self as lb, Descriptor, Loopback, LoopbackRuntime, StatusCode};
+use userdma_loopback::activity::{Log, Record};
+use userdma_loopback::{self as lb, Descriptor, Loopback, LoopbackRuntime, Opcode, StatusCode};
 
 /// The loopback NPU of a runtime, as an accelerator.
 #[derive(Debug)]
@@ -25,6 +30,9 @@ pub struct LoopbackEngine {
     /// Per queue id: its completed counter when it was last opened, the base of
     /// [`Op::After`]'s count (a `Wait` descriptor waits for the device's absolute count).
     bases: Arc<[AtomicU64]>,
+    /// The activity records, while on ([`Accelerator::record_activity`]): the buffer the
+    /// device writes them to, kept until they are stopped or the engine dropped.
+    activity: Mutex<Option<Log>>,
 }
 
 impl LoopbackEngine {
@@ -46,12 +54,60 @@ impl LoopbackEngine {
             runtime: runtime.clone(),
             device: Arc::clone(device),
             bases: (0..queues).map(|_| AtomicU64::new(0)).collect(),
+            activity: Mutex::new(None),
         })
     }
 
     /// The device.
     pub fn device(&self) -> &Arc<Loopback> {
         &self.device
+    }
+
+    /// The activity log, locked (a poisoned lock is still consistent: every change under it
+    /// is a whole replacement or a drain, whose counts are kept in the log).
+    fn activity(&self) -> MutexGuard<'_, Option<Log>> {
+        self.activity
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The engine's unit of the loopback device's unit (the one [`LoopbackEngine::open_queue`]
+/// serves a queue of that unit with).
+fn unit_of(unit: Option<lb::Unit>) -> Unit {
+    match unit {
+        Some(lb::Unit::Compute) => Unit::Compute,
+        // A record that passed its check names a unit: the copy engine here.
+        Some(lb::Unit::Copy) | None => Unit::Copy,
+    }
+}
+
+/// What a descriptor of `opcode` was, as an op.
+fn kind_of(opcode: Option<Opcode>) -> ActivityKind {
+    match opcode {
+        Some(Opcode::ToDevice) => ActivityKind::ToDevice,
+        Some(Opcode::ToHost) => ActivityKind::ToHost,
+        Some(Opcode::Compute | Opcode::Layer | Opcode::Compact) => ActivityKind::Compute,
+        Some(Opcode::Wait) => ActivityKind::Wait,
+        Some(Opcode::Nop | Opcode::DeviceCopy | Opcode::Fill) | None => ActivityKind::Other,
+    }
+}
+
+/// A device record as an [`Activity`].
+fn activity_of(record: &Record) -> Activity {
+    Activity {
+        unit: unit_of(record.unit()),
+        queue: record.queue,
+        command: record.command,
+        context: record.context,
+        kind: kind_of(record.opcode()),
+        status: u32::from(record.status),
+        start_ns: record.start_ns,
+        end_ns: record.end_ns,
+        bytes: record.bytes,
+        switched: record.switched(),
+        sram_touched: record.sram_touched,
+        sram_missed: record.sram_missed,
     }
 }
 
@@ -141,8 +197,55 @@ impl Accelerator for LoopbackEngine {
             .set_working_set(queue, set.private, set.shared, set.key)?)
     }
 
+    /// Resets the device; activity records that were on are started again (the reset turned
+    /// them off), those not drained before it counted lost by the next drain.
     fn reset(&self) -> Result<(), crate::Error> {
-        Ok(Device::reset(self.device.as_ref())?)
+        let mut activity = self.activity();
+        if let Some(log) = activity.as_mut() {
+            log.note_reset();
+        }
+        Device::reset(self.device.as_ref())?;
+        if let Some(log) = activity.as_mut() {
+            log.restart()?;
+        }
+        Ok(())
+    }
+
+    /// Maps a buffer of `records_per_unit` records per unit (both units) into the device's
+    /// DMA space and starts the device's records into it (replacing records that were on).
+    fn record_activity(&self, records_per_unit: u32) -> Result<(), crate::Error> {
+        let mut activity = self.activity();
+        if let Some(old) = activity.take() {
+            // Stopped before the new one programs the same registers.
+            old.stop()?;
+        }
+        *activity = Some(Log::start(Arc::clone(&self.device), records_per_unit)?);
+        Ok(())
+    }
+
+    fn drain_activity(
+        &self,
+        out: &mut dyn FnMut(&Activity),
+    ) -> Result<ActivityDrained, crate::Error> {
+        let mut activity = self.activity();
+        let Some(log) = activity.as_mut() else {
+            return Ok(ActivityDrained::default());
+        };
+        let drained = log.drain(&mut |record| out(&activity_of(record)));
+        Ok(ActivityDrained {
+            records: drained.records,
+            lost: drained.lost,
+            // A count that went backwards is a device fault too.
+            bad: drained.bad.saturating_add(drained.rewound),
+        })
+    }
+
+    fn stop_activity(&self) {
+        if let Some(log) = self.activity().take() {
+            // A device that did not stop keeps the buffer (leaked, never reused): nothing
+            // more to do here.
+            let _ = log.stop();
+        }
     }
 
     fn is_removed(&self) -> bool {
@@ -295,3 +398,6 @@ impl Queue for LoopbackQueue {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -311,3 +311,19 @@ fn a_step_outside_the_arena_fails_its_op_only() {
         "the bad step failed, the frame after it ran"
     );
 }
+
+/// A device without activity records says so when asked to keep them, and hands out none.
+#[test]
+fn an_engine_without_activity_records_says_so() {
+    let engine = MemoryEngine::new(2).unwrap();
+    let err = engine.record_activity(64).unwrap_err();
+    assert_eq!(err.code(), userdma::Code::Unsupported, "{err}");
+    assert!(
+        err.to_string().contains("keeps no activity records"),
+        "{err}"
+    );
+    let mut handed = 0;
+    let drained = engine.drain_activity(&mut |_| handed += 1).unwrap();
+    assert_eq!((drained, handed), (ActivityDrained::default(), 0));
+    engine.stop_activity();
+}

@@ -151,7 +151,8 @@ impl Output<'_> {
 pub struct Times {
     /// Preprocessing began.
     pub preprocess: Instant,
-    /// The frame's descriptors were announced (its doorbell, or its batch's).
+    /// The frame's descriptors were announced: read just before its doorbell (or its
+    /// batch's) rang.
     pub submitted: Instant,
     /// The H2D copy's completion was seen.
     pub to_device: Instant,

@@ -159,6 +159,8 @@ pub struct Pipeline {
     next_out: u64,
     /// Fences handed out for frames ([`Pipeline::fence`]); none until one is asked for.
     fences: Option<userdma::fence::Timeline>,
+    /// Where its ops and frames are recorded ([`Pipeline::set_trace`]); none by default.
+    trace: Option<Traced>,
     /// Frames pushed but not yet announced.
     unannounced: usize,
     /// Slots of frames pushed since the last doorbell.
@@ -178,6 +180,14 @@ pub struct Pipeline {
     // Held for the pipeline's life: the pool the slots' buffers come from and the arenas.
     pool: Arc<Pool>,
     arenas: Vec<Arena>,
+}
+
+/// A pipeline's trace, and how the trace names its device and stream.
+#[derive(Debug)]
+struct Traced {
+    trace: Arc<crate::trace::Trace>,
+    device: u16,
+    stream: u32,
 }
 
 impl Drop for Pipeline {
@@ -204,6 +214,27 @@ impl std::fmt::Debug for Pipeline {
 }
 
 impl Pipeline {
+    /// Records this pipeline's ops and frames into `trace` as stream `stream` (a number from
+    /// [`Trace::stream`](crate::trace::Trace::stream)): registers its device (which is asked
+    /// to keep activity records), its queues and its pool. Recording allocates nothing.
+    pub fn set_trace(&mut self, trace: Arc<crate::trace::Trace>, stream: u32) {
+        let device = trace.device(&self.device);
+        for opened in &self.specs {
+            trace.queue(device, opened.spec);
+        }
+        trace.pool(&self.pool);
+        self.trace = Some(Traced {
+            trace,
+            device,
+            stream,
+        });
+    }
+
+    /// Stops recording into a trace.
+    pub fn clear_trace(&mut self) {
+        self.trace = None;
+    }
+
     /// The model it runs.
     pub fn model(&self) -> &Model {
         &self.model

@@ -47,8 +47,18 @@ impl Pipeline {
         postprocess: impl FnMut(Finished<'_>),
     ) -> Result<Recovery, crate::Error> {
         let start = Instant::now();
+        #[cfg(feature = "tracing")]
+        let _span = tracing::info_span!(
+            "pipeline.recover",
+            device = %self.device.identity(),
+            queues = self.queues.len(),
+            in_flight = self.in_flight
+        )
+        .entered();
         if !self.device.is_removed() {
             self.device.reset()?;
+            #[cfg(feature = "tracing")]
+            tracing::info!(device = %self.device.identity(), "accelerator reset");
         }
         let mut recovery = self.reclaim(postprocess)?;
         recovery.took = start.elapsed();
@@ -70,6 +80,15 @@ impl Pipeline {
     ) -> Result<Recovery, crate::Error> {
         let start = Instant::now();
         let removed = self.device.is_removed();
+        #[cfg(feature = "tracing")]
+        let _span = tracing::info_span!(
+            "pipeline.reclaim",
+            device = %self.device.identity(),
+            queues = self.queues.len(),
+            in_flight = self.in_flight,
+            removed
+        )
+        .entered();
         // The device is stopped (reset) or gone: every queue stops at once, handing back what
         // completed before and what it aborted.
         let mut completed = Vec::new();
@@ -103,6 +122,17 @@ impl Pipeline {
             }
         }
         lost.sort_unstable();
+        #[cfg(feature = "tracing")]
+        if !lost.is_empty() {
+            tracing::warn!(
+                device = %self.device.identity(),
+                lost = lost.len(),
+                frames = ?lost,
+                finished,
+                removed,
+                "frames lost"
+            );
+        }
         self.in_flight = 0;
         self.next_out = self.next_frame;
         self.signal_fences();

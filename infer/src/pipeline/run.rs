@@ -205,10 +205,11 @@ impl Pipeline {
         if self.unannounced == 0 {
             return Ok(());
         }
+        // Read before the doorbells: the device may start (and finish) the ops at once.
+        let now = Instant::now();
         for q in &mut self.queues {
             q.flush()?;
         }
-        let now = Instant::now();
         for &index in &self.pending {
             self.progress[index].times.submitted = now;
         }
@@ -256,6 +257,26 @@ impl Pipeline {
             }
             s if s == steps && step != WAIT_STEP => p.times.computed = now,
             _ => {}
+        }
+        if let Some(t) = &self.trace {
+            let op = match usize::from(step) {
+                _ if step == WAIT_STEP => crate::trace::OpStep::Wait,
+                0 => crate::trace::OpStep::ToDevice,
+                s if s <= steps => crate::trace::OpStep::Step(step),
+                _ => crate::trace::OpStep::ToHost,
+            };
+            t.trace
+                .record(crate::trace::Event::Op(crate::trace::OpSeen {
+                    device: t.device,
+                    stream: t.stream,
+                    frame: p.frame,
+                    queue: done.queue,
+                    command: done.command,
+                    step: op,
+                    status: done.status,
+                    announced_ns: t.trace.ns(p.times.submitted),
+                    done_ns: t.trace.ns(now),
+                }));
         }
         p.outstanding = p.outstanding.saturating_sub(1);
         if last {
@@ -309,6 +330,18 @@ impl Pipeline {
                     Ok(Output { source })
                 }
             };
+            if let Some(t) = &self.trace {
+                t.trace.record(crate::trace::Event::Frame {
+                    device: t.device,
+                    stream: t.stream,
+                    frame: progress.frame,
+                    preprocess_ns: t.trace.ns(progress.times.preprocess),
+                    submitted_ns: t.trace.ns(progress.times.submitted),
+                    done_ns: t.trace.ns(progress.times.to_host),
+                    ok: result.is_ok(),
+                });
+                t.trace.tick();
+            }
             postprocess(Finished {
                 frame: progress.frame,
                 result,

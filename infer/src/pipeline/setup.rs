@@ -46,6 +46,18 @@ impl Pipeline {
         model: Model,
         config: Config,
     ) -> Result<Pipeline, crate::Error> {
+        #[cfg(feature = "tracing")]
+        let _span = tracing::info_span!(
+            "pipeline.new",
+            device = %device.identity(),
+            depth = config.depth,
+            batch = config.batch,
+            queue = config.queue,
+            split = config.split,
+            results = ?config.results,
+            steps = model.steps().len()
+        )
+        .entered();
         if config.depth == 0 || config.batch == 0 || config.depth > MAX_DEPTH {
             return Err(Error::Depth {
                 depth: config.depth,
@@ -154,6 +166,16 @@ impl Pipeline {
             specs.truncate(2);
             pushed.truncate(2);
         }
+        #[cfg(feature = "tracing")]
+        tracing::info!(
+            queues = queues.len(),
+            ring_depth,
+            pool_bytes,
+            compute = ?compute,
+            host_steps,
+            results_in_place = path.in_place,
+            "pipeline ready"
+        );
         let now = Instant::now();
         let times = Times {
             preprocess: now,
@@ -186,6 +208,7 @@ impl Pipeline {
             next_frame: 0,
             next_out: 0,
             fences: None,
+            trace: None,
             unannounced: 0,
             summary: Summary::default(),
             in_flight: 0,
@@ -251,6 +274,17 @@ pub(super) fn open(
     config: &Config,
 ) -> Result<Box<dyn accel::Queue>, crate::Error> {
     let spec = opened.spec;
+    #[cfg(feature = "tracing")]
+    let _span = tracing::info_span!(
+        "accel.open_queue",
+        device = %device.identity(),
+        queue = spec.id,
+        depth = spec.depth,
+        unit = ?spec.unit,
+        context = spec.context,
+        host_steps = opened.steps_here && compute != ComputeAt::Device
+    )
+    .entered();
     if let (true, Some(ws)) = (opened.steps_here, config.working_set) {
         device.set_working_set(spec.id, ws)?;
     }

@@ -153,6 +153,16 @@ pub struct Streams {
     /// recovering devices (ns, growing over every run). A device is not overdue for what the
     /// loop did not see of it meanwhile.
     host_ns: Nanos,
+    /// Where decisions, waits and faults are recorded ([`Streams::with_trace`]).
+    trace: Option<Tracing>,
+}
+
+/// A run's trace: the trace, and how it numbers each group's device and each stream.
+#[derive(Debug)]
+struct Tracing {
+    trace: std::sync::Arc<crate::trace::Trace>,
+    devices: Vec<u16>,
+    streams: Vec<u32>,
 }
 
 impl std::fmt::Debug for Streams {
@@ -312,7 +322,43 @@ impl Streams {
             pending_fault: None,
             recovery: Recovery::default(),
             host_ns: 0,
+            trace: None,
         })
+    }
+
+    /// Records every run into `trace`: each pipeline's ops and frames
+    /// ([`Pipeline::set_trace`], each stream under its name), each scheduler decision, each
+    /// frame's wait from arrival to dispatch, and faults and recoveries. Recording allocates
+    /// nothing.
+    #[must_use]
+    pub fn with_trace(mut self, trace: std::sync::Arc<crate::trace::Trace>) -> Streams {
+        let mut devices = vec![0u16; self.groups.len()];
+        let mut streams = Vec::with_capacity(self.states.len());
+        for s in &mut self.states {
+            let number = trace.stream(&s.stream.spec.name);
+            s.stream
+                .pipeline
+                .set_trace(std::sync::Arc::clone(&trace), number);
+            devices[s.group] = trace.device(s.stream.pipeline.device());
+            streams.push(number);
+        }
+        self.trace = Some(Tracing {
+            trace,
+            devices,
+            streams,
+        });
+        self
+    }
+
+    /// Records a fault or a recovery step of group `g`'s device.
+    pub(super) fn trace_fault(&self, g: usize, what: crate::trace::FaultKind) {
+        if let Some(t) = &self.trace {
+            t.trace.record(crate::trace::Event::Fault {
+                device: t.devices[g],
+                at_ns: t.trace.ns(Instant::now()),
+                what,
+            });
+        }
     }
 
     /// Treats devices that keep failing by `recovery` instead of [`Recovery::default`].

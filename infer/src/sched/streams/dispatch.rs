@@ -34,6 +34,15 @@ impl Streams {
                 continue;
             };
             let i = group.members[d.stream.0];
+            if let Some(t) = &self.trace {
+                t.trace.record(crate::trace::Event::Decision {
+                    device: t.devices[g],
+                    stream: t.streams[i],
+                    at_ns: t.trace.ns(clock),
+                    forced: d.forced,
+                    switch: d.switch,
+                });
+            }
             // The device's progress, if it was idle: from here (an earlier device's
             // `preprocess` in this pass is behind), with this frame's `preprocess` away.
             let (at, host_before) = (nanos(start.elapsed()), self.host_ns);

@@ -68,8 +68,21 @@ impl Streams {
         let capacity = self.timeline_capacity;
         let host = &mut self.host_ns;
         let device = s.group;
+        let trace = self.trace.as_ref().map(|t| {
+            let at = t.trace.ns(start);
+            (&t.trace, t.devices[device], t.streams[i], at)
+        });
         let mut each = |done: Finished<'_>| {
             let (arrival, dispatch) = dispatched.pop_front().unwrap_or((0, 0));
+            if let Some((trace, device, stream, at)) = trace {
+                trace.record(crate::trace::Event::Waited {
+                    device,
+                    stream,
+                    frame: done.frame,
+                    arrived_ns: at + arrival,
+                    dispatched_ns: at + dispatch,
+                });
+            }
             let now = nanos(start.elapsed());
             let _ = latency.record(now.saturating_sub(arrival).max(1));
             *frames += 1;

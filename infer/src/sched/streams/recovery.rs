@@ -62,6 +62,8 @@ impl Streams {
         start: Instant,
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
     ) -> Result<(), crate::Error> {
+        #[cfg(feature = "tracing")]
+        let _span = tracing::info_span!("streams.recover", group = g, code = ?err.code()).entered();
         self.away(|this| this.recover_from(g, err, start, postprocess))
     }
 
@@ -109,9 +111,26 @@ impl Streams {
             quarantined: false,
         });
         let f = self.faults.len() - 1;
+        #[cfg(feature = "tracing")]
+        tracing::warn!(
+            device = %device.identity(),
+            group = g,
+            error = %self.faults[f].error,
+            removed,
+            in_a_row = self.faults[f].in_a_row,
+            "device fault"
+        );
+        self.trace_fault(
+            g,
+            crate::trace::FaultKind::Detected {
+                code: self.faults[f].code as u32,
+            },
+        );
         if removed {
+            self.trace_fault(g, crate::trace::FaultKind::Removed);
             self.groups[g].retired = true;
             self.reclaim(g, f, start, postprocess)?;
+            self.trace_recovered(g, f);
             self.faults[f].recovery_ns = nanos(start.elapsed()).saturating_sub(at_ns);
             return Ok(());
         }
@@ -153,6 +172,13 @@ impl Streams {
         let first = self.groups[g].members[0];
         let device = Arc::clone(self.states[first].stream.pipeline.device());
         self.faults[f].resets += 1;
+        #[cfg(feature = "tracing")]
+        tracing::info!(
+            device = %device.identity(),
+            group = g,
+            attempt = self.faults[f].resets,
+            "accelerator reset started"
+        );
         let spawned = std::thread::Builder::new()
             .name("userdma-reset".into())
             .spawn({
@@ -210,6 +236,8 @@ impl Streams {
         postprocess: &mut impl FnMut(StreamId, Finished<'_>),
     ) -> Result<(), crate::Error> {
         if let Err(err) = result {
+            #[cfg(feature = "tracing")]
+            tracing::warn!(group = g, attempt = self.faults[f].resets, error = %err, "accelerator reset failed");
             self.faults[f].reset_error = Some(err);
             let tries = self.faults[f].resets;
             if tries >= self.recovery.max_resets {
@@ -223,8 +251,17 @@ impl Streams {
             }
             return Ok(());
         }
+        #[cfg(feature = "tracing")]
+        tracing::info!(
+            group = g,
+            attempt = self.faults[f].resets,
+            "accelerator reset"
+        );
         self.groups[g].down = None;
-        if let Err(err) = self.reclaim(g, f, start, postprocess) {
+        self.trace_fault(g, crate::trace::FaultKind::Reset);
+        let reclaimed = self.reclaim(g, f, start, postprocess);
+        self.trace_recovered(g, f);
+        if let Err(err) = reclaimed {
             // A queue the device would not stop (its slots are leaked, never freed under it)
             // or queues that would not open again: nothing more to try.
             self.faults[f].reset_error = Some(format!("after the reset: {err}"));
@@ -243,6 +280,18 @@ impl Streams {
         }
         self.faults[f].recovery_ns = nanos(start.elapsed()).saturating_sub(self.faults[f].at_ns);
         Ok(())
+    }
+
+    /// Records fault `f`'s recovery of group `g`'s device in the trace, if there is one.
+    fn trace_recovered(&self, g: usize, f: usize) {
+        let fault = &self.faults[f];
+        self.trace_fault(
+            g,
+            crate::trace::FaultKind::Recovered {
+                lost: u32::try_from(fault.lost).unwrap_or(u32::MAX),
+                finished: u32::try_from(fault.finished).unwrap_or(u32::MAX),
+            },
+        );
     }
 
     /// Every pipeline on device group `g` (reset or removed) takes its slots back: what
@@ -290,6 +339,13 @@ impl Streams {
         let fault = &mut self.faults[f];
         fault.quarantined = true;
         fault.recovery_ns = nanos(start.elapsed()).saturating_sub(fault.at_ns);
+        #[cfg(feature = "tracing")]
+        tracing::error!(
+            group = g,
+            lost = fault.lost,
+            error = fault.reset_error.as_deref(),
+            "device quarantined: its streams get no more frames"
+        );
     }
 
     /// When each busy device that answers is overdue (its last progress plus its timeout), in
