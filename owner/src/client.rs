@@ -41,7 +41,8 @@ use userdma::share::{self, Received};
 
 use crate::chan::{Completion, Rings, Submission};
 use crate::proto::{
-    self, ClientFigures, EventKind, Msg, Name, OwnerFigures, StreamFigures, MAX_MESSAGE,
+    self, ClientFigures, DeviceFigures, EventKind, Msg, Name, OwnerFigures, StreamFigures,
+    MAX_MESSAGE,
 };
 use crate::Error;
 
@@ -152,15 +153,30 @@ pub struct Event {
     pub detail: u64,
 }
 
-/// A stats answer: this client's streams, the clients the owner shows it, the owner's totals.
+/// A stats answer: this client's streams, what else the owner shows it, the device's figures
+/// and the owner's totals.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stats {
     /// One per stream of this client.
     pub streams: Vec<StreamFigures>,
+    /// Every other client's streams, for an administrator (the owner's `Config::admins`:
+    /// uid 0 and the owner's own); empty for anyone else.
+    pub others: Vec<StreamFigures>,
     /// This client (and every other, for an administrator).
     pub clients: Vec<ClientFigures>,
+    /// The owner's device: its busy time per unit, descriptors, switches, SRAM hits.
+    pub device: DeviceFigures,
     /// The owner's totals.
     pub owner: OwnerFigures,
+}
+
+impl Stats {
+    /// Whether the owner showed this client everything (every client and stream), as it
+    /// does an administrator; `false` when it holds clients or streams it did not show.
+    pub fn sees_all(&self) -> bool {
+        self.clients.len() >= self.owner.clients as usize
+            && self.streams.len() + self.others.len() >= self.owner.streams as usize
+    }
 }
 
 /// A connection to a device owner. See the module docs.
@@ -184,6 +200,8 @@ pub struct Client {
     gone: Option<&'static str>,
     /// How long a wait spins before it sleeps on the doorbell.
     spin: crate::spin::Spin,
+    /// The longest a request waits for the owner's answer.
+    answer: Duration,
 }
 
 // SAFETY: `rings_words` points into `rings_region`, owned by the client and mapped for its
@@ -199,6 +217,21 @@ impl Client {
     /// process (its user or group is not allowed, its limits are reached); what mapping the
     /// pool and rings fails with.
     pub fn connect(path: impl AsRef<Path>, options: &Options) -> Result<Client, Error> {
+        Client::connect_timeout(path, options, ANSWER)
+    }
+
+    /// [`Client::connect`], waiting at most `answer` for each answer of the owner (its
+    /// welcome, and every later request's; `connect` waits 30 s): for a program that
+    /// would rather say that nothing answers than wait long for a peer that never will.
+    ///
+    /// # Errors
+    /// As [`Client::connect`]; [`Error::Timeout`] when the peer does not answer within
+    /// `answer`.
+    pub fn connect_timeout(
+        path: impl AsRef<Path>,
+        options: &Options,
+        answer: Duration,
+    ) -> Result<Client, Error> {
         let path = path.as_ref();
         let socket = socket::socket(
             AddressFamily::Unix,
@@ -228,7 +261,7 @@ impl Client {
             });
         }
         let (client, pool_bytes, sq, cq, max_streams, max_in_flight) =
-            match recv(&socket, Some(ANSWER))? {
+            match recv(&socket, Some(answer))? {
                 Msg::Welcome {
                     client,
                     pool_bytes,
@@ -252,7 +285,7 @@ impl Client {
                     })
                 }
             };
-        wait_readable(&socket, Some(ANSWER))?;
+        wait_readable(&socket, Some(answer))?;
         let mut items = share::recv(socket.as_fd())?.into_iter();
         let (
             Some(pool_item),
@@ -306,6 +339,7 @@ impl Client {
             in_flight: 0,
             gone: None,
             spin: crate::spin::Spin::new(SPIN),
+            answer,
         };
         let rings = client.rings()?;
         if rings.sq_entries() != sq || rings.cq_entries() != cq {
@@ -608,24 +642,37 @@ impl Client {
         self.gone.is_some()
     }
 
-    /// This client's streams' figures, the clients the owner shows it and the owner's totals.
+    /// This client's streams' figures, what else the owner shows it (every client and
+    /// stream, to an administrator), the device's figures and the owner's totals.
     ///
     /// # Errors
     /// As a request: [`Error::Gone`], [`Error::Timeout`], [`Error::Proto`].
     pub fn stats(&mut self) -> Result<Stats, Error> {
         let mut streams = Vec::new();
+        let mut others = Vec::new();
         let mut clients = Vec::new();
+        let mut device = None;
         let mut reply = self.request(&Msg::Stats)?;
         loop {
             match reply {
-                Msg::StreamStats(s) => streams.push(s),
+                Msg::StreamStats(s) if s.client == self.id => streams.push(s),
+                Msg::StreamStats(s) => others.push(s),
                 Msg::ClientStats(c) => clients.push(c),
+                Msg::DeviceStats(d) => device = Some(d),
                 Msg::OwnerStats(owner) => {
+                    let Some(device) = device else {
+                        return Err(Error::Unexpected {
+                            expected: "the device's figures before the owner's",
+                            got: format!("{:?}", Msg::OwnerStats(owner)),
+                        });
+                    };
                     return Ok(Stats {
                         streams,
+                        others,
                         clients,
+                        device,
                         owner,
-                    })
+                    });
                 }
                 other => {
                     return Err(Error::Unexpected {
@@ -675,7 +722,7 @@ impl Client {
 
     fn answer(&mut self) -> Result<Msg, Error> {
         loop {
-            match recv(&self.socket, Some(ANSWER)) {
+            match recv(&self.socket, Some(self.answer)) {
                 Ok(Msg::Event { kind, detail }) => self.events.push_back(Event { kind, detail }),
                 Ok(Msg::Error { code, text, fatal }) => {
                     if fatal {

@@ -14,7 +14,7 @@
 //! | [`proto`] | the control messages: fixed layouts, checked decoding |
 //! | [`chan`] | the submission and completion rings and their idle flags, in shared memory |
 //! | [`client`] | [`Client`]: connect, declare, submit, wait, stats, events |
-//! | `server` | (feature `server`) `server::Owner`: access, per-client pools and rings, scheduling, crashes, faults |
+//! | `server` | (feature `server`) `server::Owner`: access, per-client pools and rings, scheduling, crashes, faults, the device's counters in stats (`server::CounterSource`) |
 //!
 //! A client links only the driver (`userdma`); the owner needs the inference layer
 //! (`userdma-infer`) for its pipelines and scheduler, behind the `server` feature.

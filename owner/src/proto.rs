@@ -5,8 +5,12 @@
 //! ```text
 //!   0        4        6        8
 //!   | magic  | version| kind   | payload (its length fixed by the kind) ...
-//!   "UDOW"     1
+//!   "UDOW"     2
 //! ```
+//!
+//! Version 2 (this build): a stream's figures name the stream and its client, a client's
+//! figures its name, and a stats answer carries the device's figures ([`Msg::DeviceStats`]).
+//! Version 1 had neither; a peer of the other version is refused with both numbers.
 //!
 //! [`decode`] checks everything a peer controls (magic, version, kind, exact length, names,
 //! flags, ranges) and never panics; a message it refuses gets the peer an error and the
@@ -18,7 +22,7 @@ use thiserror::Error;
 /// "UDOW", little-endian.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"UDOW");
 /// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// The header's length.
 pub const HEADER: usize = 8;
 /// A name's bytes on the wire.
@@ -28,9 +32,13 @@ pub const TEXT: usize = 192;
 /// The longest message.
 pub const MAX_MESSAGE: usize = HEADER + 8 + TEXT;
 
-/// A name of at most [`NAME`] bytes of UTF-8 with no NUL.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Name(String);
+/// A name of at most [`NAME`] bytes of UTF-8 with no NUL, held as its wire bytes (so a
+/// figures struct that carries one stays `Copy`).
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Name {
+    bytes: [u8; NAME],
+    len: u8,
+}
 
 impl Name {
     /// `text` as a name.
@@ -44,18 +52,42 @@ impl Name {
                 why: "at most 32 bytes of UTF-8 with no NUL",
             });
         }
-        Ok(Name(text.to_owned()))
+        let mut bytes = [0u8; NAME];
+        bytes[..text.len()].copy_from_slice(text.as_bytes());
+        Ok(Name {
+            bytes,
+            // At most NAME (32) bytes: fits.
+            len: text.len() as u8,
+        })
+    }
+
+    /// `text` made a name: cut to [`NAME`] bytes at a character boundary, NULs dropped (for
+    /// names the owner makes itself, such as its device's identity).
+    pub fn lossy(text: &str) -> Name {
+        let clean: String = text.chars().filter(|&c| c != '\0').collect();
+        let mut end = clean.len().min(NAME);
+        while !clean.is_char_boundary(end) {
+            end -= 1;
+        }
+        Name::new(&clean[..end]).unwrap_or_default()
     }
 
     /// The text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        // Checked UTF-8 when made (`new`, `decode`): the fallback is never taken.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
 impl std::fmt::Display for Name {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
@@ -87,6 +119,10 @@ impl EventKind {
 pub struct StreamFigures {
     /// The client's stream number.
     pub stream: u32,
+    /// The owner's number for the stream's client ([`ClientFigures::client`]).
+    pub client: u64,
+    /// The stream's name, as its client declared it.
+    pub name: Name,
     /// Frames finished.
     pub frames: u64,
     /// Frames the device failed.
@@ -118,6 +154,8 @@ pub struct ClientFigures {
     pub pid: u32,
     /// Its user id.
     pub uid: u32,
+    /// Its name, as it said hello (`pid<N>` before its hello).
+    pub name: Name,
     /// Streams declared.
     pub streams: u32,
     /// Frames taken and not yet completed.
@@ -155,6 +193,49 @@ pub struct OwnerFigures {
     pub left: u64,
     /// Device resets.
     pub resets: u64,
+}
+
+/// One unit of the device, as its counters count it ([`DeviceCounters`]). Every figure
+/// grows from the device's start; a share or rate over an interval is the growth over the
+/// interval's length ([`DeviceFigures::clock_ns`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UnitFigures {
+    /// Nanoseconds the unit spent executing descriptors.
+    pub busy_ns: u64,
+    /// Descriptors it executed.
+    pub descriptors: u64,
+    /// Bytes moved or computed by its successful descriptors.
+    pub bytes: u64,
+    /// Times it took a descriptor of another context than its previous one.
+    pub context_switches: u64,
+    /// Its descriptors that completed with an error.
+    pub errors: u64,
+}
+
+/// The device's own counters, as its driver reads them (`server::CounterSource`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceCounters {
+    /// The copy engine.
+    pub copy: UnitFigures,
+    /// The compute unit.
+    pub compute: UnitFigures,
+    /// Bytes compute descriptors were served from device SRAM, over every queue.
+    pub sram_hits: u64,
+    /// Bytes compute descriptors touched with a working set declared, over every queue
+    /// (`sram_hits / sram_touched` is the device's SRAM hit rate).
+    pub sram_touched: u64,
+}
+
+/// The owner's device ([`Msg::DeviceStats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceFigures {
+    /// The device, as its engine names itself (cut to [`NAME`] bytes).
+    pub device: Name,
+    /// The owner's clock when it read the figures, ns since it started: the interval
+    /// between two answers, for shares and rates.
+    pub clock_ns: u64,
+    /// The device's counters (`None`: the owner was given no way to read them).
+    pub counters: Option<DeviceCounters>,
 }
 
 /// One control message.
@@ -215,13 +296,16 @@ pub enum Msg {
         /// The stream.
         stream: u32,
     },
-    /// Client → owner: this client's figures, then the owner's.
+    /// Client → owner: this client's figures, then the device's and the owner's.
     Stats,
-    /// Owner → client: one stream's figures (one message per stream of the asker).
+    /// Owner → client: one stream's figures (one message per stream of the asker; of every
+    /// client, for an asker the owner allows to see them all).
     StreamStats(StreamFigures),
     /// Owner → client: one client's figures (every client's for an asker the owner allows
     /// to see them all, else its own).
     ClientStats(ClientFigures),
+    /// Owner → client: the device's figures, before the owner's totals.
+    DeviceStats(DeviceFigures),
     /// Owner → client: the owner's totals, last of a stats reply.
     OwnerStats(OwnerFigures),
     /// Owner → every client: something happened to the device or the owner.
@@ -254,6 +338,7 @@ const K_CLIENT_STATS: u16 = 9;
 const K_OWNER_STATS: u16 = 10;
 const K_EVENT: u16 = 11;
 const K_ERROR: u16 = 12;
+const K_DEVICE_STATS: u16 = 13;
 
 /// Why a message was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -277,7 +362,7 @@ pub enum ProtoError {
         found: u16,
     },
     /// An unknown kind.
-    #[error("message kind {kind} is not one of the protocol's (1 to 12)")]
+    #[error("message kind {kind} is not one of the protocol's (1 to 13)")]
     Kind {
         /// What came.
         kind: u16,
@@ -375,6 +460,8 @@ pub fn encode(msg: &Msg, out: &mut [u8]) -> usize {
         Msg::Stats => K_STATS,
         Msg::StreamStats(s) => {
             w.u64(u64::from(s.stream));
+            w.u64(s.client);
+            w.name(&s.name);
             for v in [
                 s.frames,
                 s.failed,
@@ -395,11 +482,32 @@ pub fn encode(msg: &Msg, out: &mut [u8]) -> usize {
             w.u64(c.client);
             w.u32(c.pid);
             w.u32(c.uid);
+            w.name(&c.name);
             w.u32(c.streams);
             w.u32(c.in_flight);
             w.u64(c.frames);
             w.u64(c.pool_bytes);
             K_CLIENT_STATS
+        }
+        Msg::DeviceStats(d) => {
+            w.name(&d.device);
+            w.u64(d.clock_ns);
+            w.u64(u64::from(d.counters.is_some()));
+            let c = d.counters.unwrap_or_default();
+            for u in [c.copy, c.compute] {
+                for v in [
+                    u.busy_ns,
+                    u.descriptors,
+                    u.bytes,
+                    u.context_switches,
+                    u.errors,
+                ] {
+                    w.u64(v);
+                }
+            }
+            w.u64(c.sram_hits);
+            w.u64(c.sram_touched);
+            K_DEVICE_STATS
         }
         Msg::OwnerStats(o) => {
             w.u32(o.clients);
@@ -444,6 +552,9 @@ pub fn encode(msg: &Msg, out: &mut [u8]) -> usize {
     len
 }
 
+/// A unit's figures on the wire ([`UnitFigures`]: five u64).
+const UNIT: usize = 40;
+
 /// The payload length of each kind.
 fn payload_len(kind: u16) -> Option<usize> {
     Some(match kind {
@@ -453,8 +564,9 @@ fn payload_len(kind: u16) -> Option<usize> {
         K_DECLARED => 24,
         K_CLOSE | K_CLOSED => 8,
         K_STATS => 0,
-        K_STREAM_STATS => 88,
-        K_CLIENT_STATS => 40,
+        K_STREAM_STATS => 16 + NAME + 80,
+        K_CLIENT_STATS => 16 + NAME + 24,
+        K_DEVICE_STATS => NAME + 16 + 2 * UNIT + 16,
         K_OWNER_STATS => 16 + 64,
         K_EVENT => 16,
         K_ERROR => 8 + TEXT,
@@ -534,6 +646,8 @@ pub fn decode(bytes: &[u8]) -> Result<Msg, ProtoError> {
         K_STATS => Msg::Stats,
         K_STREAM_STATS => Msg::StreamStats(StreamFigures {
             stream: r.u32_in_u64("stream")?,
+            client: r.u64(),
+            name: r.name()?,
             frames: r.u64(),
             failed: r.u64(),
             lost: r.u64(),
@@ -549,11 +663,55 @@ pub fn decode(bytes: &[u8]) -> Result<Msg, ProtoError> {
             client: r.u64(),
             pid: r.u32(),
             uid: r.u32(),
+            name: r.name()?,
             streams: r.u32(),
             in_flight: r.u32(),
             frames: r.u64(),
             pool_bytes: r.u64(),
         }),
+        K_DEVICE_STATS => {
+            let device = r.name()?;
+            let clock_ns = r.u64();
+            let known = r.u64();
+            let mut unit = || UnitFigures {
+                busy_ns: r.u64(),
+                descriptors: r.u64(),
+                bytes: r.u64(),
+                context_switches: r.u64(),
+                errors: r.u64(),
+            };
+            let counters = DeviceCounters {
+                copy: unit(),
+                compute: unit(),
+                sram_hits: r.u64(),
+                sram_touched: r.u64(),
+            };
+            let counters = match known {
+                1 => Some(counters),
+                // Without counters every counter word is zero: what decodes encodes back to
+                // the same bytes.
+                0 if counters == DeviceCounters::default() => None,
+                0 => {
+                    return Err(ProtoError::Field {
+                        field: "counters",
+                        value: 0,
+                        why: "counters absent (0) with counter words that are not zero",
+                    })
+                }
+                _ => {
+                    return Err(ProtoError::Field {
+                        field: "counters",
+                        value: known,
+                        why: "0 (absent) or 1 (present)",
+                    })
+                }
+            };
+            Msg::DeviceStats(DeviceFigures {
+                device,
+                clock_ns,
+                counters,
+            })
+        }
         K_OWNER_STATS => Msg::OwnerStats(OwnerFigures {
             clients: r.u32(),
             streams: r.u32(),
@@ -635,7 +793,7 @@ impl Writer<'_> {
         self.at += width;
     }
     fn name(&mut self, n: &Name) {
-        self.bytes(n.0.as_bytes(), NAME);
+        self.bytes(n.as_str().as_bytes(), NAME);
     }
 }
 
@@ -678,7 +836,7 @@ impl<'a> Reader<'a> {
             len: end,
             why: "UTF-8",
         })?;
-        Ok(Name(text.to_owned()))
+        Name::new(text)
     }
 }
 
@@ -702,7 +860,7 @@ mod tests {
         let name = Name::new("live").unwrap();
         round(Msg::Hello {
             pool_bytes: 8 << 20,
-            name: name.clone(),
+            name,
         });
         round(Msg::Welcome {
             client: 3,
@@ -716,7 +874,7 @@ mod tests {
             priority: 200,
             period_ns: 40_000_000,
             max_wait_ns: 0,
-            name: name.clone(),
+            name,
             model: Name::new("yolov5s").unwrap(),
         });
         round(Msg::Declared {
@@ -729,6 +887,8 @@ mod tests {
         round(Msg::Stats);
         round(Msg::StreamStats(StreamFigures {
             stream: 2,
+            client: 9,
+            name,
             frames: 10,
             bound_ns: 5,
             ..StreamFigures::default()
@@ -737,7 +897,31 @@ mod tests {
             client: 1,
             pid: 77,
             uid: 0,
+            name: Name::new("camera service").unwrap(),
             ..ClientFigures::default()
+        }));
+        round(Msg::DeviceStats(DeviceFigures {
+            device: Name::lossy("loopback NPU owner0"),
+            clock_ns: 1_500_000_000,
+            counters: Some(DeviceCounters {
+                copy: UnitFigures {
+                    busy_ns: 3,
+                    descriptors: 4,
+                    ..UnitFigures::default()
+                },
+                compute: UnitFigures {
+                    errors: 1,
+                    context_switches: u64::MAX,
+                    ..UnitFigures::default()
+                },
+                sram_hits: 7,
+                sram_touched: 8,
+            }),
+        }));
+        round(Msg::DeviceStats(DeviceFigures {
+            device: Name::default(),
+            clock_ns: 1,
+            counters: None,
         }));
         round(Msg::OwnerStats(OwnerFigures {
             clients: 2,
@@ -753,6 +937,80 @@ mod tests {
             fatal: true,
             text: "uid 1000 is not allowed".into(),
         });
+    }
+
+    #[test]
+    fn every_kind_fits_the_longest_message() {
+        for kind in 1..=K_DEVICE_STATS {
+            let len = payload_len(kind).expect("a kind");
+            assert!(HEADER + len <= MAX_MESSAGE, "kind {kind}: {len} bytes");
+        }
+        assert_eq!(payload_len(K_DEVICE_STATS + 1), None);
+    }
+
+    #[test]
+    fn names_are_cut_to_fit_and_keep_their_text() {
+        let long = "é".repeat(20); // 40 bytes
+        let n = Name::lossy(&long);
+        assert_eq!(n.as_str(), "é".repeat(16));
+        assert_eq!(Name::lossy("a\0b").as_str(), "ab");
+        assert_eq!(format!("{:?}", Name::new("x").unwrap()), "\"x\"");
+        assert_eq!(Name::default().as_str(), "");
+    }
+
+    #[test]
+    fn device_counters_are_present_or_all_zero() {
+        let mut buf = [0u8; MAX_MESSAGE];
+        let figures = DeviceFigures {
+            device: Name::new("npu").unwrap(),
+            clock_ns: 5,
+            counters: None,
+        };
+        let n = encode(&Msg::DeviceStats(figures), &mut buf);
+        let known = HEADER + NAME + 8;
+        // A flag that is neither 0 nor 1.
+        buf[known] = 2;
+        assert!(matches!(
+            decode(&buf[..n]),
+            Err(ProtoError::Field {
+                field: "counters",
+                value: 2,
+                ..
+            })
+        ));
+        // Absent, with a counter word that is not zero: refused (it would not encode back).
+        buf[known] = 0;
+        buf[known + 8 + 3] = 1;
+        assert!(matches!(
+            decode(&buf[..n]),
+            Err(ProtoError::Field {
+                field: "counters",
+                value: 0,
+                ..
+            })
+        ));
+        // Present: any counts.
+        buf[known] = 1;
+        let Ok(Msg::DeviceStats(d)) = decode(&buf[..n]) else {
+            panic!("device figures")
+        };
+        assert_eq!(d.counters.unwrap().copy.busy_ns, 1 << 24);
+        // The device's name is checked as every name.
+        buf[HEADER + 5] = b'x';
+        assert!(matches!(decode(&buf[..n]), Err(ProtoError::Name { .. })));
+    }
+
+    #[test]
+    fn another_version_is_refused_with_both_numbers() {
+        let mut buf = [0u8; MAX_MESSAGE];
+        let n = encode(&Msg::Stats, &mut buf);
+        buf[4] = 1;
+        let e = decode(&buf[..n]).unwrap_err();
+        assert_eq!(e, ProtoError::Version { found: 1 });
+        assert!(
+            e.to_string().contains("version 1, this build speaks 2"),
+            "{e}"
+        );
     }
 
     #[test]

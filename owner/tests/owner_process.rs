@@ -9,7 +9,9 @@
 //! - a client SIGKILLed mid-stream: the others' frames all right and their rates kept; its
 //!   pool unmapped and nothing of it left in the owner's accounting;
 //! - a uid not allowed refused at the door; hostile messages and rings close that client only;
-//! - an owner restart waited for; a removed device told to every client.
+//! - an owner restart waited for; a removed device told to every client;
+//! - stats: an administrator sees every client's streams by name and the device's counters;
+//!   anyone else its own client only.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -24,7 +26,7 @@ use userdma_infer::pipeline::{Config as PipelineConfig, Model};
 use userdma_loopback::fault::{Injection, Kind};
 use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 use userdma_owner::proto::OwnerFigures;
-use userdma_owner::server::{Access, Config, Entry, Owner};
+use userdma_owner::server::{Access, Config, Entry, LoopbackCounters, Owner};
 use userdma_owner::{chan, Client, EventKind, Options, StreamDecl};
 
 const ROLE: &str = "USERDMA_OWNER_TEST_ROLE";
@@ -91,11 +93,12 @@ fn start_owner(socket: &Path, tweak: impl FnOnce(Config) -> Config + Send + 'sta
             .expect("loopback device");
         let device = Arc::clone(rt.loopback_device().unwrap());
         let engine: Arc<dyn Accelerator> = Arc::new(LoopbackEngine::new(&rt).unwrap());
-        let config = Config::new(&path).model(Entry {
+        let mut config = Config::new(&path).model(Entry {
             name: "chain".into(),
             model: model(),
             pipeline: PipelineConfig::default(),
         });
+        config.counters = Some(Arc::new(LoopbackCounters::new(Arc::clone(&device))));
         let mut owner = Owner::bind(engine, tweak(config)).expect("bind");
         tx.send(device).unwrap();
         while !stop2.load(Ordering::Relaxed) {
@@ -766,4 +769,91 @@ fn per_client_limits_hold_memory_streams_frames_and_clients() {
         a.wait(Some(WAIT)).unwrap();
     }
     drop(owner);
+}
+
+/// Runs `frames` frames of `stream` one at a time; every one must complete.
+fn frames(client: &mut Client, stream: &userdma_owner::Stream, frames: u64) {
+    let pool = Arc::clone(client.pool());
+    let input = pool.alloc(stream.input_bytes as usize).unwrap();
+    let result = pool.alloc(stream.result_bytes as usize).unwrap();
+    for tag in 0..frames {
+        client.submit(stream, &input, &result, tag).unwrap();
+        let done = client.wait(Some(WAIT)).unwrap();
+        assert_eq!((done.status, done.tag), (chan::STATUS_OK, tag));
+    }
+}
+
+#[test]
+fn stats_show_an_administrator_every_stream_and_the_devices_counters() {
+    let (_dir, socket) = tmp_socket("stats");
+    let owner = start_owner(&socket, |c| c);
+    let named = |name: &str| Options {
+        pool_bytes: 1 << 20,
+        name: name.into(),
+    };
+    let mut camera = Client::connect(&socket, &named("camera")).unwrap();
+    let live = camera.declare(&StreamDecl::new("live", "chain")).unwrap();
+    frames(&mut camera, &live, 3);
+    let mut batch = Client::connect(&socket, &named("batch")).unwrap();
+    let night = batch.declare(&StreamDecl::new("night", "chain")).unwrap();
+    frames(&mut batch, &night, 2);
+    // This test's uid is the owner's: an administrator.
+    let stats = batch.stats().unwrap();
+    assert!(stats.sees_all(), "{stats:?}");
+    assert_eq!(stats.streams.len(), 1);
+    assert_eq!(stats.streams[0].name.as_str(), "night");
+    assert_eq!(
+        (stats.streams[0].client, stats.streams[0].frames),
+        (batch.id(), 2)
+    );
+    assert_eq!(stats.others.len(), 1);
+    assert_eq!(stats.others[0].name.as_str(), "live");
+    assert_eq!(
+        (stats.others[0].client, stats.others[0].frames),
+        (camera.id(), 3)
+    );
+    let names: Vec<&str> = stats.clients.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["camera", "batch"]);
+    let d = stats.device;
+    assert!(!d.device.as_str().is_empty() && d.clock_ns > 0, "{d:?}");
+    let c = d.counters.expect("the loopback device's counters");
+    // Five frames of a two-layer chain: each a copy in, compute, a copy out at least.
+    assert!(
+        c.copy.descriptors >= 10 && c.compute.descriptors >= 5,
+        "{c:?}"
+    );
+    assert!(c.copy.busy_ns > 0 && c.compute.busy_ns > 0, "{c:?}");
+    // The clock and the counters only grow.
+    frames(&mut camera, &live, 1);
+    let again = batch.stats().unwrap();
+    assert!(again.device.clock_ns > d.clock_ns);
+    let c2 = again.device.counters.unwrap();
+    assert!(c2.compute.descriptors > c.compute.descriptors);
+    assert_eq!(again.others[0].frames, 4);
+    drop((camera, batch));
+    settle(&owner);
+    owner.stop();
+
+    // No administrators, no counters: each client sees its own, and the answer says the
+    // device's counters are not read.
+    let (_dir, socket) = tmp_socket("stats-own");
+    let owner = start_owner(&socket, |mut c| {
+        c.admins.clear();
+        c.counters = None;
+        c
+    });
+    let mut camera = Client::connect(&socket, &named("camera")).unwrap();
+    let live = camera.declare(&StreamDecl::new("live", "chain")).unwrap();
+    frames(&mut camera, &live, 1);
+    let mut other = Client::connect(&socket, &named("other")).unwrap();
+    let stats = other.stats().unwrap();
+    assert!(!stats.sees_all(), "{stats:?}");
+    assert!(stats.streams.is_empty() && stats.others.is_empty());
+    assert_eq!(stats.clients.len(), 1);
+    assert_eq!(stats.clients[0].client, other.id());
+    assert_eq!((stats.owner.clients, stats.owner.streams), (2, 1));
+    assert_eq!(stats.device.counters, None);
+    drop((camera, other));
+    settle(&owner);
+    owner.stop();
 }

@@ -18,7 +18,7 @@ use userdma_infer::pipeline::{Pipeline, Results};
 
 use super::{OStream, Owner};
 use crate::chan::{self, Rings};
-use crate::proto::{self, ClientFigures, EventKind, Msg, StreamFigures, MAX_MESSAGE};
+use crate::proto::{self, ClientFigures, EventKind, Msg, Name, StreamFigures, MAX_MESSAGE};
 
 /// How long a connected peer has to say hello.
 const GREETING: Duration = Duration::from_secs(5);
@@ -163,6 +163,7 @@ impl Conn {
             client: self.id,
             pid: self.pid,
             uid: self.uid,
+            name: Name::lossy(&self.name),
             streams,
             in_flight: self.ready.as_ref().map_or(0, |r| r.in_flight),
             frames: self.ready.as_ref().map_or(0, |r| r.frames),
@@ -327,7 +328,7 @@ impl Owner {
         match msg {
             Msg::Hello { pool_bytes, name } if !greeted => {
                 if let Err(e) = self.welcome(slot, pool_bytes, name.as_str()) {
-                    self.close(slot, Ending::Misbehaved, Some(e));
+                    self.close(slot, Ending::Misbehaved, Some(e.into_msg()));
                 }
             }
             Msg::Declare {
@@ -346,7 +347,7 @@ impl Owner {
                     model.as_str(),
                 ) {
                     Ok(m) => m,
-                    Err(e) => e,
+                    Err(e) => e.into_msg(),
                 };
                 self.reply(slot, &reply);
             }
@@ -403,20 +404,20 @@ impl Owner {
     }
 
     /// Makes the client's pool and rings and sends them.
-    fn welcome(&mut self, slot: usize, pool_bytes: u64, name: &str) -> Result<(), Msg> {
+    fn welcome(&mut self, slot: usize, pool_bytes: u64, name: &str) -> Result<(), Refusal> {
         let limits = self.config.limits;
         let bytes = pool_bytes
             .clamp(MIN_POOL, limits.pool_bytes)
             .next_multiple_of(2 << 20);
         let bytes = usize::try_from(bytes).map_err(|_| {
-            error(
+            refusal(
                 Code::InvalidArgument,
                 true,
                 "a pool larger than this machine's address space".into(),
             )
         })?;
         let sys = |what: &str, e: &dyn std::fmt::Display| {
-            error(
+            refusal(
                 Code::Exhausted,
                 true,
                 format!("the owner could not make {what}: {e}"),
@@ -467,7 +468,7 @@ impl Owner {
             max_in_flight: limits.in_flight,
         };
         if !conn.send(&welcome) {
-            return Err(error(
+            return Err(refusal(
                 Code::System,
                 true,
                 "the welcome could not be sent".into(),
@@ -514,12 +515,12 @@ impl Owner {
         max_wait_ns: u64,
         name: &str,
         model: &str,
-    ) -> Result<Msg, Msg> {
+    ) -> Result<Msg, Refusal> {
         let conn = self.conns[slot].as_ref().expect("a live slot");
         let id = conn.id;
         let ready = conn.ready.as_ref().expect("greeted");
         if ready.streams >= self.config.limits.streams {
-            return Err(error(
+            return Err(refusal(
                 Code::Exhausted,
                 false,
                 format!(
@@ -529,14 +530,14 @@ impl Owner {
             ));
         }
         if self.streams.len() >= userdma_infer::sched::MAX_STREAMS {
-            return Err(error(
+            return Err(refusal(
                 Code::Exhausted,
                 false,
                 "the owner schedules its most streams (64): try again when one closes".into(),
             ));
         }
         if name.is_empty() {
-            return Err(error(
+            return Err(refusal(
                 Code::InvalidArgument,
                 false,
                 "a stream needs a name".into(),
@@ -547,7 +548,7 @@ impl Owner {
             .iter()
             .any(|s| s.client == id && s.name == name && !s.closing)
         {
-            return Err(error(
+            return Err(refusal(
                 Code::InvalidArgument,
                 false,
                 format!("this client already has a stream named {name:?}"),
@@ -555,7 +556,7 @@ impl Owner {
         }
         let Some(entry) = self.config.models.iter().find(|e| e.name == model) else {
             let names: Vec<&str> = self.config.models.iter().map(|e| e.name.as_str()).collect();
-            return Err(error(
+            return Err(refusal(
                 Code::NotFound,
                 false,
                 format!("no model {model:?} here: this owner has {names:?}"),
@@ -565,7 +566,7 @@ impl Owner {
         let split = config.split;
         let want = if split { 3 } else { 1 };
         let Some(base) = free_run(&self.queues_used, want) else {
-            return Err(error(
+            return Err(refusal(
                 Code::Exhausted,
                 false,
                 format!(
@@ -580,7 +581,7 @@ impl Owner {
         config.results = Results::Copy;
         let pipeline = Pipeline::on(Arc::clone(&self.device), entry.model.clone(), config)
             .map_err(|e| {
-                error(
+                refusal(
                     e.code(),
                     false,
                     format!("the device cannot take another stream: {e}"),
@@ -633,7 +634,9 @@ impl Owner {
         })
     }
 
-    /// The stats answer for the client in `slot`.
+    /// The stats answer for the client in `slot`: its streams (every stream, for an
+    /// administrator), its own figures (every client's, for an administrator), the device's
+    /// and the owner's totals, last.
     fn stats(&mut self, slot: usize) {
         let Some(conn) = &self.conns[slot] else {
             return;
@@ -641,14 +644,17 @@ impl Owner {
         let id = conn.id;
         let admin = self.config.admins.contains(&conn.uid);
         let mut msgs = Vec::new();
-        for s in &self.streams {
-            if s.client != id {
-                continue;
-            }
+        // Its own first, then the others' (of clients still here, or gone with frames of
+        // theirs still on the device).
+        let own = self.streams.iter().filter(|s| s.client == id);
+        let others = self.streams.iter().filter(|s| admin && s.client != id);
+        for s in own.chain(others) {
             // 0: none (not yet stated, or unbounded under its policy at some point).
             let bound = if s.stated == u64::MAX { 0 } else { s.stated };
             msgs.push(Msg::StreamStats(StreamFigures {
                 stream: s.number,
+                client: s.client,
+                name: Name::lossy(&s.name),
                 frames: s.frames,
                 failed: s.failed,
                 lost: s.lost,
@@ -667,6 +673,7 @@ impl Owner {
                 msgs.push(Msg::ClientStats(c.figures(n)));
             }
         }
+        msgs.push(Msg::DeviceStats(self.device_figures()));
         msgs.push(Msg::OwnerStats(self.figures()));
         for m in &msgs {
             self.reply(slot, m);
@@ -726,6 +733,26 @@ pub(super) fn error(code: Code, fatal: bool, text: String) -> Msg {
     }
 }
 
+/// A request refused: the error message the client gets, kept small until it is sent (a
+/// [`Msg`] is as large as its largest kind).
+#[derive(Debug)]
+pub(super) struct Refusal {
+    code: Code,
+    fatal: bool,
+    text: String,
+}
+
+impl Refusal {
+    fn into_msg(self) -> Msg {
+        error(self.code, self.fatal, self.text)
+    }
+}
+
+/// A refusal.
+fn refusal(code: Code, fatal: bool, text: String) -> Refusal {
+    Refusal { code, fatal, text }
+}
+
 fn kind_name(m: &Msg) -> &'static str {
     match m {
         Msg::Hello { .. } => "Hello",
@@ -737,6 +764,7 @@ fn kind_name(m: &Msg) -> &'static str {
         Msg::Stats => "Stats",
         Msg::StreamStats(_) => "StreamStats",
         Msg::ClientStats(_) => "ClientStats",
+        Msg::DeviceStats(_) => "DeviceStats",
         Msg::OwnerStats(_) => "OwnerStats",
         Msg::Event { .. } => "Event",
         Msg::Error { .. } => "Error",

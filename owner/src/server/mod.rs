@@ -34,6 +34,7 @@
 //! are sized when a client or stream is admitted.
 
 mod conn;
+mod counters;
 mod frames;
 
 use std::collections::VecDeque;
@@ -49,9 +50,10 @@ use userdma_infer::accel::{Accelerator, HostSpan};
 use userdma_infer::pipeline::{self, Model, Pipeline};
 use userdma_infer::sched::{Nanos, Policy, Scheduler};
 
-use crate::proto::{EventKind, OwnerFigures};
+use crate::proto::{DeviceFigures, EventKind, Name, OwnerFigures};
 
 pub use self::conn::Conn;
+pub use self::counters::{CounterSource, LoopbackCounters};
 
 /// Who may connect.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -134,6 +136,9 @@ pub struct Config {
     pub models: Vec<Entry>,
     /// Users who see every client's figures in stats (others see their own).
     pub admins: Vec<u32>,
+    /// The device's counters, for the stats' device figures (`None`: the answer carries the
+    /// device's name and the owner's clock only).
+    pub counters: Option<Arc<dyn CounterSource>>,
 }
 
 impl Config {
@@ -149,6 +154,7 @@ impl Config {
             in_flight: 1,
             models: Vec::new(),
             admins: vec![0, nix::unistd::geteuid().as_raw()],
+            counters: None,
         }
     }
 
@@ -392,6 +398,16 @@ impl Owner {
             .sum();
         f.switches = self.switches_before + self.scheduler.as_ref().map_or(0, |s| s.switches());
         f
+    }
+
+    /// The device's figures now: its name, the owner's clock, its counters if the owner can
+    /// read them ([`Config::counters`]).
+    pub fn device_figures(&self) -> DeviceFigures {
+        DeviceFigures {
+            device: Name::lossy(&self.device.identity()),
+            clock_ns: self.now(),
+            counters: self.config.counters.as_ref().and_then(|c| c.read()),
+        }
     }
 
     fn conn_alive(&self, id: u64, slot: usize) -> bool {
