@@ -149,6 +149,11 @@ pub(crate) struct CaseArgs {
     /// device owner (`userdma serve`'s), beside the in-process one.
     #[arg(long)]
     no_owner: bool,
+    /// Write a trace of the "after" run to this file (Chrome trace-event JSON: open it in
+    /// Perfetto's UI, ui.perfetto.dev, or chrome://tracing): every op on the device's units
+    /// and queues, scheduler decisions, context switches with their SRAM refill, counters.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 /// Runs the case study.
@@ -237,6 +242,9 @@ pub(crate) fn run(args: &CaseArgs, json: bool) -> Result<(), Error> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_text(&report);
+        if let (Some(t), Some(path)) = (&report.after.trace, &args.trace) {
+            print!("{}", crate::pipeline::trace_line(path, t));
+        }
         if let Some(run) = &report.through_owner {
             owner::print_owner(run, &report.after);
         }

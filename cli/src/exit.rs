@@ -67,6 +67,9 @@ pub(crate) enum Failure {
     /// The fault soak failed, or was not clean.
     #[error(transparent)]
     Faults(#[from] crate::faults::Error),
+    /// The live view failed.
+    #[error(transparent)]
+    Top(#[from] crate::top::Error),
     /// Writing the output failed.
     #[error("cannot write the output")]
     Output(#[source] io::Error),
@@ -94,6 +97,7 @@ impl Failure {
             Self::Pipeline(e) => e.exit_code(),
             Self::Stage(e) => e.exit_code(),
             Self::Faults(e) => e.exit_code(),
+            Self::Top(e) => e.exit_code(),
             Self::Output(_) | Self::Json(_) => FAILURE,
         }
     }

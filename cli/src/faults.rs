@@ -17,6 +17,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use userdma_infer::trace::{Event, Trace};
 use userdma_loopback::fault::soak::{self, Plan, Report};
 use userdma_loopback::fault::Kind;
 
@@ -39,6 +40,11 @@ pub(crate) struct FaultsArgs {
     /// same run).
     #[arg(long, value_name = "S", default_value_t = 1)]
     seed: u64,
+    /// Write a trace of the soak to this file (Chrome trace-event JSON: open it in Perfetto's
+    /// UI, ui.perfetto.dev, or chrome://tracing): each burst from its doorbell to its last
+    /// completion, each recovery, each fault detected on a track of its kind.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<std::path::PathBuf>,
 }
 
 /// A kind by its name, for clap.
@@ -64,6 +70,9 @@ pub(crate) enum Error {
     /// Writing the output failed.
     #[error("cannot write the output")]
     Output(#[source] std::io::Error),
+    /// The trace could not be written.
+    #[error(transparent)]
+    Trace(Box<userdma_infer::Error>),
     /// Encoding JSON failed.
     #[error("cannot encode the output as JSON")]
     Json(#[source] serde_json::Error),
@@ -118,6 +127,9 @@ struct Output {
     recovery_mean_us: f64,
     unreconciled: Vec<String>,
     seconds: f64,
+    /// The trace (`--trace`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace: Option<userdma_infer::trace::Summary>,
 }
 
 /// Runs `userdma faults`.
@@ -141,25 +153,87 @@ pub(crate) fn run(args: &FaultsArgs, json: bool) -> Result<(), Error> {
         seed: args.seed,
         ..Plan::default()
     };
+    // With --trace: a track for the bursts, one for recoveries, one per kind detected.
+    let trace = args.trace.as_ref().map(|_| {
+        let bursts = plan.transfers.div_ceil(plan.burst as u64);
+        Trace::new(
+            usize::try_from(bursts.saturating_mul(3).saturating_add(1024)).unwrap_or(usize::MAX),
+        )
+    });
+    let tracks = trace.as_ref().map(|t| {
+        (
+            t.track("bursts"),
+            t.track("recoveries"),
+            Kind::ALL.map(|k| t.track(&format!("detected: {}", k.name()))),
+        )
+    });
     let start = Instant::now();
     let mut last = start;
-    let report = soak::run(&plan, |done| {
-        if last.elapsed() >= Duration::from_secs(1) {
-            last = Instant::now();
-            eprintln!(
-                "userdma faults: {done} of {} transfers ({:.0} s)",
-                plan.transfers,
-                start.elapsed().as_secs_f64()
-            );
+    let observe = |seen: &soak::Observed| {
+        let (Some(t), Some((bursts, recoveries, kinds))) = (&trace, &tracks) else {
+            return;
+        };
+        t.record(Event::Span {
+            track: *bursts,
+            id: seen.burst,
+            start_ns: t.ns(seen.announced),
+            end_ns: t.ns(seen.taken),
+            bytes: 0,
+            ok: seen.failed == 0,
+        });
+        for (k, &kind) in Kind::ALL.iter().enumerate() {
+            for _ in 0..seen.detected.get(kind) {
+                t.record(Event::Span {
+                    track: kinds[k],
+                    id: seen.burst,
+                    start_ns: t.ns(seen.taken),
+                    end_ns: t.ns(seen.taken),
+                    bytes: 0,
+                    ok: true,
+                });
+            }
         }
-    })?;
+        if let Some((from, to)) = seen.recovery {
+            t.record(Event::Span {
+                track: *recoveries,
+                id: seen.burst,
+                start_ns: t.ns(from),
+                end_ns: t.ns(to),
+                bytes: 0,
+                ok: true,
+            });
+        }
+    };
+    let report = soak::run_observed(
+        &plan,
+        |done| {
+            if last.elapsed() >= Duration::from_secs(1) {
+                last = Instant::now();
+                eprintln!(
+                    "userdma faults: {done} of {} transfers ({:.0} s)",
+                    plan.transfers,
+                    start.elapsed().as_secs_f64()
+                );
+            }
+        },
+        observe,
+    )?;
+    let trace = match (&trace, &args.trace) {
+        (Some(t), Some(path)) => Some(t.save(path).map_err(|e| Error::Trace(Box::new(e)))?),
+        _ => None,
+    };
     let text = if json {
-        let output = output(&plan, &report);
+        let mut output = output(&plan, &report);
+        output.trace = trace;
         let mut text = serde_json::to_string_pretty(&output).map_err(Error::Json)?;
         text.push('\n');
         text
     } else {
-        table(&plan, &report)
+        let mut text = table(&plan, &report);
+        if let (Some(t), Some(path)) = (&trace, &args.trace) {
+            text.push_str(&crate::pipeline::trace_line(path, t));
+        }
+        text
     };
     crate::print(&text).map_err(|e| match e {
         exit::Failure::Output(e) => Error::Output(e),
@@ -208,6 +282,7 @@ fn output(plan: &Plan, report: &Report) -> Output {
         recovery_mean_us: report.recovery_mean_ns as f64 / 1e3,
         unreconciled: report.unreconciled.clone(),
         seconds: report.elapsed_ns as f64 / 1e9,
+        trace: None,
     }
 }
 

@@ -12,7 +12,8 @@
 //! ```
 //!
 //! Global options: `--json` prints one JSON document on stdout instead of text; `--sysfs-root
-//! DIR` reads (and, for bind/unbind, writes) another sysfs tree instead of `/sys`.
+//! DIR` reads (and, for bind/unbind, writes) another sysfs tree instead of `/sys`; `--log
+//! FILTER` prints the libraries' spans and events on stderr (docs/tracing-events.md).
 //!
 //! # Exit codes
 //!
@@ -60,11 +61,14 @@ mod hugepages;
 mod ids;
 mod info;
 mod list;
+mod log;
 mod names;
 mod pipeline;
 mod plan;
 mod serve;
+mod signals;
 mod stage;
+mod top;
 mod unbind;
 
 use std::io::{self, Write};
@@ -92,6 +96,11 @@ struct Cli {
     /// Root of the sysfs tree to read and write (a copy or fake tree, for tests).
     #[arg(long, global = true, value_name = "DIR", default_value = "/sys")]
     sysfs_root: PathBuf,
+
+    /// Print the libraries' spans and events on stderr: a level (error, warn, info, debug,
+    /// trace) or levels per target (`warn,userdma_infer=debug`); see docs/tracing-events.md.
+    #[arg(long, global = true, value_name = "FILTER")]
+    log: Option<log::Filter>,
 
     #[command(subcommand)]
     command: Command,
@@ -134,6 +143,10 @@ enum Command {
     /// every client process under one scheduler, over a Unix socket (`--allow-uid`,
     /// `--model NAME=SPEC`, limits per client); until SIGINT or SIGTERM.
     Serve(serve::ServeArgs),
+    /// A live view of a device owner: per unit busy share, per stream frames/s and latency,
+    /// switches/s, pool use, clients; attached (`--socket`) or wrapping a run (`--demo N`,
+    /// `-- COMMAND`); `q` quits; JSON lines with `--json` or when stdout is not a terminal.
+    Top(top::TopArgs),
     /// A client of the device owner, as the case study runs it (started by the tool).
     #[command(name = "owner-client", hide = true)]
     OwnerClient(case::OwnerClientArgs),
@@ -213,6 +226,9 @@ fn main() -> ExitCode {
         }
         Err(e) => return fail(&Failure::Usage(usage_line(&e)), wants_json),
     };
+    if let Err(e) = log::install(cli.log.as_ref()) {
+        return fail(&e, cli.json);
+    }
     let ctx = Context {
         sysfs: Sysfs::new(&cli.sysfs_root),
         json: cli.json,
@@ -231,6 +247,7 @@ fn main() -> ExitCode {
         }
         Command::LoopbackDevice => demo::serve_device().map_err(Failure::from),
         Command::Serve(args) => serve::run(&args, ctx.json).map_err(Failure::from),
+        Command::Top(args) => top::run(&args, ctx.json).map_err(Failure::from),
         Command::OwnerClient(args) => case::owner_client(&args).map_err(Failure::from),
         Command::Plan(args) => plan::run(&args, ctx.json).map_err(Failure::from),
         Command::Stage(args) => stage::run(&args, ctx.json).map_err(Failure::from),

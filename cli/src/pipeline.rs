@@ -17,6 +17,7 @@ use serde::Serialize;
 use userdma::Runtime;
 use userdma_infer::pipeline::{self, Model};
 use userdma_infer::stats;
+use userdma_infer::trace::Trace;
 use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 
 use crate::demo::CostModel;
@@ -79,6 +80,11 @@ pub(crate) struct PipelineArgs {
     /// Write the metrics in the Prometheus text format to this file.
     #[arg(long, value_name = "FILE")]
     metrics: Option<std::path::PathBuf>,
+    /// Write a trace of the pipeline's counted frames to this file (Chrome trace-event JSON:
+    /// open it in Perfetto's UI, ui.perfetto.dev, or chrome://tracing): every op on the
+    /// device's units and queues, each frame, counters.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<std::path::PathBuf>,
 }
 
 /// `--model`.
@@ -114,6 +120,37 @@ impl From<ResultsArg> for pipeline::Results {
     }
 }
 
+/// Events a trace of `frames` frames of `model` holds without dropping any: an op and an
+/// activity record per op, the frame, the pool's samples.
+fn trace_capacity(frames: u64, model: &Model) -> usize {
+    let per_frame = 2 * (model.steps().len() as u64 + 4) + 2;
+    usize::try_from(frames.saturating_mul(per_frame).saturating_add(1 << 16)).unwrap_or(usize::MAX)
+}
+
+/// Says where a run's trace went and what it holds (one line, with its newline).
+pub(crate) fn trace_line(path: &std::path::Path, t: &userdma_infer::trace::Summary) -> String {
+    let mut line = format!(
+        "trace: {} ({} events, {} dropped",
+        path.display(),
+        t.events,
+        t.dropped
+    );
+    if t.ops > 0 {
+        line.push_str(&format!(
+            "; {} of {} ops timed by the device",
+            t.ops_matched, t.ops
+        ));
+    }
+    if t.activity_lost > 0 {
+        line.push_str(&format!(", {} device records lost", t.activity_lost));
+    }
+    for reason in t.no_activity.iter().flatten() {
+        line.push_str(&format!("; no device timing: {reason}"));
+    }
+    line.push_str("): open it in ui.perfetto.dev or chrome://tracing\n");
+    line
+}
+
 /// Runs the command.
 pub(crate) fn run(args: &PipelineArgs, json: bool) -> Result<(), Error> {
     let cost = match args.cost {
@@ -140,7 +177,22 @@ pub(crate) fn run(args: &PipelineArgs, json: bool) -> Result<(), Error> {
     }
     let mut first_wrong = None;
     let mut result_path = None;
-    let (report, recorder) = pipelined(&rt, &model, args, &mut result_path, &mut first_wrong)?;
+    let trace = args
+        .trace
+        .as_ref()
+        .map(|_| Trace::new(trace_capacity(args.frames, &model)));
+    let (report, recorder) = pipelined(
+        &rt,
+        &model,
+        args,
+        &mut result_path,
+        &mut first_wrong,
+        trace.as_ref(),
+    )?;
+    let trace = match (&trace, &args.trace) {
+        (Some(t), Some(path)) => Some(t.save(path)?),
+        _ => None,
+    };
     let mut paths = vec![report];
     let mut recorders = vec![("pipeline", recorder)];
     if args.naive {
@@ -188,11 +240,15 @@ pub(crate) fn run(args: &PipelineArgs, json: bool) -> Result<(), Error> {
         },
         paths,
         device,
+        trace,
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_text(&report);
+        if let (Some(t), Some(path)) = (&report.trace, &args.trace) {
+            print!("{}", trace_line(path, t));
+        }
     }
     let wrong: u64 = report.paths.iter().map(|p| p.wrong).sum();
     if let Some(first) = first_wrong {

@@ -10,7 +10,9 @@
 //! refused, frames, context switches, resets.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
+
+use nix::sys::signal::Signal;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +23,9 @@ use userdma_infer::pipeline::{zoo, Config as PipelineConfig, Model, WorkingSet};
 use userdma_infer::sched::Policy;
 use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 use userdma_owner::proto::OwnerFigures;
-use userdma_owner::server::{Access, Config, Entry, Limits, Owner};
+use userdma_owner::server::{
+    Access, Config, CounterSource, Entry, Limits, LoopbackCounters, Owner,
+};
 
 use crate::pipeline::Error;
 
@@ -166,28 +170,6 @@ struct ServeReport {
     resets: u64,
 }
 
-/// Set by SIGINT and SIGTERM.
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    // Async-signal-safe: one atomic store.
-    STOP.store(true, Ordering::Relaxed);
-}
-
-fn catch_signals() -> Result<(), Error> {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let action = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    for sig in [Signal::SIGINT, Signal::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { sigaction(sig, &action) }.map_err(|e| Error::Owner(format!("sigaction: {e}")))?;
-    }
-    Ok(())
-}
-
 /// The model of `spec` and its pipelines' settings.
 fn entry(arg: &ModelArg) -> Result<Entry, Error> {
     let (model, pipeline) = match arg.spec {
@@ -291,16 +273,21 @@ pub(crate) fn run(args: &ServeArgs, json: bool) -> Result<(), Error> {
         .socket
         .clone()
         .unwrap_or_else(userdma_owner::client::default_socket);
-    let config = config(args, socket.clone())?;
+    let mut config = config(args, socket.clone())?;
     let cost = match args.cost {
         CostArg::Npu => Cost::npu(),
         CostArg::Zero => Cost::zero(),
     };
     let rt = runtime(&config, args.queues, cost)?;
+    // The device's counters in the stats clients ask for (`userdma top` shows them).
+    config.counters = rt
+        .loopback_device()
+        .map(|d| Arc::new(LoopbackCounters::new(Arc::clone(d))) as Arc<dyn CounterSource>);
     let engine: Arc<dyn Accelerator> = Arc::new(LoopbackEngine::new(&rt)?);
     let names: Vec<String> = config.models.iter().map(|e| e.name.clone()).collect();
     let mut owner = Owner::bind(engine, config).map_err(|e| Error::Owner(e.to_string()))?;
-    catch_signals()?;
+    crate::signals::catch(&[Signal::SIGINT, Signal::SIGTERM])
+        .map_err(|e| Error::Owner(format!("sigaction: {e}")))?;
     let start = Instant::now();
     // The line scripts wait for.
     println!(
@@ -311,7 +298,7 @@ pub(crate) fn run(args: &ServeArgs, json: bool) -> Result<(), Error> {
     let deadline = args
         .seconds
         .map(|s| start + Duration::from_secs_f64(s.max(0.0)));
-    while !STOP.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
+    while !crate::signals::stopped() && deadline.is_none_or(|d| Instant::now() < d) {
         owner
             .turn(Duration::from_millis(100))
             .map_err(|e| Error::Owner(e.to_string()))?;

@@ -18,6 +18,7 @@ use serde::Serialize;
 use userdma::memory::PageSize;
 use userdma::Runtime;
 use userdma_infer::stage::{self, Direct, File, Mode, Stager};
+use userdma_infer::trace::{Event, Trace};
 use userdma_loopback::{self as loopback, LoopbackRuntime};
 
 use crate::exit;
@@ -38,6 +39,12 @@ pub(crate) struct StageArgs {
     /// Bytes per request (a pool buffer each; a multiple of the direct-I/O alignment).
     #[arg(long, value_name = "N", default_value_t = 1 << 20)]
     size: usize,
+    /// Write a trace of the reads to this file (Chrome trace-event JSON: open it in
+    /// Perfetto's UI, ui.perfetto.dev, or chrome://tracing): each request from submission to
+    /// completion on the track of the slot it held (at most --depth at once), and the pool's
+    /// buffers out.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 /// Why `userdma stage` failed.
@@ -110,6 +117,9 @@ struct Report {
     gb_per_s: f64,
     cpu_seconds: f64,
     cpu_seconds_per_gb: f64,
+    /// The trace (`--trace`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace: Option<userdma_infer::trace::Summary>,
 }
 
 /// Runs `userdma stage`.
@@ -145,6 +155,22 @@ pub(crate) fn run(args: &StageArgs, json: bool) -> Result<(), Error> {
     let pool = runtime.pool(pool_bytes, PageSize::Base)?;
     let mut stager = Stager::new(pool.clone(), stage::Config::default().depth(args.depth))?;
 
+    // With --trace: one track per request in flight (a slot: the ticket it holds and when it
+    // was submitted), set up before the clock starts.
+    let requests_max = size.div_ceil(request as u64).saturating_add(1);
+    let trace = args.trace.as_ref().map(|_| {
+        let trace =
+            Trace::new(usize::try_from(requests_max.saturating_add(1 << 16)).unwrap_or(usize::MAX));
+        trace.pool(&pool);
+        trace
+    });
+    let tracks: Vec<u16> = match &trace {
+        Some(t) => (0..args.depth)
+            .map(|k| t.track(&format!("read slot {k}")))
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut slots: Vec<Option<(u64, Instant)>> = vec![None; tracks.len()];
     let start = Instant::now();
     let cpu_start = stage::process_cpu_time();
     let mut last_report = start;
@@ -153,7 +179,11 @@ pub(crate) fn run(args: &StageArgs, json: bool) -> Result<(), Error> {
     loop {
         while !eof && next < size && (stager.in_flight() as u32) < stager.depth() {
             let buffer = pool.alloc_owned(request).map_err(userdma::Error::from)?;
-            stager.read(&file, next, buffer)?;
+            let submitted = Instant::now();
+            let ticket = stager.read(&file, next, buffer)?;
+            if let Some(slot) = slots.iter_mut().find(|s| s.is_none()) {
+                *slot = Some((ticket.raw(), submitted));
+            }
             next += request as u64;
         }
         let done = match stager.wait() {
@@ -161,6 +191,24 @@ pub(crate) fn run(args: &StageArgs, json: bool) -> Result<(), Error> {
             Err(stage::Error::Idle) => break,
             Err(e) => return Err(e.into()),
         };
+        if let Some(t) = &trace {
+            let k = slots
+                .iter()
+                .position(|s| s.is_some_and(|(ticket, _)| ticket == done.ticket.raw()));
+            if let Some(k) = k {
+                if let Some((_, submitted)) = slots[k].take() {
+                    t.record(Event::Span {
+                        track: tracks[k],
+                        id: done.offset / request as u64,
+                        start_ns: t.ns(submitted),
+                        end_ns: t.ns(Instant::now()),
+                        bytes: done.result.as_ref().map_or(0, |r| r.bytes as u64),
+                        ok: done.result.is_ok(),
+                    });
+                }
+            }
+            t.tick();
+        }
         let transfer = done.result?;
         if transfer.is_short() {
             eof = true;
@@ -180,6 +228,10 @@ pub(crate) fn run(args: &StageArgs, json: bool) -> Result<(), Error> {
     let seconds = start.elapsed().as_secs_f64();
     let cpu = (stage::process_cpu_time().saturating_sub(cpu_start)).as_secs_f64();
     let gb = bytes as f64 / 1e9;
+    let trace = match (&trace, &args.trace) {
+        (Some(t), Some(path)) => Some(t.save(path)?),
+        _ => None,
+    };
     let report = Report {
         file: args.file.display().to_string(),
         path: file.mode(),
@@ -194,6 +246,7 @@ pub(crate) fn run(args: &StageArgs, json: bool) -> Result<(), Error> {
         gb_per_s: if seconds > 0.0 { gb / seconds } else { 0.0 },
         cpu_seconds: cpu,
         cpu_seconds_per_gb: if gb > 0.0 { cpu / gb } else { 0.0 },
+        trace,
     };
     let text = if json {
         let mut text = serde_json::to_string_pretty(&report).map_err(Error::Json)?;
@@ -216,6 +269,9 @@ pub(crate) fn run(args: &StageArgs, json: bool) -> Result<(), Error> {
             "\nthroughput: {:.3} GB/s ({:.3} s)\ncpu: {:.3} s, {:.3} s per GB\n",
             report.gb_per_s, seconds, cpu, report.cpu_seconds_per_gb
         ));
+        if let (Some(t), Some(path)) = (&report.trace, &args.trace) {
+            text.push_str(&crate::pipeline::trace_line(path, t));
+        }
         text
     };
     crate::print(&text).map_err(|e| match e {

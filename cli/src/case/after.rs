@@ -1,12 +1,14 @@
 //! The "after" runs: double-buffered pipelines under a scheduling policy (priority with batch
 //! switching, or strict priority), and each stream's wait bound as its scheduler states it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use userdma::Runtime;
 use userdma_infer::pipeline::{Config, Model, Pipeline};
 use userdma_infer::sched::streams::{RunReport, Stream, Streams};
 use userdma_infer::sched::{Nanos, Policy, Scheduler, StreamId};
+use userdma_infer::trace::Trace;
 use userdma_loopback::{LoopbackRuntime, Unit};
 
 use super::figures::{device_figures, Run, RunFigures, StreamFigures};
@@ -44,6 +46,14 @@ pub(super) fn after(
     }
     let mut streams =
         Streams::new(policy, streams, 1)?.with_timeline(mix.timeline_capacity(args.seconds));
+    // The trace of the first "after" run, when asked for.
+    let trace = match (&args.trace, name) {
+        (Some(_), "after") => Some(Trace::new(trace_capacity(args.seconds, mix, model))),
+        _ => None,
+    };
+    if let Some(t) = &trace {
+        streams = streams.with_trace(Arc::clone(t));
+    }
     let mut wrong = 0u64;
     let mut got = vec![0u8; model.result().bytes as usize];
     let maps = |rts: &[Runtime]| {
@@ -74,6 +84,10 @@ pub(super) fn after(
         .map(|i| streams.latency(StreamId(i)).clone())
         .collect();
     let timeline = streams.timeline().copied().collect();
+    let trace = match (&trace, &args.trace) {
+        (Some(t), Some(path)) => Some(t.save(path)?),
+        _ => None,
+    };
     let bounds = stated_bounds(&streams, &report, &rts, model);
     for s in streams.into_streams() {
         s.pipeline.shutdown(|_| {})?;
@@ -120,12 +134,25 @@ pub(super) fn after(
         scheduler_switches: report.switches,
         device_bound_fps: bound,
         wrong,
+        trace,
     };
     Ok(Run {
         figures,
         latency,
         timeline,
     })
+}
+
+/// Events a trace of a run of `seconds` holds without dropping any: per frame (at most 100
+/// per second on each device, more than the modelled NPU runs) an op and an activity record
+/// for each of its ops, its frame, wait and decision events, and the pools' samples.
+fn trace_capacity(seconds: u64, mix: &Mix, model: &Model) -> usize {
+    let ops = model.steps().len() + 4;
+    let devices = mix.device.iter().copied().max().unwrap_or(0) as u64 + 1;
+    let frames = seconds.saturating_mul(100).saturating_mul(devices);
+    let per_frame = 2 * ops as u64 + 4;
+    let samples = seconds * 1000 / 10 * mix.len() as u64;
+    usize::try_from(frames * per_frame + samples).unwrap_or(usize::MAX)
 }
 
 /// A stream's stated wait bound and the service time per frame it takes.

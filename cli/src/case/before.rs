@@ -176,6 +176,7 @@ pub(super) fn before(
         scheduler_switches: switches,
         device_bound_fps: bound,
         wrong,
+        trace: None,
     };
     Ok(Run {
         figures,

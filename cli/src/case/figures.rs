@@ -88,6 +88,9 @@ pub(super) struct RunFigures {
     /// Total frames/s the devices allow from what they charged in this run.
     pub(super) device_bound_fps: f64,
     pub(super) wrong: u64,
+    /// The run's trace (`--trace`), written where it was asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) trace: Option<userdma_infer::trace::Summary>,
 }
 
 /// A run's figures and what its plots need.

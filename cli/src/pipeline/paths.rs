@@ -2,6 +2,7 @@
 //! per-frame allocate, map and copy path; the counts both take (allocations, DMA maps,
 //! modelled device time).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use userdma::device::Wait;
@@ -10,6 +11,7 @@ use userdma_infer::pipeline::{
     self, naive, Config, Finished, Model, Pipeline, ResultPath, Summary,
 };
 use userdma_infer::stats::{self, Recorder};
+use userdma_infer::trace::Trace;
 
 use userdma_loopback::LoopbackRuntime as _;
 
@@ -23,6 +25,7 @@ pub(super) fn pipelined(
     args: &PipelineArgs,
     path: &mut Option<ResultPath>,
     first_wrong: &mut Option<u64>,
+    trace: Option<&Arc<Trace>>,
 ) -> Result<(PathReport, Recorder), Error> {
     let config = Config {
         depth: usize::from(args.depth),
@@ -49,6 +52,12 @@ pub(super) fn pipelined(
         .collect();
     // Warm-up: every slot used once, so the counted frames are steady state.
     p.run(depth, |_, _| Ok(()), |_| {})?;
+    // The counted frames are traced (registering the device and naming the stream
+    // allocate, before the counts start).
+    if let Some(trace) = trace {
+        let stream = trace.stream("pipeline");
+        p.set_trace(Arc::clone(trace), stream);
+    }
     // Before the counts start: reading the counters allocates.
     let modelled_before = modelled(rt);
     let mut tally = Tally::new();

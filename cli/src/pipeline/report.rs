@@ -28,6 +28,9 @@ pub(super) struct Report {
     pub(super) modelled_bound_fps: f64,
     pub(super) paths: Vec<PathReport>,
     pub(super) device: Option<loopback::Counters>,
+    /// The pipeline's trace (`--trace`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) trace: Option<userdma_infer::trace::Summary>,
 }
 
 /// The modelled device time of one frame in nanoseconds (the cost module's formula: a fixed
