@@ -17,14 +17,17 @@
 //!   its socket in a directory of its own, stepped in this thread with `Owner::turn`). Each
 //!   input connects a raw `SOCK_SEQPACKET` socket and runs the rest as a script: packets of
 //!   lengths the script chooses, turns of the owner (a few, or until its frames are done),
-//!   reading the owner's answers (every one must decode; a welcome's rings are mapped), and
+//!   reading the owner's answers (every one must decode; a welcome's rings are mapped; the
+//!   device's figures of a stats answer carry the device's counters, which the owner reads
+//!   through `server::LoopbackCounters`, and its clock never goes back), and
 //!   writes into those rings (any word, submissions of pool pages, completions taken). Then
 //!   the socket is closed, and the owner must let go of everything of that client (clients,
 //!   streams, frames, mapped bytes all back to zero) and leave no socket or eventfd open
 //!   (counted in `/proc/self/fd`; of memfds, no more than the loopback device's translation
 //!   caches may hold, see [`DEVICE_CACHES`]). Every [`PROBE_EVERY`] such inputs a well-formed
-//!   [`Client`] connects, declares a stream and runs a frame whose result is checked: the
-//!   owner still serves.
+//!   [`Client`] connects, declares a stream and runs a frame whose result is checked, and its
+//!   stats show that stream and the device's counters past that frame: the owner still
+//!   serves.
 //!
 //! Every descriptor opened here is close-on-exec: libFuzzer forks a symbolizer when it
 //! reports new coverage, and a descriptor that child inherited would look leaked.
@@ -48,7 +51,7 @@ use userdma_infer::pipeline::{Config as PipelineConfig, Model};
 use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 use userdma_owner::chan::{self, Completion, Rings, Submission};
 use userdma_owner::proto::{self, Msg, MAX_MESSAGE, TEXT};
-use userdma_owner::server::{Config, Entry, Limits, Owner};
+use userdma_owner::server::{Config, Entry, Limits, LoopbackCounters, Owner};
 use userdma_owner::{Client, Options, StreamDecl};
 
 /// The input, read front to back; past its end every read is `None`.
@@ -350,6 +353,9 @@ thread_local! {
     static HARNESS: RefCell<Option<Harness>> = const { RefCell::new(None) };
 }
 
+/// The latest owner's clock a stats answer carried (it never goes back).
+static CLOCK: AtomicU64 = AtomicU64::new(0);
+
 /// The socket's directory, removed at exit.
 static DIR: OnceLock<PathBuf> = OnceLock::new();
 
@@ -375,7 +381,9 @@ fn harness() -> Harness {
         .expect("a loopback device");
     let engine: Arc<dyn Accelerator> =
         Arc::new(LoopbackEngine::new(&runtime).expect("the loopback engine"));
+    let device = Arc::clone(runtime.loopback_device().expect("the loopback device"));
     let config = Config {
+        counters: Some(Arc::new(LoopbackCounters::new(device))),
         // Room for the hostile client and the probe, both with all their streams; small pools
         // and rings, so that a welcome is cheap.
         limits: Limits {
@@ -478,6 +486,15 @@ impl Harness {
             result.read(0, &mut got).map_err(|e| e.to_string())?;
             if got != model.expected(&bytes) {
                 return Err("a wrong result".into());
+            }
+            let stats = c.stats().map_err(|e| format!("stats: {e}"))?;
+            let seen = stats.streams.iter().any(|f| f.name.as_str() == "probe" && f.frames == 1);
+            let ran = stats
+                .device
+                .counters
+                .is_some_and(|d| d.compute.descriptors > 0 && d.copy.descriptors > 0);
+            if !seen || !ran {
+                return Err(format!("stats without the probe's frame: {stats:?}"));
             }
             Ok(())
         });
@@ -595,8 +612,14 @@ fn answers(fd: &OwnedFd, rings: &mut Option<Region>) {
             return;
         }
         let msg = &buf[..n as usize];
-        if let Err(e) = proto::decode(msg) {
-            panic!("the owner sent a message that does not decode: {e} ({msg:?})");
+        match proto::decode(msg) {
+            Err(e) => panic!("the owner sent a message that does not decode: {e} ({msg:?})"),
+            Ok(Msg::DeviceStats(d)) => {
+                assert!(d.counters.is_some(), "no device counters: {d:?}");
+                let before = CLOCK.fetch_max(d.clock_ns, Ordering::Relaxed);
+                assert!(d.clock_ns >= before, "the owner's clock went back: {d:?}");
+            }
+            Ok(_) => {}
         }
     }
 }
