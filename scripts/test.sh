@@ -128,8 +128,11 @@ prerequisites
 # ---- checks ---------------------------------------------------------------------------------
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo fmt --check (fuzz)" cargo fmt --manifest-path fuzz/Cargo.toml -- --check
+# The workspace build has the `tracing` feature on (the tool turns it on); the driver alone is
+# linted with its lean defaults, and the loopback device and the inference layer without it.
 step "cargo clippy -D warnings" sh -c 'cargo clippy --workspace --all-targets --locked -- -D warnings &&
-	cargo clippy -p userdma --all-targets --locked -- -D warnings' # the driver alone: its lean defaults
+	cargo clippy -p userdma --all-targets --locked -- -D warnings &&
+	cargo clippy -p userdma-loopback -p userdma-infer --all-targets --locked -- -D warnings'
 step "cargo doc -D warnings" env RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --locked
 # The library's and the tool's unit and integration tests run in the two sanitizer steps below, instrumented
 # builds with the dev profile's checks; this plain debug run keeps what those cannot run (the
