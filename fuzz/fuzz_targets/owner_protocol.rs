@@ -488,7 +488,10 @@ impl Harness {
                 return Err("a wrong result".into());
             }
             let stats = c.stats().map_err(|e| format!("stats: {e}"))?;
-            let seen = stats.streams.iter().any(|f| f.name.as_str() == "probe" && f.frames == 1);
+            let seen = stats
+                .streams
+                .iter()
+                .any(|f| f.name.as_str() == "probe" && f.frames == 1);
             let ran = stats
                 .device
                 .counters
