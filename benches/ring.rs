@@ -67,22 +67,22 @@ use userdma::dma::{SoftIommu, Space};
 use userdma::memory::{PageSize, Region};
 use userdma::mmio::{Block, Shared, Width};
 use userdma::ring::{
-    Command, Config, DeviceQueue, Doorbells, Error, Layout, Memory, Pod, Queue, Status, Submission,
+    Command, Config, DeviceQueue, Doorbells, Error, Layout, Memory, Queue, Status, Submission,
 };
+use userdma::zerocopy::{FromBytes, Immutable, IntoBytes};
 use userdma_bench_support::{cpu, dpdk};
 
 const DEPTH: u32 = 256;
 
 /// An 8-byte descriptor.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable)]
+#[zerocopy(crate = "userdma::zerocopy")]
 struct Desc8 {
     id: u16,
     tag: u16,
     value: u32,
 }
-// SAFETY: repr(C), integers only, no padding (2 + 2 + 4 = 8).
-unsafe impl Pod for Desc8 {}
 impl Submission for Desc8 {
     fn command_id(&self) -> u16 {
         self.id

@@ -75,6 +75,9 @@
 //! re-exported as [`sys`].
 
 pub use userdma_sys as sys;
+/// The `zerocopy` this crate's [`Pod`](dma::Pod) is built on, for deriving descriptor types
+/// without a direct dependency (`#[zerocopy(crate = "userdma::zerocopy")]`).
+pub use zerocopy;
 
 #[cfg(not(loom))]
 pub mod device;

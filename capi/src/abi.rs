@@ -7,19 +7,59 @@
 
 use std::mem::size_of;
 
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
 use crate::error::{udma_status, Fail};
 
-/// A `#[repr(C)]` struct whose first field is `size: usize` and whose every field is an
-/// integer or a raw pointer, with no padding.
+/// A `#[repr(C)]` struct that can be filled from the caller's bytes and copied out as bytes.
+///
+/// Two ways in, which never overlap (rustc checks it):
+/// - the structs of integers, floats and integer arrays derive `zerocopy`'s `FromBytes`,
+///   `IntoBytes` and `Immutable` and get `Bytes` from the blanket impl below: the derives
+///   prove the contract at compile time (a padding byte or a field type with invalid bit
+///   patterns fails the build);
+/// - the structs holding raw pointers or function pointers cannot derive them (`zerocopy`
+///   does not make pointers from bytes), so each implements `Bytes` by hand, with its proof.
 ///
 /// # Safety
 /// Every byte pattern must be a valid value of the type (it is filled from bytes the caller
-/// wrote), it must have no padding bytes (they would be read as initialised), and its first
-/// field must be the `usize` size.
-pub(crate) unsafe trait Sized: Copy {
+/// wrote), and it must have no padding bytes (they would be read as initialised, and copied
+/// out to the caller).
+pub(crate) unsafe trait Bytes: Copy {}
+
+// SAFETY: `FromBytes` proves every byte pattern is a valid `T`, `IntoBytes` that `T` has no
+// padding bytes: `Bytes`'s contract. (`Immutable`, no interior mutability, is not part of it:
+// it is asked so that every such struct can also be viewed as `&[u8]` through `zerocopy`.)
+unsafe impl<T: FromBytes + IntoBytes + Immutable + Copy> Bytes for T {}
+
+/// A struct that may grow: `#[repr(C)]`, [`Bytes`], and its first field is `size: usize`, the
+/// `sizeof` the caller was built with ([`read()`] and [`write()`] take it from the first word).
+///
+/// Implement it with [`sized!`], which also checks at compile time that `size` is a `usize`
+/// at offset 0.
+pub(crate) trait Sized: Bytes {
     /// The C name, for messages.
     const NAME: &'static str;
 }
+
+/// `impl Sized for $t`, named as C names it, with a compile-time check that `$t` starts with
+/// `size: usize`.
+macro_rules! sized {
+    ($t:ident) => {
+        impl $crate::abi::Sized for $t {
+            const NAME: &'static str = stringify!($t);
+        }
+        const _: () = {
+            assert!(
+                ::std::mem::offset_of!($t, size) == 0,
+                concat!(stringify!($t), ": `size` must be the first field")
+            );
+            // `size` is a `usize` (no integer coerces to one).
+            let _: fn(&$t) -> usize = |s| s.size;
+        };
+    };
+}
+pub(crate) use sized;
 
 /// The size a caller's struct at `ptr` declares (`what`: the parameter, for messages).
 ///

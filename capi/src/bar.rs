@@ -8,6 +8,7 @@
 //! PCIe read of a device that is gone returns), and writes are refused (`UDMA_ERR_REMOVED`).
 
 use udma::mmio::{DynBlock, Raw, Width};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::abi;
 use crate::device::{bar_slot, device, udma_device, Device};
@@ -15,7 +16,7 @@ use crate::error::{call, lib, udma_status, Fail};
 
 /// A BAR of a device (`udma_device_get_bar`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable)]
 pub struct udma_bar_info {
     /// `sizeof(udma_bar_info)`.
     pub size: usize,
@@ -27,10 +28,7 @@ pub struct udma_bar_info {
     pub reserved: u32,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 8 + 4 + 4 = 24 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_bar_info {
-    const NAME: &'static str = "udma_bar_info";
-}
+abi::sized!(udma_bar_info);
 
 /// The removal error of `d`, for an operation on BAR `index`.
 fn removed(d: &Device, what: String) -> Fail {

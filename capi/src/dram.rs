@@ -14,6 +14,7 @@ use std::sync::{MutexGuard, PoisonError};
 use udma::device::{DeviceMemory, Range};
 use udma::dma::DeviceOffset;
 use userdma_loopback::{self as loopback, LoopbackRuntime};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::abi;
 use crate::device::{bar_slot, device, udma_device, Device};
@@ -36,7 +37,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// A range of device memory (`udma_device_memory_alloc`): where it is, and the id the device
 /// handle knows it by. Pass it back unchanged to `udma_device_memory_free`.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_range {
     /// `sizeof(udma_range)`.
     pub size: usize,
@@ -52,15 +53,11 @@ pub struct udma_range {
     pub len: u64,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 8 + 4 + 4 + 8 + 8 = 40 bytes with no padding, `size`
-// first.
-unsafe impl abi::Sized for udma_range {
-    const NAME: &'static str = "udma_range";
-}
+abi::sized!(udma_range);
 
 /// A BAR's device memory (`udma_device_memory_get_info`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_device_memory_info {
     /// `sizeof(udma_device_memory_info)`.
     pub size: usize,
@@ -74,10 +71,7 @@ pub struct udma_device_memory_info {
     pub ranges: u64,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 4 * 8 = 40 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_device_memory_info {
-    const NAME: &'static str = "udma_device_memory_info";
-}
+abi::sized!(udma_device_memory_info);
 
 /// The allocator over BAR `bar` of `d`.
 fn allocator(d: &Device, bar: u32) -> Result<&DeviceMemory, Fail> {

@@ -262,11 +262,12 @@ impl Default for udma_engine_ops {
     }
 }
 
-// SAFETY: `repr(C)`, `size` first; pointers and integers only, 8 + 8 + 4 + 4 + 12 * 8 = 120
+// SAFETY: `repr(C)`; integers, a raw pointer (any bit pattern is a valid raw pointer value)
+// and `Option`s of `extern "C"` function pointers (zero is `None`, any other bit pattern a
+// valid `Some`: a function pointer's only invalid value is null), 8 + 8 + 4 + 4 + 12 * 8 = 120
 // bytes with no padding (the two `u32`s fill one word).
-unsafe impl abi::Sized for udma_engine_ops {
-    const NAME: &'static str = "udma_engine_ops";
-}
+unsafe impl abi::Bytes for udma_engine_ops {}
+abi::sized!(udma_engine_ops);
 
 const _: () = assert!(
     size_of::<udma_engine_ops>() == 120,

@@ -20,6 +20,7 @@ use std::time::Duration;
 use udma::pool::OwnedBuffer;
 use userdma_owner::chan::{self, Completion};
 use userdma_owner::{proto, Client, Event, EventKind, Options, Stream, StreamDecl};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::abi;
 use crate::device::timeout;
@@ -140,11 +141,10 @@ impl Default for udma_owner_options {
     }
 }
 
-// SAFETY: `repr(C)`, integers and a raw pointer (read as a C string), 8 * 4 = 32 bytes with no
-// padding, `size` first.
-unsafe impl abi::Sized for udma_owner_options {
-    const NAME: &'static str = "udma_owner_options";
-}
+// SAFETY: `repr(C)`, integers and a raw pointer (any bit pattern is a valid raw pointer value;
+// read as a C string after a NULL check), 8 * 4 = 32 bytes with no padding.
+unsafe impl abi::Bytes for udma_owner_options {}
+abi::sized!(udma_owner_options);
 
 /// A stream to declare (`udma_owner_declare`). Zero is the default for every field but `name`
 /// and `model`.
@@ -181,15 +181,14 @@ impl Default for udma_owner_stream_options {
     }
 }
 
-// SAFETY: `repr(C)`, two raw pointers (read as C strings) and integers, 8 * 5 + 4 + 4 = 48
-// bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_owner_stream_options {
-    const NAME: &'static str = "udma_owner_stream_options";
-}
+// SAFETY: `repr(C)`, two raw pointers (any bit pattern is a valid raw pointer value; read as
+// C strings after a NULL check) and integers, 8 * 5 + 4 + 4 = 48 bytes with no padding.
+unsafe impl abi::Bytes for udma_owner_stream_options {}
+abi::sized!(udma_owner_stream_options);
 
 /// A declared stream (`udma_owner_declare`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_owner_stream_info {
     /// `sizeof(udma_owner_stream_info)`.
     pub size: usize,
@@ -203,10 +202,7 @@ pub struct udma_owner_stream_info {
     pub result_bytes: u64,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 4 + 4 + 8 + 8 = 32 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_owner_stream_info {
-    const NAME: &'static str = "udma_owner_stream_info";
-}
+abi::sized!(udma_owner_stream_info);
 
 /// A buffer of the client's pool (`udma_owner_alloc`), shared with the owner, who maps it for
 /// the device.
@@ -225,14 +221,14 @@ pub struct udma_owner_buffer {
     pub offset: u64,
 }
 
-// SAFETY: `repr(C)`, a raw pointer and integers, 8 * 4 = 32 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_owner_buffer {
-    const NAME: &'static str = "udma_owner_buffer";
-}
+// SAFETY: `repr(C)`, a raw pointer (any bit pattern is a valid raw pointer value) and
+// integers, 8 * 4 = 32 bytes with no padding.
+unsafe impl abi::Bytes for udma_owner_buffer {}
+abi::sized!(udma_owner_buffer);
 
 /// A frame done (`udma_owner_poll`, `udma_owner_wait`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_owner_completion {
     /// `sizeof(udma_owner_completion)`.
     pub size: usize,
@@ -248,15 +244,11 @@ pub struct udma_owner_completion {
     pub wait_ns: u64,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 4 + 4 + 8 * 3 = 40 bytes with no padding, `size`
-// first.
-unsafe impl abi::Sized for udma_owner_completion {
-    const NAME: &'static str = "udma_owner_completion";
-}
+abi::sized!(udma_owner_completion);
 
 /// One stream's figures as the owner counts them (`udma_owner_get_stats`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_owner_stream_figures {
     /// `sizeof(udma_owner_stream_figures)`.
     pub size: usize,
@@ -287,15 +279,11 @@ pub struct udma_owner_stream_figures {
     pub period_ns: u64,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 4 + 4 + 8 * 10 = 96 bytes with no padding, `size`
-// first.
-unsafe impl abi::Sized for udma_owner_stream_figures {
-    const NAME: &'static str = "udma_owner_stream_figures";
-}
+abi::sized!(udma_owner_stream_figures);
 
 /// The owner's totals (`udma_owner_get_stats`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_owner_figures {
     /// `sizeof(udma_owner_figures)`.
     pub size: usize,
@@ -325,15 +313,11 @@ pub struct udma_owner_figures {
     pub resets: u64,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 4 * 4 + 8 * 8 = 88 bytes with no padding, `size`
-// first.
-unsafe impl abi::Sized for udma_owner_figures {
-    const NAME: &'static str = "udma_owner_figures";
-}
+abi::sized!(udma_owner_figures);
 
 /// Something the owner told its clients (`udma_owner_next_event`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_owner_event {
     /// `sizeof(udma_owner_event)`.
     pub size: usize,
@@ -345,14 +329,11 @@ pub struct udma_owner_event {
     pub detail: u64,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 4 + 4 + 8 = 24 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_owner_event {
-    const NAME: &'static str = "udma_owner_event";
-}
+abi::sized!(udma_owner_event);
 
 /// A client's state (`udma_owner_get_info`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_owner_info {
     /// `sizeof(udma_owner_info)`.
     pub size: usize,
@@ -371,10 +352,7 @@ pub struct udma_owner_info {
     pub gone: u32,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 * 3 + 4 * 4 = 40 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_owner_info {
-    const NAME: &'static str = "udma_owner_info";
-}
+abi::sized!(udma_owner_info);
 
 // The layouts the SAFETY comments above count.
 const _: () = {

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use userdma_infer::plan::{self, Budget, Kind as TensorKind, Options, Strategy, Tensor};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::abi;
 use crate::error::{call, lib, udma_status, Fail};
@@ -110,10 +111,9 @@ impl Default for udma_tensor {
 
 // SAFETY: `repr(C)`, integers and two pointers (plain values, any bit pattern is a valid
 // pointer value; they are only dereferenced after the checks in `tensor`),
-// 8 * 4 + 4 * 4 + 8 * 2 + 4 * 2 = 72 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_tensor {
-    const NAME: &'static str = "udma_tensor";
-}
+// 8 * 4 + 4 * 4 + 8 * 2 + 4 * 2 = 72 bytes with no padding.
+unsafe impl abi::Bytes for udma_tensor {}
+abi::sized!(udma_tensor);
 
 /// `udma_plan_options.strategy` (and `udma_plan_report.strategy`).
 #[repr(C)]
@@ -144,7 +144,7 @@ const STRATEGIES: [Strategy; 6] = [
 
 /// How to plan. Zero is the default for every field.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_plan_options {
     /// `sizeof(udma_plan_options)`.
     pub size: usize,
@@ -165,14 +165,11 @@ pub const UDMA_PLAN_INPLACE: u32 = 1;
 /// memory.
 pub const UDMA_PLAN_NO_ALIAS: u32 = 2;
 
-// SAFETY: `repr(C)`, integers only, 8 * 3 + 4 + 4 = 32 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_plan_options {
-    const NAME: &'static str = "udma_plan_options";
-}
+abi::sized!(udma_plan_options);
 
 /// What a plan achieved (`udma_plan_get_report`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable)]
 pub struct udma_plan_report {
     /// `sizeof(udma_plan_report)`.
     pub size: usize,
@@ -196,10 +193,7 @@ pub struct udma_plan_report {
     pub tensors: u32,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 * 6 + 4 * 4 = 64 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_plan_report {
-    const NAME: &'static str = "udma_plan_report";
-}
+abi::sized!(udma_plan_report);
 
 fn tensor(t: &udma_tensor, i: usize) -> Result<Tensor, Fail> {
     let at = |f: Fail| f.context(format!("tensors[{i}]"));

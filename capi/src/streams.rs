@@ -11,6 +11,7 @@ use std::time::Duration;
 use userdma_infer::pipeline::Pipeline;
 use userdma_infer::sched::streams::{Arrivals, RunReport, Stream, Streams};
 use userdma_infer::sched::{Policy, StreamSpec, MAX_STREAMS};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::abi;
 use crate::device::Device;
@@ -58,7 +59,7 @@ pub enum udma_policy {
 
 /// How to schedule the streams. Zero is the default for every field.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_streams_options {
     /// `sizeof(udma_streams_options)`.
     pub size: usize,
@@ -73,10 +74,7 @@ pub struct udma_streams_options {
     pub reserved: u32,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 4 * 4 = 24 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_streams_options {
-    const NAME: &'static str = "udma_streams_options";
-}
+abi::sized!(udma_streams_options);
 
 /// One stream (`udma_streams_create` takes an array of them). Zero is the default for every
 /// field but `name` and `pipeline`.
@@ -116,16 +114,15 @@ impl Default for udma_stream_options {
     }
 }
 
-// SAFETY: `repr(C)`, two raw pointers (the name is read as a C string, the pipeline is a
-// handle, never dereferenced) and integers, 8 * 5 + 4 + 4 = 48 bytes with no padding, `size`
-// first.
-unsafe impl abi::Sized for udma_stream_options {
-    const NAME: &'static str = "udma_stream_options";
-}
+// SAFETY: `repr(C)`, two raw pointers (any bit pattern is a valid raw pointer value; the name
+// is read as a C string, the pipeline is a handle, never dereferenced) and integers,
+// 8 * 5 + 4 + 4 = 48 bytes with no padding.
+unsafe impl abi::Bytes for udma_stream_options {}
+abi::sized!(udma_stream_options);
 
 /// What one stream did in a run (`udma_streams_run`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_stream_report {
     /// `sizeof(udma_stream_report)`.
     pub size: usize,
@@ -155,15 +152,11 @@ pub struct udma_stream_report {
     pub lost: u64,
 }
 
-// SAFETY: `repr(C)`, integers and doubles (any bit pattern is a value), 8 * 12 = 96 bytes
-// with no padding, `size` first.
-unsafe impl abi::Sized for udma_stream_report {
-    const NAME: &'static str = "udma_stream_report";
-}
+abi::sized!(udma_stream_report);
 
 /// What a whole run did (`udma_streams_run`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_run_report {
     /// `sizeof(udma_run_report)`.
     pub size: usize,
@@ -185,10 +178,7 @@ pub struct udma_run_report {
     pub quarantines: u64,
 }
 
-// SAFETY: `repr(C)`, integers and a double, 8 * 7 = 56 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_run_report {
-    const NAME: &'static str = "udma_run_report";
-}
+abi::sized!(udma_run_report);
 
 /// Writes a dispatched frame's input (`udma_streams_run`): `input` is valid during the call.
 pub type udma_preprocess_fn = Option<

@@ -6,7 +6,8 @@ use std::fmt;
 use std::mem::{offset_of, size_of};
 
 use static_assertions::const_assert_eq;
-use userdma::ring::{Completion, Pod, Submission};
+use userdma::ring::{Completion, Submission};
+use userdma::zerocopy::{FromBytes, Immutable, IntoBytes};
 
 #[cfg(target_endian = "big")]
 compile_error!("NVMe structures are little-endian; this driver lays them out in host order");
@@ -50,7 +51,8 @@ const FEATURE_NUMBER_OF_QUEUES: u32 = 0x07;
 
 /// A submission queue entry (common command format).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+#[zerocopy(crate = "userdma::zerocopy")]
 pub(crate) struct Sqe {
     /// CDW0 bits 7:0.
     pub(crate) opcode: u8,
@@ -85,11 +87,6 @@ const_assert_eq!(offset_of!(Sqe, mptr), 16);
 const_assert_eq!(offset_of!(Sqe, prp1), 24);
 const_assert_eq!(offset_of!(Sqe, prp2), 32);
 const_assert_eq!(offset_of!(Sqe, cdw), 40);
-
-// SAFETY: `#[repr(C)]`, integer fields only, and the offsets asserted above leave no padding
-// (1 + 1 + 2 + 4 + 4 + 4 + 8 + 8 + 8 + 24 = 64 = the size): every byte pattern is a valid value,
-// and it holds no pointer.
-unsafe impl Pod for Sqe {}
 
 impl Submission for Sqe {
     fn command_id(&self) -> u16 {
@@ -219,7 +216,8 @@ impl Sqe {
 
 /// A completion queue entry.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+#[zerocopy(crate = "userdma::zerocopy")]
 pub(crate) struct Cqe {
     /// DW0: command specific result.
     pub(crate) result: u32,
@@ -242,10 +240,6 @@ const_assert_eq!(offset_of!(Cqe, sq_head), 8);
 const_assert_eq!(offset_of!(Cqe, sq_id), 10);
 const_assert_eq!(offset_of!(Cqe, command_id), 12);
 const_assert_eq!(offset_of!(Cqe, status), 14);
-
-// SAFETY: `#[repr(C)]`, integer fields only, no padding (4 + 4 + 2 + 2 + 2 + 2 = 16 = the size,
-// as asserted): every byte pattern is a valid value, and it holds no pointer.
-unsafe impl Pod for Cqe {}
 
 impl Completion for Cqe {
     /// DW3 (byte 12): the command id and the status with the phase tag.
@@ -536,8 +530,8 @@ mod tests {
     fn the_command_id_is_bytes_2_and_3() {
         let mut sqe = Sqe::flush(1);
         sqe.set_command_id(0xbeef);
-        // SAFETY: `Sqe` is `Pod` (no padding), so its 64 bytes may be viewed as bytes.
-        let bytes: [u8; 64] = unsafe { std::mem::transmute(sqe) };
+        let bytes = sqe.as_bytes();
+        assert_eq!(bytes.len(), 64);
         assert_eq!(bytes[2..4], [0xef, 0xbe]);
     }
 
@@ -548,8 +542,7 @@ mod tests {
             command_id: 7,
             ..Cqe::default()
         };
-        // SAFETY: `Cqe` is `Pod` (no padding), so its 16 bytes may be viewed as bytes.
-        let bytes: [u8; 16] = unsafe { std::mem::transmute(cqe) };
+        let bytes = cqe.as_bytes();
         let dw3 = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
         assert_eq!(dw3 & Cqe::PHASE_BIT, Cqe::PHASE_BIT);
         assert_eq!(dw3 & 0xffff, 7);

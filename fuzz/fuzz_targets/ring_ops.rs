@@ -16,9 +16,10 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use userdma::mmio::{Block, Shared};
 use userdma::ring::{
-    leaks, Config, DeviceQueue, DoorbellValue, Doorbells, Error, Layout, Memory, Pod, Queue,
-    Quiesce, Rejected, Status, Submission, POSTED,
+    leaks, Config, DeviceQueue, DoorbellValue, Doorbells, Error, Layout, Memory, Queue, Quiesce,
+    Rejected, Status, Submission, POSTED,
 };
+use userdma::zerocopy::{FromBytes, Immutable, IntoBytes};
 
 #[derive(Debug, Arbitrary)]
 struct Input {
@@ -54,14 +55,13 @@ enum Op {
 
 /// An 8-byte descriptor carrying the payload's value.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable)]
+#[zerocopy(crate = "userdma::zerocopy")]
 struct Desc {
     id: u16,
     pad: u16,
     value: u32,
 }
-// SAFETY: repr(C), integers only, no padding (2 + 2 + 4 = 8).
-unsafe impl Pod for Desc {}
 impl Submission for Desc {
     fn command_id(&self) -> u16 {
         self.id

@@ -8,33 +8,41 @@ use std::marker::PhantomData;
 use std::mem::{align_of, size_of};
 use std::ptr::{self, NonNull};
 
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
 use super::Error;
 use crate::memory::Region;
 
 /// Plain-old-data: a value that can be read from and written to device-visible memory as bytes.
 ///
-/// # Safety
-/// The type must be `Copy`, have no padding bytes and no invalid bit patterns (every byte
-/// sequence of its size is a valid value), and hold no pointers or references. Integer types and
-/// arrays of them qualify; a `#[repr(C)]` struct of them without padding does too.
-pub unsafe trait Pod: Copy + Send + Sync + 'static {}
+/// Implemented for every type that `zerocopy` proves has no padding bytes, no invalid bit
+/// patterns and no interior mutability: integers, arrays of them, and `#[repr(C)]` structs that
+/// derive [`FromBytes`](zerocopy::FromBytes), [`IntoBytes`](zerocopy::IntoBytes) and
+/// [`Immutable`](zerocopy::Immutable) (the derives refuse a struct with padding or a field that
+/// is not itself plain data, at compile time). No `unsafe impl` is needed, or possible:
+///
+/// ```
+/// use userdma::zerocopy::{FromBytes, Immutable, IntoBytes};
+///
+/// #[derive(Clone, Copy, FromBytes, IntoBytes, Immutable)]
+/// #[zerocopy(crate = "userdma::zerocopy")]
+/// #[repr(C)]
+/// struct Descriptor {
+///     addr: u64,
+///     len: u32,
+///     id: u16,
+///     flags: u16,
+/// }
+///
+/// fn takes_pod<T: userdma::dma::Pod>() {}
+/// takes_pod::<Descriptor>();
+/// ```
+///
+/// (`#[zerocopy(crate = ...)]` lets a crate use the `zerocopy` this crate re-exports; one that
+/// depends on `zerocopy` 0.8 itself can leave it out.)
+pub trait Pod: FromBytes + IntoBytes + Immutable + Copy + Send + Sync + 'static {}
 
-/// Implements [`Pod`] for integer types.
-macro_rules! pod_integers {
-    ($($ty:ty),+) => {
-        $(
-            // SAFETY: an integer has no padding bytes, every bit pattern is a valid value, and it
-            // holds no pointer.
-            unsafe impl Pod for $ty {}
-        )+
-    };
-}
-
-pod_integers!(u8, u16, u32, u64, i8, i16, i32, i64);
-
-// SAFETY: an array of a `Pod` type has no padding between elements (size is a multiple of
-// alignment) and every element accepts any bits, so the array does too.
-unsafe impl<T: Pod, const N: usize> Pod for [T; N] {}
+impl<T: FromBytes + IntoBytes + Immutable + Copy + Send + Sync + 'static> Pod for T {}
 
 /// A view of `len` bytes of device-visible memory, valid for `'a`, accessed only by volatile
 /// loads and stores. Copying the handle is cheap; it never owns the memory.

@@ -7,20 +7,20 @@
 //! written with the flipped phase. Every entry spans several words, each derived from the same
 //! sequence number, so a torn read (an ordering missing) shows as a mismatch.
 
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
 use super::*;
 use crate::mmio::{Block, Shared};
 use crate::sync::thread;
 
 /// An 8-byte descriptor whose two words must agree.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable)]
 struct Small {
     id: u16,
     seq: u16,
     check: u32,
 }
-// SAFETY: repr(C), integers only, no padding (2 + 2 + 4 = 8).
-unsafe impl Pod for Small {}
 impl Submission for Small {
     fn command_id(&self) -> u16 {
         self.id
@@ -239,7 +239,7 @@ fn loom_no_lost_wakeup() {
 
 /// A completion in NVMe's shape that reports the SQ head (a slot) itself.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable)]
 struct HeadStatus {
     result: u64,
     sq_head: u16,
@@ -248,8 +248,6 @@ struct HeadStatus {
     /// Bit 0: the phase.
     status: u16,
 }
-// SAFETY: repr(C), integers only, no padding (8 + 2 + 2 + 2 + 2 = 16).
-unsafe impl Pod for HeadStatus {}
 impl Completion for HeadStatus {
     const PHASE_WORD: usize = 12;
     const PHASE_BIT: u32 = 1 << 16;

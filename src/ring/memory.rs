@@ -15,8 +15,6 @@
 //! functions, so the ring's protocol is model-checked as written.
 
 use std::mem::size_of;
-#[cfg(loom)]
-use std::mem::MaybeUninit;
 
 use super::Error;
 use crate::dma::Pod;
@@ -418,8 +416,8 @@ impl Memory {
         }
         #[cfg(loom)]
         {
-            let mut value = MaybeUninit::<T>::uninit();
-            let dst = value.as_mut_ptr().cast::<u8>();
+            let mut value = T::new_zeroed();
+            let dst = value.as_mut_bytes().as_mut_ptr();
             let mut at = 0;
             while at < size {
                 let n = self.step(offset, at, size, None);
@@ -428,9 +426,7 @@ impl Memory {
                 unsafe { self.load_into(offset + at, dst.add(at), n) };
                 at += n;
             }
-            // SAFETY: every byte of `value` was written (the size is a multiple of 4, and the
-            // steps tile it), and `T: Pod` accepts any bytes.
-            unsafe { value.assume_init() }
+            value
         }
     }
 
@@ -496,14 +492,8 @@ impl Memory {
     /// The word at byte `at` of `value` (a multiple of 4 inside it).
     pub(crate) fn word_of<T: Pod>(value: &T, at: usize) -> u32 {
         assert!(at % 4 == 0 && at + 4 <= size_of::<T>());
-        // SAFETY: checked just above: the four bytes are inside `value`; read unaligned.
-        unsafe {
-            (value as *const T)
-                .cast::<u8>()
-                .add(at)
-                .cast::<u32>()
-                .read_unaligned()
-        }
+        let word = &value.as_bytes()[at..at + 4];
+        u32::from_ne_bytes([word[0], word[1], word[2], word[3]])
     }
 
     /// Zeroes `len` bytes at `offset` (both multiples of 4).

@@ -238,9 +238,7 @@ impl<D: Submission, C: Completion, T: Send> Queue<D, C, T> {
             doorbells.ring_sq(id, 0)?;
             doorbells.ring_cq(id, 0)?;
         }
-        // SAFETY: `C: Pod`, so the all-zero bytes are a valid `C`.
-        let zeroed: C = unsafe { std::mem::zeroed() };
-        let head_from_cq = zeroed.sq_head().is_some();
+        let head_from_cq = C::new_zeroed().sq_head().is_some();
         let reserve = if head_from_cq {
             1
         } else {

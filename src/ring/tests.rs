@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering as StdOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
 use super::*;
 use crate::dma::{Mapping, SoftIommu, Space};
 use crate::memory::{PageSize, Region};
@@ -14,14 +16,12 @@ mod nvme;
 
 /// An 8-byte descriptor: id and a value.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 struct Small {
     id: u16,
     tag: u16,
     value: u32,
 }
-// SAFETY: repr(C), integers only, no padding (2 + 2 + 4 = 8).
-unsafe impl Pod for Small {}
 impl Submission for Small {
     fn command_id(&self) -> u16 {
         self.id
@@ -122,10 +122,8 @@ fn layout_checks_depth_and_entry_types() {
     assert_eq!((layout.sq_entry_size(), layout.cq_entry_size()), (64, 16));
 
     #[repr(C)]
-    #[derive(Clone, Copy)]
+    #[derive(Clone, Copy, FromBytes, IntoBytes, Immutable)]
     struct Odd([u8; 6]);
-    // SAFETY: bytes only.
-    unsafe impl Pod for Odd {}
     impl Submission for Odd {
         fn command_id(&self) -> u16 {
             0
@@ -142,10 +140,8 @@ fn layout_checks_depth_and_entry_types() {
     ));
 
     #[repr(C)]
-    #[derive(Clone, Copy)]
+    #[derive(Clone, Copy, FromBytes, IntoBytes, Immutable)]
     struct TwoBits([u32; 2]);
-    // SAFETY: integers only.
-    unsafe impl Pod for TwoBits {}
     impl Completion for TwoBits {
         const PHASE_WORD: usize = 4;
         const PHASE_BIT: u32 = 0b11;
@@ -162,10 +158,8 @@ fn layout_checks_depth_and_entry_types() {
     ));
 
     #[repr(C)]
-    #[derive(Clone, Copy)]
+    #[derive(Clone, Copy, FromBytes, IntoBytes, Immutable)]
     struct PastEnd([u32; 2]);
-    // SAFETY: integers only.
-    unsafe impl Pod for PastEnd {}
     impl Completion for PastEnd {
         const PHASE_WORD: usize = 8;
         const PHASE_BIT: u32 = 1;

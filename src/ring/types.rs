@@ -5,13 +5,13 @@
 use std::mem::{offset_of, size_of};
 
 use super::{Completion, Submission};
-use crate::dma::Pod;
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 /// A 64-byte submission entry: an operation on up to two IOVA ranges in one device context.
 /// Field meanings beyond the layout belong to the device (the loopback device documents its
 /// opcodes).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 pub struct Command {
     /// The operation.
     pub opcode: u8,
@@ -43,10 +43,6 @@ const _: () = {
     assert!(offset_of!(Command, args) == 32);
 };
 
-// SAFETY: `#[repr(C)]`, integer fields only, and the offsets asserted above leave no padding
-// (1 + 1 + 2 + 4 + 8 + 8 + 8 + 32 = 64 = the size): every byte pattern is a valid value.
-unsafe impl Pod for Command {}
-
 impl Submission for Command {
     fn command_id(&self) -> u16 {
         self.command_id
@@ -60,7 +56,7 @@ impl Submission for Command {
 /// command id, and a status word whose bit 0 is the phase and bits 1..16 the status code
 /// (0: success).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 pub struct Status {
     /// Operation-specific result.
     pub result: u64,
@@ -82,10 +78,6 @@ const _: () = {
     assert!(offset_of!(Status, command_id) == 12);
     assert!(offset_of!(Status, status) == 14);
 };
-
-// SAFETY: `#[repr(C)]`, integer fields only, no padding (8 + 2 + 2 + 2 + 2 = 16 = the size, as
-// asserted): every byte pattern is a valid value.
-unsafe impl Pod for Status {}
 
 impl Status {
     /// A completion of `command_id` with status `code` (0: success; 15 bits) and `result`.

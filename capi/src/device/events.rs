@@ -6,6 +6,7 @@ use std::ffi::c_int;
 use std::os::fd::{AsFd, IntoRawFd};
 
 use userdma_loopback::LoopbackRuntime as _;
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 // `device`: the handle lookup and (through the parent's import) `udma::device`.
 use super::{device, timeout, udma_device};
@@ -28,7 +29,7 @@ pub enum udma_event_kind {
 
 /// One event of a device (`udma_device_next_event`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable)]
 pub struct udma_event {
     /// `sizeof(udma_event)`.
     pub size: usize,
@@ -42,10 +43,7 @@ pub struct udma_event {
     pub total: u64,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 4 + 4 + 8 + 8 = 32 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_event {
-    const NAME: &'static str = "udma_event";
-}
+abi::sized!(udma_event);
 
 /// The next event of the device this handle has not seen, waiting up to `timeout_ns`
 /// nanoseconds (0: just look; `UDMA_TIMEOUT_INFINITE`: until one comes). A removal is reported

@@ -5,6 +5,7 @@ use std::ffi::{c_char, c_int};
 use std::os::fd::{AsFd, IntoRawFd};
 
 use userdma_loopback::LoopbackRuntime as _;
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 // `device`: the handle lookup and (through the parent's import) `udma::device`.
 use super::{device, udma_device, DEVICES};
@@ -25,7 +26,7 @@ pub enum udma_device_kind {
 
 /// What a device is (`udma_device_get_info`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable)]
 pub struct udma_device_info {
     /// `sizeof(udma_device_info)`.
     pub size: usize,
@@ -44,11 +45,7 @@ pub struct udma_device_info {
     pub name: [c_char; 64],
 }
 
-// SAFETY: `repr(C)`, integers and a byte array, 8 + 8 + 4 * 4 + 64 = 96 bytes with no padding,
-// `size` first.
-unsafe impl abi::Sized for udma_device_info {
-    const NAME: &'static str = "udma_device_info";
-}
+abi::sized!(udma_device_info);
 
 /// Closes a device handle. What was made from it (mappings, pools, queues, buffers) keeps the
 /// device open until it is destroyed too: each handle holds what it needs, in any order.

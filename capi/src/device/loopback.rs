@@ -3,6 +3,7 @@
 
 use udma::Runtime;
 use userdma_loopback::{self as loopback, LoopbackRuntime};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use super::{register, udma_device};
 use crate::abi;
@@ -25,7 +26,7 @@ pub const UDMA_LOOPBACK_PIN_ENGINE: u32 = 1;
 /// How to start the loopback device. Zero is the default for every field: a zeroed struct with
 /// `size` set is the default device.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_loopback_options {
     /// `sizeof(udma_loopback_options)`.
     pub size: usize,
@@ -45,10 +46,7 @@ pub struct udma_loopback_options {
     pub engine_cpu: u32,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 8 + 6 * 4 = 40 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_loopback_options {
-    const NAME: &'static str = "udma_loopback_options";
-}
+abi::sized!(udma_loopback_options);
 
 fn loopback_config(o: &udma_loopback_options) -> Result<loopback::Config, Fail> {
     let mut config = loopback::Config::default();

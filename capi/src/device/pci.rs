@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use udma::device::{self, vfio};
 use udma::{pci, Runtime};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use super::{register, udma_device};
 use crate::abi;
@@ -46,7 +47,7 @@ pub const UDMA_PCI_NO_IOMMUFD: u32 = 2;
 
 /// How to open a PCI function. Zero is the default for every field.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_pci_options {
     /// `sizeof(udma_pci_options)`.
     pub size: usize,
@@ -64,10 +65,7 @@ pub struct udma_pci_options {
     pub reserved: u32,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 6 * 4 = 32 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_pci_options {
-    const NAME: &'static str = "udma_pci_options";
-}
+abi::sized!(udma_pci_options);
 
 fn vfio_options(o: &udma_pci_options) -> Result<vfio::Options, Fail> {
     let mut options = vfio::Options::new()

@@ -39,11 +39,10 @@ pub struct udma_buffer_info {
     pub reserved: u32,
 }
 
-// SAFETY: `repr(C)`, a pointer and integers, 8 * 5 + 4 + 4 = 48 bytes with no padding, `size`
-// first.
-unsafe impl abi::Sized for udma_buffer_info {
-    const NAME: &'static str = "udma_buffer_info";
-}
+// SAFETY: `repr(C)`, a raw pointer (any bit pattern is a valid raw pointer value) and
+// integers, 8 * 5 + 4 + 4 = 48 bytes with no padding.
+unsafe impl abi::Bytes for udma_buffer_info {}
+abi::sized!(udma_buffer_info);
 
 /// The buffer's host address, IOVA, length and state.
 ///

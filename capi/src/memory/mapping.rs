@@ -47,10 +47,10 @@ pub struct udma_mapping_info {
     pub contiguous: u64,
 }
 
-// SAFETY: `repr(C)`, a pointer and integers, 8 * 5 = 40 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_mapping_info {
-    const NAME: &'static str = "udma_mapping_info";
-}
+// SAFETY: `repr(C)`, a raw pointer (any bit pattern is a valid raw pointer value) and
+// integers, 8 * 5 = 40 bytes with no padding.
+unsafe impl abi::Bytes for udma_mapping_info {}
+abi::sized!(udma_mapping_info);
 
 /// Maps `bytes` of fresh pinned memory (rounded up to whole pages of `page_size`, a
 /// `udma_page_size`) into the device's DMA space, on the device's NUMA node when it has one.

@@ -3,6 +3,7 @@
 
 use udma::pool;
 use udma::runtime::Runtime;
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use super::tables::{buffers_of, forgotten, pool_device, udma_pool, PoolEntry, POOLS, SECTIONS};
 use super::{bytes, page_size};
@@ -13,7 +14,7 @@ use crate::handle::{self, Kind};
 
 /// How to make a pool. Zero is the default for every field but `bytes`.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_pool_options {
     /// `sizeof(udma_pool_options)`.
     pub size: usize,
@@ -37,10 +38,7 @@ pub struct udma_pool_options {
 /// are then aligned to 256 bytes, not to their size.
 pub const UDMA_POOL_COLOURED: u32 = 1;
 
-// SAFETY: `repr(C)`, integers only, 8 + 8 + 4 * 4 = 32 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_pool_options {
-    const NAME: &'static str = "udma_pool_options";
-}
+abi::sized!(udma_pool_options);
 
 /// Makes a pool over `options->bytes` of fresh memory mapped into the device's DMA space.
 ///

@@ -1,6 +1,7 @@
 //! A pool's counters (`udma_pool_stats`, `udma_pool_get_stats`).
 
 use udma::pool;
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use super::tables::{buffers_of, pin_pool, udma_pool};
 use crate::abi;
@@ -8,7 +9,7 @@ use crate::error::{call, udma_status};
 
 /// A snapshot of a pool's counters (`udma_pool_get_stats`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_pool_stats {
     /// `sizeof(udma_pool_stats)`.
     pub size: usize,
@@ -35,10 +36,7 @@ pub struct udma_pool_stats {
     pub handles: u64,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 * 11 = 88 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_pool_stats {
-    const NAME: &'static str = "udma_pool_stats";
-}
+abi::sized!(udma_pool_stats);
 
 /// A snapshot of the pool's counters.
 ///

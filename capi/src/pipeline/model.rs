@@ -5,6 +5,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use userdma_infer::pipeline::{zoo, Model};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::abi;
 use crate::error::{call, lib, udma_status, Fail};
@@ -34,7 +35,7 @@ fn register_model(made: Model, out: *mut *mut udma_model) -> Result<(), Fail> {
 
 /// What a model is (`udma_model_get_info`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_model_info {
     /// `sizeof(udma_model_info)`.
     pub size: usize,
@@ -52,10 +53,7 @@ pub struct udma_model_info {
     pub reserved: u32,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 * 5 + 4 + 4 = 48 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_model_info {
-    const NAME: &'static str = "udma_model_info";
-}
+abi::sized!(udma_model_info);
 
 /// A chain of `layers` compute steps over tensors of `bytes` each (rounded up to 4-byte
 /// words), planned into one arena: the synthetic model of `userdma pipeline`.

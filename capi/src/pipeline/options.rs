@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use udma::device::Wait;
 use userdma_infer::pipeline::{self, Results, WorkingSet};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::abi;
 use crate::error::Fail;
@@ -30,7 +31,7 @@ pub enum udma_results {
 
 /// How to make a pipeline. Zero is the default for every field.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_pipeline_options {
     /// `sizeof(udma_pipeline_options)`.
     pub size: usize,
@@ -60,11 +61,7 @@ pub struct udma_pipeline_options {
     pub reserved: u32,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 6 * 4 + 8 * 3 + 4 + 4 = 64 bytes with no padding,
-// `size` first.
-unsafe impl abi::Sized for udma_pipeline_options {
-    const NAME: &'static str = "udma_pipeline_options";
-}
+abi::sized!(udma_pipeline_options);
 
 pub(super) fn config(o: &udma_pipeline_options) -> Result<pipeline::Config, Fail> {
     if o.flags & !(UDMA_PIPELINE_ONE_QUEUE | UDMA_PIPELINE_POLL) != 0 {

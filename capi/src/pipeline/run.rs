@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use userdma_infer::accel::{Accelerator, ComputeAt};
 use userdma_infer::pipeline::{Config, Finished, Model, Pipeline};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use super::callback::{fill, finish, not_in_callback, udma_frame_input, udma_frame_output};
 use super::model::{model, udma_model};
@@ -44,7 +45,7 @@ pub(crate) static PIPELINES: Registry<Arc<PipelineEntry>> = Registry::new(Kind::
 
 /// A pipeline's state (`udma_pipeline_get_info`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_pipeline_info {
     /// `sizeof(udma_pipeline_info)`.
     pub size: usize,
@@ -78,11 +79,7 @@ pub const UDMA_COMPUTE_HOST: u32 = 1;
 /// `udma_pipeline_info::compute`: some steps on the device, the others on the host.
 pub const UDMA_COMPUTE_MIXED: u32 = 2;
 
-// SAFETY: `repr(C)`, integers only, 8 * 6 + 4 * 4 + 8 = 72 bytes with no padding, `size`
-// first.
-unsafe impl abi::Sized for udma_pipeline_info {
-    const NAME: &'static str = "udma_pipeline_info";
-}
+abi::sized!(udma_pipeline_info);
 
 /// Writes a frame's input (`udma_pipeline_submit_with`): `input` is valid during the call.
 pub type udma_pipeline_fill_fn =

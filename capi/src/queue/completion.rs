@@ -32,11 +32,10 @@ pub struct udma_completion {
     pub command_id: u32,
 }
 
-// SAFETY: `repr(C)`, integers and a raw pointer, 8 * 4 + 4 + 4 = 40 bytes with no padding,
-// `size` first.
-unsafe impl abi::Sized for udma_completion {
-    const NAME: &'static str = "udma_completion";
-}
+// SAFETY: `repr(C)`, integers and a raw pointer (any bit pattern is a valid raw pointer
+// value), 8 * 4 + 4 + 4 = 40 bytes with no padding.
+unsafe impl abi::Bytes for udma_completion {}
+abi::sized!(udma_completion);
 
 fn complete(done: ring::Done<ring::Status, Flight>) -> udma_completion {
     let buffer = done.payload.buffer.map(|(key, owned)| {

@@ -1,13 +1,15 @@
 //! What a queue and its completions say: the queue's counters (`udma_queue_info`) and the
 //! name of a completion's device status.
 
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
 use super::lifecycle::{udma_queue, with_queue};
 use crate::abi;
 use crate::error::{call, cstr, udma_status};
 
 /// A queue's state (`udma_queue_get_info`).
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable)]
 pub struct udma_queue_info {
     /// `sizeof(udma_queue_info)`.
     pub size: usize,
@@ -25,10 +27,7 @@ pub struct udma_queue_info {
     pub reserved: u32,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 * 3 + 4 * 4 = 40 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_queue_info {
-    const NAME: &'static str = "udma_queue_info";
-}
+abi::sized!(udma_queue_info);
 
 /// The queue's counters.
 ///

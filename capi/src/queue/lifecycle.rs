@@ -7,6 +7,7 @@ use std::time::Duration;
 use udma::device::Wait;
 use udma::ring;
 use userdma_loopback::{self as loopback, LoopbackRuntime};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::abi;
 use crate::device::{device, udma_device, Device};
@@ -78,7 +79,7 @@ pub const UDMA_QUEUE_POLL: u32 = 1;
 
 /// How to open a queue. Zero is the default for every field.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable)]
 pub struct udma_queue_options {
     /// `sizeof(udma_queue_options)`.
     pub size: usize,
@@ -96,10 +97,7 @@ pub struct udma_queue_options {
     pub reserved: u32,
 }
 
-// SAFETY: `repr(C)`, integers only, 8 + 6 * 4 = 32 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_queue_options {
-    const NAME: &'static str = "udma_queue_options";
-}
+abi::sized!(udma_queue_options);
 
 /// Opens queue `options->index` of the device (`options` may be NULL: queue 0, depth 64, the
 /// copy engine, interrupts).

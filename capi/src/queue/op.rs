@@ -111,11 +111,10 @@ impl Default for udma_op {
     }
 }
 
-// SAFETY: `repr(C)`, integers and a raw pointer (never dereferenced: a handle), 8 + 4 + 4 +
-// 12 * 8 = 112 bytes with no padding, `size` first.
-unsafe impl abi::Sized for udma_op {
-    const NAME: &'static str = "udma_op";
-}
+// SAFETY: `repr(C)`, integers and a raw pointer (any bit pattern is a valid raw pointer value;
+// never dereferenced: a handle), 8 + 4 + 4 + 12 * 8 = 112 bytes with no padding.
+unsafe impl abi::Bytes for udma_op {}
+abi::sized!(udma_op);
 
 pub(super) fn descriptor(op: &udma_op, iova: Option<u64>) -> Result<Descriptor, Fail> {
     let host = || Iova(iova.unwrap_or(0));

@@ -6,6 +6,8 @@
 use std::sync::atomic::{fence, Ordering as StdOrdering};
 use std::time::Duration;
 
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
 use super::super::*;
 use super::mapped;
 use crate::dma::{Iova, SoftIommu};
@@ -14,7 +16,7 @@ use crate::mmio::{Access, Block, DynBlock, Op, Recording, Shared, Width};
 
 /// A 64-byte submission entry in NVMe's shape.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 struct Sqe {
     opcode: u8,
     flags: u8,
@@ -28,8 +30,6 @@ struct Sqe {
     cdw10: [u32; 6],
 }
 const _: () = assert!(std::mem::size_of::<Sqe>() == 64);
-// SAFETY: repr(C), integers only, no padding (1 + 1 + 2 + 4 + 4 + 4 + 8 + 8 + 8 + 24 = 64).
-unsafe impl Pod for Sqe {}
 impl Submission for Sqe {
     fn command_id(&self) -> u16 {
         self.cid
@@ -42,7 +42,7 @@ impl Submission for Sqe {
 /// A 16-byte completion entry in NVMe's shape: DW0, DW1, DW2 = SQ head | SQ id << 16,
 /// DW3 = command id | phase << 16 | status << 17.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 struct Cqe {
     dw0: u32,
     dw1: u32,
@@ -52,8 +52,6 @@ struct Cqe {
     status: u16,
 }
 const _: () = assert!(std::mem::size_of::<Cqe>() == 16);
-// SAFETY: repr(C), integers only, no padding (4 + 4 + 2 + 2 + 2 + 2 = 16).
-unsafe impl Pod for Cqe {}
 impl Completion for Cqe {
     const PHASE_WORD: usize = 12;
     const PHASE_BIT: u32 = 1 << 16;
