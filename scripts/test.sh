@@ -11,7 +11,8 @@
 # header sets: the system's, Debian 13's and Debian 13 backports'; tests on real hugepages
 # reserve and restore them), the C API (scripts/capi-test.sh: the generated header and the
 # exported symbols checked, C tests under sanitizers and Valgrind, the C example through
-# pkg-config), the loom models, the release soaks (the loopback device, the pipeline, faults
+# pkg-config), the loom models, Miri over the unit tests of the pure and unsafe-heavy code
+# (scripts/miri.sh, the one step on a nightly toolchain), the release soaks (the loopback device, the pipeline, faults
 # injected at random), every benchmark once in criterion's test mode (that they run, not how
 # fast: speed is read from `cargo bench`), the guest suite (real PCI device models behind an
 # emulated IOMMU in QEMU guests, scripts/guest-test.sh), the main job, and a short run of every
@@ -153,6 +154,9 @@ step "loom models (pool, ring, the loopback device's and the device owner's wake
 		cargo test --release --locked -p userdma-owner --lib -- chan::'
 step "loom models (C API handle slots, pool quiescence)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 	cargo test --release --locked -p userdma-capi --lib -- slots:: quiesce::
+# The one use of a nightly toolchain: Miri (scripts/miri.sh installs its component when missing
+# and fails when it cannot).
+step "Miri: unit tests of the pure and unsafe-heavy code (pools, rings, slices, IOVAs, the planner, C API slots, the owner protocol)" scripts/miri.sh
 step "planner on the MiniMalloc instances, release" cargo test --release --locked -p userdma-plan --test plan
 step "loopback soak, release (10^6 transfers)" cargo test --release --locked -p userdma-loopback --test loopback_soak
 step "pipeline soak, release (10^5 frames)" cargo test --release --locked -p userdma-infer --test pipeline_soak

@@ -381,7 +381,10 @@ mod tests {
         let other = pools.with(queue, |_, v| Ok(*v)).unwrap_err();
         assert!(other.message.contains("queue handle"), "{}", other.message);
         let foreign = pools
-            .with(0x7fff_1234_5678usize as *const u8, |_, v| Ok(*v))
+            .with(
+                std::ptr::without_provenance::<u8>(0x7fff_1234_5678),
+                |_, v| Ok(*v),
+            )
             .unwrap_err();
         assert!(
             foreign.message.contains("not a pool handle"),

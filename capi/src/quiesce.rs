@@ -21,7 +21,8 @@
 //! EXPEDITED)`, which runs a full memory barrier on every CPU running a thread of this
 //! process, so the light one needs only to keep the compiler from moving the state's load
 //! above the store (`compiler_fence`). Where the kernel refuses the registration, both are
-//! `fence(SeqCst)` (what C++'s `asymmetric_thread_fence_light/heavy` reduce to without it).
+//! `fence(SeqCst)` (what C++'s `asymmetric_thread_fence_light/heavy` reduce to without it),
+//! and so they are under Miri.
 //! Under loom both are an AcqRel read-modify-write of one word, which orders them the same
 //! way in loom's model.
 //!
@@ -190,6 +191,10 @@ mod barriers {
     static INIT: Once = Once::new();
 
     fn membarrier(cmd: libc::c_int) -> std::io::Result<()> {
+        // Miri has no membarrier: it checks the fence pair, as on a kernel that refuses it.
+        if cfg!(miri) {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSYS));
+        }
         // SAFETY: membarrier takes two integers and touches no memory of ours.
         let r = unsafe {
             libc::syscall(

@@ -302,6 +302,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Miri: waits on the event fd with poll(2), which Miri does not emulate"
+    )]
     fn every_subscriber_sees_every_event_and_late_ones_see_the_removal() {
         let source = Source::new("dev0");
         let mut a = source.subscribe().unwrap();
@@ -323,6 +327,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Miri: waits on the event fd with poll(2), which Miri does not emulate"
+    )]
     fn the_fd_is_readable_while_an_event_is_unread() {
         let source = Source::new("dev0");
         let mut events = source.subscribe().unwrap();
@@ -335,6 +343,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Miri: waits on the event fd with poll(2), which Miri does not emulate"
+    )]
     fn the_removal_wakes_a_vector_and_a_waiting_thread() {
         let source = Source::new("dev0");
         let vector = irq::EventFd::new().unwrap();

@@ -35,6 +35,10 @@ fn stand_in(region: &Region) -> DmaBuf {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: needs a memfd (and fstatfs, udmabuf), which Miri does not emulate"
+)]
 fn a_file_that_is_not_a_dma_buf_is_refused_with_its_filesystem() {
     let region = memfd_region(4096);
     let fd = region.fd().unwrap().try_clone_to_owned().unwrap();
@@ -75,6 +79,10 @@ fn bad_ranges_are_refused_before_the_kernel_is_asked() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: needs a memfd (and fstatfs, udmabuf), which Miri does not emulate"
+)]
 fn memory_outside_a_memfd_is_refused_and_says_how_to_make_it() {
     let anonymous = Arc::new(
         Region::builder(8192)
@@ -97,6 +105,10 @@ fn memory_outside_a_memfd_is_refused_and_says_how_to_make_it() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: needs a memfd (and fstatfs, udmabuf), which Miri does not emulate"
+)]
 fn export_reaches_udmabuf_or_says_the_kernel_lacks_it() {
     let region = memfd_region(64 << 10);
     match export_range(&region, 8192, 16384, Importers::Any) {
@@ -251,6 +263,10 @@ fn a_create_list_is_the_header_then_the_items() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: needs a memfd (and fstatfs, udmabuf), which Miri does not emulate"
+)]
 fn a_foreign_buffer_imports_by_address_on_the_software_iommu() {
     let region = memfd_region(16384);
     let buf = stand_in(&region);
@@ -277,6 +293,10 @@ fn a_foreign_buffer_imports_by_address_on_the_software_iommu() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: needs a memfd (and fstatfs, udmabuf), which Miri does not emulate"
+)]
 fn a_physical_space_refuses_imports_and_says_why() {
     let region = memfd_region(8192);
     let buf = stand_in(&region);
@@ -291,6 +311,10 @@ fn a_physical_space_refuses_imports_and_says_why() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: needs a memfd (and fstatfs, udmabuf), which Miri does not emulate"
+)]
 fn cpu_view_of_a_shared_file_sees_its_bytes() {
     let region = memfd_region(8192);
     let buf = stand_in(&region);

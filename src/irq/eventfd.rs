@@ -161,6 +161,10 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Miri: tells eventfds apart by /proc/self/fd, which shows the interpreter's own descriptors, not Miri's emulated ones"
+    )]
     fn an_eventfd_from_elsewhere_is_adopted_nonblocking() {
         // A blocking eventfd, as a C library might make it.
         // SAFETY: eventfd takes no pointers; a non-negative result is a new fd we own.
@@ -183,6 +187,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Miri: tells eventfds apart by /proc/self/fd, which shows the interpreter's own descriptors, not Miri's emulated ones"
+    )]
     fn other_fds_are_refused() {
         let file = std::fs::File::open("/proc/self/status").unwrap();
         let raw = file.as_raw_fd();

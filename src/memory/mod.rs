@@ -34,6 +34,8 @@ mod keep;
 pub mod numa;
 mod pagemap;
 mod region;
+// Under Miri, the same calls over the interpreter's allocator (the file says why).
+#[cfg_attr(miri, path = "shim_miri.rs")]
 mod shim;
 
 pub use self::error::{Error, MemlockLimit, ReserveHint};

@@ -1,5 +1,6 @@
 //! [`Region`]: one pinned mapping of hugepages (or base pages, when asked), and its [`Builder`].
 
+#[cfg(not(miri))]
 use std::ffi::CStr;
 use std::fs::OpenOptions;
 use std::io;
@@ -15,6 +16,7 @@ use super::u64_of;
 use super::{Error, PageSize, ReserveHint, SYSFS_ROOT};
 
 /// The name memfds of regions carry in `/proc/<pid>/fd` and `/proc/<pid>/maps`.
+#[cfg(not(miri))]
 const MEMFD_NAME: &CStr = c"userdma-region";
 
 /// What backs a region's pages.
@@ -135,7 +137,8 @@ impl Builder {
             meminfo,
         } = self;
         whole_pages(len, page_size)?;
-        if !page_size.is_huge() {
+        // (Under Miri the pages are the interpreter's, not the host's.)
+        if !page_size.is_huge() && !cfg!(miri) {
             if let Some(available) = mem_available(&meminfo) {
                 if u64_of(len) > available {
                     return Err(Error::HostMemory {
@@ -306,6 +309,10 @@ fn open_backing(
 ) -> Result<Option<OwnedFd>, Error> {
     match backing {
         Backing::Anonymous => Ok(None),
+        // Miri has no memfd: the default backing is private memory there (`shim_miri.rs`).
+        #[cfg(miri)]
+        Backing::Memfd => Ok(None),
+        #[cfg(not(miri))]
         Backing::Memfd => {
             let fd = shim::memfd_create(MEMFD_NAME, page_size)
                 .map_err(|source| Error::Memfd { page_size, source })?;

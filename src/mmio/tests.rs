@@ -220,6 +220,10 @@ fn direct_accesses_memory_volatile() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: checks the exact width of pread/pwrite on a file, which Miri performs its own way"
+)]
 fn file_backend_uses_exact_width_pread_pwrite() {
     let mut file = tempfile::tempfile().unwrap();
     file.write_all(&[0u8; 0x40]).unwrap();

@@ -458,6 +458,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Miri: opens the log with O_NONBLOCK, which Miri's file emulation refuses"
+    )]
     fn a_log_file_read_in_pieces_from_the_start_or_the_end() {
         let dir = std::env::temp_dir().join(format!("userdma-faults-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -171,14 +171,17 @@ pub struct Config {
 impl Default for Config {
     /// 1 MiB largest class, 2 MiB chunks, 512-block thread caches of at most 2 MiB per class,
     /// 64 cache slots, 512 depot magazines, fail on exhaustion, no cache colouring.
+    ///
+    /// Under Miri (`scripts/miri.sh`, tests only) 4 cache slots and 16 depot magazines: their
+    /// tables are made element by element, which the interpreter does ~10^4 times slower.
     fn default() -> Self {
         Self {
             max_class: 1 << 20,
             chunk_size: 2 << 20,
             thread_cache: 512,
             thread_cache_bytes: 2 << 20,
-            max_threads: 64,
-            magazines: 512,
+            max_threads: if cfg!(miri) { 4 } else { 64 },
+            magazines: if cfg!(miri) { 16 } else { 512 },
             exhaustion: Exhaustion::Fail,
             colouring: false,
         }

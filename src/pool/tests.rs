@@ -12,6 +12,14 @@ use crate::dma::{SoftIommu, Space};
 use crate::memory::{PageSize, Region};
 
 fn arena_with(len: u64, config: &Config) -> Box<Arena> {
+    // Under Miri (scripts/miri.sh), at most 4 thread-cache slots and 16 depot magazines: the
+    // tables are made element by element, which the interpreter does ~10^4 times slower.
+    let mut config = config.clone();
+    if cfg!(miri) {
+        config.max_threads = config.max_threads.min(4);
+        config.magazines = config.magazines.min(16);
+    }
+    let config = &config;
     let g = Geometry::new(len, config).expect("valid test geometry");
     let meta = Meta::heap(&g);
     let slots = Arena::slots_for(&g).expect("cache slots");
@@ -24,6 +32,16 @@ fn small_config() -> Config {
         .chunk_size(64 << 10)
         .max_class(64 << 10)
         .thread_cache_bytes(64 << 10)
+}
+
+/// `n` rounds of a loop, or a twentieth of them (at least 2) under Miri (scripts/miri.sh),
+/// which runs each round ~10^4 times slower; the first rounds are the same either way.
+fn rounds(n: usize) -> usize {
+    if cfg!(miri) {
+        n.div_ceil(20).max(2)
+    } else {
+        n
+    }
 }
 
 /// Live blocks by offset; checks alignment and overlap on insert.
@@ -962,7 +980,7 @@ fn a_batch_freed_on_another_thread_goes_to_that_thread_and_back() {
             }
             freed
         });
-        for _ in 0..100 {
+        for _ in 0..rounds(100) {
             let batch = pool.alloc_batch(4096, 32).unwrap();
             for buffer in batch.iter() {
                 buffer.write(0, &[7; 8]).unwrap();
@@ -970,13 +988,14 @@ fn a_batch_freed_on_another_thread_goes_to_that_thread_and_back() {
             tx.send(batch).unwrap();
         }
         drop(tx);
-        assert_eq!(consumer.join().unwrap(), 3200);
+        assert_eq!(consumer.join().unwrap(), 32 * rounds(100));
     });
     pool.flush_thread_cache();
     let stats = pool.stats();
+    let buffers = 32 * rounds(100) as u64;
     assert_eq!(
         (stats.classes[4].allocs, stats.classes[4].frees),
-        (3200, 3200)
+        (buffers, buffers)
     );
     assert_all_free(&stats);
 }

@@ -109,6 +109,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: calls statx(2), which Miri does not emulate")]
     fn statx_reports_the_size_of_a_file() {
         let mut file = tempfile::tempfile().expect("temp file");
         std::io::Write::write_all(&mut file, &[7u8; 1000]).expect("write");
@@ -117,6 +118,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri: calls getrusage(2), which Miri does not emulate")]
     fn cpu_time_moves_forward() {
         let before = process_cpu_time();
         let mut x = 0u64;

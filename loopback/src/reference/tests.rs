@@ -20,10 +20,16 @@ fn layer_runs_match_the_definition_for_every_arity_and_wrap() {
     let bytes: Vec<u8> = (0..4096u32)
         .flat_map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes())
         .collect();
-    let lens = [1usize, 3, 7, 16, 64, 100, 255, 1024];
-    for (case, &out_words) in [1usize, 5, 64, 333, 1000].iter().enumerate() {
-        for a in lens {
-            for b in lens {
+    // Under Miri (scripts/miri.sh), the short lengths and outputs only: every kind of wrap
+    // still occurs (shorter, equal, longer, co-prime and not), at a hundredth of the work.
+    let (lens, outs): (&[usize], &[usize]) = if cfg!(miri) {
+        (&[1, 3, 7, 16], &[1, 5, 16])
+    } else {
+        (&[1, 3, 7, 16, 64, 100, 255, 1024], &[1, 5, 64, 333, 1000])
+    };
+    for (case, &out_words) in outs.iter().enumerate() {
+        for &a in lens {
+            for &b in lens {
                 let c = lens[(a + b + case) % lens.len()];
                 let all: [&[u8]; 3] = [
                     &bytes[..4 * a],

@@ -536,6 +536,10 @@ fn opts() -> Options {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
+)]
 fn type1_open_sequence_and_info() {
     let (tree, fake) = setup();
     let vfio = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap();
@@ -587,6 +591,10 @@ fn type1_open_sequence_and_info() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
+)]
 fn sparse_bar_maps_allowed_areas_and_serves_the_rest_by_file() {
     let (tree, fake) = setup();
     let vfio = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap();
@@ -616,6 +624,10 @@ fn sparse_bar_maps_allowed_areas_and_serves_the_rest_by_file() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
+)]
 fn interrupts_enable_replace_mask_and_disable() {
     let (tree, fake) = setup();
     let vfio = Vfio::open_in(
@@ -693,6 +705,10 @@ fn interrupts_enable_replace_mask_and_disable() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
+)]
 fn set_irqs_failure_is_reported() {
     let (tree, fake) = setup();
     fake.fail("VFIO_DEVICE_SET_IRQS 0x24 1 0 1");
@@ -716,6 +732,10 @@ fn set_irqs_failure_is_reported() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
+)]
 fn reset_and_hot_reset_fallback() {
     let (tree, fake) = setup();
     let vfio = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap();
@@ -764,6 +784,10 @@ fn reset_and_hot_reset_fallback() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
+)]
 fn drop_releases_in_order_and_group_is_attached_once() {
     let (tree, fake) = setup();
     let container = Container::open_in(Arc::clone(&fake) as Arc<dyn Kernel>).unwrap();
@@ -826,6 +850,10 @@ fn drop_releases_in_order_and_group_is_attached_once() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
+)]
 fn iommufd_path_when_offered() {
     let (tree, fake) = setup();
     tree.cdev("vfio3");
@@ -861,6 +889,10 @@ fn iommufd_path_when_offered() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
+)]
 fn without_iommufd_node_the_container_path_is_used() {
     let (tree, fake) = setup();
     tree.cdev("vfio3");
@@ -928,6 +960,10 @@ fn group_not_viable_per_kernel() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
+)]
 fn noiommu_needs_the_opt_in() {
     let tree = Tree::new();
     tree.bind(BDF, "vfio-pci").group(5, Some("vfio-noiommu"));
@@ -1062,6 +1098,10 @@ fn raise(fd: RawFd) {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
+)]
 fn the_kernels_request_cuts_the_device_off_and_releases_it() {
     use crate::device::Event;
     let (tree, fake) = setup();
@@ -1152,6 +1192,10 @@ fn the_kernels_request_cuts_the_device_off_and_releases_it() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
+)]
 fn error_interrupts_are_counted_and_reported() {
     use crate::device::Event;
     let (tree, fake) = setup();

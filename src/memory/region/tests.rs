@@ -11,6 +11,10 @@ fn meminfo(available_kib: u64) -> tempfile::NamedTempFile {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the host-memory check reads /proc/meminfo, skipped under Miri (its pages are the interpreter's)"
+)]
 fn base_pages_beyond_what_the_host_has_available_are_refused_before_mapping() {
     let small = meminfo(1024);
     let error = Region::builder(4 << 20)

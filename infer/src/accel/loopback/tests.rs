@@ -119,6 +119,10 @@ fn drain(engine: &LoopbackEngine) -> (Vec<Activity>, ActivityDrained) {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: runs the loopback device's engine thread, minutes per test under the interpreter"
+)]
 fn each_op_comes_back_as_the_device_ran_it() {
     let cost = Cost {
         dma_bytes_per_sec: 4_000_000_000,
@@ -202,6 +206,10 @@ fn each_op_comes_back_as_the_device_ran_it() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: runs the loopback device's engine thread, minutes per test under the interpreter"
+)]
 fn a_reset_keeps_the_records_on_and_counts_those_it_lost() {
     let engine = engine(Cost::zero());
     engine.record_activity(64).unwrap();
@@ -243,6 +251,10 @@ fn a_reset_keeps_the_records_on_and_counts_those_it_lost() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: runs the loopback device's engine thread, minutes per test under the interpreter"
+)]
 fn records_start_stop_and_refuse_a_size_the_device_does_not_take() {
     let engine = engine(Cost::zero());
     // Nothing recorded yet: nothing to drain.

@@ -8,6 +8,10 @@ use userdma::Runtime;
 use userdma_loopback::{self as loopback, LoopbackRuntime};
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: reads through io_uring, which Miri does not emulate"
+)]
 fn a_lent_read_completes_while_owned_requests_stay_in_flight() {
     let rt = Runtime::loopback(loopback::Config::default()).expect("loopback runtime");
     let pool = rt.pool(8 << 20, PageSize::Base).expect("pool");
