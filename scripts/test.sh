@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FUZZ_SECONDS=${FUZZ_SECONDS:-12}
+FUZZ_SECONDS=${FUZZ_SECONDS:-6}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 # Every build here is made once: incremental compilation would only add its bookkeeping.
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}

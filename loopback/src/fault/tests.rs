@@ -14,17 +14,24 @@ fn the_generator_repeats_for_a_seed_and_differs_between_seeds() {
 #[test]
 fn a_random_programme_hits_the_same_descriptors_for_the_same_seed() {
     let kinds = Kind::ALL.iter().fold(0, |m, k| m | k.bit());
+    // 100,000 decisions (under Miri, scripts/miri.sh, 20,000: the same seeds' first ones).
+    let n = if cfg!(miri) { 20_000 } else { 100_000 };
     let run = |seed| {
         let mut p = Programme::new(kinds, 0, rate_of(0.01), seed, 100, 1).unwrap();
-        (0..100_000)
+        (0..n)
             .filter_map(|i| p.decide().map(|k| (i, k)))
             .collect::<Vec<_>>()
     };
     let a = run(42);
     assert_eq!(a, run(42));
     assert_ne!(a, run(43));
-    // About 1000 hits, every kind among them.
-    assert!((800..1200).contains(&a.len()), "{} hits", a.len());
+    // About one in 100 hit, every kind among them.
+    let expected = n / 100;
+    assert!(
+        (expected * 8 / 10..expected * 12 / 10).contains(&a.len()),
+        "{} hits",
+        a.len()
+    );
     for kind in Kind::ALL {
         assert!(a.iter().any(|&(_, k)| k == kind), "{kind} never drawn");
     }

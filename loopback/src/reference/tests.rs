@@ -79,7 +79,13 @@ fn compute_matches_the_definition_for_every_overlap() {
         .flat_map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes())
         .collect();
     let (xor, add) = (0x5a5a_5a5a, 0x0101_0101);
-    for words in [1usize, 15, 16, 17, 33, 100, 256] {
+    // (Under Miri, scripts/miri.sh, the lengths up to 33 words: every gap still occurs.)
+    let lengths: &[usize] = if cfg!(miri) {
+        &[1, 15, 16, 17, 33]
+    } else {
+        &[1, 15, 16, 17, 33, 100, 256]
+    };
+    for &words in lengths {
         let len = 4 * words;
         for src in [0usize, 4, 256, 1024] {
             for dst in [0usize, 4, 8, 60, 64, 68, 252, 256, 260, 320, 1028, 2048] {
