@@ -12,14 +12,6 @@ use crate::dma::{SoftIommu, Space};
 use crate::memory::{PageSize, Region};
 
 fn arena_with(len: u64, config: &Config) -> Box<Arena> {
-    // Under Miri (scripts/miri.sh), at most 4 thread-cache slots and 16 depot magazines: the
-    // tables are made element by element, which the interpreter does ~10^4 times slower.
-    let mut config = config.clone();
-    if cfg!(miri) {
-        config.max_threads = config.max_threads.min(4);
-        config.magazines = config.magazines.min(16);
-    }
-    let config = &config;
     let g = Geometry::new(len, config).expect("valid test geometry");
     let meta = Meta::heap(&g);
     let slots = Arena::slots_for(&g).expect("cache slots");
@@ -32,16 +24,6 @@ fn small_config() -> Config {
         .chunk_size(64 << 10)
         .max_class(64 << 10)
         .thread_cache_bytes(64 << 10)
-}
-
-/// `n` rounds of a loop, or a twentieth of them (at least 2) under Miri (scripts/miri.sh),
-/// which runs each round ~10^4 times slower; the first rounds are the same either way.
-fn rounds(n: usize) -> usize {
-    if cfg!(miri) {
-        n.div_ceil(20).max(2)
-    } else {
-        n
-    }
 }
 
 /// Live blocks by offset; checks alignment and overlap on insert.
@@ -970,6 +952,8 @@ fn a_whole_batch_the_cache_cannot_take_goes_to_the_shared_level() {
 
 #[test]
 fn a_batch_freed_on_another_thread_goes_to_that_thread_and_back() {
+    // 100 batches (under Miri, scripts/miri.sh, 5: each is ~10^4 times slower there).
+    let batches = if cfg!(miri) { 5 } else { 100 };
     let pool = Pool::new(mapping(4 << 20), small_config()).unwrap();
     std::thread::scope(|s| {
         let (tx, rx) = mpsc::sync_channel::<Batch<'_>>(4);
@@ -980,7 +964,7 @@ fn a_batch_freed_on_another_thread_goes_to_that_thread_and_back() {
             }
             freed
         });
-        for _ in 0..rounds(100) {
+        for _ in 0..batches {
             let batch = pool.alloc_batch(4096, 32).unwrap();
             for buffer in batch.iter() {
                 buffer.write(0, &[7; 8]).unwrap();
@@ -988,11 +972,11 @@ fn a_batch_freed_on_another_thread_goes_to_that_thread_and_back() {
             tx.send(batch).unwrap();
         }
         drop(tx);
-        assert_eq!(consumer.join().unwrap(), 32 * rounds(100));
+        assert_eq!(consumer.join().unwrap(), 32 * batches);
     });
     pool.flush_thread_cache();
     let stats = pool.stats();
-    let buffers = 32 * rounds(100) as u64;
+    let buffers = 32 * batches as u64;
     assert_eq!(
         (stats.classes[4].allocs, stats.classes[4].frees),
         (buffers, buffers)
