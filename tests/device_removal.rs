@@ -187,6 +187,60 @@ fn a_removed_device_process_stops_its_queues_and_returns_every_buffer() {
     removal_in(device_process());
 }
 
+/// A removal while the device works through a long burst: the device stops after the
+/// descriptor it is executing (as a control write ends a burst), so what was queued behind it
+/// comes back aborted, not completed after the host was told the device is gone.
+fn removal_mid_burst(mode: Mode) {
+    const QUEUED: usize = 8;
+    // 200 ms a descriptor: the whole burst would take 1.6 s.
+    let runtime = Runtime::loopback(
+        Config::default()
+            .cost(Cost {
+                descriptor_ns: 200_000_000,
+                ..Cost::zero()
+            })
+            .memory_size(1 << 20)
+            .mode(mode),
+    )
+    .expect("a loopback device");
+    let device = Arc::clone(runtime.loopback_device().unwrap());
+    let pool = runtime.pool(4 << 20, PageSize::Base).unwrap();
+    let mut queue: userdma_loopback::Queue = device
+        .open_queue(ring::Config::new(16), Wait::Interrupt)
+        .unwrap();
+    for i in 0..QUEUED as u64 {
+        let buffer = pool.alloc_owned(4096).unwrap();
+        queue.submit(to_device(&buffer, i * 4096), buffer).unwrap();
+    }
+    // The first completion: the unit is inside the burst, on the second descriptor.
+    let first = queue.wait(Some(TIMEOUT)).expect("the first descriptor");
+    assert!(first.entry.is_success());
+    drop(first);
+    device.remove();
+    let stopped = queue.shutdown(TIMEOUT).expect("a removed queue shuts down");
+    let completed = 1 + stopped.completed.len();
+    assert_eq!(completed + stopped.aborted.len(), QUEUED);
+    // The descriptor in execution when the removal came may finish (and one more if this
+    // thread was descheduled 200 ms); the rest of the burst must not.
+    assert!(
+        completed <= 3,
+        "{completed} of {QUEUED} descriptors completed: the device ran its burst on after \
+         the removal"
+    );
+    drop(stopped);
+    assert_eq!(outstanding(&pool), 0, "every buffer is back");
+}
+
+#[test]
+fn a_removal_stops_the_device_after_the_descriptor_it_executes() {
+    removal_mid_burst(Mode::Thread);
+}
+
+#[test]
+fn a_removal_stops_the_device_process_after_the_descriptor_it_executes() {
+    removal_mid_burst(device_process());
+}
+
 #[test]
 fn a_queue_dropped_with_work_in_flight_on_a_removed_device_frees_its_buffers() {
     let runtime = runtime(Mode::Thread);

@@ -287,6 +287,12 @@ impl RegisterFile {
         // Release: nothing is published by it, but the units' Acquire loads then see every
         // register write made before the shutdown (they stop after them).
         self.u32(SHUTDOWN).store(1, Ordering::Release);
+        // A unit in the middle of a burst ends it after the descriptor it is executing, as it
+        // does for any control write: without this a burst of modelled descriptors (tens of
+        // milliseconds each) ran to its end before the unit looked at SHUTDOWN, so a removal
+        // or a reset let the device finish work the host was about to be told was lost.
+        // Release: as `notify_control`.
+        self.control_seq().fetch_add(1, Ordering::Release);
         self.notify_all();
     }
 
