@@ -56,7 +56,9 @@ fi
 
 # -Zmiri-disable-isolation: the tests read the fake sysfs trees and files they write to
 # temporary directories, and the clock; Miri passes those calls to the host.
-export MIRIFLAGS="-Zmiri-disable-isolation ${MIRIFLAGS:-}"
+# -Zmiri-strict-provenance: no pointer is made from an integer (an address a pointer was not
+# derived from is an error, not a guess).
+export MIRIFLAGS="-Zmiri-disable-isolation -Zmiri-strict-provenance ${MIRIFLAGS:-}"
 # Two lanes, one per CPU (the interpreter is single-threaded): the driver in one, the other
 # crates in the other, each with its own target directory so neither waits on the other's
 # build lock. Each lane's output goes to its own log, printed when both are done.

@@ -480,9 +480,11 @@ mod tests {
             for c in 0..g.classes {
                 let slab_units = chunk_units << g.class[c].slab_order;
                 let in_slab: std::collections::BTreeSet<u32> = carved(&g, c).into_iter().collect();
-                // Every unit of the first two slabs, and of the arena's last one.
+                // Every unit of the first two slabs (under Miri the first), and of the arena's
+                // last one.
                 let last_slab = g.units - slab_units;
-                for unit in (0..2 * slab_units).chain(last_slab..g.units) {
+                let first = if cfg!(miri) { 1 } else { 2 };
+                for unit in (0..first * slab_units).chain(last_slab..g.units) {
                     let expected = in_slab.contains(&(unit % slab_units));
                     assert_eq!(g.is_block(c, unit), expected, "class {c}, unit {unit}");
                 }

@@ -144,15 +144,17 @@ impl<T: Pod> Entries<T> {
         {
             let index = (counter & self.mask) as usize;
             let size = size_of::<T>();
-            let start = self.first.as_ptr() as usize + index * size;
+            let first = self.first.as_ptr().cast::<i8>();
+            let start = first.addr() + index * size;
             for line in new_lines(start, size, index == 0) {
                 let at = (line * LINE).max(start);
+                // The address as an offset from the ring's pointer, keeping its provenance
+                // (no integer-to-pointer cast: Miri runs with strict provenance).
+                let at = first.wrapping_add(at - first.addr());
                 // SAFETY: a prefetch is a hint with no architectural effect; the address is
                 // inside the entry, which is inside the mapped memory anyway.
                 unsafe {
-                    core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                        at as *const i8,
-                    )
+                    core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(at)
                 };
             }
         }

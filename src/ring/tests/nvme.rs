@@ -434,10 +434,10 @@ fn churn(rig: &mut Rig, rounds: u32, seed: u64) {
 
 #[test]
 fn nvme_queue_survives_wraps_and_out_of_order_completions() {
-    // 400 operations per depth (under Miri, scripts/miri.sh, 40: still many wraps of the
-    // small rings; each operation is ~0.1 s interpreted).
-    let ops = if cfg!(miri) { 40 } else { 400 };
-    for (depth, seed) in [(2, 1), (4, 2), (8, 3), (64, 4)] {
+    // 400 operations per depth (under Miri, scripts/miri.sh, 40, and not the ring of 64, whose
+    // wraps take the most operations; each operation is ~0.1 s interpreted).
+    let (ops, depths) = if cfg!(miri) { (40, 3) } else { (400, 4) };
+    for (depth, seed) in [(2, 1), (4, 2), (8, 3), (64, 4)].into_iter().take(depths) {
         let mut rig = nvme_rig(depth, false);
         churn(&mut rig, ops, seed);
         let stats = rig.queue.stats();
