@@ -16,9 +16,13 @@
 //! thread cache and the batch as one array value in both shapes, so the two should agree), in the
 //! pipeline `pool_batch_in_place` the batch made and filled in its ring slot and read and
 //! dropped there (no move of it at all; the other batch case moves it into the ring and out),
-//! `pool_vec` the older `alloc_bulk` / `free_bulk` calls on a `Vec`. A `_coloured` suffix: the
-//! same over a second pool with cache colouring (`Config::colouring`), whose 4 KiB buffers are
-//! 4352 bytes apart instead of 4096.
+//! `pool_vec` the older `alloc_bulk` / `free_bulk` calls on a `Vec`. The cases without a suffix
+//! run over a page-aligned pool: what a device that needs 4 KiB alignment gets (any VFIO or UIO
+//! device unless its opener says otherwise, `Device::dma_alignment`), and what `Pool::new`
+//! gives with no alignment stated. A `_coloured` suffix: the same over the layout a device
+//! that takes 256-byte alignment gets by default (the loopback NPU, through `Runtime::pool`):
+//! `Config::dma_alignment(256)`, which colours the classes from 4 KiB up, so its 4 KiB buffers
+//! are 4352 bytes apart instead of 4096.
 //!
 //! Baselines: DPDK 22.11's `rte_mempool` (cache 256, 8191 objects of 4 KiB; get/put, bulk
 //! get/put of 32, and the pipeline over an SP/SC `rte_ring` of 1024 slots, run from C by
@@ -83,16 +87,25 @@ const BURST: usize = 32;
 /// Slots of the pipeline's SPSC ring (per-object cases; batches take `RING / BURST`).
 const RING: usize = 1024;
 
-/// A pool over 256 MiB of `page` pages (2 MiB hugepages or base pages), with the default
-/// config or with cache colouring.
-fn make_pool(page: PageSize, colouring: bool) -> Pool {
+/// A pool over 256 MiB of `page` pages (2 MiB hugepages or base pages), in the layout of a
+/// device that needs 4 KiB alignment (page aligned) or of one that takes 256 bytes (the
+/// loopback NPU's default: coloured).
+fn make_pool(page: PageSize, coloured: bool) -> Pool {
     let region = Region::builder(256 << 20)
         .page_size(page)
         .build()
         .expect("256 MiB of locked memory (raise RLIMIT_MEMLOCK or run as root)");
     let space = SoftIommu::new(48).expect("loopback DMA space");
     let mapping = space.map(Arc::new(region)).expect("loopback mapping");
-    Pool::new(mapping, Config::default().colouring(colouring)).expect("pool over the mapping")
+    let align = if coloured { 256 } else { 4096 };
+    let pool =
+        Pool::new(mapping, Config::default().dma_alignment(align)).expect("pool over the mapping");
+    assert_eq!(
+        pool.is_coloured(KIB4),
+        coloured,
+        "the layout the alignment calls for"
+    );
+    pool
 }
 
 /// The pools' page size: 2 MiB hugepages when DPDK runs on them and 256 more are free for the
@@ -926,9 +939,11 @@ fn ratios(
          bytes (4032-byte objects, no spread: the layout of page-aligned 4 KiB buffers, every \
          first line in one L1 set).\n  userdma: pools over 256 MiB of {pages}; default \
          config (a thread's cache holds up to {cap} 4 KiB buffers, refills and flushes {half} at a \
-         time): 4 KiB buffers 4 KiB-aligned (IOVA), so 4096 bytes apart, the layout of \
-         `dpdk_4k_stride`; `_coloured`: cache colouring on, 4 KiB buffers 4352 bytes apart \
-         (16 offsets within a page), the counterpart of `dpdk`.",
+         time); no suffix: the layout of a device that needs 4 KiB alignment (VFIO, UIO), 4 KiB \
+         buffers page aligned (IOVA), so 4096 bytes apart, the layout of `dpdk_4k_stride`; \
+         `_coloured`: the default layout of a device that takes 256-byte alignment (the loopback \
+         NPU), cache-coloured, 4 KiB buffers 4352 bytes apart (16 offsets within a page), the \
+         counterpart of `dpdk`.",
         eal.memory(),
         mp.ops(),
         mp.stride(),

@@ -152,8 +152,15 @@
 // most one block in 16 of a chunk) are placed `size + 256` bytes apart instead of `size`, so
 // that their first cache lines spread over the CPU's cache sets: faster when the CPU touches
 // many buffers in a row (filling a bulk allocation, reading a burst's headers). Those buffers
-// are then aligned to 256 bytes, not to their size.
+// are then aligned to 256 bytes, not to their size. Without a flag a pool is coloured when its
+// device takes 256-byte aligned buffers (the loopback NPU) and page aligned otherwise; this
+// flag on a device that needs more than 256 bytes is `UDMA_ERR_INVALID_ARGUMENT`.
 #define UDMA_POOL_COLOURED 1
+
+// `udma_pool_options.flags`: no cache colouring, whatever the device allows: every buffer
+// aligned to its size class (4 KiB buffers to a page), for buffers that must be page aligned
+// (a file opened with `O_DIRECT`, page lists) on a device that would take less.
+#define UDMA_POOL_PAGE_ALIGNED 2
 
 // `udma_pipeline_options.flags`: every descriptor on one queue, in order (by default three
 // queues on the device's two units, so copying and computing overlap).
@@ -797,7 +804,8 @@ typedef struct udma_pool_options {
   // When nothing is free: 0 fails at once with `UDMA_ERR_EXHAUSTED`; otherwise waits up to
   // this many microseconds for a buffer to be freed first.
   uint32_t wait_us;
-  // `UDMA_POOL_COLOURED` or 0.
+  // 0 (the layout the device's DMA alignment calls for), `UDMA_POOL_COLOURED` or
+  // `UDMA_POOL_PAGE_ALIGNED`.
   uint32_t flags;
   // Zero.
   uint32_t reserved;

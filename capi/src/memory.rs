@@ -54,7 +54,10 @@ pub use mapping::{
     udma_mapping_info, udma_mapping_iova, udma_memory_map, udma_memory_map_user,
     udma_memory_map_user_access,
 };
-pub use pool::{udma_pool_create, udma_pool_destroy, udma_pool_options, UDMA_POOL_COLOURED};
+pub use pool::{
+    udma_pool_create, udma_pool_destroy, udma_pool_options, UDMA_POOL_COLOURED,
+    UDMA_POOL_PAGE_ALIGNED,
+};
 pub(crate) use queued::{forget_queued, give_back, take_for_queue};
 pub use stats::{udma_pool_get_stats, udma_pool_stats};
 pub(crate) use tables::HostBuffer;

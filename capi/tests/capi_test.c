@@ -313,6 +313,31 @@ static void test_pool(void)
 	CHECK(info_of(half).iova % 2048 == 0);
 	OK(udma_pool_free(coloured, half));
 	OK(udma_pool_destroy(coloured));
+
+	/* No flag: the layout the device's alignment calls for. The loopback NPU takes 256-byte
+	 * aligned buffers, so its pools are coloured (4 KiB buffers at several page offsets);
+	 * UDMA_POOL_PAGE_ALIGNED asks for page-aligned ones on it; both flags at once are refused. */
+	udma_pool_options layouts[2] = {{.size = sizeof layouts[0], .bytes = 4 << 20},
+					{.size = sizeof layouts[1], .bytes = 4 << 20,
+					 .flags = UDMA_POOL_PAGE_ALIGNED}};
+	for (int l = 0; l < 2; l++) {
+		udma_pool *p = NULL;
+		OK(udma_pool_create(dev, &layouts[l], &p));
+		udma_buffer *b[COLOURED] = {0};
+		OK(udma_pool_alloc_bulk(p, 4096, COLOURED, b));
+		unsigned seen = 0;
+		for (int i = 0; i < COLOURED; i++) {
+			uint64_t iova = info_of(b[i]).iova;
+			CHECK(iova % 256 == 0);
+			seen |= 1u << ((iova % 4096) / 256);
+		}
+		CHECK(l == 0 ? seen == 0x7fff : seen == 1);
+		OK(udma_pool_free_bulk(p, b, COLOURED));
+		OK(udma_pool_destroy(p));
+	}
+	udma_pool_options both = {.size = sizeof both, .bytes = 4 << 20,
+				  .flags = UDMA_POOL_COLOURED | UDMA_POOL_PAGE_ALIGNED};
+	FAILS(udma_pool_create(dev, &both, &other), UDMA_ERR_INVALID_ARGUMENT, "pick one");
 	OK(udma_pool_destroy(pool));
 	OK(udma_device_close(dev));
 }

@@ -413,7 +413,11 @@ pub trait Accelerator: Send + Sync + fmt::Debug {
     /// What it can do.
     fn capabilities(&self) -> Capabilities;
 
-    /// A pool of host buffers of about `bytes`, mapped into the device's DMA space once.
+    /// A pool of host buffers of about `bytes`, mapped into the device's DMA space once, in
+    /// the page-aligned layout (no cache colouring, whatever the device allows): a pipeline's
+    /// slots are read from and written to files opened for direct I/O through the stager, which
+    /// needs them aligned to the file's blocks, and they are allocated once per pipeline, so
+    /// the coloured layout's faster allocation would buy nothing there.
     ///
     /// # Errors
     /// No memory, no IOVA space.

@@ -327,3 +327,83 @@ fn access_modes_are_enforced_by_the_device() {
     );
     drop(queue);
 }
+
+/// A pool's layout follows what its device says it needs (`Device::dma_alignment`): the
+/// loopback NPU takes 256-byte aligned buffers, so its pools are cache-coloured (4 KiB buffers
+/// at several offsets within a page); a device that does not say needs a page, so its pools'
+/// 4 KiB buffers are page aligned. A caller can ask for either layout the device allows, and
+/// is told when it asks for one the device does not.
+#[test]
+fn a_pool_takes_its_layout_from_the_device_alignment() {
+    const BUFFERS: usize = 32;
+    /// The offsets within a page of `BUFFERS` 4 KiB buffers of `pool`, each checked aligned.
+    fn page_offsets(
+        pool: &Arc<userdma::pool::Pool>,
+        align: u64,
+    ) -> std::collections::BTreeSet<u64> {
+        let buffers: Vec<OwnedBuffer> = (0..BUFFERS)
+            .map(|_| pool.alloc_owned(4096).expect("a buffer"))
+            .collect();
+        buffers
+            .iter()
+            .map(|b| {
+                assert_eq!(
+                    b.iova().0 % align,
+                    0,
+                    "{:#x} aligned to {align}",
+                    b.iova().0
+                );
+                b.iova().0 % 4096
+            })
+            .collect()
+    }
+    let runtime = runtime();
+    assert_eq!(runtime.dma_alignment(), 256);
+    let pool = runtime.pool(4 << 20, PageSize::Base).expect("a pool");
+    assert!(
+        pool.is_coloured(4096),
+        "the loopback NPU gets the coloured layout"
+    );
+    assert!(
+        page_offsets(&pool, 256).len() > 1,
+        "4 KiB buffers at several page offsets"
+    );
+    // Page aligned when asked.
+    let config = Runtime::pool_config(PageSize::Base).colouring(false);
+    let aligned = runtime
+        .pool_with(4 << 20, PageSize::Base, config)
+        .expect("a page-aligned pool");
+    assert!(!aligned.is_coloured(4096));
+    assert_eq!(page_offsets(&aligned, 4096).len(), 1);
+    // A stated alignment below the device's is refused, naming it.
+    let config = Runtime::pool_config(PageSize::Base).dma_alignment(64);
+    let err = runtime
+        .pool_with(4 << 20, PageSize::Base, config)
+        .unwrap_err();
+    assert_eq!(err.code(), userdma::Code::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("dma_alignment = 64"), "{err}");
+
+    // A device that does not say: a page, so page-aligned classes.
+    let loopback = Arc::clone(runtime.loopback_device().unwrap());
+    let plain = Runtime::from_device(Arc::new(NoMemory(loopback)));
+    assert_eq!(plain.dma_alignment(), 4096);
+    let pool = plain.pool(4 << 20, PageSize::Base).expect("a pool");
+    assert!(
+        !pool.is_coloured(4096),
+        "page aligned for a device that needs pages"
+    );
+    assert_eq!(page_offsets(&pool, 4096), [0].into());
+    // Colouring asked for on it is refused: its buffers would be 256-byte aligned only.
+    let config = Runtime::pool_config(PageSize::Base).colouring(true);
+    let err = plain
+        .pool_with(4 << 20, PageSize::Base, config)
+        .unwrap_err();
+    assert_eq!(err.code(), userdma::Code::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("colouring"), "{err}");
+    // A bad alignment is an error too, not a panic.
+    let config = Runtime::pool_config(PageSize::Base).dma_alignment(3000);
+    let err = plain
+        .pool_with(4 << 20, PageSize::Base, config)
+        .unwrap_err();
+    assert!(err.to_string().contains("a power of two"), "{err}");
+}

@@ -156,6 +156,19 @@ pub trait Device: Send + Sync + fmt::Debug {
         self.event_source().is_some_and(Source::is_removed)
     }
 
+    /// The alignment, in bytes, the device needs of the start of a DMA buffer it is given (a
+    /// power of two). [`Runtime::pool`](crate::Runtime::pool) lays its pools out by it
+    /// ([`pool::Config::dma_alignment`](crate::pool::Config::dma_alignment)): at most 256
+    /// bytes, the classes from 4 KiB up are cache-coloured (buffers 256-byte aligned, faster
+    /// to touch many in a row); more, every class is aligned to its size. The default, for
+    /// devices that do not say: a base page (4096), what a device that takes page lists (NVMe
+    /// PRPs) or a file opened for direct I/O needs. A VFIO or UIO device is a PCI function
+    /// the library knows nothing about, so it says 4096 unless its opener states its own
+    /// ([`vfio::Options::dma_alignment`], [`Uio::with_dma_alignment`]).
+    fn dma_alignment(&self) -> usize {
+        crate::pool::DEFAULT_DMA_ALIGNMENT
+    }
+
     /// The device's own memory, when the device says where it is: the BAR that holds it and
     /// its size in bytes (an NPU's DRAM window; the loopback NPU's BAR 2).
     /// [`Runtime::device_memory`](crate::Runtime::device_memory) hands out ranges of it. The

@@ -164,6 +164,23 @@ impl Geometry {
         if config.magazines > 1 << 24 {
             return bad("magazines", config.magazines as u64, "at most 2^24");
         }
+        let align = config.dma_alignment_bytes() as u64;
+        if !align.is_power_of_two() || align > 1 << MAX_CLASS_SHIFT {
+            return bad("dma_alignment", align, "a power of two from 1 B to 1 GiB");
+        }
+        if config.colouring_enabled()
+            && config.dma_alignment_set().is_some()
+            && align > MIN_BLOCK as u64
+        {
+            // Coloured blocks are 256-byte aligned only: refused for a stated alignment above
+            // that (colouring asked for with none stated is the caller's choice).
+            return bad(
+                "dma_alignment",
+                align,
+                "at most 256 B with colouring on: turn colouring off (Config::colouring(false)) \
+                 for a device that needs more",
+            );
+        }
         let chunk_shift = chunk.trailing_zeros();
         let len = len & !(chunk - 1);
         let max_class_shift = max_class.trailing_zeros();
@@ -196,8 +213,10 @@ impl Geometry {
             // Coloured: asked for, big enough to alias, and cheap: a one-chunk slab holds
             // `plain` blocks `size` apart and `fit` blocks `size + 256` apart (the last one
             // needing only `size`), and colouring may cost at most one in COLOUR_LOSS_MAX.
-            let coloured =
-                config.colouring && shift >= MIN_COLOURED_SHIFT && shift < chunk_shift && {
+            let coloured = config.colouring_enabled()
+                && shift >= MIN_COLOURED_SHIFT
+                && shift < chunk_shift
+                && {
                     let plain = chunk >> shift;
                     let fit = (chunk - (1 << shift)) / ((1 << shift) + MIN_BLOCK as u64) + 1;
                     fit * COLOUR_LOSS_MAX >= plain * (COLOUR_LOSS_MAX - 1)
@@ -426,6 +445,52 @@ mod tests {
             .take_while(|offset| offset + size <= slab)
             .map(Geometry::unit)
             .collect()
+    }
+
+    #[test]
+    fn the_layout_follows_the_dma_alignment_unless_set() {
+        let coloured = |config: &Config| {
+            let g = Geometry::new(64 << 20, config).unwrap();
+            g.class[4].stride_inverse != 0
+        };
+        // Unstated: a base page, so page aligned.
+        assert_eq!(Config::default().dma_alignment_bytes(), 4096);
+        assert!(!Config::default().colouring_enabled());
+        assert!(!coloured(&Config::default()));
+        // A device that takes 256 bytes (or less) gets the coloured layout; one that needs
+        // more, the aligned one.
+        for align in [1, 64, 256] {
+            let config = Config::default().dma_alignment(align);
+            assert!(config.colouring_enabled() && coloured(&config), "{align}");
+        }
+        for align in [512, 4096, 1 << 21] {
+            let config = Config::default().dma_alignment(align);
+            assert!(!config.colouring_enabled() && !coloured(&config), "{align}");
+        }
+        // A caller's choice wins where the alignment allows it.
+        assert!(!coloured(
+            &Config::default().dma_alignment(256).colouring(false)
+        ));
+        assert!(coloured(&Config::default().colouring(true)));
+        // Colouring for a device that needs more than 256 bytes, or an alignment that is not a
+        // power of two (or above 1 GiB), is refused, naming the field.
+        for config in [
+            Config::default().dma_alignment(4096).colouring(true),
+            Config::default().dma_alignment(3000),
+            Config::default().dma_alignment(0),
+            Config::default().dma_alignment(1 << 31),
+        ] {
+            assert!(
+                matches!(
+                    Geometry::new(64 << 20, &config),
+                    Err(Error::Config {
+                        field: "dma_alignment",
+                        ..
+                    })
+                ),
+                "{config:?}"
+            );
+        }
     }
 
     #[test]

@@ -132,7 +132,7 @@ impl Pool {
         head.magazines
             .store(config.magazines as u64, Ordering::Relaxed);
         head.colouring
-            .store(u64::from(config.colouring), Ordering::Relaxed);
+            .store(u64::from(config.colouring_enabled()), Ordering::Relaxed);
         head.magic.store(MAGIC, Ordering::Relaxed);
         let base = NonNull::from(head).cast::<u8>();
         // SAFETY: `base` is the page-aligned start of the mapping, which holds `layout.len`
@@ -178,6 +178,17 @@ impl Pool {
                 ours: mapping.len() as u64,
             });
         }
+        let colouring = match head.colouring.load(Ordering::Relaxed) {
+            0 => false,
+            1 => true,
+            other => {
+                return Err(Error::Incompatible {
+                    field: "colouring",
+                    found: other,
+                    ours: 1,
+                })
+            }
+        };
         let config = Config {
             max_class: read("max_class", &head.max_class)?,
             chunk_size: read("chunk_size", &head.chunk_size)?,
@@ -186,17 +197,15 @@ impl Pool {
             max_threads: read("max_threads", &head.max_threads)?,
             magazines: read("magazines", &head.magazines)?,
             exhaustion,
-            colouring: match head.colouring.load(Ordering::Relaxed) {
-                0 => false,
-                1 => true,
-                other => {
-                    return Err(Error::Incompatible {
-                        field: "colouring",
-                        found: other,
-                        ours: 1,
-                    })
-                }
-            },
+            colouring: Some(colouring),
+            // The layout is what the header says; the alignment that chose it is not kept, so
+            // the one it implies (256 bytes coloured, a base page not) is what the geometry
+            // is checked against.
+            dma_alignment: Some(if colouring {
+                super::MIN_ALIGN
+            } else {
+                super::DEFAULT_DMA_ALIGNMENT
+            }),
         };
         let start = read("arena_offset", &head.arena_offset)?;
         let arena_len = head.arena_len.load(Ordering::Relaxed);

@@ -165,12 +165,21 @@ pub struct Config {
     max_threads: usize,
     magazines: usize,
     exhaustion: Exhaustion,
-    colouring: bool,
+    /// `None`: follow `dma_alignment` (coloured where the device takes 256-byte alignment).
+    colouring: Option<bool>,
+    /// `None`: a base page ([`Config::dma_alignment`]).
+    dma_alignment: Option<usize>,
 }
+
+/// The DMA alignment a pool assumes when nobody states one ([`Config::dma_alignment`]): a base
+/// page, what a device that takes page lists (NVMe PRPs) or direct I/O needs.
+pub const DEFAULT_DMA_ALIGNMENT: usize = 4096;
 
 impl Default for Config {
     /// 1 MiB largest class, 2 MiB chunks, 512-block thread caches of at most 2 MiB per class,
-    /// 64 cache slots, 512 depot magazines, fail on exhaustion, no cache colouring.
+    /// 64 cache slots, 512 depot magazines, fail on exhaustion; the layout follows the DMA
+    /// alignment, a base page unless stated (so no cache colouring: see
+    /// [`Config::dma_alignment`]; [`Runtime::pool`](crate::Runtime::pool) states the device's).
     ///
     /// Under Miri (`scripts/miri.sh`, tests only) 4 cache slots and 16 depot magazines: their
     /// tables are made element by element, which the interpreter does ~10^4 times slower.
@@ -183,7 +192,8 @@ impl Default for Config {
             max_threads: if cfg!(miri) { 4 } else { 64 },
             magazines: if cfg!(miri) { 16 } else { 512 },
             exhaustion: Exhaustion::Fail,
-            colouring: false,
+            colouring: None,
+            dma_alignment: None,
         }
     }
 }
@@ -279,15 +289,52 @@ impl Config {
     /// be page-aligned: direct I/O through staging (the `userdma-infer` package's `stage`) on a file that needs 4 KiB
     /// alignment (the stager refuses such a buffer with the alignment it needs), or a device that
     /// takes page-sized, page-aligned data pointers (NVMe PRPs).
+    ///
+    /// Unless set, colouring follows [`Config::dma_alignment`]: on when the device takes buffers
+    /// aligned to [`MIN_ALIGN`] (256 bytes), off otherwise. Turning it on with a stated alignment
+    /// above that (a device that needs more) is refused when the pool is made
+    /// ([`Error::Config`], field `dma_alignment`).
     #[must_use]
     pub fn colouring(mut self, on: bool) -> Self {
-        self.colouring = on;
+        self.colouring = Some(on);
         self
     }
 
-    /// Whether cache colouring is asked for.
+    /// Whether the pool's classes are coloured: as set with [`Config::colouring`], else whether
+    /// the DMA alignment allows it (at most [`MIN_ALIGN`]).
     pub fn colouring_enabled(&self) -> bool {
         self.colouring
+            .unwrap_or(self.dma_alignment_bytes() <= MIN_ALIGN)
+    }
+
+    /// Whether colouring was set ([`Config::colouring`]) rather than left to the alignment.
+    pub fn colouring_set(&self) -> Option<bool> {
+        self.colouring
+    }
+
+    /// The alignment, in bytes, the device needs of a buffer's start (a power of two from 1 to
+    /// 1 GiB): the device the pool's memory is mapped for states it
+    /// ([`Device::dma_alignment`](crate::device::Device::dma_alignment): the loopback NPU
+    /// 256 bytes, a device that takes page lists such as NVMe a base page), and
+    /// [`Runtime::pool`](crate::Runtime::pool) passes it on. It decides the default layout:
+    /// at most 256 bytes, the classes from 4 KiB up are cache-coloured (faster: see
+    /// [`Config::colouring`]); more, every class is aligned to its size (page aligned from
+    /// 4 KiB up). Unset: [`DEFAULT_DMA_ALIGNMENT`], a base page. Buffers of classes smaller
+    /// than the alignment are aligned to their size only.
+    #[must_use]
+    pub fn dma_alignment(mut self, bytes: usize) -> Self {
+        self.dma_alignment = Some(bytes);
+        self
+    }
+
+    /// The DMA alignment in bytes ([`Config::dma_alignment`]; a base page unless set).
+    pub fn dma_alignment_bytes(&self) -> usize {
+        self.dma_alignment.unwrap_or(DEFAULT_DMA_ALIGNMENT)
+    }
+
+    /// Whether a DMA alignment was set ([`Config::dma_alignment`]).
+    pub fn dma_alignment_set(&self) -> Option<usize> {
+        self.dma_alignment
     }
 
     /// The largest size class in bytes.

@@ -184,17 +184,32 @@ impl Runtime {
     /// size class are cut from) is 64 KiB instead of a hugepage, so that a few MiB hold every
     /// size class, and that on memory the device sees contiguous only per page (base pages in
     /// a physical-address space: UIO, no-IOMMU VFIO) the chunk and the largest class are a page
-    /// ([`pool::Config::fit_to`]). Allocate from it with [`Pool::alloc_owned`] (or, inside a borrow,
+    /// ([`pool::Config::fit_to`]). Its layout follows the device's DMA alignment
+    /// ([`Device::dma_alignment`], [`pool::Config::dma_alignment`]): cache-coloured classes for
+    /// a device that takes 256-byte aligned buffers (the loopback NPU), size-aligned ones (page
+    /// aligned from 4 KiB up) for one that needs more (any VFIO or UIO device that does not say
+    /// otherwise). Allocate from it with [`Pool::alloc_owned`] (or, inside a borrow,
     /// [`Pool::alloc`]).
     ///
     /// # Errors
     /// As [`Runtime::map_memory`], and [`Error::Pool`] for memory too small for the pool.
     pub fn pool(&self, bytes: usize, page_size: PageSize) -> Result<Arc<Pool>, Error> {
-        pool_of(self.map_memory(bytes, page_size)?, page_size)
+        let mapping = self.map_memory(bytes, page_size)?;
+        let config = Runtime::pool_config(page_size)
+            .dma_alignment(self.dma_alignment())
+            .fit_to(&mapping);
+        Ok(Arc::new(Pool::new(mapping, config)?))
+    }
+
+    /// The alignment, in bytes, the device needs of a DMA buffer's start
+    /// ([`Device::dma_alignment`]): what [`Runtime::pool`] lays its pools out by.
+    pub fn dma_alignment(&self) -> usize {
+        self.inner.device.dma_alignment()
     }
 
     /// The configuration [`Runtime::pool`] uses for memory of `page_size`: the default, with
-    /// 64 KiB chunks on base pages. A start for [`Runtime::pool_with`].
+    /// 64 KiB chunks on base pages (its layout is set by [`Runtime::pool_with`] from the
+    /// device's alignment unless stated). A start for [`Runtime::pool_with`].
     pub fn pool_config(page_size: PageSize) -> pool::Config {
         match page_size {
             PageSize::Base => pool::Config::default().chunk_size(BASE_PAGE_CHUNK),
@@ -202,16 +217,34 @@ impl Runtime {
         }
     }
 
-    /// [`Runtime::pool`] with a pool configuration.
+    /// [`Runtime::pool`] with a pool configuration. A configuration that states no DMA
+    /// alignment gets the device's ([`Runtime::dma_alignment`]), and with it the device's
+    /// layout unless it sets [`pool::Config::colouring`] itself.
     ///
     /// # Errors
-    /// As [`Runtime::pool`].
+    /// As [`Runtime::pool`]; [`Error::Pool`] ([`pool::Error::Config`], field `dma_alignment`)
+    /// for an alignment below the device's, or colouring asked for on a device that needs
+    /// more than 256-byte alignment.
     pub fn pool_with(
         &self,
         bytes: usize,
         page_size: PageSize,
         config: pool::Config,
     ) -> Result<Arc<Pool>, Error> {
+        let device = self.dma_alignment();
+        let config = match config.dma_alignment_set() {
+            None => config.dma_alignment(device),
+            // (One that is not a power of two is refused by the pool, saying so.)
+            Some(stated) if stated.is_power_of_two() && stated < device => {
+                return Err(Error::Pool(pool::Error::Config {
+                    field: "dma_alignment",
+                    value: stated as u64,
+                    expected: "at least the device's (Runtime::dma_alignment): buffers less \
+                               aligned than it needs would be refused or misread",
+                }));
+            }
+            Some(_) => config,
+        };
         let mapping = self.map_memory(bytes, page_size)?;
         Ok(Arc::new(Pool::new(mapping, config)?))
     }

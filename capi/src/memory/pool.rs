@@ -25,7 +25,8 @@ pub struct udma_pool_options {
     /// When nothing is free: 0 fails at once with `UDMA_ERR_EXHAUSTED`; otherwise waits up to
     /// this many microseconds for a buffer to be freed first.
     pub wait_us: u32,
-    /// `UDMA_POOL_COLOURED` or 0.
+    /// 0 (the layout the device's DMA alignment calls for), `UDMA_POOL_COLOURED` or
+    /// `UDMA_POOL_PAGE_ALIGNED`.
     pub flags: u32,
     /// Zero.
     pub reserved: u32,
@@ -35,8 +36,15 @@ pub struct udma_pool_options {
 /// most one block in 16 of a chunk) are placed `size + 256` bytes apart instead of `size`, so
 /// that their first cache lines spread over the CPU's cache sets: faster when the CPU touches
 /// many buffers in a row (filling a bulk allocation, reading a burst's headers). Those buffers
-/// are then aligned to 256 bytes, not to their size.
+/// are then aligned to 256 bytes, not to their size. Without a flag a pool is coloured when its
+/// device takes 256-byte aligned buffers (the loopback NPU) and page aligned otherwise; this
+/// flag on a device that needs more than 256 bytes is `UDMA_ERR_INVALID_ARGUMENT`.
 pub const UDMA_POOL_COLOURED: u32 = 1;
+
+/// `udma_pool_options.flags`: no cache colouring, whatever the device allows: every buffer
+/// aligned to its size class (4 KiB buffers to a page), for buffers that must be page aligned
+/// (a file opened with `O_DIRECT`, page lists) on a device that would take less.
+pub const UDMA_POOL_PAGE_ALIGNED: u32 = 2;
 
 abi::sized!(udma_pool_options);
 
@@ -60,11 +68,17 @@ pub unsafe extern "C" fn udma_pool_create(
         let d = self::device(device)?;
         let len = bytes(o.bytes, "options->bytes")?;
         let page = page_size(o.page_size)?;
-        if o.flags & !UDMA_POOL_COLOURED != 0 {
+        if o.flags & !(UDMA_POOL_COLOURED | UDMA_POOL_PAGE_ALIGNED) != 0 {
             return Err(Fail::invalid(format!(
                 "options->flags {:#x} has bits that are not UDMA_POOL_* flags",
                 o.flags
             )));
+        }
+        if o.flags & UDMA_POOL_COLOURED != 0 && o.flags & UDMA_POOL_PAGE_ALIGNED != 0 {
+            return Err(Fail::invalid(
+                "options->flags asks for both UDMA_POOL_COLOURED and UDMA_POOL_PAGE_ALIGNED: \
+                 pick one, or neither for the device's layout",
+            ));
         }
         if o.reserved != 0 {
             return Err(Fail::invalid(format!(
@@ -72,7 +86,12 @@ pub unsafe extern "C" fn udma_pool_create(
                 o.reserved
             )));
         }
-        let mut config = Runtime::pool_config(page).colouring(o.flags & UDMA_POOL_COLOURED != 0);
+        let mut config = Runtime::pool_config(page);
+        if o.flags & UDMA_POOL_COLOURED != 0 {
+            config = config.colouring(true);
+        } else if o.flags & UDMA_POOL_PAGE_ALIGNED != 0 {
+            config = config.colouring(false);
+        }
         if o.wait_us != 0 {
             let wait = std::time::Duration::from_micros(u64::from(o.wait_us));
             config = config.exhaustion(pool::Exhaustion::Wait(wait));

@@ -132,7 +132,9 @@ impl Accelerator for LoopbackEngine {
     }
 
     fn host_pool(&self, bytes: usize) -> Result<Arc<Pool>, crate::Error> {
-        Ok(self.runtime.pool(bytes, PageSize::Base)?)
+        // Page aligned (see the trait): the device would take the coloured layout.
+        let config = Runtime::pool_config(PageSize::Base).colouring(false);
+        Ok(self.runtime.pool_with(bytes, PageSize::Base, config)?)
     }
 
     fn map_host(&self, region: Arc<Region>) -> Result<Mapping, crate::Error> {

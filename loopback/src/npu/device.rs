@@ -29,6 +29,13 @@ impl Device for Loopback {
         self.config.numa_node
     }
 
+    /// 256 bytes: the engine copies and computes on any byte range, and 256 is the pool's
+    /// smallest alignment, so [`Runtime::pool`](userdma::Runtime::pool) gives this device
+    /// cache-coloured classes (the fast layout).
+    fn dma_alignment(&self) -> usize {
+        userdma::pool::MIN_ALIGN
+    }
+
     fn event_source(&self) -> Option<&Source> {
         Some(&self.events)
     }

@@ -86,12 +86,23 @@ pub struct Uio {
     relay: Relay,
     /// Where host memory for the device goes ([`Device::numa_node`]).
     numa_node: Option<u32>,
+    /// [`Uio::with_dma_alignment`], [`Device::dma_alignment`].
+    dma_alignment: usize,
 }
 
 impl Uio {
     /// Opens `bdf` (bound to `uio_pci_generic`) for a device with a 64-bit DMA mask.
     pub fn open(bdf: pci::Bdf) -> Result<Uio, DeviceError> {
         Uio::open_with(bdf, 64)
+    }
+
+    /// This device, saying it needs DMA buffers aligned to `bytes` (a power of two; a base
+    /// page, 4096, unless stated): [`Device::dma_alignment`], which decides how
+    /// [`Runtime::pool`](crate::Runtime::pool) lays its pools out.
+    #[must_use]
+    pub fn with_dma_alignment(mut self, bytes: usize) -> Uio {
+        self.dma_alignment = bytes;
+        self
     }
 
     /// Opens `bdf` (bound to `uio_pci_generic`) for a device with a `dma_mask_bits`-bit DMA
@@ -179,6 +190,7 @@ impl Uio {
             bars,
             events,
             numa_node: crate::memory::numa::placement(sysfs.root(), info.numa_node),
+            dma_alignment: crate::pool::DEFAULT_DMA_ALIGNMENT,
             info,
             config,
             space,
@@ -325,6 +337,10 @@ impl Device for Uio {
 
     fn numa_node(&self) -> Option<u32> {
         self.numa_node
+    }
+
+    fn dma_alignment(&self) -> usize {
+        self.dma_alignment
     }
 
     fn bar(&self, index: usize) -> Result<mmio::DynBlock, DeviceError> {

@@ -111,6 +111,8 @@ pub struct Vfio {
     attachment: Attachment,
     /// Where host memory for the device goes ([`Device::numa_node`]).
     numa_node: Option<u32>,
+    /// What its opener said ([`Options::dma_alignment`], [`Device::dma_alignment`]).
+    dma_alignment: usize,
 }
 
 /// How the device reaches its IOMMU ([`Vfio::mode`]).
@@ -301,6 +303,10 @@ impl Device for Vfio {
 
     fn numa_node(&self) -> Option<u32> {
         self.numa_node
+    }
+
+    fn dma_alignment(&self) -> usize {
+        self.dma_alignment
     }
 
     fn bar(&self, index: usize) -> Result<mmio::DynBlock, DeviceError> {

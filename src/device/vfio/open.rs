@@ -275,6 +275,7 @@ impl Vfio {
         };
         let mut vfio = Vfio::from_fd(host, bdf, identity, device, space, attachment, path)?;
         vfio.numa_node = crate::memory::numa::placement(host.sysfs.root(), info.numa_node);
+        vfio.dma_alignment = options.dma_alignment;
         vfio.start_monitor()?;
         if options.bus_master {
             vfio.set_bus_master(true)?;
@@ -361,6 +362,7 @@ impl Vfio {
             space,
             attachment,
             numa_node: None,
+            dma_alignment: crate::pool::DEFAULT_DMA_ALIGNMENT,
         })
     }
 }

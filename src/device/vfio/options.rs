@@ -18,6 +18,7 @@ pub struct Options {
     pub(super) iommufd: bool,
     pub(super) bus_master: bool,
     pub(super) sysfs: Option<pci::Sysfs>,
+    pub(super) dma_alignment: usize,
 }
 
 impl Default for Options {
@@ -30,6 +31,7 @@ impl Default for Options {
             iommufd: true,
             bus_master: true,
             sysfs: None,
+            dma_alignment: crate::pool::DEFAULT_DMA_ALIGNMENT,
         }
     }
 }
@@ -45,6 +47,17 @@ impl Options {
     /// places every mapping below it.
     pub fn dma_mask_bits(mut self, bits: u32) -> Options {
         self.dma_mask_bits = bits;
+        self
+    }
+
+    /// The alignment, in bytes, the device needs of a DMA buffer's start (a power of two; a
+    /// base page, 4096, by default): what the opened device says as
+    /// [`Device::dma_alignment`](crate::device::Device::dma_alignment), and so how
+    /// [`Runtime::pool`](crate::Runtime::pool) lays its pools out (at most 256: cache-coloured
+    /// classes, faster; more: size-aligned classes). State the device's own: QEMU's edu
+    /// takes any byte address, an NVMe controller's PRPs need 4096.
+    pub fn dma_alignment(mut self, bytes: usize) -> Options {
+        self.dma_alignment = bytes;
         self
     }
 

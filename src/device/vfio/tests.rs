@@ -540,6 +540,18 @@ fn opts() -> Options {
     miri,
     ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
 )]
+fn the_opener_states_the_dma_alignment() {
+    let (tree, fake) = setup();
+    // QEMU's edu takes any byte address.
+    let vfio = Vfio::open_in(&tree.host(&fake), bdf(), &opts().dma_alignment(1)).unwrap();
+    assert_eq!(Device::dma_alignment(&vfio), 1);
+}
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
+)]
 fn type1_open_sequence_and_info() {
     let (tree, fake) = setup();
     let vfio = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap();
@@ -548,6 +560,8 @@ fn type1_open_sequence_and_info() {
     assert_eq!(vfio.bdf(), bdf());
     assert_eq!(vfio.identity().kind, Kind::Vfio);
     assert_eq!(vfio.identity().name, "1234:11e8");
+    // A PCI function the library knows nothing about needs a page, unless its opener says.
+    assert_eq!(Device::dma_alignment(&vfio), 4096);
     let log = fake.log();
     let order = [
         "open /dev/vfio/vfio",
