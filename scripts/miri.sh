@@ -98,7 +98,8 @@ driver() {
 	for t in "${leaky[@]}"; do
 		skip+=(--skip "$t")
 	done
-	if [ "$all" = 1 ]; then
+	if [ "$all" = 1 ] || [ ${#filter[@]} -gt 0 ]; then
+		# Every test (or every one the filter names, pool tests included), once.
 		run driver "userdma" userdma "${skip[@]}"
 	else
 		run driver "userdma (all but src/pool/tests.rs)" userdma --skip pool::tests:: "${skip[@]}"

@@ -146,7 +146,7 @@ step "cargo test (doc tests, mlock and system-call witnesses; kernel ABI, C API,
 		cargo test --locked -p userdma --test memory_region --test pool_steady_state --test readme &&
 		cargo test --locked -p userdma-owner --features server'
 step "AddressSanitizer + LeakSanitizer: the library's and the tool's unit and integration tests" scripts/sanitize.sh address
-step "ThreadSanitizer: the library's and the tool's unit and integration tests" scripts/sanitize.sh thread
+step "ThreadSanitizer: the libraries' unit and integration tests (the tool's run under AddressSanitizer)" scripts/sanitize.sh thread
 step "C API (header, symbols, C tests under ASan+UBSan and Valgrind, examples/c)" scripts/capi-test.sh
 step "loom models (pool, ring, the loopback device's and the device owner's wake-up handshakes)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 	sh -c 'cargo test --release --locked -p userdma --lib -- pool:: ring:: &&
