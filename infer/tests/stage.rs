@@ -197,6 +197,33 @@ fn misaligned_direct_requests_are_refused_with_the_alignment() {
         stager.read(&file, 0, empty).expect_err("empty").error,
         Error::Empty
     ));
+    // The loopback NPU's pools are cache-coloured by default: their 4 KiB buffers are 256-byte
+    // aligned only, so most are refused for direct I/O, with the pool to take them from.
+    assert!(pool.is_coloured(4096), "the loopback NPU's default layout");
+    let buffers: Vec<_> = (0..4)
+        .map(|_| pool.alloc_owned(4096).expect("buffer"))
+        .collect();
+    let odd = buffers
+        .into_iter()
+        .find(|b| b.as_ptr().as_ptr().addr() % align as usize != 0)
+        .expect("a coloured buffer off the alignment");
+    let refused = stager.read(&file, 0, odd).expect_err("address");
+    assert!(
+        matches!(
+            refused.error,
+            Error::Misaligned {
+                what: "buffer address",
+                ..
+            }
+        ),
+        "{}",
+        refused.error
+    );
+    assert!(
+        refused.error.to_string().contains("colouring(false)"),
+        "{}",
+        refused.error
+    );
     let far = pool.alloc_owned(4096).expect("buffer");
     assert!(matches!(
         stager

@@ -27,7 +27,11 @@
 //! systems) or the open fails, the file is read buffered — one copy in the kernel, none in
 //! user space — and [`File::mode`] / [`File::fallback`] say which path runs and why. A request
 //! whose offset, length or buffer address is not aligned for direct I/O is refused before it
-//! reaches the kernel ([`Error::Misaligned`] names the alignment).
+//! reaches the kernel ([`Error::Misaligned`] names the alignment). Buffers for direct I/O come
+//! from a page-aligned pool: a VFIO or UIO device's by default; on a device that takes 256-byte
+//! alignment (the loopback NPU), whose pools are cache-coloured by default, ask for one with
+//! `pool::Config::colouring(false)` through `Runtime::pool_with` (a pipeline's own pool is
+//! page aligned already).
 //!
 //! **Buffers in flight belong to the stager.** [`Stager::read`] and [`Stager::write`] take
 //! the [`OwnedBuffer`] by value and give it back only in its [`Completion`]: the kernel can
@@ -229,8 +233,9 @@ pub enum Error {
     },
     /// A direct-I/O request is not aligned.
     #[error(
-        "{path}: direct I/O needs the {what} aligned to {align} bytes, got {value:#x}: round it \
-         to a multiple of {align}, or open the file with Direct::Off"
+        "{path}: direct I/O needs the {what} aligned to {align} bytes, got {value:#x}: {}, or \
+         open the file with Direct::Off",
+        misaligned_fix(.what, *.align)
     )]
     Misaligned {
         /// The file.
@@ -462,5 +467,18 @@ impl From<Refused> for Error {
     /// Keeps the reason; the buffer goes back to its pool.
     fn from(refused: Refused) -> Error {
         refused.error
+    }
+}
+
+/// What to do about a misaligned direct-I/O request ([`Error::Misaligned`]).
+fn misaligned_fix(what: &str, align: u32) -> String {
+    if what == "buffer address" {
+        // A coloured pool's buffers of 4 KiB and up are 256-byte aligned only.
+        "take the buffer from a page-aligned pool (pool::Config::colouring(false) through \
+         Runtime::pool_with; a device that takes 256-byte alignment, such as the loopback NPU, \
+         gets cache-coloured pools by default)"
+            .to_string()
+    } else {
+        format!("round it to a multiple of {align}")
     }
 }
