@@ -197,15 +197,10 @@ impl Pool {
             max_threads: read("max_threads", &head.max_threads)?,
             magazines: read("magazines", &head.magazines)?,
             exhaustion,
+            // The layout the header says; the alignment that chose it is not kept (and not
+            // needed: the layout is what the geometry follows).
             colouring: Some(colouring),
-            // The layout is what the header says; the alignment that chose it is not kept, so
-            // the one it implies (256 bytes coloured, a base page not) is what the geometry
-            // is checked against.
-            dma_alignment: Some(if colouring {
-                super::MIN_ALIGN
-            } else {
-                super::DEFAULT_DMA_ALIGNMENT
-            }),
+            dma_alignment: None,
         };
         let start = read("arena_offset", &head.arena_offset)?;
         let arena_len = head.arena_len.load(Ordering::Relaxed);

@@ -307,11 +307,6 @@ impl Config {
             .unwrap_or(self.dma_alignment_bytes() <= MIN_ALIGN)
     }
 
-    /// Whether colouring was set ([`Config::colouring`]) rather than left to the alignment.
-    pub fn colouring_set(&self) -> Option<bool> {
-        self.colouring
-    }
-
     /// The alignment, in bytes, the device needs of a buffer's start (a power of two from 1 to
     /// 1 GiB): the device the pool's memory is mapped for states it
     /// ([`Device::dma_alignment`](crate::device::Device::dma_alignment): the loopback NPU

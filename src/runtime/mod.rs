@@ -194,11 +194,8 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::map_memory`], and [`Error::Pool`] for memory too small for the pool.
     pub fn pool(&self, bytes: usize, page_size: PageSize) -> Result<Arc<Pool>, Error> {
-        let mapping = self.map_memory(bytes, page_size)?;
-        let config = Runtime::pool_config(page_size)
-            .dma_alignment(self.dma_alignment())
-            .fit_to(&mapping);
-        Ok(Arc::new(Pool::new(mapping, config)?))
+        let config = Runtime::pool_config(page_size).dma_alignment(self.dma_alignment());
+        pool_of(self.map_memory(bytes, page_size)?, config)
     }
 
     /// The alignment, in bytes, the device needs of a DMA buffer's start
@@ -312,12 +309,15 @@ pub fn map_memory(
 /// # Errors
 /// As [`map_memory`], and [`Error::Pool`] for memory too small for the pool.
 pub fn pool(space: &dyn dma::Space, bytes: usize, page_size: PageSize) -> Result<Arc<Pool>, Error> {
-    pool_of(map_memory(space, bytes, page_size)?, page_size)
+    pool_of(
+        map_memory(space, bytes, page_size)?,
+        Runtime::pool_config(page_size),
+    )
 }
 
-/// The pool [`Runtime::pool`] cuts from `mapping` of `page_size` pages.
-fn pool_of(mapping: dma::Mapping, page_size: PageSize) -> Result<Arc<Pool>, Error> {
-    let config = Runtime::pool_config(page_size).fit_to(&mapping);
+/// The pool [`Runtime::pool`] cuts from `mapping` with `config` fitted to it.
+fn pool_of(mapping: dma::Mapping, config: pool::Config) -> Result<Arc<Pool>, Error> {
+    let config = config.fit_to(&mapping);
     Ok(Arc::new(Pool::new(mapping, config)?))
 }
 
