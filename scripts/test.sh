@@ -29,7 +29,26 @@ passed=0
 failed=0
 failed_steps=()
 
-log() { printf '\n=== [%4ss] %s\n' "$(($(date +%s) - T0))" "$*"; }
+# Each step's heading says how long the run has taken and how much disk is left, so a machine
+# that runs out of either says so where it happens.
+disk_free() { df -Pk . | awk 'NR == 2 { printf "%.1f GiB free", $4 / 1048576 }'; }
+log() { printf '\n=== [%4ss, %s] %s\n' "$(($(date +%s) - T0))" "$(disk_free)" "$*"; }
+
+# A whole run builds the workspace about ten ways (plain, two sanitizers, loom, Miri, release,
+# the C API, the guests, the fuzzers): about 12 GiB if every build were kept. Under CI (or with
+# PRUNE_BUILDS=1) each build directory is removed as soon as the last step that uses it is done,
+# so the run needs about 4 GiB at its peak; a developer's run keeps them for the next one.
+PRUNE_BUILDS=${PRUNE_BUILDS:-${CI:-false}}
+case $PRUNE_BUILDS in 1 | true | yes) PRUNE_BUILDS=1 ;; *) PRUNE_BUILDS=0 ;; esac
+prune() { # prune DIR... : removes build directories no later step uses (when pruning)
+	[ "$PRUNE_BUILDS" = 1 ] || return 0
+	rm -rf "$@"
+}
+# CI never runs a debugger: line tables keep file and line in backtraces and halve the plain
+# build's size.
+if [ "$PRUNE_BUILDS" = 1 ]; then
+	export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}
+fi
 
 # step NAME CMD...: runs one step, records its result, keeps going so one run reports every failure.
 step() {
@@ -145,18 +164,24 @@ step "cargo test (doc tests, mlock and system-call witnesses; kernel ABI, C API,
 		cargo test --locked -p userdma --features serde,io-uring --lib --test irq_waiter --test memory_sysfs &&
 		cargo test --locked -p userdma --test memory_region --test pool_steady_state --test readme &&
 		cargo test --locked -p userdma-owner --features server'
-step "AddressSanitizer + LeakSanitizer: the library's and the tool's unit and integration tests" scripts/sanitize.sh address
-step "ThreadSanitizer: the libraries' unit and integration tests (the tool's run under AddressSanitizer)" scripts/sanitize.sh thread
 step "C API (header, symbols, C tests under ASan+UBSan and Valgrind, examples/c)" scripts/capi-test.sh
+# The plain debug build (clippy's, the tests', the C API's) has no later user.
+prune target/debug target/capi
+step "AddressSanitizer + LeakSanitizer: the library's and the tool's unit and integration tests" scripts/sanitize.sh address
+prune target/san-address
+step "ThreadSanitizer: the libraries' unit and integration tests (the tool's run under AddressSanitizer)" scripts/sanitize.sh thread
+prune target/san-thread
 step "loom models (pool, ring, the loopback device's and the device owner's wake-up handshakes)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 	sh -c 'cargo test --release --locked -p userdma --lib -- pool:: ring:: &&
 		cargo test --release --locked -p userdma-loopback --lib -- wake:: &&
 		cargo test --release --locked -p userdma-owner --lib -- chan::'
 step "loom models (C API handle slots, pool quiescence)" env RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 	cargo test --release --locked -p userdma-capi --lib -- slots:: quiesce::
+prune target/loom
 # The one use of a nightly toolchain: Miri (scripts/miri.sh installs its component when missing
 # and fails when it cannot).
 step "Miri: unit tests of the pure and unsafe-heavy code (pools, rings, slices, IOVAs, the planner, C API slots, the owner protocol)" scripts/miri.sh
+prune target/miri target/miri-others
 step "planner on the MiniMalloc instances, release" cargo test --release --locked -p userdma-plan --test plan
 step "loopback soak, release (10^6 transfers)" cargo test --release --locked -p userdma-loopback --test loopback_soak
 step "pipeline soak, release (10^5 frames)" cargo test --release --locked -p userdma-infer --test pipeline_soak
@@ -172,6 +197,8 @@ step "benchmarks, test mode (each once; ratio tables in one short round)" \
 step "guest suite: real PCI devices (edu, NVMe) in QEMU guests" scripts/guest-test.sh
 step "main job (README)" cargo run --release --locked --quiet -- demo
 step "PCI listing (docs/cli.md)" cargo run --release --locked --quiet -- list
+# The fuzzers build into fuzz/target; the release build has no later user.
+prune target/release target/guest
 
 # One fuzz target for FUZZ_SECONDS: the working corpus (ignored by git) first, where new inputs
 # go; then the committed seeds, inputs that once found a defect, so every run replays them.
