@@ -8,7 +8,8 @@
 //! | `pipeline/4KiB`, `pipeline_burst_32/4KiB` | allocate on CPU 0 and write 8 bytes, pass through an SPSC ring to CPU 1, read them there and free (per object) |
 //!
 //! `pool` is the borrowed [`Buffer`] path, `pool_owned` the [`OwnedBuffer`] one (the same
-//! allocation plus the pool's reference count), `pool_batch` a [`Batch`] of 32 (allocated and
+//! allocation plus a lease counted in the thread's cache slot; its line also says
+//! `pool_owned ÷ pool`, round by round), `pool_batch` a [`Batch`] of 32 (allocated and
 //! freed as one; in the pipeline the batch is what crosses the ring, one slot per burst of a
 //! 32-slot ring: the same 1024 buffers in flight as the other cases' 1024 slots), `pool_refill`
 //! one [`Batch`] kept across iterations, refilled (`Batch::fill`) and emptied (`Batch::free`)
@@ -279,8 +280,8 @@ impl<'p> Allocator for PoolAllocator<'p> {
     }
 }
 
-/// The pool through owned buffers ([`Pool::alloc_owned`]): the borrowed path plus the pool's
-/// reference count.
+/// The pool through owned buffers ([`Pool::alloc_owned`]): the borrowed path plus a lease
+/// counted in the thread's cache slot.
 struct OwnedAllocator<'p>(&'p Arc<Pool>, usize);
 impl Allocator for OwnedAllocator<'_> {
     type Block = OwnedBuffer;
@@ -913,6 +914,23 @@ fn table_line(
             ratios.join(", "),
             width = label.len()
         );
+    }
+    // An owned case against its borrowed one, round by round (same run, same rounds).
+    for k in 0..mine {
+        let Some(base) = sides[k].0.strip_suffix("_owned") else {
+            continue;
+        };
+        if let Some(b) = (0..mine).find(|&b| sides[b].0 == base) {
+            let mut per_round: Vec<f64> =
+                best[k].iter().zip(&best[b]).map(|(o, p)| o / p).collect();
+            let (r, lo, hi) = spread(&mut per_round);
+            println!(
+                "  {:width$}  {} ÷ {base}: {r:.2}x [{lo:.2}-{hi:.2}]",
+                "",
+                sides[k].0,
+                width = label.len()
+            );
+        }
     }
 }
 

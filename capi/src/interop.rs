@@ -113,7 +113,7 @@ pub unsafe extern "C" fn udma_dmabuf_export_buffer(
         let out = abi::out(fd, "fd")?;
         let importers = importers(flags)?;
         let export = crate::memory::with_host_buffer(buffer, |owned| {
-            let region = owned.pool().mapping().region();
+            let region = owned.mapping().region();
             dmabuf::export_range(region, owned.offset(), owned.capacity(), importers).map_err(lib)
         })?;
         // SAFETY: checked non-null; writable per this function's contract.

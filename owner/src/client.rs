@@ -490,7 +490,7 @@ impl Client {
             ("input", input, stream.input_bytes),
             ("result", result, stream.result_bytes),
         ] {
-            if !std::ptr::eq(b.pool(), self.pool.as_ref()) {
+            if !b.is_from(&self.pool) {
                 return Err(Error::ForeignBuffer { what });
             }
             if (b.len() as u64) < needed {

@@ -2,12 +2,13 @@
 
 use std::fmt;
 use std::mem::ManuallyDrop;
-use std::ptr::{self, NonNull};
+use std::ptr::NonNull;
 
 use super::arena::{Arena, Block, Failure};
 use super::buffer::Buffer;
 use super::cache;
 use super::geometry::{class_of, Geometry};
+use super::lease::Leases;
 use super::meta::Meta;
 use super::{Config, Error, Stats, MIN_ALIGN};
 use crate::dma::Mapping;
@@ -27,17 +28,32 @@ enum Iovas {
 /// [module documentation](super) for the design).
 ///
 /// The pool owns the [`Mapping`]: it is mapped once, before the pool exists, and unmapped when
-/// the pool is dropped (unless buffers are still out: see `Drop`); allocating and freeing make no system call and no heap allocation.
-/// `Pool` is `Send + Sync`: share it by reference (scoped threads) or `Arc`; buffers borrow it.
-/// It is 128-byte aligned: its read-mostly fields have their cache lines to themselves, and a
-/// buffer keeps its size class in the low bits of its pointer to the pool.
-#[repr(align(128))]
+/// the pool is dropped and every [`OwnedBuffer`](super::OwnedBuffer) is back (unless buffers
+/// were forgotten: see `Drop`); allocating and freeing make no system call and no heap
+/// allocation. `Pool` is `Send + Sync`: share it by reference (scoped threads) or `Arc`;
+/// buffers borrow it, owned buffers keep what they need of it alive.
+///
+/// A `Pool` is a handle to the pool's state, which lives in its own allocation: the state
+/// outlives the handle while owned buffers are out, and is freed by whichever comes last, the
+/// handle's drop or the last owned buffer's (the `lease` module).
 pub struct Pool {
-    // Copies of the arena's hot fields, one pointer hop closer for the fast path.
+    /// The state. Made by `Box::into_raw`; freed by the last of this handle and the owned
+    /// buffers (see `Drop`).
+    core: NonNull<Core>,
+    // Copies of the state's hot fields, one pointer hop closer for the allocation fast path.
     /// The arena's id (what thread caches key on).
     id: u64,
     /// Number of size classes.
     classes: usize,
+}
+
+/// The pool's state: what its buffers reach (they point here, with their size class in the
+/// low bits of the pointer). 128-byte aligned: its read-mostly fields have their cache lines
+/// to themselves, and a buffer keeps its size class in the low bits of its pointer to it.
+#[repr(align(128))]
+pub(crate) struct Core {
+    /// The arena's id (what thread caches key on).
+    id: u64,
     /// The arena's waiter count (see `Arena::waiters`).
     waiters: NonNull<AtomicU32>,
     /// Dropped by `Drop` before the mapping: it drains thread caches into metadata that may
@@ -50,6 +66,8 @@ pub struct Pool {
     arena_offset: usize,
     config: Config,
     shared: bool,
+    /// Who frees this state: the pool handle, or the last owned buffer after it.
+    leases: Leases,
     /// Unmapped by `Drop`, or leaked if buffers are still out.
     mapping: ManuallyDrop<Mapping>,
 }
@@ -66,6 +84,24 @@ pub fn leaked_mappings() -> u64 {
 }
 
 impl Drop for Pool {
+    /// Retires the pool: frees its state now if no owned buffer is out, else leaves that to
+    /// the last owned buffer's drop (the `lease` module says how the two never both, or
+    /// neither, do it).
+    fn drop(&mut self) {
+        // SAFETY: `core` came from `Box::into_raw` and is freed only by the last of this
+        // handle and the owned buffers, which `retire` decides: nobody has freed it yet (an
+        // owned buffer frees it only after this retirement counted it).
+        let last = unsafe { self.core.as_ref() }.retire();
+        if last {
+            // SAFETY: `retire` says nothing else holds or will reach the state: no owned
+            // buffer is out, no borrow of this handle is alive (we are in its drop), and no
+            // free is in progress (it waited for them). No reference to it is alive here.
+            drop(unsafe { Box::from_raw(self.core.as_ptr()) });
+        }
+    }
+}
+
+impl Drop for Core {
     /// Drains the thread caches and unmaps the mapping (which DMA-unmaps and unpins it).
     ///
     /// If buffers of this pool are still out — possible only by `mem::forget`-ing a
@@ -76,6 +112,9 @@ impl Drop for Pool {
     /// Nothing is logged. Buffers allocated by other processes of a shared pool are theirs to
     /// account for: only this process's buffers count here.
     fn drop(&mut self) {
+        // Slots first, through `&Arena`: a thread exiting right now may be flushing its slot
+        // into the arena (see `Arena::retire_slots`).
+        self.arena.retire_slots();
         let out = self.arena.blocks_out();
         // SAFETY: dropped once, here; `self.arena` is not used after this line.
         unsafe { ManuallyDrop::drop(&mut self.arena) };
@@ -94,19 +133,26 @@ impl Drop for Pool {
 // SAFETY: `base` points into `mapping`, which the pool owns and which is Send; the arena is made
 // of atomics and of cache slots whose unsynchronized parts are only touched by their owning
 // thread (see the `cache` module). Nothing in a pool is tied to the thread that made it.
-unsafe impl Send for Pool {}
+unsafe impl Send for Core {}
 // SAFETY: every `&self` method either touches the arena's atomics, the calling thread's own
 // cache slot, or reads immutable fields; buffer memory is only reached through raw pointers and
 // volatile accesses by the buffer that owns it.
+unsafe impl Sync for Core {}
+// SAFETY: a handle is a pointer to a `Core` (Send + Sync) that it keeps alive, and copies of
+// two of its immutable fields; which thread drops it does not matter (`Drop` synchronizes
+// with the owned buffers' frees on any thread through `Leases`).
+unsafe impl Send for Pool {}
+// SAFETY: `&Pool` only reaches the `Core` through `&Core` (Sync) and reads the copies.
 unsafe impl Sync for Pool {}
 
 impl fmt::Debug for Pool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let core = self.core();
         f.debug_struct("Pool")
-            .field("arena_offset", &self.arena_offset)
-            .field("arena_len", &self.arena.geometry().len)
-            .field("shared", &self.shared)
-            .field("config", &self.config)
+            .field("arena_offset", &core.arena_offset)
+            .field("arena_len", &core.arena.geometry().len)
+            .field("shared", &core.shared)
+            .field("config", &core.config)
             .finish_non_exhaustive()
     }
 }
@@ -258,9 +304,10 @@ impl Pool {
             shared,
             "pool ready"
         );
-        Ok(Pool {
-            id: arena.id(),
-            classes: arena.geometry().classes,
+        let id = arena.id();
+        let classes = arena.geometry().classes;
+        let core = Box::new(Core {
+            id,
             waiters: arena.waiters(),
             arena: ManuallyDrop::new(arena),
             base,
@@ -268,8 +315,29 @@ impl Pool {
             arena_offset,
             config,
             shared,
+            leases: Leases::new(),
             mapping: ManuallyDrop::new(mapping),
+        });
+        Ok(Pool {
+            core: NonNull::from(Box::leak(core)),
+            id,
+            classes,
         })
+    }
+
+    /// The pool's state, alive as long as this handle.
+    #[inline(always)]
+    pub(super) fn core(&self) -> &Core {
+        // SAFETY: made by `Box::leak` in `assemble`, freed only when this handle is dropped or
+        // later (`Drop`), so alive for any borrow of `self`.
+        unsafe { self.core.as_ref() }
+    }
+
+    /// The pool's state as the pointer buffers keep (with the provenance of its allocation,
+    /// which the last owned buffer may need to free it).
+    #[inline(always)]
+    pub(super) fn core_ptr(&self) -> NonNull<Core> {
+        self.core
     }
 
     /// Allocates a buffer of `len` bytes (capacity: `len` rounded up to its size class, or to
@@ -299,11 +367,11 @@ impl Pool {
     #[cold]
     fn alloc_slow(&self, len: usize) -> Result<Buffer<'_>, Error> {
         if len > self.max_len() {
-            return Err(self.error(Failure::TooLarge, len));
+            return Err(self.core().error(Failure::TooLarge, len));
         }
-        match self.arena.alloc(len) {
+        match self.core().arena.alloc(len) {
             Ok(block) => Ok(self.buffer(block, len)),
-            Err(failure) => Err(self.error(failure, len)),
+            Err(failure) => Err(self.core().error(failure, len)),
         }
     }
 
@@ -321,16 +389,17 @@ impl Pool {
         out: &mut Vec<Buffer<'a>>,
     ) -> Result<(), Error> {
         if len > self.max_len() {
-            return Err(self.error(Failure::TooLarge, len));
+            return Err(self.core().error(Failure::TooLarge, len));
         }
         // More buffers than the arena has blocks can never be had: refused before `out` is
         // grown for them (and `out` grows fallibly: no abort for a count the host cannot hold).
         let blocks = self.arena_len() / len.max(MIN_ALIGN);
         if count > blocks || out.try_reserve(count).is_err() {
-            return Err(self.error(Failure::Exhausted, len));
+            return Err(self.core().error(Failure::Exhausted, len));
         }
         let before = out.len();
         let result = self
+            .core()
             .arena
             .alloc_bulk(len, count, |block| out.push(self.buffer(block, len)));
         match result {
@@ -338,7 +407,7 @@ impl Pool {
             Err(failure) => {
                 // Dropping the partial batch frees it.
                 out.truncate(before);
-                Err(self.error(failure, len))
+                Err(self.core().error(failure, len))
             }
         }
     }
@@ -346,9 +415,10 @@ impl Pool {
     /// Frees a batch of buffers with one thread-cache lookup (dropping them one by one is
     /// equivalent, slightly slower). Buffers of another pool are simply dropped.
     pub fn free_bulk<'a>(&'a self, buffers: impl IntoIterator<Item = Buffer<'a>>) {
-        self.arena
+        self.core()
+            .arena
             .free_bulk(buffers.into_iter().filter_map(|buffer| {
-                if ptr::eq(buffer.pool(), self) {
+                if buffer.is_from(self) {
                     Some(buffer.into_block())
                 } else {
                     drop(buffer);
@@ -363,6 +433,12 @@ impl Pool {
         self.classes
     }
 
+    /// The arena's id (what thread caches key on).
+    #[inline(always)]
+    pub(super) fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Fills `out` with blocks of class `c < classes()`, all or nothing (see
     /// `Arena::alloc_units`); `len` is only for the error.
     #[inline(always)]
@@ -371,17 +447,10 @@ impl Pool {
         if done == out.len() {
             return Ok(());
         }
-        self.arena
+        self.core()
+            .arena
             .alloc_units_slow(c, out, done)
-            .map_err(|failure| self.error(failure, len))
-    }
-
-    /// The count of threads waiting for a free block, which every cached free reads after its
-    /// push (`cache::someone_waits_after_push`).
-    #[inline(always)]
-    fn waiters(&self) -> &AtomicU32 {
-        // SAFETY: `waiters` points into the arena's metadata, alive as long as `self`.
-        unsafe { self.waiters.as_ref() }
+            .map_err(|failure| self.core().error(failure, len))
     }
 
     /// `N` blocks of class `c` from this thread's cache in one fixed-size copy, if it holds that
@@ -397,8 +466,8 @@ impl Pool {
     #[inline(always)]
     pub(super) fn free_array<const N: usize>(&self, c: usize, units: &[u32; N]) -> bool {
         let cached = cache::fast_push_array(self.id, c, units);
-        if cached && cache::someone_waits_after_push(self.waiters()) {
-            self.arena.hand_over(c);
+        if cached && cache::someone_waits_after_push(self.core().waiters()) {
+            self.core().arena.hand_over(c);
         }
         cached
     }
@@ -408,11 +477,11 @@ impl Pool {
     #[inline(always)]
     pub(super) fn free_units(&self, c: usize, units: &[u32]) {
         let done = cache::with_fast_slot(self.id, |mine| mine.push_from(c, units)).unwrap_or(0);
-        if done > 0 && cache::someone_waits_after_push(self.waiters()) {
-            self.arena.hand_over(c);
+        if done > 0 && cache::someone_waits_after_push(self.core().waiters()) {
+            self.core().arena.hand_over(c);
         }
         if done < units.len() {
-            self.arena.free_units_slow(c, &units[done..]);
+            self.core().arena.free_units_slow(c, &units[done..]);
         }
     }
 
@@ -421,6 +490,85 @@ impl Pool {
     #[inline(always)]
     fn buffer(&self, block: Block, len: usize) -> Buffer<'_> {
         Buffer::new(self, block, len as u32)
+    }
+
+    /// The largest `len` [`Pool::alloc`] can ever satisfy: the largest buddy block, and at most
+    /// `u32::MAX` (a buffer records its length in 32 bits, which keeps it 16 bytes).
+    #[inline]
+    pub fn max_len(&self) -> usize {
+        self.core().max_len()
+    }
+
+    /// A snapshot of the statistics, taken without stopping traffic (see [`Stats`] for how
+    /// exact it is).
+    pub fn stats(&self) -> Stats {
+        self.core().arena.stats()
+    }
+
+    /// Buffers this process allocated and has not freed yet (small and large): what a trace
+    /// samples. Allocates nothing (unlike [`Pool::stats`]); while other threads allocate and
+    /// free, a count of that moment give or take their calls in progress.
+    pub fn buffers_out(&self) -> u64 {
+        self.core().arena.blocks_out()
+    }
+
+    /// Returns the calling thread's cached blocks to the shared lists and gives up its cache
+    /// slot (the next operation on this thread claims one again). Threads do this on exit by
+    /// themselves.
+    pub fn flush_thread_cache(&self) {
+        self.core().arena.flush_current_thread();
+    }
+
+    /// The mapping the pool carves.
+    pub fn mapping(&self) -> &Mapping {
+        &self.core().mapping
+    }
+
+    /// Offset in the mapping of the first byte buffers are carved from.
+    pub fn arena_offset(&self) -> usize {
+        self.core().arena_offset
+    }
+
+    /// Bytes buffers are carved from.
+    pub fn arena_len(&self) -> usize {
+        self.core().arena.geometry().len as usize
+    }
+
+    /// The configuration (for an opened shared pool: the creator's, with this process's
+    /// exhaustion policy).
+    pub fn config(&self) -> &Config {
+        &self.core().config
+    }
+
+    /// Whether the size class serving `len`-byte requests is cache-coloured
+    /// ([`Config::colouring`]): its buffers are then `size + 256` bytes apart and aligned to
+    /// [`MIN_ALIGN`](super::MIN_ALIGN) bytes, not to their size. `false` for lengths above the
+    /// largest class (whole chunks from the buddy allocator).
+    pub fn is_coloured(&self, len: usize) -> bool {
+        let g = self.core().arena.geometry();
+        let c = class_of(len);
+        c < g.classes && g.class[c].stride_inverse != 0
+    }
+
+    /// Whether the pool's metadata lives in the region, shared with other processes.
+    pub fn is_shared(&self) -> bool {
+        self.core().shared
+    }
+
+    /// Host address of block `unit` (for a [`Batch`](super::Batch)).
+    #[inline(always)]
+    pub(super) fn host_of(&self, unit: u32) -> NonNull<u8> {
+        self.core().host_of(unit)
+    }
+}
+
+impl Core {
+    /// The count of threads waiting for a free block, which every cached free reads after its
+    /// push (`cache::someone_waits_after_push`).
+    #[inline(always)]
+    fn waiters(&self) -> &AtomicU32 {
+        // SAFETY: `waiters` points into the arena's metadata, alive as long as `self`.
+        unsafe { self.waiters.as_ref() }
     }
 
     /// Host address of block `unit` (for [`Buffer::as_ptr`]).
@@ -492,72 +640,47 @@ impl Pool {
         }
     }
 
-    /// The largest `len` [`Pool::alloc`] can ever satisfy: the largest buddy block, and at most
-    /// `u32::MAX` (a buffer records its length in 32 bits, which keeps it 16 bytes).
+    /// The mapping offset of block `unit`.
+    pub(super) fn mapping_offset(&self, unit: u32) -> usize {
+        self.arena_offset + Geometry::offset(unit) as usize
+    }
+
+    /// The largest `len` an allocation can ever satisfy (see [`Pool::max_len`]).
     #[inline]
-    pub fn max_len(&self) -> usize {
+    pub(super) fn max_len(&self) -> usize {
         let g = self.arena.geometry();
         (g.chunk_size() << g.max_order).min(u64::from(u32::MAX)) as usize
     }
 
-    /// A snapshot of the statistics, taken without stopping traffic (see [`Stats`] for how
-    /// exact it is).
-    pub fn stats(&self) -> Stats {
-        self.arena.stats()
-    }
-
-    /// Buffers this process allocated and has not freed yet (small and large): what a trace
-    /// samples. Allocates nothing (unlike [`Pool::stats`]); while other threads allocate and
-    /// free, a count of that moment give or take their calls in progress.
-    pub fn buffers_out(&self) -> u64 {
-        self.arena.blocks_out()
-    }
-
-    /// Returns the calling thread's cached blocks to the shared lists and gives up its cache
-    /// slot (the next operation on this thread claims one again). Threads do this on exit by
-    /// themselves.
-    pub fn flush_thread_cache(&self) {
-        self.arena.flush_current_thread();
-    }
-
     /// The mapping the pool carves.
-    pub fn mapping(&self) -> &Mapping {
+    pub(super) fn mapping(&self) -> &Mapping {
         &self.mapping
     }
 
-    /// Offset in the mapping of the first byte buffers are carved from.
-    pub fn arena_offset(&self) -> usize {
-        self.arena_offset
+    /// Frees an owned buffer's block (its `Drop`): as `free_block` while the pool has a
+    /// handle; after, straight to the shared level, counted out of the leases. Returns whether
+    /// the caller must free this state (the last owned buffer of a retired pool): it does so
+    /// after this call, with no reference to it left.
+    #[inline(always)]
+    pub(super) fn free_owned(&self, block: Block) -> bool {
+        self.leases.free(
+            self.id,
+            || self.free_block(block),
+            || self.arena.free_uncached(block),
+        )
     }
 
-    /// Bytes buffers are carved from.
-    pub fn arena_len(&self) -> usize {
-        self.arena.geometry().len as usize
+    /// Counts an owned allocation this thread made on its slow path (its slot's count if it
+    /// has one at hand, else the shared one).
+    #[cold]
+    pub(super) fn count_owned_alloc(&self) {
+        if cache::with_fast_slot(self.id, |mine| mine.count_owned(1)).is_none() {
+            self.leases.count_direct(1);
+        }
     }
 
-    /// The configuration (for an opened shared pool: the creator's, with this process's
-    /// exhaustion policy).
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    /// Whether the size class serving `len`-byte requests is cache-coloured
-    /// ([`Config::colouring`]): its buffers are then `size + 256` bytes apart and aligned to
-    /// [`MIN_ALIGN`](super::MIN_ALIGN) bytes, not to their size. `false` for lengths above the
-    /// largest class (whole chunks from the buddy allocator).
-    pub fn is_coloured(&self, len: usize) -> bool {
-        let g = self.arena.geometry();
-        let c = class_of(len);
-        c < g.classes && g.class[c].stride_inverse != 0
-    }
-
-    /// Whether the pool's metadata lives in the region, shared with other processes.
-    pub fn is_shared(&self) -> bool {
-        self.shared
-    }
-
-    /// The mapping offset of block `unit`.
-    pub(super) fn mapping_offset(&self, unit: u32) -> usize {
-        self.arena_offset + Geometry::offset(unit) as usize
+    /// The handle's drop: whether it frees this state now (see `Leases::retire`).
+    fn retire(&self) -> bool {
+        self.leases.retire(self.arena.slots())
     }
 }

@@ -285,6 +285,20 @@ impl Arena {
         }
     }
 
+    /// Frees a block straight to the shared level, through no thread cache: a retired pool's
+    /// owned buffer (the `lease` module), whose pool no thread should cache for again.
+    pub(crate) fn free_uncached(&self, block: Block) {
+        match block.class() {
+            Some(c) => self.free_direct(c, block.unit()),
+            None => self.free_large(block),
+        }
+    }
+
+    /// The thread-cache slots.
+    pub(crate) fn slots(&self) -> &Slots {
+        &self.slots
+    }
+
     #[cold]
     fn alloc_small_slow(&self, c: usize) -> Result<Block, Failure> {
         if let Some(block) = self.try_alloc_small(c).or_else(|| self.reclaim(c)) {
@@ -553,17 +567,29 @@ fn lock(mutex: &Mutex<()>) -> MutexGuard<'_, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl Drop for Arena {
-    fn drop(&mut self) {
-        // No `&Arena` borrow is alive (we are in Drop), so no thread is inside an arena call;
-        // `retire` waits out a thread that is flushing its slot right now.
+impl Arena {
+    /// Marks every cache slot `GONE`, draining those a thread still holds, and waits out a
+    /// thread that is flushing its slot right now (a thread exiting). The owner of the arena
+    /// calls it before dropping it, once no thread is inside an arena call: through `&self`,
+    /// because an exiting thread's flush holds a `&Arena` until it marks its slot free, and
+    /// dropping takes `&mut Arena` (a `&mut` made while another thread reads through a `&` is
+    /// a data race in Rust's model even if nothing is written: Miri reports it).
+    pub(crate) fn retire_slots(&self) {
         for slot in self.slots.iter() {
             if slot.retire() {
-                // SAFETY: no thread is inside a pool call (no borrow of the arena is alive) and
-                // the slot is GONE, so its former owner will not touch it again: we have
-                // exclusive access.
+                // SAFETY: no thread is inside a pool call (the caller's contract) and the slot
+                // is GONE, so its former owner will not touch it again: we have exclusive
+                // access.
                 self.drain_slot(unsafe { OwnedSlot::new(slot) });
             }
         }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // Nothing left to do when the owner retired the slots first (`retire_slots`, which
+        // every pool does); otherwise no thread can be flushing (nothing else knew the arena).
+        self.retire_slots();
     }
 }

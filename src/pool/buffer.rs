@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
-use super::allocator::Pool;
+use super::allocator::{Core, Pool};
 use super::arena::{Block, TAG_LARGE};
 use super::Error;
 use crate::dma::{Iova, Slice};
@@ -17,9 +17,9 @@ use crate::dma::{Iova, Slice};
 /// device may read and write its memory, so it never lends `&[u8]`: copy in and out with
 /// [`Buffer::write`] / [`Buffer::read`], or use the volatile [`Slice`] from [`Buffer::slice`].
 pub struct Buffer<'pool> {
-    /// The pool's address, with the block's tag (its size class, or `TAG_LARGE | order`; see
-    /// `Block::tag`) added in the low bits, which are zero because a `Pool` is aligned to
-    /// [`TAG_MASK`]` + 1` bytes.
+    /// The address of the pool's state (`Core`), with the block's tag (its size class, or
+    /// `TAG_LARGE | order`; see `Block::tag`) added in the low bits, which are zero because a
+    /// `Core` is aligned to [`TAG_MASK`]` + 1` bytes.
     tagged: *const u8,
     /// The block's unit (offset / 256) in the low half, the length in the high half. Host
     /// address, IOVA and capacity derive from the unit. Two words per buffer, moved as a pair
@@ -36,12 +36,12 @@ const TAG_MASK: usize = 127;
 const _: () = assert!(std::mem::size_of::<Buffer<'static>>() == 16);
 // The tag fits below the pool's alignment (and inside the pool: its size is a multiple of it),
 // and every tag fits the mask.
-const _: () = assert!(std::mem::align_of::<Pool>() > TAG_MASK);
+const _: () = assert!(std::mem::align_of::<Core>() > TAG_MASK);
 const _: () = assert!((TAG_LARGE as usize) * 2 - 1 <= TAG_MASK);
 
 // SAFETY: the buffer owns its block exclusively until dropped; its memory is only reached
-// through raw pointers and volatile accesses; the tagged pointer stands for a `&'pool Pool`,
-// which is Send because `Pool: Sync`. Dropping it
+// through raw pointers and volatile accesses; the tagged pointer stands for a `&'pool Core`,
+// which is Send because `Core: Sync`. Dropping it
 // on another thread returns the block through that thread's cache, which is correct for any
 // thread.
 unsafe impl Send for Buffer<'_> {}
@@ -65,9 +65,13 @@ impl<'pool> Buffer<'pool> {
     #[inline(always)]
     pub(super) fn new(pool: &'pool Pool, block: Block, len: u32) -> Self {
         let tag = block.tag();
-        // `wrapping_add` keeps the pointer's provenance; the sum stays inside the `Pool`
-        // (tag <= TAG_MASK < its size and alignment).
-        let tagged = (pool as *const Pool)
+        // `wrapping_add` keeps the pointer's provenance (the state's allocation, which the
+        // last owned buffer may free through it); the sum stays inside the `Core` (tag <=
+        // TAG_MASK < its size and alignment).
+        let tagged = pool
+            .core_ptr()
+            .as_ptr()
+            .cast_const()
             .cast::<u8>()
             .wrapping_add(tag as usize);
         Self {
@@ -91,31 +95,52 @@ impl<'pool> Buffer<'pool> {
         (self.tagged as usize & TAG_MASK) as u32
     }
 
-    /// The pool this buffer returns to.
+    /// The state of the pool this buffer returns to, with the provenance of its allocation.
     #[inline(always)]
-    pub fn pool(&self) -> &'pool Pool {
+    pub(super) fn core_ptr(&self) -> NonNull<Core> {
         let base = self.tagged.wrapping_sub(self.tagged as usize & TAG_MASK);
-        // SAFETY: `base` is the address `new` tagged, with its provenance: a `&'pool Pool`,
-        // valid for 'pool, which this buffer's lifetime is bound to.
-        unsafe { &*base.cast::<Pool>() }
+        // SAFETY: `new` tagged a pointer to a `Core` (never null); removing the tag gives it
+        // back.
+        unsafe { NonNull::new_unchecked(base.cast::<Core>().cast_mut()) }
+    }
+
+    /// The state of the pool this buffer returns to.
+    #[inline(always)]
+    pub(super) fn core(&self) -> &Core {
+        // SAFETY: the address `new` tagged, with its provenance: the state of a pool whose
+        // handle is borrowed for 'pool, which this buffer's lifetime is bound to (or, for an
+        // owned buffer's, kept alive by its lease until the owned buffer's drop): valid for
+        // this borrow of `self`.
+        unsafe { self.core_ptr().as_ref() }
+    }
+
+    /// Whether this buffer belongs to `pool` (returns to it when dropped).
+    #[inline]
+    pub fn is_from(&self, pool: &Pool) -> bool {
+        self.core_ptr() == pool.core_ptr()
+    }
+
+    /// The mapping of the pool this buffer belongs to.
+    pub fn mapping(&self) -> &crate::dma::Mapping {
+        self.core().mapping()
     }
 
     /// The block, rebuilt from the unit and the tag.
     #[inline(always)]
-    fn block(&self) -> Block {
+    pub(super) fn block(&self) -> Block {
         Block::from_tag(self.unit(), self.tag())
     }
 
     /// The host address of the first byte. A raw pointer: never make a reference from it.
     #[inline]
     pub fn as_ptr(&self) -> NonNull<u8> {
-        self.pool().host_of(self.unit())
+        self.core().host_of(self.unit())
     }
 
     /// The address the device uses for the first byte.
     #[inline]
     pub fn iova(&self) -> Iova {
-        Iova(self.pool().iova_of(self.unit()))
+        Iova(self.core().iova_of(self.unit()))
     }
 
     /// Length in bytes (what was asked for, or set with [`Buffer::set_len`]).
@@ -132,7 +157,7 @@ impl<'pool> Buffer<'pool> {
 
     /// Bytes the buffer can hold: its block size.
     pub fn capacity(&self) -> usize {
-        self.pool().capacity_of(self.block())
+        self.core().capacity_of(self.block())
     }
 
     /// Sets the length (at most the capacity, and at most `u32::MAX`).
@@ -152,13 +177,13 @@ impl<'pool> Buffer<'pool> {
 
     /// Offset of the first byte in the pool's mapping.
     pub fn offset(&self) -> usize {
-        self.pool().mapping_offset(self.unit())
+        self.core().mapping_offset(self.unit())
     }
 
     /// Bytes from the start that are IOVA-contiguous (the capacity, except for large buffers on
     /// a mapping that is only contiguous per chunk).
     pub fn contiguous_len(&self) -> usize {
-        self.pool()
+        self.core()
             .mapping()
             .contiguous_len(self.offset())
             .min(self.capacity())
@@ -169,7 +194,7 @@ impl<'pool> Buffer<'pool> {
         if offset >= self.capacity() {
             return None;
         }
-        self.pool()
+        self.core()
             .mapping()
             .iova(self.offset().checked_add(offset)?)
     }
@@ -240,6 +265,6 @@ impl<'pool> Buffer<'pool> {
 impl Drop for Buffer<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        self.pool().free_block(self.block());
+        self.core().free_block(self.block());
     }
 }

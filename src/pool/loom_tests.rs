@@ -17,10 +17,11 @@
 use super::arena::{Arena, Block};
 use super::cache;
 use super::geometry::Geometry;
+use super::lease::Leases;
 use super::meta::Meta;
 use super::stack::{Stack, EMPTY, NIL};
 use super::Config;
-use crate::sync::{thread, Arc, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{thread, Arc, AtomicU32, AtomicU64, Ordering, UnsafeCell};
 
 /// Runs `f` under loom with a default preemption bound of two.
 fn model<F>(f: F)
@@ -393,4 +394,85 @@ fn blocks_in_another_threads_cache_are_reclaimed() {
         arena.flush_current_thread();
         assert_quiescent(&arena);
     });
+}
+
+/// The `lease` module's handshake: an owned buffer freed on another thread while the pool's
+/// handle is dropped. `threads` cache slots: 2, the freeing thread has one of its own (the
+/// fast path: busy mark and light barrier); 1, the handle's thread takes the only one and the
+/// freeing thread runs uncached (the slow path: the `sections` count). Either way the state is
+/// freed exactly once, after every use of it: the free's use reads `gone`, which the party that
+/// frees the state writes, so loom reports a race if the two are not ordered.
+fn owned_free_racing_the_handles_drop(threads: usize) {
+    model(move || {
+        let arena = arena(2, threads);
+        let id = arena.id();
+        let leases = Arc::new(Leases::new());
+        let gone = Arc::new(UnsafeCell::new(false));
+        let freed_by = Arc::new(AtomicU32::new(0));
+        // An owned allocation: the block, counted in this thread's slot (or shared count).
+        let lease = |arena: &Arena, leases: &Leases| {
+            let block = arena.alloc(256).expect("room");
+            if cache::with_fast_slot(id, |mine| mine.count_owned(1)).is_none() {
+                leases.count_direct(1);
+            }
+            block
+        };
+        let ours = lease(&arena, &leases);
+        let theirs = lease(&arena, &leases);
+        // The party that frees the state: the last one, once.
+        let free_state = |gone: &UnsafeCell<bool>, freed_by: &AtomicU32| {
+            freed_by.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: loom's cell checks the access; nothing else holds a reference.
+            gone.with_mut(|g| unsafe { *g = true });
+        };
+        let worker = {
+            let (arena, leases) = (Arc::clone(&arena), Arc::clone(&leases));
+            let (gone, freed_by) = (Arc::clone(&gone), Arc::clone(&freed_by));
+            thread::spawn(move || {
+                if threads > 1 {
+                    // Claim a slot first, so the owned free takes the fast path.
+                    let block = arena.alloc(256).expect("room");
+                    arena.free(block);
+                }
+                let use_state = || {
+                    // SAFETY: loom's cell checks the access (a read racing the write above).
+                    gone.with(|g| assert!(!unsafe { *g }, "the state was used after its free"));
+                };
+                let last = leases.free(
+                    id,
+                    || {
+                        use_state();
+                        arena.free(theirs);
+                    },
+                    || {
+                        use_state();
+                        arena.free_uncached(theirs);
+                    },
+                );
+                if last {
+                    free_state(&gone, &freed_by);
+                }
+                arena.flush_current_thread();
+            })
+        };
+        // This thread: one owned free of its own, then the handle's drop.
+        assert!(!leases.free(id, || arena.free(ours), || unreachable!("not retired yet")));
+        arena.flush_current_thread();
+        if leases.retire(arena.slots()) {
+            free_state(&gone, &freed_by);
+        }
+        worker.join().unwrap();
+        assert_eq!(freed_by.load(Ordering::Relaxed), 1, "freed exactly once");
+        assert_quiescent(&arena);
+    });
+}
+
+#[test]
+fn an_owned_free_racing_the_handles_drop_through_its_slot() {
+    owned_free_racing_the_handles_drop(2);
+}
+
+#[test]
+fn an_owned_free_racing_the_handles_drop_without_a_slot() {
+    owned_free_racing_the_handles_drop(1);
 }

@@ -61,14 +61,24 @@
 //!
 //! **Buffers.** A [`Buffer`] borrows its pool (`Buffer<'pool>`), which is what makes the free
 //! path free of reference counting: it is `Send`, returns itself to the pool on `Drop` from any
-//! thread, and the borrow checker guarantees the pool outlives it. It is two words (the pool's
-//! address with the block's size class, or buddy order, in its low 7 bits — a `Pool` is
-//! 128-byte aligned — and `offset / 256 | len << 32`), so it moves in registers, and freeing it
-//! needs no lookup; its host address, IOVA and capacity are computed from the offset and the
-//! class. A buffer is at most 4 GiB − 1 bytes. It never hands out `&[u8]` to its
-//! memory (the device writes it behind Rust's back): data moves through copies and volatile
-//! accesses ([`Buffer::write`], [`Buffer::read`], [`Buffer::slice`]). [`Pool::alloc_bulk`] and
-//! [`Pool::free_bulk`] move whole batches with one thread-cache lookup.
+//! thread, and the borrow checker guarantees the pool outlives it. It is two words (the address
+//! of the pool's state with the block's size class, or buddy order, in its low 7 bits — the
+//! state is 128-byte aligned — and `offset / 256 | len << 32`), so it moves in registers, and
+//! freeing it needs no lookup; its host address, IOVA and capacity are computed from the
+//! offset and the class. A buffer is at most 4 GiB − 1 bytes. It never hands out `&[u8]` to
+//! its memory (the device writes it behind Rust's back): data moves through copies and
+//! volatile accesses ([`Buffer::write`], [`Buffer::read`], [`Buffer::slice`]).
+//! [`Pool::alloc_bulk`] and [`Pool::free_bulk`] move whole batches with one thread-cache
+//! lookup.
+//!
+//! **Owned buffers.** An [`OwnedBuffer`] ([`Pool::alloc_owned`]) has no lifetime: it is what a
+//! queue, a pipeline or a C handle keeps. A [`Pool`] is a handle to the pool's state, which
+//! lives in its own allocation; the state is freed by the last of the handle and the owned
+//! buffers, with no reference count per buffer: each thread counts the owned buffers it
+//! allocates and frees in its own cache slot (a plain load and store), and the handle's drop
+//! sums the counts once, after a handshake with the frees under way (asymmetric barriers, as
+//! the reclaim below; the `lease` module has the protocol and loom the model). So an owned
+//! buffer costs what a borrowed one does, on one thread and across cores (`benches/pool.rs`).
 //!
 //! **Exhaustion.** An allocation fails only when no block of its class is free anywhere in the
 //! process: not on the shared level, not still to be carved, and not in any thread's cache.
@@ -84,12 +94,14 @@
 //! processes, blocks cached by *another process's* threads are not reclaimed: they come back
 //! when that process's caches flush (a full cache, thread exit, `flush_thread_cache`).
 //!
-//! **Dropping a pool with buffers out.** The borrow checker makes a [`Buffer`] outlive its pool
-//! impossible, except through `mem::forget` — which is what a ring does on purpose when a
-//! device never quiesced and may still write the buffers it was given. A pool dropped while
-//! any of its buffers (allocated in this process) is out does not unmap its memory: it leaks
-//! the mapping deliberately (still mapped, pinned and DMA-mapped until the process exits),
-//! counts it in [`leaked_mappings`], and logs nothing.
+//! **Dropping a pool with buffers out.** Owned buffers out keep the pool's state, and its
+//! mapping, until the last one is back (above). The borrow checker makes a [`Buffer`] outlive
+//! its pool impossible, except through `mem::forget` — which is what a ring does on purpose
+//! when a device never quiesced and may still write the buffers it was given. A pool whose
+//! state goes while any of its buffers (allocated in this process) is out does not unmap its
+//! memory: it leaks the mapping deliberately (still mapped, pinned and DMA-mapped until the
+//! process exits), counts it in [`leaked_mappings`], and logs nothing. A forgotten owned
+//! buffer keeps the whole state until the process exits, as a leaked reference count would.
 //!
 //! **Statistics** per class and for large buffers ([`Stats`]) are relaxed counters readable at
 //! any time; the `stats` module says how exact they are.
@@ -126,6 +138,7 @@ mod central;
 mod geometry;
 #[cfg(not(loom))]
 mod interprocess;
+mod lease;
 mod meta;
 mod owned;
 mod stack;

@@ -2,36 +2,39 @@
 //!
 //! A [`Buffer<'pool>`](Buffer) borrows its pool, so whatever holds one (a queue's in-flight
 //! payloads, a pipeline's slots, a C handle) is tied to a borrow: a struct that owns a pool and
-//! its queues would be self-referential. An `OwnedBuffer` holds an `Arc<Pool>` instead: it is
-//! `'static` and `Send`, goes back to the pool when dropped on any thread, and the pool (and
-//! the mapping under it) lives until the last of its owned buffers and handles is gone.
+//! its queues would be self-referential. An `OwnedBuffer` holds a lease on the pool's state
+//! instead: it is `'static` and `Send`, goes back to the pool when dropped on any thread, and
+//! the pool's state (and the mapping under it) lives until the last of its owned buffers and
+//! its handle is gone.
 //!
-//! The price is the reference count: one uncontended atomic increment on allocation and one
-//! decrement on free, on a cache line shared by every thread that allocates or frees from the
-//! pool. `benches/pool.rs` measures both kinds in the same run; the borrowed [`Buffer`] stays
-//! the fastest path where a borrow fits (a thread that owns its work, scoped threads).
+//! The lease costs what the thread cache already does: a count in the allocating and the
+//! freeing thread's own cache slot, and on free a busy mark around the retirement check (the
+//! `lease` module), with no read-modify-write and no cache line shared between threads.
+//! `benches/pool.rs` measures both kinds in the same run.
 
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use super::allocator::Pool;
+use super::arena::Block;
 use super::buffer::Buffer;
+use super::cache;
+use super::geometry::class_of;
 use super::Error;
-use crate::dma::{Iova, Slice};
+use crate::dma::{Iova, Mapping, Slice};
 
-/// A DMA buffer that owns a reference to its [`Pool`]: `'static`, `Send`, and back to the pool
-/// when dropped on any thread; the pool lives until its last owned buffer and handle are gone.
+/// A DMA buffer that holds a lease on its [`Pool`]'s state: `'static`, `Send`, and back to the
+/// pool when dropped on any thread; the pool's state lives until its handle and its last
+/// owned buffer are gone.
 ///
 /// It never lends `&[u8]` to its memory: copy in and out with [`OwnedBuffer::write`] /
 /// [`OwnedBuffer::read`], or use the volatile [`Slice`] from [`OwnedBuffer::slice`].
 pub struct OwnedBuffer {
-    /// The block. Its `'static` is a promise this type keeps, not a fact: the pool lives as
-    /// long as `pool` below, which is dropped after it (see `Drop`). Never handed out as
-    /// `&Buffer<'static>` (that would let a caller keep `Buffer::pool`'s reference past us).
+    /// The block. Its `'static` is a promise this type keeps, not a fact: the pool's state
+    /// lives as long as this buffer's lease, which `Drop` gives back. Never handed out as
+    /// `&Buffer<'static>` (only with the lifetime of a borrow of `self`).
     buffer: ManuallyDrop<Buffer<'static>>,
-    pool: Arc<Pool>,
 }
 
 impl fmt::Debug for OwnedBuffer {
@@ -41,28 +44,55 @@ impl fmt::Debug for OwnedBuffer {
 }
 
 impl Pool {
-    /// Allocates an [`OwnedBuffer`] of `len` bytes from the pool behind `self`: as
-    /// [`Pool::alloc`], plus one reference-count increment.
+    /// Allocates an [`OwnedBuffer`] of `len` bytes: as [`Pool::alloc`], plus one count in this
+    /// thread's cache slot.
     ///
     /// # Errors
     /// As [`Pool::alloc`].
     // Always inlined, as `Pool::alloc` (see there).
     #[inline(always)]
-    pub fn alloc_owned(self: &Arc<Self>, len: usize) -> Result<OwnedBuffer, Error> {
+    pub fn alloc_owned(&self, len: usize) -> Result<OwnedBuffer, Error> {
+        let c = class_of(len);
+        if c < self.classes() {
+            let popped = cache::with_fast_slot(self.id(), |mine| {
+                let unit = mine.pop(c)?;
+                mine.count_owned(1);
+                Some(unit)
+            });
+            if let Some(Some(unit)) = popped {
+                // `len` fits a class, so a `u32`.
+                return Ok(OwnedBuffer::lease(Buffer::new(
+                    self,
+                    Block::small(unit, c),
+                    len as u32,
+                )));
+            }
+        }
+        self.alloc_owned_slow(len)
+    }
+
+    #[cold]
+    fn alloc_owned_slow(&self, len: usize) -> Result<OwnedBuffer, Error> {
         let buffer = self.alloc(len)?;
-        // SAFETY: only the lifetime changes. The pool `buffer` borrows is the one `self`
-        // points to, kept alive by the `Arc` clone stored next to it, which `OwnedBuffer`
-        // drops only after the buffer (its `Drop`); the `'static` buffer is never handed out
-        // by reference (see the field's comment), so no `&'static Pool` escapes.
-        let buffer = unsafe { std::mem::transmute::<Buffer<'_>, Buffer<'static>>(buffer) };
-        Ok(OwnedBuffer {
-            buffer: ManuallyDrop::new(buffer),
-            pool: Arc::clone(self),
-        })
+        self.core().count_owned_alloc();
+        Ok(OwnedBuffer::lease(buffer))
     }
 }
 
 impl OwnedBuffer {
+    /// The owned form of `buffer`, whose allocation was counted as an owned one.
+    #[inline(always)]
+    fn lease(buffer: Buffer<'_>) -> Self {
+        // SAFETY: only the lifetime changes. The pool's state `buffer` points to stays alive
+        // while this lease is out (counted in its thread's slot: the handle's drop then leaves
+        // the state to the last owned buffer, `lease` module); the `'static` buffer is never
+        // handed out by reference except reborrowed for a borrow of `self`.
+        let buffer = unsafe { std::mem::transmute::<Buffer<'_>, Buffer<'static>>(buffer) };
+        OwnedBuffer {
+            buffer: ManuallyDrop::new(buffer),
+        }
+    }
+
     /// The buffer, borrowed for as long as `self` is: everything [`Buffer`] offers that reads
     /// or copies (its lifetime is tied to this borrow, not to the pool).
     #[inline(always)]
@@ -70,9 +100,20 @@ impl OwnedBuffer {
         &self.buffer
     }
 
-    /// The pool this buffer returns to.
-    pub fn pool(&self) -> &Arc<Pool> {
-        &self.pool
+    /// Whether this buffer belongs to `pool` (returns to it when dropped).
+    #[inline]
+    pub fn is_from(&self, pool: &Pool) -> bool {
+        self.buffer.is_from(pool)
+    }
+
+    /// The mapping of the pool this buffer belongs to (alive as long as the buffer).
+    pub fn mapping(&self) -> &Mapping {
+        self.buffer.mapping()
+    }
+
+    /// Offset of the first byte in the pool's mapping.
+    pub fn offset(&self) -> usize {
+        self.buffer.offset()
     }
 
     /// The host address of the first byte. A raw pointer: never make a reference from it.
@@ -144,41 +185,72 @@ impl Drop for OwnedBuffer {
     // Always inlined, as `Buffer`'s drop.
     #[inline(always)]
     fn drop(&mut self) {
-        // SAFETY: dropped once, here, and not used after; the pool it frees into is alive:
-        // `self.pool` is dropped after this body returns.
-        unsafe { ManuallyDrop::drop(&mut self.buffer) };
+        let core = self.buffer.core_ptr();
+        let block = self.buffer.block();
+        // SAFETY: this buffer's lease keeps the state alive until the free below gives it
+        // back; the reference lives for that call only.
+        let last = unsafe { core.as_ref() }.free_owned(block);
+        if last {
+            // SAFETY: the last lease of a retired pool: no handle, no other owned buffer and
+            // no free under way reaches the state any more (`Leases::settle`), and no
+            // reference to it is alive. `core` has the provenance of the state's allocation
+            // (`Buffer::new` tagged the handle's pointer from `Box::leak`).
+            drop(unsafe { Box::from_raw(core.as_ptr()) });
+        }
     }
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use std::sync::Arc;
+    use std::sync::{Arc, Barrier, Weak};
 
     use crate::dma::{SoftIommu, Space};
     use crate::memory::{PageSize, Region};
     use crate::pool::{Config, Pool};
 
-    fn pool() -> Arc<Pool> {
-        let region = Region::builder(4 << 20)
-            .page_size(PageSize::Base)
-            .lock(false)
-            .build()
-            .expect("4 MiB");
+    /// Bytes of the tests' regions: 16 MiB, 1 MiB under Miri (where making a pool costs in
+    /// proportion: a page-table entry and chunk metadata per piece, interpreted).
+    const REGION: usize = if cfg!(miri) { 1 << 20 } else { 16 << 20 };
+
+    /// Above the largest class: a whole-chunk (buddy) buffer.
+    const LARGE: usize = if cfg!(miri) { 128 << 10 } else { 3 << 20 };
+
+    /// A pool over `REGION` bytes of base pages (under Miri with 64 KiB chunks and classes up
+    /// to 32 KiB), and a weak reference to its region: alive exactly as long as the pool's
+    /// state (which owns the only mapping of it).
+    fn pool_with(config: Config) -> (Arc<Pool>, Weak<Region>) {
+        let config = if cfg!(miri) {
+            config.chunk_size(64 << 10).max_class(32 << 10)
+        } else {
+            config
+        };
+        let region = Arc::new(
+            Region::builder(REGION)
+                .page_size(PageSize::Base)
+                .lock(false)
+                .build()
+                .expect("a region"),
+        );
+        let weak = Arc::downgrade(&region);
         let mapping = SoftIommu::new(48)
             .expect("space")
-            .map(Arc::new(region))
+            .map(region)
             .expect("mapped");
-        Arc::new(Pool::new(mapping, Config::default()).expect("pool"))
+        (Arc::new(Pool::new(mapping, config).expect("pool")), weak)
+    }
+
+    fn pool() -> (Arc<Pool>, Weak<Region>) {
+        pool_with(Config::default())
     }
 
     #[test]
-    fn an_owned_buffer_outlives_every_other_handle_of_its_pool() {
-        let pool = pool();
+    fn an_owned_buffer_outlives_every_handle_of_its_pool() {
+        let (pool, region) = pool();
         let buffer = pool.alloc_owned(4096).expect("buffer");
         buffer.write(0, b"still here").expect("write");
-        let weak = Arc::downgrade(&pool);
+        let big = pool.alloc_owned(LARGE).expect("a large buffer");
         drop(pool);
-        // The buffer keeps the pool (and its mapping) alive on another thread.
+        // The buffer keeps the pool's state (and its mapping) alive on another thread.
         let buffer = std::thread::spawn(move || {
             let mut back = [0u8; 10];
             buffer.read(0, &mut back).expect("read");
@@ -187,19 +259,111 @@ mod tests {
         })
         .join()
         .expect("thread");
-        assert!(weak.upgrade().is_some());
-        assert!(buffer.as_buffer().pool().stats().arena_bytes > 0);
+        assert!(region.upgrade().is_some());
+        assert_eq!(buffer.mapping().len(), REGION);
         drop(buffer);
-        assert!(weak.upgrade().is_none(), "the last buffer drops the pool");
+        assert!(region.upgrade().is_some(), "one buffer is still out");
+        drop(big);
+        assert!(region.upgrade().is_none(), "the last buffer frees the pool");
+    }
+
+    #[test]
+    fn a_pool_with_nothing_out_is_freed_by_its_handle() {
+        let (pool, region) = pool();
+        let owned: Vec<_> = (0..100)
+            .map(|_| pool.alloc_owned(1000).expect("buffer"))
+            .collect();
+        let moved: Vec<_> = (0..100)
+            .map(|_| pool.alloc_owned(1000).expect("buffer"))
+            .collect();
+        // Freed on another thread: its slot counts them back.
+        std::thread::spawn(move || drop(moved))
+            .join()
+            .expect("thread");
+        drop(owned);
+        assert_eq!(pool.buffers_out(), 0);
+        drop(pool);
+        assert!(region.upgrade().is_none());
+    }
+
+    #[test]
+    fn a_forgotten_owned_buffer_keeps_the_pool_alive() {
+        let (pool, region) = pool();
+        std::mem::forget(pool.alloc_owned(4096).expect("buffer"));
+        drop(pool.alloc_owned(4096).expect("buffer"));
+        drop(pool);
+        // As a leaked reference count did: the memory stays mapped until the process exits.
+        assert!(region.upgrade().is_some());
+    }
+
+    #[test]
+    fn threads_without_a_cache_slot_count_their_leases_too() {
+        // One slot: the first thread to use the pool takes it, the others run uncached.
+        let (pool, region) = pool_with(Config::default().max_threads(1));
+        let mine = pool.alloc_owned(4096).expect("buffer");
+        let theirs = std::thread::scope(|s| {
+            s.spawn(|| {
+                let theirs: Vec<_> = (0..8)
+                    .map(|_| pool.alloc_owned(4096).expect("buffer"))
+                    .collect();
+                // Some of this thread's buffers freed here, uncached.
+                theirs.into_iter().skip(3).collect::<Vec<_>>()
+            })
+            .join()
+            .expect("thread")
+        });
+        drop(mine);
+        drop(pool);
+        assert!(region.upgrade().is_some(), "five buffers are out");
+        std::thread::spawn(move || drop(theirs))
+            .join()
+            .expect("thread");
+        assert!(region.upgrade().is_none());
+    }
+
+    #[test]
+    fn frees_racing_the_handles_drop_free_the_pool_once() {
+        // Each round: buffers out on three threads, which free them while the last handle is
+        // dropped. Whoever comes last frees the pool, exactly once, and never while a free
+        // still uses it (ASan and Miri check the second).
+        let rounds = if cfg!(miri) { 2 } else { 200 };
+        for round in 0..rounds {
+            let config = Config::default().max_threads(if round % 2 == 0 { 64 } else { 2 });
+            let (pool, region) = pool_with(config);
+            let start = Arc::new(Barrier::new(4));
+            let threads: Vec<_> = (0..3)
+                .map(|t| {
+                    let buffers: Vec<_> = (0..if cfg!(miri) { 4 } else { 16 })
+                        .map(|i| pool.alloc_owned(256 << ((i + t) % 6)).expect("buffer"))
+                        .collect();
+                    let start = Arc::clone(&start);
+                    std::thread::spawn(move || {
+                        start.wait();
+                        for buffer in buffers {
+                            drop(buffer);
+                            std::hint::spin_loop();
+                        }
+                    })
+                })
+                .collect();
+            start.wait();
+            drop(pool);
+            for thread in threads {
+                thread.join().expect("thread");
+            }
+            assert!(region.upgrade().is_none(), "round {round}");
+        }
     }
 
     #[test]
     fn owned_buffers_report_the_same_addresses_as_borrowed_ones() {
-        let pool = pool();
+        let (pool, _) = pool();
         let mut owned = pool.alloc_owned(1000).expect("buffer");
+        assert!(owned.is_from(&pool));
         assert_eq!(owned.len(), 1000);
         assert_eq!(owned.iova(), owned.as_buffer().iova());
         assert_eq!(owned.iova_at(0), Some(owned.iova()));
+        assert_eq!(owned.offset(), owned.as_buffer().offset());
         assert!(owned.capacity() >= 1000);
         owned.set_len(10).expect("shorter");
         assert_eq!(owned.slice().len(), 10);
@@ -209,5 +373,7 @@ mod tests {
         drop(owned);
         // The block went back to this thread's cache: the next one of its class reuses it.
         assert_eq!(pool.alloc_owned(1000).expect("again").iova(), iova);
+        let (other, _) = self::pool();
+        assert!(!other.alloc_owned(1000).expect("buffer").is_from(&pool));
     }
 }

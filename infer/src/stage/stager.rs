@@ -185,7 +185,7 @@ impl Stager {
 
     /// Where `buffer` lies in the registered memory (`None`: not from this stager's pool).
     pub fn fixed(&self, buffer: &OwnedBuffer) -> Option<Fixed> {
-        if !Arc::ptr_eq(buffer.pool(), &self.pool) {
+        if !buffer.is_from(&self.pool) {
             return None;
         }
         self.layout

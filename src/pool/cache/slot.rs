@@ -170,6 +170,37 @@ impl<'a> OwnedSlot<'a> {
         true
     }
 
+    /// Counts `delta` (wrapping: `u64::MAX` for minus one) owned buffers allocated or freed by
+    /// this thread: a load and a store, no read-modify-write.
+    #[inline(always)]
+    pub(crate) fn count_owned(&self, delta: u64) {
+        let owned = &self.slot.owned;
+        // Relaxed: single writer (the owner); the pool handle's drop reads it after its
+        // handshake ordered this store (see the `lease` module).
+        owned.store(
+            owned.load(Ordering::Relaxed).wrapping_add(delta),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// An owned buffer's free begins: marks the slot busy, then a light barrier, so that the
+    /// retirement check after it and the pool handle's drop see each other (the `lease`
+    /// module's handshake).
+    #[inline(always)]
+    pub(crate) fn enter_owned(&self) {
+        // Relaxed, then the light barrier: against the handle's store and heavy barrier.
+        self.slot.owned_busy.store(1, Ordering::Relaxed);
+        asymmetric::light();
+    }
+
+    /// The owned free ends: what it did to the pool happens before a handle's drop that sees
+    /// the slot idle.
+    #[inline(always)]
+    pub(crate) fn leave_owned(&self) {
+        // Release: pairs with `Slot::owned_busy`'s Acquire.
+        self.slot.owned_busy.store(0, Ordering::Release);
+    }
+
     /// Whether class `c` is cached at all, giving its magazine the capacity and batch of
     /// geometry `g` (the slot's pool's) the first time: a slot is made with no room in any
     /// class, so that the pages of the classes a thread never uses are never written. Called
@@ -299,6 +330,11 @@ impl<'a> OwnedSlot<'a> {
 #[derive(Debug)]
 pub(crate) struct Slot {
     pub(super) state: AtomicU32,
+    /// 1 while the owner frees an owned buffer (the `lease` module's handshake). Owner only.
+    pub(super) owned_busy: AtomicU32,
+    /// Owned buffers this slot's threads allocated minus those they freed (wrapping; the
+    /// pool's count is the sum over its slots). Owner only.
+    pub(super) owned: AtomicU64,
     pub(super) classes: [ClassCache; MAX_CLASSES],
 }
 
@@ -312,6 +348,19 @@ unsafe impl Sync for Slot {}
 unsafe impl Send for Slot {}
 
 impl Slot {
+    /// Whether its owner is freeing an owned buffer now (see [`OwnedSlot::enter_owned`]).
+    pub(crate) fn owned_busy(&self) -> bool {
+        // Acquire: pairs with `leave_owned`'s Release: a free seen ended has its count and
+        // its use of the pool before this.
+        self.owned_busy.load(Ordering::Acquire) != 0
+    }
+
+    /// The slot's share of the owned buffers out (wrapping; see `owned`).
+    pub(crate) fn owned(&self) -> u64 {
+        // Relaxed: read by the pool handle's drop after `owned_busy` ordered the last write.
+        self.owned.load(Ordering::Relaxed)
+    }
+
     /// The counters of class `c` (`c < MAX_CLASSES`).
     pub(crate) fn class(&self, c: usize) -> &ClassCache {
         &self.classes[c]
@@ -470,6 +519,8 @@ impl Slots {
         let slots: Box<[Slot]> = (0..n)
             .map(|_| Slot {
                 state: AtomicU32::new(FREE),
+                owned_busy: AtomicU32::new(0),
+                owned: AtomicU64::new(0),
                 classes: std::array::from_fn(|_| ClassCache::new()),
             })
             .collect();

@@ -151,7 +151,7 @@ impl Drop for OwnerTable {
 
 /// The slot of this thread in the pool `id`, if it is in the home entry and has a slot.
 #[inline(always)]
-pub(super) fn fast_slot(id: u64) -> Option<NonNull<Slot>> {
+pub(crate) fn fast_slot(id: u64) -> Option<NonNull<Slot>> {
     // Only the lookup runs inside the thread-local access, and the operation after it, so how
     // much the operation inlines never decides whether the access itself is inlined (with a
     // whole batch free inside it, `LocalKey::try_with` went out of line: a call on every

@@ -1,0 +1,185 @@
+//! Who frees a pool's state: its handle, or the last [`OwnedBuffer`](super::OwnedBuffer) out.
+//!
+//! An owned buffer has no lifetime, so it must keep the pool's state (the `Core`: arena,
+//! mapping, caches) alive after the [`Pool`](super::Pool) handle is dropped. A reference count
+//! per buffer would do it at the price of an atomic read-modify-write on a shared cache line
+//! per allocation and per free (1.3x DPDK's get + put on one thread, 1.8x across cores, where
+//! a borrowed buffer was 0.75x). Here the count costs what the thread cache already does:
+//!
+//! - **Leases counted per thread.** An owned allocation adds one to its thread's cache slot
+//!   (`Slot::owned`), an owned free takes one from the freeing thread's slot: a plain load and
+//!   store on a line only that thread writes. Threads without a slot use one shared atomic
+//!   (`direct`), on their slow path anyway. The buffers out are the sum, which only the
+//!   handle's drop ever takes.
+//! - **Retirement.** The handle's drop (`retire`) raises `retired`, runs a heavy barrier, waits
+//!   for the owned frees under way, sums the counts, and adds the sum to `remaining`. A free
+//!   that sees `retired` puts its block back on the shared level and takes one from
+//!   `remaining`; whoever brings `remaining` to zero (the handle with nothing out, or the last
+//!   such free) frees the state.
+//!
+//! The race between the two is a Dekker handshake with asymmetric barriers, as in the pool's
+//! reclaim and the C API's quiescence:
+//!
+//! ```text
+//! owned free (frequent)                    handle drop (once)
+//! slot.busy = 1 (store)                    retired = true (store)
+//! light barrier (compiler only)            heavy barrier (membarrier: a fence on every CPU)
+//! retired? (load)                          wait while any slot.busy (Acquire)
+//!   no:  free as usual, slot.owned -= 1    wait while sections (Acquire)
+//!        slot.busy = 0 (Release)           out = sum of slot.owned + direct
+//!   yes: slot.busy = 0, then the slow path remaining += out (AcqRel): zero -> free the state
+//! ```
+//!
+//! Either the handle sees the slot busy (and waits for the free to finish, whose count it then
+//! reads), or the free sees `retired` (and counts itself out of `remaining` instead). A free
+//! without a slot of its own does the same with `sections`, an atomic it increments (then a
+//! full fence) before its check and decrements (Release) after. `remaining` starts at zero and frees that
+//! see `retired` may take from it before the handle adds the sum: it goes below zero
+//! (wrapping), never to zero from above before the sum is in, so exactly one party sees it
+//! reach zero. The AcqRel read-modify-writes order every free's use of the state before the
+//! party that frees it.
+//!
+//! Borrowed buffers need none of this: their borrows end before the handle's drop. A buffer
+//! forgotten (`mem::forget`) never comes back: a forgotten owned buffer keeps the state alive
+//! until the process exits (as a leaked reference count did); forgotten borrowed buffers make
+//! the state's drop keep the mapping mapped, as before (`leaked_mappings`).
+
+use super::cache::{self, OwnedSlot, Slots};
+use crate::sync::{asymmetric, fence, thread, AtomicBool, AtomicU64, Ordering};
+
+/// The state's retirement and the leases counted outside the thread caches (see the module
+/// docs).
+#[derive(Debug)]
+pub(crate) struct Leases {
+    /// Raised once, by the handle's drop.
+    retired: AtomicBool,
+    /// Owned frees under way on the slow path (a thread without a slot of its own).
+    sections: AtomicU64,
+    /// Owned buffers allocated minus freed by threads without a cache slot (wrapping).
+    direct: AtomicU64,
+    /// After retirement: owned buffers still out, less those freed since (wrapping).
+    remaining: AtomicU64,
+}
+
+impl Leases {
+    /// A live pool's: not retired, nothing out.
+    pub(crate) fn new() -> Self {
+        Self {
+            retired: AtomicBool::new(false),
+            sections: AtomicU64::new(0),
+            direct: AtomicU64::new(0),
+            remaining: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the handle is gone. Read by an owned free after marking its slot busy and a
+    /// light barrier ([`OwnedSlot::enter_owned`]).
+    #[inline(always)]
+    fn is_retired(&self) -> bool {
+        // Relaxed: what decides is the order of this load against the slot's busy store on one
+        // side and the handle's store of `retired` on the other, which the barriers give.
+        self.retired.load(Ordering::Relaxed)
+    }
+
+    /// Frees an owned buffer of the pool whose arena has id `id`: `live` returns its block as
+    /// usual while the pool has a handle; once it is retired, `retired` puts it back on the
+    /// shared level (no thread cache), and the free counts itself out. Returns whether the
+    /// caller frees the pool's state now (the last owned buffer of a retired pool), which it
+    /// must do after this returns, holding no reference to it.
+    #[inline(always)]
+    pub(crate) fn free(&self, id: u64, live: impl FnOnce(), retired: impl FnOnce()) -> bool {
+        if let Some(slot) = cache::fast_slot(id) {
+            // SAFETY: a slot in this thread's fast table was claimed by this thread and is
+            // kept alive by its table, which `live` does not touch (pool operations do not
+            // re-enter the tables: as `cache::with_fast_slot`).
+            let mine = unsafe { OwnedSlot::new(slot.as_ref()) };
+            mine.enter_owned();
+            if !self.is_retired() {
+                mine.count_owned(u64::MAX);
+                live();
+                mine.leave_owned();
+                return false;
+            }
+            mine.leave_owned();
+        }
+        self.free_slow(live, retired)
+    }
+
+    /// An owned free without this thread's slot at hand, or of a retired pool.
+    #[cold]
+    fn free_slow(&self, live: impl FnOnce(), retired: impl FnOnce()) -> bool {
+        if self.enter() {
+            self.count_direct(u64::MAX);
+            live();
+            self.leave();
+            return false;
+        }
+        self.leave();
+        retired();
+        self.settle()
+    }
+
+    /// A slow-path owned free (no slot of its own) begins: `true` if the pool is live, and the
+    /// free may use it as usual until [`Leases::leave`]. Called in either case; `leave` after.
+    fn enter(&self) -> bool {
+        // The store-load pair of the handshake, against `retire`'s store and heavy barrier:
+        // the count, a full fence, then the flag (a fence on this side too, as this path is
+        // rare; fence to fence is also what loom models exactly).
+        self.sections.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        // Relaxed: ordered by the fences.
+        !self.retired.load(Ordering::Relaxed)
+    }
+
+    /// A slow-path owned free ends (see [`Leases::enter`]).
+    fn leave(&self) {
+        // Release: the free's use of the pool happens before `retire` sees the count drop.
+        self.sections.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Counts `delta` (wrapping: `u64::MAX` for minus one) owned buffers out by a thread with
+    /// no cache slot.
+    pub(crate) fn count_direct(&self, delta: u64) {
+        // Relaxed: read only by `retire`, after the allocations (ordered by the handle's
+        // drop) and the frees (ordered by `leave`).
+        self.direct.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// The handle's drop: retires the pool and returns whether the caller frees the state now
+    /// (no owned buffer out). Otherwise the free that returns the last one does
+    /// ([`Leases::settle`]).
+    pub(crate) fn retire(&self, slots: &Slots) -> bool {
+        // SeqCst, then the heavy barrier: every owned free either has its busy mark visible
+        // to the loads below, or sees this store (see the module docs).
+        self.retired.store(true, Ordering::SeqCst);
+        asymmetric::heavy();
+        for slot in slots.iter() {
+            while slot.owned_busy() {
+                thread::yield_now();
+            }
+        }
+        // Acquire: pairs with `leave`'s Release.
+        while self.sections.load(Ordering::Acquire) != 0 {
+            thread::yield_now();
+        }
+        // Every count is final now: the allocations happened before the handle's drop, the
+        // frees that did not see `retired` have ended (the waits above acquired their ends),
+        // and the frees that saw it count themselves in `remaining`.
+        let out = slots.iter().fold(
+            // Relaxed: ordered by the waits above.
+            self.direct.load(Ordering::Relaxed),
+            |out, slot| out.wrapping_add(slot.owned()),
+        );
+        // AcqRel: acquires the frees that settled before this (their use of the state
+        // happens before whoever frees it); releases this thread's, for the last free.
+        let before = self.remaining.fetch_add(out, Ordering::AcqRel);
+        before.wrapping_add(out) == 0
+    }
+
+    /// A free of a retired pool's owned buffer, after its block went back: whether the caller
+    /// frees the state now (the last one out).
+    fn settle(&self) -> bool {
+        // AcqRel: as in `retire`.
+        self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+}
