@@ -80,7 +80,8 @@ fn one_transfer_there_and_back_through_device_memory() {
 fn handles_outlive_the_runtime_in_any_order_and_in_flight_buffers_come_back() {
     let runtime = runtime();
     let pool = runtime.pool(4 << 20, PageSize::Base).expect("pool");
-    let weak = Arc::downgrade(&pool);
+    // The pool's memory: alive as long as the pool's state (its handle or an owned buffer).
+    let weak = Arc::downgrade(pool.mapping().region());
     let mut queue = runtime
         .queue(ring::Config::new(64).with_id(1).with_context(0))
         .expect("queue");
@@ -96,7 +97,7 @@ fn handles_outlive_the_runtime_in_any_order_and_in_flight_buffers_come_back() {
     drop((runtime, pool));
     assert!(
         weak.upgrade().is_some(),
-        "buffers in flight keep their pool"
+        "buffers in flight keep their pool's memory"
     );
     let queue = std::thread::spawn(move || {
         let mut done = 0;
