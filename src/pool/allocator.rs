@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 
 use super::arena::{Arena, Block, Failure};
 use super::buffer::Buffer;
-use super::cache;
+use super::cache::{self, OwnedSlot};
 use super::geometry::{class_of, Geometry};
 use super::lease::Leases;
 use super::meta::Meta;
@@ -54,6 +54,9 @@ pub struct Pool {
 pub(crate) struct Core {
     /// The arena's id (what thread caches key on).
     id: u64,
+    /// Who frees this state: the pool handle, or the last owned buffer after it. Next to the
+    /// fields every free reads (an owned free reads whether it is retired).
+    leases: Leases,
     /// The arena's waiter count (see `Arena::waiters`).
     waiters: NonNull<AtomicU32>,
     /// Dropped by `Drop` before the mapping: it drains thread caches into metadata that may
@@ -66,8 +69,6 @@ pub(crate) struct Core {
     arena_offset: usize,
     config: Config,
     shared: bool,
-    /// Who frees this state: the pool handle, or the last owned buffer after it.
-    leases: Leases,
     /// Unmapped by `Drop`, or leaked if buffers are still out.
     mapping: ManuallyDrop<Mapping>,
 }
@@ -657,14 +658,45 @@ impl Core {
         &self.mapping
     }
 
-    /// Frees an owned buffer's block (its `Drop`): as `free_block` while the pool has a
-    /// handle; after, straight to the shared level, counted out of the leases. Returns whether
-    /// the caller must free this state (the last owned buffer of a retired pool): it does so
-    /// after this call, with no reference to it left.
+    /// The fast half of an owned buffer's free (its `Drop`), for a small block (`unit` of
+    /// class `c`): on this thread's slot of a live pool with room in its magazine, into it
+    /// (handing the class over, inside the handshake, if a thread waits for a block), and
+    /// `true`; otherwise nothing, and `false` (the caller then runs `free_owned_uncached`).
     #[inline(always)]
-    pub(super) fn free_owned(&self, block: Block) -> bool {
-        self.leases.free(
-            self.id,
+    pub(super) fn free_owned_cached(&self, c: usize, unit: u32) -> bool {
+        let Some(slot) = cache::fast_slot(self.id) else {
+            return false;
+        };
+        // SAFETY: a slot in this thread's fast table was claimed by this thread and is kept
+        // alive by its table, which nothing below touches (as `cache::with_fast_slot`).
+        let mine = unsafe { OwnedSlot::new(slot.as_ref()) };
+        self.leases
+            .free_cached(mine, move |mine| {
+                // SAFETY: `c` is the class in a small buffer's tag, which `Buffer::new` took
+                // from a block of this pool's classes (at most `MAX_CLASSES`), and which
+                // nothing else writes (the buffer's fields are private).
+                if !unsafe { mine.push_in(c, unit) } {
+                    return None;
+                }
+                if cache::someone_waits_after_push(self.waiters()) {
+                    self.hand_over(c);
+                }
+                Some(())
+            })
+            .is_some()
+    }
+
+    /// A thread waits for a block of class `c`: hands this thread's cached ones over.
+    #[cold]
+    #[inline(never)]
+    fn hand_over(&self, c: usize) {
+        self.arena.hand_over(c);
+    }
+
+    /// The slow half of an owned buffer's free: `Leases::free_uncached` over this pool.
+    /// Returns whether the caller frees this state now.
+    pub(super) fn free_owned_uncached(&self, block: Block) -> bool {
+        self.leases.free_uncached(
             || self.free_block(block),
             || self.arena.free_uncached(block),
         )
@@ -674,7 +706,7 @@ impl Core {
     /// has one at hand, else the shared one).
     #[cold]
     pub(super) fn count_owned_alloc(&self) {
-        if cache::with_fast_slot(self.id, |mine| mine.count_owned(1)).is_none() {
+        if cache::with_fast_slot(self.id, |mine| mine.count_owned_alloc()).is_none() {
             self.leases.count_direct(1);
         }
     }

@@ -125,6 +125,30 @@ impl<'pool> Buffer<'pool> {
         self.core().mapping()
     }
 
+    /// The two words of the buffer (`tagged`, `word`), for `Buffer::from_words`.
+    #[inline(always)]
+    pub(super) fn words(&self) -> (*const u8, u64) {
+        (self.tagged, self.word)
+    }
+
+    /// The buffer whose words are `words` (from [`Buffer::words`] of a buffer given up
+    /// since, e.g. an owned buffer being dropped).
+    #[inline(always)]
+    pub(super) fn from_words((tagged, word): (*const u8, u64)) -> ManuallyDrop<Self> {
+        ManuallyDrop::new(Self {
+            tagged,
+            word,
+            pool: PhantomData,
+        })
+    }
+
+    /// The size class and unit of a small block (`None` for a large one).
+    #[inline(always)]
+    pub(super) fn small(&self) -> Option<(usize, u32)> {
+        let tag = self.tag();
+        (tag & TAG_LARGE == 0).then_some((tag as usize, self.unit()))
+    }
+
     /// The block, rebuilt from the unit and the tag.
     #[inline(always)]
     pub(super) fn block(&self) -> Block {

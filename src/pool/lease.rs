@@ -8,7 +8,8 @@
 //!
 //! - **Leases counted per thread.** An owned allocation adds one to its thread's cache slot
 //!   (`Slot::owned`), an owned free takes one from the freeing thread's slot: a plain load and
-//!   store on a line only that thread writes. Threads without a slot use one shared atomic
+//!   store on a line only that thread writes (the same word carries the free's busy mark, so
+//!   the free's count costs no store of its own). Threads without a slot use one shared atomic
 //!   (`direct`), on their slow path anyway. The buffers out are the sum, which only the
 //!   handle's drop ever takes.
 //! - **Retirement.** The handle's drop (`retire`) raises `retired`, runs a heavy barrier, waits
@@ -25,8 +26,8 @@
 //! slot.busy = 1 (store)                    retired = true (store)
 //! light barrier (compiler only)            heavy barrier (membarrier: a fence on every CPU)
 //! retired? (load)                          wait while any slot.busy (Acquire)
-//!   no:  free as usual, slot.owned -= 1    wait while sections (Acquire)
-//!        slot.busy = 0 (Release)           out = sum of slot.owned + direct
+//!   no:  free as usual; slot.owned -= 1    wait while sections (Acquire)
+//!        and slot.busy = 0 (Release)       out = sum of slot.owned + direct
 //!   yes: slot.busy = 0, then the slow path remaining += out (AcqRel): zero -> free the state
 //! ```
 //!
@@ -44,7 +45,9 @@
 //! until the process exits (as a leaked reference count did); forgotten borrowed buffers make
 //! the state's drop keep the mapping mapped, as before (`leaked_mappings`).
 
-use super::cache::{self, OwnedSlot, Slots};
+#[cfg(all(test, loom))]
+use super::cache;
+use super::cache::{OwnedSlot, Slots};
 use crate::sync::{asymmetric, fence, thread, AtomicBool, AtomicU64, Ordering};
 
 /// The state's retirement and the leases counted outside the thread caches (see the module
@@ -81,33 +84,61 @@ impl Leases {
         self.retired.load(Ordering::Relaxed)
     }
 
-    /// Frees an owned buffer of the pool whose arena has id `id`: `live` returns its block as
-    /// usual while the pool has a handle; once it is retired, `retired` puts it back on the
-    /// shared level (no thread cache), and the free counts itself out. Returns whether the
-    /// caller frees the pool's state now (the last owned buffer of a retired pool), which it
-    /// must do after this returns, holding no reference to it.
-    #[inline(always)]
-    pub(crate) fn free(&self, id: u64, live: impl FnOnce(), retired: impl FnOnce()) -> bool {
+    /// Frees an owned buffer of the pool whose arena has id `id`: the two halves below, as a
+    /// pool's `OwnedBuffer` drop runs them (which splits them itself, to keep the slow half
+    /// out of line). Returns whether the caller frees the pool's state now (the last owned
+    /// buffer of a retired pool), which it must do after this returns, holding no reference
+    /// to it.
+    #[cfg(all(test, loom))]
+    pub(crate) fn free(
+        &self,
+        id: u64,
+        live: impl FnOnce(Option<OwnedSlot<'_>>),
+        retired: impl FnOnce(),
+    ) -> bool {
+        let mut live = Some(live);
         if let Some(slot) = cache::fast_slot(id) {
-            // SAFETY: a slot in this thread's fast table was claimed by this thread and is
-            // kept alive by its table, which `live` does not touch (pool operations do not
-            // re-enter the tables: as `cache::with_fast_slot`).
+            // SAFETY: as in `OwnedBuffer`'s drop: a slot of this thread's fast table.
             let mine = unsafe { OwnedSlot::new(slot.as_ref()) };
-            mine.enter_owned();
-            if !self.is_retired() {
-                mine.count_owned(u64::MAX);
-                live();
-                mine.leave_owned();
+            let freed = self.free_cached(mine, |mine| live.take().map(|live| live(Some(mine))));
+            if freed.is_some() {
                 return false;
             }
-            mine.leave_owned();
         }
-        self.free_slow(live, retired)
+        self.free_uncached(
+            || {
+                if let Some(live) = live.take() {
+                    live(None);
+                }
+            },
+            retired,
+        )
     }
 
-    /// An owned free without this thread's slot at hand, or of a retired pool.
-    #[cold]
-    fn free_slow(&self, live: impl FnOnce(), retired: impl FnOnce()) -> bool {
+    /// The fast half of an owned free, on this thread's slot (`mine`) of the pool: if the pool
+    /// is live, runs `live`, which returns the block into `mine` as usual (`Some`) or leaves
+    /// it alone (`None`: no room), and counts the lease back if it took it. Returns what
+    /// `live` did, `None` as well when the pool is retired; on `None` the lease is still
+    /// out, and the caller runs [`Leases::free_uncached`].
+    #[inline(always)]
+    pub(crate) fn free_cached<R>(
+        &self,
+        mine: OwnedSlot<'_>,
+        live: impl FnOnce(OwnedSlot<'_>) -> Option<R>,
+    ) -> Option<R> {
+        let word = mine.enter_owned();
+        let done = if self.is_retired() { None } else { live(mine) };
+        mine.leave_owned(word, done.is_some());
+        done
+    }
+
+    /// The slow half of an owned free, without this thread's slot at hand or of a retired
+    /// pool: `live` returns the block as usual while the pool has a handle; once it is
+    /// retired, `retired` puts it back on the shared level (no thread cache) and the free
+    /// counts itself out. Returns whether the caller frees the pool's state now (the last
+    /// owned buffer of a retired pool), which it must do after this returns, holding no
+    /// reference to it.
+    pub(crate) fn free_uncached(&self, live: impl FnOnce(), retired: impl FnOnce()) -> bool {
         if self.enter() {
             self.count_direct(u64::MAX);
             live();
@@ -165,11 +196,13 @@ impl Leases {
         // Every count is final now: the allocations happened before the handle's drop, the
         // frees that did not see `retired` have ended (the waits above acquired their ends),
         // and the frees that saw it count themselves in `remaining`.
-        let out = slots.iter().fold(
-            // Relaxed: ordered by the waits above.
-            self.direct.load(Ordering::Relaxed),
-            |out, slot| out.wrapping_add(slot.owned()),
-        );
+        // The slots count in twos (the low bit is their busy mark): their sum is even, and
+        // half of it is their share (the total out is far below 2^63).
+        let slots_twice = slots
+            .iter()
+            .fold(0u64, |sum, slot| sum.wrapping_add(slot.owned_twice()));
+        // Relaxed: ordered by the waits above.
+        let out = (slots_twice >> 1).wrapping_add(self.direct.load(Ordering::Relaxed));
         // AcqRel: acquires the frees that settled before this (their use of the state
         // happens before whoever frees it); releases this thread's, for the last free.
         let before = self.remaining.fetch_add(out, Ordering::AcqRel);

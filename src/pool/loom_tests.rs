@@ -412,7 +412,7 @@ fn owned_free_racing_the_handles_drop(threads: usize) {
         // An owned allocation: the block, counted in this thread's slot (or shared count).
         let lease = |arena: &Arena, leases: &Leases| {
             let block = arena.alloc(256).expect("room");
-            if cache::with_fast_slot(id, |mine| mine.count_owned(1)).is_none() {
+            if cache::with_fast_slot(id, |mine| mine.count_owned_alloc()).is_none() {
                 leases.count_direct(1);
             }
             block
@@ -440,7 +440,7 @@ fn owned_free_racing_the_handles_drop(threads: usize) {
                 };
                 let last = leases.free(
                     id,
-                    || {
+                    |_| {
                         use_state();
                         arena.free(theirs);
                     },
@@ -456,7 +456,7 @@ fn owned_free_racing_the_handles_drop(threads: usize) {
             })
         };
         // This thread: one owned free of its own, then the handle's drop.
-        assert!(!leases.free(id, || arena.free(ours), || unreachable!("not retired yet")));
+        assert!(!leases.free(id, |_| arena.free(ours), || unreachable!("not retired yet")));
         arena.flush_current_thread();
         if leases.retire(arena.slots()) {
             free_state(&gone, &freed_by);

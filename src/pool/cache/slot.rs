@@ -156,49 +156,70 @@ impl<'a> OwnedSlot<'a> {
     /// Pushes a freed block of class `c`; `false` (and nothing pushed) if the magazine is full.
     #[inline(always)]
     pub(crate) fn push(&self, c: usize, unit: u32) -> bool {
-        let cache = self.cache(c);
+        // SAFETY: clamped to the last class.
+        unsafe { self.push_in(c.min(MAX_CLASSES - 1), unit) }
+    }
+
+    /// [`OwnedSlot::push`] for a class the caller knows is one (no clamp: an owned buffer's
+    /// free, whose drop inlines into its caller only while it stays this small).
+    ///
+    /// # Safety
+    /// `c < MAX_CLASSES`.
+    #[inline(always)]
+    pub(crate) unsafe fn push_in(&self, c: usize, unit: u32) -> bool {
+        // SAFETY: in bounds (the caller's contract).
+        let cache = unsafe { self.slot.classes.get_unchecked(c) };
         let len = cache.len();
         // Relaxed: owner only.
         if len >= cache.cap.load(Ordering::Relaxed) {
             return false;
         }
-        // SAFETY: `len < cap <= MAG_MAX` (the mask changes nothing and spares a bounds check);
+        // SAFETY: `len < cap <= MAG_MAX` (`enable` is the only writer of `cap`, and caps it);
         // above `len`, where no reclaimer reads.
-        unsafe { cache.items.set(len as usize & (MAG_MAX - 1), unit) };
+        unsafe { cache.items.set(len as usize, unit) };
         cache.set_len(len + 1);
         add(&cache.frees, 1);
         true
     }
 
-    /// Counts `delta` (wrapping: `u64::MAX` for minus one) owned buffers allocated or freed by
-    /// this thread: a load and a store, no read-modify-write.
+    /// Counts one owned buffer allocated by this thread: a load and a store, no
+    /// read-modify-write.
     #[inline(always)]
-    pub(crate) fn count_owned(&self, delta: u64) {
+    pub(crate) fn count_owned_alloc(&self) {
         let owned = &self.slot.owned;
         // Relaxed: single writer (the owner); the pool handle's drop reads it after its
-        // handshake ordered this store (see the `lease` module).
+        // handshake ordered this store (see the `lease` module). Counted in twos (`owned`).
         owned.store(
-            owned.load(Ordering::Relaxed).wrapping_add(delta),
+            owned.load(Ordering::Relaxed).wrapping_add(2),
             Ordering::Relaxed,
         );
     }
 
-    /// An owned buffer's free begins: marks the slot busy, then a light barrier, so that the
-    /// retirement check after it and the pool handle's drop see each other (the `lease`
-    /// module's handshake).
+    /// An owned buffer's free begins: marks the slot busy (the low bit of `owned`), then a
+    /// light barrier, so that the retirement check after it and the pool handle's drop see
+    /// each other (the `lease` module's handshake). Returns the word to give
+    /// [`OwnedSlot::leave_owned`].
     #[inline(always)]
-    pub(crate) fn enter_owned(&self) {
-        // Relaxed, then the light barrier: against the handle's store and heavy barrier.
-        self.slot.owned_busy.store(1, Ordering::Relaxed);
+    pub(crate) fn enter_owned(&self) -> u64 {
+        let owned = &self.slot.owned;
+        // Relaxed (single writer), then the light barrier: against the handle's store and
+        // heavy barrier.
+        let word = owned.load(Ordering::Relaxed);
+        owned.store(word | 1, Ordering::Relaxed);
         asymmetric::light();
+        word
     }
 
-    /// The owned free ends: what it did to the pool happens before a handle's drop that sees
+    /// The owned free ends, its lease counted back if `freed`, in the same store that clears
+    /// the busy mark: what the free did to the pool happens before a handle's drop that sees
     /// the slot idle.
     #[inline(always)]
-    pub(crate) fn leave_owned(&self) {
+    pub(crate) fn leave_owned(&self, word: u64, freed: bool) {
         // Release: pairs with `Slot::owned_busy`'s Acquire.
-        self.slot.owned_busy.store(0, Ordering::Release);
+        self.slot.owned.store(
+            word.wrapping_sub(if freed { 2 } else { 0 }),
+            Ordering::Release,
+        );
     }
 
     /// Whether class `c` is cached at all, giving its magazine the capacity and batch of
@@ -330,10 +351,10 @@ impl<'a> OwnedSlot<'a> {
 #[derive(Debug)]
 pub(crate) struct Slot {
     pub(super) state: AtomicU32,
-    /// 1 while the owner frees an owned buffer (the `lease` module's handshake). Owner only.
-    pub(super) owned_busy: AtomicU32,
-    /// Owned buffers this slot's threads allocated minus those they freed (wrapping; the
-    /// pool's count is the sum over its slots). Owner only.
+    /// Twice the owned buffers this slot's threads allocated minus those they freed
+    /// (wrapping; the pool's count is half the sum over its slots), plus 1 while the owner
+    /// frees an owned buffer (the `lease` module's handshake): one word, so that a free marks
+    /// itself busy and counts itself back with the stores it needs anyway. Owner only.
     pub(super) owned: AtomicU64,
     pub(super) classes: [ClassCache; MAX_CLASSES],
 }
@@ -352,13 +373,13 @@ impl Slot {
     pub(crate) fn owned_busy(&self) -> bool {
         // Acquire: pairs with `leave_owned`'s Release: a free seen ended has its count and
         // its use of the pool before this.
-        self.owned_busy.load(Ordering::Acquire) != 0
+        self.owned.load(Ordering::Acquire) & 1 != 0
     }
 
-    /// The slot's share of the owned buffers out (wrapping; see `owned`).
-    pub(crate) fn owned(&self) -> u64 {
+    /// Twice the slot's share of the owned buffers out (wrapping; see `owned`).
+    pub(crate) fn owned_twice(&self) -> u64 {
         // Relaxed: read by the pool handle's drop after `owned_busy` ordered the last write.
-        self.owned.load(Ordering::Relaxed)
+        self.owned.load(Ordering::Relaxed) & !1
     }
 
     /// The counters of class `c` (`c < MAX_CLASSES`).
@@ -519,7 +540,6 @@ impl Slots {
         let slots: Box<[Slot]> = (0..n)
             .map(|_| Slot {
                 state: AtomicU32::new(FREE),
-                owned_busy: AtomicU32::new(0),
                 owned: AtomicU64::new(0),
                 classes: std::array::from_fn(|_| ClassCache::new()),
             })
