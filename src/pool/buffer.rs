@@ -5,8 +5,9 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
-use super::allocator::{Core, Pool};
+use super::allocator::Pool;
 use super::arena::{Block, TAG_LARGE};
+use super::state::Core;
 use super::Error;
 use crate::dma::{Iova, Slice};
 

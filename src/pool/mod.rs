@@ -142,16 +142,18 @@ mod lease;
 mod meta;
 mod owned;
 mod stack;
+mod state;
 mod stats;
 mod wait;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
 
-pub use self::allocator::{leaked_mappings, Pool};
+pub use self::allocator::Pool;
 pub use self::batch::{Batch, Entry, IntoIter, Iter};
 pub use self::buffer::Buffer;
 pub use self::owned::OwnedBuffer;
+pub use self::state::leaked_mappings;
 pub use self::stats::{ClassStats, LargeStats, Stats};
 
 /// Every buffer's IOVA and host address are aligned to at least this many bytes (and, unless

@@ -16,11 +16,12 @@ use std::fmt;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
-use super::allocator::{Core, Pool};
+use super::allocator::Pool;
 use super::arena::Block;
 use super::buffer::Buffer;
 use super::cache;
 use super::geometry::class_of;
+use super::state::Core;
 use super::Error;
 use crate::dma::{Iova, Mapping, Slice};
 
