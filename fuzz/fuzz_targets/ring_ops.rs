@@ -1,7 +1,8 @@
 //! The queue pair against a reference model: the host `Queue` and a `DeviceQueue` (played by
 //! this harness) take turns at submit / post / batch / flush / fetch / pop / pop burst / release
-//! / complete (out of order, or with a bogus id) / poll / reap / zero-timeout wait / arm / disarm
-//! / drop, with counter or slot-valued doorbells.
+//! / complete (out of order, or with a bogus id, or held back for its cache line) / flush held
+//! / poll / reap / zero-timeout wait / arm / disarm / drop, with counter or slot-valued
+//! doorbells.
 //! After every step the results, ids, payloads, errors and counts equal the model's; a payload
 //! the device may still touch is never dropped unless the device was stopped first, and a queue
 //! that cannot stop its device leaks instead.
@@ -44,13 +45,21 @@ enum Op {
     Release,
     Complete(u8),
     CompleteBogus(u8),
+    /// `DeviceQueue::complete_held`: `more` says whether the device has more work at hand.
+    CompleteHeld {
+        pick: u8,
+        more: bool,
+    },
+    FlushHeld,
     Interrupt,
     Poll,
     Reap(u8),
     WaitZero,
     Arm,
     Disarm,
-    Drop { quiesce_ok: bool },
+    Drop {
+        quiesce_ok: bool,
+    },
 }
 
 /// An 8-byte descriptor carrying the payload's value.
@@ -169,6 +178,8 @@ struct Model {
     cq_tail: u32,
     dev_cq_head: u32,
     cq: VecDeque<Cqe>,
+    /// Completions the device holds back, not written yet: (id, value).
+    held: Vec<(u16, u32)>,
     next_value: u32,
 }
 
@@ -211,6 +222,30 @@ impl Model {
         let unannounced = self.cq_head.wrapping_sub(self.cq_announced);
         if unannounced > 0 && (unannounced >= self.depth / 2 || self.cq.is_empty()) {
             self.cq_announced = self.cq_head;
+        }
+    }
+
+    /// CQ slots free past the device's written tail, its cached CQ head refreshed from the
+    /// host's announcement when it says at most `needed` (as `DeviceQueue` does).
+    fn dev_free(&mut self, needed: u32) -> u32 {
+        let usable = self.depth - self.reserve;
+        if usable - self.cq_tail.wrapping_sub(self.dev_cq_head) <= needed {
+            self.dev_cq_head = self.cq_announced;
+        }
+        usable - self.cq_tail.wrapping_sub(self.dev_cq_head)
+    }
+
+    /// The device writes the completions it held: the SQ head written back first, then each
+    /// in order; the device no longer touches their buffers.
+    fn write_held(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        self.released = self.dev_head;
+        for (id, value) in std::mem::take(&mut self.held) {
+            self.cq_tail = self.cq_tail.wrapping_add(1);
+            watch().device_may_touch.remove(&value);
+            self.cq.push_back(Cqe::Real { id, value });
         }
     }
 
@@ -472,6 +507,12 @@ fn run(input: Input) {
                 } else {
                     m.holding[usize::from(pick) % m.holding.len()]
                 };
+                // `complete` writes what is held first (which had room when it was held).
+                if !m.held.is_empty() {
+                    let held = m.held.len() as u32;
+                    assert!(m.dev_free(held - 1) >= held);
+                    m.write_held();
+                }
                 let got = device.complete(Status::new(id, 0, u64::from(value)));
                 let usable = m.depth - m.reserve;
                 if m.cq_tail.wrapping_sub(m.dev_cq_head) >= usable {
@@ -492,6 +533,33 @@ fn run(input: Input) {
                     watch().device_may_touch.remove(&value);
                     m.cq.push_back(Cqe::Real { id, value });
                 }
+            }
+            Op::CompleteHeld { pick, more } => {
+                if m.holding.is_empty() {
+                    continue;
+                }
+                let (id, value) = m.holding[usize::from(pick) % m.holding.len()];
+                let got = device.complete_held(Status::new(id, 0, u64::from(value)), more);
+                let held = m.held.len() as u32;
+                if m.dev_free(held) <= held {
+                    assert!(matches!(got, Err(Error::CqFull { .. })), "{got:?}");
+                    continue;
+                }
+                m.holding.retain(|&(h, _)| h != id);
+                m.held.push((id, value));
+                // 16-byte completions from a CQ on a 128-byte boundary: the 4th of each group
+                // of four slots ends a 64-byte line. At most three are held.
+                let slot = m.cq_tail.wrapping_add(held) % m.depth;
+                if more && slot % 4 != 3 && m.held.len() < 4 {
+                    assert_eq!(got.unwrap(), 0, "held");
+                } else {
+                    assert_eq!(got.unwrap(), m.held.len(), "the held ones written");
+                    m.write_held();
+                }
+            }
+            Op::FlushHeld => {
+                assert_eq!(device.flush_held().unwrap(), m.held.len());
+                m.write_held();
             }
             Op::Interrupt => assert_eq!(device.interrupt().unwrap(), m.armed),
             Op::Poll => {

@@ -26,7 +26,8 @@
 //! memcpy and streamed / memcpy per size: the median of the ratios of each loopback round to the
 //! memcpy round just before it, with their range (the target, for the device's bandwidth, is
 //! streamed at least 0.9 from 64 KiB up). Run nothing but the ratios with
-//! `cargo bench --bench loopback -- ratios-only` (a filter no criterion benchmark matches).
+//! `cargo bench --bench loopback -- ratios-only` (a filter no criterion benchmark matches),
+//! and only some sizes' lines with `USERDMA_BENCH_SIZES=64K` (comma-separated).
 //! The table comes with the CPU 0 <-> CPU 1 cache-line ping-pong taken before and after it:
 //! every completion the engine writes is a line the polling host reads, so the loopback's
 //! per-descriptor cost follows the VM's cross-core state (compare tables only between runs
@@ -328,7 +329,7 @@ fn ratios(rig: &mut Rig) {
          device's bandwidth; ping-pong {} before):",
         pingpong(rig)
     );
-    for (size, name) in SIZES {
+    for (size, name) in SIZES.into_iter().filter(|(_, name)| wanted(name)) {
         let bytes = size * BATCH;
         // Eleven rounds of each of 100 ms; in criterion's test mode (`-- --test`: every
         // benchmark once, to check it works) one of 2 ms.
@@ -375,6 +376,14 @@ fn ratios(rig: &mut Rig) {
         );
     }
     println!("  ping-pong {} after", pingpong(rig));
+}
+
+/// Whether the table's line for size `name` is wanted: every size, unless
+/// `USERDMA_BENCH_SIZES` names some (comma-separated: `USERDMA_BENCH_SIZES=64K,1M`).
+fn wanted(name: &str) -> bool {
+    std::env::var("USERDMA_BENCH_SIZES").map_or(true, |sizes| {
+        sizes.split(',').any(|size| size.trim() == name)
+    })
 }
 
 fn main() {

@@ -12,6 +12,7 @@ use crate::dma::{Mapping, SoftIommu, Space};
 use crate::memory::{PageSize, Region};
 use crate::mmio::{Access, Block, Op, Recording, Shared, Width};
 
+mod held;
 mod nvme;
 
 /// An 8-byte descriptor: id and a value.

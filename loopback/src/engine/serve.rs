@@ -133,6 +133,8 @@ impl Unit<'_> {
         let flag = active.queue.layout().interrupt_offset();
         let mut done = 0u32;
         let mut fault = None;
+        // Whether completions may be held back for their CQ line (see below).
+        let hold = !timed && programme.is_none();
         // Completions written since the last interrupt raised.
         let mut unsignalled = false;
         let (mut completed, mut errors) = self.queue_totals[q];
@@ -362,17 +364,38 @@ impl Unit<'_> {
                 } else {
                     1
                 };
-                if (0..times).any(|_| active.queue.complete(status).is_err()) {
-                    fault = Some(Fault::BadCqHead);
+                // Held back to be written a CQ line at a time while the next descriptor is
+                // read and runs at once (no modelled time, no fault programme, the burst goes
+                // on): a polling host reads the line the next completion goes to, and each
+                // write would wait for it to come back (`DeviceQueue::complete_held`).
+                let more = hold
+                    && done < self.settings.max_burst
+                    && active.queue.available() > 0
+                    // Relaxed: as the check at the end of the loop.
+                    && file.control_seq().load(Ordering::Relaxed) == seen;
+                let mut written = 0;
+                for _ in 0..times {
+                    match active.queue.complete_held(status, more) {
+                        Ok(n) => written += n,
+                        Err(_) => {
+                            fault = Some(Fault::BadCqHead);
+                            break;
+                        }
+                    }
+                }
+                if fault.is_some() {
                     break;
                 }
-                unsignalled = true;
-                // The peek: a hint only, no ordering (the fenced check below is the one that
-                // cannot miss).
-                if active.memory.load_u32(flag) != 0 && matches!(active.queue.interrupt(), Ok(true))
-                {
-                    raise(file, self.shared, &mut self.totals, c, q);
-                    unsignalled = false;
+                if written > 0 {
+                    unsignalled = true;
+                    // The peek: a hint only, no ordering (the fenced check below is the one
+                    // that cannot miss).
+                    if active.memory.load_u32(flag) != 0
+                        && matches!(active.queue.interrupt(), Ok(true))
+                    {
+                        raise(file, self.shared, &mut self.totals, c, q);
+                        unsignalled = false;
+                    }
                 }
             }
             // Relaxed: only a hint to end the burst early; the run loop reads it with Acquire
@@ -380,6 +403,12 @@ impl Unit<'_> {
             if file.control_seq().load(Ordering::Relaxed) != seen {
                 break;
             }
+        }
+        // What was held is written before the burst ends, whatever ended it.
+        match active.queue.flush_held() {
+            Ok(0) => {}
+            Ok(_) => unsignalled = true,
+            Err(_) => fault = fault.or(Some(Fault::BadCqHead)),
         }
         if !timed && done > 0 {
             let t = &mut self.totals;
