@@ -84,9 +84,9 @@ pub(crate) const MAX_QUEUES: u16 = 32;
 struct Known {
     /// Live arenas (one mapping each), removed when their [`Arena`] is dropped.
     arenas: Mutex<Vec<ArenaMemory>>,
-    /// Host pools made by [`EduEngine::host_pool`] (the ones still alive are checked).
-    pools: Mutex<Vec<Weak<Pool>>>,
-    /// Regions mapped by [`EduEngine::map_host`] (the ones still alive are checked).
+    /// The memory of the host pools made by [`EduEngine::host_pool`] and the regions mapped by
+    /// [`EduEngine::map_host`] (the ones still alive are checked). A pool's entry follows its
+    /// memory, not its handle: an owned buffer keeps the memory after the handle is gone.
     hosts: Mutex<Vec<HostMapping>>,
     /// The id the next arena gets.
     next: AtomicU64,
@@ -168,28 +168,30 @@ impl Known {
         };
         // Host addresses compared as numbers, never dereferenced.
         let ptr = span.ptr.as_ptr() as usize;
-        let mapped = lock(&self.hosts).iter().any(|h| {
+        lock(&self.hosts).iter().any(|h| {
             h.region.strong_count() > 0
                 && ptr.checked_sub(h.base).is_some_and(|offset| {
                     offset.checked_add(len).is_some_and(|end| end <= h.len)
                         && in_segments(&h.segments, offset, span.len, span.iova.raw())
                 })
+        })
+    }
+
+    /// Remembers `mapping` (of `region`) for the address checks while the region lives: a
+    /// host buffer in it passes when its IOVA is the one this mapping gives its host address.
+    fn remember(&self, region: &Arc<Region>, mapping: &Mapping) {
+        let segments = mapping
+            .segments()
+            .map(|(offset, range)| (offset, range.start, range.last - range.start + 1))
+            .collect();
+        let mut hosts = lock(&self.hosts);
+        hosts.retain(|h| h.region.strong_count() > 0);
+        hosts.push(HostMapping {
+            region: Arc::downgrade(region),
+            base: mapping.as_ptr().as_ptr() as usize,
+            len: mapping.len(),
+            segments,
         });
-        mapped
-            || lock(&self.pools)
-                .iter()
-                .filter_map(Weak::upgrade)
-                .any(|pool| {
-                    let mapping = pool.mapping();
-                    let base = mapping.as_ptr().as_ptr() as usize;
-                    ptr.checked_sub(base).is_some_and(|offset| {
-                        offset
-                            .checked_add(len)
-                            .is_some_and(|end| end <= mapping.len())
-                            && mapping.iova(offset) == Some(span.iova)
-                            && mapping.contiguous_len(offset) >= len
-                    })
-                })
     }
 }
 
@@ -490,9 +492,10 @@ impl Accelerator for EduEngine {
     /// contiguous for the device only inside one hugepage.
     fn host_pool(&self, bytes: usize) -> Result<Arc<Pool>, userdma_infer::Error> {
         let pool = self.shared.runtime.pool(bytes, PageSize::Huge2M)?;
-        let mut pools = lock(&self.shared.known.pools);
-        pools.retain(|p| p.strong_count() > 0);
-        pools.push(Arc::downgrade(&pool));
+        // The pool's mapping is its region's only holder: the region lives as long as the
+        // pool's memory (its handle, then its last owned buffer).
+        let mapping = pool.mapping();
+        self.shared.known.remember(mapping.region(), mapping);
         Ok(pool)
     }
 
@@ -506,18 +509,7 @@ impl Accelerator for EduEngine {
             .dma_space()
             .map(Arc::clone(&region))
             .map_err(userdma::Error::from)?;
-        let segments = mapping
-            .segments()
-            .map(|(offset, range)| (offset, range.start, range.last - range.start + 1))
-            .collect();
-        let mut hosts = lock(&self.shared.known.hosts);
-        hosts.retain(|h| h.region.strong_count() > 0);
-        hosts.push(HostMapping {
-            region: Arc::downgrade(&region),
-            base: mapping.as_ptr().as_ptr() as usize,
-            len: mapping.len(),
-            segments,
-        });
+        self.shared.known.remember(&region, &mapping);
         Ok(mapping)
     }
 
