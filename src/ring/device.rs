@@ -26,6 +26,10 @@ use crate::sync::{fence, Ordering};
 /// The cache line [`DeviceQueue::complete_held`] fills before it writes.
 const LINE: usize = 64;
 
+/// The most completions [`DeviceQueue::complete_held`] holds at once (three 16-byte entries
+/// and the fourth that ends their line; 8-byte entries are written half a line at a time).
+const HELD_MAX: usize = 4;
+
 /// The device side of one queue pair: reads the submissions the host announced, writes
 /// completions with the phase bit, writes the SQ head back, and raises the interrupt when the
 /// host asked for it.
@@ -51,11 +55,13 @@ pub struct DeviceQueue<D: Submission, C: Completion> {
     /// The CQ head the host last announced.
     cq_head: u32,
     /// Completions held back to be written with the rest of their CQ cache line
-    /// ([`DeviceQueue::complete_held`]): fewer than a line's worth, written from `cq_tail` on.
-    /// Allocated once.
-    held: Vec<C>,
-    /// Completions of a cache line: at most one less are held.
-    per_line: usize,
+    /// ([`DeviceQueue::complete_held`]): the first `held_len`, written from `cq_tail` on.
+    /// In the struct, not on the heap: no cache line more per completion.
+    held: [C; HELD_MAX],
+    /// How many are held (below `hold_limit`).
+    held_len: usize,
+    /// Entries written at once at most: a cache line's worth, at most `HELD_MAX`.
+    hold_limit: usize,
     _entries: PhantomData<(D, C)>,
 }
 
@@ -85,8 +91,9 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
             sq_released: 0,
             cq_tail: 0,
             cq_head: 0,
-            held: Vec::with_capacity(LINE / size_of::<C>()),
-            per_line: LINE / size_of::<C>(),
+            held: [C::new_zeroed(); HELD_MAX],
+            held_len: 0,
+            hold_limit: (LINE / size_of::<C>()).min(HELD_MAX),
             _entries: PhantomData,
         })
     }
@@ -224,7 +231,7 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
     #[inline]
     pub fn cq_room(&mut self) -> Result<u32, Error> {
         // Fewer than a line's worth are held.
-        let held = self.held.len() as u32;
+        let held = self.held_len as u32;
         Ok(self.free_slots(held)?.saturating_sub(held))
     }
 
@@ -278,6 +285,15 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
                 depth: self.layout.depth(),
             });
         }
+        self.write(entry);
+        Ok(())
+    }
+
+    /// Writes `entry` as the next completion (the caller checked the room, and nothing is
+    /// held): the SQ head written back, the entry but its phase word, a `fence(Release)`, the
+    /// phase word.
+    #[inline]
+    fn write(&mut self, entry: C) {
         // Ordered before the phase store below by its fence(Release): the host that reads the
         // phase (then fence(Acquire)) and then the write-back word sees this head or a later one.
         self.release();
@@ -292,7 +308,6 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
         fence(Ordering::Release);
         self.memory.store_u32(offset + phase_at, word);
         self.cq_tail = self.cq_tail.wrapping_add(1);
-        Ok(())
     }
 
     /// Completes `entry` as [`DeviceQueue::complete`] does, or, when `more` says the device has
@@ -319,15 +334,22 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
                 depth: self.layout.depth(),
             });
         }
-        let held = self.held.len() as u32;
-        let at = self.layout.cq_entry(self.cq_tail.wrapping_add(held));
+        let held = self.held_len;
+        let at = self.layout.cq_entry(self.cq_tail.wrapping_add(held as u32));
         let ends_line = (at + size_of::<C>()) % LINE == 0;
-        if more && !ends_line && self.held.len() + 1 < self.per_line {
-            self.held.push(entry);
-            return Ok(0);
+        if held + 1 >= self.hold_limit || ends_line || !more {
+            if held == 0 {
+                // Nothing held: as `complete`, without its second room check.
+                self.write(entry);
+                return Ok(1);
+            }
+            self.held[held] = entry;
+            self.held_len = held + 1;
+            return self.flush_held();
         }
-        self.held.push(entry);
-        self.flush_held()
+        self.held[held] = entry;
+        self.held_len = held + 1;
+        Ok(0)
     }
 
     /// Writes the completions [`DeviceQueue::complete_held`] held back, in order (the entries
@@ -339,13 +361,13 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
     /// had room when they were held, so only a host that moved its CQ head impossibly causes
     /// one); the held entries are dropped then.
     pub fn flush_held(&mut self) -> Result<usize, Error> {
-        let count = self.held.len();
+        let count = self.held_len;
         if count == 0 {
             return Ok(0);
         }
         // `count` is at most a line's worth of entries.
         if self.free_slots(count as u32 - 1)? < count as u32 {
-            self.held.clear();
+            self.held_len = 0;
             return Err(Error::CqFull {
                 queue: self.id,
                 depth: self.layout.depth(),
@@ -354,14 +376,14 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
         // As in `complete`: the SQ head write-back before any phase store.
         self.release();
         let phase_at = self.layout.phase_word();
-        for (k, entry) in self.held.iter().enumerate() {
+        for (k, entry) in self.held[..count].iter().enumerate() {
             let offset = self.layout.cq_entry(self.cq_tail.wrapping_add(k as u32));
             self.memory.write_entry(offset, entry, Some(phase_at));
         }
         // Release: every entry's other words are visible before any phase flip that publishes
         // one (pairs with the fence(Acquire) in `Queue::take_cq`).
         fence(Ordering::Release);
-        for entry in &self.held {
+        for entry in &self.held[..count] {
             let offset = self.layout.cq_entry(self.cq_tail);
             let word = self
                 .layout
@@ -369,7 +391,7 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
             self.memory.store_u32(offset + phase_at, word);
             self.cq_tail = self.cq_tail.wrapping_add(1);
         }
-        self.held.clear();
+        self.held_len = 0;
         Ok(count)
     }
 
