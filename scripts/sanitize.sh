@@ -7,12 +7,13 @@
 #   scripts/sanitize.sh thread           # ThreadSanitizer
 #   scripts/sanitize.sh thread --test sched   # extra arguments go to `cargo test`
 #
-# By default every unit and integration test of the five packages runs under AddressSanitizer;
-# under ThreadSanitizer the same but the tool's (userdma-cli) and the examples' unit tests (the
-# guest suite's parsers, the NVMe example's): the tool is a single-threaded front end whose tests
-# run it as a child process, and those examples' tests are single-threaded pure code, so a race
-# detector adds nothing there that the address run does not check, and their build and run were
-# about a minute of the step. Target arguments among the extra ones (`--test sched`, `--lib`,
+# By default the unit tests of the five packages' libraries and binaries and all their
+# integration tests run under AddressSanitizer; under ThreadSanitizer the same but the tool's
+# (userdma-cli): a single-threaded front end whose tests run it as a child process, so a race
+# detector adds nothing there that the address run does not check. Neither runs the examples'
+# unit tests (the guest suite's parsers, the NVMe example's): single-threaded safe code that the
+# plain run tests, whose instrumented build (the guest suite is a large example) was about a
+# minute of each step. Target arguments among the extra ones (`--test sched`, `--lib`,
 # `--bin userdma`, ...) run those targets instead.
 #
 # On stable Rust: RUSTC_BOOTSTRAP=1 unlocks `-Zsanitizer` and `-Zbuild-std`, and the standard
@@ -71,10 +72,10 @@ thread)
 esac
 
 # The packages, and the targets: the caller's, if it names any (before a `--`), else every unit
-# and integration test (`--tests` would otherwise widen a `--test NAME` to all of them); under
-# ThreadSanitizer not the tool's, nor the examples' unit tests (see the top of this file).
+# and integration test (`--tests` would otherwise widen a `--test NAME` to all of them), not the
+# examples' unit tests; under ThreadSanitizer not the tool's either (see the top of this file).
 packages=(-p userdma -p userdma-loopback -p userdma-infer -p userdma-owner -p userdma-cli)
-targets=(--lib --bins --tests)
+targets=(--lib --bins --test '*')
 if [ "$san" = thread ]; then
 	packages=(-p userdma -p userdma-loopback -p userdma-infer -p userdma-owner)
 	targets=(--lib --test '*')

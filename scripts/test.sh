@@ -2,7 +2,7 @@
 # Runs every test userdma has, on a fresh Debian machine as root, installing what is missing first.
 #
 #   scripts/test.sh            # everything (what CI runs)
-#   FUZZ_SECONDS=5 scripts/test.sh   # shorter fuzz smoke runs while developing
+#   FUZZ_SECONDS=2 scripts/test.sh   # shorter fuzz smoke runs while developing
 #
 # Steps: install prerequisites, fmt check, clippy -D warnings, docs -D warnings, the library's
 # and the command-line tool's (cli/) unit + integration tests under AddressSanitizer (with
@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FUZZ_SECONDS=${FUZZ_SECONDS:-6}
+FUZZ_SECONDS=${FUZZ_SECONDS:-4}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
 # Every build here is made once: incremental compilation would only add its bookkeeping.
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
