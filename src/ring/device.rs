@@ -280,13 +280,18 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
     pub fn complete(&mut self, entry: C) -> Result<(), Error> {
         self.flush_held()?;
         if self.free_slots(0)? == 0 {
-            return Err(Error::CqFull {
-                queue: self.id,
-                depth: self.layout.depth(),
-            });
+            return Err(self.cq_full());
         }
         self.write(entry);
         Ok(())
+    }
+
+    /// The error of a full CQ.
+    fn cq_full(&self) -> Error {
+        Error::CqFull {
+            queue: self.id,
+            depth: self.layout.depth(),
+        }
     }
 
     /// Writes `entry` as the next completion (the caller checked the room, and nothing is
@@ -318,8 +323,10 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
     ///
     /// A host that polls the CQ reads the line the device writes next: one completion at a
     /// time, each write finds the line in the host's cache and waits for it to come back (a
-    /// cross-core round trip; on the development VM about 65 ns, a twentieth of a 64 KiB
-    /// copy). A line at a time, that is once per line. The price is latency: a completion is
+    /// cross-core round trip). A line at a time, that is once per line; it pays where those
+    /// round trips are slow and descriptors short (the loopback's 4 KiB copies on the
+    /// development VM's slow cross-core state: 0.21 -> 0.31 of memcpy; unchanged in its fast
+    /// state and at 64 KiB, `docs/memory-and-rings.md`). The price is latency: a completion is
     /// seen when its line is written, after the descriptors that follow it on the line (at
     /// most three for [`Status`](super::Status)), so a device holds completions only while it
     /// keeps running, never across a wait.
@@ -329,27 +336,24 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
     #[inline]
     pub fn complete_held(&mut self, entry: C, more: bool) -> Result<usize, Error> {
         if self.cq_room()? == 0 {
-            return Err(Error::CqFull {
-                queue: self.id,
-                depth: self.layout.depth(),
-            });
+            return Err(self.cq_full());
         }
         let held = self.held_len;
         let at = self.layout.cq_entry(self.cq_tail.wrapping_add(held as u32));
         let ends_line = (at + size_of::<C>()) % LINE == 0;
-        if held + 1 >= self.hold_limit || ends_line || !more {
-            if held == 0 {
-                // Nothing held: as `complete`, without its second room check.
-                self.write(entry);
-                return Ok(1);
-            }
-            self.held[held] = entry;
-            self.held_len = held + 1;
-            return self.flush_held();
+        let write_now = held + 1 >= self.hold_limit || ends_line || !more;
+        if write_now && held == 0 {
+            // Nothing held: as `complete`, without its second room check.
+            self.write(entry);
+            return Ok(1);
         }
         self.held[held] = entry;
         self.held_len = held + 1;
-        Ok(0)
+        if write_now {
+            self.flush_held()
+        } else {
+            Ok(0)
+        }
     }
 
     /// Writes the completions [`DeviceQueue::complete_held`] held back, in order (the entries
@@ -368,10 +372,7 @@ impl<D: Submission, C: Completion> DeviceQueue<D, C> {
         // `count` is at most a line's worth of entries.
         if self.free_slots(count as u32 - 1)? < count as u32 {
             self.held_len = 0;
-            return Err(Error::CqFull {
-                queue: self.id,
-                depth: self.layout.depth(),
-            });
+            return Err(self.cq_full());
         }
         // As in `complete`: the SQ head write-back before any phase store.
         self.release();
