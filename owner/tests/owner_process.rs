@@ -51,12 +51,16 @@ fn fill(name: &str, n: u64, buf: &mut [u8]) {
     }
 }
 
+/// Work for the owner's thread to do between two turns of its loop, the owner still.
+type Job = Box<dyn FnOnce(&Owner) + Send>;
+
 /// A running owner: its socket, its stop flag, its thread (returning its last figures).
 struct Running {
     stop: Arc<AtomicBool>,
     device: Arc<loopback::Loopback>,
     thread: Option<std::thread::JoinHandle<OwnerFigures>>,
     figures: Arc<std::sync::Mutex<OwnerFigures>>,
+    jobs: mpsc::Sender<Job>,
 }
 
 impl Running {
@@ -71,6 +75,19 @@ impl Running {
 
     fn figures(&self) -> OwnerFigures {
         *self.figures.lock().unwrap()
+    }
+
+    /// Runs `f` on the owner's thread between two turns: nothing of the owner moves while it
+    /// runs (the device may finish a frame, but only a turn posts its completion).
+    fn between_turns<R: Send + 'static>(&self, f: impl FnOnce(&Owner) -> R + Send + 'static) -> R {
+        let (tx, rx) = mpsc::channel();
+        self.jobs
+            .send(Box::new(move |o: &Owner| {
+                let _ = tx.send(f(o));
+            }))
+            .expect("the owner thread runs");
+        rx.recv_timeout(WAIT)
+            .expect("the owner thread took the job")
     }
 }
 
@@ -87,6 +104,7 @@ fn start_owner(socket: &Path, tweak: impl FnOnce(Config) -> Config + Send + 'sta
     let stop = Arc::new(AtomicBool::new(false));
     let figures = Arc::new(std::sync::Mutex::new(OwnerFigures::default()));
     let (tx, rx) = mpsc::channel();
+    let (jobs, job_rx) = mpsc::channel::<Job>();
     let (stop2, figures2, path) = (Arc::clone(&stop), Arc::clone(&figures), socket.to_owned());
     let thread = std::thread::spawn(move || {
         let rt = Runtime::loopback(loopback::Config::default().cost(Cost::npu()).queues(16))
@@ -102,6 +120,9 @@ fn start_owner(socket: &Path, tweak: impl FnOnce(Config) -> Config + Send + 'sta
         let mut owner = Owner::bind(engine, tweak(config)).expect("bind");
         tx.send(device).unwrap();
         while !stop2.load(Ordering::Relaxed) {
+            while let Ok(job) = job_rx.try_recv() {
+                job(&owner);
+            }
             owner.turn(Duration::from_millis(20)).expect("a turn");
             *figures2.lock().unwrap() = owner.figures();
         }
@@ -114,6 +135,7 @@ fn start_owner(socket: &Path, tweak: impl FnOnce(Config) -> Config + Send + 'sta
         device,
         thread: Some(thread),
         figures,
+        jobs,
     }
 }
 
@@ -476,13 +498,40 @@ fn a_client_killed_mid_stream_leaks_nothing_and_the_others_go_on() {
         }
     });
     rx.recv_timeout(WAIT).expect("the victim runs");
-    // Let it get frames in flight, then kill it.
-    std::thread::sleep(Duration::from_millis(400));
-    let during = owner.figures();
-    assert_eq!(during.clients, 3, "{during:?}");
-    doomed.kill().unwrap();
-    doomed.wait().unwrap();
+    // Mid-stream: the others running too. Killed between two turns of the owner, and only at
+    // a moment the owner counts frames of the victim taken and not completed (it may have
+    // none out for a moment when its device outruns it, e.g. under a sanitizer), so that the
+    // kill is one with frames out whatever the machine's speed.
+    std::thread::sleep(Duration::from_millis(200));
+    let deadline = Instant::now() + WAIT;
+    let mut doomed = Some(doomed);
+    let (clients, out) = loop {
+        let mut victim = doomed.take().unwrap();
+        let (victim, clients, out) = owner.between_turns(move |o| {
+            let clients = o.client_figures();
+            let out = clients
+                .iter()
+                .find(|c| c.name.as_str() == "victim")
+                .map_or(0, |c| c.in_flight);
+            if out > 0 && clients.len() == 3 {
+                victim.kill().unwrap();
+                // Dead and its socket closed before the owner's next turn.
+                victim.wait().unwrap();
+            }
+            (victim, clients, out)
+        });
+        if out > 0 && clients.len() == 3 {
+            break (clients, out);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the victim never had a frame out with the others connected: {clients:?}"
+        );
+        doomed = Some(victim);
+        std::thread::sleep(Duration::from_millis(5));
+    };
     reader.join().unwrap();
+    eprintln!("killed with {out} frames out: {clients:?}");
     // Seen at once: within a few turns of the loop, as a client that left with frames out.
     let deadline = Instant::now() + Duration::from_secs(2);
     while owner.figures().clients != 2 {

@@ -158,7 +158,7 @@ impl Conn {
         let _ = self.send(&Msg::Event { kind, detail });
     }
 
-    fn figures(&self, streams: u32) -> ClientFigures {
+    pub(super) fn figures(&self, streams: u32) -> ClientFigures {
         ClientFigures {
             client: self.id,
             pid: self.pid,

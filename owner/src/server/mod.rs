@@ -50,7 +50,7 @@ use userdma_infer::accel::{Accelerator, HostSpan};
 use userdma_infer::pipeline::{self, Model, Pipeline};
 use userdma_infer::sched::{Nanos, Policy, Scheduler};
 
-use crate::proto::{DeviceFigures, EventKind, Name, OwnerFigures};
+use crate::proto::{ClientFigures, DeviceFigures, EventKind, Name, OwnerFigures};
 
 pub use self::conn::Conn;
 pub use self::counters::{CounterSource, LoopbackCounters};
@@ -398,6 +398,19 @@ impl Owner {
             .sum();
         f.switches = self.switches_before + self.scheduler.as_ref().map_or(0, |s| s.switches());
         f
+    }
+
+    /// Every connected client's figures now, as [`crate::proto::Msg::ClientStats`] gives them: what
+    /// an embedding program (a test, a status page) reads between turns without a socket.
+    pub fn client_figures(&self) -> Vec<ClientFigures> {
+        self.conns
+            .iter()
+            .flatten()
+            .map(|c| {
+                let n = self.streams.iter().filter(|s| s.client == c.id).count() as u32;
+                c.figures(n)
+            })
+            .collect()
     }
 
     /// The device's figures now: its name, the owner's clock, its counters if the owner can
