@@ -187,6 +187,7 @@ prune target/miri target/miri-others
 # once for all of them, and the guest suite's release build after them reuses what it can.
 # Each with a `-p` set of its own rebuilt them for its feature set, and `cargo bench` in its
 # own profile once more: about a minute and a half of this step list.
+# tests/guest/run.sh builds its examples with the same set.
 release_set=(-p userdma -p userdma-loopback -p userdma-plan -p userdma-infer -p userdma-capi
 	-p userdma-owner --features userdma-owner/server)
 step "planner on the MiniMalloc instances, optimized" cargo test --release --locked "${release_set[@]}" --test plan
