@@ -53,6 +53,11 @@ if [ "${1:-}" = "--" ]; then
 	shift
 	filter=("$@")
 fi
+# CI's run (no --all, no filter): the driver's tests split over the two lanes.
+split=0
+if [ "$all" = 0 ] && [ ${#filter[@]} -eq 0 ]; then
+	split=1
+fi
 
 # -Zmiri-disable-isolation: the tests read the fake sysfs trees and files they write to
 # temporary directories, and the clock; Miri passes those calls to the host.
@@ -99,7 +104,7 @@ driver() {
 	for t in "${leaky[@]}"; do
 		skip+=(--skip "$t")
 	done
-	if [ "$all" = 1 ] || [ ${#filter[@]} -gt 0 ]; then
+	if [ "$split" = 0 ]; then
 		# Every test (or every one the filter names, pool tests included), once.
 		run driver "userdma" userdma "${skip[@]}"
 	else
@@ -117,7 +122,7 @@ others() {
 	done
 	# Some of the driver's tests, in the driver's target directory: built there long before
 	# (cargo holds its lock while it builds, not while the tests run), so no second build.
-	if [ "$all" = 0 ] && [ ${#filter[@]} -eq 0 ]; then
+	if [ "$split" = 1 ]; then
 		run others "userdma: the pool's geometry and batch tests, PCI" userdma \
 			pool::geometry:: pool::tests::a_batch_ pci:: --skip pool::tests::a_batch_of_a_coloured_pool
 	fi

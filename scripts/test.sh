@@ -182,14 +182,9 @@ prune target/loom
 # and fails when it cannot).
 step "Miri: unit tests of the pure and unsafe-heavy code (pools, rings, slices, IOVAs, the planner, C API slots, the owner protocol)" scripts/miri.sh
 prune target/miri target/miri-others
-# The optimized steps below name the same packages, features and profile (release; the
-# benchmarks too, with `--profile release`), so the driver and the layers above it are built
-# once for all of them, and the guest suite's release build after them reuses what it can.
-# Each with a `-p` set of its own rebuilt them for its feature set, and `cargo bench` in its
-# own profile once more: about a minute and a half of this step list.
-# tests/guest/run.sh builds its examples with the same set.
-release_set=(-p userdma -p userdma-loopback -p userdma-plan -p userdma-infer -p userdma-capi
-	-p userdma-owner --features userdma-owner/server)
+# The optimized steps name one package and feature set, and the release profile (the benchmarks
+# too, with `--profile release`), so they and the guest suite's build share one build.
+source scripts/release-set.sh
 step "planner on the MiniMalloc instances, optimized" cargo test --release --locked "${release_set[@]}" --test plan
 step "loopback soak, optimized (10^6 transfers)" cargo test --release --locked "${release_set[@]}" --test loopback_soak
 step "pipeline soak, optimized (10^5 frames)" cargo test --release --locked "${release_set[@]}" --test pipeline_soak

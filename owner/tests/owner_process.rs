@@ -507,20 +507,21 @@ fn a_client_killed_mid_stream_leaks_nothing_and_the_others_go_on() {
     let mut doomed = Some(doomed);
     let (clients, out) = loop {
         let mut victim = doomed.take().unwrap();
-        let (victim, clients, out) = owner.between_turns(move |o| {
+        let (victim, clients, killed_with) = owner.between_turns(move |o| {
             let clients = o.client_figures();
             let out = clients
                 .iter()
                 .find(|c| c.name.as_str() == "victim")
                 .map_or(0, |c| c.in_flight);
-            if out > 0 && clients.len() == 3 {
+            let now = out > 0 && clients.len() == 3;
+            if now {
                 victim.kill().unwrap();
                 // Dead and its socket closed before the owner's next turn.
                 victim.wait().unwrap();
             }
-            (victim, clients, out)
+            (victim, clients, now.then_some(out))
         });
-        if out > 0 && clients.len() == 3 {
+        if let Some(out) = killed_with {
             break (clients, out);
         }
         assert!(

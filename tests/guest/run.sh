@@ -619,11 +619,11 @@ fi
 
 # ---- the test program -----------------------------------------------------------------------------
 log "building the guest test program (release)"
-# The two examples with the package and feature set of scripts/test.sh's optimized steps
-# (`release_set`; keep the two alike), so that under CI the driver and the layers above it are
-# not built again; the tool with its own (the README's main job builds the same).
-cargo build --release --locked --quiet -p userdma -p userdma-loopback -p userdma-plan -p userdma-infer \
-	-p userdma-capi -p userdma-owner --features userdma-owner/server --example guest_suite --example nvme &&
+# The two examples with the package and feature set of CI's other release builds, so under CI
+# the driver and the layers above it are not built again; the tool with its own (the README's
+# main job builds the same).
+source scripts/release-set.sh
+cargo build --release --locked --quiet "${release_set[@]}" --example guest_suite --example nvme &&
 	cargo build --release --locked --quiet -p userdma-cli --bin userdma ||
 	die "building the guest_suite and nvme examples and the userdma tool failed"
 suite_boots=$("$SUITE" --boots | tr '\n' ' ')

@@ -438,12 +438,12 @@ impl Owner {
                 period_ns: s.period_ns,
             }));
         }
-        for c in self.conns.iter().flatten() {
-            if c.id == id || admin {
-                let n = self.streams.iter().filter(|s| s.client == c.id).count() as u32;
-                msgs.push(Msg::ClientStats(c.figures(n)));
-            }
-        }
+        msgs.extend(
+            self.client_figures()
+                .into_iter()
+                .filter(|c| c.client == id || admin)
+                .map(Msg::ClientStats),
+        );
         msgs.push(Msg::DeviceStats(self.device_figures()));
         msgs.push(Msg::OwnerStats(self.figures()));
         for m in &msgs {
