@@ -122,7 +122,7 @@ struct Down {
     fault: usize,
     /// The reset, running on a thread of its own (a device that hangs in reset holds it up
     /// to the device's acknowledgement timeout; the other devices' streams go on meanwhile).
-    reset: Option<std::thread::JoinHandle<Result<(), crate::Error>>>,
+    reset: Option<recovery::Resetting>,
     /// With no reset running: when the next one starts.
     retry_at: Instant,
 }

@@ -3,10 +3,12 @@
 //! a back-off when it fails, every pipeline on the device taking its slots back, frames held
 //! back after faults in a row, and a device that keeps failing quarantined.
 
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{nanos, Down, FaultReport, Streams};
+use crate::accel::Accelerator;
 use crate::pipeline::Finished;
 use crate::sched::{Nanos, StreamId};
 
@@ -50,6 +52,60 @@ impl Recovery {
             .min(self.max_backoff)
     }
 }
+
+/// A device's reset running on a thread of its own ([`Down`]).
+///
+/// Its outcome comes back through a channel, not by joining the thread, so the loop takes it
+/// the moment the reset returns. A thread that has returned may still wait for a core before
+/// it is gone (its thread-local destructors, a sanitizer's bookkeeping of its stack): on a
+/// busy machine with two cores that wait was measured at 20–190 ms, and joining the thread
+/// held every other device's streams as long. The thread lets go of the device before it
+/// sends the outcome, so once the loop has the outcome the device is the streams' alone; the
+/// thread itself is detached and ends on its own.
+#[derive(Debug)]
+pub(super) struct Resetting {
+    outcome: mpsc::Receiver<Result<(), crate::Error>>,
+}
+
+impl Resetting {
+    /// Starts resetting `device` on a thread of its own; `None` when no thread can be
+    /// started (the caller resets it on its own thread).
+    fn start(device: Arc<dyn Accelerator>) -> Option<Resetting> {
+        let (send, outcome) = mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("userdma-reset".into())
+            .spawn(move || {
+                let done = device.reset();
+                drop(device);
+                // A loop that is gone (its run ended in an error) has no use for the
+                // outcome: nothing to do then.
+                let _ = send.send(done);
+            })
+            .ok()?;
+        Some(Resetting { outcome })
+    }
+
+    /// The reset's outcome once it returned, `None` while it runs (a reset that panicked
+    /// dropped its sender: an error that says so).
+    fn outcome(&self) -> Option<Result<(), String>> {
+        match self.outcome.try_recv() {
+            Ok(done) => Some(done.map_err(|err| err.to_string())),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => Some(Err(PANICKED.to_string())),
+        }
+    }
+
+    /// Waits for the reset's outcome.
+    fn wait(self) -> Result<(), String> {
+        match self.outcome.recv() {
+            Ok(done) => done.map_err(|err| err.to_string()),
+            Err(mpsc::RecvError) => Err(PANICKED.to_string()),
+        }
+    }
+}
+
+/// A reset whose thread ended without an outcome.
+const PANICKED: &str = "the reset panicked";
 
 impl Streams {
     /// Answers device group `g`'s fault `err` (see [`Streams::run`] and [`Recovery`]): a
@@ -149,11 +205,16 @@ impl Streams {
                 continue;
             };
             match &down.reset {
-                Some(reset) if reset.is_finished() => self.finish_reset(g, start, postprocess)?,
+                Some(reset) => {
+                    if let Some(result) = reset.outcome() {
+                        let f = down.fault;
+                        self.reset_done(g, f, result, start, postprocess)?;
+                    }
+                }
                 None if now >= down.retry_at => {
                     self.start_reset(g, down.fault, start, postprocess)?
                 }
-                _ => {}
+                None => {}
             }
         }
         Ok(())
@@ -179,13 +240,7 @@ impl Streams {
             attempt = self.faults[f].resets,
             "accelerator reset started"
         );
-        let spawned = std::thread::Builder::new()
-            .name("userdma-reset".into())
-            .spawn({
-                let device = Arc::clone(&device);
-                move || device.reset()
-            });
-        let reset = spawned.ok();
+        let reset = Resetting::start(Arc::clone(&device));
         let inline = reset.is_none();
         self.groups[g].down = Some(Down {
             fault: f,
@@ -213,10 +268,7 @@ impl Streams {
             return Ok(());
         };
         let f = down.fault;
-        let result = match reset.join() {
-            Ok(done) => done.map_err(|err| err.to_string()),
-            Err(_) => Err("the reset panicked".to_string()),
-        };
+        let result = reset.wait();
         self.reset_done(g, f, result, start, postprocess)
     }
 
