@@ -3,6 +3,7 @@
 //! (`VFIO_DEVICE_PCI_HOT_RESET`) when this process owns every device it touches.
 
 use std::os::fd::AsFd;
+use std::time::Duration;
 
 use userdma_sys::vfio::{
     vfio_pci_hot_reset, vfio_pci_hot_reset_info, VFIO_PCI_HOT_RESET_FLAG_DEV_ID,
@@ -68,7 +69,9 @@ impl Vfio {
     /// when this process owns every device it touches: on the container path, when they are
     /// all in this device's group (its fd proves the ownership); on the device cdev path, when
     /// the kernel says they are all owned through this iommufd. `Ok(false)` when it cannot:
-    /// another group's device is on the bus, or the kernel offers no bus reset.
+    /// another group's device is on the bus, or the kernel offers no bus reset. A reset the
+    /// kernel finds busy (`EBUSY`: it only tries the locks it needs) is tried again, 1 ms
+    /// later and then twice as long each time, for up to half a second.
     pub fn hot_reset(&self) -> Result<bool, DeviceError> {
         self.check_present()?;
         let Ok((flags, buf, count)) = self.hot_reset_info_raw() else {
@@ -112,16 +115,41 @@ impl Vfio {
         for (i, fd) in group_fds.iter().enumerate() {
             put(&mut arg, 12 + 4 * i, &fd.to_ne_bytes());
         }
-        self.kernel
-            .hot_reset(self.device.as_fd(), &arg)
-            .map_err(|source| VfioError::Ioctl {
-                bdf: self.bdf,
-                ioctl: "VFIO_DEVICE_PCI_HOT_RESET",
-                source,
-            })?;
-        Ok(true)
+        let mut pause = BUSY_FIRST_PAUSE;
+        let mut waited = Duration::ZERO;
+        loop {
+            match self.kernel.hot_reset(self.device.as_fd(), &arg) {
+                Ok(()) => return Ok(true),
+                // The kernel only tries the locks of the devices the reset touches (and, on
+                // older kernels, of every process that maps their BARs) and asks the caller
+                // to come back when one is held at that moment (a BAR access or page fault
+                // under way, another thread mapping memory): a moment later it is free.
+                Err(source)
+                    if source.raw_os_error() == Some(libc::EBUSY) && waited < BUSY_PATIENCE =>
+                {
+                    std::thread::sleep(pause);
+                    waited += pause;
+                    pause = (pause * 2).min(BUSY_PATIENCE.saturating_sub(waited));
+                }
+                Err(source) => {
+                    return Err(VfioError::Ioctl {
+                        bdf: self.bdf,
+                        ioctl: "VFIO_DEVICE_PCI_HOT_RESET",
+                        source,
+                    }
+                    .into())
+                }
+            }
+        }
     }
 }
+
+/// The first pause after a bus reset the kernel found busy; each further one doubles.
+const BUSY_FIRST_PAUSE: Duration = Duration::from_millis(1);
+
+/// How long a bus reset is tried again while the kernel finds it busy (`EBUSY`) before its
+/// error is returned.
+pub(crate) const BUSY_PATIENCE: Duration = Duration::from_millis(500);
 
 /// The devices of a `VFIO_DEVICE_GET_PCI_HOT_RESET_INFO` reply, as `dddd:bb:dd.f (group N)`.
 pub(crate) fn parse_hot_reset(buf: &[u8], count: usize) -> Vec<String> {

@@ -65,6 +65,8 @@ struct State {
     err_irq: bool,
     /// The group of the device sharing the bus (5, the device's own, when `None`).
     neighbour_group: Option<u32>,
+    /// Bus resets still to fail with `EBUSY` (a lock the kernel's reset tries is held).
+    busy: u32,
 }
 
 /// The kernel double.
@@ -117,6 +119,10 @@ impl Fake {
         state.log.push(op.to_owned());
         if state.fail.contains(&op) {
             return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+        if state.busy > 0 && op.starts_with("VFIO_DEVICE_PCI_HOT_RESET ") {
+            state.busy -= 1;
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
         Ok(())
     }
@@ -1078,6 +1084,49 @@ fn irq_set_layout() {
     assert_eq!(read_u32(&buf, 12), Some(2));
     assert_eq!(read_u32(&buf, 16), Some(3));
     assert_eq!(&buf[20..], &[1, 0, 0, 0]);
+}
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: the device's removal watcher polls the request eventfd with poll(2), which Miri does not emulate"
+)]
+fn a_bus_reset_the_kernel_finds_busy_is_tried_again_for_a_while() {
+    let (tree, fake) = setup();
+    fake.state().device_flags = VFIO_DEVICE_FLAGS_PCI;
+    let vfio = Vfio::open_in(&tree.host(&fake), bdf(), &opts()).unwrap();
+    let tries = || {
+        fake.log()
+            .iter()
+            .filter(|l| l.starts_with("VFIO_DEVICE_PCI_HOT_RESET "))
+            .count()
+    };
+    // Busy twice, then free: the third try resets.
+    fake.state().busy = 2;
+    assert!(vfio.hot_reset().unwrap());
+    assert_eq!(tries(), 3);
+    // Busy for longer than the patience: the kernel's error, after tries spread over it.
+    fake.state().busy = u32::MAX;
+    let start = std::time::Instant::now();
+    let err = vfio.hot_reset().unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        took >= super::hot_reset::BUSY_PATIENCE && took < 10 * super::hot_reset::BUSY_PATIENCE,
+        "{took:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("VFIO_DEVICE_PCI_HOT_RESET") && text.contains(BDF),
+        "{text}"
+    );
+    let more = tries() - 3;
+    assert!((5..=20).contains(&more), "{more} tries");
+    // Any other error is returned at once.
+    fake.state().busy = 0;
+    fake.fail("VFIO_DEVICE_PCI_HOT_RESET Some(Group(5))");
+    let before = tries();
+    assert!(vfio.hot_reset().is_err());
+    assert_eq!(tries(), before + 1);
 }
 
 #[test]
