@@ -59,6 +59,7 @@ mod controller;
 mod fake;
 mod io;
 mod pattern;
+mod prp;
 mod queue;
 mod regs;
 
@@ -372,7 +373,7 @@ fn session(
     let max_bytes = max_transfer
         .and_then(|b| usize::try_from(b).ok())
         .map_or(io::MAX_CHUNK, |b| b.min(io::MAX_CHUNK));
-    let chunks = io::plan(args.lba, args.blocks, ns.lba_size, max_bytes);
+    let chunks = prp::plan(args.lba, args.blocks, ns.lba_size, max_bytes);
     let moved = transfer(args, &mut io, &chunks).map_err(io_error);
     // Delete the queues on the controller whatever happened, then drop the ring (nothing is in
     // flight: every command completed, or the failure left it to the queue's Drop, which
@@ -391,7 +392,7 @@ fn session(
 }
 
 /// The writes (unless verify-only), the flush, and the reads with their check.
-fn transfer(args: &Args, io: &mut Io, chunks: &[io::Chunk]) -> Result<(), io::Error> {
+fn transfer(args: &Args, io: &mut Io, chunks: &[prp::Chunk]) -> Result<(), io::Error> {
     if !args.verify_only {
         let report = io.run(Direction::Write, args.seed, chunks)?;
         print_report("write", &report);

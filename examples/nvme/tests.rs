@@ -37,7 +37,7 @@ fn drives_a_controller_end_to_end() {
     assert!(disk[start..end] == pattern::pattern(5, 10, 300, 512)[..]);
     assert!(disk[..start].iter().chain(&disk[end..]).all(|&b| b == 0));
 
-    let chunks = io::plan(10, 300, 512, io::MAX_CHUNK).len() as u32;
+    let chunks = prp::plan(10, 300, 512, io::MAX_CHUNK).len() as u32;
     let seen = fake.seen();
     assert_eq!(count(&fake, 1, command::nvm::WRITE), chunks);
     assert_eq!(count(&fake, 1, command::nvm::READ), chunks);
