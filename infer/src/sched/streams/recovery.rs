@@ -58,7 +58,7 @@ impl Recovery {
 /// Its outcome comes back through a channel, not by joining the thread, so the loop takes it
 /// the moment the reset returns. A thread that has returned may still wait for a core before
 /// it is gone (its thread-local destructors, a sanitizer's bookkeeping of its stack): on a
-/// busy machine with two cores that wait was measured at 20–190 ms, and joining the thread
+/// busy machine with two cores that wait was measured at 15–190 ms, and joining the thread
 /// held every other device's streams as long. The thread lets go of the device before it
 /// sends the outcome, so once the loop has the outcome the device is the streams' alone; the
 /// thread itself is detached and ends on its own.
@@ -85,27 +85,28 @@ impl Resetting {
         Some(Resetting { outcome })
     }
 
-    /// The reset's outcome once it returned, `None` while it runs (a reset that panicked
-    /// dropped its sender: an error that says so).
+    /// The reset's outcome once it returned, `None` while it runs.
     fn outcome(&self) -> Option<Result<(), String>> {
         match self.outcome.try_recv() {
-            Ok(done) => Some(done.map_err(|err| err.to_string())),
             Err(mpsc::TryRecvError::Empty) => None,
-            Err(mpsc::TryRecvError::Disconnected) => Some(Err(PANICKED.to_string())),
+            received => Some(told(received.ok())),
         }
     }
 
     /// Waits for the reset's outcome.
     fn wait(self) -> Result<(), String> {
-        match self.outcome.recv() {
-            Ok(done) => done.map_err(|err| err.to_string()),
-            Err(mpsc::RecvError) => Err(PANICKED.to_string()),
-        }
+        told(self.outcome.recv().ok())
     }
 }
 
-/// A reset whose thread ended without an outcome.
-const PANICKED: &str = "the reset panicked";
+/// What a reset's thread sent (`None`: it ended without sending, so it panicked), as
+/// [`Streams::reset_done`] takes it.
+fn told(sent: Option<Result<(), crate::Error>>) -> Result<(), String> {
+    match sent {
+        Some(done) => done.map_err(|err| err.to_string()),
+        None => Err("the reset panicked".to_string()),
+    }
+}
 
 impl Streams {
     /// Answers device group `g`'s fault `err` (see [`Streams::run`] and [`Recovery`]): a
