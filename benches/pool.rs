@@ -281,8 +281,11 @@ impl<'p> Allocator for PoolAllocator<'p> {
 }
 
 /// The pool through owned buffers ([`Pool::alloc_owned`]): the borrowed path plus a lease
-/// counted in the thread's cache slot.
-struct OwnedAllocator<'p>(&'p Arc<Pool>, usize);
+/// counted in the thread's cache slot. It holds the pool as [`PoolAllocator`] does, by
+/// reference: holding the `&Arc<Pool>` instead made every allocation load the pool's address
+/// through the `Arc` as well, a cost of the benchmark (about 0.3 ns, 0.07 of `pool_owned ÷
+/// pool` on one thread), not of owned buffers.
+struct OwnedAllocator<'p>(&'p Pool, usize);
 impl Allocator for OwnedAllocator<'_> {
     type Block = OwnedBuffer;
     #[inline(always)]
