@@ -1,4 +1,5 @@
 use super::*;
+use crate::error::cstr;
 
 #[test]
 fn every_status_has_its_name_and_others_are_unknown() {
