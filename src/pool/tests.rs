@@ -119,6 +119,43 @@ fn assert_all_free(stats: &Stats) {
     );
 }
 
+/// Offsets of the blocks of `count` allocations of `len` bytes.
+fn offsets_of(arena: &Arena, len: usize, count: usize) -> Vec<u64> {
+    (0..count)
+        .map(|_| arena.alloc(len).expect("room").offset())
+        .collect()
+}
+
+/// How many consecutive pairs of `offsets` lie `apart` bytes from each other.
+fn neighbours(offsets: &[u64], apart: u64) -> usize {
+    offsets
+        .windows(2)
+        .filter(|w| w[0].abs_diff(w[1]) == apart)
+        .count()
+}
+
+#[test]
+fn page_strided_blocks_leave_a_fresh_slab_scattered_and_each_once() {
+    let arena = arena_with(8 << 20, &small_config());
+    // The first allocations of a class carve its first slab, a thread cache's batch at a time.
+    let pages = offsets_of(&arena, 4096, 64);
+    let mut distinct = pages.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        pages.len(),
+        "a block handed out twice: {pages:?}"
+    );
+    assert!(pages.iter().all(|o| o % 4096 == 0), "{pages:?}");
+    // Scattered: few allocations follow one a page away (in address order, all but the
+    // batches' ends would).
+    assert!(neighbours(&pages, 4096) < pages.len() / 8, "{pages:?}");
+    // A class whose blocks share pages keeps address order.
+    let small = offsets_of(&arena, 256, 64);
+    assert!(neighbours(&small, 256) > small.len() / 2, "{small:?}");
+}
+
 #[test]
 fn arena_blocks_are_aligned_disjoint_and_accounted() {
     let config = small_config();
