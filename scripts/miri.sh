@@ -4,7 +4,7 @@
 # against Rust's rules.
 #
 #   scripts/miri.sh                  # what CI runs
-#   scripts/miri.sh --all            # also the end-to-end pool tests CI leaves out (an hour)
+#   scripts/miri.sh --all            # also the end-to-end pool tests CI leaves out (about half an hour)
 #   scripts/miri.sh -- ring::        # only tests matching a filter (passed to every crate)
 #
 # Miri needs a nightly toolchain; this is the only place the project uses one (everything else

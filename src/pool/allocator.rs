@@ -4,7 +4,7 @@ use std::fmt;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
-use super::arena::{Arena, Block, Failure};
+use super::arena::{Arena, ArenaBox, Block, Failure};
 use super::buffer::Buffer;
 use super::cache;
 use super::geometry::{class_of, Geometry};
@@ -136,13 +136,13 @@ impl Pool {
         let g = Geometry::new(len - start as u64, &config)?;
         let slots = Arena::slots_for(&g)?;
         let meta = Meta::heap(&g);
-        let arena = Arena::new(g, meta, slots, true, config.timeout(), false);
+        let arena = Arena::create(g, meta, slots, true, config.timeout(), false);
         Pool::assemble(arena, mapping, start, config, false)
     }
 
     /// Wraps an arena around `mapping` at `arena_offset`, checking alignment and contiguity.
     pub(super) fn assemble(
-        arena: Box<Arena>,
+        arena: ArenaBox,
         mapping: Mapping,
         arena_offset: usize,
         config: Config,

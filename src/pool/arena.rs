@@ -5,6 +5,7 @@
 //! another process, the loom models and the fuzz target. [`super::Pool`] wraps its blocks into
 //! buffers at the edge.
 
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
@@ -177,21 +178,21 @@ impl Arena {
     /// thread-cache slots. `fresh`: initialize the metadata (a new pool); otherwise attach to
     /// metadata another process initialized. `timeout`: how long an allocation waits when
     /// nothing is free (`None`: fail at once). `shared_futex`: the metadata is in memory shared
-    /// between processes.
-    pub(crate) fn new(
+    /// between processes. Returns the handle that owns it ([`ArenaBox`]).
+    pub(crate) fn create(
         g: Geometry,
         meta: Meta,
         slots: Slots,
         fresh: bool,
         timeout: Option<Duration>,
         shared_futex: bool,
-    ) -> Box<Self> {
+    ) -> ArenaBox {
         if fresh {
             Central::new(&g, &meta).init();
             Buddy::new(&g, &meta).init();
         }
         let waiters = NonNull::from(&meta.wait[0].waiters);
-        Box::new(Self {
+        ArenaBox(ManuallyDrop::new(Box::new(Self {
             waiters,
             // Relaxed: uniqueness is all that is needed.
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -204,7 +205,7 @@ impl Arena {
             shared_futex,
             locks: std::array::from_fn(|_| Mutex::new(())),
             uncached_moves: std::array::from_fn(|_| AtomicU64::new(0)),
-        })
+        })))
     }
 
     /// The thread-cache slots for an arena of geometry `g`: made before the arena, so that a
@@ -586,10 +587,48 @@ impl Arena {
     }
 }
 
-impl Drop for Arena {
-    fn drop(&mut self) {
-        // Nothing left to do when the owner retired the slots first (`retire_slots`, which
-        // every pool does); otherwise no thread can be flushing (nothing else knew the arena).
+/// The arena [`Arena::create`] makes, and the order it goes in: its cache slots retired through
+/// `&Arena` ([`Arena::retire_slots`]) before the arena is dropped. A thread that used the
+/// arena may still be exiting when its owner lets it go (a scoped thread's thread-local
+/// destructors, which flush its cache slot into the arena, run after the scope has let the
+/// owner go on): that flush reads the arena through a `&Arena` until it marks its slot free,
+/// and dropping the arena takes `&mut Arena`, which must not exist meanwhile (a data race in
+/// Rust's model even if nothing is written: Miri reports it). A pool's state and the tests
+/// hold their arena through this, so the order is written once.
+///
+/// Its owner drops it once no thread is inside an arena call (the contract of
+/// [`Arena::retire_slots`]).
+pub(crate) struct ArenaBox(ManuallyDrop<Box<Arena>>);
+
+impl ArenaBox {
+    /// Drops the arena, and returns how many of its blocks this process still had out (see
+    /// [`Arena::blocks_out`]), counted after every cache slot was drained into it.
+    pub(crate) fn close(self) -> u64 {
         self.retire_slots();
+        self.blocks_out()
+        // `self` drops here: its slots are retired already.
+    }
+}
+
+impl std::ops::Deref for ArenaBox {
+    type Target = Arena;
+    fn deref(&self) -> &Arena {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ArenaBox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self.0, f)
+    }
+}
+
+impl Drop for ArenaBox {
+    fn drop(&mut self) {
+        // Through `&Arena`: waits out a thread flushing its slot, and marks every slot gone
+        // (nothing to do for slots a `close` retired already).
+        self.0.retire_slots();
+        // SAFETY: dropped once, here; `self.0` is not used after this line.
+        unsafe { ManuallyDrop::drop(&mut self.0) };
     }
 }

@@ -139,7 +139,7 @@ impl Pool {
         // bytes of zeroed metadata and outlives the arena (the pool drops the arena first);
         // every process accesses them only as atomics.
         let meta = unsafe { Meta::place(&g, base, &layout) };
-        let arena = Arena::new(g, meta, slots, true, config.timeout(), true);
+        let arena = Arena::create(g, meta, slots, true, config.timeout(), true);
         // Release: pairs with the Acquire load in `open_shared`; an opener that sees READY sees
         // the header and the initialized metadata.
         head.state.store(READY, Ordering::Release);
@@ -224,7 +224,7 @@ impl Pool {
         // initialized it before publishing READY, which we acquired.
         let meta = unsafe { Meta::place(&g, base, &layout) };
         let slots = Arena::slots_for(&g)?;
-        let arena = Arena::new(g, meta, slots, false, config.timeout(), true);
+        let arena = Arena::create(g, meta, slots, false, config.timeout(), true);
         Pool::assemble(arena, mapping, start, config, true)
     }
 }

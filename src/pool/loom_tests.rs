@@ -14,7 +14,7 @@
 //! final counts therefore flush explicitly at the end of each thread; the race between a
 //! thread's exit flush and the pool's drop has a model of its own.
 
-use super::arena::{Arena, Block};
+use super::arena::{Arena, ArenaBox, Block};
 use super::cache;
 use super::geometry::Geometry;
 use super::lease::Leases;
@@ -39,7 +39,7 @@ where
     builder.check(f);
 }
 
-fn arena(chunks: u64, threads: usize) -> Arc<Box<Arena>> {
+fn arena(chunks: u64, threads: usize) -> Arc<ArenaBox> {
     let config = Config::default()
         .chunk_size(1024)
         .max_class(512)
@@ -50,7 +50,7 @@ fn arena(chunks: u64, threads: usize) -> Arc<Box<Arena>> {
     let g = Geometry::new(chunks * 1024, &config).expect("valid loom geometry");
     let meta = Meta::heap(&g);
     let slots = Arena::slots_for(&g).expect("cache slots");
-    Arc::new(Arena::new(g, meta, slots, true, None, false))
+    Arc::new(Arena::create(g, meta, slots, true, None, false))
 }
 
 /// Every byte of an arena nobody uses is accounted for and no block is out.

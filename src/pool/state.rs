@@ -5,7 +5,7 @@
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
-use super::arena::{Arena, Block, Failure};
+use super::arena::{ArenaBox, Block, Failure};
 use super::cache::{self, OwnedSlot};
 use super::geometry::Geometry;
 use super::lease::Leases;
@@ -37,7 +37,7 @@ pub(crate) struct Core {
     pub(super) waiters: NonNull<AtomicU32>,
     /// Dropped by `Drop` before the mapping: it drains thread caches into metadata that may
     /// live in `mapping`.
-    pub(super) arena: ManuallyDrop<Box<Arena>>,
+    pub(super) arena: ManuallyDrop<ArenaBox>,
     /// Host address of arena offset 0.
     pub(super) base: NonNull<u8>,
     pub(super) iovas: Iovas,
@@ -71,12 +71,10 @@ impl Drop for Core {
     /// Nothing is logged. Buffers allocated by other processes of a shared pool are theirs to
     /// account for: only this process's buffers count here.
     fn drop(&mut self) {
-        // Slots first, through `&Arena`: a thread exiting right now may be flushing its slot
-        // into the arena (see `Arena::retire_slots`).
-        self.arena.retire_slots();
-        let out = self.arena.blocks_out();
-        // SAFETY: dropped once, here; `self.arena` is not used after this line.
-        unsafe { ManuallyDrop::drop(&mut self.arena) };
+        // The arena first (its slots retired before it goes: `ArenaBox`), the mapping under
+        // it after.
+        // SAFETY: taken once, here; `self.arena` is not used after this line.
+        let out = unsafe { ManuallyDrop::take(&mut self.arena) }.close();
         // SAFETY: taken once, here; `self.mapping` is not used after this line.
         let mapping = unsafe { ManuallyDrop::take(&mut self.mapping) };
         if out == 0 {

@@ -1,53 +1,21 @@
 //! Unit tests of the arena (no mapping) and of the pool over a loopback mapping.
 
 use std::collections::BTreeMap;
-use std::mem::ManuallyDrop;
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use super::arena::{Arena, Block, Failure};
+use super::arena::{Arena, ArenaBox, Block, Failure};
 use super::geometry::Geometry;
 use super::meta::Meta;
 use super::*;
 use crate::dma::{SoftIommu, Space};
 use crate::memory::{PageSize, Region};
 
-fn arena_with(len: u64, config: &Config) -> TestArena {
+fn arena_with(len: u64, config: &Config) -> ArenaBox {
     let g = Geometry::new(len, config).expect("valid test geometry");
     let meta = Meta::heap(&g);
     let slots = Arena::slots_for(&g).expect("cache slots");
-    TestArena(ManuallyDrop::new(Arena::new(
-        g,
-        meta,
-        slots,
-        true,
-        config.timeout(),
-        false,
-    )))
-}
-
-/// An arena as a test holds one: dropped as a pool's state drops its own (`Core`'s drop), its
-/// slots retired through `&Arena` first and only then the `&mut Arena` of its drop. A thread
-/// that used the arena may still be exiting when the test drops it (a scoped thread's
-/// thread-local destructors, which flush its cache slot into the arena, run after the scope
-/// has let the test go on): dropping the `Box` at once made that `&mut` while the exiting
-/// thread read the arena through its `&`, which Miri reports as undefined behaviour.
-struct TestArena(ManuallyDrop<Box<Arena>>);
-
-impl std::ops::Deref for TestArena {
-    type Target = Arena;
-    fn deref(&self) -> &Arena {
-        &self.0
-    }
-}
-
-impl Drop for TestArena {
-    fn drop(&mut self) {
-        // Through `&Arena`: waits out a thread flushing its slot, and marks every slot gone.
-        self.0.retire_slots();
-        // SAFETY: dropped once, here; `self.0` is not used after this line.
-        unsafe { ManuallyDrop::drop(&mut self.0) };
-    }
+    Arena::create(g, meta, slots, true, config.timeout(), false)
 }
 
 /// 8 MiB arena, 64 KiB chunks, classes 256 B ..= 64 KiB.
@@ -349,7 +317,7 @@ fn cross_thread_frees_land_in_the_freeing_thread_cache() {
 #[test]
 fn dropping_an_arena_while_a_thread_caches_its_blocks_is_clean() {
     let config = small_config();
-    let arena: Arc<TestArena> = Arc::new(arena_with(4 << 20, &config));
+    let arena: Arc<ArenaBox> = Arc::new(arena_with(4 << 20, &config));
     let used = Arc::new(Barrier::new(2));
     let dropped = Arc::new(Barrier::new(2));
     let thread = {
