@@ -389,17 +389,11 @@ impl HostBar {
     }
 }
 
-/// Whether `offset` is queue register `field` of some queue.
-fn is_queue_register<V, A>(offset: usize, field: mmio::Field<V, A>) -> bool {
-    let start = regs::QUEUE_BASE;
-    let end = start + usize::from(regs::MAX_QUEUES) * regs::QUEUE_STRIDE;
-    (start..end).contains(&offset)
-        && (offset - start) % regs::QUEUE_STRIDE == field.offset() - start
-}
-
 /// Whether `offset` is a doorbell (SQ tail or CQ head).
 fn is_doorbell(offset: usize) -> bool {
-    is_queue_register(offset, regs::Q_SQ_TAIL) || is_queue_register(offset, regs::Q_CQ_HEAD)
+    let start = regs::DOORBELL_BASE;
+    let end = start + usize::from(regs::MAX_QUEUES) * regs::DOORBELL_STRIDE;
+    (start..end).contains(&offset) && offset % 4 == 0
 }
 
 impl mmio::Backend for HostBar {
@@ -449,7 +443,7 @@ impl mmio::Backend for HostBar {
                 write(&self.file, o, width, value);
                 // A doorbell only wakes the unit serving its queue; it does not make it re-read
                 // its control registers (nor end a burst).
-                let q = (o - regs::QUEUE_BASE) / regs::QUEUE_STRIDE;
+                let q = (o - regs::DOORBELL_BASE) / regs::DOORBELL_STRIDE;
                 self.file.notify(self.file.owner(q));
                 return Ok(());
             }

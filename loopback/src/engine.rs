@@ -169,7 +169,7 @@ impl Engine {
 /// Writes the read-only identification registers.
 fn identify(f: &RegisterFile, settings: &Settings, dram: Dram) {
     f.set32(regs::ID.offset(), regs::DEVICE_ID);
-    f.set32(regs::VERSION.offset(), regs::VERSION_1);
+    f.set32(regs::VERSION.offset(), regs::VERSION_2);
     f.set32(regs::QUEUES.offset(), u32::from(settings.queues));
     f.set32(regs::DMA_MASK_BITS.offset(), settings.dma_mask_bits);
     f.set32(regs::MAX_DEPTH.offset(), settings.max_depth);
@@ -372,7 +372,7 @@ unsafe impl Send for Unit<'_> {}
 
 /// The register `field` of queue `q` (in range: `q < queues <= MAX_QUEUES`).
 fn qf<V, A>(field: Field<V, A>, q: usize) -> usize {
-    field.offset() + q * regs::QUEUE_STRIDE
+    field.offset() + q * regs::queue_stride(field)
 }
 
 impl<'a> Unit<'a> {

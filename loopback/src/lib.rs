@@ -45,7 +45,7 @@
 //! | offset | register | access | meaning |
 //! |---|---|---|---|
 //! | 0x00 | `id` | RO | `0x424c4455` ("UDLB") |
-//! | 0x04 | `version` | RO | 1 |
+//! | 0x04 | `version` | RO | 2 (version 1 had the doorbells in the queues' blocks) |
 //! | 0x08 | `queues` | RO | queues (= interrupt vectors) |
 //! | 0x0c | `status` | RO | bit 0 `READY`: the engine runs |
 //! | 0x10 | `control` | WO | bit 0 `RESET`; self-clearing |
@@ -59,18 +59,22 @@
 //! | 0x34 | `irq_pending` | RO | bit q: raised while masked |
 //! | 0x38..0x68 | `descriptors`, `bytes`, `context_switches`, `errors`, `busy_ns`, `interrupts` | RO, 64 | the copy engine's counters |
 //! | 0x68..0x98 | the same six | RO, 64 | the compute unit's counters (the device's are the sums) |
-//! | 0x100 + 0x40·q | queue q's block: | | |
+//! | 0x100 + 0x60·q | queue q's block: | | |
 //! | +0x00 | `ring_base` | RW, 64 | IOVA of the ring memory ([`ring::Layout`](userdma::ring::Layout) for `Command`/`Status` at `depth`); 64-byte aligned |
 //! | +0x08 | `depth` | RW | entries per ring |
 //! | +0x0c | `context` | RW | the context every descriptor must name |
 //! | +0x10 | `control` | RW | bit 0 `ENABLE` |
 //! | +0x14 | `status` | RO | bit 0 `ENABLED` (acknowledges enable and stop), bit 1 `FAULT` |
-//! | +0x18 | `sq_tail` | WO | SQ tail doorbell |
-//! | +0x1c | `cq_head` | WO | CQ head doorbell |
+//! | +0x18 | reserved | | reads 0 (version 1's doorbells) |
 //! | +0x20 | `fault` | RO | a [`Fault`] code |
 //! | +0x24 | `unit` | RW | the [`Unit`] serving the queue: 0 copy engine, 1 compute unit (read at enable; others fault it) |
 //! | +0x28 | `completed` | RO, 64 | descriptors executed |
 //! | +0x30 | `errors` | RO, 64 | error completions |
+//! | +0x38 | `ws_private` | RW, 64 | bytes of the context's private working set in device SRAM (read at enable) |
+//! | +0x40 | `ws_shared` | RW, 64 | bytes of the working set shared with the queues of the same `share_key` |
+//! | +0x48 | `share_key` | RW | the key of `ws_shared` (0: not shared) |
+//! | +0x50 | `sram_hits` | RO, 64 | bytes of compute descriptors served from SRAM |
+//! | +0x58 | `sram_touched` | RO, 64 | bytes compute descriptors touched with a working set declared |
 //! | 0xd00 | `fault_queue` | RW | fault injection ([`fault`]): the queue the registers below program and show |
 //! | 0xd04 | `fault_kinds` | RW | bit k: [`fault::Kind`] k may be injected |
 //! | 0xd08 | `fault_count` | RW | trigger: the next N descriptors |
@@ -86,6 +90,13 @@
 //! | 0xe10 + 0x10·u | `activity_written` | RO, 64 | records unit u wrote since it took the enable (record n in slot n mod records), stored with Release after the record's bytes and before the descriptor's completion |
 //! | 0xe18 + 0x10·u | `activity_status` | RO | unit u: bit 0 `ENABLED` (acknowledges enable and stop), bit 1 `FAULT` |
 //! | 0xe1c + 0x10·u | `activity_fault` | RO | an [`ActivityFault`](regs::ActivityFault) code while `FAULT` is set |
+//! | 0xf00 + 8·q | `sq_tail` | WO | queue q's SQ tail doorbell |
+//! | 0xf04 + 8·q | `cq_head` | WO | queue q's CQ head doorbell |
+//!
+//! The doorbells have a block of their own, apart from the queues' blocks: the host writes them
+//! on every submission and reap, and the device writes a queue's `completed` on every
+//! descriptor; in one cache line, each doorbell would take the line from the device's core
+//! and its next count take it back.
 //!
 //! Bringing a queue up: write `ring_base`, `depth`, `context`, `unit`, then `control = ENABLE`; the
 //! device answers `status = ENABLED`, or `FAULT` with a code. Stopping it: `control = 0`; once

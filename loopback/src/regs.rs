@@ -17,8 +17,9 @@ pub use self::codes::{ActivityFault, Fault, Opcode, StatusCode, Unit};
 
 /// The value of the [`ID`] register: `"UDLB"` in little-endian ASCII.
 pub const DEVICE_ID: u32 = u32::from_le_bytes(*b"UDLB");
-/// The value of the [`VERSION`] register: the version of this register map.
-pub const VERSION_1: u32 = 1;
+/// The value of the [`VERSION`] register: the version of this register map. Version 2 moved
+/// the doorbells out of the queues' blocks into their own ([`DOORBELL_BASE`]).
+pub const VERSION_2: u32 = 2;
 /// BAR index of the register block.
 pub const REGISTER_BAR: usize = 0;
 /// BAR index of the device memory (a 64-bit BAR after the 64-bit register BAR, as on hardware).
@@ -39,7 +40,7 @@ pub const MAX_QUEUES: u16 = 32;
 pub struct GlobalRegs {
     /// RO: [`DEVICE_ID`].
     pub id: u32,
-    /// RO: [`VERSION_1`].
+    /// RO: [`VERSION_2`].
     pub version: u32,
     /// RO: number of queues (each with an interrupt vector of the same index).
     pub queues: u32,
@@ -131,10 +132,9 @@ pub struct QueueRegs {
     pub control: u32,
     /// RO: [`QueueStatus`].
     pub status: u32,
-    /// WO: SQ tail doorbell (free-running counter of the next entry the host writes).
-    pub sq_tail: u32,
-    /// WO: CQ head doorbell (free-running counter of the next completion the host reads).
-    pub cq_head: u32,
+    /// Reserved, reads 0: the doorbells were here in version 1; they are in their own block
+    /// now ([`DoorbellRegs`]), away from the counters the device writes on every descriptor.
+    _reserved0: [u32; 2],
     /// RO: [`Fault`] code while [`QueueStatus::FAULT`] is set.
     pub fault: u32,
     /// RW: the [`Unit`] that serves the queue (0: the copy engine, 1: the compute unit),
@@ -252,8 +252,7 @@ const _: () = {
     assert!(offset_of!(QueueRegs, context) == 0x0c);
     assert!(offset_of!(QueueRegs, control) == 0x10);
     assert!(offset_of!(QueueRegs, status) == 0x14);
-    assert!(offset_of!(QueueRegs, sq_tail) == 0x18);
-    assert!(offset_of!(QueueRegs, cq_head) == 0x1c);
+    assert!(offset_of!(QueueRegs, _reserved0) == 0x18);
     assert!(offset_of!(QueueRegs, fault) == 0x20);
     assert!(offset_of!(QueueRegs, unit) == 0x24);
     assert!(offset_of!(QueueRegs, completed) == 0x28);
@@ -336,10 +335,13 @@ pub const Q_CONTEXT: Field<u32, ReadWrite> = q(offset_of!(QueueRegs, context));
 pub const Q_CONTROL: Field<QueueControl, ReadWrite> = q(offset_of!(QueueRegs, control));
 /// Queue 0's [`QueueRegs::status`].
 pub const Q_STATUS: Field<QueueStatus, ReadOnly> = q(offset_of!(QueueRegs, status));
-/// Queue 0's [`QueueRegs::sq_tail`].
-pub const Q_SQ_TAIL: Field<u32, WriteOnly> = q(offset_of!(QueueRegs, sq_tail));
-/// Queue 0's [`QueueRegs::cq_head`].
-pub const Q_CQ_HEAD: Field<u32, WriteOnly> = q(offset_of!(QueueRegs, cq_head));
+/// Queue 0's [`DoorbellRegs::sq_tail`] (a doorbell: [`queue_field`] steps it by
+/// [`DOORBELL_STRIDE`]).
+pub const Q_SQ_TAIL: Field<u32, WriteOnly> =
+    Field::new(DOORBELL_BASE + offset_of!(DoorbellRegs, sq_tail));
+/// Queue 0's [`DoorbellRegs::cq_head`] (as [`Q_SQ_TAIL`]).
+pub const Q_CQ_HEAD: Field<u32, WriteOnly> =
+    Field::new(DOORBELL_BASE + offset_of!(DoorbellRegs, cq_head));
 /// Queue 0's [`QueueRegs::fault`].
 pub const Q_FAULT: Field<u32, ReadOnly> = q(offset_of!(QueueRegs, fault));
 /// Queue 0's [`QueueRegs::unit`].
@@ -388,14 +390,56 @@ pub const fn fault_injected(kind: super::fault::Kind) -> Field<u64, ReadOnly> {
     Field::new(FAULT_INJECTED.offset() + 8 * kind as usize)
 }
 
-/// Queue `queue`'s copy of the per-queue register `field` (one of the `Q_*` constants).
-/// `None` past [`MAX_QUEUES`].
+/// Queue `queue`'s copy of the per-queue register `field` (one of the `Q_*` constants: a
+/// doorbell in the doorbell block, any other in the queue's block). `None` past
+/// [`MAX_QUEUES`].
 pub const fn queue_field<V, A>(field: Field<V, A>, queue: u16) -> Option<Field<V, A>> {
     if queue >= MAX_QUEUES {
         return None;
     }
-    field.at(queue as usize, QUEUE_STRIDE)
+    field.at(queue as usize, queue_stride(field))
 }
+
+/// Bytes between two queues' copies of the per-queue register `field`: [`DOORBELL_STRIDE`]
+/// for a doorbell, [`QUEUE_STRIDE`] for the others.
+pub const fn queue_stride<V, A>(field: Field<V, A>) -> usize {
+    if field.offset() >= DOORBELL_BASE {
+        DOORBELL_STRIDE
+    } else {
+        QUEUE_STRIDE
+    }
+}
+
+/// Offset of the doorbell block ([`DoorbellRegs`] per queue), after the activity block.
+pub const DOORBELL_BASE: usize = 0xf00;
+/// Bytes between two queues' doorbells.
+pub const DOORBELL_STRIDE: usize = size_of::<DoorbellRegs>();
+
+/// One queue's doorbells, at `DOORBELL_BASE + q * DOORBELL_STRIDE`: the two registers the
+/// host writes while a queue runs, in a block of their own (as NVMe's are, from 0x1000),
+/// so that no cache line holds both a register the host writes on every submission or reap
+/// and one the device writes on every descriptor ([`QueueRegs::completed`]): with them in
+/// one line, each doorbell took the line from the device's core and its next count took it
+/// back (version 1 had them in [`QueueRegs`]). Never instantiated.
+#[repr(C)]
+#[derive(Debug)]
+#[allow(dead_code)] // A layout description: the fields are read through `offset_of!` only.
+pub struct DoorbellRegs {
+    /// WO: SQ tail doorbell (free-running counter of the next entry the host writes).
+    pub sq_tail: u32,
+    /// WO: CQ head doorbell (free-running counter of the next completion the host reads).
+    pub cq_head: u32,
+}
+
+const _: () = {
+    assert!(offset_of!(DoorbellRegs, sq_tail) == 0x0);
+    assert!(offset_of!(DoorbellRegs, cq_head) == 0x4);
+    assert!(size_of::<DoorbellRegs>() == 0x8);
+    // Line-aligned, after the activity block, inside the BAR.
+    assert!(DOORBELL_BASE % 64 == 0);
+    assert!(ACTIVITY_BASE + size_of::<ActivityRegs>() <= DOORBELL_BASE);
+    assert!(DOORBELL_BASE + MAX_QUEUES as usize * DOORBELL_STRIDE <= REGISTER_BAR_SIZE);
+};
 
 /// Offset of the activity-record block ([`ActivityRegs`]), after the fault block.
 pub const ACTIVITY_BASE: usize = 0xe00;
@@ -513,12 +557,16 @@ pub(super) fn host_writable(offset: usize) -> bool {
         o if (FAULT_BASE..FAULT_APPLIED.offset()).contains(&o) => true,
         // The activity buffer, its size and its control, not the units' registers.
         o if (ACTIVITY_BASE..ACTIVITY_BASE + offset_of!(ActivityRegs, units)).contains(&o) => true,
+        // Both doorbells of every queue.
+        o if (DOORBELL_BASE..DOORBELL_BASE + MAX_QUEUES as usize * DOORBELL_STRIDE)
+            .contains(&o) =>
+        {
+            o % 4 == 0
+        }
         o if (QUEUE_BASE..QUEUE_BASE + MAX_QUEUES as usize * QUEUE_STRIDE).contains(&o) => {
             let within = (o - QUEUE_BASE) % QUEUE_STRIDE;
             // ring_base (either half), depth, context and control precede status.
             within < offset_of!(QueueRegs, status)
-                || within == offset_of!(QueueRegs, sq_tail)
-                || within == offset_of!(QueueRegs, cq_head)
                 || within == offset_of!(QueueRegs, unit)
                 || (offset_of!(QueueRegs, ws_private)..offset_of!(QueueRegs, sram_hits))
                     .contains(&within)

@@ -37,7 +37,7 @@ fn transform(bytes: &[u8], xor: u32, add: u32) -> (Vec<u8>, u64) {
 fn register_map_identifies_the_device() {
     let device = loopback_common::device(2);
     assert_eq!(device.get(regs::ID).unwrap(), regs::DEVICE_ID);
-    assert_eq!(device.get(regs::VERSION).unwrap(), regs::VERSION_1);
+    assert_eq!(device.get(regs::VERSION).unwrap(), regs::VERSION_2);
     assert_eq!(device.get(regs::QUEUES).unwrap(), 2);
     assert_eq!(device.get(regs::MEMORY_SIZE).unwrap(), MEMORY as u64);
     assert_eq!(device.get(regs::MAX_DEPTH).unwrap(), 4096);

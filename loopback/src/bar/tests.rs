@@ -75,25 +75,28 @@ fn sub_word_accesses_merge() {
 
 #[test]
 fn doorbell_offsets() {
-    let sq_tail = |offset| is_queue_register(offset, regs::Q_SQ_TAIL);
-    assert!(sq_tail(
-        regs::queue_field(regs::Q_SQ_TAIL, 0).unwrap().offset()
-    ));
-    assert!(sq_tail(
-        regs::queue_field(regs::Q_SQ_TAIL, 31).unwrap().offset()
-    ));
-    assert!(!sq_tail(
-        regs::queue_field(regs::Q_CQ_HEAD, 0).unwrap().offset()
-    ));
-    assert!(!sq_tail(regs::CONTROL.offset()));
-    assert!(is_doorbell(
-        regs::queue_field(regs::Q_SQ_TAIL, 2).unwrap().offset()
-    ));
+    for q in [0, 2, 5, 31] {
+        for field in [regs::Q_SQ_TAIL, regs::Q_CQ_HEAD] {
+            let at = regs::queue_field(field, q).unwrap().offset();
+            assert!(is_doorbell(at), "queue {q}: {at:#x}");
+            assert!(!is_doorbell(at + 1));
+        }
+    }
     assert!(!is_doorbell(regs::CONTROL.offset()));
-    assert!(is_doorbell(
-        regs::queue_field(regs::Q_CQ_HEAD, 5).unwrap().offset()
-    ));
+    for field in [regs::Q_CONTROL.offset(), regs::Q_COMPLETED.offset()] {
+        assert!(!is_doorbell(field));
+    }
     assert!(!is_doorbell(
         regs::queue_field(regs::Q_CONTROL, 5).unwrap().offset()
     ));
+    // No doorbell shares a cache line with a register the device writes per descriptor.
+    for q in 0..regs::MAX_QUEUES {
+        let doorbell = regs::queue_field(regs::Q_SQ_TAIL, q).unwrap().offset() / 64;
+        for r in 0..regs::MAX_QUEUES {
+            for counter in [regs::Q_COMPLETED.offset(), regs::Q_ERRORS.offset()] {
+                let line = (counter + usize::from(r) * regs::QUEUE_STRIDE) / 64;
+                assert_ne!(doorbell, line, "queue {q}'s doorbell, queue {r}'s counter");
+            }
+        }
+    }
 }

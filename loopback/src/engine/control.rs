@@ -214,6 +214,10 @@ impl<'a> Unit<'a> {
                 self.file
                     .set32(regs::QUEUE_BASE + q * regs::QUEUE_STRIDE + offset, 0);
             }
+            for offset in (0..regs::DOORBELL_STRIDE).step_by(4) {
+                self.file
+                    .set32(regs::DOORBELL_BASE + q * regs::DOORBELL_STRIDE + offset, 0);
+            }
         }
         self.file.set32(regs::IRQ_MASK.offset(), 0);
         self.file.set32(regs::IRQ_PENDING.offset(), 0);

@@ -2,8 +2,10 @@ use super::*;
 
 #[test]
 fn queue_fields_step_by_the_stride() {
-    assert_eq!(queue_field(Q_SQ_TAIL, 0).unwrap().offset(), 0x118);
-    assert_eq!(queue_field(Q_SQ_TAIL, 1).unwrap().offset(), 0x178);
+    assert_eq!(queue_field(Q_SQ_TAIL, 0).unwrap().offset(), 0xf00);
+    assert_eq!(queue_field(Q_SQ_TAIL, 1).unwrap().offset(), 0xf08);
+    assert_eq!(queue_field(Q_CQ_HEAD, 31).unwrap().offset(), 0xffc);
+    assert_eq!(queue_field(Q_STATUS, 1).unwrap().offset(), 0x174);
     assert_eq!(
         queue_field(Q_RING_BASE, 31).unwrap().offset(),
         0x100 + 31 * 0x60
@@ -43,7 +45,12 @@ fn only_host_registers_are_writable() {
     for ro in [Q_SRAM_HITS, Q_SRAM_TOUCHED] {
         assert!(!host_writable(queue_field(ro, 5).unwrap().offset()));
     }
-    assert!(!host_writable(REGISTER_BAR_SIZE - 4));
+    // Past the last queue's doorbells, and between the activity block and the doorbells.
+    assert!(!host_writable(REGISTER_BAR_SIZE));
+    assert!(!host_writable(DOORBELL_BASE - 4));
+    // The queue block's old doorbell words are reserved now.
+    assert!(!host_writable(QUEUE_BASE + 0x18));
+    assert!(!host_writable(QUEUE_BASE + 0x1c));
 }
 
 #[test]
