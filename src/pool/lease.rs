@@ -45,8 +45,9 @@
 //! allocation's count (one add on the slot), and the free's count, busy mark and retirement
 //! check. Measured by taking parts out of a build that is then wrong (not kept): without the
 //! busy store 1.10x; without the busy store and the check, the counts alone, 1.08x; without
-//! the counts, the busy mark and the check alone, 1.07x. So no single part is what keeps it
-//! above 1.05x, and taking one out does not bring it there. Cheaper would need both of
+//! the counts, the busy mark and the check alone, 1.07x; with the check alone, 1.03x. So no
+//! single part is what keeps it above 1.05x, and taking one out does not bring it there; the
+//! check alone is what the two changes below together would leave. Cheaper would need both of
 //! - the count folded into a word the magazine writes anyway (its length: a pop that subtracts
 //!   one from the length and adds one to an owned count in the same word's other half costs
 //!   what a borrowed pop does), and
