@@ -6,11 +6,13 @@
 //! per allocation and per free (1.3x DPDK's get + put on one thread, 1.8x across cores, where
 //! a borrowed buffer was 0.75x). Here the count costs what the thread cache already does:
 //!
-//! - **Leases counted per thread.** An owned allocation adds one to its thread's cache slot
-//!   (`Slot::owned`), an owned free takes one from the freeing thread's slot: a plain load and
-//!   store on a line only that thread writes (the same word carries the free's busy mark, so
-//!   the free's count costs no store of its own). Threads without a slot use one shared atomic
-//!   (`direct`), on their slow path anyway. The buffers out are the sum, which only the
+//! - **Leases counted per thread.** An owned allocation adds one to the count in its
+//!   thread's cache of the buffer's class, an owned free takes one from the freeing thread's:
+//!   the count is the high half of the magazine's length word (`ClassCache::len`), so it
+//!   rides in the store of the length the pop or push makes anyway, on a line only that
+//!   thread writes. Allocations on the slow path count there too (a load and a store), and
+//!   threads without a slot use one shared atomic (`direct`), on their slow path anyway. The
+//!   buffers out are the sum, modulo 2^32 (exact: a pool has fewer blocks), which only the
 //!   handle's drop ever takes.
 //! - **Retirement.** The handle's drop (`retire`) raises `retired`, runs a heavy barrier, waits
 //!   for the owned frees under way, sums the counts, and adds the sum to `remaining`. A free
@@ -26,8 +28,8 @@
 //! slot.busy = 1 (store)                    retired = true (store)
 //! light barrier (compiler only)            heavy barrier (membarrier: a fence on every CPU)
 //! retired? (load)                          wait while any slot.busy (Acquire)
-//!   no:  free as usual; slot.owned -= 1    wait while sections (Acquire)
-//!        and slot.busy = 0 (Release)       out = sum of slot.owned + direct
+//!   no:  push, its count -1 in the same    wait while sections (Acquire)
+//!        store; slot.busy = 0 (Release)    out = sum of the caches' counts + direct
 //!   yes: slot.busy = 0, then the slow path remaining += out (AcqRel): zero -> free the state
 //! ```
 //!
@@ -40,26 +42,23 @@
 //! reach zero. The AcqRel read-modify-writes order every free's use of the state before the
 //! party that frees it.
 //!
-//! **What it costs, and what less would take.** On one thread, in `benches/pool.rs`'s tightest
-//! loop (get + put of 4 KiB, the same run), an owned buffer takes 1.16x a borrowed one: the
-//! allocation's count (one add on the slot), and the free's count, busy mark and retirement
-//! check. Measured by taking parts out of a build that is then wrong (not kept): without the
-//! busy store 1.10x; without the busy store and the check, the counts alone, 1.08x; without
-//! the counts, the busy mark and the check alone, 1.07x; with the check alone, 1.03x. So no
-//! single part is what keeps it above 1.05x, and taking one out does not bring it there; the
-//! check alone is what the two changes below together would leave. Cheaper would need both of
-//! - the count folded into a word the magazine writes anyway (its length: a pop that subtracts
-//!   one from the length and adds one to an owned count in the same word's other half costs
-//!   what a borrowed pop does), and
-//! - a free with no store before its check: the count given back last, after everything the
-//!   free does to the pool, so that a handle seeing it may free the state at once. The free's
-//!   last read of the pool is the waiting-allocations word after its push (`cache` module),
-//!   which is in the pool's metadata (for a shared pool in the shared mapping); it would have
-//!   to move where the state's freeing cannot take it (the thread's own slot), and whoever
-//!   sees `retired` after giving its count back would have to sum the counts again itself
-//!   (with its own heavy barrier), the state freed by the one whose sum reaches zero. A
-//!   restartable sequence (`rseq`, with `membarrier`'s RSEQ command on the handle's side) is
-//!   the other way to a free with no store before its check.
+//! **What it costs.** On one thread, in `benches/pool.rs`'s tightest loop (get + put of
+//! 4 KiB, the same run), an owned buffer takes 1.05x a borrowed one: the free's busy mark (a
+//! store of a constant before the check and one after) and its retirement check (a load and
+//! a branch); the counts cost no instruction of their own. How it got there, measured on the
+//! development VM: with the counts in the slot's busy word (an allocation's load and store of
+//! it, the free's load of it to mark itself busy and its store of the count and the cleared
+//! mark), 1.16x (our reading: one more chain of stores and loads, through that word, beside
+//! the magazine's); in a word of each class cache, still a load and a store per allocation and
+//! per free, 1.12x; folded into the length word, 1.05x. Builds with parts taken out (wrong,
+//! not kept) put the check alone at 1.03x: what is left above it is the busy mark's two
+//! stores. A free with no store before its check would need the count given back last,
+//! after everything the free does to the pool, so that a handle seeing it may free the state
+//! at once: the waiting-allocations word the free reads after its push (`cache` module),
+//! which is in the pool's metadata (for a shared pool in the shared mapping), would have to
+//! move where freeing the state cannot take it, and whoever sees `retired` after giving its
+//! count back would sum the counts again itself (with its own heavy barrier), the state
+//! freed by the one whose sum reaches zero.
 //!
 //! Borrowed buffers need none of this: their borrows end before the handle's drop. A buffer
 //! forgotten (`mem::forget`) never comes back: a forgotten owned buffer keeps the state alive
@@ -147,9 +146,9 @@ impl Leases {
         mine: OwnedSlot<'_>,
         live: impl FnOnce(OwnedSlot<'_>) -> Option<R>,
     ) -> Option<R> {
-        let word = mine.enter_owned();
+        mine.enter_owned();
         let done = if self.is_retired() { None } else { live(mine) };
-        mine.leave_owned(word, done.is_some());
+        mine.leave_owned();
         done
     }
 
@@ -206,7 +205,7 @@ impl Leases {
         self.retired.store(true, Ordering::SeqCst);
         asymmetric::heavy();
         for slot in slots.iter() {
-            while slot.owned_busy() {
+            while slot.is_freeing_owned() {
                 thread::yield_now();
             }
         }
@@ -217,13 +216,14 @@ impl Leases {
         // Every count is final now: the allocations happened before the handle's drop, the
         // frees that did not see `retired` have ended (the waits above acquired their ends),
         // and the frees that saw it count themselves in `remaining`.
-        // The slots count in twos (the low bit is their busy mark): their sum is even, and
-        // half of it is their share (the total out is far below 2^63).
-        let slots_twice = slots
+        // The caches count modulo 2^32, as does the sum: exact, as fewer blocks than that are
+        // out.
+        let in_slots = slots
             .iter()
-            .fold(0u64, |sum, slot| sum.wrapping_add(slot.owned_twice()));
-        // Relaxed: ordered by the waits above.
-        let out = (slots_twice >> 1).wrapping_add(self.direct.load(Ordering::Relaxed));
+            .fold(0u32, |sum, slot| sum.wrapping_add(slot.owned_out()));
+        // Relaxed: ordered by the waits above. Truncated: modulo 2^32 as well.
+        let direct = self.direct.load(Ordering::Relaxed) as u32;
+        let out = u64::from(in_slots.wrapping_add(direct));
         // AcqRel: acquires the frees that settled before this (their use of the state
         // happens before whoever frees it); releases this thread's, for the last free.
         let before = self.remaining.fetch_add(out, Ordering::AcqRel);

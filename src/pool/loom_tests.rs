@@ -412,7 +412,7 @@ fn owned_free_racing_the_handles_drop(threads: usize) {
         // An owned allocation: the block, counted in this thread's slot (or shared count).
         let lease = |arena: &Arena, leases: &Leases| {
             let block = arena.alloc(256).expect("room");
-            if cache::with_fast_slot(id, |mine| mine.count_owned_alloc()).is_none() {
+            if cache::with_fast_slot(id, |mine| mine.count_owned(0, 1)).is_none() {
                 leases.count_direct(1);
             }
             block
@@ -440,8 +440,12 @@ fn owned_free_racing_the_handles_drop(threads: usize) {
                 };
                 let last = leases.free(
                     id,
-                    |_| {
+                    |mine| {
                         use_state();
+                        // The lease counted back with the push, as `push_in_owned` does.
+                        if let Some(mine) = mine {
+                            mine.count_owned(0, u32::MAX);
+                        }
                         arena.free(theirs);
                     },
                     || {
@@ -456,7 +460,13 @@ fn owned_free_racing_the_handles_drop(threads: usize) {
             })
         };
         // This thread: one owned free of its own, then the handle's drop.
-        assert!(!leases.free(id, |_| arena.free(ours), || unreachable!("not retired yet")));
+        let free_ours = |mine: Option<cache::OwnedSlot<'_>>| {
+            if let Some(mine) = mine {
+                mine.count_owned(0, u32::MAX);
+            }
+            arena.free(ours);
+        };
+        assert!(!leases.free(id, free_ours, || unreachable!("not retired yet")));
         arena.flush_current_thread();
         if leases.retire(arena.slots()) {
             free_state(&gone, &freed_by);

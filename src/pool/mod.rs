@@ -75,12 +75,12 @@
 //! queue, a pipeline or a C handle keeps. A [`Pool`] is a handle to the pool's state, which
 //! lives in its own allocation; the state is freed by the last of the handle and the owned
 //! buffers, with no reference count per buffer: each thread counts the owned buffers it
-//! allocates and frees in its own cache slot (a plain load and store), and the handle's drop
-//! sums the counts once, after a handshake with the frees under way (asymmetric barriers, as
-//! the reclaim below; the `lease` module has the protocol and loom the model). So an owned
-//! buffer costs what a borrowed one does across cores, and on one thread a few loads and
-//! stores more: the count, and the free's busy mark and retirement check (about 0.65 ns, 1.16x
-//! a borrowed get + put in `benches/pool.rs`'s tightest loop, still ahead of DPDK's).
+//! allocates and frees in its own cache (in the magazine's length word, stored with the
+//! length), and the handle's drop sums the counts once, after a handshake with the frees
+//! under way (asymmetric barriers, as the reclaim below; the `lease` module has the protocol
+//! and loom the model). So an owned buffer costs what a borrowed one does across cores, and on
+//! one thread the free's busy mark and retirement check more (about 0.2 ns, 1.05x a borrowed
+//! get + put in `benches/pool.rs`'s tightest loop, 0.85x DPDK's).
 //!
 //! **Exhaustion.** An allocation fails only when no block of its class is free anywhere in the
 //! process: not on the shared level, not still to be carved, and not in any thread's cache.

@@ -208,7 +208,7 @@ impl Core {
                 // SAFETY: `c` is the class in a small buffer's tag, which `Buffer::new` took
                 // from a block of this pool's classes (at most `MAX_CLASSES`), and which
                 // nothing else writes (the buffer's fields are private).
-                if !unsafe { mine.push_in(c, unit) } {
+                if !unsafe { mine.push_in_owned(c, unit) } {
                     return None;
                 }
                 if cache::someone_waits_after_push(self.waiters()) {
@@ -235,11 +235,12 @@ impl Core {
         )
     }
 
-    /// Counts an owned allocation this thread made on its slow path (its slot's count if it
-    /// has one at hand, else the shared one).
+    /// Counts an owned allocation this thread made on its slow path: in its slot's cache of
+    /// class `c` if it has one at hand (`c` is any class for a large buffer: only the sum over
+    /// a slot's classes is read), else in the shared count.
     #[cold]
-    pub(super) fn count_owned_alloc(&self) {
-        if cache::with_fast_slot(self.id, |mine| mine.count_owned_alloc()).is_none() {
+    pub(super) fn count_owned_alloc(&self, c: usize) {
+        if cache::with_fast_slot(self.id, |mine| mine.count_owned(c, 1)).is_none() {
             self.leases.count_direct(1);
         }
     }

@@ -229,23 +229,29 @@ pub(crate) struct ClassCache {
     pub(super) allocs: AtomicU64,
     /// Frees into this cache (including those that flushed). Written only by the owner.
     pub(super) frees: AtomicU64,
-    /// Allocations that found the magazine empty and refilled it from the shared level.
-    pub(super) misses: AtomicU64,
-    /// One past the newest cached block. Written only by the owner.
-    pub(super) len: AtomicU32,
+    /// The magazine's length (low 32 bits: one past the newest cached block) and this cache's
+    /// count of owned buffers ([`OwnedBuffer`](crate::pool::OwnedBuffer)) out (high 32 bits:
+    /// those allocated from this cache minus those freed into it, wrapping; the pool's count
+    /// is the sum over its caches, with the `lease` module's shared count, modulo 2^32, which
+    /// is exact: a pool has fewer blocks). Written only by the owner. One word, so that an
+    /// owned pop or push counts its lease in the store of the length it makes anyway: as
+    /// a load and store of their own (first in the slot's busy word, then in a word of the
+    /// class's), the counts chained an owned get + put through one more word, which measured
+    /// 1.16x and 1.12x a borrowed one on one thread (`benches/pool.rs`).
+    pub(super) len: AtomicU64,
     /// Capacity, 0 until the class is first used ([`OwnedSlot::enable`]). Owner only.
     pub(super) cap: AtomicU32,
     /// Blocks moved per refill or flush. Owner only.
     pub(super) batch: AtomicU32,
     /// The oldest cached block the owner may use (see above).
     pub(super) top: AtomicU32,
-    pub(super) items: Items,
-    // The fields of the slow paths after the magazine, so that its elements start where
-    // they did before the reclaimer's fields were added: moving them by 28 bytes slowed a
-    // batch made each round by half here (the elements' offset in the page against the
-    // buffers' first lines, which the same loop writes).
     /// A reclaimer's claim: `1 + top` before it (0: none). Reclaimer only, under the lock.
     pub(super) claim: AtomicU32,
+    pub(super) items: Items,
+    // The fields of the slow paths after the magazine, so that its elements start where
+    // they did before the reclaimer's fields were added (byte 40, asserted below): moving
+    // them by 28 bytes slowed a batch made each round by half here (the elements' offset in
+    // the page against the buffers' first lines, which the same loop writes).
     /// Twice the number of moves of blocks between this magazine and the shared level the
     /// owner began, plus 1 while one is under way (the blocks then in neither place): a
     /// reclaimer that found nothing retries while it sees one move, or one more than before.
@@ -253,13 +259,22 @@ pub(crate) struct ClassCache {
     pub(super) moves: AtomicU64,
     /// The reclaimer's snapshot of `moves`. Reclaimer only, under the lock.
     pub(super) seen_moves: AtomicU64,
+    /// Allocations that found the magazine empty and refilled it from the shared level.
+    /// Owner only (a refill's slow path).
+    pub(super) misses: AtomicU64,
 }
+
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::offset_of!(ClassCache, items) == 40);
+
+/// One owned buffer in the high half of [`ClassCache::len`].
+const OWNED_ONE: u64 = 1 << 32;
 
 impl std::fmt::Debug for ClassCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Relaxed: a snapshot for debugging.
         f.debug_struct("ClassCache")
-            .field("len", &self.len.load(Ordering::Relaxed))
+            .field("len", &(self.len.load(Ordering::Relaxed) as u32))
             .field("top", &self.top.load(Ordering::Relaxed))
             .field("cap", &self.cap.load(Ordering::Relaxed))
             .finish_non_exhaustive()
@@ -284,14 +299,14 @@ impl ClassCache {
         Self {
             allocs: AtomicU64::new(0),
             frees: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            len: AtomicU32::new(0),
+            len: AtomicU64::new(0),
             top: AtomicU32::new(0),
             cap: AtomicU32::new(0),
             batch: AtomicU32::new(0),
             moves: AtomicU64::new(0),
             claim: AtomicU32::new(0),
             seen_moves: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
             items: Items::new(),
         }
     }
@@ -315,20 +330,65 @@ impl ClassCache {
         self.misses.load(Ordering::Relaxed)
     }
 
-    /// Owner: the magazine's length now.
+    /// This cache's share of the pool's owned buffers out (wrapping, modulo 2^32; see `len`),
+    /// as of the owner's last store: read by the pool handle's drop, after the `lease`
+    /// module's handshake ordered that store.
+    pub(crate) fn owned(&self) -> u32 {
+        // Relaxed: ordered by the handshake (`Slot::is_freeing_owned`'s Acquire).
+        (self.len.load(Ordering::Relaxed) >> 32) as u32
+    }
+
+    /// Owner: the length word now (the length in its low half, the owned count in its high
+    /// half; see `len`).
     #[inline(always)]
-    pub(super) fn len(&self) -> u32 {
+    pub(super) fn word(&self) -> u64 {
         // Relaxed: only the owner writes it.
         self.len.load(Ordering::Relaxed)
     }
 
-    /// Owner: sets the length.
+    /// Owner: the magazine's length now.
+    #[inline(always)]
+    pub(super) fn len(&self) -> u32 {
+        self.word() as u32
+    }
+
+    /// Owner: sets the length word (see `len`).
+    #[inline(always)]
+    pub(super) fn set_word(&self, word: u64) {
+        // Release: the units written below the length before this are seen by a reclaimer
+        // that reads this value (Acquire); every store of `len` is a Release, so whichever
+        // value a reclaimer reads, it synchronizes with the store that wrote it.
+        self.len.store(word, Ordering::Release);
+    }
+
+    /// Owner: sets the length, keeping the owned count.
     #[inline(always)]
     pub(super) fn set_len(&self, len: u32) {
-        // Release: the units written below `len` before this are seen by a reclaimer that
-        // reads this value (Acquire); every store of `len` is a Release, so whichever value a
-        // reclaimer reads, it synchronizes with the store that wrote it.
-        self.len.store(len, Ordering::Release);
+        self.set_word(self.word() & !(OWNED_ONE - 1) | u64::from(len));
+    }
+
+    /// Owner: the word with the length one less (a pop), and one more owned buffer out if
+    /// `owned`.
+    #[inline(always)]
+    pub(super) fn popped(word: u64, owned: bool) -> u64 {
+        // The length is not zero (the caller checked): no borrow into the high half.
+        word.wrapping_sub(1)
+            .wrapping_add(if owned { OWNED_ONE } else { 0 })
+    }
+
+    /// Owner: the word with the length one more (a push), and one owned buffer fewer out if
+    /// `owned`.
+    #[inline(always)]
+    pub(super) fn pushed(word: u64, owned: bool) -> u64 {
+        // The length is below the capacity (the caller checked): no carry into the high half.
+        word.wrapping_add(1)
+            .wrapping_sub(if owned { OWNED_ONE } else { 0 })
+    }
+
+    /// Owner: counts `delta` owned buffers out (wrapping: `u32::MAX` for minus one) without
+    /// moving a block (an owned allocation on the slow path).
+    pub(super) fn count_owned(&self, delta: u32) {
+        self.set_word(self.word().wrapping_add(u64::from(delta) << 32));
     }
 
     /// Owner, after lowering `len` to `new`: whether a reclaimer's claim reaches above `new`,
@@ -369,8 +429,9 @@ impl ClassCache {
             .store(self.moves.load(Ordering::Acquire), Ordering::Relaxed);
         // Relaxed: `top` changes only under the lock we hold.
         let top = self.top.load(Ordering::Relaxed);
-        // Acquire: pairs with `set_len`: the units below it are seen.
-        let len = self.len.load(Ordering::Acquire);
+        // Acquire: pairs with `set_word`: the units below it are seen. The low half is the
+        // length.
+        let len = self.len.load(Ordering::Acquire) as u32;
         if len <= top {
             self.claim.store(0, Ordering::Relaxed);
             return false;
@@ -394,7 +455,7 @@ impl ClassCache {
         let claimed = self.top.load(Ordering::Relaxed);
         // Acquire: as in `claim`. After the heavy barrier this sees every pop that did not see
         // the claim, so the blocks below it are the owner's no more.
-        let end = claimed.min(self.len.load(Ordering::Acquire));
+        let end = claimed.min(self.len.load(Ordering::Acquire) as u32);
         let mut units = [0u32; BATCH_MAX];
         let mut at = from;
         while at < end {

@@ -47,18 +47,30 @@ impl<'a> OwnedSlot<'a> {
     /// claimed the block (the slow path then settles).
     #[inline(always)]
     pub(crate) fn pop(&self, c: usize) -> Option<u32> {
+        self.pop_counted(c, false)
+    }
+
+    /// [`OwnedSlot::pop`] for an owned buffer: the block counted as leased in the class's
+    /// cache (`ClassCache::owned`, the `lease` module).
+    #[inline(always)]
+    pub(crate) fn pop_owned(&self, c: usize) -> Option<u32> {
+        self.pop_counted(c, true)
+    }
+
+    #[inline(always)]
+    fn pop_counted(&self, c: usize, owned: bool) -> Option<u32> {
         let cache = self.cache(c);
-        let len = cache.len();
-        let new = len.checked_sub(1)?;
+        let word = cache.word();
+        let new = (word as u32).checked_sub(1)?;
         // Read before the pop commits: only the owner ever writes a magazine's elements (a
         // reclaimer only reads), so the read races with nothing; if the block turns out to be
         // claimed, the value is dropped.
         // SAFETY: `new < len <= cap <= MAG_MAX` (the mask changes nothing and spares a bounds
         // check); no other thread writes it.
         let unit = unsafe { cache.items.get(new as usize & (MAG_MAX - 1)) };
-        cache.set_len(new);
+        cache.set_word(ClassCache::popped(word, owned));
         if cache.claimed_above(new) {
-            cache.set_len(len);
+            cache.set_word(word);
             return None;
         }
         add(&cache.allocs, 1);
@@ -167,9 +179,29 @@ impl<'a> OwnedSlot<'a> {
     /// `c < MAX_CLASSES`.
     #[inline(always)]
     pub(crate) unsafe fn push_in(&self, c: usize, unit: u32) -> bool {
+        // SAFETY: the caller's contract.
+        unsafe { self.push_counted(c, unit, false) }
+    }
+
+    /// [`OwnedSlot::push_in`] for an owned buffer: its lease counted back in the class's cache
+    /// (`ClassCache::owned`) if it is pushed, not otherwise.
+    ///
+    /// # Safety
+    /// `c < MAX_CLASSES`.
+    #[inline(always)]
+    pub(crate) unsafe fn push_in_owned(&self, c: usize, unit: u32) -> bool {
+        // SAFETY: the caller's contract.
+        unsafe { self.push_counted(c, unit, true) }
+    }
+
+    /// # Safety
+    /// `c < MAX_CLASSES`.
+    #[inline(always)]
+    unsafe fn push_counted(&self, c: usize, unit: u32, owned: bool) -> bool {
         // SAFETY: in bounds (the caller's contract).
         let cache = unsafe { self.slot.classes.get_unchecked(c) };
-        let len = cache.len();
+        let word = cache.word();
+        let len = word as u32;
         // Relaxed: owner only.
         if len >= cache.cap.load(Ordering::Relaxed) {
             return false;
@@ -177,49 +209,35 @@ impl<'a> OwnedSlot<'a> {
         // SAFETY: `len < cap <= MAG_MAX` (`enable` is the only writer of `cap`, and caps it);
         // above `len`, where no reclaimer reads.
         unsafe { cache.items.set(len as usize, unit) };
-        cache.set_len(len + 1);
+        cache.set_word(ClassCache::pushed(word, owned));
         add(&cache.frees, 1);
         true
     }
 
-    /// Counts one owned buffer allocated by this thread: a load and a store, no
-    /// read-modify-write.
-    #[inline(always)]
-    pub(crate) fn count_owned_alloc(&self) {
-        let owned = &self.slot.owned;
-        // Relaxed: single writer (the owner); the pool handle's drop reads it after its
-        // handshake ordered this store (see the `lease` module). Counted in twos (`owned`).
-        owned.store(
-            owned.load(Ordering::Relaxed).wrapping_add(2),
-            Ordering::Relaxed,
-        );
+    /// Counts `delta` owned buffers (wrapping: `u32::MAX` for minus one) out through this
+    /// slot's cache of class `c`, as [`OwnedSlot::pop_owned`] and
+    /// [`OwnedSlot::push_in_owned`] do: for an owned allocation on the slow path.
+    pub(crate) fn count_owned(&self, c: usize, delta: u32) {
+        self.cache(c).count_owned(delta);
     }
 
-    /// An owned buffer's free begins: marks the slot busy (the low bit of `owned`), then a
-    /// light barrier, so that the retirement check after it and the pool handle's drop see
-    /// each other (the `lease` module's handshake). Returns the word to give
-    /// [`OwnedSlot::leave_owned`].
+    /// An owned buffer's free begins: marks the slot busy, then a light barrier, so that the
+    /// retirement check after it and the pool handle's drop see each other (the `lease`
+    /// module's handshake). [`OwnedSlot::leave_owned`] ends it.
     #[inline(always)]
-    pub(crate) fn enter_owned(&self) -> u64 {
-        let owned = &self.slot.owned;
+    pub(crate) fn enter_owned(&self) {
         // Relaxed (single writer), then the light barrier: against the handle's store and
-        // heavy barrier.
-        let word = owned.load(Ordering::Relaxed);
-        owned.store(word | 1, Ordering::Relaxed);
+        // heavy barrier. A constant: no load, so nothing chains one free's mark to the next.
+        self.slot.busy.store(1, Ordering::Relaxed);
         asymmetric::light();
-        word
     }
 
-    /// The owned free ends, its lease counted back if `freed`, in the same store that clears
-    /// the busy mark: what the free did to the pool happens before a handle's drop that sees
-    /// the slot idle.
+    /// The owned free ends: what it did to the pool (its push, and the lease counted back
+    /// with it) happens before a handle's drop that sees the slot idle.
     #[inline(always)]
-    pub(crate) fn leave_owned(&self, word: u64, freed: bool) {
-        // Release: pairs with `Slot::owned_busy`'s Acquire.
-        self.slot.owned.store(
-            word.wrapping_sub(if freed { 2 } else { 0 }),
-            Ordering::Release,
-        );
+    pub(crate) fn leave_owned(&self) {
+        // Release: pairs with `Slot::is_freeing_owned`'s Acquire.
+        self.slot.busy.store(0, Ordering::Release);
     }
 
     /// Whether class `c` is cached at all, giving its magazine the capacity and batch of
@@ -351,11 +369,9 @@ impl<'a> OwnedSlot<'a> {
 #[derive(Debug)]
 pub(crate) struct Slot {
     pub(super) state: AtomicU32,
-    /// Twice the owned buffers this slot's threads allocated minus those they freed
-    /// (wrapping; the pool's count is half the sum over its slots), plus 1 while the owner
-    /// frees an owned buffer (the `lease` module's handshake): one word, so that a free marks
-    /// itself busy and counts itself back with the stores it needs anyway. Owner only.
-    pub(super) owned: AtomicU64,
+    /// 1 while the owner frees an owned buffer (the `lease` module's handshake), else 0.
+    /// Owner only; the leases themselves are counted per class (`ClassCache::owned`).
+    pub(super) busy: AtomicU32,
     pub(super) classes: [ClassCache; MAX_CLASSES],
 }
 
@@ -370,16 +386,19 @@ unsafe impl Send for Slot {}
 
 impl Slot {
     /// Whether its owner is freeing an owned buffer now (see [`OwnedSlot::enter_owned`]).
-    pub(crate) fn owned_busy(&self) -> bool {
+    pub(crate) fn is_freeing_owned(&self) -> bool {
         // Acquire: pairs with `leave_owned`'s Release: a free seen ended has its count and
         // its use of the pool before this.
-        self.owned.load(Ordering::Acquire) & 1 != 0
+        self.busy.load(Ordering::Acquire) != 0
     }
 
-    /// Twice the slot's share of the owned buffers out (wrapping; see `owned`).
-    pub(crate) fn owned_twice(&self) -> u64 {
-        // Relaxed: read by the pool handle's drop after `owned_busy` ordered the last write.
-        self.owned.load(Ordering::Relaxed) & !1
+    /// The slot's share of the owned buffers out, over all its classes (wrapping; see
+    /// `ClassCache::owned`). Read by the pool handle's drop after `is_freeing_owned` ordered
+    /// the last free's counts.
+    pub(crate) fn owned_out(&self) -> u32 {
+        self.classes
+            .iter()
+            .fold(0u32, |sum, class| sum.wrapping_add(class.owned()))
     }
 
     /// The counters of class `c` (`c < MAX_CLASSES`).
@@ -540,7 +559,7 @@ impl Slots {
         let slots: Box<[Slot]> = (0..n)
             .map(|_| Slot {
                 state: AtomicU32::new(FREE),
-                owned: AtomicU64::new(0),
+                busy: AtomicU32::new(0),
                 classes: std::array::from_fn(|_| ClassCache::new()),
             })
             .collect();
