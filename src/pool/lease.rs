@@ -196,10 +196,10 @@ impl Leases {
         self.direct.fetch_add(delta, Ordering::Relaxed);
     }
 
-    /// The handle's drop: retires the pool and returns whether the caller frees the state now
-    /// (no owned buffer out). Otherwise the free that returns the last one does
+    /// The handle's drop: retires the pool (whose slots have `classes` classes) and returns
+    /// whether the caller frees the state now (no owned buffer out). Otherwise the free that returns the last one does
     /// ([`Leases::settle`]).
-    pub(crate) fn retire(&self, slots: &Slots) -> bool {
+    pub(crate) fn retire(&self, slots: &Slots, classes: usize) -> bool {
         // SeqCst, then the heavy barrier: every owned free either has its busy mark visible
         // to the loads below, or sees this store (see the module docs).
         self.retired.store(true, Ordering::SeqCst);
@@ -220,7 +220,7 @@ impl Leases {
         // out.
         let in_slots = slots
             .iter()
-            .fold(0u32, |sum, slot| sum.wrapping_add(slot.owned_out()));
+            .fold(0u32, |sum, slot| sum.wrapping_add(slot.owned_out(classes)));
         // Relaxed: ordered by the waits above. Truncated: modulo 2^32 as well.
         let direct = self.direct.load(Ordering::Relaxed) as u32;
         let out = u64::from(in_slots.wrapping_add(direct));

@@ -468,7 +468,7 @@ fn owned_free_racing_the_handles_drop(threads: usize) {
         };
         assert!(!leases.free(id, free_ours, || unreachable!("not retired yet")));
         arena.flush_current_thread();
-        if leases.retire(arena.slots()) {
+        if leases.retire(arena.slots(), arena.geometry().classes) {
             free_state(&gone, &freed_by);
         }
         worker.join().unwrap();

@@ -236,8 +236,8 @@ impl Core {
     }
 
     /// Counts an owned allocation this thread made on its slow path: in its slot's cache of
-    /// class `c` if it has one at hand (`c` is any class for a large buffer: only the sum over
-    /// a slot's classes is read), else in the shared count.
+    /// class `c` if it has one at hand (for a large buffer, class 0, which every pool has:
+    /// only the sum over a slot's classes is read), else in the shared count.
     #[cold]
     pub(super) fn count_owned_alloc(&self, c: usize) {
         if cache::with_fast_slot(self.id, |mine| mine.count_owned(c, 1)).is_none() {
@@ -247,6 +247,7 @@ impl Core {
 
     /// The handle's drop: whether it frees this state now (see `Leases::retire`).
     pub(super) fn retire(&self) -> bool {
-        self.leases.retire(self.arena.slots())
+        self.leases
+            .retire(self.arena.slots(), self.arena.geometry().classes)
     }
 }

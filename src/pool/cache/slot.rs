@@ -392,12 +392,14 @@ impl Slot {
         self.busy.load(Ordering::Acquire) != 0
     }
 
-    /// The slot's share of the owned buffers out, over all its classes (wrapping; see
+    /// The slot's share of the owned buffers out, over its first `classes` classes (the
+    /// pool's: no other is counted in, and their pages need not be touched), wrapping (see
     /// `ClassCache::owned`). Read by the pool handle's drop after `is_freeing_owned` ordered
     /// the last free's counts.
-    pub(crate) fn owned_out(&self) -> u32 {
+    pub(crate) fn owned_out(&self, classes: usize) -> u32 {
         self.classes
             .iter()
+            .take(classes)
             .fold(0u32, |sum, class| sum.wrapping_add(class.owned()))
     }
 
