@@ -72,10 +72,12 @@ const WAYS: usize = 8;
 
 mod magazine;
 mod slot;
+mod slots;
 mod table;
 
 pub(crate) use self::magazine::ClassCache;
-pub(crate) use self::slot::{OwnedSlot, Slot, SlotRef, Slots};
+pub(crate) use self::slot::{OwnedSlot, Slot};
+pub(crate) use self::slots::{SlotRef, Slots};
 pub(crate) use self::table::{
     fast_pop, fast_pop_array, fast_push, fast_push_array, fast_slot, release_current,
     someone_waits_after_push, with_fast_slot, with_slot,
