@@ -49,16 +49,16 @@
 //! development VM: with the counts in the slot's busy word (an allocation's load and store of
 //! it, the free's load of it to mark itself busy and its store of the count and the cleared
 //! mark), 1.16x (our reading: one more chain of stores and loads, through that word, beside
-//! the magazine's); in a word of each class cache, still a load and a store per allocation and
-//! per free, 1.12x; folded into the length word, 1.05x. Builds with parts taken out (wrong,
-//! not kept) put the check alone at 1.03x: what is left above it is the busy mark's two
-//! stores. A free with no store before its check would need the count given back last,
-//! after everything the free does to the pool, so that a handle seeing it may free the state
-//! at once: the waiting-allocations word the free reads after its push (`cache` module),
-//! which is in the pool's metadata (for a shared pool in the shared mapping), would have to
-//! move where freeing the state cannot take it, and whoever sees `retired` after giving its
-//! count back would sum the counts again itself (with its own heavy barrier), the state
-//! freed by the one whose sum reaches zero.
+//! the magazine's); in a word of each class cache, still a load and a store per allocation
+//! and per free, 1.12x (tried, not kept); folded into the length word, 1.05x. Builds with
+//! parts taken out (wrong, not kept) put the check alone at 1.03x: what is left above it is
+//! the busy mark's two stores. A free with no store before its check would need the count
+//! given back last, after everything the free does to the pool, so that a handle seeing it
+//! may free the state at once: the waiting-allocations word the free reads after its push
+//! (`cache` module), which is in the pool's metadata (for a shared pool in the shared
+//! mapping), would have to move where freeing the state cannot take it, and whoever sees
+//! `retired` after giving its count back would sum the counts again itself (with its own
+//! heavy barrier), the state freed by the one whose sum reaches zero.
 //!
 //! Borrowed buffers need none of this: their borrows end before the handle's drop. A buffer
 //! forgotten (`mem::forget`) never comes back: a forgotten owned buffer keeps the state alive
@@ -197,8 +197,8 @@ impl Leases {
     }
 
     /// The handle's drop: retires the pool (whose slots have `classes` classes) and returns
-    /// whether the caller frees the state now (no owned buffer out). Otherwise the free that returns the last one does
-    /// ([`Leases::settle`]).
+    /// whether the caller frees the state now (no owned buffer out). Otherwise the free that
+    /// returns the last one does ([`Leases::settle`]).
     pub(crate) fn retire(&self, slots: &Slots, classes: usize) -> bool {
         // SeqCst, then the heavy barrier: every owned free either has its busy mark visible
         // to the loads below, or sees this store (see the module docs).

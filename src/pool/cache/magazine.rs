@@ -234,10 +234,11 @@ pub(crate) struct ClassCache {
     /// those allocated from this cache minus those freed into it, wrapping; the pool's count
     /// is the sum over its caches, with the `lease` module's shared count, modulo 2^32, which
     /// is exact: a pool has fewer blocks). Written only by the owner. One word, so that an
-    /// owned pop or push counts its lease in the store of the length it makes anyway: as
-    /// a load and store of their own (first in the slot's busy word, then in a word of the
-    /// class's), the counts chained an owned get + put through one more word, which measured
-    /// 1.16x and 1.12x a borrowed one on one thread (`benches/pool.rs`).
+    /// owned pop or push counts its lease in the store of the length it makes anyway: with a
+    /// load and a store of their own, the counts chained an owned get + put through one more
+    /// word, and it measured 1.16x a borrowed one on one thread with them in the slot's busy
+    /// word (the layout before this one) and 1.12x in a word of each class cache (tried, not
+    /// kept), against 1.05x this way (`benches/pool.rs`, the `lease` module).
     pub(super) len: AtomicU64,
     /// Capacity, 0 until the class is first used ([`OwnedSlot::enable`]). Owner only.
     pub(super) cap: AtomicU32,
