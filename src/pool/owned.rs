@@ -356,6 +356,26 @@ mod tests {
         assert!(region.upgrade().is_none(), "the last buffer frees the pool");
     }
 
+    #[test]
+    fn leases_stay_counted_through_batches_of_their_class() {
+        let (pool, region) = pool();
+        // Leased here: this thread's cache of the 4 KiB class counts them.
+        let owned: Vec<_> = (0..40)
+            .map(|_| pool.alloc_owned(4096).expect("buffer"))
+            .collect();
+        // Batches of that class through the same cache, whole (the array paths) and not (the
+        // slice paths): the length word moves by many at a time.
+        for n in [32, 20, 32, 7] {
+            drop(pool.alloc_batch::<32>(4096, n).expect("a batch"));
+        }
+        drop(pool);
+        assert!(region.upgrade().is_some(), "40 buffers are out");
+        std::thread::spawn(move || drop(owned))
+            .join()
+            .expect("thread");
+        assert!(region.upgrade().is_none(), "the last buffer frees the pool");
+    }
+
     /// Owned buffers a test never drops: as good as forgotten (`mem::forget`), but reachable
     /// from here, so that the leak checkers (LeakSanitizer, Miri's) do not report the pool's
     /// state they keep on purpose.

@@ -362,7 +362,8 @@ impl ClassCache {
         self.len.store(word, Ordering::Release);
     }
 
-    /// Owner: sets the length, keeping the owned count.
+    /// Owner: sets the length, keeping the owned count (a load of the word: the fast paths,
+    /// which loaded it already, store `set_word` with their length change instead).
     #[inline(always)]
     pub(super) fn set_len(&self, len: u32) {
         self.set_word(self.word() & !(OWNED_ONE - 1) | u64::from(len));

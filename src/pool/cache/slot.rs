@@ -82,7 +82,8 @@ impl<'a> OwnedSlot<'a> {
     #[inline(always)]
     pub(crate) fn pop_into(&self, c: usize, out: &mut [u32]) -> usize {
         let cache = self.cache(c);
-        let len = cache.len();
+        let word = cache.word();
+        let len = word as u32;
         let n = (len as usize).min(out.len()).min(MAG_MAX);
         if n == 0 {
             return 0;
@@ -92,9 +93,10 @@ impl<'a> OwnedSlot<'a> {
         // Read before the pop commits, as in `pop`. Top first, as single pops hand them out.
         // SAFETY: `new + n = len <= MAG_MAX`; no other thread writes them.
         unsafe { cache.items.read_rev(new as usize, &mut out[..n]) };
-        cache.set_len(new);
+        // `n <= len`: the length half only (the owned count kept).
+        cache.set_word(word - n as u64);
         if cache.claimed_above(new) {
-            cache.set_len(len);
+            cache.set_word(word);
             return 0;
         }
         add(&cache.allocs, n);
@@ -106,14 +108,15 @@ impl<'a> OwnedSlot<'a> {
     #[inline(always)]
     pub(crate) fn pop_array<const N: usize>(&self, c: usize) -> Option<[u32; N]> {
         let cache = self.cache(c);
-        let len = cache.len();
-        let new = len.checked_sub(u32::try_from(N).ok()?)?;
+        let word = cache.word();
+        let new = (word as u32).checked_sub(u32::try_from(N).ok()?)?;
         // Read before the pop commits, as in `pop`.
         // SAFETY: `new + N = len <= MAG_MAX`; no other thread writes them.
         let mut units: [u32; N] = unsafe { cache.items.array(new as usize) };
-        cache.set_len(new);
+        // `N <= len`: the length half only (the owned count kept).
+        cache.set_word(word - N as u64);
         if cache.claimed_above(new) {
-            cache.set_len(len);
+            cache.set_word(word);
             return None;
         }
         units.reverse();
@@ -126,7 +129,8 @@ impl<'a> OwnedSlot<'a> {
     #[inline(always)]
     pub(crate) fn push_from(&self, c: usize, units: &[u32]) -> usize {
         let cache = self.cache(c);
-        let len = cache.len();
+        let word = cache.word();
+        let len = word as u32;
         // Relaxed: owner only. `cap <= MAG_MAX`.
         let cap = cache.cap.load(Ordering::Relaxed);
         let n = (cap.saturating_sub(len) as usize).min(units.len());
@@ -137,7 +141,8 @@ impl<'a> OwnedSlot<'a> {
         // Reversed, so that `pop_into` (which takes the top first) hands a batch back in the
         // order it was freed.
         unsafe { cache.items.write_rev(len as usize, &units[..n]) };
-        cache.set_len(len + n as u32);
+        // `len + n <= MAG_MAX`: the length half only (the owned count kept).
+        cache.set_word(word + n as u64);
         add(&cache.frees, n);
         n
     }
@@ -147,7 +152,8 @@ impl<'a> OwnedSlot<'a> {
     #[inline(always)]
     pub(crate) fn push_array<const N: usize>(&self, c: usize, units: &[u32; N]) -> bool {
         let cache = self.cache(c);
-        let len = cache.len() as usize;
+        let word = cache.word();
+        let len = word as u32 as usize;
         // Relaxed: owner only.
         let cap = cache.cap.load(Ordering::Relaxed) as usize;
         let end = len + N;
@@ -158,7 +164,8 @@ impl<'a> OwnedSlot<'a> {
         reversed.reverse();
         // SAFETY: `end <= MAG_MAX`; above `len`, where no reclaimer reads.
         unsafe { cache.items.set_array(len, reversed) };
-        cache.set_len(end as u32);
+        // `end <= MAG_MAX`: the length half only (the owned count kept).
+        cache.set_word(word + N as u64);
         add(&cache.frees, N);
         true
     }
