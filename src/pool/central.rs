@@ -256,11 +256,31 @@ impl<'a> Central<'a> {
 /// layout, the machine's fast cross-core state): 13.5-15.0 ns per buffer with the runs in
 /// address order, 8.9 and 12.0 ns scattered this way (DPDK's page-stride mempool 7.0-7.5 in
 /// the same runs), and the pipeline of single buffers 12.5-13.6 ns before, 11.8-12.1 after;
-/// the cause is not known (not a shared L1 set with other data: moving the written line
-/// within the page changed nothing). Smaller classes keep address order (their blocks
-/// share pages, whose lines the caches fetch together), and so do coloured classes (their
-/// strides already spread the first lines; scattered, their one-thread bulk loop was 0.1 ns
-/// slower per buffer).
+/// the cause is not known. Smaller classes keep address order (their blocks share pages,
+/// whose lines the caches fetch together), and so do coloured classes (their strides already
+/// spread the first lines; scattered, their one-thread bulk loop was 0.1 ns slower per
+/// buffer).
+///
+/// What the rest of that gap to DPDK (9.4-10.6 ns against 6.9-7.7 in the fast state) is not,
+/// from throwaway builds on that VM, each against the code as it is in the same minutes:
+/// - a shared L1 set with other data: moving the written line within the page changed
+///   nothing;
+/// - the L2 sets: in this order, as in address order, a batch's 32 blocks fall into the 32
+///   different groups of L2 sets that page-aligned lines can use;
+/// - this particular permutation: other steps, and a random shuffle of each run, measured
+///   the same (9.4-10.5 ns);
+/// - the reuse distance alone: a FIFO depot with 8192 blocks going round (DPDK's population;
+///   here about 1300 go round, the caches and depot being LIFO) took 8.9-9.0 ns against
+///   10.1.
+///
+/// With no allocator at all (a producer's free list of page-aligned blocks fed back by a
+/// second SPSC ring, every block going round all the others) the same pipeline took 11-12 ns
+/// with 2048 blocks in address order, 7.7-8.5 with them shuffled or in this golden-ratio
+/// order, and 7.2-8.3 with 8192 in any order: at DPDK's figure, about 2 ns under the
+/// pool's. A profile of the pool's run (both threads busy) put 13 % of the samples in the
+/// depot's copies (the consumer's flush writes 16 lines of `u32`s that the producer's refill
+/// then reads), and 15 % in the copies of the `Batch` into and out of the ring, where the
+/// stores of the producer's buffer writes drain.
 fn scatter_step(size: u64, stride: u64, n: u64) -> u64 {
     if stride != size || size < 4096 || n < 4 {
         return 1;
