@@ -261,21 +261,25 @@ impl<'a> Central<'a> {
 /// spread the first lines; scattered, their one-thread bulk loop was 0.1 ns slower per
 /// buffer).
 ///
-/// What the rest of that gap to DPDK (9.4-10.6 ns against 6.9-7.7 in the fast state) is not,
-/// from throwaway builds on that VM, each against the code as it is in the same minutes:
+/// What the rest of that gap to DPDK (9.4-10.6 ns against 6.9-7.7 in the fast state) is and
+/// is not, from throwaway builds on that VM, each against the code as it is in the same
+/// minutes:
 /// - a shared L1 set with other data: moving the written line within the page changed
 ///   nothing;
 /// - the L2 sets: in this order, as in address order, a batch's 32 blocks fall into the 32
 ///   different groups of L2 sets that page-aligned lines can use;
 /// - this particular permutation: other steps, and a random shuffle of each run, measured
 ///   the same (9.4-10.5 ns);
-/// - the reuse distance alone: a FIFO depot with 8192 blocks going round (DPDK's population;
-///   here about 1300 go round, the caches and depot being LIFO) took 8.9-9.0 ns against
-///   10.1.
+/// - the reuse distance, for a third of it: a FIFO depot with 8192 blocks going round
+///   (DPDK's population; here about 1300 go round, the caches and depot being LIFO) took
+///   8.9-9.0 ns against 10.1, and the FIFO depot without the extra blocks 10.5. A FIFO
+///   depot shared between processes (a bounded queue of magazines) would also need a way
+///   past a slot a process died while filling, where the stack loses at most the magazine
+///   that process held.
 ///
 /// With no allocator at all (a producer's free list of page-aligned blocks fed back by a
 /// second SPSC ring, every block going round all the others) the same pipeline took 11-12 ns
-/// with 2048 blocks in address order, 7.7-8.5 with them shuffled or in this golden-ratio
+/// with 2048 blocks in address order, 7.7-8.5 with them shuffled or in a golden-ratio
 /// order, and 7.2-8.3 with 8192 in any order: at DPDK's figure, about 2 ns under the
 /// pool's. A profile of the pool's run (both threads busy) put 13 % of the samples in the
 /// depot's copies (the consumer's flush writes 16 lines of `u32`s that the producer's refill
