@@ -135,9 +135,25 @@ pub(crate) struct ServeArgs {
     /// The loopback device's cost model.
     #[arg(long, value_enum, default_value_t = CostArg::Npu)]
     cost: CostArg,
-    /// Stop after this many seconds (default: at SIGINT or SIGTERM).
-    #[arg(long)]
-    seconds: Option<f64>,
+    /// Stop after this many seconds, from 0.1 to 31536000 (a year) (default: at SIGINT or
+    /// SIGTERM).
+    #[arg(long, value_parser = parse_seconds)]
+    seconds: Option<Duration>,
+}
+
+/// `--seconds`: a finite number of seconds a run can last (a `Duration` added to now).
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let hint = "give the seconds to serve, from 0.1 to 31536000 (a year), or leave --seconds out \
+                to serve until SIGINT or SIGTERM";
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number: {hint}"))?;
+    // Also refuses NaN (no range contains it).
+    if !(0.1..=31_536_000.0).contains(&secs) {
+        return Err(format!("{text} s is out of range: {hint}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 /// The loopback device's cost model.
@@ -295,9 +311,7 @@ pub(crate) fn run(args: &ServeArgs, json: bool) -> Result<(), Error> {
         socket.display(),
         names.join(", ")
     );
-    let deadline = args
-        .seconds
-        .map(|s| start + Duration::from_secs_f64(s.max(0.0)));
+    let deadline = args.seconds.map(|s| start + s);
     while !crate::signals::stopped() && deadline.is_none_or(|d| Instant::now() < d) {
         owner
             .turn(Duration::from_millis(100))

@@ -97,4 +97,14 @@ fn a_pci_device_and_malformed_models_are_refused_with_what_to_do() {
         let out = run(bad);
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
     }
+    // A run length no clock can add, or none at all: refused before anything starts.
+    for bad in ["1e300", "inf", "nan", "-1", "0", "ten"] {
+        let out = run(&[&format!("--seconds={bad}")]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--seconds {bad}: {err}");
+        assert!(
+            err.contains("from 0.1 to 31536000"),
+            "--seconds {bad}: {err}"
+        );
+    }
 }
