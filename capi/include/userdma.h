@@ -2190,13 +2190,15 @@ enum udma_status udma_queue_destroy(struct udma_queue *queue);
 // Submits one op and rings the doorbell. Its buffer (if any) moves into the queue.
 //
 // Errors: `UDMA_ERR_INVALID_ARGUMENT` for a bad opcode or argument, a buffer range past its
-// end, or a buffer missing or superfluous; `UDMA_ERR_BUSY` for a buffer in a queue already;
-// `UDMA_ERR_EXHAUSTED` when the ring is full (take completions first). On an error nothing
+// end, a buffer of a pool on another device than the queue's (its IOVA would name other
+// memory there), or a buffer missing or superfluous; `UDMA_ERR_BUSY` for a buffer in a queue
+// already, or whose pool another thread is destroying; `UDMA_ERR_EXHAUSTED` when the ring is full (take completions first). On an error nothing
 // was queued and the buffer stays the caller's.
 //
 // # Safety
 // `op` points to `op->size` readable bytes.
-enum udma_status udma_queue_submit(struct udma_queue *queue, const struct udma_op *op);
+enum udma_status udma_queue_submit(struct udma_queue *queue,
+                                   const struct udma_op *op);
 
 // Queues one op without ringing the doorbell (`udma_queue_flush` rings it once for a batch).
 //

@@ -451,6 +451,25 @@ static void test_submit_errors(void)
 	OK(udma_pool_free(pool, gone));
 	op = (udma_op){.size = sizeof op, .opcode = UDMA_OP_TO_DEVICE, .buffer = gone, .len = 8};
 	FAILS(udma_queue_submit(q, &op), UDMA_ERR_INVALID_HANDLE, "freed already");
+	/* A buffer of another device's pool: its IOVA names other memory on this device (both
+	 * hand out the same IOVAs), so it is refused, and nothing of either device moves. */
+	udma_device *other = loopback();
+	udma_pool *theirs = pool_of(other, 4 << 20);
+	udma_buffer *foreign = NULL;
+	OK(udma_pool_alloc(theirs, 4096, &foreign));
+	uint8_t mark[16];
+	memset(mark, 0xbb, sizeof mark);
+	OK(udma_buffer_write(foreign, 0, mark, sizeof mark));
+	op = (udma_op){.size = sizeof op, .opcode = UDMA_OP_TO_HOST, .buffer = foreign, .len = 16};
+	FAILS(udma_queue_submit(q, &op), UDMA_ERR_INVALID_ARGUMENT, "on another device");
+	FAILS(udma_queue_push(q, &op), UDMA_ERR_INVALID_ARGUMENT, "pool of the queue's device");
+	CHECK(info_of(foreign).state == UDMA_BUFFER_HOST);
+	uint8_t back[16] = {0};
+	OK(udma_buffer_read(foreign, 0, back, sizeof back));
+	CHECK(memcmp(back, mark, sizeof back) == 0);
+	OK(udma_pool_free(theirs, foreign));
+	OK(udma_pool_destroy(theirs));
+	OK(udma_device_close(other));
 
 	/* The ring is full: depth 8 takes 8 commands, the ninth is refused with a message and
 	 * its buffer stays the caller's. */

@@ -102,6 +102,7 @@ pub unsafe extern "C" fn udma_pool_create(
             PoolEntry {
                 pool: made,
                 device: d.name.clone(),
+                space: std::sync::Arc::clone(d.runtime.dma_space()),
             },
             None,
         )?;
@@ -151,7 +152,11 @@ pub unsafe extern "C" fn udma_pool_destroy(pool: *mut udma_pool) -> udma_status 
                 ),
             ));
         }
-        let PoolEntry { pool, device } = guard.remove(None);
+        let PoolEntry {
+            pool,
+            device,
+            space,
+        } = guard.remove(None);
         let mut leaked = forgotten();
         if let Some(at) = leaked.iter().position(|&k| k == key) {
             leaked.swap_remove(at);
@@ -160,7 +165,7 @@ pub unsafe extern "C" fn udma_pool_destroy(pool: *mut udma_pool) -> udma_status 
         } else {
             drop(pool);
         }
-        drop(device);
+        drop((device, space));
         Ok(())
     })
 }

@@ -4,22 +4,62 @@
 use super::tables::{
     forgotten, lock_buffer, never_pinned, udma_buffer, HostBuffer, Queued, State, BUFFERS,
 };
+use std::sync::Arc;
+
+use udma::dma::Space;
+
+use super::tables::POOLS;
 use crate::error::{udma_status, Fail};
 use crate::handle::{Key, Kind};
 
-/// Takes the buffer `ptr` out of its slot for queue `queue` (named `name`), checking that it
-/// is on the host and that `[offset, offset + len)` lies inside it; returns its key, its
-/// buffer and the IOVA of `offset`.
+/// Whether the pool `pool` (of buffer `buffer`) maps into `space`, the DMA space of queue
+/// `name`: `UDMA_ERR_INVALID_ARGUMENT` if not. The pool is pinned without waiting: its slot
+/// is locked only by its destroy, which waits for this buffer's lock (held by the caller) and
+/// then fails, the buffer being out; meanwhile the submission is refused as busy.
+fn same_space(pool: Key, space: &Arc<dyn Space>, buffer: Key, name: &str) -> Result<(), Fail> {
+    let value = pool.value(Kind::Pool);
+    let pinned = POOLS.pin(pool, value).map_err(|_| {
+        Fail::new(
+            udma_status::UDMA_ERR_BUSY,
+            format!(
+                "buffer {:#x}'s pool {value:#x} is being destroyed on another thread: submit \
+                 once that call has returned",
+                buffer.value(Kind::Buffer)
+            ),
+        )
+    })?;
+    let (ours, device) = pinned.with(|e| {
+        (
+            std::ptr::addr_eq(Arc::as_ptr(&e.space), Arc::as_ptr(space)),
+            e.device.clone(),
+        )
+    });
+    if ours {
+        return Ok(());
+    }
+    Err(Fail::invalid(format!(
+        "buffer {:#x} is of pool {value:#x}, on another device ({device}) than {name}: its \
+         IOVA would name other memory there; allocate it from a pool of the queue's device",
+        buffer.value(Kind::Buffer)
+    )))
+}
+
+/// Takes the buffer `ptr` out of its slot for queue `queue` (named `name`, on DMA space
+/// `space`), checking that it is on the host, of a pool mapped into `space` (an IOVA of
+/// another device's space names other memory on this one), and that `[offset, offset + len)`
+/// lies inside it; returns its key, its buffer and the IOVA of `offset`.
 pub(crate) fn take_for_queue(
     ptr: *const udma_buffer,
     offset: u64,
     len: u64,
     queue: u64,
     name: &str,
+    space: &Arc<dyn Space>,
 ) -> Result<(Key, HostBuffer, u64), Fail> {
     let mut guard = lock_buffer(ptr)?;
     let key = guard.key();
     guard.with(|b| {
+        same_space(b.pool, space, key, name)?;
         let owned = match &b.state {
             State::Host(owned) => owned,
             State::Queued(q) => {

@@ -28,6 +28,9 @@ pub struct udma_buffer {
 pub(crate) struct PoolEntry {
     pub(super) pool: Arc<Pool>,
     pub(super) device: String,
+    /// The DMA space its memory is mapped into (its device's): a queue takes buffers of
+    /// pools of its own space only. Held, so no other space reuses its address meanwhile.
+    pub(super) space: Arc<dyn udma::dma::Space>,
 }
 
 /// A buffer out of a C pool. Its `'static` is a promise `udma_pool_destroy` keeps, not a

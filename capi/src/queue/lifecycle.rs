@@ -35,8 +35,9 @@ pub(super) struct QueueEntry {
     pub(super) handle: u64,
     /// `loopback0 queue 1`, for messages.
     pub(super) name: String,
-    /// Keeps the device open for as long as the queue.
-    _device: Arc<Device>,
+    /// Keeps the device open for as long as the queue (and names its DMA space, which the
+    /// buffers it takes must be mapped into).
+    pub(super) device: Arc<Device>,
 }
 
 impl QueueEntry {
@@ -164,13 +165,13 @@ pub unsafe extern "C" fn udma_queue_create(
                 queue: Mutex::new(None),
                 handle: 0,
                 name: name.clone(),
-                _device: Arc::clone(&d),
+                device: Arc::clone(&d),
             }))?;
             let entry = Arc::new(QueueEntry {
                 queue: Mutex::new(Some(q)),
                 handle: key.value(Kind::Queue),
                 name,
-                _device: Arc::clone(&d),
+                device: Arc::clone(&d),
             });
             *table.get(key, key.value(Kind::Queue))? = entry;
             Ok::<_, Fail>(key)

@@ -31,6 +31,7 @@ unsafe fn submit(queue: *mut udma_queue, op: *const udma_op, ring: bool) -> Resu
                 op.len,
                 entry.handle,
                 &entry.name,
+                entry.device.runtime.dma_space(),
             )?),
             (false, true) => None,
         };
@@ -69,8 +70,9 @@ unsafe fn submit(queue: *mut udma_queue, op: *const udma_op, ring: bool) -> Resu
 /// Submits one op and rings the doorbell. Its buffer (if any) moves into the queue.
 ///
 /// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a bad opcode or argument, a buffer range past its
-/// end, or a buffer missing or superfluous; `UDMA_ERR_BUSY` for a buffer in a queue already;
-/// `UDMA_ERR_EXHAUSTED` when the ring is full (take completions first). On an error nothing
+/// end, a buffer of a pool on another device than the queue's (its IOVA would name other
+/// memory there), or a buffer missing or superfluous; `UDMA_ERR_BUSY` for a buffer in a queue
+/// already, or whose pool another thread is destroying; `UDMA_ERR_EXHAUSTED` when the ring is full (take completions first). On an error nothing
 /// was queued and the buffer stays the caller's.
 ///
 /// # Safety
