@@ -61,6 +61,10 @@ macro_rules! sized {
 }
 pub(crate) use sized;
 
+/// The largest `size` a caller's struct may declare: every struct of the header is far
+/// smaller, and a later version's grows by fields, not kilobytes.
+const MAX_STRUCT: usize = 4096;
+
 /// The size a caller's struct at `ptr` declares (`what`: the parameter, for messages).
 ///
 /// # Safety
@@ -72,7 +76,9 @@ pub(crate) unsafe fn declared<T>(ptr: *const T, what: &str, name: &str) -> Resul
     // SAFETY: non-null, and the caller's promise: the first field is readable. Unaligned read:
     // C aligns it, but a misaligned pointer must not be undefined behaviour here.
     let size = unsafe { ptr.cast::<usize>().read_unaligned() };
-    if size < size_of::<usize>() {
+    // Above `MAX_STRUCT` no version of any of these structs is that large: a size no memory
+    // has is refused before a slice is made of it.
+    if !(size_of::<usize>()..=MAX_STRUCT).contains(&size) {
         return Err(Fail::invalid(format!(
             "{what}->size is {size}: set it to sizeof({name}) (it is {} in this library)",
             size_of::<T>()

@@ -190,6 +190,26 @@ static void test_absurd_sizes_are_refused_with_a_status(void)
 	enum udma_status s = udma_pool_create(dev, &po, &huge);
 	CHECK(s == UDMA_ERR_EXHAUSTED || s == UDMA_ERR_INVALID_ARGUMENT);
 	CHECK(huge == NULL);
+	/* Lengths no memory has (SIZE_MAX): refused, or only the model's own sizes used, and
+	 * never made into a slice. */
+	udma_model *chain = NULL;
+	OK(udma_model_create_chain(2, 4096, &chain));
+	udma_pipeline *pl = NULL;
+	OK(udma_pipeline_create(dev, chain, NULL, &pl));
+	static uint8_t in[4096], out[4096], want[4096];
+	memset(in, 7, sizeof in);
+	FAILS(udma_pipeline_submit(pl, in, SIZE_MAX, NULL), UDMA_ERR_INVALID_ARGUMENT,
+	      "longer than the model's 4096-byte input");
+	OK(udma_model_expected(chain, in, sizeof in, want, sizeof want));
+	OK(udma_model_expected(chain, in, SIZE_MAX, out, SIZE_MAX));
+	CHECK(memcmp(out, want, sizeof out) == 0);
+	OK(udma_pipeline_destroy(pl));
+	OK(udma_model_destroy(chain));
+	/* A struct declaring more bytes than any version of it has. */
+	udma_queue_options qhuge = {.size = SIZE_MAX, .index = 0, .depth = 8};
+	FAILS(udma_queue_create(dev, &qhuge, &q), UDMA_ERR_INVALID_ARGUMENT, "set it to sizeof");
+	qhuge.size = 4097;
+	FAILS(udma_queue_create(dev, &qhuge, &q), UDMA_ERR_INVALID_ARGUMENT, "set it to sizeof");
 	OK(udma_pool_destroy(pool));
 	OK(udma_device_close(dev));
 

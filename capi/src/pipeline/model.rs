@@ -173,12 +173,17 @@ pub unsafe extern "C" fn udma_model_expected(
                 "result_len {result_len} is shorter than the model's {need_out}-byte result"
             )));
         }
-        // SAFETY: non-null and `input_len` readable bytes per this function's contract.
-        let input = unsafe { std::slice::from_raw_parts(input.cast::<u8>(), input_len) };
-        // SAFETY: non-null and `result_len` writable bytes per this function's contract, and
-        // not the library's memory (so not aliased by `input`'s slice of the caller's either:
-        // the contract gives two buffers).
-        let result = unsafe { std::slice::from_raw_parts_mut(result.cast::<u8>(), result_len) };
+        // Only the model's sizes are read and written: the slices are made that long, so a
+        // length no memory has (SIZE_MAX, say) never becomes a slice. Both fit in `usize`
+        // (each is at most the length given, checked above).
+        let (need_in, need_out) = (need_in as usize, need_out as usize);
+        // SAFETY: non-null and `need_in <= input_len` readable bytes per this function's
+        // contract.
+        let input = unsafe { std::slice::from_raw_parts(input.cast::<u8>(), need_in) };
+        // SAFETY: non-null and `need_out <= result_len` writable bytes per this function's
+        // contract, and not the library's memory (so not aliased by `input`'s slice of the
+        // caller's either: the contract gives two buffers).
+        let result = unsafe { std::slice::from_raw_parts_mut(result.cast::<u8>(), need_out) };
         // The model error's own code: no host memory is `UDMA_ERR_EXHAUSTED`, the rest a bad
         // argument.
         m.expected_into(input, result).map_err(lib)?;

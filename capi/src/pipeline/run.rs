@@ -232,18 +232,21 @@ pub unsafe extern "C" fn udma_pipeline_submit(
             return Err(Fail::null("input"));
         }
         let n = with_pipeline(pipeline, |p| {
-            let bytes: &[u8] = if len == 0 {
-                &[]
-            } else {
-                // SAFETY: non-null, `len` readable bytes per this function's contract.
-                unsafe { std::slice::from_raw_parts(input.cast::<u8>(), len) }
-            };
+            // Checked before any slice is made of it: a `len` no memory has (SIZE_MAX, say)
+            // is an error, not a slice.
             let want = p.model().input().bytes;
             if len as u64 > want {
                 return Err(Fail::invalid(format!(
                     "len {len} is longer than the model's {want}-byte input"
                 )));
             }
+            let bytes: &[u8] = if len == 0 {
+                &[]
+            } else {
+                // SAFETY: non-null, `len` readable bytes per this function's contract, and
+                // `len` is at most the model's input size (a slot's length, so a real size).
+                unsafe { std::slice::from_raw_parts(input.cast::<u8>(), len) }
+            };
             p.try_submit(|_, slot| slot.write(0, bytes))
                 .map_err(Fail::from)?
                 .ok_or_else(|| full(p))
