@@ -247,10 +247,48 @@ static void test_streams_over_an_engine_and_the_loopback_device(void)
 	OK(udma_device_close(dev));
 }
 
+/* An allocator that hands out an arena ending past 2^64 (256-byte aligned), or an unaligned
+ * one: what the next call gets is in `bad_at`. */
+static uint64_t bad_at;
+
+static int bad_alloc_arena(void *user, uint64_t bytes, uint64_t align, uint64_t *at)
+{
+	(void)user;
+	(void)bytes;
+	(void)align;
+	*at = bad_at;
+	return 0;
+}
+
+static void test_an_arena_past_2_64_or_unaligned_is_the_engines_error(void)
+{
+	struct memory_engine e;
+	memory_engine_init(&e);
+	udma_engine_ops ops = memory_engine_ops(0);
+	ops.alloc_arena = bad_alloc_arena;
+	udma_engine *engine = NULL;
+	OK(udma_engine_create(NULL, &ops, &e, &engine));
+	udma_model *m = model();
+	udma_pipeline *p = NULL;
+	udma_pipeline_options o = {.size = sizeof o, .depth = 2};
+	bad_at = UINT64_MAX - 255;
+	FAILS(udma_pipeline_create_on_engine(engine, m, &o, &p), UDMA_ERR_DEVICE,
+	      "no room for");
+	bad_at = 3;
+	FAILS(udma_pipeline_create_on_engine(engine, m, &o, &p), UDMA_ERR_DEVICE,
+	      "not aligned to 256 bytes");
+	CHECK(p == NULL);
+	OK(udma_model_destroy(m));
+	OK(udma_engine_destroy(engine));
+	CHECK(e.destroyed == 1);
+}
+
 int main(void)
 {
 	static const struct check_test tests[] = {
 		{"bad_tables", test_bad_tables},
+		{"an_arena_past_2_64_or_unaligned_is_the_engines_error",
+		 test_an_arena_past_2_64_or_unaligned_is_the_engines_error},
 		{"pipeline_on_engine", test_pipeline_on_engine},
 		{"streams_over_an_engine_and_the_loopback_device",
 		 test_streams_over_an_engine_and_the_loopback_device},
