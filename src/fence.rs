@@ -63,6 +63,17 @@ impl Fence {
         if !self.signalable {
             return Err(Error::NotSignalable);
         }
+        // An eventfd whose counter cannot take 1 more is signalled already (its counter is
+        // not 0); a write would block on one made without EFD_NONBLOCK (another process's,
+        // say), so it is not written. (Only a writer racing it to the maximum can make the
+        // write below wait, and then only until a waiter reads the counter.)
+        let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLOUT)];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(Error::Signal { source: e.into() }),
+        }
         match nix::unistd::write(&self.fd, &1u64.to_ne_bytes()) {
             Ok(_) => Ok(()),
             // The counter is at its maximum: signalled already.
@@ -301,6 +312,32 @@ mod tests {
         fence.wait(Some(Duration::ZERO)).unwrap();
         // A duplicate (what another process gets) sees the same state.
         assert!(fence.try_clone().unwrap().is_signalled().unwrap());
+    }
+
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Miri: tells eventfds apart by /proc/self/fd, which shows the interpreter's own descriptors, not Miri's emulated ones"
+    )]
+    fn a_blocking_eventfd_at_its_maximum_is_signalled_without_blocking() {
+        // Another process's fence, made without EFD_NONBLOCK, its counter at the largest
+        // value it holds (2^64 - 2): a write of 1 would block for good.
+        let raw = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC).unwrap();
+        let fd = OwnedFd::from(raw);
+        nix::unistd::write(&fd, &(u64::MAX - 1).to_ne_bytes()).unwrap();
+        let fence = Fence::from_fd(fd);
+        assert!(fence.is_signalable());
+        let (done, took) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = fence.signal().map_err(|e| e.to_string());
+            done.send((r, fence.is_signalled().map_err(|e| e.to_string())))
+                .unwrap();
+        });
+        let (signalled, seen) = took
+            .recv_timeout(Duration::from_secs(10))
+            .expect("signal returned (it blocked before)");
+        signalled.unwrap();
+        assert!(seen.unwrap());
     }
 
     #[test]
