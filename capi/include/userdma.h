@@ -537,7 +537,7 @@ typedef struct udma_loopback_options {
   size_t size;
   // Bytes of device memory (BAR 2); 0: 64 MiB.
   uint64_t memory_bytes;
-  // Queues (and interrupt vectors), 1 to 64; 0: 4.
+  // Queues (and interrupt vectors), 1 to 32; 0: 4.
   uint32_t queues;
   // A `udma_cost_model`; 0: `UDMA_COST_NPU`.
   uint32_t cost_model;
@@ -2192,13 +2192,13 @@ enum udma_status udma_queue_destroy(struct udma_queue *queue);
 // Errors: `UDMA_ERR_INVALID_ARGUMENT` for a bad opcode or argument, a buffer range past its
 // end, a buffer of a pool on another device than the queue's (its IOVA would name other
 // memory there), or a buffer missing or superfluous; `UDMA_ERR_BUSY` for a buffer in a queue
-// already, or whose pool another thread is destroying; `UDMA_ERR_EXHAUSTED` when the ring is full (take completions first). On an error nothing
+// already, or whose pool another thread is destroying; `UDMA_ERR_REMOVED` once the device is
+// removed; `UDMA_ERR_EXHAUSTED` when the ring is full (take completions first). On an error nothing
 // was queued and the buffer stays the caller's.
 //
 // # Safety
 // `op` points to `op->size` readable bytes.
-enum udma_status udma_queue_submit(struct udma_queue *queue,
-                                   const struct udma_op *op);
+enum udma_status udma_queue_submit(struct udma_queue *queue, const struct udma_op *op);
 
 // Queues one op without ringing the doorbell (`udma_queue_flush` rings it once for a batch).
 //

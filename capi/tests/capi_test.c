@@ -426,6 +426,8 @@ static void test_submit_errors(void)
 	FAILS(udma_queue_create(dev, &qo, &again), UDMA_ERR_INVALID_ARGUMENT, "3");
 	qo = (udma_queue_options){.size = sizeof qo, .index = 2, .unit = 5};
 	FAILS(udma_queue_create(dev, &qo, &again), UDMA_ERR_INVALID_ARGUMENT, "unit 5");
+	qo = (udma_queue_options){.size = sizeof qo, .index = 2, .reserved = 1};
+	FAILS(udma_queue_create(dev, &qo, &again), UDMA_ERR_INVALID_ARGUMENT, "reserved");
 
 	udma_buffer *b = NULL;
 	OK(udma_pool_alloc(pool, 512, &b));
@@ -678,6 +680,15 @@ static void test_device_removal(void)
 	CHECK(removed == 1);
 	FAILS(udma_queue_wait(q, 5 * SECOND, &c), UDMA_ERR_REMOVED, "removed");
 	CHECK(strcmp(udma_status_name(UDMA_ERR_REMOVED), "UDMA_ERR_REMOVED") == 0);
+	/* Nothing more is queued on a removed device, and the buffer stays the caller's. */
+	udma_buffer *late = NULL;
+	OK(udma_pool_alloc(pool, 64, &late));
+	udma_op after = {.size = sizeof after, .opcode = UDMA_OP_TO_DEVICE, .buffer = late,
+			 .len = 64};
+	FAILS(udma_queue_submit(q, &after), UDMA_ERR_REMOVED, "nothing queued");
+	FAILS(udma_queue_push(q, &after), UDMA_ERR_REMOVED, "destroy the queue");
+	CHECK(info_of(late).state == UDMA_BUFFER_HOST);
+	OK(udma_pool_free(pool, late));
 	for (int i = 0; i < 3; i++)
 		CHECK(info_of(bs[i]).state == UDMA_BUFFER_IN_QUEUE);
 	OK(udma_queue_destroy(q));

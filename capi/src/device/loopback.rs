@@ -32,7 +32,7 @@ pub struct udma_loopback_options {
     pub size: usize,
     /// Bytes of device memory (BAR 2); 0: 64 MiB.
     pub memory_bytes: u64,
-    /// Queues (and interrupt vectors), 1 to 64; 0: 4.
+    /// Queues (and interrupt vectors), 1 to 32; 0: 4.
     pub queues: u32,
     /// A `udma_cost_model`; 0: `UDMA_COST_NPU`.
     pub cost_model: u32,
@@ -57,7 +57,7 @@ fn loopback_config(o: &udma_loopback_options) -> Result<loopback::Config, Fail> 
     }
     if o.queues != 0 {
         let queues = u16::try_from(o.queues)
-            .map_err(|_| Fail::invalid(format!("queues {} is above 64", o.queues)))?;
+            .map_err(|_| Fail::invalid(format!("queues {} is above 32", o.queues)))?;
         config = config.queues(queues);
     }
     config = match o.cost_model {

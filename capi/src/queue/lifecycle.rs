@@ -144,6 +144,12 @@ pub unsafe extern "C" fn udma_queue_create(
                 o.flags
             )));
         }
+        if o.reserved != 0 {
+            return Err(Fail::invalid(format!(
+                "options->reserved is {:#x}: set it to 0",
+                o.reserved
+            )));
+        }
         let wait = if o.flags & UDMA_QUEUE_POLL != 0 {
             Wait::Poll
         } else {

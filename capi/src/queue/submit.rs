@@ -15,6 +15,17 @@ unsafe fn submit(queue: *mut udma_queue, op: *const udma_op, ring: bool) -> Resu
     // SAFETY: per the caller's contract.
     let op = unsafe { abi::read(op, "op", udma_op::default())? };
     with_queue(queue, |entry, q| {
+        // A removed device runs nothing: the op would sit in the queue until its destroy.
+        if entry.device.runtime.device().is_removed() {
+            return Err(Fail::new(
+                udma_status::UDMA_ERR_REMOVED,
+                format!(
+                    "{} was removed: nothing queued; destroy the queue (the buffers it holds \
+                     come back with udma_queue_destroy)",
+                    entry.name
+                ),
+            ));
+        }
         let wants_buffer = matches!(op.opcode, 1 | 2);
         let taken = match (wants_buffer, op.buffer.is_null()) {
             (true, true) => {
@@ -72,7 +83,8 @@ unsafe fn submit(queue: *mut udma_queue, op: *const udma_op, ring: bool) -> Resu
 /// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a bad opcode or argument, a buffer range past its
 /// end, a buffer of a pool on another device than the queue's (its IOVA would name other
 /// memory there), or a buffer missing or superfluous; `UDMA_ERR_BUSY` for a buffer in a queue
-/// already, or whose pool another thread is destroying; `UDMA_ERR_EXHAUSTED` when the ring is full (take completions first). On an error nothing
+/// already, or whose pool another thread is destroying; `UDMA_ERR_REMOVED` once the device is
+/// removed; `UDMA_ERR_EXHAUSTED` when the ring is full (take completions first). On an error nothing
 /// was queued and the buffer stays the caller's.
 ///
 /// # Safety
