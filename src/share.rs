@@ -331,7 +331,9 @@ pub fn send(socket: BorrowedFd<'_>, items: &[Item<'_>]) -> Result<(), Error> {
 ///
 /// # Errors
 /// [`Error::Count`], [`Error::Malformed`] for records a receiver would refuse;
-/// [`Error::Send`] when the socket refuses.
+/// [`Error::DmaBuf`] for a dma-buf record whose descriptor is not one, [`Error::Length`] for
+/// one whose length is not the buffer's (what [`decode`] refuses); [`Error::Send`] when the
+/// socket refuses.
 pub fn send_records(
     socket: BorrowedFd<'_>,
     items: &[(Record, BorrowedFd<'_>)],
@@ -339,6 +341,23 @@ pub fn send_records(
     let records: Vec<Record> = items.iter().map(|&(record, _)| record).collect();
     let bytes = encode_records(&records)?;
     decode_records(&bytes, items.len())?;
+    // The receiver's dma-buf checks, on a duplicate (closed after): a message it would refuse
+    // is not sent.
+    for (record, fd) in items {
+        if record.kind != KIND_DMABUF {
+            continue;
+        }
+        let dup = fd
+            .try_clone_to_owned()
+            .map_err(|source| Error::Send { source })?;
+        let buf = DmaBuf::from_fd(dup).map_err(|source| Error::DmaBuf { source })?;
+        if buf.len() as u64 != record.len {
+            return Err(Error::Length {
+                said: record.len,
+                actual: buf.len() as u64,
+            });
+        }
+    }
     let fds: Vec<BorrowedFd<'_>> = items.iter().map(|&(_, fd)| fd).collect();
     send_bytes(socket, &bytes, &fds)
 }

@@ -2427,18 +2427,21 @@ enum udma_status udma_pipeline_fence(struct udma_pipeline *pipeline, uint64_t fr
 // (a `SOCK_SEQPACKET` or datagram socket keeps messages whole). The message is checked as
 // the receiver will check it before it is sent.
 //
-// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a bad count, kind, length or page size, or a closed
-// descriptor; `UDMA_ERR_SYSTEM` when the socket refuses.
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a bad count, kind, length or page size, a closed
+// descriptor, or a dma-buf item whose descriptor is not a dma-buf of that length; `UDMA_ERR_SYSTEM` when the socket refuses.
 //
 // # Safety
 // `items` points to `count` readable items.
-enum udma_status udma_share_send(int32_t socket, const struct udma_share_item *items, size_t count);
+enum udma_status udma_share_send(int32_t socket,
+                                 const struct udma_share_item *items,
+                                 size_t count);
 
 // Receives one message from Unix socket `socket` into `items` (room for `capacity`) and sets
 // `*count`; every received descriptor is the caller's to close. Blocks as the socket does.
 //
-// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a malformed message (every descriptor it brought
-// is closed) or one with more items than `capacity` (the same); `UDMA_ERR_NOT_FOUND` when the
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a capacity of 0 (nothing is read), a malformed
+// message (every descriptor it brought is closed) or one with more items than `capacity`
+// (the same); `UDMA_ERR_NOT_FOUND` when the
 // peer closed the socket; `UDMA_ERR_SYSTEM` when the socket fails.
 //
 // # Safety

@@ -320,8 +320,8 @@ const _: () = assert!(UDMA_SHARE_MAX_ITEMS == share::MAX_ITEMS);
 /// (a `SOCK_SEQPACKET` or datagram socket keeps messages whole). The message is checked as
 /// the receiver will check it before it is sent.
 ///
-/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a bad count, kind, length or page size, or a closed
-/// descriptor; `UDMA_ERR_SYSTEM` when the socket refuses.
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a bad count, kind, length or page size, a closed
+/// descriptor, or a dma-buf item whose descriptor is not a dma-buf of that length; `UDMA_ERR_SYSTEM` when the socket refuses.
 ///
 /// # Safety
 /// `items` points to `count` readable items.
@@ -379,8 +379,9 @@ pub unsafe extern "C" fn udma_share_send(
 /// Receives one message from Unix socket `socket` into `items` (room for `capacity`) and sets
 /// `*count`; every received descriptor is the caller's to close. Blocks as the socket does.
 ///
-/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a malformed message (every descriptor it brought
-/// is closed) or one with more items than `capacity` (the same); `UDMA_ERR_NOT_FOUND` when the
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a capacity of 0 (nothing is read), a malformed
+/// message (every descriptor it brought is closed) or one with more items than `capacity`
+/// (the same); `UDMA_ERR_NOT_FOUND` when the
 /// peer closed the socket; `UDMA_ERR_SYSTEM` when the socket fails.
 ///
 /// # Safety
@@ -395,6 +396,12 @@ pub unsafe extern "C" fn udma_share_recv(
     call("udma_share_recv", || {
         let items = abi::out(items, "items")?;
         let count = abi::out(count, "count")?;
+        // Refused before the socket is read: no message fits, and one taken would be lost.
+        if capacity == 0 {
+            return Err(Fail::invalid(
+                "capacity is 0: pass room for up to UDMA_SHARE_MAX_ITEMS items",
+            ));
+        }
         let socket = borrowed(socket, "socket")?;
         let received = share::recv(socket).map_err(lib)?;
         if received.len() > capacity {

@@ -96,6 +96,17 @@ static void test_share(void)
 	FAILS(udma_share_send(sv[0], items, 0), UDMA_ERR_INVALID_ARGUMENT, "count 0");
 	FAILS(udma_share_send(sv[0], items, UDMA_SHARE_MAX_ITEMS + 1), UDMA_ERR_INVALID_ARGUMENT, "count 17");
 	FAILS(udma_share_send(sv[0], NULL, 1), UDMA_ERR_INVALID_ARGUMENT, "items is NULL");
+	/* A dma-buf item whose descriptor is not one: refused as the receiver would refuse it. */
+	bad = (udma_share_item){.kind = UDMA_SHARE_DMABUF, .fd = fence, .len = UINT64_MAX};
+	FAILS(udma_share_send(sv[0], &bad, 1), UDMA_ERR_INVALID_ARGUMENT, "dma-buf");
+
+	/* No room at all: refused before the socket is read, so the message waits. */
+	udma_share_item one = {.kind = UDMA_SHARE_FENCE, .fd = fence};
+	OK(udma_share_send(sv[0], &one, 1));
+	FAILS(udma_share_recv(sv[1], got, 0, &n), UDMA_ERR_INVALID_ARGUMENT, "capacity is 0");
+	OK(udma_share_recv(sv[1], got, 4, &n));
+	CHECK(n == 1 && got[0].kind == UDMA_SHARE_FENCE);
+	close(got[0].fd);
 
 	/* More items than room: refused, and the descriptors that came are closed. */
 	int p[2];

@@ -200,3 +200,32 @@ fn a_closed_peer_is_reported() {
     drop(a);
     assert!(matches!(recv(b.as_fd()), Err(Error::Closed)));
 }
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: fstatfs on an eventfd and a memfd, which Miri does not emulate"
+)]
+fn a_dma_buf_record_that_is_not_one_is_refused_before_it_is_sent() {
+    let (ours, theirs) = pair();
+    let not_a_dmabuf = Fence::new().unwrap().into_fd();
+    let record = Record {
+        kind: KIND_DMABUF,
+        page_size: None,
+        len: u64::MAX,
+    };
+    let err = send_records(ours.as_fd(), &[(record, not_a_dmabuf.as_fd())]).unwrap_err();
+    assert!(matches!(err, Error::DmaBuf { .. }), "{err}");
+    // Nothing reached the other end.
+    let flags = nix::sys::socket::MsgFlags::MSG_DONTWAIT;
+    let mut byte = [0u8; 1];
+    let got = nix::sys::socket::recv(theirs.as_raw_fd(), &mut byte, flags);
+    assert_eq!(got, Err(nix::errno::Errno::EAGAIN));
+    // A fence record may carry it (a receiver makes any descriptor a fence).
+    let fence = Record {
+        kind: KIND_FENCE,
+        page_size: None,
+        len: 0,
+    };
+    send_records(ours.as_fd(), &[(fence, not_a_dmabuf.as_fd())]).unwrap();
+}
