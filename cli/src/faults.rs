@@ -36,8 +36,10 @@ pub(crate) struct FaultsArgs {
     /// slow.
     #[arg(long, value_name = "K,...", value_delimiter = ',', value_parser = parse_kind)]
     kinds: Option<Vec<Kind>>,
-    /// Seed of the transfers and of the device's fault generator (the same seed repeats the
-    /// same run).
+    /// Seed of the transfers and of the device's fault generator: the same seed gives the same
+    /// transfers and the same faults on the same descriptors. What depends on the threads'
+    /// timing can differ from run to run: the faults masked by a recovery (the device goes on
+    /// until its reset), bursts late with no slow fault, timeouts on a loaded machine.
     #[arg(long, value_name = "S", default_value_t = 1)]
     seed: u64,
     /// Write a trace of the soak to this file (Chrome trace-event JSON: open it in Perfetto's

@@ -3,12 +3,12 @@
 //!
 //! A queue is given an [`Injection`]: which [`Kind`]s of fault to inject and a [`Trigger`]
 //! (the next N descriptors of the queue, or each descriptor with a probability, drawn from a
-//! seeded generator so a run repeats exactly). The host programs it through the fault
-//! registers of BAR 0 ([`regs::FaultRegs`]), so injection works the same whether the engine is
-//! a thread or a device process ([`Mode`](super::Mode)); [`Loopback::inject`] does the
-//! register writes. The device counts every fault it injects, per queue and kind, in
-//! registers the host reads ([`Loopback::injected`]), so a test reconciles what was injected
-//! with what the host detected.
+//! seeded generator so the same descriptors get the same faults). The host programs it
+//! through the fault registers of BAR 0 ([`regs::FaultRegs`]), so injection works the same
+//! whether the engine is a thread or a device process ([`Mode`](super::Mode));
+//! [`Loopback::inject`] does the register writes. The device counts every fault it injects,
+//! per queue and kind, in registers the host reads ([`Loopback::injected`]), so a test
+//! reconciles what was injected with what the host detected.
 //!
 //! What each kind does to the descriptor it hits (the engine's side is in `engine.rs`):
 //!

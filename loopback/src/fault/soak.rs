@@ -18,19 +18,32 @@
 //! | a completion with [`StatusCode::BadContext`](crate::StatusCode::BadContext) (the host sent the right context) | [`Kind::CorruptDescriptor`] | the same |
 //! | [`ring::Error::LostCompletion`] | [`Kind::DropCompletion`] | recovery |
 //! | [`ring::Error::DuplicateCompletion`] | [`Kind::CompleteTwice`] | recovery |
-//! | [`ring::Error::WrongCommand`] | [`Kind::WrongId`] | recovery |
+//! | [`ring::Error::WrongCommand`] naming a command of the burst `p` (2 or more) past the oldest in flight, not the newest | `p` × [`Kind::DropCompletion`] (the device read those `p` and completed none) | recovery |
+//! | [`ring::Error::WrongCommand`] naming the burst's newest command `p` (2 or more) past the oldest | [`Kind::WrongId`] if one was injected into the burst, else `p` × [`Kind::DropCompletion`] (see below) | recovery |
+//! | [`ring::Error::WrongCommand`] naming no command of the burst in flight | [`Kind::WrongId`] | recovery |
 //! | a timeout, the device past the oldest command ([`ring::Error::Stalled`] `read`) | [`Kind::DropCompletion`] (of the burst's last) | recovery |
 //! | a timeout, the device not past it | [`Kind::Stall`] | recovery |
 //! | the burst's last completion [`Plan::slow`] or more after the doorbell | [`Kind::Slow`] (completed late) | — |
+//!
+//! A run of dropped completions followed by a completion looks to an in-order queue like a
+//! wrong id when the run is two or more long (it reports only one lost completion, the next
+//! command's arriving, as [`ring::Error::LostCompletion`]). The device's wrong id names the
+//! burst's newest command or an id not in flight ([`Kind::WrongId`]), so a completion naming
+//! another command of the burst is the end of such a run. One naming the newest command is
+//! either: the burst's injected counters tell which (with no wrong id injected into the
+//! burst, nothing else can have named it).
 //!
 //! After the burst's completions the host polls once more, for a duplicate of the last; one
 //! the device writes only after that poll is met by the next burst (and reconciled there).
 //!
 //! Recovery is [`Loopback::recover`] (reset, then the queue's shutdown hands every payload
-//! back) and a new queue. A transfer counts as verified when both its completions succeeded:
-//! its destination must then hold exactly its source bytes. Every destination slot, verified
-//! or not, must still hold the canary outside the transferred range. Both are counted in
-//! [`Report::corrupted_bytes`].
+//! back) and a new queue; then the device's fault generator is programmed anew, seeded from
+//! the plan's seed and the next burst's number (until the reset the device went on serving
+//! the burst, and drawing faults for it, as far as the threads' timing let it: programmed
+//! anew, the same seed hits the same descriptors in every run). A transfer counts as
+//! verified when both its completions succeeded: its destination must then hold exactly its
+//! source bytes. Every destination slot, verified or not, must still hold the canary outside
+//! the transferred range. Both are counted in [`Report::corrupted_bytes`].
 //!
 //! # Accounting
 //!
@@ -78,7 +91,10 @@ pub struct Plan {
     pub rate: f64,
     /// The kinds injected (one drawn per fault).
     pub kinds: Vec<Kind>,
-    /// The seed of the transfers and of the device's fault generator.
+    /// The seed of the transfers and of the device's fault generator (programmed anew from
+    /// it after each recovery): the same seed gives the same transfers and the same faults on
+    /// the same descriptors. The faults a recovery masks, bursts late with no slow fault and
+    /// timeouts no fault explains depend on the threads' timing.
     pub seed: u64,
     /// Transfers per burst (1 to 32).
     pub burst: usize,
@@ -301,10 +317,6 @@ pub fn run_observed(
             .cost(Cost::zero())
             .memory_size(64 << 10),
     )?);
-    if plan.rate > 0.0 {
-        let injection = Injection::random(&plan.kinds, plan.rate, plan.seed).delay(plan.slow);
-        device.inject(QUEUE, &injection)?;
-    }
     let leaks_before = ring::leaks();
     let host =
         userdma::runtime::map_memory(device.dma_space().as_ref(), 2 * 32 * SLOT, PageSize::Base)
@@ -321,6 +333,7 @@ pub fn run_observed(
         carried: Counts::default(),
         observed: None,
     };
+    soak.program_faults(0)?;
     let start = Instant::now();
     let mut queue = soak.open()?;
     let mut burst = 0u64;
@@ -383,6 +396,12 @@ struct Seen {
     /// (not a completion seen missing): a drop, or an engine thread descheduled between
     /// reading a descriptor and completing it.
     read_timeouts: u64,
+    /// A completion naming the burst's newest command with this many (2 or more) before it
+    /// in flight: the device's wrong id for the oldest (or for a later one, the completions
+    /// before it lost), or every completion before it lost. The burst's injected counters
+    /// tell which: with no wrong id injected into the burst it is the newest command's own
+    /// completion. 0: none.
+    lost_or_wrong: u64,
     /// A protocol fault or a timeout: the queue must be recovered.
     recover: bool,
     late: bool,
@@ -393,6 +412,26 @@ impl Soak {
         Ok(self
             .device
             .open_queue(ring::Config::new(128).with_id(QUEUE), Wait::Interrupt)?)
+    }
+
+    /// Programs the device's fault generator for the bursts from `burst` on: seeded with the
+    /// plan's seed for the first, and after each recovery anew with a seed drawn from the
+    /// plan's and the burst's number. Between a protocol fault and the reset the device serves
+    /// (and draws faults for) as many of the burst's remaining descriptors as the threads'
+    /// timing lets it; programmed anew, the generator hits the same descriptors in every run
+    /// of a seed.
+    fn program_faults(&self, burst: u64) -> Result<(), Error> {
+        if self.plan.rate > 0.0 {
+            let seed = match burst {
+                0 => self.plan.seed,
+                // splitmix64's output, a bijection of its state: a seed per burst.
+                _ => super::Prng::new(self.plan.seed ^ burst.rotate_left(32)).next(),
+            };
+            let injection =
+                Injection::random(&self.plan.kinds, self.plan.rate, seed).delay(self.plan.slow);
+            self.device.inject(QUEUE, &injection)?;
+        }
+        Ok(())
     }
 
     fn src(&self, i: usize) -> usize {
@@ -408,3 +447,6 @@ impl Soak {
 fn nanos(time: Duration) -> u64 {
     u64::try_from(time.as_nanos()).unwrap_or(u64::MAX)
 }
+
+#[cfg(test)]
+mod tests;

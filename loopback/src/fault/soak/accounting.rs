@@ -60,6 +60,16 @@ impl Soak {
         injected = injected.plus(&self.carried);
         self.carried = Counts::default();
         let mut detected = seen.detected;
+        // A completion naming the burst's newest command past two or more in flight: the
+        // device's wrong id if it injected one into the burst, else (nothing else names it)
+        // the newest command's own, the completions before it lost.
+        if seen.lost_or_wrong > 0 {
+            if injected.wrong_id > detected.wrong_id {
+                detected.wrong_id += 1;
+            } else {
+                detected.drop_completion += seen.lost_or_wrong;
+            }
+        }
         // A slow injection is seen as a late burst.
         if injected.slow > 0 && seen.late {
             detected.slow = injected.slow;

@@ -21,6 +21,8 @@ impl Soak {
         n: usize,
     ) -> Result<Queue<Token>, Error> {
         let mut transfers = [Transfer::default(); 32];
+        // The command ids of the burst's descriptors, in the order they were pushed.
+        let mut ids = [0u16; 64];
         let mut bytes = [0u8; SLOT];
         let slice = self.host.slice();
         let iova = |offset: usize| self.host.iova(offset).expect("inside the mapping");
@@ -45,11 +47,14 @@ impl Soak {
                 (Descriptor::to_host(device_at, iova(dst), len).build(), true),
             ];
             for (desc, to_host) in halves {
-                if let Err(rejected) = queue.push(desc, Token { transfer, to_host }) {
-                    return Err(Error::Ring {
-                        burst,
-                        source: rejected.error,
-                    });
+                match queue.push(desc, Token { transfer, to_host }) {
+                    Ok(id) => ids[2 * i + usize::from(to_host)] = id,
+                    Err(rejected) => {
+                        return Err(Error::Ring {
+                            burst,
+                            source: rejected.error,
+                        })
+                    }
                 }
             }
         }
@@ -67,7 +72,8 @@ impl Soak {
                 }
                 Err(error) => {
                     let error = queue.explain(error);
-                    detect(&mut seen, error).map_err(|source| Error::Ring { burst, source })?;
+                    detect(&mut seen, error, &ids[..2 * n])
+                        .map_err(|source| Error::Ring { burst, source })?;
                     break;
                 }
             }
@@ -86,9 +92,8 @@ impl Soak {
                         },
                     })
                 }
-                Err(error) => {
-                    detect(&mut seen, error).map_err(|source| Error::Ring { burst, source })?
-                }
+                Err(error) => detect(&mut seen, error, &ids[..2 * n])
+                    .map_err(|source| Error::Ring { burst, source })?,
             }
         }
         let taken = Instant::now();
@@ -106,6 +111,7 @@ impl Soak {
             // were not all taken.
             queue = self.open()?;
             recovery = Some((began, Instant::now()));
+            self.program_faults(burst + 1)?;
         }
         self.observed = Some(super::Observed {
             burst,
@@ -151,8 +157,9 @@ impl Soak {
 }
 
 /// Counts the fault `error` shows and marks the burst for recovery; an error no injected
-/// fault explains is handed back.
-fn detect(seen: &mut Seen, error: ring::Error) -> Result<(), ring::Error> {
+/// fault explains is handed back. `ids` are the burst's command ids in the order they were
+/// pushed (and announced, by one doorbell).
+fn detect(seen: &mut Seen, error: ring::Error, ids: &[u16]) -> Result<(), ring::Error> {
     let kind = match error {
         ring::Error::LostCompletion { .. } => Kind::DropCompletion,
         ring::Error::Stalled { read: true, .. } => {
@@ -160,11 +167,39 @@ fn detect(seen: &mut Seen, error: ring::Error) -> Result<(), ring::Error> {
             Kind::DropCompletion
         }
         ring::Error::DuplicateCompletion { .. } => Kind::CompleteTwice,
-        ring::Error::WrongCommand { .. } => Kind::WrongId,
+        ring::Error::WrongCommand { expected, got, .. } => match skipped(ids, expected, got) {
+            // A completion of a command of the burst with `lost` (2 or more) before it in
+            // flight: the device read those and wrote no completion for any of them — a run
+            // of dropped completions, which the ring reports as a wrong command id (only the
+            // next command's completion is a `LostCompletion` to it). The device's wrong id
+            // names the burst's newest command or none in flight (`fault::Kind::WrongId`),
+            // so only a completion naming the newest can be either.
+            Some(lost) if ids.last() == Some(&got) => {
+                seen.lost_or_wrong = lost;
+                seen.recover = true;
+                return Ok(());
+            }
+            Some(lost) => {
+                *seen.detected.get_mut(Kind::DropCompletion) += lost;
+                seen.recover = true;
+                return Ok(());
+            }
+            None => Kind::WrongId,
+        },
         ring::Error::Stalled { read: false, .. } => Kind::Stall,
         other => return Err(other),
     };
     *seen.detected.get_mut(kind) += 1;
     seen.recover = true;
     Ok(())
+}
+
+/// How many commands a completion naming `got` passed over when `expected` was the oldest in
+/// flight, if both are commands of the burst (`ids`, in announced order) and it passed over
+/// two or more (one is a [`ring::Error::LostCompletion`]).
+fn skipped(ids: &[u16], expected: Option<u16>, got: u16) -> Option<u64> {
+    let at = |id| ids.iter().position(|&x| x == id);
+    let (expected, got) = (at(expected?)?, at(got)?);
+    let lost = got.checked_sub(expected).filter(|&lost| lost >= 2)?;
+    u64::try_from(lost).ok()
 }
