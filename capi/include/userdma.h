@@ -2543,8 +2543,10 @@ enum udma_status udma_owner_free(struct udma_owner_client *client, uint64_t offs
 // at least the stream's `input_bytes` and `result_bytes` long). Its completion carries `tag`;
 // give each frame in flight its own tag (the library matches a completion to its
 // submission by stream and tag to know when its buffers are free). No system call while the
-// owner is busy. A stream this client did not declare, or a span outside its pool, is not
-// an error here: the frame completes with `UDMA_OWNER_STATUS_REFUSED`.
+// owner is busy. A stream this client did not declare, an offset that is no buffer of
+// `udma_owner_alloc`'s (never allocated, freed, or inside one) or a buffer shorter than the
+// stream needs is not an error here: the frame completes with `UDMA_OWNER_STATUS_REFUSED`,
+// nothing read or written. The input and the result may be the same buffer.
 //
 // Errors: `UDMA_ERR_BUSY` when the client has its limit of frames in flight (take
 // completions first); `UDMA_ERR_NOT_FOUND` after the owner went away.

@@ -259,6 +259,31 @@ static void test_frames(void)
 	CHECK(done.status == UDMA_OWNER_STATUS_REFUSED && done.tag == 203);
 	CHECK(!written(&out[0]));
 
+	/* Buffers too short for the stream, an offset inside a buffer, and a freed buffer are
+	 * refused too, and nothing beyond them is written: not the buffer after a short one. */
+	udma_owner_buffer shorty = alloc(c, 100);
+	udma_owner_buffer victim = alloc(c, 4 * s.result_bytes);
+	fill_result(&shorty);
+	fill_result(&victim);
+	OK(udma_owner_submit(c, s.stream, in[0].offset, shorty.offset, 204));
+	OK(wait_one(c, &done));
+	CHECK(done.status == UDMA_OWNER_STATUS_REFUSED && done.tag == 204);
+	OK(udma_owner_submit(c, s.stream, shorty.offset, out[0].offset, 205));
+	OK(wait_one(c, &done));
+	CHECK(done.status == UDMA_OWNER_STATUS_REFUSED && done.tag == 205);
+	OK(udma_owner_submit(c, s.stream, in[0].offset, victim.offset + 256, 206));
+	OK(wait_one(c, &done));
+	CHECK(done.status == UDMA_OWNER_STATUS_REFUSED && done.tag == 206);
+	CHECK(!written(&shorty) && !written(&victim) && !written(&out[0]));
+	udma_owner_buffer gone = alloc(c, s.result_bytes);
+	uint64_t gone_at = gone.offset;
+	OK(udma_owner_free(c, gone.offset));
+	OK(udma_owner_submit(c, s.stream, in[0].offset, gone_at, 207));
+	OK(wait_one(c, &done));
+	CHECK(done.status == UDMA_OWNER_STATUS_REFUSED && done.tag == 207);
+	OK(udma_owner_free(c, shorty.offset));
+	OK(udma_owner_free(c, victim.offset));
+
 	/* The client's limit of frames in flight. */
 	OK(udma_owner_get_info(c, &info));
 	for (uint32_t i = 0; i < info.max_in_flight; i++)

@@ -63,8 +63,10 @@ pub const STATUS_OK: u32 = 0;
 pub const STATUS_FAILED: u32 = 1;
 /// The frame was in flight when the device was reset (or its reset failed): submit it again.
 pub const STATUS_LOST: u32 = 2;
-/// The owner refused the submission: an unknown stream, or a buffer outside the client's
-/// pool or too short for the model (the tag says which submission).
+/// The submission was refused and nothing was read or written (the tag says which): by the
+/// owner, for a stream not the client's, or a span outside the client's pool, misaligned or
+/// not contiguous for the device; or by the client before sending it, for a buffer too short
+/// for the model or one it did not allocate ([`crate::Client::submit_spans`]).
 pub const STATUS_REFUSED: u32 = 3;
 /// The device was removed.
 pub const STATUS_REMOVED: u32 = 4;
@@ -77,7 +79,9 @@ pub fn status_name(status: u32) -> &'static str {
         STATUS_OK => "ok",
         STATUS_FAILED => "failed on the device",
         STATUS_LOST => "lost to a device reset",
-        STATUS_REFUSED => "refused (unknown stream, or a buffer outside the pool or too short)",
+        STATUS_REFUSED => {
+            "refused (unknown stream, or a buffer outside the pool, not allocated or too short)"
+        }
         STATUS_REMOVED => "the device was removed",
         STATUS_CLOSED => "its stream was closed",
         _ => "unknown status",

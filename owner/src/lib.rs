@@ -32,7 +32,7 @@ pub mod server;
 mod spin;
 
 #[cfg(not(loom))]
-pub use self::client::{Client, Event, Options, Stats, Stream, StreamDecl};
+pub use self::client::{Client, Event, Options, Span, Stats, Stream, StreamDecl};
 #[cfg(not(loom))]
 pub use self::error::Error;
 pub use self::proto::EventKind;

@@ -9,6 +9,9 @@
 //! - a client SIGKILLed mid-stream: the others' frames all right and their rates kept; its
 //!   pool unmapped and nothing of it left in the owner's accounting;
 //! - a uid not allowed refused at the door; hostile messages and rings close that client only;
+//! - a frame naming a buffer too short for its stream, one not allocated, or an offset where no
+//!   buffer can start refused with nothing written (the next buffers untouched), and a
+//!   client's offsets reaching only its own pool;
 //! - an owner restart waited for; a removed device told to every client;
 //! - stats: an administrator sees every client's streams by name and the device's counters;
 //!   anyone else its own client only.
@@ -27,7 +30,7 @@ use userdma_loopback::fault::{Injection, Kind};
 use userdma_loopback::{self as loopback, Cost, LoopbackRuntime};
 use userdma_owner::proto::OwnerFigures;
 use userdma_owner::server::{Access, Config, Entry, LoopbackCounters, Owner};
-use userdma_owner::{chan, Client, EventKind, Options, StreamDecl};
+use userdma_owner::{chan, Client, EventKind, Options, Span, StreamDecl};
 
 const ROLE: &str = "USERDMA_OWNER_TEST_ROLE";
 const WAIT: Duration = Duration::from_secs(20);
@@ -655,6 +658,186 @@ fn hostile_messages_and_rings_close_that_client_only() {
     assert_eq!(f.closed, 3, "{f:?}");
     assert_eq!(f.clients, 1);
     let _ = HOSTILE;
+}
+
+/// What a binding that keeps a table of its buffers knows of `b`.
+fn span(b: &userdma::pool::Buffer<'_>) -> Span {
+    Span {
+        offset: b.offset() as u64,
+        len: b.len() as u64,
+    }
+}
+
+/// Whether every byte of `b` is `byte`.
+fn all(b: &userdma::pool::Buffer<'_>, byte: u8) -> bool {
+    let mut got = vec![0u8; b.len()];
+    b.read(0, &mut got).unwrap();
+    got.iter().all(|&x| x == byte)
+}
+
+#[test]
+fn buffers_too_short_or_not_allocated_are_refused_with_nothing_written() {
+    let (_dir, socket) = tmp_socket("short");
+    let owner = start_owner(&socket, |c| c);
+    let mut client = Client::connect(&socket, &Options::default()).unwrap();
+    let stream = client.declare(&StreamDecl::new("s", "chain")).unwrap();
+    let (needed_in, needed_res) = (stream.input_bytes, stream.result_bytes);
+    let pool = Arc::clone(client.pool());
+    let input = pool.alloc(needed_in as usize).unwrap();
+    let result = pool.alloc(needed_res as usize).unwrap();
+    let mut scratch = vec![0u8; needed_in as usize];
+    fill("short", 0, &mut scratch);
+    input.write(0, &scratch).unwrap();
+    // A buffer far shorter than the stream's result, and buffers after it that a frame
+    // writing the stream's result bytes from its offset would overwrite (the C program of
+    // the report: 100 bytes, then a buffer of the client's; status ok and the buffer after it
+    // overwritten). Of 64 buffers of 100 bytes (one class), the lowest is the short one, the
+    // others those buffers.
+    let mut victims: Vec<_> = (0..64)
+        .map(|_| {
+            let v = pool.alloc(100).unwrap();
+            v.write(0, &[0xEE; 100]).unwrap();
+            v
+        })
+        .collect();
+    victims.sort_by_key(userdma::pool::Buffer::offset);
+    let short = victims.remove(0);
+    let reach = short.offset()..short.offset() + needed_res as usize;
+    assert!(
+        victims.iter().any(|v| reach.contains(&v.offset())),
+        "no buffer after the short one within the stream's result bytes: the test proves nothing"
+    );
+    let untouched = |what: &str| {
+        for v in &victims {
+            assert!(
+                all(v, 0xEE),
+                "{what}: the buffer at {:#x} was written",
+                v.offset()
+            );
+        }
+    };
+    let refused = |client: &mut Client, tag: u64, what: &str| {
+        let c = client.wait(Some(WAIT)).unwrap();
+        assert_eq!(
+            (c.status, c.tag),
+            (chan::STATUS_REFUSED, tag),
+            "{what}: {c:?}"
+        );
+        untouched(what);
+    };
+
+    // A result buffer too short, an input buffer too short (as its length, even though its
+    // block's 256 bytes are more than the length).
+    client
+        .submit_spans(stream.id, Some(span(&input)), Some(span(&short)), 1)
+        .unwrap();
+    refused(&mut client, 1, "a short result");
+    client
+        .submit_spans(stream.id, Some(span(&short)), Some(span(&result)), 2)
+        .unwrap();
+    refused(&mut client, 2, "a short input");
+    // A buffer the binding does not know (freed, never allocated, or an offset in the middle
+    // of one of its buffers), and a stream not declared.
+    client
+        .submit_spans(stream.id, Some(span(&input)), None, 3)
+        .unwrap();
+    refused(&mut client, 3, "an unknown result");
+    client
+        .submit_spans(stream.id, None, Some(span(&result)), 4)
+        .unwrap();
+    refused(&mut client, 4, "an unknown input");
+    client
+        .submit_spans(stream.id + 7, Some(span(&input)), Some(span(&result)), 5)
+        .unwrap();
+    refused(&mut client, 5, "a stream not declared");
+    assert_eq!(client.in_flight(), 0);
+    // The Rust API with the buffers themselves: an error, nothing sent.
+    match client.submit(&stream, &input, &short, 6) {
+        Err(userdma_owner::Error::ShortBuffer { what: "result", .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(client.poll().is_none());
+    untouched("Client::submit of a short result");
+    // Bare offsets where no buffer can start (inside the result buffer, inside the short
+    // one): the owner refuses them.
+    let (inside, in_short) = (result.offset() as u64 + 8, short.offset() as u64 + 4);
+    result.write(0, &vec![0xEE; result.len()]).unwrap();
+    client
+        .submit_offsets(stream.id, input.offset() as u64, inside, 7)
+        .unwrap();
+    refused(&mut client, 7, "a result offset inside a buffer");
+    client
+        .submit_offsets(stream.id, in_short, result.offset() as u64, 8)
+        .unwrap();
+    refused(&mut client, 8, "an input offset inside a buffer");
+    assert!(
+        all(&result, 0xEE),
+        "a refused frame wrote the result buffer"
+    );
+
+    // The client goes on: a frame of its right buffers runs, and so does one whose input and
+    // result are the same buffer (the input is read whole before the result is written).
+    let model = model();
+    let expected = model.expected(&scratch);
+    client
+        .submit_spans(stream.id, Some(span(&input)), Some(span(&result)), 9)
+        .unwrap();
+    let c = client.wait(Some(WAIT)).unwrap();
+    assert_eq!((c.status, c.tag), (chan::STATUS_OK, 9), "{c:?}");
+    let mut got = vec![0u8; needed_res as usize];
+    result.read(0, &mut got).unwrap();
+    assert_eq!(got, expected);
+    let both = pool.alloc(needed_in.max(needed_res) as usize).unwrap();
+    both.write(0, &scratch).unwrap();
+    client
+        .submit_spans(stream.id, Some(span(&both)), Some(span(&both)), 10)
+        .unwrap();
+    let c = client.wait(Some(WAIT)).unwrap();
+    assert_eq!((c.status, c.tag), (chan::STATUS_OK, 10), "{c:?}");
+    both.read(0, &mut got).unwrap();
+    assert_eq!(got, expected, "a frame in place");
+    untouched("the frames that ran");
+    let f = owner.figures();
+    assert_eq!((f.clients, f.closed), (1, 0), "{f:?}");
+}
+
+#[test]
+fn a_clients_offsets_reach_only_its_own_pool() {
+    let (_dir, socket) = tmp_socket("own-pool");
+    let owner = start_owner(&socket, |c| c);
+    let mut a = Client::connect(&socket, &Options::default()).unwrap();
+    let mut b = Client::connect(&socket, &Options::default()).unwrap();
+    let sa = a.declare(&StreamDecl::new("a", "chain")).unwrap();
+    let sb = b.declare(&StreamDecl::new("b", "chain")).unwrap();
+    let (pa, pb) = (Arc::clone(a.pool()), Arc::clone(b.pool()));
+    let a_input = pa.alloc(sa.input_bytes as usize).unwrap();
+    let a_result = pa.alloc(sa.result_bytes as usize).unwrap();
+    a_input.write(0, &vec![0xAA; a_input.len()]).unwrap();
+    a_result.write(0, &vec![0xEE; a_result.len()]).unwrap();
+    // B names A's buffers by their offsets, with buffers of its own there or not: the owner
+    // resolves them in B's pool (they lie inside it), so the frame runs on B's memory only.
+    let b_input = pb.alloc(sb.input_bytes as usize).unwrap();
+    let mut scratch = vec![0u8; b_input.len()];
+    fill("b", 0, &mut scratch);
+    b_input.write(0, &scratch).unwrap();
+    b.submit_offsets(sb.id, b_input.offset() as u64, a_result.offset() as u64, 1)
+        .unwrap();
+    b.submit_offsets(sb.id, a_input.offset() as u64, a_result.offset() as u64, 2)
+        .unwrap();
+    for _ in 0..2 {
+        let c = b.wait(Some(WAIT)).unwrap();
+        assert_eq!(c.status, chan::STATUS_OK, "{c:?}");
+    }
+    assert!(all(&a_result, 0xEE), "B's frame wrote A's result buffer");
+    assert!(all(&a_input, 0xAA), "B's frame wrote A's input buffer");
+    // A's own frame still reads and writes its own buffers.
+    a.submit(&sa, &a_input, &a_result, 3).unwrap();
+    let c = a.wait(Some(WAIT)).unwrap();
+    assert_eq!((c.status, c.tag), (chan::STATUS_OK, 3), "{c:?}");
+    let mut got = vec![0u8; a_result.len()];
+    a_result.read(0, &mut got).unwrap();
+    assert_eq!(got, model().expected(&vec![0xAA; a_input.len()]));
+    drop(owner);
 }
 
 const RESTART: &str = "an_owner_restart_is_waited_for_and_a_removal_is_told";

@@ -5,6 +5,8 @@ use crate::abi;
 use crate::device::timeout;
 use crate::error::{call, udma_status};
 
+use userdma_owner::Span;
+
 use super::{completion, fail, udma_owner_client, udma_owner_completion, with_client, Pending};
 
 /// Submits a frame of `stream`: the device reads the input at `input_offset` of the client's
@@ -12,8 +14,10 @@ use super::{completion, fail, udma_owner_client, udma_owner_completion, with_cli
 /// at least the stream's `input_bytes` and `result_bytes` long). Its completion carries `tag`;
 /// give each frame in flight its own tag (the library matches a completion to its
 /// submission by stream and tag to know when its buffers are free). No system call while the
-/// owner is busy. A stream this client did not declare, or a span outside its pool, is not
-/// an error here: the frame completes with `UDMA_OWNER_STATUS_REFUSED`.
+/// owner is busy. A stream this client did not declare, an offset that is no buffer of
+/// `udma_owner_alloc`'s (never allocated, freed, or inside one) or a buffer shorter than the
+/// stream needs is not an error here: the frame completes with `UDMA_OWNER_STATUS_REFUSED`,
+/// nothing read or written. The input and the result may be the same buffer.
 ///
 /// Errors: `UDMA_ERR_BUSY` when the client has its limit of frames in flight (take
 /// completions first); `UDMA_ERR_NOT_FOUND` after the owner went away.
@@ -30,10 +34,20 @@ pub unsafe extern "C" fn udma_owner_submit(
 ) -> udma_status {
     call("udma_owner_submit", || {
         with_client(client, |state| {
-            let spans = state.spans(stream, input_offset, result_offset);
+            // The owner cannot tell which buffer an offset starts nor how long it is: the
+            // buffers this library gave out and has not freed are the ones named, by this
+            // table; the client refuses the others, and those too short, before sending.
+            let known = |offset: u64| {
+                state.buffers.get(&offset).map(|b| Span {
+                    offset,
+                    len: b.len() as u64,
+                })
+            };
+            let (input, result) = (known(input_offset), known(result_offset));
+            let spans = state.spans(stream, input, result);
             state
                 .client
-                .submit_offsets(stream, input_offset, result_offset, tag)
+                .submit_spans(stream, input, result, tag)
                 .map_err(fail)?;
             state.pending.push(Pending { stream, tag, spans });
             Ok(())

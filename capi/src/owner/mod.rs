@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use udma::pool::OwnedBuffer;
 use userdma_owner::chan::{self, Completion};
-use userdma_owner::{proto, Client, Event, Options, Stream, StreamDecl};
+use userdma_owner::{proto, Client, Event, Options, Span, Stream, StreamDecl};
 
 use crate::abi;
 use crate::device::timeout;
@@ -132,16 +132,19 @@ impl State {
         self.client.pool().mapping().len() as u64
     }
 
-    /// The spans a frame of `stream` names, when the owner will take it: a stream of this
-    /// client's, both spans inside the pool's arena (as the owner checks them).
-    fn spans(&self, stream: u32, input: u64, result: u64) -> Option<[(u64, u64); 2]> {
+    /// The spans a frame of `stream` reads and writes, when it runs: a stream of this
+    /// client's and buffers of this library's at least as long as it needs (as
+    /// `Client::submit_spans` checks them; the owner's own checks pass for such buffers).
+    fn spans(
+        &self,
+        stream: u32,
+        input: Option<Span>,
+        result: Option<Span>,
+    ) -> Option<[(u64, u64); 2]> {
         let s = self.streams.iter().find(|s| s.id == stream)?;
-        let pool = self.client.pool();
-        let low = pool.arena_offset() as u64;
-        let high = low.saturating_add(pool.arena_len() as u64);
-        let span = |start: u64, len: u64| {
-            let end = start.checked_add(len)?;
-            (start >= low && end <= high).then_some((start, end))
+        let span = |b: Option<Span>, needed: u64| {
+            let b = b.filter(|b| b.len >= needed)?;
+            Some((b.offset, b.offset.checked_add(needed)?))
         };
         Some([span(input, s.input_bytes)?, span(result, s.result_bytes)?])
     }

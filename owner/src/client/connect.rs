@@ -130,6 +130,7 @@ impl Client {
             bell,
             streams: Vec::new(),
             events: VecDeque::new(),
+            refused: VecDeque::new(),
             max_streams,
             max_in_flight,
             in_flight: 0,

@@ -21,6 +21,23 @@
 //! and the owner's doorbell is rung only when the owner sleeps; [`Client::wait`] sleeps on
 //! the completion doorbell only when nothing has completed. The input and result buffers stay
 //! the client's own: the device reads the input and writes the result where they are.
+//!
+//! **Who checks a frame's buffers.** The owner refuses ([`crate::chan::STATUS_REFUSED`]) a
+//! frame of a stream that is not this client's, or whose input or result span (the stream's
+//! `input_bytes` or `result_bytes` from the offset named) is not inside this client's pool's
+//! buffer area, does not start where a buffer may start ([`userdma::pool::MIN_ALIGN`]) or is
+//! not contiguous for the device: so a frame reaches no memory but this client's own pool.
+//! Which buffer an offset starts, how long it is and whether it is still allocated, the owner
+//! cannot know: buffers are allocated in this process, from the pool's shared lists, which the
+//! owner does not trust. The client checks that before anything is sent: [`Client::submit`]
+//! takes the buffers themselves, [`Client::submit_spans`] the buffers a binding knows (the C
+//! library's table of the buffers it gave out), and refuses a buffer shorter than the stream
+//! needs, or one it does not know. [`Client::submit_offsets`] sends bare offsets: only the
+//! owner's checks apply, and a buffer too short for the stream has the device read or write
+//! past its end into this client's next buffers.
+//!
+//! The input and the result may be the same buffer: the device reads the whole input before it
+//! writes any of the result.
 
 use std::collections::VecDeque;
 use std::io;
@@ -137,6 +154,17 @@ impl StreamDecl {
     }
 }
 
+/// A buffer of [`Client::pool`] as a binding that keeps its own table of buffers knows it
+/// ([`Client::submit_spans`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// Where the buffer starts in the pool's region ([`userdma::pool::Buffer::offset`]).
+    pub offset: u64,
+    /// Its length ([`userdma::pool::Buffer::len`]): what was asked for, which the device may
+    /// read or write whole.
+    pub len: u64,
+}
+
 /// A declared stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stream {
@@ -200,6 +228,9 @@ pub struct Client {
     bell: Fence,
     streams: Vec<Stream>,
     events: VecDeque<Event>,
+    /// Frames the client refused before sending them ([`Client::submit_spans`]): their
+    /// completions, taken before the ring's.
+    refused: VecDeque<Completion>,
     max_streams: u32,
     max_in_flight: u32,
     in_flight: u32,
@@ -315,12 +346,15 @@ impl Client {
     }
 
     /// Submits a frame of `stream`: the device reads `input` and writes the result into
-    /// `result` (both from [`Client::pool`]); the completion carries `tag`.
+    /// `result` (both from [`Client::pool`], at least the stream's `input_bytes` and
+    /// `result_bytes` long; they may be the same buffer); the completion carries `tag`.
     ///
     /// # Errors
     /// [`Error::Full`] when this client has its limit of frames out (take completions);
-    /// [`Error::ShortBuffer`], [`Error::ForeignBuffer`], [`Error::Stream`] for arguments the
-    /// owner would refuse; [`Error::Gone`] after the owner left.
+    /// [`Error::ShortBuffer`] for a buffer shorter than the stream needs and
+    /// [`Error::ForeignBuffer`] for one of another pool (nothing is sent); [`Error::Gone`]
+    /// after the owner left. A stream that is not this client's is not an error here: the
+    /// owner refuses the frame ([`crate::chan::STATUS_REFUSED`]).
     pub fn submit(
         &mut self,
         stream: &Stream,
@@ -351,9 +385,75 @@ impl Client {
         )
     }
 
-    /// [`Client::submit`] by offsets in the pool's region (the owner checks them: a
-    /// completion with [`crate::chan::STATUS_REFUSED`] for a stream not this client's or a
-    /// buffer outside its pool).
+    /// Submits a frame of stream number `stream` whose buffers the caller names as it knows
+    /// them: `Some` span for a buffer of [`Client::pool`] it allocated and has not freed
+    /// (where the buffer starts, and its length), `None` for an offset that is no such
+    /// buffer. The binding of a language that cannot hold a [`Buffer`] (the C library, with
+    /// its table of the buffers it gave out) submits this way.
+    ///
+    /// A frame of a stream this client did not declare (or closed), with a `None` buffer, or
+    /// with a buffer shorter than the stream's `input_bytes` or `result_bytes` is refused
+    /// here: nothing is sent, nothing is read or written, and it completes with
+    /// [`crate::chan::STATUS_REFUSED`] and `tag` as a frame the owner refuses does (it counts
+    /// as in flight until its completion is taken). Otherwise the frame goes as
+    /// [`Client::submit_offsets`] sends it, and the owner checks the spans lie in this
+    /// client's pool. The input and the result may be the same buffer.
+    ///
+    /// # Errors
+    /// [`Error::Full`] when this client has its limit of frames out (take completions);
+    /// [`Error::Gone`] after the owner left.
+    pub fn submit_spans(
+        &mut self,
+        stream: u32,
+        input: Option<Span>,
+        result: Option<Span>,
+        tag: u64,
+    ) -> Result<(), Error> {
+        let fits = |span: Option<Span>, needed: u64| span.filter(|s| s.len >= needed);
+        let spans = self.streams.iter().find(|s| s.id == stream).and_then(|s| {
+            Some((
+                fits(input, s.input_bytes)?.offset,
+                fits(result, s.result_bytes)?.offset,
+            ))
+        });
+        match spans {
+            Some((input, result)) => self.submit_offsets(stream, input, result, tag),
+            None => self.refuse(stream, tag),
+        }
+    }
+
+    /// Completes a frame of `stream` with `tag` as refused, without sending it: it takes a
+    /// place among the frames out, as a frame the owner refuses does until its completion is
+    /// taken.
+    fn refuse(&mut self, stream: u32, tag: u64) -> Result<(), Error> {
+        if let Some(why) = self.gone {
+            return Err(Error::Gone { why });
+        }
+        if self.in_flight >= self.max_in_flight {
+            return Err(Error::Full {
+                in_flight: self.in_flight,
+                limit: self.max_in_flight,
+            });
+        }
+        self.refused.push_back(Completion {
+            stream,
+            status: crate::chan::STATUS_REFUSED,
+            tag,
+            latency_ns: 0,
+            wait_ns: 0,
+        });
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// Submits a frame by bare offsets in the pool's region, unchecked here: only the owner's
+    /// checks apply (a completion with [`crate::chan::STATUS_REFUSED`] for a stream not this
+    /// client's, or an offset whose span of the stream's `input_bytes` or `result_bytes` is
+    /// outside this client's pool, misaligned or not contiguous; see the module docs). The
+    /// owner cannot tell which buffer an offset starts nor how long it is: an offset in the
+    /// middle of a buffer, of a buffer freed, or of one shorter than the stream needs runs,
+    /// and the device reads or writes this client's pool past that buffer's end. Use
+    /// [`Client::submit`] with the buffers, or [`Client::submit_spans`] with their lengths.
     ///
     /// # Errors
     /// [`Error::Full`], [`Error::Gone`].
@@ -394,9 +494,13 @@ impl Client {
         Ok(())
     }
 
-    /// Takes one completion, without waiting.
+    /// Takes one completion, without waiting: a frame refused before it was sent
+    /// ([`Client::submit_spans`]) first, then the owner's.
     pub fn poll(&mut self) -> Option<Completion> {
-        let c = self.rings().ok()?.complete()?;
+        let c = match self.refused.pop_front() {
+            Some(c) => c,
+            None => self.rings().ok()?.complete()?,
+        };
         self.in_flight = self.in_flight.saturating_sub(1);
         Some(c)
     }

@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use userdma::pool::MIN_ALIGN;
 use userdma::Code;
 use userdma_infer::accel::HostSpan;
 use userdma_infer::sched::Nanos;
@@ -13,12 +14,21 @@ use super::{OnDevice, Owner, Pending};
 use crate::chan::{self, Completion};
 use crate::proto::{EventKind, Msg};
 
-/// The span of `len` bytes at `offset` of `pool`'s region, if it lies inside the pool's
-/// buffer area and is contiguous for the device.
+/// The span of `len` bytes at `offset` of `pool`'s region, if it can be one of the client's
+/// buffers: inside the pool's buffer area, starting where a buffer may start (every buffer's
+/// IOVA is aligned to [`MIN_ALIGN`]) and contiguous for the device.
+///
+/// That is all the owner can know of it. The client allocates its buffers in its own process,
+/// from lists in the shared pool's metadata that the owner neither reads nor trusts: which
+/// buffer an offset starts, how long that buffer is and whether it is still allocated are
+/// known to the client alone, whose library checks them before a frame is sent
+/// ([`crate::Client::submit`], [`crate::Client::submit_spans`]). A span that passes here lies
+/// in the client's own pool, so a frame that names the wrong bytes can only spoil that
+/// client's memory, never another client's or the owner's.
 fn span_of(pool: &userdma::pool::Pool, offset: u64, len: u64) -> Option<HostSpan> {
     let mapping = pool.mapping();
-    let start = pool.arena_offset() as u64;
-    let end = start + pool.arena_len() as u64;
+    let start = u64::try_from(pool.arena_offset()).ok()?;
+    let end = start.checked_add(u64::try_from(pool.arena_len()).ok()?)?;
     let last = offset.checked_add(len)?;
     if offset < start || last > end || len == 0 {
         return None;
@@ -29,6 +39,10 @@ fn span_of(pool: &userdma::pool::Pool, offset: u64, len: u64) -> Option<HostSpan
         return None;
     }
     let iova = mapping.iova(at)?;
+    // `MIN_ALIGN` is a `usize` power of two; it fits in a `u64`.
+    if iova.0 % MIN_ALIGN as u64 != 0 {
+        return None;
+    }
     // SAFETY: `at + len <= end <= mapping.len()`: the pointer stays inside the mapping.
     let ptr = unsafe { mapping.as_ptr().add(at) };
     Some(HostSpan { iova, ptr, len })
@@ -36,7 +50,8 @@ fn span_of(pool: &userdma::pool::Pool, offset: u64, len: u64) -> Option<HostSpan
 
 impl Owner {
     /// Takes every client's waiting submissions, as far as its in-flight limit and the room
-    /// in its completion ring allow; refuses the ones that name what is not the client's.
+    /// in its completion ring allow; refuses the ones that name a stream not the client's or
+    /// a span that cannot be a buffer of its pool (see `span_of`).
     /// Returns whether any was taken.
     pub(super) fn take_submissions(&mut self) -> bool {
         let now = self.now();
