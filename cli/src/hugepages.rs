@@ -57,13 +57,24 @@ pub(crate) enum Error {
     /// Encoding JSON failed.
     #[error("cannot encode the output as JSON")]
     Json(#[source] serde_json::Error),
+    /// More pages asked for than the machine has memory: refused before the pool is touched.
+    #[error(
+        "--reserve {count} pages of {label} is more than this machine's {total_mib} MiB of \
+         memory: ask for at most {most} (and leave the rest of the system room)"
+    )]
+    TooMany {
+        count: u64,
+        label: &'static str,
+        total_mib: u64,
+        most: u64,
+    },
 }
 
 impl Error {
     /// The documented exit code for this failure.
     pub(crate) fn exit_code(&self) -> u8 {
         match self {
-            Error::Memory(memory::Error::NoSuchPool { .. }) => exit::USAGE,
+            Error::Memory(memory::Error::NoSuchPool { .. }) | Error::TooMany { .. } => exit::USAGE,
             Error::Memory(memory::Error::SysfsWrite { source, .. })
                 if source.kind() == io::ErrorKind::PermissionDenied =>
             {
@@ -85,7 +96,10 @@ struct Report<'a> {
 /// `--sysfs-root`).
 pub(crate) fn run(args: &HugepagesArgs, json: bool, sysfs_root: &Path) -> Result<(), Error> {
     let reservation = match args.reserve {
-        Some(count) => Some(hugepages::reserve(sysfs_root, count, args.size, args.node)?),
+        Some(count) => {
+            fits_in_memory(count, args.size)?;
+            Some(hugepages::reserve(sysfs_root, count, args.size, args.node)?)
+        }
         None => None,
     };
     let status = hugepages::status(sysfs_root)?;
@@ -108,6 +122,35 @@ pub(crate) fn run(args: &HugepagesArgs, json: bool, sysfs_root: &Path) -> Result
         Some(reservation) => Ok(reservation.require_complete()?),
         None => Ok(()),
     }
+}
+
+/// Refuses a reservation larger than the machine's memory (`/proc/meminfo`'s `MemTotal`): the
+/// kernel would take what it can find, and leave the system without memory. Where the total
+/// cannot be read, the kernel decides.
+fn fits_in_memory(count: u64, size: PageSize) -> Result<(), Error> {
+    let Some(total) = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| mem_total_bytes(&text))
+    else {
+        return Ok(());
+    };
+    let page = size.bytes() as u64;
+    if count.checked_mul(page).is_some_and(|bytes| bytes <= total) {
+        return Ok(());
+    }
+    Err(Error::TooMany {
+        count,
+        label: size.label(),
+        total_mib: total >> 20,
+        most: total / page,
+    })
+}
+
+/// `MemTotal` of `/proc/meminfo`'s text, in bytes.
+fn mem_total_bytes(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// Where a pool is, in words.
@@ -203,6 +246,21 @@ mod tests {
         let err = Cli::try_parse_from(["hugepages", "--size", "4K"]).unwrap_err();
         assert!(err.to_string().contains("use 2M or 1G"), "{err}");
         assert!(Cli::try_parse_from(["hugepages", "--size", "3M"]).is_err());
+    }
+
+    #[test]
+    fn a_reservation_larger_than_memory_is_refused_before_the_pool_is_touched() {
+        assert_eq!(
+            mem_total_bytes("MemTotal:       24563716 kB\nMemFree: 1 kB\n"),
+            Some(24_563_716 * 1024)
+        );
+        assert_eq!(mem_total_bytes("MemFree: 1 kB\n"), None);
+        let err = fits_in_memory(u64::MAX, PageSize::Huge2M).unwrap_err();
+        assert_eq!(err.exit_code(), exit::USAGE);
+        let message = err.to_string();
+        assert!(message.contains("ask for at most"), "{message}");
+        assert!(fits_in_memory(1 << 40, PageSize::Huge1G).is_err());
+        fits_in_memory(1, PageSize::Huge2M).unwrap();
     }
 
     #[test]
