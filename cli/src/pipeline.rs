@@ -212,7 +212,11 @@ pub(crate) fn run(args: &PipelineArgs, json: bool) -> Result<(), Error> {
         for (name, r) in &recorders {
             text.push_str(&r.report().prometheus(&format!("userdma_{name}")));
         }
-        std::fs::write(file, text)?;
+        std::fs::write(file, text).map_err(|error| Error::WriteFile {
+            option: "--metrics",
+            path: file.clone(),
+            error,
+        })?;
     }
     let device = rt
         .loopback_device()

@@ -229,7 +229,7 @@ fn config(args: &ServeArgs, socket: PathBuf) -> Result<Config, Error> {
     let mut config = Config::new(socket);
     for m in &models {
         if config.models.iter().any(|e| e.name == m.name) {
-            return Err(Error::Owner(format!(
+            return Err(Error::Usage(format!(
                 "model {:?} given twice: name each model once",
                 m.name
             )));
@@ -279,7 +279,10 @@ fn runtime(config: &Config, queues: u16, cost: Cost) -> Result<Runtime, Error> {
 
 pub(crate) fn run(args: &ServeArgs, json: bool) -> Result<(), Error> {
     if let Some(bdf) = &args.bdf {
-        return Err(Error::Owner(format!(
+        if let Err(e) = bdf.parse::<userdma::pci::Bdf>() {
+            return Err(Error::Usage(format!("--bdf {bdf:?}: {e}")));
+        }
+        return Err(Error::Usage(format!(
             "{bdf}: the tool runs frames only on the loopback NPU; a device's own engine \
              (userdma_infer::accel::Accelerator) goes to userdma_owner::server::Owner::bind from \
              a program of yours"

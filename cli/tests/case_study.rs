@@ -265,4 +265,21 @@ fn bad_case_settings_are_usage_errors() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("userdma: error:"), "{args:?}: {err}");
     }
+    // More streams than a run schedules: refused before any run starts, saying the limit.
+    let streams: Vec<String> = (0..65).map(|i| format!("s{i}:0:asap")).collect();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_userdma"));
+    cmd.args(["demo", "--devices", "8", "--seconds", "1"]);
+    for s in &streams {
+        cmd.args(["--stream", s]);
+    }
+    let out = cmd.output().expect("userdma runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("schedules at most 64 in all"), "{err}");
+    // Nothing ran: no report.
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

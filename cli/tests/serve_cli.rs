@@ -93,6 +93,9 @@ fn a_pci_device_and_malformed_models_are_refused_with_what_to_do() {
         &["--model", "x=chain:2"],
         &["--model", "x=resnet"],
         &["--mode", "999"],
+        &["--model", "x=chain:2:16384", "--model", "x=chain:3:16384"],
+        &["--bdf", "zz"],
+        &["--bdf", "0000:00:03.0"],
     ] {
         let out = run(bad);
         assert_eq!(out.status.code(), Some(2), "{bad:?}");

@@ -50,13 +50,17 @@ pub enum Error {
     Caller(Box<dyn std::error::Error + Send + Sync + 'static>),
     /// A trace ([`crate::trace::Trace::save`]) could not be written to its file. Its code is
     /// [`Code::System`].
-    #[error("could not write the trace to {}: {source} (check that its directory exists and is writable)", path.display())]
+    #[error(
+        "could not write the trace to {}: {error} (check that its directory exists and is \
+         writable)",
+        path.display()
+    )]
     Trace {
         /// The file.
         path: std::path::PathBuf,
-        /// What the system said.
-        #[source]
-        source: std::io::Error,
+        /// What the system said (in the message, not a `source`: a one-line chain would say
+        /// it twice).
+        error: std::io::Error,
     },
 }
 

@@ -124,6 +124,14 @@ impl Mix {
                 });
             }
         }
+        // Checked before anything runs (the before run's scheduler would refuse them only
+        // once the other runs' setup is done).
+        if streams.len() > userdma_infer::sched::MAX_STREAMS {
+            return Err(Error::TooManyStreams {
+                count: streams.len(),
+                max: userdma_infer::sched::MAX_STREAMS,
+            });
+        }
         let devices = usize::from(args.devices);
         let device: Vec<usize> = (0..streams.len()).map(|i| i % devices).collect();
         let mut on_device = vec![0usize; devices];

@@ -28,6 +28,19 @@ pub(crate) enum Error {
     /// Writing the output failed.
     #[error("cannot write the output")]
     Output(#[from] std::io::Error),
+    /// Writing a file an option names failed.
+    #[error(
+        "cannot write {option} file {}: {error} (give a path in a directory you may write to)",
+        path.display()
+    )]
+    WriteFile {
+        /// The option (`--metrics`).
+        option: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why (in the message, not a `source`, which the one-line chain would repeat).
+        error: std::io::Error,
+    },
     /// Drawing a plot failed.
     #[error(transparent)]
     Plot(#[from] stats::Error),
@@ -51,6 +64,18 @@ pub(crate) enum Error {
         /// The most one device takes.
         max: usize,
     },
+    /// More streams than one run schedules.
+    #[error(
+        "{count} streams: a run of the case schedules at most {max} in all (the before run \
+         puts every stream under one round-robin scheduler, whatever --devices): give at most \
+         {max}"
+    )]
+    TooManyStreams {
+        /// Streams given.
+        count: usize,
+        /// The most a run takes.
+        max: usize,
+    },
     /// The scheduler refused the streams or the policy the options make. (Its message is
     /// this one's start: not a `source`, which would repeat it in the one-line chain.)
     #[error("{0}: change --k, --max-wait-ms or the streams")]
@@ -58,6 +83,10 @@ pub(crate) enum Error {
     /// The device owner (`serve`) or a client of it failed.
     #[error("{0}")]
     Owner(String),
+    /// Options that cannot go together or that the command does not take (what to do is in
+    /// the message).
+    #[error("{0}")]
+    Usage(String),
     /// A client of the device owner failed.
     #[error(transparent)]
     Client(#[from] userdma_owner::Error),
@@ -84,6 +113,8 @@ impl Error {
             Error::Model(_)
             | Error::DuplicateStream { .. }
             | Error::StreamsPerDevice { .. }
+            | Error::TooManyStreams { .. }
+            | Error::Usage(_)
             | Error::Schedule(_) => exit::USAGE,
             Error::Library(e) if e.code() == userdma::Code::InvalidArgument => exit::USAGE,
             _ => exit::FAILURE,

@@ -555,7 +555,7 @@ impl Trace {
         let path = path.as_ref();
         let io = |e: std::io::Error| crate::Error::Trace {
             path: path.to_path_buf(),
-            source: e,
+            error: e,
         };
         let file = std::fs::File::create(path).map_err(io)?;
         let mut out = std::io::BufWriter::new(file);
