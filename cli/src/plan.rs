@@ -5,12 +5,15 @@
 //!
 //! The text summary shows the tensors, the naive size, the lower bound, the arena, arena ÷
 //! lower bound, the saving against naive, every strategy's result from the same run with its
-//! time, and the total time. `--svg FILE` draws the arena (step across, offset up, one
-//! rectangle per tensor, the lower-bound step marked).
+//! time, and the total time. The chosen strategy runs to the end; the others (and for `exact`
+//! and `auto`, the heuristics the search starts from, but best fit) run only while a time
+//! `--budget` lasts, and one it cuts short is listed as skipped. `--svg FILE` draws the arena
+//! (step across, offset up, one rectangle per tensor, the lower-bound step marked).
 //!
 //! JSON (`--json`): exactly `{"arena_bytes", "lower_bound_bytes", "naive_bytes", "strategy",
 //! "optimal", "seconds", "tensors": [{"id", "offset", "bytes", "inplace_of"}]}` for the
-//! chosen strategy (`inplace_of`: the id whose memory the tensor took, or null).
+//! chosen strategy (`inplace_of`: the id whose memory the tensor took, or null); only that
+//! strategy runs.
 //!
 //! Bad input (unreadable file, malformed or truncated record, zero size, `first > last`,
 //! duplicate or unknown ids, colliding fixed offsets, overflowing sizes) exits with 2 and a
@@ -52,7 +55,9 @@ pub(crate) struct PlanArgs {
     #[arg(long)]
     inplace: bool,
 
-    /// How long the exact search may run: `1s`, `250ms`, or a node count `100000n`.
+    /// How long the exact search may run: `1s`, `250ms`, or a node count `100000n`. A time
+    /// budget also bounds the comparison: strategies other than the chosen one that do not
+    /// finish within it are skipped.
     #[arg(long, value_name = "TIME", default_value = "1s", value_parser = parse_budget)]
     budget: Budget,
 
@@ -265,18 +270,27 @@ pub(crate) fn run(args: &PlanArgs, json: bool) -> Result<(), Error> {
         path: path.clone(),
         source,
     })?;
-    let plans = plan::compare(&problem, args.budget);
-    for (p, s) in plans.iter().zip(Strategy::ALL) {
-        p.validate(&tensors).map_err(|source| Error::Invalid {
-            strategy: s,
-            source,
-        })?;
-    }
     let index = Strategy::ALL
         .iter()
         .position(|&s| s == args.strategy)
-        .expect("every strategy is in ALL");
-    let chosen = &plans[index];
+        .unwrap_or(Strategy::ALL.len() - 1);
+    // JSON reports the chosen strategy alone, so only it runs; the summary compares them all.
+    let mut plans = if json {
+        vec![None; Strategy::ALL.len()]
+    } else {
+        plan::compare_within(&problem, args.strategy, args.budget)
+    };
+    // `compare_within` always runs the chosen strategy.
+    let chosen = plans[index]
+        .take()
+        .unwrap_or_else(|| plan::plan_problem(&problem, args.strategy, args.budget));
+    for p in plans.iter().flatten().chain([&chosen]) {
+        p.validate(&tensors).map_err(|source| Error::Invalid {
+            strategy: p.strategy,
+            source,
+        })?;
+    }
+    let chosen = &chosen;
     if let Some(svg) = &args.svg {
         std::fs::write(svg, render_svg(&tensors, chosen)).map_err(|source| Error::Svg {
             path: svg.clone(),
@@ -297,7 +311,7 @@ pub(crate) fn run(args: &PlanArgs, json: bool) -> Result<(), Error> {
         text.push('\n');
         text
     } else {
-        summary(path, &problem, &plans, index, start.elapsed())
+        summary(path, &problem, &plans, chosen, index, start.elapsed())
     };
     let mut out = io::stdout().lock();
     out.write_all(text.as_bytes())
@@ -305,11 +319,17 @@ pub(crate) fn run(args: &PlanArgs, json: bool) -> Result<(), Error> {
         .map_err(Error::Output)
 }
 
-fn percent(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
+/// The share of `naive` that `arena` saves, as text. Nothing when there is nothing to place;
+/// no percentage when fixed offsets put the arena above the naive size (a negative "saving"
+/// that can run to 19 digits says nothing).
+fn saving(arena: u64, naive: u64) -> String {
+    if naive == 0 {
+        String::new()
+    } else if arena > naive {
+        ", larger than naive (fixed offsets)".to_owned()
     } else {
-        100.0 * part as f64 / whole as f64
+        let saved = 100.0 * (naive - arena) as f64 / naive as f64;
+        format!(", {saved:.1}% saved against naive")
     }
 }
 
@@ -317,11 +337,11 @@ fn percent(part: u64, whole: u64) -> f64 {
 fn summary(
     path: &Path,
     problem: &Problem,
-    plans: &[Plan],
+    plans: &[Option<Plan>],
+    chosen: &Plan,
     index: usize,
     total: Duration,
 ) -> String {
-    let chosen = &plans[index];
     let lb = chosen.lower_bound;
     let mut t = String::new();
     let _ = writeln!(
@@ -338,13 +358,17 @@ fn summary(
         "lower bound  {:>12} B (peak at step {})",
         lb.bytes, lb.step
     );
-    let _ = writeln!(
-        t,
-        "arena        {:>12} B = {:.4} x lower bound, {:.1}% saved against naive",
-        chosen.arena_bytes,
-        chosen.ratio(),
-        100.0 - percent(chosen.arena_bytes, chosen.naive_bytes)
-    );
+    if problem.is_empty() {
+        let _ = writeln!(t, "arena        {:>12} B (no tensors to place)", 0);
+    } else {
+        let _ = writeln!(
+            t,
+            "arena        {:>12} B = {:.4} x lower bound{}",
+            chosen.arena_bytes,
+            chosen.ratio(),
+            saving(chosen.arena_bytes, chosen.naive_bytes)
+        );
+    }
     let _ = writeln!(
         t,
         "strategy     {} ({}{}), {:.3} ms",
@@ -375,7 +399,14 @@ fn summary(
         "{:<18} {:>12} {:>8} {:>8} {:>11}",
         "strategy", "arena B", "x lower", "optimal", "time ms"
     );
-    for (p, s) in plans.iter().zip(Strategy::ALL) {
+    let mut skipped = false;
+    for (k, (p, s)) in plans.iter().zip(Strategy::ALL).enumerate() {
+        let p = if k == index { Some(chosen) } else { p.as_ref() };
+        let Some(p) = p else {
+            skipped = true;
+            let _ = writeln!(t, "{:<18} skipped: the budget ran out first", s.to_string());
+            continue;
+        };
         let name = if s == Strategy::Auto {
             format!("auto:{}", p.strategy)
         } else {
@@ -394,6 +425,13 @@ fn summary(
             p.ratio(),
             if p.optimal { "yes" } else { "no" },
             p.elapsed.as_secs_f64() * 1e3
+        );
+    }
+    if skipped {
+        let _ = writeln!(
+            t,
+            "(a longer --budget lets the skipped strategies finish; every pair of tensors live \
+             together costs them a step)"
         );
     }
     let _ = writeln!(t, "total time {:.3} ms", total.as_secs_f64() * 1e3);

@@ -154,3 +154,81 @@ fn cli_plan_bad_input_exits_2_naming_the_record() {
     let out = userdma(&["plan", "/nonexistent/x.csv"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn cli_plan_refuses_sizes_that_overflow_and_names_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("offbig.json");
+    std::fs::write(
+        &file,
+        r#"{"tensors":[{"id":0,"bytes":100,"first":0,"last":1,"offset":9223372036854775808},{"id":1,"bytes":9223372036854775807,"first":0,"last":1}]}"#,
+    )
+    .unwrap();
+    for strategy in ["auto", "greedy-size"] {
+        let out = userdma(&["plan", file.to_str().unwrap(), "--strategy", strategy]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{strategy}: {err}");
+        assert!(
+            err.contains("tensor 0") && err.contains("overflow"),
+            "{err}"
+        );
+        assert!(!err.contains("planner bug"), "{err}");
+    }
+}
+
+#[test]
+fn cli_plan_prints_no_meaningless_saving() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("empty.csv", "", "no tensors to place"),
+        ("header.csv", "id,lower,upper,size\n", "no tensors to place"),
+        ("empty.json", r#"{"tensors":[]}"#, "no tensors to place"),
+        (
+            "near.json",
+            r#"{"tensors":[{"id":0,"bytes":100,"first":0,"last":1,"offset":18446744073709551104}]}"#,
+            "larger than naive",
+        ),
+    ];
+    for (name, text, needle) in cases {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).unwrap();
+        let out = userdma(&["plan", file.to_str().unwrap()]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name}: {stdout}");
+        assert!(stdout.contains(needle), "{name}: {stdout}");
+        assert!(!stdout.contains("% saved"), "{name}: {stdout}");
+    }
+}
+
+#[test]
+fn cli_plan_keeps_other_strategies_to_the_budget() {
+    // 3,000 tensors all live together: the heuristics but best fit cost n² / 2 steps each.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("same.csv");
+    let text: String = (0..3_000)
+        .map(|i| format!("{i},0,1,{}\n", 1_000 + i * 7))
+        .collect();
+    std::fs::write(&file, text).unwrap();
+    let path = file.to_str().unwrap();
+    let out = userdma(&["plan", path, "--strategy", "greedy-size", "--budget", "0ms"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let row = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(!row("greedy-size").contains("skipped"), "{stdout}");
+    for name in ["colour", "first-fit", "best-fit", "exact", "auto"] {
+        assert!(row(name).contains("skipped"), "{name}: {stdout}");
+    }
+    // A node budget has no clock: every strategy runs.
+    let out = userdma(&["plan", path, "--strategy", "greedy-size", "--budget", "1n"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !stdout.contains("skipped"),
+        "{stdout}"
+    );
+}

@@ -1,6 +1,7 @@
 //! The planner's output, [`Plan`], and its independent checker, [`Plan::validate`].
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::time::Duration;
 
 use super::problem::{align_up, LowerBound};
@@ -192,38 +193,70 @@ impl Plan {
                 }
             }
         }
-        let root: Vec<usize> = (0..tensors.len())
-            .map(|i| {
-                let mut r = i;
-                for _ in 0..tensors.len() {
-                    match self.placements[r]
-                        .inplace_of
-                        .and_then(|of| position.get(&of))
-                    {
-                        Some(&j) => r = j,
-                        None => break,
-                    }
+        // Each tensor's root: the end of its `inplace_of` chain, each chain walked once (a
+        // cycle's members all get the member where the walk met it again).
+        const UNKNOWN: usize = usize::MAX;
+        const WALKING: usize = usize::MAX - 1;
+        let mut root = vec![UNKNOWN; tensors.len()];
+        let mut path = Vec::new();
+        for i in 0..tensors.len() {
+            path.clear();
+            let mut r = i;
+            let found = loop {
+                match root[r] {
+                    UNKNOWN => {}
+                    WALKING => break r,
+                    known => break known,
                 }
-                r
-            })
-            .collect();
+                root[r] = WALKING;
+                path.push(r);
+                match self.placements[r]
+                    .inplace_of
+                    .and_then(|of| position.get(&of))
+                {
+                    Some(&j) => r = j,
+                    None => break r,
+                }
+            };
+            for &p in &path {
+                root[p] = found;
+            }
+        }
+        // A sweep in time: tensors by first step; `live` holds those live at the current step
+        // by (offset, index). Tensors live together that do not share memory are disjoint, so
+        // a new one can only overlap the live ones starting within it, or those at the
+        // highest offset below it (a group sharing memory sits at one offset). The cost grows
+        // with n log n, not with the pairs of tensors live together.
         let mut order: Vec<usize> = (0..tensors.len()).collect();
         order.sort_by_key(|&i| (tensors[i].first, i));
-        for (k, &i) in order.iter().enumerate() {
-            for &j in &order[k + 1..] {
-                if tensors[j].first > tensors[i].last {
+        let mut live: BTreeMap<(u64, usize), ()> = BTreeMap::new();
+        let mut ending: BinaryHeap<Reverse<(u32, u64, usize)>> = BinaryHeap::new();
+        for &j in &order {
+            let t = &tensors[j];
+            while let Some(&Reverse((last, offset, i))) = ending.peek() {
+                if last >= t.first {
                     break;
                 }
-                let (pi, pj) = (&self.placements[i], &self.placements[j]);
-                let memory = pi.offset < ends[j] && pj.offset < ends[i];
-                if memory && root[i] != root[j] {
+                ending.pop();
+                live.remove(&(offset, i));
+            }
+            let offset = self.placements[j].offset;
+            let below = live.range(..(offset, 0)).next_back().map(|(&(o, _), ())| o);
+            let under = below
+                .into_iter()
+                .flat_map(|o| live.range((o, 0)..(o, usize::MAX)));
+            let within = live.range((offset, 0)..(ends[j], 0));
+            for (&(other_offset, i), ()) in under.chain(within) {
+                if other_offset < ends[j] && offset < ends[i] && root[i] != root[j] {
                     return Err(Invalid::Overlap {
                         a: tensors[i].id,
-                        b: tensors[j].id,
-                        step: tensors[j].first,
+                        b: t.id,
+                        step: t.first,
                     });
                 }
             }
+            live.insert((offset, j), ());
+            ending.push(Reverse((t.last, offset, j)));
         }
         Ok(())
     }

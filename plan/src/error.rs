@@ -78,9 +78,10 @@ pub enum Error {
         /// The tensor it collides with.
         other: String,
     },
-    /// A size rounded up to the alignment, an offset plus its size, or the sum of all sizes does
-    /// not fit in 64 bits.
-    #[error("{tensor}: sizes overflow 64 bits ({what})")]
+    /// A size rounded up to the alignment, an offset plus its size, the sum of all sizes, or the
+    /// highest fixed end plus the sizes of the tensors without a fixed offset does not fit in
+    /// 64 bits: an arena that large cannot be addressed.
+    #[error("{tensor}: sizes overflow 64 bits ({what}): use smaller sizes or lower fixed offsets")]
     Overflow {
         /// The tensor at which the sum overflowed.
         tensor: String,

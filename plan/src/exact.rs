@@ -127,7 +127,16 @@ pub(crate) fn search(
     // The search's tables hold every pair of blocks live together (and each block once per
     // section it spans): past MAX_PAIRS the incumbent stands, unproven, rather than the
     // tables taking gigabytes.
-    if outcome.optimal || overlapping_pairs(items) > MAX_PAIRS {
+    let (deadline, mut nodes_left) = match budget {
+        Budget::Time(d) => (start.checked_add(d), u64::MAX),
+        Budget::Nodes(n) => (None, n),
+    };
+    // Past the deadline already (the heuristics took the budget): not even the tables are
+    // built.
+    if outcome.optimal
+        || deadline.is_some_and(|d| Instant::now() >= d)
+        || overlapping_pairs(items) > MAX_PAIRS
+    {
         return outcome;
     }
     // The search places the free blocks; fixed ones are obstacles they go around.
@@ -158,10 +167,6 @@ pub(crate) fn search(
             offsets[i] = solution[k];
         }
         offsets
-    };
-    let (deadline, mut nodes_left) = match budget {
-        Budget::Time(d) => (Some(start + d), u64::MAX),
-        Budget::Nodes(n) => (None, n),
     };
     let shape = Shape::new(&sub, obstacles);
     // No arena ends below a fixed block's end.

@@ -24,8 +24,9 @@
 //! | [`problem`] | validation, alignment, in-place and alias groups, [`LowerBound`], naive size |
 //! | [`inplace`] | the built-in op tables for in-place reuse and aliasing |
 //! | `heuristics` | colour, greedy by size, first fit, best fit |
+//! | `timeline` | which blocks are live during a span of steps, for the heuristics |
 //! | [`exact`] | the branch and bound ([`Budget`]) |
-//! | [`strategy`] | [`Strategy`], [`plan()`], [`compare`] |
+//! | [`strategy`] | [`Strategy`], [`plan()`], [`compare`], [`compare_within`] |
 //! | [`arena`] | [`Plan`], [`Placement`], the independent checker ([`Invalid`]) |
 //! | [`multi`] | several models in one arena (sequential, concurrent) and per-shape-bucket plans |
 //! | [`levels`] | two memory levels: which tensors live in SRAM, and the share of touched bytes there |
@@ -48,12 +49,13 @@ pub mod onnx;
 pub mod problem;
 pub mod strategy;
 pub mod tensor;
+mod timeline;
 
 pub use arena::{Invalid, Placement, Plan};
 pub use error::Error;
 pub use exact::Budget;
 pub use problem::{LowerBound, Options, Problem, DEFAULT_ALIGN};
-pub use strategy::{compare, plan, plan_problem, Strategy, UnknownStrategy};
+pub use strategy::{compare, compare_within, plan, plan_problem, Strategy, UnknownStrategy};
 pub use tensor::{Kind, Tensor};
 
 /// The most tensors one plan takes (a million: model graphs have thousands); more is

@@ -101,6 +101,10 @@ impl Problem {
         let mut sizes = Vec::with_capacity(tensors.len());
         let mut naive: u64 = 0;
         let mut fixed_end: u64 = 0;
+        // The tensor ending highest, and the sum of the others' sizes: every planner places
+        // blocks at most that sum above the highest fixed end.
+        let mut highest: Option<usize> = None;
+        let mut free: u64 = 0;
         for (i, t) in tensors.iter().enumerate() {
             if t.bytes == 0 {
                 return Err(Error::ZeroSize { tensor: t.label() });
@@ -138,9 +142,22 @@ impl Problem {
                     tensor: t.label(),
                     what: "fixed offset plus size",
                 })?;
+                if end > fixed_end || highest.is_none() {
+                    highest = Some(i);
+                }
                 fixed_end = fixed_end.max(end);
+            } else {
+                // Cannot overflow: at most `naive`.
+                free += size;
             }
             sizes.push(size);
+        }
+        if let Some(h) = highest {
+            fixed_end.checked_add(free).ok_or_else(|| Error::Overflow {
+                tensor: tensors[h].label(),
+                what: "its fixed end plus the sizes of the tensors without a fixed offset, \
+                           which may all be placed above it",
+            })?;
         }
         for t in tensors {
             if let Some(&input) = t.inputs.iter().find(|i| !index.contains_key(i)) {

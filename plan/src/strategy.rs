@@ -81,6 +81,7 @@ impl FromStr for Strategy {
 }
 
 /// Offsets per block from one strategy, with the colour buffers.
+#[derive(Debug, Clone)]
 struct Raw {
     strategy: Strategy,
     offsets: Vec<u64>,
@@ -88,21 +89,22 @@ struct Raw {
     optimal: bool,
 }
 
-fn heuristic(problem: &Problem, strategy: Strategy) -> Raw {
+/// One heuristic's offsets, or `None` if `deadline` passed first.
+fn heuristic(problem: &Problem, strategy: Strategy, deadline: Option<Instant>) -> Option<Raw> {
     let items = &problem.items;
     let (offsets, buffers) = match strategy {
-        Strategy::Colour => heuristics::colour(items, problem.align),
-        Strategy::GreedySize => (heuristics::greedy_size(items), Vec::new()),
-        Strategy::FirstFit => (heuristics::first_fit(items), Vec::new()),
-        _ => (heuristics::best_fit(items), Vec::new()),
+        Strategy::Colour => heuristics::colour(items, problem.align, deadline)?,
+        Strategy::GreedySize => (heuristics::greedy_size(items, deadline)?, Vec::new()),
+        Strategy::FirstFit => (heuristics::first_fit(items, deadline)?, Vec::new()),
+        _ => (heuristics::best_fit(items, deadline)?, Vec::new()),
     };
     let optimal = arena(items, &offsets) <= problem.lower_bound.bytes;
-    Raw {
+    Some(Raw {
         strategy,
         offsets,
         buffers,
         optimal,
-    }
+    })
 }
 
 /// The heuristics in tie-break order: the first of equal arenas wins.
@@ -113,25 +115,39 @@ const HEURISTICS: [Strategy; 4] = [
     Strategy::Colour,
 ];
 
-/// The best heuristic, then the search (strategy `Exact`, or the winner for `Auto`).
-fn searched(problem: &Problem, strategy: Strategy, budget: Budget, start: Instant) -> Raw {
-    let items = &problem.items;
-    let mut best: Option<Raw> = None;
-    for h in HEURISTICS {
-        let raw = heuristic(problem, h);
-        let better = best
-            .as_ref()
-            .is_none_or(|b| arena(items, &raw.offsets) < arena(items, &b.offsets));
-        if better {
-            best = Some(raw);
-        }
+/// The heuristic the search always waits for, so it has a plan to start from: best fit
+/// sweeps the blocks in time order, its cost growing with the gaps among the live blocks
+/// rather than with every pair of them. The others may give up at the search's deadline (they
+/// take up to n² / 2 steps when every block is live with every other).
+const FALLBACK: Strategy = Strategy::BestFit;
+
+/// When a time budget runs out, if it can be told.
+fn deadline(budget: Budget, start: Instant) -> Option<Instant> {
+    match budget {
+        Budget::Time(d) => start.checked_add(d),
+        Budget::Nodes(_) => None,
     }
-    let best = best.expect("four heuristics ran");
+}
+
+/// The search from the best of `heuristics` (in [`HEURISTICS`] order, the first of equal
+/// arenas), named `Exact` if `strategy` is, or if it improved on them.
+fn search_from(
+    problem: &Problem,
+    strategy: Strategy,
+    heuristics: &[&Raw],
+    budget: Budget,
+    start: Instant,
+) -> Option<Raw> {
+    let items = &problem.items;
+    let best = heuristics
+        .iter()
+        .copied()
+        .min_by_key(|raw| arena(items, &raw.offsets))?;
     let out = exact::search(
         items,
         problem.align,
         problem.lower_bound.bytes,
-        best.offsets,
+        best.offsets.clone(),
         budget,
         start,
     );
@@ -140,15 +156,36 @@ fn searched(problem: &Problem, strategy: Strategy, budget: Budget, start: Instan
     } else {
         best.strategy
     };
-    Raw {
+    Some(Raw {
         strategy: winner,
         offsets: out.offsets,
         buffers: if winner == Strategy::Colour {
-            best.buffers
+            best.buffers.clone()
         } else {
             Vec::new()
         },
         optimal: out.optimal,
+    })
+}
+
+/// The heuristics, then the search from the best of them (strategy `Exact`, or the winner for
+/// `Auto`). Every heuristic but [`FALLBACK`] gives up at the budget's deadline.
+fn searched(problem: &Problem, strategy: Strategy, budget: Budget, start: Instant) -> Raw {
+    let deadline = deadline(budget, start);
+    let raws: Vec<Raw> = HEURISTICS
+        .iter()
+        .filter_map(|&h| heuristic(problem, h, if h == FALLBACK { None } else { deadline }))
+        .collect();
+    let refs: Vec<&Raw> = raws.iter().collect();
+    match search_from(problem, strategy, &refs, budget, start) {
+        Some(raw) => raw,
+        // Unreachable: the fallback always finishes. Its plan, should that ever change.
+        None => heuristic(problem, FALLBACK, None).unwrap_or(Raw {
+            strategy,
+            offsets: Vec::new(),
+            buffers: Vec::new(),
+            optimal: false,
+        }),
     }
 }
 
@@ -174,12 +211,18 @@ fn finish(problem: &Problem, raw: Raw, start: Instant) -> Plan {
     }
 }
 
-/// Plans an already validated problem with one strategy.
+/// Plans an already validated problem with one strategy. `Exact` and `Auto` run the
+/// heuristics first and keep to the budget (see [`FALLBACK`]); a heuristic asked for by name
+/// runs to the end.
 pub fn plan_problem(problem: &Problem, strategy: Strategy, budget: Budget) -> Plan {
     let start = Instant::now();
     let raw = match strategy {
         Strategy::Exact | Strategy::Auto => searched(problem, strategy, budget, start),
-        h => heuristic(problem, h),
+        h => match heuristic(problem, h, None) {
+            Some(raw) => raw,
+            // Unreachable: without a deadline every heuristic finishes.
+            None => searched(problem, strategy, budget, start),
+        },
     };
     finish(problem, raw, start)
 }
@@ -207,54 +250,86 @@ pub fn plan(
 /// Every strategy on one problem, in [`Strategy::ALL`] order, each with its own time. The
 /// heuristics run once each and the search once, from the best of them: `exact` and `auto`
 /// share that search (and its time, which includes the heuristics'), differing only in the
-/// name they report.
+/// name they report. Every strategy runs to the end, so a problem where every block is live
+/// with every other costs n² / 2 steps: [`compare_within`] keeps to the budget instead.
 pub fn compare(problem: &Problem, budget: Budget) -> Vec<Plan> {
-    let mut plans = Vec::with_capacity(Strategy::ALL.len());
-    let mut raws = Vec::with_capacity(4);
-    for h in &Strategy::ALL[..4] {
-        let start = Instant::now();
-        let raw = heuristic(problem, *h);
-        let offsets = raw.offsets.clone();
-        plans.push(finish(problem, raw, start));
-        raws.push((*h, offsets));
-    }
-    let heuristics_time: std::time::Duration = plans.iter().map(|p| p.elapsed).sum();
-    let best = HEURISTICS
-        .iter()
-        .map(|h| plans.iter().position(|p| p.strategy == *h).expect("ran"))
-        .fold(None::<usize>, |b, k| match b {
-            Some(b) if plans[b].arena_bytes <= plans[k].arena_bytes => Some(b),
-            _ => Some(k),
-        })
-        .expect("four heuristics");
+    run_all(problem, budget, |_| true)
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// [`compare`], keeping to a time budget: `chosen` runs to the end, the other strategies only
+/// while the budget lasts, from the start of the call. One the budget cuts short is `None`
+/// (skipped), as are `exact` and `auto` if the budget has run out before the search starts
+/// and `chosen` is a heuristic. For `exact` and `auto` the search starts from the best
+/// heuristic that finished (best fit always does). A [`Budget::Nodes`] budget has no clock:
+/// then every strategy runs, as in [`compare`].
+pub fn compare_within(problem: &Problem, chosen: Strategy, budget: Budget) -> Vec<Option<Plan>> {
+    let searching = matches!(chosen, Strategy::Exact | Strategy::Auto);
+    run_all(problem, budget, |s| {
+        s == chosen || (searching && s == FALLBACK)
+    })
+}
+
+/// Every strategy in [`Strategy::ALL`] order; those `must` does not name give up at the
+/// budget's deadline (`None`).
+fn run_all(
+    problem: &Problem,
+    budget: Budget,
+    must: impl Fn(Strategy) -> bool,
+) -> Vec<Option<Plan>> {
     let start = Instant::now();
-    let out = exact::search(
-        &problem.items,
-        problem.align,
-        problem.lower_bound.bytes,
-        raws[best].1.clone(),
-        budget,
-        start,
-    );
-    let winner = if out.improved {
-        Strategy::Exact
+    let deadline = deadline(budget, start);
+    let mut plans: Vec<Option<Plan>> = vec![None; Strategy::ALL.len()];
+    let mut raws = Vec::with_capacity(4);
+    // Those that must finish first, then the others cheapest first, so a budget cut skips as
+    // few as it can (colour and greedy by size cost the most when many blocks are live at once).
+    let mut run_order = [
+        Strategy::BestFit,
+        Strategy::FirstFit,
+        Strategy::GreedySize,
+        Strategy::Colour,
+    ];
+    run_order.sort_by_key(|&h| !must(h));
+    for h in run_order {
+        let began = Instant::now();
+        let raw = heuristic(problem, h, if must(h) { None } else { deadline });
+        if let Some(k) = Strategy::ALL.iter().position(|&s| s == h) {
+            plans[k] = raw.as_ref().map(|raw| finish(problem, raw.clone(), began));
+        }
+        raws.extend(raw);
+    }
+    let searching = must(Strategy::Exact) || must(Strategy::Auto);
+    let in_time = deadline.is_none_or(|d| Instant::now() < d);
+    let ranked: Vec<&Raw> = HEURISTICS
+        .iter()
+        .filter_map(|&h| raws.iter().find(|raw| raw.strategy == h))
+        .collect();
+    let searched = if searching || in_time {
+        search_from(problem, Strategy::Auto, &ranked, budget, start)
     } else {
-        plans[best].strategy
+        None
     };
-    for strategy in [Strategy::Exact, winner] {
-        let raw = Raw {
-            strategy,
-            offsets: out.offsets.clone(),
-            buffers: if strategy == Strategy::Colour {
-                plans[best].buffers.clone()
+    // `exact` and `auto`, the last two of `ALL`, share the search.
+    for (k, &strategy) in Strategy::ALL.iter().enumerate().skip(4) {
+        plans[k] = searched.as_ref().map(|raw| {
+            let name = if strategy == Strategy::Exact {
+                Strategy::Exact
             } else {
-                Vec::new()
-            },
-            optimal: out.optimal,
-        };
-        let mut plan = finish(problem, raw, start);
-        plan.elapsed += heuristics_time;
-        plans.push(plan);
+                raw.strategy
+            };
+            let raw = Raw {
+                strategy: name,
+                buffers: if name == Strategy::Colour {
+                    raw.buffers.clone()
+                } else {
+                    Vec::new()
+                },
+                ..raw.clone()
+            };
+            finish(problem, raw, start)
+        });
     }
     plans
 }

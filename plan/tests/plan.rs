@@ -421,3 +421,109 @@ fn minimalloc_instances_fit_their_capacity() {
         assert!(plan.arena_bytes <= CAPACITY, "{name}: {}", plan.arena_bytes);
     }
 }
+
+/// A small pseudo-random generator, so the random tests are the same on every run.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, m: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % m
+    }
+}
+
+#[test]
+fn the_validator_finds_an_overlap_exactly_when_a_pairwise_check_does() {
+    // The validator sweeps in time instead of comparing every pair live together.
+    let mut rng = Lcg(7);
+    let mut found = 0;
+    for _ in 0..2_000 {
+        let n = 1 + rng.below(12) as usize;
+        let tensors: Vec<Tensor> = (0..n as u64)
+            .map(|i| {
+                let first = rng.below(8) as u32;
+                Tensor::new(
+                    i,
+                    1 + rng.below(3) * 100,
+                    first,
+                    first + rng.below(4) as u32,
+                )
+            })
+            .collect();
+        let mut plan = run(&tensors, &bytes_only(), Strategy::FirstFit);
+        for p in &mut plan.placements {
+            if rng.below(3) == 0 {
+                p.offset = rng.below(6) * 100;
+            }
+        }
+        plan.arena_bytes = u64::MAX;
+        let pairwise = (0..n).any(|i| {
+            (i + 1..n).any(|j| {
+                let (a, b) = (&plan.placements[i], &plan.placements[j]);
+                tensors[i].overlaps(&tensors[j])
+                    && a.offset < b.offset + b.bytes
+                    && b.offset < a.offset + a.bytes
+            })
+        });
+        let verdict = plan.validate(&tensors);
+        assert_eq!(
+            matches!(verdict, Err(plan::Invalid::Overlap { .. })),
+            pairwise,
+            "{verdict:?} {tensors:?} {:?}",
+            plan.placements
+        );
+        found += usize::from(pairwise);
+    }
+    assert!(found > 100, "only {found} plans with an overlap");
+}
+
+#[test]
+fn sizes_that_could_place_a_tensor_past_2_pow_64_are_refused() {
+    // One tensor fixed at 2^63 and a free one of 2^63 - 1 bytes: every planner would place the
+    // free one above the fixed one, past 2^64.
+    let tensors = [
+        Tensor::new(0, 100, 0, 1).fixed(1 << 63),
+        Tensor::new(1, (1 << 63) - 1, 0, 1),
+    ];
+    let e = error(&tensors);
+    assert!(matches!(e, Error::Overflow { .. }), "{e}");
+    assert!(e.to_string().starts_with("tensor 0:"), "{e}");
+    // A fixed tensor alone near the top of the range is fine.
+    let tensors = [Tensor::new(0, 100, 0, 1).fixed(u64::MAX - 511)];
+    let plan = run(&tensors, &Options::default(), Strategy::Auto);
+    assert_eq!(plan.arena_bytes, u64::MAX - 255);
+}
+
+#[test]
+fn the_comparison_keeps_to_a_time_budget() {
+    // Every tensor live with every other: the heuristics but best fit cost n² / 2 steps. With
+    // the budget spent before they start, only the chosen strategy runs (and best fit, for
+    // the search's incumbent).
+    let tensors: Vec<Tensor> = (0..2_000u64)
+        .map(|i| Tensor::new(i, 256 + (i % 7) * 64, 0, 1))
+        .collect();
+    let problem = plan::Problem::new(&tensors, &Options::default()).unwrap();
+    let none = Budget::Time(std::time::Duration::ZERO);
+    let ran = |chosen| -> Vec<Strategy> {
+        plan::compare_within(&problem, chosen, none)
+            .iter()
+            .zip(Strategy::ALL)
+            .filter_map(|(p, s)| p.as_ref().map(|_| s))
+            .collect()
+    };
+    assert_eq!(ran(Strategy::GreedySize), [Strategy::GreedySize]);
+    assert_eq!(ran(Strategy::Colour), [Strategy::Colour]);
+    assert_eq!(
+        ran(Strategy::Auto),
+        [Strategy::BestFit, Strategy::Exact, Strategy::Auto]
+    );
+    // A node budget has no clock: everything runs, as `compare` does.
+    let all = plan::compare_within(&problem, Strategy::GreedySize, Budget::Nodes(1));
+    assert!(all.iter().all(Option::is_some));
+    for p in all.iter().flatten() {
+        p.validate(&tensors).unwrap();
+    }
+}

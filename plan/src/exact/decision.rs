@@ -97,7 +97,6 @@ impl<'a> Search<'a> {
     }
 
     pub(super) fn run(&mut self) -> Status {
-        let all: Vec<usize> = (0..self.items.len()).collect();
         let sections = self.shape.totals.len();
         if !self.check((0, sections), 0) {
             return Status::NotFound;
@@ -109,15 +108,57 @@ impl<'a> Search<'a> {
                 .map(|s| s + 1),
         );
         cutpoints.push(sections);
-        self.split(&all, &cutpoints)
+        // A loop over an explicit stack of frames, not recursion: the search goes one level
+        // deeper per block placed, which would overflow a thread's stack at some thousands of
+        // blocks. `parts[0]` is every block; each split pushes the preorder of the range it is
+        // solving and pops it when that range has its answer.
+        let mut parts: Vec<Vec<usize>> = vec![(0..self.items.len()).collect()];
+        let mut frames = vec![Frame::Split(Split {
+            part: 0,
+            cutpoints,
+            next: 0,
+        })];
+        // The answer of the frame popped last, for the frame below it.
+        let mut returned = None;
+        while let Some(frame) = frames.last_mut() {
+            let call = match frame {
+                Frame::Split(split) => self.resume_split(split, &mut parts, returned.take()),
+                Frame::Node(node) => self.resume_node(node, &parts, returned.take()),
+            };
+            match call {
+                Call::Push(frame) => frames.push(frame),
+                Call::Return(status) => {
+                    if let Some(Frame::Node(node)) = frames.pop() {
+                        self.spare.push(node.candidates);
+                    }
+                    returned = Some(status);
+                }
+            }
+        }
+        returned.unwrap_or(Status::Found)
     }
 
-    /// Solves the unplaced blocks of `blocks` in each range between consecutive cutpoints,
-    /// independently.
-    fn split(&mut self, blocks: &[usize], cutpoints: &[usize]) -> Status {
-        for w in cutpoints.windows(2) {
-            let (a, b) = (w[0], w[1]);
-            let sub: Vec<usize> = blocks
+    /// Goes on with a split: the unplaced blocks of `split.part` in each range between
+    /// consecutive cutpoints are solved independently, one range after the other. `returned`
+    /// is the answer for the range started last.
+    fn resume_split(
+        &mut self,
+        split: &mut Split,
+        parts: &mut Vec<Vec<usize>>,
+        mut returned: Option<Status>,
+    ) -> Call {
+        loop {
+            if let Some(status) = returned.take() {
+                parts.pop();
+                if status != Status::Found {
+                    return Call::Return(status);
+                }
+            }
+            let Some(&[a, b]) = split.cutpoints.get(split.next..split.next + 2) else {
+                return Call::Return(Status::Found);
+            };
+            split.next += 1;
+            let sub: Vec<usize> = parts[split.part]
                 .iter()
                 .copied()
                 .filter(|&j| {
@@ -127,17 +168,18 @@ impl<'a> Search<'a> {
             if sub.is_empty() {
                 continue;
             }
-            let status = self.solve_partition(sub, (a, b));
-            if status != Status::Found {
-                return status;
+            parts.push(self.preorder(sub));
+            let part = parts.len() - 1;
+            match self.enter(&parts[part], part, (a, b), 0, 0) {
+                Ok(node) => return Call::Push(Frame::Node(node)),
+                Err(status) => returned = Some(status),
             }
         }
-        Status::Found
     }
 
     /// A static preorder of `blocks` (MiniMalloc's letters: W lifetime width, A area, T the
-    /// largest section total it spans), then the search.
-    fn solve_partition(&mut self, mut blocks: Vec<usize>, range: (usize, usize)) -> Status {
+    /// largest section total it spans).
+    fn preorder(&self, mut blocks: Vec<usize>) -> Vec<usize> {
         let items = self.items;
         let shape = self.shape;
         let total = |i: usize| {
@@ -163,7 +205,7 @@ impl<'a> Search<'a> {
             )
         };
         blocks.sort_by_cached_key(|&i| key(i));
-        self.dfs(&blocks, range, 0, 0)
+        blocks
     }
 
     /// Cross-section inference over the sections of `range`, with `offset` the offset of the
@@ -204,22 +246,26 @@ impl<'a> Search<'a> {
         }
     }
 
-    fn dfs(
+    /// Enters a search node over the blocks `pre` (`parts[part]`): counts it against the
+    /// limits and collects the blocks that may go next. `Err` is an answer reached without
+    /// trying any: every block placed, nothing fits, or a limit reached.
+    fn enter(
         &mut self,
         pre: &[usize],
+        part: usize,
         range: (usize, usize),
         last_offset: u64,
         last_rank: usize,
-    ) -> Status {
+    ) -> Result<Node, Status> {
         self.nodes += 1;
         if self.nodes > self.limit {
-            return Status::Aborted;
+            return Err(Status::Aborted);
         }
         if self.nodes % 256 == 0 {
             if let Some(d) = self.deadline {
                 if Instant::now() >= d {
                     self.deadline_hit = true;
-                    return Status::Aborted;
+                    return Err(Status::Aborted);
                 }
             }
         }
@@ -244,24 +290,8 @@ impl<'a> Search<'a> {
         }
         if min_height == NONE {
             self.spare.push(candidates);
-            return Status::Found;
+            return Err(Status::Found);
         }
-        // Dominance: a block at or above `min_height` leaves a gap another block fills.
-        candidates.retain(|&(offset, _)| offset < min_height);
-        // Only the candidates that can be tried are sorted.
-        candidates.sort_unstable();
-        let status = self.branch(pre, range, &candidates);
-        self.spare.push(candidates);
-        status
-    }
-
-    /// Tries each candidate `(minimal offset, rank)` of a node in turn, in sorted order.
-    fn branch(
-        &mut self,
-        pre: &[usize],
-        range: (usize, usize),
-        candidates: &[(u64, usize)],
-    ) -> Status {
         // Every later placement is at or above the next one's offset, so every section's
         // unplaced blocks stack above it: an offset above `cap - the largest unplaced total`
         // fails, and so does every candidate after it (sorted by offset). This also covers the
@@ -272,66 +302,112 @@ impl<'a> Search<'a> {
             .max()
             .unwrap_or(0);
         let Some(highest) = self.capacity.checked_sub(largest) else {
-            return Status::NotFound;
+            self.spare.push(candidates);
+            return Err(Status::NotFound);
         };
-        for &(offset, r) in candidates {
-            if offset > highest {
-                break;
+        // Dominance: a block at or above `min_height` leaves a gap another block fills.
+        candidates.retain(|&(offset, _)| offset < min_height);
+        // Only the candidates that can be tried are sorted.
+        candidates.sort_unstable();
+        Ok(Node {
+            part,
+            range,
+            candidates,
+            next: 0,
+            highest,
+            trying: None,
+        })
+    }
+
+    /// Goes on with a node: tries each candidate `(minimal offset, rank)` in turn, in sorted
+    /// order. `returned` is the answer for the try in progress.
+    fn resume_node(
+        &mut self,
+        node: &mut Node,
+        parts: &[Vec<usize>],
+        mut returned: Option<Status>,
+    ) -> Call {
+        let pre = &parts[node.part];
+        loop {
+            if let Some(status) = returned.take() {
+                let Some(Try {
+                    block: i,
+                    marks,
+                    decomposed,
+                }) = node.trying.take()
+                else {
+                    // Only a try's search answers a node; this cannot happen.
+                    return Call::Return(status);
+                };
+                if decomposed {
+                    let (lo, hi) = (self.shape.sec_lo[i], self.shape.sec_hi[i]);
+                    for c in &mut self.cuts[lo..hi - 1] {
+                        *c += 1;
+                    }
+                }
+                self.unplace(i, marks);
+                if status != Status::NotFound {
+                    return Call::Return(status);
+                }
+                // Nothing unplaced overlaps it: if the rest fails with it here, it fails with
+                // any other candidate first, too ("hatless" pruning). Asked only on failure,
+                // after the undo, when the same blocks as during the try are placed but for
+                // `i` itself.
+                if self.shape.overlaps[i].iter().all(|&j| self.live[j] == NONE) {
+                    return Call::Return(status);
+                }
             }
+            let Some(&(offset, r)) = node.candidates.get(node.next) else {
+                return Call::Return(Status::NotFound);
+            };
+            if offset > node.highest {
+                return Call::Return(Status::NotFound);
+            }
+            node.next += 1;
             let i = pre[r];
             let marks = (self.undo_min.len(), self.undo_floor.len());
             let changed = self.place(i, offset);
-            let (lo, hi) = (changed.0.max(range.0), changed.1.min(range.1));
+            let (lo, hi) = (changed.0.max(node.range.0), changed.1.min(node.range.1));
             // Only the sections whose blocks moved or left can have stopped fitting.
-            let status = if (lo..hi).all(|s| self.section_fits(s, offset)) {
-                self.decompose(pre, range, offset, r, i)
-            } else {
-                Status::NotFound
-            };
-            self.unplace(i, marks);
-            if status != Status::NotFound {
-                return status;
+            if !(lo..hi).all(|s| self.section_fits(s, offset)) {
+                node.trying = Some(Try {
+                    block: i,
+                    marks,
+                    decomposed: false,
+                });
+                returned = Some(Status::NotFound);
+                continue;
             }
-            // Nothing unplaced overlaps it: if the rest fails with it here, it fails with any
-            // other candidate first, too ("hatless" pruning). Asked only on failure, after the
-            // undo, when the same blocks as during the try are placed but for `i` itself.
-            if self.shape.overlaps[i].iter().all(|&j| self.live[j] == NONE) {
-                return status;
+            node.trying = Some(Try {
+                block: i,
+                marks,
+                decomposed: true,
+            });
+            // Dynamic decomposition: where no unplaced block crosses a section boundary any
+            // more, the two sides are independent problems, each solved on its own.
+            self.solution[i] = offset;
+            let (lo, hi) = (self.shape.sec_lo[i], self.shape.sec_hi[i]);
+            let mut cut = false;
+            for c in &mut self.cuts[lo..hi - 1] {
+                *c -= 1;
+                cut |= *c == 0;
+            }
+            // Most nodes cut nothing: only those that do build the list of cutpoints.
+            if cut {
+                let mut cutpoints = vec![node.range.0];
+                cutpoints.extend((lo..hi - 1).filter(|&s| self.cuts[s] == 0).map(|s| s + 1));
+                cutpoints.push(node.range.1);
+                return Call::Push(Frame::Split(Split {
+                    part: node.part,
+                    cutpoints,
+                    next: 0,
+                }));
+            }
+            match self.enter(pre, node.part, node.range, offset, r) {
+                Ok(child) => return Call::Push(Frame::Node(child)),
+                Err(status) => returned = Some(status),
             }
         }
-        Status::NotFound
-    }
-
-    /// After placing `i`: where no unplaced block crosses a section boundary any more, the two
-    /// sides are independent problems, each solved on its own (dynamic decomposition).
-    fn decompose(
-        &mut self,
-        pre: &[usize],
-        range: (usize, usize),
-        offset: u64,
-        r: usize,
-        i: usize,
-    ) -> Status {
-        self.solution[i] = offset;
-        let (lo, hi) = (self.shape.sec_lo[i], self.shape.sec_hi[i]);
-        let mut cut = false;
-        for c in &mut self.cuts[lo..hi - 1] {
-            *c -= 1;
-            cut |= *c == 0;
-        }
-        // Most nodes cut nothing: only those that do build the list of cutpoints.
-        let status = if cut {
-            let mut cutpoints = vec![range.0];
-            cutpoints.extend((lo..hi - 1).filter(|&s| self.cuts[s] == 0).map(|s| s + 1));
-            cutpoints.push(range.1);
-            self.split(pre, &cutpoints)
-        } else {
-            self.dfs(pre, range, offset, r)
-        };
-        for c in &mut self.cuts[lo..hi - 1] {
-            *c += 1;
-        }
-        status
     }
 
     /// Places `i` at `offset`. Returns a range of sections holding every section whose unplaced
@@ -385,4 +461,53 @@ impl<'a> Search<'a> {
         self.offset[i] = NONE;
         self.live[i] = self.min_offset[i];
     }
+}
+
+/// One level of the search on the explicit stack.
+#[derive(Debug)]
+enum Frame {
+    Split(Split),
+    Node(Node),
+}
+
+/// What a frame asks of the loop that runs the stack.
+#[derive(Debug)]
+enum Call {
+    /// Run this frame on top, then give its answer back.
+    Push(Frame),
+    /// This frame is done, with this answer.
+    Return(Status),
+}
+
+/// Independent ranges of sections, solved one after the other.
+#[derive(Debug)]
+struct Split {
+    /// The blocks to split (an index into the stack's preorders).
+    part: usize,
+    cutpoints: Vec<usize>,
+    /// The window of `cutpoints` to solve next.
+    next: usize,
+}
+
+/// A node: its candidates `(minimal offset, rank)`, sorted, and the one being tried.
+#[derive(Debug)]
+struct Node {
+    /// Its blocks in preorder (an index into the stack's preorders).
+    part: usize,
+    range: (usize, usize),
+    candidates: Vec<(u64, usize)>,
+    next: usize,
+    /// No candidate above this offset can fit.
+    highest: u64,
+    trying: Option<Try>,
+}
+
+/// The candidate placed for the try in progress.
+#[derive(Debug, Clone, Copy)]
+struct Try {
+    block: usize,
+    /// The undo logs' lengths before it was placed.
+    marks: (usize, usize),
+    /// It passed the section check: its solution is set and the cuts it crossed lowered.
+    decomposed: bool,
 }
