@@ -15,6 +15,10 @@ fn clean(plan: &Plan) -> Report {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: runs a loopback device (memfd shared memory, an engine thread, eventfds)"
+)]
 fn a_run_of_dropped_completions_is_not_counted_as_a_wrong_id() {
     // Every descriptor dropped or failed: most bursts meet two drops or more in a row before a
     // completion, which the in-order queue reports as a wrong command id.
@@ -37,6 +41,10 @@ fn a_run_of_dropped_completions_is_not_counted_as_a_wrong_id() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: runs a loopback device (memfd shared memory, an engine thread, eventfds)"
+)]
 fn a_completion_naming_the_newest_command_is_a_wrong_id_only_if_one_was_injected() {
     // Bursts of 4 descriptors, each dropped, failed or completed with a wrong id (the newest
     // command's, when two or more follow): runs of drops end at the newest command as often
@@ -55,6 +63,10 @@ fn a_completion_naming_the_newest_command_is_a_wrong_id_only_if_one_was_injected
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: runs a loopback device (memfd shared memory, an engine thread, eventfds)"
+)]
 fn every_kind_on_almost_every_descriptor_is_accounted_for() {
     for (rate, seed) in [(1.0, 1), (1.0, 2), (1.0, 3), (1.0, 4), (0.9, 1), (0.9, 2)] {
         let plan = Plan {
@@ -70,6 +82,10 @@ fn every_kind_on_almost_every_descriptor_is_accounted_for() {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "Miri: runs a loopback device (memfd shared memory, an engine thread, eventfds)"
+)]
 fn the_same_seed_injects_the_same_faults_into_the_same_descriptors() {
     // Often enough that most bursts are recovered, after which the device has served a
     // number of descriptors only the threads' timing decides.
