@@ -212,7 +212,8 @@ fn finish(problem: &Problem, raw: Raw, start: Instant) -> Plan {
 }
 
 /// Plans an already validated problem with one strategy. `Exact` and `Auto` run the
-/// heuristics first and keep to the budget (see [`FALLBACK`]); a heuristic asked for by name
+/// heuristics first and keep to the budget (every heuristic but best fit gives up at its
+/// deadline, so the search has a plan to start from); a heuristic asked for by name
 /// runs to the end.
 pub fn plan_problem(problem: &Problem, strategy: Strategy, budget: Budget) -> Plan {
     let start = Instant::now();
