@@ -1,14 +1,13 @@
 //! Buffers lent to queues (for the queue module): taking a buffer out of its slot for a
 //! submission, giving it back at its completion, forgetting what a queue leaked.
 
-use super::tables::{
-    forgotten, lock_buffer, never_pinned, udma_buffer, HostBuffer, Queued, State, BUFFERS,
-};
 use std::sync::Arc;
 
 use udma::dma::Space;
 
-use super::tables::POOLS;
+use super::tables::{
+    forgotten, lock_buffer, never_pinned, udma_buffer, HostBuffer, Queued, State, BUFFERS, POOLS,
+};
 use crate::error::{udma_status, Fail};
 use crate::handle::{Key, Kind};
 
@@ -28,15 +27,11 @@ fn same_space(pool: Key, space: &Arc<dyn Space>, buffer: Key, name: &str) -> Res
             ),
         )
     })?;
-    let (ours, device) = pinned.with(|e| {
-        (
-            std::ptr::addr_eq(Arc::as_ptr(&e.space), Arc::as_ptr(space)),
-            e.device.clone(),
-        )
-    });
-    if ours {
+    // The device's name is read (and copied) only for the error.
+    if pinned.with(|e| std::ptr::addr_eq(Arc::as_ptr(&e.space), Arc::as_ptr(space))) {
         return Ok(());
     }
+    let device = pinned.with(|e| e.device.clone());
     Err(Fail::invalid(format!(
         "buffer {:#x} is of pool {value:#x}, on another device ({device}) than {name}: its \
          IOVA would name other memory there; allocate it from a pool of the queue's device",
