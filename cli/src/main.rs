@@ -180,6 +180,23 @@ pub(crate) fn print(text: &str) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Parses a number of seconds within `range` (`hint`: what to give instead), for a clap
+/// `value_parser`. NaN is in no range, so it is refused too.
+pub(crate) fn parse_seconds_in(
+    text: &str,
+    range: std::ops::RangeInclusive<f64>,
+    hint: &str,
+) -> Result<std::time::Duration, String> {
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number: {hint}"))?;
+    if !range.contains(&secs) {
+        return Err(format!("{text} s is out of range: {hint}"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
 /// Parses a BDF argument (kept as text in clap so the error has this tool's one-line form).
 pub(crate) fn parse_bdf(text: &str) -> Result<Bdf, Failure> {
     Ok(text.parse()?)

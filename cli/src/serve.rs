@@ -143,17 +143,12 @@ pub(crate) struct ServeArgs {
 
 /// `--seconds`: a finite number of seconds a run can last (a `Duration` added to now).
 fn parse_seconds(text: &str) -> Result<Duration, String> {
-    let hint = "give the seconds to serve, from 0.1 to 31536000 (a year), or leave --seconds out \
-                to serve until SIGINT or SIGTERM";
-    let secs: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number: {hint}"))?;
-    // Also refuses NaN (no range contains it).
-    if !(0.1..=31_536_000.0).contains(&secs) {
-        return Err(format!("{text} s is out of range: {hint}"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    crate::parse_seconds_in(
+        text,
+        0.1..=31_536_000.0,
+        "give the seconds to serve, from 0.1 to 31536000 (a year), or leave --seconds out to \
+         serve until SIGINT or SIGTERM",
+    )
 }
 
 /// The loopback device's cost model.

@@ -80,15 +80,11 @@ pub(crate) struct TopArgs {
 }
 
 fn parse_interval(text: &str) -> Result<Duration, String> {
-    let hint = "give the seconds between samples, from 0.05 to 3600 (e.g. --interval 0.5)";
-    let secs: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number: {hint}"))?;
-    if !(0.05..=3600.0).contains(&secs) {
-        return Err(format!("{secs} s is out of range: {hint}"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    crate::parse_seconds_in(
+        text,
+        0.05..=3600.0,
+        "give the seconds between samples, from 0.05 to 3600 (e.g. --interval 0.5)",
+    )
 }
 
 /// What the view fails with.
