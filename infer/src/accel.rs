@@ -323,6 +323,31 @@ pub struct Arena {
     pub keep: Box<dyn std::any::Any + Send + Sync>,
 }
 
+impl Arena {
+    /// What is wrong with this arena as an answer to `alloc_arena(bytes, align)`, if
+    /// anything: fewer bytes than asked for, an address not a multiple of `align` (0: none
+    /// asked), or an end past 2^64. Every arena address a pipeline makes is `at` plus an offset
+    /// below `bytes`, so any of these would name memory that is not the arena; a pipeline
+    /// refuses such an arena when it is built ([`crate::pipeline::Error::Arena`]).
+    pub fn fault(&self, bytes: u64, align: u64) -> Option<String> {
+        if self.bytes < bytes {
+            Some(format!(
+                "holds {} bytes, fewer than the {bytes} asked for",
+                self.bytes
+            ))
+        } else if align != 0 && self.at % align != 0 {
+            Some(format!("is not aligned to {align} bytes"))
+        } else if self.at.checked_add(self.bytes).is_none() {
+            Some(format!(
+                "leaves no room for {} bytes below 2^64",
+                self.bytes
+            ))
+        } else {
+            None
+        }
+    }
+}
+
 impl fmt::Debug for Arena {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Arena")

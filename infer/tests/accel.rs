@@ -451,3 +451,81 @@ fn a_removed_engine_retires_its_stream_and_the_other_device_goes_on() {
         st.pipeline.shutdown(|_| {}).unwrap();
     }
 }
+
+/// The memory engine with an allocator that answers wrongly: each arena it hands out is the
+/// engine's own, at `at` instead (if given) and `bytes` long.
+#[derive(Debug)]
+struct BadArenas {
+    inner: MemoryEngine,
+    /// The address each arena claims; `None`: its own.
+    at: Option<u64>,
+    /// Bytes the arena claims; `None`: as asked.
+    bytes: Option<u64>,
+}
+
+impl Accelerator for BadArenas {
+    fn identity(&self) -> String {
+        "bad-arenas".to_owned()
+    }
+    fn capabilities(&self) -> accel::Capabilities {
+        self.inner.capabilities()
+    }
+    fn host_pool(&self, bytes: usize) -> Result<Arc<userdma::pool::Pool>, Error> {
+        self.inner.host_pool(bytes)
+    }
+    fn alloc_arena(&self, bytes: u64, align: u64) -> Result<accel::Arena, Error> {
+        let mut arena = self.inner.alloc_arena(bytes, align)?;
+        arena.at = self.at.unwrap_or(arena.at);
+        arena.bytes = self.bytes.unwrap_or(arena.bytes);
+        Ok(arena)
+    }
+    fn read_arena(&self, at: u64, dst: &mut [u8]) -> Result<(), Error> {
+        self.inner.read_arena(at, dst)
+    }
+    fn write_arena(&self, at: u64, src: &[u8]) -> Result<(), Error> {
+        self.inner.write_arena(at, src)
+    }
+    fn open_queue(&self, spec: accel::QueueSpec) -> Result<Box<dyn accel::Queue>, Error> {
+        self.inner.open_queue(spec)
+    }
+    fn reset(&self) -> Result<(), Error> {
+        self.inner.reset()
+    }
+}
+
+#[test]
+fn an_arena_not_as_asked_is_refused_when_the_pipeline_is_built() {
+    let model = Model::chain(2, 1024).unwrap();
+    let cases = [
+        // Ends past 2^64.
+        (Some(u64::MAX - 255), None, "below 2^64"),
+        // Not 256-byte aligned.
+        (Some(4096 + 8), None, "not aligned to 256 bytes"),
+        // Shorter than asked.
+        (None, Some(16), "fewer than the"),
+    ];
+    for (at, bytes, says) in cases {
+        let bad = BadArenas {
+            inner: MemoryEngine::new(8).unwrap(),
+            at,
+            bytes,
+        };
+        let err = Pipeline::on(Arc::new(bad), model.clone(), config(&model)).unwrap_err();
+        assert_eq!(err.code(), Code::Device, "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("bad-arenas")
+                && text.contains(says)
+                && text.contains("fix the accelerator's allocator"),
+            "{text}"
+        );
+    }
+    // The same engine answering as asked builds and runs.
+    let good = BadArenas {
+        inner: MemoryEngine::new(8).unwrap(),
+        at: None,
+        bytes: None,
+    };
+    let mut p = Pipeline::on(Arc::new(good), model.clone(), config(&model)).unwrap();
+    run_checked(&mut p, &model, 8);
+}

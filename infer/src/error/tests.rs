@@ -233,6 +233,17 @@ fn planner_model_pipeline_and_scheduler_errors_keep_their_codes() {
             .into(),
             invalid,
         ),
+        (
+            P::Arena {
+                device: "memory-engine".to_owned(),
+                bytes: 4096,
+                align: 256,
+                at: 8,
+                why: "is not aligned to 256 bytes".to_owned(),
+            }
+            .into(),
+            Code::Device,
+        ),
     ]);
     use sched::Error as S;
     let name = || "cam".to_owned();

@@ -72,6 +72,26 @@ pub enum Error {
         /// The frame.
         frame: u64,
     },
+    /// An accelerator's [`Accelerator::alloc_arena`](crate::accel::Accelerator::alloc_arena)
+    /// answered with an arena that is not what was asked for ([`Arena::fault`]).
+    ///
+    /// [`Arena::fault`]: crate::accel::Arena::fault
+    #[error(
+        "{device}: its alloc_arena({bytes}, {align}) returned an arena at {at:#x} that {why}: \
+         fix the accelerator's allocator"
+    )]
+    Arena {
+        /// The accelerator's identity.
+        device: String,
+        /// The bytes asked for.
+        bytes: u64,
+        /// The alignment asked for.
+        align: u64,
+        /// The arena's address.
+        at: u64,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A caller's span shorter than the model's input or result.
     #[error(
         "the caller's {what} span holds {len} bytes, the model's {what} needs {needed}: give a \
@@ -140,6 +160,8 @@ impl Error {
             | Error::ShortSpan { .. }
             | Error::EmptyMapping { .. }
             | Error::Lacks { .. } => userdma::Code::InvalidArgument,
+            // The accelerator's implementation is at fault, not the caller's request.
+            Error::Arena { .. } => userdma::Code::Device,
         }
     }
 }

@@ -116,7 +116,19 @@ impl Pipeline {
         let mut slots = Vec::with_capacity(config.depth);
         let mut arenas = Vec::with_capacity(config.depth);
         for _ in 0..config.depth {
-            let arena = device.alloc_arena(model.arena_bytes(), 256)?;
+            let (bytes, align) = (model.arena_bytes(), 256);
+            let arena = device.alloc_arena(bytes, align)?;
+            if let Some(why) = arena.fault(bytes, align) {
+                // The arena is given back as it drops.
+                return Err(Error::Arena {
+                    device: device.identity(),
+                    bytes,
+                    align,
+                    at: arena.at,
+                    why,
+                }
+                .into());
+            }
             slots.push(Slot {
                 input: pool.alloc_owned(input_bytes as usize)?,
                 result: pool.alloc_owned(result_bytes as usize)?,
