@@ -28,6 +28,9 @@ pub enum Mode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     pub(super) name: String,
+    /// Whether [`Config::name`] set the name; if not, the device takes the lowest
+    /// `loopback<N>` no other live device of this process has ([`crate::npu::Number`]).
+    pub(super) named: bool,
     pub(super) queues: u16,
     pub(super) memory_size: usize,
     max_depth: u32,
@@ -43,12 +46,14 @@ pub struct Config {
 }
 
 impl Default for Config {
-    /// `loopback0`: 4 queues, 64 MiB of device memory, depth up to 4096, a 48-bit DMA mask, the
+    /// `loopback0` (or `loopback1`, ... while devices named so live: the lowest number free in
+    /// this process, taken when the device starts): 4 queues, 64 MiB of device memory, depth up to 4096, a 48-bit DMA mask, the
     /// [`Cost::npu`] model, bursts of 32, 50 µs of idle spinning, a thread on any CPU, memory
     /// on no particular NUMA node, 5 s for the device to acknowledge.
     fn default() -> Config {
         Config {
             name: "loopback0".into(),
+            named: false,
             queues: 4,
             memory_size: 64 << 20,
             max_depth: 4096,
@@ -66,10 +71,12 @@ impl Default for Config {
 }
 
 impl Config {
-    /// The device's name in messages (and its engine thread's name).
+    /// The device's name in messages (and its engine thread's name), as given: two devices may
+    /// share it. Without it each device takes the lowest `loopback<N>` free in this process.
     #[must_use]
     pub fn name(mut self, name: impl Into<String>) -> Config {
         self.name = name.into();
+        self.named = true;
         self
     }
 

@@ -50,11 +50,46 @@ pub struct Loopback {
     pub(crate) runner: Runner,
     /// Removals ([`Loopback::remove`]) are reported through it.
     pub(crate) events: Source,
+    /// The number in its name while it lives, if the name was not given.
+    _number: Option<Number>,
+}
+
+/// The `N` of a device named `loopback<N>` by default, held while the device lives: the next
+/// device without a name of its own takes the lowest number no live one holds, so one device
+/// at a time is always `loopback0` and two at once are told apart in messages and traces.
+#[derive(Debug)]
+pub(crate) struct Number(u32);
+
+/// The numbers live devices hold.
+static NUMBERS: std::sync::Mutex<std::collections::BTreeSet<u32>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+impl Number {
+    fn take() -> Number {
+        // A panic elsewhere while the set was held leaves it consistent (one insert or remove).
+        let mut taken = NUMBERS.lock().unwrap_or_else(|e| e.into_inner());
+        let n = (0..).find(|n| !taken.contains(n)).unwrap_or(u32::MAX);
+        taken.insert(n);
+        Number(n)
+    }
+}
+
+impl Drop for Number {
+    fn drop(&mut self) {
+        NUMBERS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.0);
+    }
 }
 
 impl Loopback {
     /// Starts a loopback device.
-    pub fn new(config: Config) -> Result<Loopback, DeviceError> {
+    pub fn new(mut config: Config) -> Result<Loopback, DeviceError> {
+        let number = (!config.named).then(Number::take);
+        if let Some(Number(n)) = &number {
+            config.name = format!("loopback{n}");
+        }
         #[cfg(feature = "tracing")]
         let _span = tracing::info_span!(
             "loopback.new",
@@ -190,6 +225,7 @@ impl Loopback {
             irqs,
             runner,
             events,
+            _number: number,
         };
         device.wait_for("start", device.config.ack_timeout, |d| {
             Ok(d.get(regs::STATUS)?.contains(regs::DeviceStatus::READY))
