@@ -49,8 +49,12 @@
  *   Pipelines and streams call back into the program to write a frame's input and to take
  *   its result (udma_pipeline_fill_fn, udma_pipeline_result_fn, udma_preprocess_fn,
  *   udma_postprocess_fn), on the calling thread, inside the call that runs them. The
- *   udma_frame_input / udma_frame_output a callback gets is valid during that callback only
- *   (the library checks its token: a view kept past it is refused). A callback must return
+ *   udma_frame_input / udma_frame_output a callback gets is valid during that callback only.
+ *   The library keeps views in memory it never frees and knows which one is live on each
+ *   thread: a view pointer kept past its callback, or passed to another thread, is refused
+ *   (UDMA_ERR_INVALID_ARGUMENT), and checking it reads no freed memory. Inside a later
+ *   callback on the same thread (same nesting depth) a kept pointer is that callback's view
+ *   again: the same address. A copy of a view is checked by its token. A callback must return
  *   normally: no longjmp out of it, no C++ exception through it (either would skip the
  *   library's frames: undefined behaviour, or an abort). Inside a callback, the frame calls
  *   (udma_frame_input_write, udma_frame_output_read), the model, buffer and error calls are
@@ -876,7 +880,10 @@ typedef struct udma_model_info {
 } udma_model_info;
 
 // A frame's input, inside a fill or preprocess callback: write it with
-// `udma_frame_input_write`. Valid for that callback only.
+// `udma_frame_input_write`. Valid for that callback only: a pointer to it kept past the
+// callback still points to readable memory, but every call refuses it (inside a later
+// callback at the same nesting depth on the same thread it is that callback's view again,
+// the same address). Read its fields inside the callback only, and do not write them.
 typedef struct udma_frame_input {
   // `sizeof(udma_frame_input)` of the library.
   size_t size;
@@ -885,12 +892,14 @@ typedef struct udma_frame_input {
   // Bytes of the input: write all of them (what is not written keeps an earlier frame's
   // bytes).
   uint64_t len;
-  // The library's check that the view belongs to the running callback.
+  // The library's check that a copy of the view belongs to the running callback (unique
+  // in the process, never 0).
   uint64_t token;
 } udma_frame_input;
 
 // A finished frame, inside a result or postprocess callback: read its result with
-// `udma_frame_output_read`. Valid for that callback only.
+// `udma_frame_output_read`. Valid for that callback only, as `udma_frame_input` is. Read
+// its fields inside the callback only, and do not write them.
 typedef struct udma_frame_output {
   // `sizeof(udma_frame_output)` of the library.
   size_t size;
@@ -907,7 +916,8 @@ typedef struct udma_frame_output {
   uint32_t status;
   // The step that failed: 0 the H2D copy, then the model's steps, then the D2H copy.
   uint32_t step;
-  // The library's check that the view belongs to the running callback.
+  // The library's check that a copy of the view belongs to the running callback (unique
+  // in the process, never 0).
   uint64_t token;
 } udma_frame_output;
 
@@ -1654,10 +1664,10 @@ enum udma_status udma_device_remove_loopback(const struct udma_device *device);
 // `align` (a power of two; 0 is taken as 1), into `*range`. The loopback device's memory is
 // BAR 2.
 //
-// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `len` 0 or an alignment that is not a power of
-// two; `UDMA_ERR_EXHAUSTED` when no free range holds it (the message gives the free bytes
-// and the largest free range); `UDMA_ERR_NOT_FOUND` for no such BAR; `UDMA_ERR_REMOVED`
-// once the device was removed.
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `len` 0, an alignment that is not a power of
+// two, or the loopback device's register BAR 0; `UDMA_ERR_EXHAUSTED` when no free range
+// holds it (the message gives the free bytes and the largest free range);
+// `UDMA_ERR_NOT_FOUND` for no such BAR; `UDMA_ERR_REMOVED` once the device was removed.
 //
 // # Safety
 // `range` points to `range->size` writable bytes (set `range->size = sizeof *range`).
@@ -1984,11 +1994,13 @@ enum udma_status udma_model_destroy(struct udma_model *model);
 // Copies `len` bytes from `src` into the frame's input at `offset` (into the slot's DMA
 // buffer). Inside a fill or preprocess callback only.
 //
-// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a view outside its callback, a NULL pointer, or a
-// range past the input's `len`.
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a view outside its callback (kept past it, or
+// another thread's), a NULL pointer, or a range past the input's `len`.
 //
 // # Safety
-// `input` is NULL or points to a readable `udma_frame_input`; `src` to `len` readable bytes.
+// `input` is NULL, a view the library passed to a callback (even one that has returned, on
+// any thread), or points to a readable `udma_frame_input` (a copy of a view); `src` to `len`
+// readable bytes.
 enum udma_status udma_frame_input_write(const struct udma_frame_input *input,
                                         uint64_t offset,
                                         const void *src,
@@ -1997,11 +2009,14 @@ enum udma_status udma_frame_input_write(const struct udma_frame_input *input,
 // Copies `len` bytes of the frame's result at `offset` into `dst`. Inside a result or
 // postprocess callback only.
 //
-// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a view outside its callback, a failed frame (no
-// result), a NULL pointer, or a range past the result's `len`.
+// Errors: `UDMA_ERR_INVALID_ARGUMENT` for a view outside its callback (kept past it, or
+// another thread's), a failed frame (no result), a NULL pointer, or a range past the
+// result's `len`.
 //
 // # Safety
-// `output` is NULL or points to a readable `udma_frame_output`; `dst` to `len` writable bytes.
+// `output` is NULL, a view the library passed to a callback (even one that has returned, on
+// any thread), or points to a readable `udma_frame_output` (a copy of a view); `dst` to
+// `len` writable bytes.
 enum udma_status udma_frame_output_read(const struct udma_frame_output *output,
                                         uint64_t offset,
                                         void *dst,
@@ -2181,7 +2196,9 @@ enum udma_status udma_queue_create(const struct udma_device *device,
 // or stopped; their buffers come back to the host under their handles (free them). If the
 // device cannot be stopped, their buffers stay with it (leaked on purpose, never freed
 // while it may write them), their handles become invalid, and the call returns
-// `UDMA_ERR_DEVICE`; the queue handle is destroyed either way.
+// `UDMA_ERR_DEVICE`; the queue handle is destroyed either way. The descriptor
+// `udma_queue_interrupt_fd` lent is closed too, if it still names the queue's eventfd (see
+// there).
 //
 // # Safety
 // None (any value is checked, none is dereferenced).
@@ -2247,12 +2264,22 @@ enum udma_status udma_queue_wait_any(struct udma_queue *const *queues,
                                      uint64_t timeout_ns,
                                      size_t *ready);
 
-// The queue's interrupt eventfd (borrowed: valid until the queue is destroyed; do not close
-// it), for the caller's own epoll loop: `udma_queue_arm`, then sleep until the fd is
+// The queue's interrupt, for the caller's own epoll loop: a descriptor of the queue's
+// eventfd, readable when the interrupt fires; `udma_queue_arm`, then sleep until the fd is
 // readable (unless `arm` said a completion is ready), then `udma_queue_disarm` and
 // `udma_queue_poll`.
 //
-// Errors: `UDMA_ERR_UNSUPPORTED` for a queue made with `UDMA_QUEUE_POLL`.
+// The descriptor is lent: a duplicate of the eventfd the queue owns (the same counter), the
+// same number on every call while it is open, closed by `udma_queue_destroy`. Closing it
+// yourself is harmless (the queue keeps working; a later call lends a new number), and
+// `udma_queue_destroy` then leaves alone whatever file took the number since: it closes the
+// number only if it still names the eventfd it lent (asked of the kernel with `kcmp(2)`;
+// where the kernel does not allow `kcmp`, the lent number is left open at destroy, a
+// leak of one descriptor, and a later call returns the same number even if closed). Do not
+// use it after `udma_queue_destroy`, nor close it while another thread destroys the queue.
+//
+// Errors: `UDMA_ERR_UNSUPPORTED` for a queue made with `UDMA_QUEUE_POLL`; `UDMA_ERR_SYSTEM`
+// when the process has no descriptor to spare.
 //
 // # Safety
 // `fd` points to a writable `int`.

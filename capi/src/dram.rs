@@ -4,8 +4,9 @@
 //! were changed, or one of another device is refused instead of freeing what it does not own.
 //!
 //! The loopback device's memory (BAR 2) is the runtime's own allocator, the one its pipelines
-//! and arenas take their ranges from, so C ranges and theirs never overlap; any other BAR gets
-//! an allocator over all of it on first use.
+//! and arenas take their ranges from, so C ranges and theirs never overlap; its register BAR 0
+//! is refused (a range there would name BAR 2's memory in an op). Any BAR of another device
+//! gets an allocator over all of it on first use.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,9 +80,27 @@ fn allocator(d: &Device, bar: u32) -> Result<&DeviceMemory, Fail> {
     if let Some(memory) = slot.get() {
         return Ok(memory);
     }
-    let memory = if d.runtime.loopback_device().is_some() && i == loopback::regs::MEMORY_BAR {
+    let loopback = d.runtime.loopback_device().is_some();
+    let memory = if loopback && i == loopback::regs::MEMORY_BAR {
         // The runtime's own: what its pipelines and arenas allocate from.
         d.runtime.device_memory().map_err(Fail::from)?.clone()
+    } else if loopback {
+        // A BAR it does not have is that error; the one it has holds registers: a range
+        // there would be used as a device address, which on the loopback always means its
+        // memory, and overlap ranges of BAR 2.
+        d.runtime
+            .device()
+            .bar(i)
+            .map_err(|e| lib(e).context(&d.name))?;
+        return Err(Fail::new(
+            udma_status::UDMA_ERR_INVALID_ARGUMENT,
+            format!(
+                "{} BAR {bar} holds the device's registers, not memory: allocate from BAR {}, \
+                 its device memory",
+                d.name,
+                loopback::regs::MEMORY_BAR
+            ),
+        ));
     } else {
         DeviceMemory::of_bar(d.runtime.device().as_ref(), i).map_err(|e| lib(e).context(&d.name))?
     };
@@ -137,10 +156,10 @@ unsafe fn before_alloc(d: &Device, range: *mut udma_range) -> Result<(), Fail> {
 /// `align` (a power of two; 0 is taken as 1), into `*range`. The loopback device's memory is
 /// BAR 2.
 ///
-/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `len` 0 or an alignment that is not a power of
-/// two; `UDMA_ERR_EXHAUSTED` when no free range holds it (the message gives the free bytes
-/// and the largest free range); `UDMA_ERR_NOT_FOUND` for no such BAR; `UDMA_ERR_REMOVED`
-/// once the device was removed.
+/// Errors: `UDMA_ERR_INVALID_ARGUMENT` for `len` 0, an alignment that is not a power of
+/// two, or the loopback device's register BAR 0; `UDMA_ERR_EXHAUSTED` when no free range
+/// holds it (the message gives the free bytes and the largest free range);
+/// `UDMA_ERR_NOT_FOUND` for no such BAR; `UDMA_ERR_REMOVED` once the device was removed.
 ///
 /// # Safety
 /// `range` points to `range->size` writable bytes (set `range->size = sizeof *range`).

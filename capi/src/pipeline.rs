@@ -5,8 +5,10 @@
 //!
 //! **Callbacks.** A frame's input is written, and its result read, inside a callback the
 //! library calls (`udma_pipeline_fill_fn`, `udma_pipeline_result_fn`, the streams' ones):
-//! the view it gets is valid for that call only, checked by a token the library keeps for
-//! the running callback, so a view kept past its callback is refused, never dereferenced. A
+//! the view it gets is valid for that call only. Views live in memory the library never
+//! frees (`views`), and the thread's record of its running callback says which one is live,
+//! so a view kept past its callback, or used on another thread, is refused without reading
+//! freed or reused memory (a caller's copy of a view is checked by its token). A
 //! callback must return normally: no `longjmp` out of it and no C++ exception through it
 //! (either would skip the library's frames, which is undefined behaviour; an exception aborts
 //! the process). Inside a callback, the pipeline and streams calls are refused
@@ -26,6 +28,9 @@ mod options;
 
 #[path = "pipeline/run.rs"]
 mod run;
+
+#[path = "pipeline/views.rs"]
+mod views;
 
 pub(crate) use callback::{fill, finish, not_in_callback};
 pub use callback::{

@@ -1,6 +1,7 @@
 //! Queues (`udma_queue`): the table of open queues and what travels with a command, how to
 //! open one (`udma_queue_options`, `udma_unit`), opening it on a device and destroying it.
 
+use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use udma::ring;
 use userdma_loopback::{self as loopback, LoopbackRuntime};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
+use super::interrupt::Lent;
 use crate::abi;
 use crate::device::{device, udma_device, Device};
 use crate::error::{call, lib, udma_status, Fail};
@@ -38,11 +40,19 @@ pub(super) struct QueueEntry {
     /// Keeps the device open for as long as the queue (and names its DMA space, which the
     /// buffers it takes must be mapped into).
     pub(super) device: Arc<Device>,
+    /// The descriptor `udma_queue_interrupt_fd` lent, if any; locked after `queue`, and
+    /// only while holding it.
+    lent: Mutex<Option<Lent>>,
 }
 
 impl QueueEntry {
     pub(super) fn lock(&self) -> MutexGuard<'_, Option<loopback::Queue<Flight>>> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lent interrupt descriptor (take the queue's lock first).
+    pub(super) fn lent(&self) -> MutexGuard<'_, Option<Lent>> {
+        self.lent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -172,12 +182,14 @@ pub unsafe extern "C" fn udma_queue_create(
                 handle: 0,
                 name: name.clone(),
                 device: Arc::clone(&d),
+                lent: Mutex::new(None),
             }))?;
             let entry = Arc::new(QueueEntry {
                 queue: Mutex::new(Some(q)),
                 handle: key.value(Kind::Queue),
                 name,
                 device: Arc::clone(&d),
+                lent: Mutex::new(None),
             });
             *table.get(key, key.value(Kind::Queue))? = entry;
             Ok::<_, Fail>(key)
@@ -192,7 +204,9 @@ pub unsafe extern "C" fn udma_queue_create(
 /// or stopped; their buffers come back to the host under their handles (free them). If the
 /// device cannot be stopped, their buffers stay with it (leaked on purpose, never freed
 /// while it may write them), their handles become invalid, and the call returns
-/// `UDMA_ERR_DEVICE`; the queue handle is destroyed either way.
+/// `UDMA_ERR_DEVICE`; the queue handle is destroyed either way. The descriptor
+/// `udma_queue_interrupt_fd` lent is closed too, if it still names the queue's eventfd (see
+/// there).
 ///
 /// # Safety
 /// None (any value is checked, none is dereferenced).
@@ -200,9 +214,18 @@ pub unsafe extern "C" fn udma_queue_create(
 pub unsafe extern "C" fn udma_queue_destroy(queue: *mut udma_queue) -> udma_status {
     call("udma_queue_destroy", || {
         let entry = QUEUES.remove_if(queue, |_| Ok(()))?;
-        let Some(q) = entry.lock().take() else {
+        let mut guard = entry.lock();
+        let Some(q) = guard.take() else {
             return Ok(());
         };
+        // Taken under the queue's lock, which `udma_queue_interrupt_fd` lends under: no fd is
+        // lent after this. Given back while the queue (and so its eventfd) is still open,
+        // for the comparison.
+        let lent = entry.lent().take();
+        drop(guard);
+        if let (Some(lent), Some(own)) = (lent, q.interrupt()) {
+            lent.give_back(own.as_fd());
+        }
         match q.shutdown(Duration::from_secs(1)) {
             Ok(shutdown) => {
                 let payloads = shutdown
