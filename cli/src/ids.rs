@@ -16,6 +16,11 @@ pub(crate) const SEARCH_PATHS: [&str; 3] = [
     "/usr/share/pci.ids",
 ];
 
+/// The most of a PCI ID database the tool reads: 64 MiB. The real `pci.ids` is under 2 MiB;
+/// a larger file (or [`IDS_ENV`] pointing at `/dev/zero` or a pipe) is not one, and would
+/// otherwise be read until the machine runs out of memory.
+pub(crate) const IDS_LIMIT: u64 = 64 << 20;
+
 /// The PCI ID database: names of vendors, devices, subsystems, classes, subclasses and
 /// programming interfaces.
 ///
@@ -172,12 +177,19 @@ impl Ids {
     /// Reads and parses the file at `path`. Bytes that are not UTF-8 are replaced, not refused.
     ///
     /// # Errors
-    /// [`IdsError::Read`] if the file cannot be read, [`IdsError::Syntax`] (with the path) if it
-    /// is not in the `pci.ids` format.
+    /// [`IdsError::Read`] if the file cannot be read, [`IdsError::TooLarge`] if it holds more
+    /// than [`IDS_LIMIT`], [`IdsError::Syntax`] (with the path) if it is not in the `pci.ids`
+    /// format.
     pub(crate) fn load_from(path: &Path) -> Result<Self, IdsError> {
-        let bytes = std::fs::read(path).map_err(|source| IdsError::Read {
-            path: path.to_owned(),
-            source,
+        let bytes = crate::bounded::read(path, IDS_LIMIT).map_err(|e| match e {
+            crate::bounded::Error::Io(source) => IdsError::Read {
+                path: path.to_owned(),
+                source,
+            },
+            crate::bounded::Error::TooLarge { limit } => IdsError::TooLarge {
+                path: path.to_owned(),
+                limit,
+            },
         })?;
         Self::parse(&String::from_utf8_lossy(&bytes)).map_err(|e| e.in_file(path))
     }
@@ -351,6 +363,18 @@ pub(crate) enum IdsError {
         /// The cause.
         #[source]
         source: io::Error,
+    },
+    /// The file holds more than [`IDS_LIMIT`].
+    #[error(
+        "the PCI ID database {path} is larger than {limit} bytes, the most the tool reads (the \
+         real pci.ids is under 2 MiB): point {IDS_ENV} at pci.ids, or set it to the empty string \
+         for no names"
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The limit, in bytes.
+        limit: u64,
     },
     /// A line is not in the format.
     #[error(
@@ -534,6 +558,25 @@ C ff  Unassigned class
             Ids::load_from(&good).unwrap().vendor(0x1af4),
             Some("Red \u{fffd}Hat")
         );
+    }
+
+    /// `USERDMA_PCI_IDS=/dev/zero` (or a huge file) is refused at the limit, not read until
+    /// memory runs out.
+    #[test]
+    fn load_from_refuses_a_file_past_the_limit() {
+        let err = Ids::load_from(Path::new("/dev/zero")).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                IdsError::TooLarge {
+                    limit: IDS_LIMIT,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("/dev/zero"), "{err}");
+        assert!(err.to_string().contains(IDS_ENV), "{err}");
     }
 
     /// The machine's own pci.ids (Debian: the `pci.ids` package) parses, with known names.

@@ -53,6 +53,7 @@
 //! * `unbind`: `{"bdf", "from", "to", "changed"}`.
 
 mod bind;
+mod bounded;
 mod case;
 mod demo;
 mod exit;

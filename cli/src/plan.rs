@@ -15,9 +15,9 @@
 //! chosen strategy (`inplace_of`: the id whose memory the tensor took, or null); only that
 //! strategy runs.
 //!
-//! Bad input (unreadable file, malformed or truncated record, zero size, `first > last`,
-//! duplicate or unknown ids, colliding fixed offsets, overflowing sizes) exits with 2 and a
-//! message naming the record.
+//! Bad input (unreadable file, a file larger than [`RECORDS_LIMIT`] or [`ONNX_LIMIT`],
+//! malformed or truncated record, zero size, `first > last`, duplicate or unknown ids,
+//! colliding fixed offsets, overflowing sizes) exits with 2 and a message naming the record.
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
@@ -27,7 +27,18 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use userdma_infer::plan::{self, format, Budget, Options, Plan, Problem, Strategy};
 
-use crate::exit;
+use crate::{bounded, exit};
+
+/// The most of a tensor-record file (JSON or CSV) `userdma plan` reads: 256 MiB. A record is
+/// some 100 bytes, so this is millions of tensors, far beyond any real graph; more is not a
+/// model's records but `/dev/zero`, an endless pipe or the wrong file, which would otherwise be
+/// read until the machine runs out of memory.
+pub(crate) const RECORDS_LIMIT: u64 = 256 << 20;
+
+/// The most of an ONNX model `userdma plan` reads: 2 GiB, protobuf's limit on one message. ONNX
+/// itself cannot save a larger model in one file: it keeps the weights as external data, which
+/// the planner does not need (it reads the graph and the weights' shapes).
+pub(crate) const ONNX_LIMIT: u64 = 2 << 30;
 
 /// Arguments of `userdma plan`.
 #[derive(Debug, clap::Args)]
@@ -144,6 +155,27 @@ pub(crate) enum Error {
         #[source]
         source: io::Error,
     },
+    /// The file is larger than the tool reads of its kind ([`RECORDS_LIMIT`], [`ONNX_LIMIT`]).
+    #[error(
+        "{path} is larger than {limit} bytes ({mib} MiB), the most `userdma plan` reads of {what}",
+        mib = limit >> 20,
+        what = if *onnx {
+            "an ONNX model (protobuf's limit): save the model with its weights as external data \
+             (onnx.save_model(model, PATH, save_as_external_data=True)); the planner reads only \
+             the graph"
+        } else {
+            "tensor records (millions of tensors): give the JSON or CSV records of one model, \
+             not a device, an endless pipe or another file"
+        }
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The limit, in bytes.
+        limit: u64,
+        /// Whether it was read as an ONNX model.
+        onnx: bool,
+    },
     /// No `--format` and the extension says nothing.
     #[error("{path}: cannot tell the format from the extension: give --format json|csv|onnx")]
     UnknownFormat {
@@ -204,10 +236,26 @@ pub(crate) enum Error {
 }
 
 impl Error {
+    /// The error of a failed bounded read of `path` (`onnx`: read as an ONNX model).
+    fn reading(path: &Path, e: bounded::Error, onnx: bool) -> Self {
+        match e {
+            bounded::Error::Io(source) => Error::Read {
+                path: path.to_owned(),
+                source,
+            },
+            bounded::Error::TooLarge { limit } => Error::TooLarge {
+                path: path.to_owned(),
+                limit,
+                onnx,
+            },
+        }
+    }
+
     /// The documented exit code for this failure.
     pub(crate) fn exit_code(&self) -> u8 {
         match self {
             Error::Read { .. }
+            | Error::TooLarge { .. }
             | Error::UnknownFormat { .. }
             | Error::Format { .. }
             | Error::Onnx { .. }
@@ -239,10 +287,8 @@ pub(crate) fn run(args: &PlanArgs, json: bool) -> Result<(), Error> {
     };
     let tensors = match input {
         Input::Records(format) => {
-            let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-                path: path.clone(),
-                source,
-            })?;
+            let text = bounded::read_to_string(path, RECORDS_LIMIT)
+                .map_err(|e| Error::reading(path, e, false))?;
             format.read(&text).map_err(|source| Error::Format {
                 path: path.clone(),
                 source,
@@ -255,7 +301,9 @@ pub(crate) fn run(args: &PlanArgs, json: bool) -> Result<(), Error> {
                 .fold(plan::onnx::Options::default(), |o, (name, value)| {
                     o.dim(name.clone(), *value)
                 });
-            plan::onnx::read_with(path, &options).map_err(|source| Error::Onnx {
+            let bytes =
+                bounded::read(path, ONNX_LIMIT).map_err(|e| Error::reading(path, e, true))?;
+            plan::onnx::parse_with(&bytes, &options).map_err(|source| Error::Onnx {
                 path: path.clone(),
                 source,
             })?

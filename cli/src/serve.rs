@@ -95,14 +95,15 @@ pub(crate) struct ServeArgs {
     /// The socket's path (default: $USERDMA_OWNER_SOCKET or /run/userdma/owner.sock).
     #[arg(long)]
     socket: Option<PathBuf>,
-    /// The socket file's mode, in octal.
+    /// The socket file's mode, in octal (`660` or `0o660`), at most 777 and with read and
+    /// write for the owner.
     #[arg(long, default_value = "660", value_parser = parse_mode)]
     mode: u32,
     /// A user id allowed to connect (repeated; default: this process's user only).
-    #[arg(long = "allow-uid", value_name = "UID")]
+    #[arg(long = "allow-uid", value_name = "UID", value_parser = parse_uid)]
     allow_uids: Vec<u32>,
     /// A group id allowed to connect (repeated).
-    #[arg(long = "allow-gid", value_name = "GID")]
+    #[arg(long = "allow-gid", value_name = "GID", value_parser = parse_gid)]
     allow_gids: Vec<u32>,
     /// The policy over every client's streams.
     #[arg(long, value_enum, default_value_t = PolicyArg::Batch)]
@@ -160,11 +161,51 @@ pub(crate) enum CostArg {
     Zero,
 }
 
+/// `--mode`: octal permission bits, `660` or `0o660`. Bits above 0o777 (setuid, setgid,
+/// sticky, file type) are refused, and so is a mode without read and write for the owner:
+/// connecting to a Unix socket needs write permission on its file, so without it only root could
+/// connect, not the owner's own user.
 fn parse_mode(text: &str) -> Result<u32, String> {
-    u32::from_str_radix(text, 8)
+    let digits = text.strip_prefix("0o").unwrap_or(text);
+    let mode = u32::from_str_radix(digits, 8)
         .ok()
-        .filter(|&m| m <= 0o777)
-        .ok_or_else(|| format!("mode {text:?}: octal, 000 to 777"))
+        .filter(|&m| m <= 0o777 && !digits.starts_with('+'))
+        .ok_or_else(|| {
+            format!("mode {text:?}: give octal permission bits from 000 to 777, e.g. 660")
+        })?;
+    if mode & 0o600 != 0o600 {
+        return Err(format!(
+            "mode {text:?} ({mode:03o}) gives the socket's owner no read and write: only root \
+             could connect, not the owner's own user; give the owner rw, e.g. 600 (the owner's \
+             user only) or 660 (and its group)"
+        ));
+    }
+    Ok(mode)
+}
+
+/// `--allow-uid`: a user id, not `(uid_t)-1` (4294967295), which the kernel uses for "no user"
+/// and no peer ever has.
+fn parse_uid(text: &str) -> Result<u32, String> {
+    parse_id(text, "user", "UID", "id -u USER")
+}
+
+/// `--allow-gid`: a group id, not `(gid_t)-1` (4294967295), which the kernel uses for "no
+/// group" and no peer ever has.
+fn parse_gid(text: &str) -> Result<u32, String> {
+    parse_id(text, "group", "GID", "getent group GROUP")
+}
+
+fn parse_id(text: &str, kind: &str, flag: &str, lookup: &str) -> Result<u32, String> {
+    let id: u32 = text.parse().map_err(|_| {
+        format!("{flag} {text:?}: give a numeric {kind} id from 0 to 4294967294 (see `{lookup}`)")
+    })?;
+    if id == u32::MAX {
+        return Err(format!(
+            "{flag} {id} is (-1), which the kernel uses for \"no {kind}\": no peer ever has it, \
+             so allowing it admits no one; give the numeric id of a real {kind} (see `{lookup}`)"
+        ));
+    }
+    Ok(id)
 }
 
 /// What `serve` prints when it stops.
@@ -347,4 +388,39 @@ pub(crate) fn run(args: &ServeArgs, json: bool) -> Result<(), Error> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_the_owner_can_use_parse() {
+        for (text, mode) in [
+            ("660", 0o660),
+            ("0660", 0o660),
+            ("0o660", 0o660),
+            ("600", 0o600),
+            ("666", 0o666),
+            ("777", 0o777),
+        ] {
+            assert_eq!(parse_mode(text), Ok(mode), "{text}");
+        }
+        for bad in [
+            "0", "0o077", "066", "460", "200", "1660", "999", "", "0o", "+660", "rw",
+        ] {
+            assert!(parse_mode(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ids_parse_but_not_the_kernels_no_id() {
+        assert_eq!(parse_uid("0"), Ok(0));
+        assert_eq!(parse_uid("1000"), Ok(1000));
+        assert_eq!(parse_gid("4294967294"), Ok(u32::MAX - 1));
+        for bad in ["4294967295", "-1", "4294967296", "alice"] {
+            assert!(parse_uid(bad).is_err(), "{bad}");
+            assert!(parse_gid(bad).is_err(), "{bad}");
+        }
+    }
 }

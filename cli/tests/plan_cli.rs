@@ -1,7 +1,10 @@
-//! The `userdma plan` command: its JSON output's keys, its summary of every strategy, and bad
-//! input exiting 2 with the record named.
+//! The `userdma plan` command: its JSON output's keys, its summary of every strategy, bad
+//! input exiting 2 with the record named, and input past the read limit refused.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// A file of the library's test data (plan/tests/data/).
 fn data(name: &str) -> PathBuf {
@@ -230,5 +233,104 @@ fn cli_plan_keeps_other_strategies_to_the_budget() {
     assert!(
         out.status.success() && !stdout.contains("skipped"),
         "{stdout}"
+    );
+}
+
+/// `userdma ARGS...` with its address space capped at 3 GiB (`ulimit -v`; not under a
+/// sanitizer), so a read without a bound fails the test (an allocation failure) instead of
+/// taking the machine's memory; with `feed`, stdin is a pipe that `feed` keeps writing until
+/// the tool closes it.
+fn userdma_capped(args: &[&str], feed: Option<&'static [u8]>) -> (Output, Duration) {
+    // A sanitizer's runtime reserves terabytes of address space for its shadow memory at
+    // start, which any cap on it refuses: under one (scripts/sanitize.sh) the tool runs
+    // uncapped, and a tool that read without limit would fail the run by time or memory.
+    let cap = if cfg!(any(
+        userdma_sanitize = "address",
+        userdma_sanitize = "thread"
+    )) {
+        "exec \"$0\" \"$@\""
+    } else {
+        "ulimit -v 3145728 && exec \"$0\" \"$@\""
+    };
+    let start = Instant::now();
+    let mut child = Command::new("sh")
+        .args(["-c", cap])
+        .arg(env!("CARGO_BIN_EXE_userdma"))
+        .args(args)
+        .stdin(if feed.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let writer = feed.map(|chunk| {
+        let mut stdin = child.stdin.take().unwrap();
+        // Until the tool stops reading: the write fails (EPIPE) when it exits.
+        std::thread::spawn(move || while stdin.write_all(chunk).is_ok() {})
+    });
+    let out = child.wait_with_output().unwrap();
+    if let Some(w) = writer {
+        w.join().unwrap();
+    }
+    (out, start.elapsed())
+}
+
+/// `/dev/zero`, a pipe that never ends or a file past the limit: refused with exit 2, naming
+/// the file, the limit and what to give instead, without reading it all.
+#[test]
+fn cli_plan_refuses_input_past_the_read_limit() {
+    let check = |what: &str, (out, took): (Output, Duration), needles: &[&str]| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+        for needle in needles {
+            assert!(err.contains(needle), "{what}: no {needle:?} in {err}");
+        }
+        assert!(!err.contains("panicked"), "{what}: {err}");
+        assert!(took < Duration::from_secs(60), "{what}: {took:?}");
+    };
+    let records = [
+        "268435456 bytes (256 MiB)",
+        "tensor records",
+        "not a device",
+    ];
+    for format in ["json", "csv"] {
+        check(
+            &format!("/dev/zero as {format}"),
+            userdma_capped(&["plan", "/dev/zero", "--format", format], None),
+            &[&["/dev/zero"][..], &records].concat(),
+        );
+    }
+    // Through stdin: a pipe that never ends.
+    check(
+        "an endless pipe",
+        userdma_capped(
+            &["plan", "/dev/stdin", "--format", "csv"],
+            Some(&[b'0'; 1 << 16]),
+        ),
+        &[&["/dev/stdin"][..], &records].concat(),
+    );
+    // A (sparse) file past the ONNX limit: refused from its size, before any of it is read.
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.onnx");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len((2 << 30) + 1)
+        .unwrap();
+    check(
+        "a model past 2 GiB",
+        userdma_capped(&["plan", big.to_str().unwrap()], None),
+        &["big.onnx", "2147483648 bytes", "external data"],
+    );
+    // A record file under the limit still plans.
+    let small = dir.path().join("small.csv");
+    std::fs::write(&small, "0,0,1,100\n1,1,2,100\n").unwrap();
+    let (out, _) = userdma_capped(&["plan", small.to_str().unwrap(), "--json"], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -111,3 +111,49 @@ fn a_pci_device_and_malformed_models_are_refused_with_what_to_do() {
         );
     }
 }
+
+#[test]
+fn the_kernels_no_id_and_modes_the_owner_cannot_use_are_refused() {
+    // A socket of its own and a short run: an argument let through serves 0.1 s and succeeds,
+    // which fails the test, instead of serving until SIGTERM.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("owner.sock");
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_userdma"))
+            .args(["serve", "--cost", "zero", "--seconds", "0.1"])
+            .args(["--model", "small=chain:2:16384"])
+            .args(args)
+            .arg("--socket")
+            .arg(&socket)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // (uid_t)-1 and (gid_t)-1 mean "no id": no peer has them.
+    for flag in ["--allow-uid", "--allow-gid"] {
+        let (code, err) = run(&[flag, "4294967295"]);
+        assert_eq!(code, Some(2), "{flag}: {err}");
+        assert!(err.contains("no peer ever has it"), "{flag}: {err}");
+        assert!(err.contains("give the numeric id"), "{flag}: {err}");
+    }
+    // No read and write for the socket's owner: only root could connect.
+    for mode in ["0", "0o077", "077", "444"] {
+        let (code, err) = run(&["--mode", mode]);
+        assert_eq!(code, Some(2), "--mode {mode}: {err}");
+        assert!(err.contains("only root"), "--mode {mode}: {err}");
+        assert!(err.contains("600"), "--mode {mode}: {err}");
+    }
+    for mode in ["1777", "4660", "0o1000"] {
+        let (code, err) = run(&["--mode", mode]);
+        assert_eq!(code, Some(2), "--mode {mode}: {err}");
+        assert!(err.contains("000 to 777"), "--mode {mode}: {err}");
+    }
+    // A mode with read and write for the owner, in either spelling, serves.
+    for mode in ["0o600", "660"] {
+        let (code, err) = run(&["--mode", mode, "--allow-uid", "0"]);
+        assert_eq!(code, Some(0), "--mode {mode}: {err}");
+    }
+}

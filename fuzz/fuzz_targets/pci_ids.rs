@@ -3,6 +3,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+#[path = "../../cli/src/bounded.rs"]
+#[allow(dead_code)]
+mod bounded;
 #[path = "../../cli/src/ids.rs"]
 #[allow(dead_code)]
 mod ids;

@@ -54,10 +54,20 @@ impl Frames {
         std::fs::write(path, bytes)
     }
 
-    /// Reads what [`Frames::save`] wrote, checked against `model`'s sizes.
+    /// Reads what [`Frames::save`] wrote, checked against `model`'s sizes, and no more than
+    /// the patterns take: a wrong `--frames` path (a device, a pipe, a huge file) is refused,
+    /// not read until memory runs out.
     pub(super) fn load(path: &Path, model: &Model) -> std::io::Result<Frames> {
-        let bytes = std::fs::read(path)?;
         let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not the case's frames");
+        let size = (model.input().bytes)
+            .checked_add(model.result().bytes)
+            .and_then(|b| b.checked_add(16))
+            .and_then(|b| b.checked_mul(PATTERNS))
+            .ok_or_else(bad)?;
+        let bytes = crate::bounded::read(path, size).map_err(|e| match e {
+            crate::bounded::Error::Io(e) => e,
+            crate::bounded::Error::TooLarge { .. } => bad(),
+        })?;
         let mut at = 0usize;
         let mut take = |want: u64| -> std::io::Result<Vec<u8>> {
             let len = bytes
