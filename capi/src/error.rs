@@ -163,17 +163,95 @@ fn chain(error: &dyn std::error::Error) -> String {
     message
 }
 
+/// The Rust API's names in the library's messages, and what a C program calls instead: a
+/// C caller told to "drop its ring::Queue" or to use `Results::Copy` could not act on it.
+/// Most specific first (a phrase goes before a name inside it).
+pub(crate) const C_NAMES: &[(&str, &str)] = &[
+    // Queues.
+    (
+        "(Queue::push_wait waits for them)",
+        "(udma_queue_poll or udma_queue_wait takes them)",
+    ),
+    ("(Queue::push_wait)", "(udma_queue_poll, udma_queue_wait)"),
+    (
+        "(Queue::shutdown hands every payload back)",
+        "(udma_queue_destroy hands every buffer back)",
+    ),
+    ("(`Queue::shutdown`)", "(udma_queue_destroy)"),
+    (
+        "drop its ring::Queue first",
+        "destroy its queue first (udma_queue_destroy)",
+    ),
+    // Memory.
+    (
+        "build it with memory::Backing::Memfd (Runtime::pool and map_memory do)",
+        "export memory of udma_memory_map or of a pool (udma_pool_create)",
+    ),
+    (
+        "(build it with memory::Backing::Memfd)",
+        "(memory of udma_memory_map or of a pool, udma_pool_create)",
+    ),
+    (
+        "map a larger region, or lower chunk_size / max_class",
+        "give the pool more bytes (udma_pool_options.bytes)",
+    ),
+    (
+        "pool::Config::colouring(false) through Runtime::pool_with",
+        "udma_pool_options.flags UDMA_POOL_PAGE_ALIGNED",
+    ),
+    // Opening a device.
+    (
+        "vfio::Options::allow_noiommu(true) (CLI: --allow-noiommu)",
+        "UDMA_PCI_ALLOW_NOIOMMU in udma_pci_options.flags (CLI: --allow-noiommu)",
+    ),
+    (
+        "Options::allow_noiommu(true)",
+        "UDMA_PCI_ALLOW_NOIOMMU in udma_pci_options.flags",
+    ),
+    (
+        "(vfio::Options::interrupts, Vfio::enable_interrupts)",
+        "(udma_pci_options.irq_kind and irq_count)",
+    ),
+    (", Loopback::is_running)", ")"),
+    // Pipelines and streams.
+    ("Results::InPlace", "UDMA_RESULTS_IN_PLACE"),
+    ("Results::Copy", "UDMA_RESULTS_COPY"),
+    ("Results::Auto", "UDMA_RESULTS_AUTO"),
+    (
+        "build the pipeline without Config::split",
+        "build the pipeline with UDMA_PIPELINE_ONE_QUEUE",
+    ),
+    ("Streams::new", "udma_streams_create"),
+    // The owner's client.
+    (
+        "Client::connect_wait",
+        "udma_owner_connect with udma_owner_options.wait_ns",
+    ),
+    ("Client::wait", "udma_owner_wait or udma_owner_poll"),
+    ("Client::pool", "udma_owner_alloc"),
+];
+
+/// `message` with the Rust API's names replaced by the C calls ([`C_NAMES`]).
+pub(crate) fn for_c(mut message: String) -> String {
+    for (rust, c) in C_NAMES {
+        if message.contains(rust) {
+            message = message.replace(rust, c);
+        }
+    }
+    message
+}
+
 #[cfg(not(loom))]
 impl From<udma::Error> for Fail {
     fn from(error: udma::Error) -> Fail {
-        Fail::new(udma_status::of(error.code()), chain(&error))
+        Fail::new(udma_status::of(error.code()), for_c(chain(&error)))
     }
 }
 
 #[cfg(not(loom))]
 impl From<userdma_infer::Error> for Fail {
     fn from(error: userdma_infer::Error) -> Fail {
-        Fail::new(udma_status::of(error.code()), chain(&error))
+        Fail::new(udma_status::of(error.code()), for_c(chain(&error)))
     }
 }
 
@@ -303,6 +381,45 @@ mod tests {
         // Success leaves the message of the last failure.
         assert_eq!(call("udma_test", || Ok(())), udma_status::UDMA_OK);
         assert_eq!(last(), "udma_test: len 0 is too small");
+    }
+
+    /// Every name the table replaces is gone from what it becomes, no C text names a Rust
+    /// path, and errors a C program meets come out in C's words.
+    #[test]
+    #[cfg(not(loom))]
+    fn messages_name_the_c_calls_not_the_rust_api() {
+        for (rust, c) in C_NAMES {
+            assert!(!c.contains("::"), "{c}");
+            let out = for_c(format!("x: {rust}: y"));
+            assert!(!out.contains("::"), "{rust} -> {out}");
+            assert!(out.contains(c), "{rust} -> {out}");
+        }
+        let full: Fail = lib(udma::ring::Error::Full { queue: 1, depth: 8 });
+        assert_eq!(full.status, udma_status::UDMA_ERR_EXHAUSTED);
+        assert!(
+            full.message.contains("(udma_queue_poll, udma_queue_wait)"),
+            "{}",
+            full.message
+        );
+        let ids: Fail = lib(udma::ring::Error::NoCommandId {
+            queue: 1,
+            in_flight: 8,
+        });
+        assert!(
+            ids.message.contains("udma_queue_poll or udma_queue_wait"),
+            "{}",
+            ids.message
+        );
+        let busy: Fail = lib(udma::device::Error::QueueBusy { queue: 2 });
+        assert_eq!(busy.status, udma_status::UDMA_ERR_BUSY);
+        assert!(
+            busy.message.contains("udma_queue_destroy"),
+            "{}",
+            busy.message
+        );
+        for fail in [full, ids, busy] {
+            assert!(!fail.message.contains("::"), "{}", fail.message);
+        }
     }
 
     #[test]

@@ -492,6 +492,9 @@ static void test_submit_errors(void)
 	}
 	CHECK(s == UDMA_ERR_EXHAUSTED && pushed >= 1 && pushed <= 8);
 	CHECK(strstr(udma_last_error(), "loopback0 queue 1") != NULL);
+	/* What to do, in C's words: the calls that take completions, no Rust API's names. */
+	CHECK(strstr(udma_last_error(), "udma_queue_poll") != NULL);
+	CHECK(strstr(udma_last_error(), "::") == NULL);
 	CHECK(info_of(bs[pushed]).state == UDMA_BUFFER_HOST);
 	OK(udma_queue_flush(q));
 	for (int i = 0; i < pushed; i++) {

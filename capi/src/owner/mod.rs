@@ -23,7 +23,7 @@ use userdma_owner::{proto, Client, Event, Options, Span, Stream, StreamDecl};
 
 use crate::abi;
 use crate::device::timeout;
-use crate::error::{call, lib, udma_status, Fail};
+use crate::error::{call, for_c, lib, udma_status, Fail};
 use crate::handle::{Kind, Registry};
 
 mod frames;
@@ -66,24 +66,10 @@ struct Pending {
 
 static CLIENTS: Registry<Arc<ClientEntry>> = Registry::new(Kind::OwnerClient);
 
-/// The Rust API's names in the client's messages, and what a C program calls instead.
-const C_NAMES: [(&str, &str); 3] = [
-    (
-        "Client::connect_wait",
-        "udma_owner_connect with udma_owner_options.wait_ns",
-    ),
-    ("Client::wait", "udma_owner_wait or udma_owner_poll"),
-    ("Client::pool", "udma_owner_alloc"),
-];
-
 /// A client error as C sees it: its code's status, its message (which carries its cause)
 /// naming the C calls.
 fn fail(error: userdma_owner::Error) -> Fail {
-    let mut message = error.to_string();
-    for (rust, c) in C_NAMES {
-        message = message.replace(rust, c);
-    }
-    Fail::new(udma_status::of(error.code()), message)
+    Fail::new(udma_status::of(error.code()), for_c(error.to_string()))
 }
 
 /// A C string argument `what`: non-NULL, UTF-8, 1 to 32 bytes (a name the owner's protocol
