@@ -163,7 +163,7 @@ step "cargo test (doc tests, mlock and system-call witnesses; kernel ABI, C API,
 		cargo test --locked -p userdma --doc && cargo test --locked -p userdma-loopback --doc && cargo test --locked -p userdma-infer --doc &&
 		cargo test --locked -p userdma --features serde,io-uring --lib --test irq_waiter --test memory_sysfs &&
 		cargo test --locked -p userdma --test memory_region --test pool_steady_state --test readme &&
-		cargo test --locked -p userdma-owner --features server'
+		cargo test --locked -p userdma-owner --features server,tracing'
 step "C API (header, symbols, C tests under ASan+UBSan and Valgrind, examples/c)" scripts/capi-test.sh
 # The plain debug build (clippy's, the tests', the C API's) has no later user.
 prune target/debug target/capi

@@ -237,6 +237,13 @@ impl Owner {
                 .count();
             if !self.config.access.allows(uid, gid) {
                 self.figures.refused += 1;
+                #[cfg(feature = "tracing")]
+                tracing::warn!(
+                    pid,
+                    uid,
+                    gid,
+                    "client refused: its uid and gid are not allowed"
+                );
                 conn.refusal = Some(error(
                     Code::Refused,
                     true,
@@ -248,6 +255,8 @@ impl Owner {
                 ));
             } else if live >= self.config.limits.clients as usize {
                 self.figures.refused += 1;
+                #[cfg(feature = "tracing")]
+                tracing::warn!(pid, uid, live, "client refused: the owner serves its limit");
                 conn.refusal = Some(error(
                     Code::Busy,
                     true,
@@ -457,6 +466,11 @@ impl Owner {
         let Some(conn) = self.conns[slot].take() else {
             return;
         };
+        #[cfg(feature = "tracing")]
+        let told = match &why {
+            Some(Msg::Error { text, .. }) => Some(text.clone()),
+            _ => None,
+        };
         if let Some(msg) = why {
             let _ = conn.send(&msg);
         }
@@ -476,6 +490,8 @@ impl Owner {
             Ending::Misbehaved => self.figures.closed += 1,
             Ending::Refused => {}
         }
+        #[cfg(feature = "tracing")]
+        report_close(&conn, ending, busy, told.as_deref());
         for s in &mut self.streams {
             if s.client == conn.id {
                 s.closing = true;
@@ -485,6 +501,34 @@ impl Owner {
         }
         drop(conn);
         self.retire_streams();
+    }
+}
+
+/// A client's connection ended: a client that left with nothing out at `info`, one that
+/// vanished with frames out or was closed for breaking the protocol at `warn` (with what it was
+/// told), one refused at the door at `debug` (its refusal was reported when it came).
+#[cfg(feature = "tracing")]
+#[cold]
+fn report_close(conn: &Conn, ending: Ending, busy: bool, told: Option<&str>) {
+    let (client, pid, uid, name) = (conn.id, conn.pid, conn.uid, conn.name.as_str());
+    match ending {
+        Ending::Vanished if busy => tracing::warn!(
+            client,
+            pid,
+            uid,
+            name,
+            "client vanished with frames out (they are dropped, its streams retired)"
+        ),
+        Ending::Vanished => tracing::info!(client, pid, uid, name, "client left"),
+        Ending::Misbehaved => tracing::warn!(
+            client,
+            pid,
+            uid,
+            name,
+            why = told.unwrap_or(""),
+            "client closed"
+        ),
+        Ending::Refused => tracing::debug!(client, pid, uid, "refused client closed"),
     }
 }
 

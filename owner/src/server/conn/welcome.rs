@@ -110,6 +110,15 @@ impl Owner {
             next_stream: 0,
             streams: 0,
         });
+        #[cfg(feature = "tracing")]
+        tracing::info!(
+            client = conn.id,
+            pid = conn.pid,
+            uid = conn.uid,
+            name = %conn.name,
+            pool_bytes = bytes,
+            "client connected"
+        );
         Ok(())
     }
 
