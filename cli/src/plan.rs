@@ -176,6 +176,17 @@ pub(crate) enum Error {
         /// Whether it was read as an ONNX model.
         onnx: bool,
     },
+    /// The file's first byte starts no protobuf field, so no ONNX model (`/dev/zero`, text).
+    #[error(
+        "{path} is not an ONNX model: its first byte, {byte:#04x}, starts no protobuf field \
+         (give an .onnx file, or --format json|csv for tensor records)"
+    )]
+    NotOnnx {
+        /// The file.
+        path: PathBuf,
+        /// Its first byte.
+        byte: u8,
+    },
     /// No `--format` and the extension says nothing.
     #[error("{path}: cannot tell the format from the extension: give --format json|csv|onnx")]
     UnknownFormat {
@@ -237,7 +248,16 @@ pub(crate) enum Error {
 
 impl Error {
     /// The error of a failed bounded read of `path` (`onnx`: read as an ONNX model).
-    fn reading(path: &Path, e: bounded::Error, onnx: bool) -> Self {
+    fn reading(path: &Path, e: bounded::Unless, onnx: bool) -> Self {
+        let e = match e {
+            bounded::Unless::Read(e) => e,
+            bounded::Unless::FirstByte(byte) => {
+                return Error::NotOnnx {
+                    path: path.to_owned(),
+                    byte,
+                }
+            }
+        };
         match e {
             bounded::Error::Io(source) => Error::Read {
                 path: path.to_owned(),
@@ -256,6 +276,7 @@ impl Error {
         match self {
             Error::Read { .. }
             | Error::TooLarge { .. }
+            | Error::NotOnnx { .. }
             | Error::UnknownFormat { .. }
             | Error::Format { .. }
             | Error::Onnx { .. }
@@ -288,7 +309,7 @@ pub(crate) fn run(args: &PlanArgs, json: bool) -> Result<(), Error> {
     let tensors = match input {
         Input::Records(format) => {
             let text = bounded::read_to_string(path, RECORDS_LIMIT)
-                .map_err(|e| Error::reading(path, e, false))?;
+                .map_err(|e| Error::reading(path, e.into(), false))?;
             format.read(&text).map_err(|source| Error::Format {
                 path: path.clone(),
                 source,
@@ -301,8 +322,12 @@ pub(crate) fn run(args: &PlanArgs, json: bool) -> Result<(), Error> {
                 .fold(plan::onnx::Options::default(), |o, (name, value)| {
                     o.dim(name.clone(), *value)
                 });
-            let bytes =
-                bounded::read(path, ONNX_LIMIT).map_err(|e| Error::reading(path, e, true))?;
+            // A protobuf message starts with a field's tag: field number 0 (a first byte
+            // below 8) and wire types 6 and 7 do not exist, so such a file is refused after
+            // one byte, not read to the 2 GiB limit.
+            let no_tag = |b: u8| b < 8 || b & 7 >= 6;
+            let bytes = bounded::read_unless(path, ONNX_LIMIT, no_tag)
+                .map_err(|e| Error::reading(path, e, true))?;
             plan::onnx::parse_with(&bytes, &options).map_err(|source| Error::Onnx {
                 path: path.clone(),
                 source,

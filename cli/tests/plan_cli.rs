@@ -312,6 +312,26 @@ fn cli_plan_refuses_input_past_the_read_limit() {
         ),
         &[&["/dev/stdin"][..], &records].concat(),
     );
+    // /dev/zero as a model: no protobuf message starts with a zero byte, so it is refused
+    // after one byte (not read to the 2 GiB limit), as is an endless pipe of zeros.
+    let (out, took) = userdma_capped(&["plan", "/dev/zero", "--format", "onnx"], None);
+    check(
+        "/dev/zero as onnx",
+        (out, took),
+        &[
+            "/dev/zero is not an ONNX model",
+            "0x00",
+            "--format json|csv",
+        ],
+    );
+    check(
+        "a pipe of zeros as onnx",
+        userdma_capped(
+            &["plan", "/dev/stdin", "--format", "onnx"],
+            Some(&[0u8; 1 << 16]),
+        ),
+        &["/dev/stdin is not an ONNX model"],
+    );
     // A (sparse) file past the ONNX limit: refused from its size, before any of it is read.
     let dir = tempfile::tempdir().unwrap();
     let big = dir.path().join("big.onnx");
