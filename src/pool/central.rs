@@ -261,8 +261,12 @@ impl<'a> Central<'a> {
 /// spread the first lines; scattered, their one-thread bulk loop was 0.1 ns slower per
 /// buffer).
 ///
+/// On a second machine (an AMD EPYC VM, three processes) the gap is gone: the same pipeline
+/// through a `Batch` 0.96-0.98 of DPDK's page-stride mempool (about 21 ns per buffer each, in
+/// either cross-core state), single buffers 1.05-1.08.
+///
 /// What the rest of that gap to DPDK (9.4-10.6 ns against 6.9-7.7 in the fast state) is and
-/// is not, from throwaway builds on that VM, each against the code as it is in the same
+/// is not, from throwaway builds on the first VM, each against the code as it is in the same
 /// minutes:
 /// - a shared L1 set with other data: moving the written line within the page changed
 ///   nothing;
