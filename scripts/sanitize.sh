@@ -94,8 +94,9 @@ echo "--- $san sanitizer: unit and integration tests of ${packages[*]} ($host, $
 # tests/readme.rs is left to the plain run (scripts/test.sh): it builds and runs the README's
 # example with a nested cargo, which here would build the library a second time (about 100 s).
 # --no-fail-fast: one failing test binary does not hide what the others would report.
-# --features userdma-infer/tracing: the `tracing` feature of the three libraries (the tool's
-# default turns it on anyway), so the tests of their spans and events (tests/tracing_events.rs,
-# infer/tests/tracing_events.rs) run here.
-exec cargo test -Zbuild-std --target "$host" --profile sanitize --locked --no-fail-fast "${packages[@]}" --features userdma-infer/tracing ${targets[@]+"${targets[@]}"} \
+# --features userdma-infer/tracing,userdma-owner/tracing: the `tracing` feature of the four
+# libraries (the tool's default turns it on anyway), so the tests of their spans and events
+# (tests/tracing_events.rs, infer/tests/tracing_events.rs, owner/tests/owner_events.rs) run
+# here; without it `--test '*'` refuses the owner's, which requires the feature.
+exec cargo test -Zbuild-std --target "$host" --profile sanitize --locked --no-fail-fast "${packages[@]}" --features userdma-infer/tracing,userdma-owner/tracing ${targets[@]+"${targets[@]}"} \
 	"$@" -- --skip readme_first_transfer_is_the_example_and_it_runs
