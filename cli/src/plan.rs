@@ -38,7 +38,7 @@ pub(crate) const RECORDS_LIMIT: u64 = 256 << 20;
 /// The most of an ONNX model `userdma plan` reads: 2 GiB, protobuf's limit on one message. ONNX
 /// itself cannot save a larger model in one file: it keeps the weights as external data, which
 /// the planner does not need (it reads the graph and the weights' shapes).
-pub(crate) const ONNX_LIMIT: u64 = 2 << 30;
+pub(crate) const ONNX_LIMIT: u64 = plan::onnx::MAX_MODEL_BYTES;
 
 /// Arguments of `userdma plan`.
 #[derive(Debug, clap::Args)]
@@ -322,10 +322,9 @@ pub(crate) fn run(args: &PlanArgs, json: bool) -> Result<(), Error> {
                 .fold(plan::onnx::Options::default(), |o, (name, value)| {
                     o.dim(name.clone(), *value)
                 });
-            // A protobuf message starts with a field's tag: field number 0 (a first byte
-            // below 8) and wire types 6 and 7 do not exist, so such a file is refused after
-            // one byte, not read to the 2 GiB limit.
-            let no_tag = |b: u8| b < 8 || b & 7 >= 6;
+            // A file whose first byte starts no protobuf field is refused after that byte,
+            // not read to the 2 GiB limit.
+            let no_tag = |b: u8| !plan::onnx::starts_a_field(b);
             let bytes = bounded::read_unless(path, ONNX_LIMIT, no_tag)
                 .map_err(|e| Error::reading(path, e, true))?;
             plan::onnx::parse_with(&bytes, &options).map_err(|source| Error::Onnx {

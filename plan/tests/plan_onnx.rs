@@ -7,6 +7,8 @@
 mod onnx_models;
 
 use onnx_models::models_dir;
+use std::path::Path;
+
 use userdma_plan::{onnx, Kind, Tensor};
 
 /// The arena alignment the planner defaults to.
@@ -256,4 +258,41 @@ fn opset13_seed_model() {
         ("y", 10, 13, 13),
     ];
     assert_eq!(got, want);
+}
+
+/// A path that names no model is refused with what it is, without reading it all: `/dev/zero`
+/// (its first byte starts no protobuf field) after one byte, a sparse file past protobuf's 2 GiB
+/// from its size.
+#[test]
+fn a_device_or_a_file_too_large_is_refused_without_reading_it() {
+    match onnx::read(Path::new("/dev/zero")) {
+        Err(onnx::Error::NotAModel { byte: 0, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.onnx");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(onnx::MAX_MODEL_BYTES + 1)
+        .unwrap();
+    let err = onnx::read(&big).unwrap_err();
+    assert!(
+        matches!(err, onnx::Error::TooLarge { limit, .. } if limit == 2 << 30),
+        "{err}"
+    );
+    assert!(err.to_string().contains("external data"), "{err}");
+    let text = dir.path().join("model.onnx");
+    // Text whose first byte could start a field ('a': field 12, wire type 1) fails to decode;
+    // one whose first byte cannot ('n': wire type 6) is refused at once.
+    std::fs::write(&text, "a text file\n").unwrap();
+    assert!(matches!(onnx::read(&text), Err(onnx::Error::Decode(_))));
+    std::fs::write(&text, "not a model\n").unwrap();
+    assert!(matches!(
+        onnx::read(&text),
+        Err(onnx::Error::NotAModel { byte: b'n', .. })
+    ));
+    for byte in [0u8, 7, 0x0e, 0x0f] {
+        assert!(!onnx::starts_a_field(byte), "{byte:#x}");
+    }
+    assert!(onnx::starts_a_field(0x08) && onnx::starts_a_field(0x12));
 }

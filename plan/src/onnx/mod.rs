@@ -94,6 +94,32 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The file is larger than a model can be ([`MAX_MODEL_BYTES`]): refused before it is
+    /// read, or once that much was read (a device or a pipe that never ends).
+    #[error(
+        "{} is larger than {limit} bytes, protobuf's limit for a model: save it with its \
+         weights as external data (onnx.save_model(model, PATH, save_as_external_data=True)); \
+         the planner reads only the graph",
+        path.display()
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The limit, in bytes.
+        limit: u64,
+    },
+    /// The file's first byte starts no protobuf field ([`starts_a_field`]): `/dev/zero`, a
+    /// text file. Refused after that byte.
+    #[error(
+        "{} is not an ONNX model: its first byte, {byte:#04x}, starts no protobuf field",
+        path.display()
+    )]
+    NotAModel {
+        /// The file.
+        path: PathBuf,
+        /// Its first byte.
+        byte: u8,
+    },
     /// The bytes are not a valid protobuf `ModelProto` (truncated, or not an ONNX file).
     #[error("not an ONNX model, or a truncated one: {0}")]
     Decode(#[source] prost::DecodeError),
@@ -233,12 +259,62 @@ pub fn read(path: &Path) -> Result<Vec<Tensor>, Error> {
     read_with(path, &Options::default())
 }
 
-/// Reads the model at `path` with `options`; see [`parse_with`].
+/// The most bytes a serialized model can have: protobuf's 2 GiB limit on a message (a larger
+/// model keeps its weights as external data, which the planner does not read).
+pub const MAX_MODEL_BYTES: u64 = 2 << 30;
+
+/// Whether `byte` can be the first byte of a serialized protobuf message: a field's tag, whose
+/// field number is not 0 (a first byte below 8) and whose wire type is not 6 or 7.
+pub fn starts_a_field(byte: u8) -> bool {
+    byte >= 8 && byte & 7 < 6
+}
+
+/// Reads the model at `path` with `options`; see [`parse_with`]. At most [`MAX_MODEL_BYTES`]
+/// are read ([`Error::TooLarge`]: a larger regular file before any of it), and a file whose
+/// first byte starts no protobuf field is refused after it ([`Error::NotAModel`]), so a
+/// device or an endless pipe named by mistake ends the read.
 pub fn read_with(path: &Path, options: &Options) -> Result<Vec<Tensor>, Error> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+    use std::io::Read;
+    let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let too_large = || Error::TooLarge {
+        path: path.to_path_buf(),
+        limit: MAX_MODEL_BYTES,
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut bytes = Vec::new();
+    if let Ok(meta) = file.metadata() {
+        if meta.is_file() {
+            if meta.len() > MAX_MODEL_BYTES {
+                return Err(too_large());
+            }
+            bytes.reserve(usize::try_from(meta.len()).unwrap_or(0));
+        }
+    }
+    let mut first = [0u8; 1];
+    let n = loop {
+        match file.read(&mut first) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            other => break other.map_err(io)?,
+        }
+    };
+    if n == 1 {
+        if !starts_a_field(first[0]) {
+            return Err(Error::NotAModel {
+                path: path.to_path_buf(),
+                byte: first[0],
+            });
+        }
+        bytes.push(first[0]);
+        file.take(MAX_MODEL_BYTES)
+            .read_to_end(&mut bytes)
+            .map_err(io)?;
+        if u64::try_from(bytes.len()).map_or(true, |n| n > MAX_MODEL_BYTES) {
+            return Err(too_large());
+        }
+    }
     parse_with(&bytes, options)
 }
 
