@@ -21,49 +21,10 @@ pub(crate) enum Error {
     },
 }
 
-/// Why [`read_unless`] failed: as [`read`], or the first byte was refused.
-#[derive(Debug)]
-pub(crate) enum Unless {
-    /// As [`read`].
-    Read(Error),
-    /// The file's first byte, which the caller refused.
-    FirstByte(u8),
-}
-
-impl From<Error> for Unless {
-    fn from(e: Error) -> Unless {
-        Unless::Read(e)
-    }
-}
-
-impl From<io::Error> for Unless {
-    fn from(e: io::Error) -> Unless {
-        Unless::Read(Error::Io(e))
-    }
-}
-
 /// The bytes of the file at `path`, at most `limit` of them: [`Error::TooLarge`] when it has
 /// more. Reads through `take(limit + 1)`, so a device or a pipe that never ends stops there.
 pub(crate) fn read(path: &Path, limit: u64) -> Result<Vec<u8>, Error> {
-    read_unless(path, limit, |_| false).map_err(|e| match e {
-        Unless::Read(e) => e,
-        // Nothing refuses a first byte here: kept an error, not a panic.
-        Unless::FirstByte(b) => Error::Io(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("first byte {b:#04x} refused"),
-        )),
-    })
-}
-
-/// As [`read`], but a file whose first byte `refuse` says no to is refused
-/// ([`Unless::FirstByte`]) after that byte, not read to its limit: `/dev/zero` given as a format
-/// that cannot start with a zero byte stops at once.
-pub(crate) fn read_unless(
-    path: &Path,
-    limit: u64,
-    refuse: impl FnOnce(u8) -> bool,
-) -> Result<Vec<u8>, Unless> {
-    let mut file = File::open(path)?;
+    let file = File::open(path)?;
     let too_large = Error::TooLarge { limit };
     let mut bytes = Vec::new();
     match file.metadata() {
@@ -71,31 +32,15 @@ pub(crate) fn read_unless(
         // the buffer is the right size from the start.
         Ok(meta) if meta.is_file() => {
             if meta.len() > limit {
-                return Err(too_large.into());
+                return Err(too_large);
             }
             bytes.reserve(usize::try_from(meta.len()).unwrap_or(0));
         }
         _ => {}
     }
-    let mut first = [0u8; 1];
-    let n = loop {
-        match file.read(&mut first) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            other => break other?,
-        }
-    };
-    if n == 1 {
-        if refuse(first[0]) {
-            return Err(Unless::FirstByte(first[0]));
-        }
-        if limit == 0 {
-            return Err(too_large.into());
-        }
-        bytes.push(first[0]);
-        file.take(limit).read_to_end(&mut bytes)?;
-    }
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
     if u64::try_from(bytes.len()).map_or(true, |n| n > limit) {
-        return Err(too_large.into());
+        return Err(too_large);
     }
     Ok(bytes)
 }
@@ -115,24 +60,6 @@ pub(crate) fn read_to_string(path: &Path, limit: u64) -> Result<String, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_first_byte_refused_stops_the_read_there() {
-        assert!(matches!(
-            read_unless(Path::new("/dev/zero"), 1 << 40, |b| b == 0),
-            Err(Unless::FirstByte(0))
-        ));
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("f");
-        std::fs::write(&file, b"\x08\x07").unwrap();
-        assert_eq!(read_unless(&file, 2, |b| b == 0).unwrap(), b"\x08\x07");
-        assert!(matches!(
-            read_unless(&file, 1, |b| b == 0),
-            Err(Unless::Read(Error::TooLarge { limit: 1 }))
-        ));
-        std::fs::write(&file, b"").unwrap();
-        assert!(read_unless(&file, 0, |_| true).unwrap().is_empty());
-    }
 
     #[test]
     fn reads_up_to_the_limit_and_refuses_more() {

@@ -15,9 +15,10 @@
 //! chosen strategy (`inplace_of`: the id whose memory the tensor took, or null); only that
 //! strategy runs.
 //!
-//! Bad input (unreadable file, a file larger than [`RECORDS_LIMIT`] or [`ONNX_LIMIT`],
-//! malformed or truncated record, zero size, `first > last`, duplicate or unknown ids,
-//! colliding fixed offsets, overflowing sizes) exits with 2 and a message naming the record.
+//! Bad input (unreadable file, a file larger than [`RECORDS_LIMIT`] or
+//! [`plan::onnx::MAX_MODEL_BYTES`], malformed or truncated record, zero size, `first > last`,
+//! duplicate or unknown ids, colliding fixed offsets, overflowing sizes) exits with 2 and a
+//! message naming the record.
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
@@ -34,11 +35,6 @@ use crate::{bounded, exit};
 /// model's records but `/dev/zero`, an endless pipe or the wrong file, which would otherwise be
 /// read until the machine runs out of memory.
 pub(crate) const RECORDS_LIMIT: u64 = 256 << 20;
-
-/// The most of an ONNX model `userdma plan` reads: 2 GiB, protobuf's limit on one message. ONNX
-/// itself cannot save a larger model in one file: it keeps the weights as external data, which
-/// the planner does not need (it reads the graph and the weights' shapes).
-pub(crate) const ONNX_LIMIT: u64 = plan::onnx::MAX_MODEL_BYTES;
 
 /// Arguments of `userdma plan`.
 #[derive(Debug, clap::Args)]
@@ -155,7 +151,7 @@ pub(crate) enum Error {
         #[source]
         source: io::Error,
     },
-    /// The file is larger than the tool reads of its kind ([`RECORDS_LIMIT`], [`ONNX_LIMIT`]).
+    /// The file is larger than the tool reads of its kind ([`RECORDS_LIMIT`], [`plan::onnx::MAX_MODEL_BYTES`]).
     #[error(
         "{path} is larger than {limit} bytes ({mib} MiB), the most `userdma plan` reads of {what}",
         mib = limit >> 20,
@@ -247,17 +243,8 @@ pub(crate) enum Error {
 }
 
 impl Error {
-    /// The error of a failed bounded read of `path` (`onnx`: read as an ONNX model).
-    fn reading(path: &Path, e: bounded::Unless, onnx: bool) -> Self {
-        let e = match e {
-            bounded::Unless::Read(e) => e,
-            bounded::Unless::FirstByte(byte) => {
-                return Error::NotOnnx {
-                    path: path.to_owned(),
-                    byte,
-                }
-            }
-        };
+    /// The error of a failed bounded read of the records at `path`.
+    fn reading(path: &Path, e: bounded::Error) -> Self {
         match e {
             bounded::Error::Io(source) => Error::Read {
                 path: path.to_owned(),
@@ -266,8 +253,24 @@ impl Error {
             bounded::Error::TooLarge { limit } => Error::TooLarge {
                 path: path.to_owned(),
                 limit,
-                onnx,
+                onnx: false,
             },
+        }
+    }
+
+    /// The error of a model at `path` that the planner's ONNX reader refused: the reading
+    /// failures as for records, the rest as what is wrong with the model.
+    fn onnx(path: &Path, e: plan::onnx::Error) -> Self {
+        let path = path.to_owned();
+        match e {
+            plan::onnx::Error::Io { source, .. } => Error::Read { path, source },
+            plan::onnx::Error::TooLarge { limit, .. } => Error::TooLarge {
+                path,
+                limit,
+                onnx: true,
+            },
+            plan::onnx::Error::NotAModel { byte, .. } => Error::NotOnnx { path, byte },
+            source => Error::Onnx { path, source },
         }
     }
 
@@ -309,7 +312,7 @@ pub(crate) fn run(args: &PlanArgs, json: bool) -> Result<(), Error> {
     let tensors = match input {
         Input::Records(format) => {
             let text = bounded::read_to_string(path, RECORDS_LIMIT)
-                .map_err(|e| Error::reading(path, e.into(), false))?;
+                .map_err(|e| Error::reading(path, e))?;
             format.read(&text).map_err(|source| Error::Format {
                 path: path.clone(),
                 source,
@@ -322,15 +325,9 @@ pub(crate) fn run(args: &PlanArgs, json: bool) -> Result<(), Error> {
                 .fold(plan::onnx::Options::default(), |o, (name, value)| {
                     o.dim(name.clone(), *value)
                 });
-            // A file whose first byte starts no protobuf field is refused after that byte,
-            // not read to the 2 GiB limit.
-            let no_tag = |b: u8| !plan::onnx::starts_a_field(b);
-            let bytes = bounded::read_unless(path, ONNX_LIMIT, no_tag)
-                .map_err(|e| Error::reading(path, e, true))?;
-            plan::onnx::parse_with(&bytes, &options).map_err(|source| Error::Onnx {
-                path: path.clone(),
-                source,
-            })?
+            // Bounded by the reader itself: at most 2 GiB, and a file whose first byte
+            // starts no protobuf field refused after that byte.
+            plan::onnx::read_with(path, &options).map_err(|e| Error::onnx(path, e))?
         }
     };
     let options = Options {
