@@ -47,9 +47,10 @@ pub struct Config {
 
 impl Default for Config {
     /// `loopback0` (or `loopback1`, ... while devices named so live: the lowest number free in
-    /// this process, taken when the device starts): 4 queues, 64 MiB of device memory, depth up to 4096, a 48-bit DMA mask, the
-    /// [`Cost::npu`] model, bursts of 32, 50 µs of idle spinning, a thread on any CPU, memory
-    /// on no particular NUMA node, 5 s for the device to acknowledge.
+    /// this process, taken when the device starts): 4 queues, 64 MiB of device memory, depth
+    /// up to 4096, a 48-bit DMA mask, the [`Cost::npu`] model, bursts of 32, 50 µs of idle
+    /// spinning, a thread on any CPU, memory on no particular NUMA node, 5 s for the device to
+    /// acknowledge.
     fn default() -> Config {
         Config {
             name: "loopback0".into(),
